@@ -1,0 +1,187 @@
+//! The validated configuration: typed values only, every error naming its key. Pure: the one
+//! thing it needs from outside (reading key files) comes in through [`SecretFiles`].
+
+mod keys;
+mod ports;
+mod raw;
+mod validate;
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
+use std::time::Duration;
+
+pub use ipnet::IpNet;
+pub use keys::{PublicKey, SecretKey};
+pub use ports::{PortMap, Proto};
+
+/// Default TUN MTU: 1500 minus the 80 bytes of IPv6 + UDP + WireGuard overhead.
+pub const DEFAULT_MTU: u16 = 1420;
+/// Default health endpoint, as in the contract.
+pub const DEFAULT_HEALTH_LISTEN: &str = "127.0.0.1:9002";
+/// How often DNS-named targets are resolved again unless configured.
+pub const DEFAULT_RERESOLVE_INTERVAL: Duration = Duration::from_secs(600);
+/// How often installed rules are compared with the desired ones unless configured.
+pub const DEFAULT_REPAIR_INTERVAL: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    pub interface: Interface,
+    pub peers: Vec<Peer>,
+    pub firewall: Firewall,
+    pub ingress: Vec<Forward>,
+    pub egress: Vec<Forward>,
+    pub router: Router,
+    pub dns: Dns,
+    pub health: Health,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Interface {
+    pub name: String,
+    pub private_key: SecretKey,
+    /// 0 = let the kernel choose.
+    pub listen_port: u16,
+    pub addresses: Vec<IpNet>,
+    pub mtu: u16,
+    /// Mark on the WireGuard socket; `None` = choose one when a default route needs it.
+    pub fwmark: Option<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Peer {
+    pub public_key: PublicKey,
+    pub preshared_key: Option<SecretKey>,
+    pub endpoint: Option<Endpoint>,
+    pub allowed_ips: Vec<IpNet>,
+    pub persistent_keepalive: Option<u16>,
+}
+
+/// A peer endpoint: an address, or a name resolved when the daemon starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Endpoint {
+    Addr(SocketAddr),
+    Host { host: String, port: u16 },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FirewallMode {
+    Auto,
+    Nftables,
+    Iptables,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Firewall {
+    pub mode: FirewallMode,
+    pub mss_clamp: bool,
+    /// `None` disables drift repair.
+    pub repair_interval: Option<Duration>,
+}
+
+/// Where an ingress or egress rule sends traffic.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Target {
+    Ip(IpAddr),
+    /// A validated, lower-case DNS name without the trailing dot.
+    Fqdn(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Forward {
+    pub target: Target,
+    /// Empty: every port and protocol.
+    pub ports: Vec<PortMap>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Router {
+    pub advertise_routes: Vec<IpNet>,
+    pub exit_node: bool,
+    pub snat: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dns {
+    pub reresolve_interval: Duration,
+    /// Empty: the system's resolv.conf.
+    pub nameservers: Vec<SocketAddr>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Health {
+    pub listen: Option<SocketAddr>,
+}
+
+/// One problem with the configuration: which key, what it held, what was expected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{key}: {problem}")]
+pub struct ConfigError {
+    pub key: String,
+    pub problem: String,
+}
+
+/// Every problem found in one pass, so a user fixes them all at once.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid configuration:\n  {}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n  "))]
+pub struct ConfigErrors(pub Vec<ConfigError>);
+
+/// Reads the secret files a configuration names. The daemon's implementation refuses files
+/// that group or others can read; tests use an in-memory map.
+pub trait SecretFiles {
+    fn read_secret(&self, path: &Path) -> Result<String, String>;
+}
+
+impl Config {
+    /// Parses and validates `text`; relative key file paths are resolved against `base_dir`.
+    pub fn parse(
+        text: &str,
+        base_dir: &Path,
+        files: &dyn SecretFiles,
+    ) -> Result<Config, ConfigErrors> {
+        let raw: raw::RawConfig = toml::from_str(text).map_err(|e| {
+            ConfigErrors(vec![ConfigError {
+                key: "(file)".into(),
+                problem: e.message().to_string() + &span_hint(text, e.span()),
+            }])
+        })?;
+        validate::validate(raw, base_dir, files)
+    }
+
+    /// The tunnel address of `family` (v4 or v6) that SNAT uses, if any.
+    pub fn tunnel_address(&self, v6: bool) -> Option<IpAddr> {
+        self.interface
+            .addresses
+            .iter()
+            .map(IpNet::addr)
+            .find(|a| a.is_ipv6() == v6)
+    }
+
+    /// Every name that must be resolved for the forwarding rules.
+    pub fn fqdn_targets(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .ingress
+            .iter()
+            .chain(&self.egress)
+            .filter_map(|f| match &f.target {
+                Target::Fqdn(n) => Some(n.clone()),
+                Target::Ip(_) => None,
+            })
+            .collect();
+        names.sort();
+        names.dedup();
+        names
+    }
+}
+
+fn span_hint(text: &str, span: Option<std::ops::Range<usize>>) -> String {
+    match span {
+        Some(s) => {
+            let line = text[..s.start.min(text.len())].matches('\n').count() + 1;
+            format!(" (line {line})")
+        }
+        None => String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,93 @@
+//! The TOML file as written: serde structs with every field optional or a string, so that
+//! validation (not serde) decides what is wrong and can name the key. Unknown keys are refused here.
+
+use serde::Deserialize;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    pub interface: Option<RawInterface>,
+    #[serde(default)]
+    pub peer: Vec<RawPeer>,
+    pub firewall: Option<RawFirewall>,
+    #[serde(default)]
+    pub ingress: Vec<RawForward>,
+    #[serde(default)]
+    pub egress: Vec<RawForward>,
+    pub router: Option<RawRouter>,
+    pub dns: Option<RawDns>,
+    pub health: Option<RawHealth>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawInterface {
+    /// TUN device name; also names the UAPI socket.
+    pub name: Option<String>,
+    /// Base64 private key, inline.
+    pub private_key: Option<String>,
+    /// Path to a file holding the base64 private key (relative to the config file).
+    pub private_key_file: Option<String>,
+    /// UDP port; 0 or absent picks a random one.
+    pub listen_port: Option<i64>,
+    /// Tunnel addresses with prefix length.
+    #[serde(default)]
+    pub addresses: Vec<String>,
+    /// TUN MTU, default 1420.
+    pub mtu: Option<i64>,
+    /// Firewall mark set on the WireGuard socket (like wg-quick's FwMark); 0 = automatic.
+    pub fwmark: Option<i64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPeer {
+    pub public_key: Option<String>,
+    pub preshared_key: Option<String>,
+    pub preshared_key_file: Option<String>,
+    pub endpoint: Option<String>,
+    #[serde(default)]
+    pub allowed_ips: Vec<String>,
+    pub persistent_keepalive: Option<i64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawFirewall {
+    pub mode: Option<String>,
+    pub mss_clamp: Option<bool>,
+    /// How often the installed rules are compared with the desired ones and repaired ("0s" = never).
+    pub repair_interval: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawForward {
+    pub target: Option<String>,
+    pub target_fqdn: Option<String>,
+    pub ports: Option<Vec<String>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRouter {
+    #[serde(default)]
+    pub advertise_routes: Vec<String>,
+    pub exit_node: Option<bool>,
+    pub snat: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawDns {
+    pub reresolve_interval: Option<String>,
+    #[serde(default)]
+    pub nameservers: Vec<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawHealth {
+    /// host:port, or "" to disable the endpoint.
+    pub listen: Option<String>,
+}

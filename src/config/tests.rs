@@ -1,0 +1,299 @@
+//! Config validation: every key's good and bad values, errors naming key, value and expectation.
+
+use super::*;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+const KEY_A: &str = "yAnz5TF+lXXJte14tji3zlMNq+hd2rYUIgJBgB3fBmk=";
+const PUB_B: &str = "AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=";
+const PUB_C: &str = "AgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgI=";
+
+struct MapFiles(BTreeMap<PathBuf, Result<String, String>>);
+
+impl SecretFiles for MapFiles {
+    fn read_secret(&self, path: &Path) -> Result<String, String> {
+        self.0
+            .get(path)
+            .cloned()
+            .unwrap_or_else(|| Err("no such file".into()))
+    }
+}
+
+fn no_files() -> MapFiles {
+    MapFiles(BTreeMap::new())
+}
+
+fn parse(text: &str) -> Result<Config, ConfigErrors> {
+    Config::parse(text, Path::new("/etc/tg"), &no_files())
+}
+
+fn minimal(extra: &str) -> String {
+    format!("[interface]\nprivate_key = \"{KEY_A}\"\naddresses = [\"100.64.0.1/32\", \"fd7a::1/128\"]\n{extra}")
+}
+
+/// Asserts that parsing fails with an error on `key` whose text contains every `needle`.
+fn assert_error(text: &str, key: &str, needles: &[&str]) {
+    let errs = parse(text).expect_err("config should be invalid").0;
+    let hit = errs.iter().find(|e| e.key == key);
+    let hit = hit.unwrap_or_else(|| panic!("no error for {key}; got {errs:?}"));
+    for n in needles {
+        assert!(
+            hit.problem.contains(n),
+            "error for {key} lacks {n:?}: {}",
+            hit.problem
+        );
+    }
+}
+
+#[test]
+fn minimal_config_gets_defaults() {
+    let c = parse(&minimal("")).expect("valid");
+    assert_eq!(c.interface.name, "tg0");
+    assert_eq!(c.interface.mtu, DEFAULT_MTU);
+    assert_eq!(c.interface.listen_port, 0);
+    assert!(c.peers.is_empty(), "a config with no peers is valid");
+    assert_eq!(c.firewall.mode, FirewallMode::Auto);
+    assert!(c.firewall.mss_clamp);
+    assert_eq!(c.dns.reresolve_interval, DEFAULT_RERESOLVE_INTERVAL);
+    assert!(c.router.snat && !c.router.exit_node);
+    assert_eq!(
+        c.health.listen,
+        Some("127.0.0.1:9002".parse().expect("addr"))
+    );
+}
+
+#[test]
+fn example_files_parse() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
+    let mut files = BTreeMap::new();
+    files.insert(dir.join("private.key"), Ok(KEY_A.to_string()));
+    files.insert(dir.join("psk"), Ok(PUB_C.to_string()));
+    let files = MapFiles(files);
+    let mut seen = 0;
+    for entry in std::fs::read_dir(&dir).expect("config dir") {
+        let path = entry.expect("entry").path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            let text = std::fs::read_to_string(&path).expect("read");
+            if let Err(e) = Config::parse(&text, &dir, &files) {
+                panic!("{}: {e}", path.display());
+            }
+            seen += 1;
+        }
+    }
+    assert!(seen >= 1);
+}
+
+#[test]
+fn key_file_is_read_relative_to_config() {
+    let mut files = BTreeMap::new();
+    files.insert(
+        PathBuf::from("/etc/tg/private.key"),
+        Ok(format!("{KEY_A}\n")),
+    );
+    let text = "[interface]\nprivate_key_file = \"private.key\"\naddresses = [\"100.64.0.1/32\"]\n";
+    let c = Config::parse(text, Path::new("/etc/tg"), &MapFiles(files)).expect("valid");
+    assert_eq!(c.interface.private_key.expose_base64(), KEY_A);
+    let mut files = BTreeMap::new();
+    files.insert(
+        PathBuf::from("/etc/tg/private.key"),
+        Err("is readable by group or others (mode 0644): expected mode 0600".to_string()),
+    );
+    let errs = Config::parse(text, Path::new("/etc/tg"), &MapFiles(files)).expect_err("open key");
+    assert_eq!(errs.0[0].key, "interface.private_key_file");
+    assert!(errs.0[0].problem.contains("0600"));
+}
+
+#[test]
+fn secret_values_are_never_echoed() {
+    let text = "[interface]\nprivate_key = \"c2VjcmV0LXZhbHVlLXNob3VsZC1ub3QtbGVhaw==\"\naddresses = [\"100.64.0.1/32\"]\n";
+    let msg = parse(text).expect_err("short key").to_string();
+    assert!(!msg.contains("c2VjcmV0"), "{msg}");
+    assert!(msg.contains("interface.private_key"), "{msg}");
+    assert!(!format!("{:?}", parse(&minimal("")).expect("valid")).contains(KEY_A));
+}
+
+#[test]
+fn bad_interface_values_name_their_key() {
+    assert_error(
+        "[interface]\naddresses=[\"100.64.0.1/32\"]\n",
+        "interface.private_key",
+        &["missing"],
+    );
+    assert_error(
+        &minimal("name = \"a-very-long-interface-name\""),
+        "interface.name",
+        &["a-very-long", "15"],
+    );
+    assert_error(
+        &minimal("listen_port = 70000"),
+        "interface.listen_port",
+        &["70000", "65535"],
+    );
+    assert_error(&minimal("mtu = 1000"), "interface.mtu", &["1000", "1280"]);
+    assert_error(
+        &format!("[interface]\nprivate_key = \"{KEY_A}\"\naddresses = [\"100.64.0.300/32\"]\n"),
+        "interface.addresses[0]",
+        &["100.64.0.300"],
+    );
+    assert_error(&minimal("colour = \"blue\""), "(file)", &["colour"]);
+}
+
+#[test]
+fn bad_peers_name_their_key() {
+    let peer = |body: &str| minimal(&format!("[[peer]]\n{body}\n"));
+    assert_error(&peer("allowed_ips=[]"), "peer[0].public_key", &["missing"]);
+    assert_error(
+        &peer("public_key = \"abc\""),
+        "peer[0].public_key",
+        &["base64"],
+    );
+    assert_error(
+        &peer(&format!(
+            "public_key = \"{PUB_B}\"\nallowed_ips = [\"10.0.0.1/33\"]"
+        )),
+        "peer[0].allowed_ips[0]",
+        &["10.0.0.1/33", "CIDR"],
+    );
+    assert_error(
+        &peer(&format!(
+            "public_key = \"{PUB_B}\"\nallowed_ips = [\"10.0.0.1/8\"]"
+        )),
+        "peer[0].allowed_ips[0]",
+        &["host bits", "10.0.0.0/8"],
+    );
+    assert_error(
+        &peer(&format!("public_key = \"{PUB_B}\"\nendpoint = \"1.2.3.4\"")),
+        "peer[0].endpoint",
+        &["port"],
+    );
+    assert_error(
+        &peer(&format!(
+            "public_key = \"{PUB_B}\"\npersistent_keepalive = -1"
+        )),
+        "peer[0].persistent_keepalive",
+        &["-1"],
+    );
+    let dup = minimal(&format!(
+        "[[peer]]\npublic_key = \"{PUB_B}\"\n[[peer]]\npublic_key = \"{PUB_B}\"\n"
+    ));
+    assert_error(&dup, "peer[1].public_key", &["peer[0]"]);
+    let same_net = minimal(&format!(
+        "[[peer]]\npublic_key = \"{PUB_B}\"\nallowed_ips=[\"10.0.0.0/24\"]\n[[peer]]\npublic_key = \"{PUB_C}\"\nallowed_ips=[\"10.0.0.0/24\"]\n"
+    ));
+    assert_error(&same_net, "peer[1].allowed_ips[0]", &["peer[0]"]);
+}
+
+#[test]
+fn peer_endpoints_accept_addresses_and_names() {
+    let c = parse(&minimal(&format!(
+        "[[peer]]\npublic_key = \"{PUB_B}\"\nendpoint = \"[2001:db8::1]:51820\"\n[[peer]]\npublic_key = \"{PUB_C}\"\nendpoint = \"VPN.example.com.:51820\"\n"
+    )))
+    .expect("valid");
+    assert_eq!(
+        c.peers[0].endpoint,
+        Some(Endpoint::Addr("[2001:db8::1]:51820".parse().expect("addr")))
+    );
+    assert_eq!(
+        c.peers[1].endpoint,
+        Some(Endpoint::Host {
+            host: "vpn.example.com".into(),
+            port: 51820
+        })
+    );
+}
+
+#[test]
+fn forwarding_rules_are_checked() {
+    assert_error(
+        &minimal("[[ingress]]\ntarget = \"100.64.0.1\""),
+        "ingress[0].target",
+        &["own tunnel"],
+    );
+    assert_error(
+        &minimal("[[ingress]]\ntarget = \"10.0.0.1\"\nports = [\"80/sctp\"]"),
+        "ingress[0].ports[0]",
+        &["sctp"],
+    );
+    assert_error(
+        &minimal("[[ingress]]\ntarget = \"10.0.0.1\"\nports = [\"99999\"]"),
+        "ingress[0].ports[0]",
+        &["99999"],
+    );
+    assert_error(
+        &minimal("[[ingress]]\ntarget = \"10.0.0.1\"\nports=[\"80\"]\n[[ingress]]\ntarget = \"10.0.0.2\"\nports=[\"80:81\"]"),
+        "ingress[1].ports",
+        &["ingress[0]"],
+    );
+    assert_error(&minimal("[[ingress]]\ntarget = \"10.0.0.1\"\n[[ingress]]\ntarget = \"10.0.0.2\"\nports=[\"81\"]"), "ingress[1].ports", &["overlap"]);
+    assert_error(
+        &minimal("[[egress]]\ntarget_fqdn = \"bad..name\""),
+        "egress[0].target_fqdn",
+        &["bad..name"],
+    );
+    assert_error(
+        &minimal("[[egress]]\ntarget = \"10.0.0.1\"\ntarget_fqdn = \"a.b\""),
+        "egress[0]",
+        &["exactly one"],
+    );
+    assert_error(
+        &minimal("[[egress]]\ntarget = \"100.64.0.2\"\nports = [\"9002\"]"),
+        "egress[0].ports[0]",
+        &["health"],
+    );
+    let v4_only = format!("[interface]\nprivate_key = \"{KEY_A}\"\naddresses = [\"100.64.0.1/32\"]\n[[ingress]]\ntarget = \"fd96::10\"\n");
+    assert_error(&v4_only, "ingress[0].target", &["IPv6"]);
+    // Different families or different ports on one rule set do not overlap.
+    let ok = parse(&minimal(
+        "[[ingress]]\ntarget = \"10.0.0.1\"\n[[ingress]]\ntarget = \"fd96::10\"\n[[egress]]\ntarget = \"100.64.0.2\"\nports=[\"80\"]\n[[egress]]\ntarget = \"100.64.0.3\"\nports=[\"80/udp\",\"8080:80\"]",
+    ));
+    assert!(ok.is_ok(), "{ok:?}");
+}
+
+#[test]
+fn router_dns_health_and_firewall_are_checked() {
+    assert_error(
+        &minimal("[router]\nadvertise_routes = [\"10.0.0.1/8\"]"),
+        "router.advertise_routes[0]",
+        &["10.0.0.0/8"],
+    );
+    assert_error(
+        &minimal("[router]\nadvertise_routes = [\"100.64.0.0/10\"]"),
+        "router.advertise_routes[0]",
+        &["tunnel address"],
+    );
+    assert_error(
+        &minimal("[dns]\nreresolve_interval = \"ten minutes\""),
+        "dns.reresolve_interval",
+        &["ten minutes", "10m"],
+    );
+    assert_error(
+        &minimal("[dns]\nnameservers = [\"dns.google\"]"),
+        "dns.nameservers[0]",
+        &["dns.google"],
+    );
+    assert_error(
+        &minimal("[health]\nlisten = \"localhost\""),
+        "health.listen",
+        &["localhost"],
+    );
+    assert_error(
+        &minimal("[firewall]\nmode = \"pf\""),
+        "firewall.mode",
+        &["pf", "nftables"],
+    );
+    let c = parse(&minimal(
+        "[dns]\nreresolve_interval = \"1h30m\"\nnameservers=[\"10.0.0.53\"]\n[health]\nlisten=\"\"",
+    ))
+    .expect("valid");
+    assert_eq!(c.dns.reresolve_interval.as_secs(), 5400);
+    assert_eq!(c.dns.nameservers[0].port(), 53);
+    assert_eq!(c.health.listen, None);
+}
+
+#[test]
+fn every_error_is_reported_at_once() {
+    let errs = parse("[interface]\nname=\"\"\naddresses=[\"x\"]\nmtu=1\n")
+        .expect_err("bad")
+        .0;
+    assert!(errs.len() >= 4, "{errs:?}");
+}

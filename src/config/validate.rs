@@ -1,0 +1,630 @@
+//! Raw TOML values -> typed [`Config`]. Collects every error, each naming its key, the bad value
+//! and what was expected.
+
+use super::keys::decode_key;
+use super::ports::overlap;
+use super::raw::{RawConfig, RawForward};
+use super::*;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+struct Errors(Vec<ConfigError>);
+
+impl Errors {
+    fn push(&mut self, key: impl Into<String>, problem: impl Into<String>) {
+        self.0.push(ConfigError {
+            key: key.into(),
+            problem: problem.into(),
+        });
+    }
+}
+
+pub fn validate(
+    raw: RawConfig,
+    base_dir: &Path,
+    files: &dyn SecretFiles,
+) -> Result<Config, ConfigErrors> {
+    let mut errs = Errors(Vec::new());
+    let interface = interface(
+        raw.interface.unwrap_or_default(),
+        base_dir,
+        files,
+        &mut errs,
+    );
+    let peers = peers(raw.peer, &interface, base_dir, files, &mut errs);
+    let firewall = firewall(raw.firewall.unwrap_or_default(), &mut errs);
+    let ingress = forwards("ingress", raw.ingress, &interface, &mut errs);
+    let egress = forwards("egress", raw.egress, &interface, &mut errs);
+    let router = router(raw.router.unwrap_or_default(), &interface, &mut errs);
+    let dns = dns(raw.dns.unwrap_or_default(), &mut errs);
+    let health = health(raw.health.unwrap_or_default(), &mut errs);
+    check_egress_ports(&egress, &interface, &health, &mut errs);
+    if errs.0.is_empty() {
+        Ok(Config {
+            interface,
+            peers,
+            firewall,
+            ingress,
+            egress,
+            router,
+            dns,
+            health,
+        })
+    } else {
+        Err(ConfigErrors(errs.0))
+    }
+}
+
+fn interface(
+    raw: super::raw::RawInterface,
+    base_dir: &Path,
+    files: &dyn SecretFiles,
+    errs: &mut Errors,
+) -> Interface {
+    let name = raw.name.unwrap_or_else(|| "tg0".into());
+    if !valid_ifname(&name) {
+        errs.push(
+            "interface.name",
+            format!("\"{name}\" is not a valid interface name: expected 1-15 characters of letters, digits, '-', '_' or '.'"),
+        );
+    }
+    let private_key = secret(
+        "interface.private_key",
+        raw.private_key,
+        raw.private_key_file,
+        true,
+        base_dir,
+        files,
+        errs,
+    )
+    .unwrap_or(SecretKey([0; 32]));
+    let listen_port = int_in("interface.listen_port", raw.listen_port, 0, 65535, 0, errs) as u16;
+    let mut addresses = Vec::new();
+    for (i, text) in raw.addresses.iter().enumerate() {
+        match text.parse::<IpNet>() {
+            Ok(net) => addresses.push(net),
+            Err(_) => errs.push(
+                format!("interface.addresses[{i}]"),
+                format!("\"{text}\" is not an address with prefix: expected like \"100.64.0.1/32\" or \"fd7a:115c:a1e0::1/128\""),
+            ),
+        }
+    }
+    if raw.addresses.is_empty() {
+        errs.push(
+            "interface.addresses",
+            "is empty: expected at least one tunnel address",
+        );
+    }
+    let min_mtu = if addresses.iter().any(|a| a.addr().is_ipv6()) {
+        1280
+    } else {
+        576
+    };
+    let mtu = int_in(
+        "interface.mtu",
+        raw.mtu,
+        min_mtu,
+        65535,
+        DEFAULT_MTU.into(),
+        errs,
+    ) as u16;
+    let fwmark = match int_in("interface.fwmark", raw.fwmark, 0, u32::MAX.into(), 0, errs) {
+        0 => None,
+        m => Some(m as u32),
+    };
+    Interface {
+        name,
+        private_key,
+        listen_port,
+        addresses,
+        mtu,
+        fwmark,
+    }
+}
+
+fn peers(
+    raws: Vec<super::raw::RawPeer>,
+    interface: &Interface,
+    base_dir: &Path,
+    files: &dyn SecretFiles,
+    errs: &mut Errors,
+) -> Vec<Peer> {
+    let own_public = interface.private_key.public_key();
+    let mut seen_keys: BTreeMap<PublicKey, usize> = BTreeMap::new();
+    let mut seen_nets: BTreeMap<IpNet, usize> = BTreeMap::new();
+    let mut peers = Vec::new();
+    for (i, raw) in raws.into_iter().enumerate() {
+        let key = format!("peer[{i}]");
+        let public_key = match raw.public_key.as_deref().map(decode_key) {
+            None => {
+                errs.push(
+                    format!("{key}.public_key"),
+                    "is missing: expected a base64 key",
+                );
+                PublicKey([0; 32])
+            }
+            Some(Err(e)) => {
+                errs.push(format!("{key}.public_key"), e);
+                PublicKey([0; 32])
+            }
+            Some(Ok(k)) => {
+                let pk = PublicKey(k);
+                if let Some(first) = seen_keys.insert(pk, i) {
+                    errs.push(
+                        format!("{key}.public_key"),
+                        format!("\"{pk}\" is already peer[{first}]: expected each peer once"),
+                    );
+                }
+                if pk == own_public {
+                    errs.push(
+                        format!("{key}.public_key"),
+                        "is this interface's own public key: expected another host's key",
+                    );
+                }
+                pk
+            }
+        };
+        let preshared_key = secret(
+            &format!("{key}.preshared_key"),
+            raw.preshared_key,
+            raw.preshared_key_file,
+            false,
+            base_dir,
+            files,
+            errs,
+        );
+        let endpoint = raw
+            .endpoint
+            .as_deref()
+            .and_then(|e| match parse_endpoint(e) {
+                Ok(ep) => Some(ep),
+                Err(problem) => {
+                    errs.push(format!("{key}.endpoint"), problem);
+                    None
+                }
+            });
+        let mut allowed_ips = Vec::new();
+        for (j, text) in raw.allowed_ips.iter().enumerate() {
+            let k = format!("{key}.allowed_ips[{j}]");
+            if let Some(net) = network(&k, text, errs) {
+                if let Some(other) = seen_nets.insert(net, i) {
+                    errs.push(
+                        k,
+                        format!("\"{net}\" is also an allowed IP of peer[{other}]: expected each network on one peer"),
+                    );
+                } else {
+                    allowed_ips.push(net);
+                }
+            }
+        }
+        let keepalive = int_in(
+            &format!("{key}.persistent_keepalive"),
+            raw.persistent_keepalive,
+            0,
+            65535,
+            0,
+            errs,
+        ) as u16;
+        peers.push(Peer {
+            public_key,
+            preshared_key,
+            endpoint,
+            allowed_ips,
+            persistent_keepalive: (keepalive > 0).then_some(keepalive),
+        });
+    }
+    peers
+}
+
+fn firewall(raw: super::raw::RawFirewall, errs: &mut Errors) -> Firewall {
+    let mode = match raw.mode.as_deref() {
+        None | Some("auto") => FirewallMode::Auto,
+        Some("nftables") => FirewallMode::Nftables,
+        Some("iptables") => FirewallMode::Iptables,
+        Some(other) => {
+            errs.push(
+                "firewall.mode",
+                format!("\"{other}\" is not a firewall mode: expected auto, nftables or iptables"),
+            );
+            FirewallMode::Auto
+        }
+    };
+    let repair_interval = match raw.repair_interval.as_deref() {
+        None => Some(DEFAULT_REPAIR_INTERVAL),
+        Some(text) => match parse_duration(text) {
+            Ok(d) if d.is_zero() => None,
+            Ok(d) => Some(d),
+            Err(e) => {
+                errs.push("firewall.repair_interval", e);
+                None
+            }
+        },
+    };
+    Firewall {
+        mode,
+        mss_clamp: raw.mss_clamp.unwrap_or(true),
+        repair_interval,
+    }
+}
+
+fn forwards(
+    section: &str,
+    raws: Vec<RawForward>,
+    interface: &Interface,
+    errs: &mut Errors,
+) -> Vec<Forward> {
+    let mut out: Vec<(usize, Forward)> = Vec::new();
+    for (i, raw) in raws.into_iter().enumerate() {
+        let key = format!("{section}[{i}]");
+        let target = match (raw.target, raw.target_fqdn) {
+            (Some(ip), None) => match ip.parse::<IpAddr>() {
+                Ok(ip) => {
+                    if interface.addresses.iter().any(|a| a.addr() == ip) {
+                        errs.push(
+                            format!("{key}.target"),
+                            format!("\"{ip}\" is one of this interface's own tunnel addresses: expected another host"),
+                        );
+                    }
+                    Target::Ip(ip)
+                }
+                Err(_) => {
+                    errs.push(
+                        format!("{key}.target"),
+                        format!("\"{ip}\" is not an IP address: expected like \"10.96.0.10\" or \"fd96::10\" (use target_fqdn for a name)"),
+                    );
+                    continue;
+                }
+            },
+            (None, Some(name)) => match normalize_dns_name(&name) {
+                Ok(n) => Target::Fqdn(n),
+                Err(e) => {
+                    errs.push(format!("{key}.target_fqdn"), format!("\"{name}\" {e}"));
+                    continue;
+                }
+            },
+            (Some(_), Some(_)) => {
+                errs.push(
+                    &key,
+                    "has both target and target_fqdn: expected exactly one",
+                );
+                continue;
+            }
+            (None, None) => {
+                errs.push(
+                    &key,
+                    "has no target: expected target = \"IP\" or target_fqdn = \"name\"",
+                );
+                continue;
+            }
+        };
+        if let Target::Ip(ip) = target {
+            if !interface
+                .addresses
+                .iter()
+                .any(|a| a.addr().is_ipv6() == ip.is_ipv6())
+            {
+                errs.push(
+                    format!("{key}.target"),
+                    format!("\"{ip}\" is IPv{}, but interface.addresses has no IPv{} address to forward from", family(ip), family(ip)),
+                );
+            }
+        }
+        let mut ports = Vec::new();
+        for (j, text) in raw.ports.iter().flatten().enumerate() {
+            match text.parse::<PortMap>() {
+                Ok(p) => {
+                    if ports
+                        .iter()
+                        .any(|q: &PortMap| q.proto == p.proto && q.listen == p.listen)
+                    {
+                        errs.push(
+                            format!("{key}.ports[{j}]"),
+                            format!("\"{text}\" repeats a listen port of this rule"),
+                        );
+                    }
+                    ports.push(p);
+                }
+                Err(e) => errs.push(format!("{key}.ports[{j}]"), format!("\"{text}\": {e}")),
+            }
+        }
+        if raw.ports.as_ref().is_some_and(Vec::is_empty) {
+            errs.push(
+                format!("{key}.ports"),
+                "is empty: expected at least one port, or no ports key for every port",
+            );
+        }
+        let fwd = Forward { target, ports };
+        for (j, other) in &out {
+            if families_meet(&fwd.target, &other.target) && overlap(&fwd.ports, &other.ports) {
+                errs.push(
+                    format!("{key}.ports"),
+                    format!("overlap with {section}[{j}] on the same address: expected each port in one rule (a rule without ports owns every port)"),
+                );
+            }
+        }
+        out.push((i, fwd));
+    }
+    out.into_iter().map(|(_, f)| f).collect()
+}
+
+/// Egress captures traffic to this host: it must never take the WireGuard or health port.
+fn check_egress_ports(
+    egress: &[Forward],
+    interface: &Interface,
+    health: &Health,
+    errs: &mut Errors,
+) {
+    for (i, fwd) in egress.iter().enumerate() {
+        for (j, p) in fwd.ports.iter().enumerate() {
+            let wg = p.proto == Proto::Udp
+                && interface.listen_port != 0
+                && p.listen == interface.listen_port;
+            let hp = p.proto == Proto::Tcp && health.listen.is_some_and(|h| h.port() == p.listen);
+            if wg || hp {
+                errs.push(
+                    format!("egress[{i}].ports[{j}]"),
+                    format!(
+                        "\"{p}\" is the {} port: expected a port the daemon does not use itself",
+                        if wg { "WireGuard listen" } else { "health" }
+                    ),
+                );
+            }
+        }
+    }
+}
+
+fn router(raw: super::raw::RawRouter, interface: &Interface, errs: &mut Errors) -> Router {
+    let mut routes = Vec::new();
+    for (i, text) in raw.advertise_routes.iter().enumerate() {
+        let key = format!("router.advertise_routes[{i}]");
+        if let Some(net) = network(&key, text, errs) {
+            if let Some(a) = interface.addresses.iter().find(|a| net.contains(&a.addr())) {
+                errs.push(key, format!("\"{net}\" contains the tunnel address {}: expected a network behind this host", a.addr()));
+            } else {
+                routes.push(net);
+            }
+        }
+    }
+    Router {
+        advertise_routes: routes,
+        exit_node: raw.exit_node.unwrap_or(false),
+        snat: raw.snat.unwrap_or(true),
+    }
+}
+
+fn dns(raw: super::raw::RawDns, errs: &mut Errors) -> Dns {
+    let reresolve_interval = match raw.reresolve_interval.as_deref().map(parse_duration) {
+        None => DEFAULT_RERESOLVE_INTERVAL,
+        Some(Ok(d)) if d >= std::time::Duration::from_secs(1) => d,
+        Some(Ok(_)) => {
+            errs.push(
+                "dns.reresolve_interval",
+                "is shorter than 1s: expected at least \"1s\"",
+            );
+            DEFAULT_RERESOLVE_INTERVAL
+        }
+        Some(Err(e)) => {
+            errs.push("dns.reresolve_interval", e);
+            DEFAULT_RERESOLVE_INTERVAL
+        }
+    };
+    let mut nameservers = Vec::new();
+    for (i, text) in raw.nameservers.iter().enumerate() {
+        match text.parse::<SocketAddr>().or_else(|_| text.parse::<IpAddr>().map(|ip| SocketAddr::new(ip, 53))) {
+            Ok(a) => nameservers.push(a),
+            Err(_) => errs.push(
+                format!("dns.nameservers[{i}]"),
+                format!("\"{text}\" is not a name server address: expected IP or IP:port, like \"10.96.0.10\" or \"[fd00::53]:53\""),
+            ),
+        }
+    }
+    Dns {
+        reresolve_interval,
+        nameservers,
+    }
+}
+
+fn health(raw: super::raw::RawHealth, errs: &mut Errors) -> Health {
+    let listen = match raw.listen.as_deref() {
+        None => DEFAULT_HEALTH_LISTEN.parse().ok(),
+        Some("") => None,
+        Some(text) => match text.parse::<SocketAddr>() {
+            Ok(a) => Some(a),
+            Err(_) => {
+                errs.push("health.listen", format!("\"{text}\" is not an address: expected IP:port like \"127.0.0.1:9002\", or \"\" to disable"));
+                None
+            }
+        },
+    };
+    Health { listen }
+}
+
+/// Reads a key given inline or as a file; exactly one of the two may be set.
+fn secret(
+    key: &str,
+    inline: Option<String>,
+    file: Option<String>,
+    required: bool,
+    base_dir: &Path,
+    files: &dyn SecretFiles,
+    errs: &mut Errors,
+) -> Option<SecretKey> {
+    let (text, name) = match (inline, file) {
+        (Some(_), Some(_)) => {
+            errs.push(
+                key,
+                format!("and {key}_file are both set: expected one of them"),
+            );
+            return None;
+        }
+        (Some(t), None) => (t, key.to_string()),
+        (None, Some(f)) => {
+            let path: PathBuf = base_dir.join(&f);
+            match files.read_secret(&path) {
+                Ok(t) => (t, format!("{key}_file")),
+                Err(e) => {
+                    errs.push(
+                        format!("{key}_file"),
+                        format!("\"{}\": {e}", path.display()),
+                    );
+                    return None;
+                }
+            }
+        }
+        (None, None) => {
+            if required {
+                errs.push(
+                    key,
+                    format!("is missing: expected {key} = \"<base64>\" or {key}_file = \"path\""),
+                );
+            }
+            return None;
+        }
+    };
+    match decode_key(&text) {
+        Ok(k) => Some(SecretKey(k)),
+        Err(e) => {
+            // Never echo the text: it is meant to be a secret.
+            errs.push(name, e);
+            None
+        }
+    }
+}
+
+fn network(key: &str, text: &str, errs: &mut Errors) -> Option<IpNet> {
+    match text.parse::<IpNet>() {
+        Ok(net) if net.trunc() == net => Some(net),
+        Ok(net) => {
+            errs.push(
+                key,
+                format!(
+                    "\"{text}\" has host bits set: expected the network \"{}\"",
+                    net.trunc()
+                ),
+            );
+            None
+        }
+        Err(_) => match text.parse::<IpAddr>() {
+            Ok(ip) => Some(IpNet::from(ip)),
+            Err(_) => {
+                errs.push(key, format!("\"{text}\" is not a network: expected CIDR like \"10.0.0.0/24\" or \"fd00::/64\""));
+                None
+            }
+        },
+    }
+}
+
+fn int_in(
+    key: &str,
+    value: Option<i64>,
+    min: i64,
+    max: i64,
+    default: i64,
+    errs: &mut Errors,
+) -> i64 {
+    match value {
+        None => default,
+        Some(v) if (min..=max).contains(&v) => v,
+        Some(v) => {
+            errs.push(key, format!("{v} is out of range: expected {min} to {max}"));
+            default
+        }
+    }
+}
+
+pub fn parse_endpoint(text: &str) -> Result<Endpoint, String> {
+    if let Ok(addr) = text.parse::<SocketAddr>() {
+        return Ok(Endpoint::Addr(addr));
+    }
+    let expected = "expected host:port like \"198.51.100.7:51820\", \"[2001:db8::1]:51820\" or \"vpn.example.com:51820\"";
+    let (host, port) = text
+        .rsplit_once(':')
+        .ok_or_else(|| format!("\"{text}\" has no port: {expected}"))?;
+    let port = match port.parse::<u16>() {
+        Ok(p) if p > 0 => p,
+        _ => return Err(format!("\"{text}\" has no valid port: {expected}")),
+    };
+    let host = normalize_dns_name(host).map_err(|e| format!("\"{text}\": the host {e}"))?;
+    Ok(Endpoint::Host { host, port })
+}
+
+/// Lower-cases and checks a DNS name (RFC 1123 labels), dropping one trailing dot.
+pub fn normalize_dns_name(name: &str) -> Result<String, String> {
+    let n = name.strip_suffix('.').unwrap_or(name).to_ascii_lowercase();
+    let bad = "is not a valid DNS name: expected labels of letters, digits and '-' separated by dots, like \"db.example.internal\"";
+    if n.is_empty() || n.len() > 253 || n.parse::<IpAddr>().is_ok() {
+        return Err(bad.into());
+    }
+    for label in n.split('.') {
+        let ok = !label.is_empty()
+            && label.len() <= 63
+            && !label.starts_with('-')
+            && !label.ends_with('-')
+            && label
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        if !ok {
+            return Err(bad.into());
+        }
+    }
+    Ok(n)
+}
+
+/// "500ms", "30s", "10m", "1h", "1h30m".
+pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    let expected =
+        || format!("\"{text}\" is not a duration: expected like \"30s\", \"10m\" or \"1h\"");
+    let mut total_ms: u64 = 0;
+    let mut rest = text.trim();
+    if rest.is_empty() {
+        return Err(expected());
+    }
+    while !rest.is_empty() {
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        if digits == 0 {
+            return Err(expected());
+        }
+        let n: u64 = rest[..digits].parse().map_err(|_| expected())?;
+        rest = &rest[digits..];
+        let unit_len = rest.bytes().take_while(u8::is_ascii_alphabetic).count();
+        let unit_ms = match &rest[..unit_len] {
+            "ms" => 1,
+            "s" => 1000,
+            "m" => 60_000,
+            "h" => 3_600_000,
+            "d" => 86_400_000,
+            _ => return Err(expected()),
+        };
+        rest = &rest[unit_len..];
+        total_ms = n
+            .checked_mul(unit_ms)
+            .and_then(|v| total_ms.checked_add(v))
+            .ok_or_else(expected)?;
+    }
+    Ok(std::time::Duration::from_millis(total_ms))
+}
+
+fn valid_ifname(name: &str) -> bool {
+    (1..=15).contains(&name.len())
+        && name != "."
+        && name != ".."
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+}
+
+fn family(ip: IpAddr) -> u8 {
+    if ip.is_ipv6() {
+        6
+    } else {
+        4
+    }
+}
+
+/// Whether two targets can share an address family (a name can resolve to either).
+fn families_meet(a: &Target, b: &Target) -> bool {
+    match (a, b) {
+        (Target::Ip(x), Target::Ip(y)) => x.is_ipv6() == y.is_ipv6(),
+        _ => true,
+    }
+}
