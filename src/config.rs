@@ -11,7 +11,7 @@ use std::path::Path;
 use std::time::Duration;
 
 pub use ipnet::IpNet;
-pub use keys::{PublicKey, SecretKey};
+pub use keys::{decode_key, PublicKey, SecretKey};
 pub use ports::{PortMap, Proto};
 
 /// Default TUN MTU: 1500 minus the 80 bytes of IPv6 + UDP + WireGuard overhead.

@@ -1,0 +1,6 @@
+//! Pure decisions: WireGuard session wrapper, cryptokey routing, desired routes.
+
+pub mod allowed_ips;
+pub mod plan;
+pub mod routes;
+pub mod wg;

@@ -1,0 +1,330 @@
+//! The only module that imports boringtun: one [`Tunnel`] per peer, the shared handshake rate
+//! limiter, and classification of incoming datagrams. Swapping the Noise implementation is a
+//! change to this file alone.
+
+use crate::config::{PublicKey, SecretKey};
+use boringtun::noise::errors::WireGuardError;
+use boringtun::noise::handshake::parse_handshake_anon;
+use boringtun::noise::rate_limiter::RateLimiter;
+use boringtun::noise::{Packet, Tunn, TunnResult};
+use boringtun::x25519;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Handshake messages per second (all peers together) before cookies are demanded. boringtun
+/// counts a handshake twice here (our pre-check and its own), so this is twice the real limit.
+const HANDSHAKES_PER_SECOND_BEFORE_COOKIES: u64 = 2 * 100;
+
+/// Extra room a WireGuard data message needs over its plaintext.
+pub const OVERHEAD: usize = 32;
+/// The smallest output buffer any call may need (a handshake initiation).
+pub const MIN_OUTPUT: usize = 148;
+
+/// Why a datagram or timer tick went nowhere. Mirrors boringtun's error, which has no Display.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum TunnelError {
+    /// The message failed authentication, replay or counter checks (garbage, replay, wrong key).
+    #[error("message rejected: {0}")]
+    Rejected(&'static str),
+    /// The session expired and no handshake has replaced it.
+    #[error("connection expired")]
+    Expired,
+    /// Under handshake load and the sender has no valid cookie yet.
+    #[error("under load")]
+    UnderLoad,
+}
+
+fn map_error(e: WireGuardError) -> TunnelError {
+    match e {
+        WireGuardError::ConnectionExpired => TunnelError::Expired,
+        WireGuardError::UnderLoad => TunnelError::UnderLoad,
+        WireGuardError::DestinationBufferTooSmall => TunnelError::Rejected("buffer too small"),
+        WireGuardError::IncorrectPacketLength => TunnelError::Rejected("incorrect length"),
+        WireGuardError::UnexpectedPacket => TunnelError::Rejected("unexpected packet"),
+        WireGuardError::WrongPacketType => TunnelError::Rejected("wrong packet type"),
+        WireGuardError::WrongIndex => TunnelError::Rejected("wrong index"),
+        WireGuardError::WrongKey => TunnelError::Rejected("wrong key"),
+        WireGuardError::InvalidTai64nTimestamp => TunnelError::Rejected("invalid timestamp"),
+        WireGuardError::WrongTai64nTimestamp => TunnelError::Rejected("replayed handshake"),
+        WireGuardError::InvalidMac => TunnelError::Rejected("invalid mac"),
+        WireGuardError::InvalidAeadTag => TunnelError::Rejected("decryption failed"),
+        WireGuardError::InvalidCounter => TunnelError::Rejected("invalid counter"),
+        WireGuardError::DuplicateCounter => TunnelError::Rejected("replayed packet"),
+        WireGuardError::InvalidPacket => TunnelError::Rejected("invalid packet"),
+        WireGuardError::NoCurrentSession => TunnelError::Rejected("no session"),
+        WireGuardError::LockFailed => TunnelError::Rejected("lock failed"),
+    }
+}
+
+/// What to do with the output of one call.
+#[derive(Debug)]
+pub enum Outcome<'a> {
+    /// Nothing to send.
+    Done,
+    /// Send these bytes to the peer's endpoint (a data, handshake, cookie or keepalive message).
+    Network(&'a mut [u8]),
+    /// A decrypted IP packet from the peer, with its inner source address.
+    Tunnel(&'a mut [u8], IpAddr),
+    Error(TunnelError),
+}
+
+impl<'a> From<TunnResult<'a>> for Outcome<'a> {
+    fn from(r: TunnResult<'a>) -> Self {
+        match r {
+            TunnResult::Done => Outcome::Done,
+            TunnResult::Err(e) => Outcome::Error(map_error(e)),
+            TunnResult::WriteToNetwork(b) => Outcome::Network(b),
+            TunnResult::WriteToTunnelV4(b, a) => Outcome::Tunnel(b, IpAddr::V4(a)),
+            TunnResult::WriteToTunnelV6(b, a) => Outcome::Tunnel(b, IpAddr::V6(a)),
+        }
+    }
+}
+
+/// The shared handshake rate limiter of one interface (cookie replies under a flood).
+pub struct Limiter(Arc<RateLimiter>);
+
+impl Limiter {
+    pub fn new(own_public: &PublicKey) -> Limiter {
+        let public = x25519::PublicKey::from(own_public.0);
+        Limiter(Arc::new(RateLimiter::new(
+            &public,
+            HANDSHAKES_PER_SECOND_BEFORE_COOKIES,
+        )))
+    }
+
+    /// Call about once a second: the limit is per second.
+    pub fn reset_count(&self) {
+        self.0.reset_count();
+    }
+}
+
+/// Which peer an incoming datagram belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Incoming {
+    /// A handshake initiation from this (authenticated) public key.
+    Initiation(PublicKey),
+    /// A response, cookie or data message for the local session index of this peer.
+    Index(u32),
+    /// Under load: send this cookie reply (in the buffer given) back to the sender.
+    Cookie(usize),
+}
+
+/// Identifies the peer of `datagram` without touching any peer state. Checks mac1 (and, under
+/// load, mac2) first so a flood of initiations costs no Diffie-Hellman.
+pub fn classify(
+    limiter: &Limiter,
+    own_private: &SecretKey,
+    own_public: &PublicKey,
+    src: IpAddr,
+    datagram: &[u8],
+    cookie_out: &mut [u8],
+) -> Result<Incoming, TunnelError> {
+    match limiter.0.verify_packet(Some(src), datagram, cookie_out) {
+        Ok(Packet::HandshakeInit(init)) => {
+            let private = x25519::StaticSecret::from(own_private.0);
+            let public = x25519::PublicKey::from(own_public.0);
+            let half = parse_handshake_anon(&private, &public, &init).map_err(map_error)?;
+            Ok(Incoming::Initiation(PublicKey(half.peer_static_public)))
+        }
+        Ok(Packet::HandshakeResponse(p)) => Ok(Incoming::Index(p.receiver_idx >> 8)),
+        Ok(Packet::PacketCookieReply(p)) => Ok(Incoming::Index(p.receiver_idx >> 8)),
+        Ok(Packet::PacketData(p)) => Ok(Incoming::Index(p.receiver_idx >> 8)),
+        Err(TunnResult::WriteToNetwork(cookie)) => Ok(Incoming::Cookie(cookie.len())),
+        Err(TunnResult::Err(e)) => Err(map_error(e)),
+        Err(_) => Err(TunnelError::Rejected("invalid packet")),
+    }
+}
+
+/// The Noise session state with one peer.
+pub struct Tunnel {
+    tunn: Tunn,
+}
+
+/// Traffic and handshake figures of one tunnel.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TunnelStats {
+    pub since_last_handshake: Option<Duration>,
+}
+
+impl Tunnel {
+    /// `index` is this peer's local identifier (24 bits are used); incoming messages carry it.
+    pub fn new(
+        own_private: &SecretKey,
+        peer: &PublicKey,
+        preshared: Option<&SecretKey>,
+        keepalive_secs: Option<u16>,
+        index: u32,
+        limiter: &Limiter,
+    ) -> Tunnel {
+        Tunnel {
+            tunn: Tunn::new(
+                x25519::StaticSecret::from(own_private.0),
+                x25519::PublicKey::from(peer.0),
+                preshared.map(|k| k.0),
+                keepalive_secs,
+                index,
+                Some(limiter.0.clone()),
+            ),
+        }
+    }
+
+    /// Encrypts an IP packet from the TUN device. `dst` needs `src.len() + OVERHEAD` bytes and at
+    /// least [`MIN_OUTPUT`]. Without a session the packet is queued and a handshake returned.
+    #[inline]
+    pub fn encapsulate<'a>(&mut self, src: &[u8], dst: &'a mut [u8]) -> Outcome<'a> {
+        self.tunn.encapsulate(src, dst).into()
+    }
+
+    /// Processes a datagram from the network. After a [`Outcome::Network`] call
+    /// [`Tunnel::flush`] until [`Outcome::Done`]: that sends packets queued during a handshake.
+    #[inline]
+    pub fn decapsulate<'a>(
+        &mut self,
+        src: IpAddr,
+        datagram: &[u8],
+        dst: &'a mut [u8],
+    ) -> Outcome<'a> {
+        self.tunn.decapsulate(Some(src), datagram, dst).into()
+    }
+
+    /// Sends one packet queued while the handshake was in progress.
+    pub fn flush<'a>(&mut self, dst: &'a mut [u8]) -> Outcome<'a> {
+        self.tunn.decapsulate(None, &[], dst).into()
+    }
+
+    /// Handshake retries, rekeys and keepalives; call every ~100 ms.
+    pub fn update_timers<'a>(&mut self, dst: &'a mut [u8]) -> Outcome<'a> {
+        self.tunn.update_timers(dst).into()
+    }
+
+    pub fn set_private_key(&mut self, own_private: &SecretKey, limiter: &Limiter) {
+        let private = x25519::StaticSecret::from(own_private.0);
+        let public = x25519::PublicKey::from(&private);
+        self.tunn
+            .set_static_private(private, public, Some(limiter.0.clone()));
+    }
+
+    pub fn stats(&self) -> TunnelStats {
+        let (since_last_handshake, ..) = self.tunn.stats();
+        TunnelStats {
+            since_last_handshake,
+        }
+    }
+}
+
+/// The destination address of an IP packet, if it is one.
+#[inline]
+pub fn packet_destination(packet: &[u8]) -> Option<IpAddr> {
+    match packet.first()? >> 4 {
+        4 if packet.len() >= 20 => {
+            let b: [u8; 4] = packet[16..20].try_into().ok()?;
+            Some(IpAddr::V4(Ipv4Addr::from(b)))
+        }
+        6 if packet.len() >= 40 => {
+            let b: [u8; 16] = packet[24..40].try_into().ok()?;
+            Some(IpAddr::V6(Ipv6Addr::from(b)))
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair() -> (Tunnel, Tunnel, Limiter, Limiter, SecretKey, SecretKey) {
+        let a = SecretKey::generate();
+        let b = SecretKey::generate();
+        let la = Limiter::new(&a.public_key());
+        let lb = Limiter::new(&b.public_key());
+        let ta = Tunnel::new(&a, &b.public_key(), None, None, 1, &la);
+        let tb = Tunnel::new(&b, &a.public_key(), None, None, 2, &lb);
+        (ta, tb, la, lb, a, b)
+    }
+
+    fn ipv4_packet(src: [u8; 4], dst: [u8; 4], payload: &[u8]) -> Vec<u8> {
+        let mut p = vec![0u8; 20];
+        p[0] = 0x45;
+        let len = (20 + payload.len()) as u16;
+        p[2..4].copy_from_slice(&len.to_be_bytes());
+        p[8] = 64;
+        p[9] = 17;
+        p[12..16].copy_from_slice(&src);
+        p[16..20].copy_from_slice(&dst);
+        p.extend_from_slice(payload);
+        p
+    }
+
+    #[test]
+    fn handshake_then_data_round_trip() {
+        let (mut ta, mut tb, _la, lb, _a, b) = pair();
+        let packet = ipv4_packet([10, 0, 0, 1], [10, 0, 0, 2], b"hello through the tunnel");
+        let mut buf = vec![0u8; 2048];
+        let mut out = vec![0u8; 2048];
+        // a has no session: the packet is queued and an initiation comes out.
+        let init = match ta.encapsulate(&packet, &mut buf) {
+            Outcome::Network(m) => m.to_vec(),
+            other => panic!("expected initiation, got {other:?}"),
+        };
+        let src: IpAddr = "192.0.2.1".parse().expect("ip");
+        let mut cookie = [0u8; 64];
+        let who = classify(&lb, &b, &b.public_key(), src, &init, &mut cookie).expect("valid");
+        assert_eq!(who, Incoming::Initiation(_a.public_key()));
+        let resp = match tb.decapsulate(src, &init, &mut out) {
+            Outcome::Network(m) => m.to_vec(),
+            other => panic!("expected response, got {other:?}"),
+        };
+        // The response releases a's queued packet through flush.
+        assert!(matches!(
+            ta.decapsulate(src, &resp, &mut out),
+            Outcome::Network(_) | Outcome::Done
+        ));
+        let data = match ta.flush(&mut buf) {
+            Outcome::Network(m) => m.to_vec(),
+            other => panic!("expected queued data, got {other:?}"),
+        };
+        match tb.decapsulate(src, &data, &mut out) {
+            Outcome::Tunnel(p, from) => {
+                assert_eq!(p, &packet[..]);
+                assert_eq!(from, "10.0.0.1".parse::<IpAddr>().expect("ip"));
+            }
+            other => panic!("expected plaintext, got {other:?}"),
+        }
+        // Replaying the same data message is rejected, not delivered twice.
+        assert!(matches!(
+            tb.decapsulate(src, &data, &mut out),
+            Outcome::Error(TunnelError::Rejected(_))
+        ));
+    }
+
+    #[test]
+    fn garbage_and_truncated_messages_are_rejected() {
+        let b = SecretKey::generate();
+        let lb = Limiter::new(&b.public_key());
+        let src: IpAddr = "192.0.2.1".parse().expect("ip");
+        let mut cookie = [0u8; 64];
+        for garbage in [
+            &b""[..],
+            b"\x01\x00\x00\x00short",
+            &[0xffu8; 200][..],
+            &[1u8; 148][..],
+        ] {
+            assert!(classify(&lb, &b, &b.public_key(), src, garbage, &mut cookie).is_err());
+        }
+    }
+
+    #[test]
+    fn destination_of_v4_and_v6_packets() {
+        let p = ipv4_packet([10, 0, 0, 1], [10, 0, 0, 9], b"x");
+        assert_eq!(
+            packet_destination(&p),
+            Some("10.0.0.9".parse().expect("ip"))
+        );
+        let mut v6 = vec![0u8; 40];
+        v6[0] = 0x60;
+        v6[39] = 1;
+        assert_eq!(packet_destination(&v6), Some("::1".parse().expect("ip")));
+        assert_eq!(packet_destination(&[0x45, 0]), None);
+    }
+}

@@ -1,0 +1,335 @@
+//! The packet loops: TUN -> encrypt -> UDP and UDP -> decrypt -> TUN on their own threads, plus
+//! the WireGuard timer thread. Buffers are allocated once per thread; a batch takes one
+//! snapshot of the peer table; nothing here logs per packet.
+
+use crate::core::wg::{self, Incoming, Outcome, TunnelError};
+use crate::shell::peers::{Peer, PeerTable};
+use crate::shell::udp::{RecvBatch, SendBatch, WgSocket, MAX_DATAGRAM};
+use parking_lot::RwLock;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tun_rs::{GROTable, SyncDevice, IDEAL_BATCH_SIZE, VIRTIO_NET_HDR_LEN};
+
+/// How often WireGuard's handshake, rekey and keepalive timers are driven (boringtun expects
+/// about every 100 ms; its own device uses 250 ms).
+const TIMER_TICK: Duration = Duration::from_millis(100);
+/// Largest packet the TUN device hands us in one read with offloads on.
+const TUN_READ_BYTES: usize = VIRTIO_NET_HDR_LEN + 65535;
+
+/// Packets dropped, by reason: what `/metrics` exports.
+#[derive(Debug, Default)]
+pub struct DropCounters {
+    /// Outgoing packet to an address no peer's allowed IPs cover.
+    pub no_peer: AtomicU64,
+    /// Outgoing packet for a peer with no known endpoint.
+    pub no_endpoint: AtomicU64,
+    /// Decrypted packet whose inner source is outside the sender's allowed IPs.
+    pub bad_source: AtomicU64,
+    /// Datagram that failed parsing, authentication or replay checks.
+    pub invalid: AtomicU64,
+    /// Datagram for a session index or key no peer has.
+    pub unknown_peer: AtomicU64,
+    pub tun_write: AtomicU64,
+    pub udp_send: AtomicU64,
+}
+
+/// Everything the loops share.
+pub struct Shared {
+    pub table: RwLock<Arc<PeerTable>>,
+    pub tun: Arc<SyncDevice>,
+    pub socket: RwLock<Arc<WgSocket>>,
+    pub drops: DropCounters,
+    pub stop: AtomicBool,
+}
+
+impl Shared {
+    pub fn snapshot(&self) -> Arc<PeerTable> {
+        self.table.read().clone()
+    }
+
+    fn socket(&self) -> Arc<WgSocket> {
+        self.socket.read().clone()
+    }
+}
+
+/// Starts the TUN reader, one UDP reader per socket generation and the timer thread.
+pub fn start(shared: Arc<Shared>) -> std::io::Result<()> {
+    let s = shared.clone();
+    std::thread::Builder::new()
+        .name("tg-tun-rx".into())
+        .spawn(move || tun_loop(&s))?;
+    let s = shared.clone();
+    std::thread::Builder::new()
+        .name("tg-timers".into())
+        .spawn(move || timer_loop(&s))?;
+    start_udp_reader(shared)
+}
+
+/// A UDP reader for the current socket; called again after the socket is replaced (new
+/// listen port): the old reader ends when its socket is shut down.
+pub fn start_udp_reader(shared: Arc<Shared>) -> std::io::Result<()> {
+    let socket = shared.socket();
+    std::thread::Builder::new()
+        .name("tg-udp-rx".into())
+        .spawn(move || udp_loop(&shared, &socket))?;
+    Ok(())
+}
+
+fn tun_loop(shared: &Shared) {
+    let mut original = vec![0u8; TUN_READ_BYTES];
+    let mut bufs: Vec<Vec<u8>> = (0..IDEAL_BATCH_SIZE).map(|_| vec![0u8; 65535]).collect();
+    let mut sizes = vec![0usize; IDEAL_BATCH_SIZE];
+    let mut out = SendBatch::new(MAX_DATAGRAM.min(65535 + wg::OVERHEAD));
+    while !shared.stop.load(Ordering::Relaxed) {
+        let n = match shared
+            .tun
+            .recv_multiple(&mut original, &mut bufs, &mut sizes, 0)
+        {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                if shared.stop.load(Ordering::Relaxed) {
+                    return;
+                }
+                tracing::warn!(error = %e, "TUN read failed");
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+        };
+        let table = shared.snapshot();
+        let socket = shared.socket();
+        for i in 0..n {
+            let packet = &bufs[i][..sizes[i]];
+            let Some(dst) = wg::packet_destination(packet) else {
+                continue;
+            };
+            let Some(peer) = table.routes.lookup(dst) else {
+                shared.drops.no_peer.fetch_add(1, Ordering::Relaxed);
+                continue;
+            };
+            let endpoint = peer.endpoint();
+            let outcome_len = {
+                let mut tunnel = peer.tunnel.lock();
+                match tunnel.encapsulate(packet, out.slot()) {
+                    Outcome::Network(m) => Some(m.len()),
+                    _ => None,
+                }
+            };
+            if let Some(len) = outcome_len {
+                match endpoint {
+                    Some(ep) => {
+                        peer.counters
+                            .tx_bytes
+                            .fetch_add(len as u64, Ordering::Relaxed);
+                        peer.counters.tx_packets.fetch_add(1, Ordering::Relaxed);
+                        out.push(len, ep);
+                        if out.is_full() {
+                            flush(shared, &socket, &mut out);
+                        }
+                    }
+                    None => {
+                        shared.drops.no_endpoint.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }
+        flush(shared, &socket, &mut out);
+    }
+}
+
+fn flush(shared: &Shared, socket: &WgSocket, out: &mut SendBatch) {
+    if !out.is_empty() {
+        let dropped = socket.send_batch(out);
+        if dropped > 0 {
+            shared
+                .drops
+                .udp_send
+                .fetch_add(dropped as u64, Ordering::Relaxed);
+        }
+    }
+}
+
+fn udp_loop(shared: &Shared, socket: &WgSocket) {
+    let mut batch = RecvBatch::new(MAX_DATAGRAM);
+    let mut replies = SendBatch::new(MAX_DATAGRAM);
+    // Decrypted packets, each with VIRTIO_NET_HDR_LEN bytes of headroom for the TUN write.
+    let mut plain: Vec<Vec<u8>> = (0..crate::shell::udp::BATCH)
+        .map(|_| Vec::with_capacity(VIRTIO_NET_HDR_LEN + 65535 + 64))
+        .collect();
+    let mut gro = GROTable::default();
+    let mut cookie = [0u8; 64];
+    while !shared.stop.load(Ordering::Relaxed) {
+        let n = match socket.recv_batch(&mut batch) {
+            Ok(0) => return, // shut down: this socket was replaced or the daemon stops
+            Ok(n) => n,
+            Err(e) => {
+                if shared.stop.load(Ordering::Relaxed) {
+                    return;
+                }
+                tracing::warn!(error = %e, "UDP receive failed");
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+        };
+        let table = shared.snapshot();
+        let mut ready = 0;
+        for i in 0..n {
+            let from = batch.from[i];
+            let datagram = &batch.bufs[i][..batch.lens[i]];
+            let peer = match wg::classify(
+                &table.limiter,
+                &table.private_key,
+                &table.public_key,
+                from.ip(),
+                datagram,
+                &mut cookie,
+            ) {
+                Ok(Incoming::Initiation(key)) => table.peers.get(&key),
+                Ok(Incoming::Index(index)) => table.by_index.get(&index),
+                Ok(Incoming::Cookie(len)) => {
+                    replies.slot()[..len].copy_from_slice(&cookie[..len]);
+                    replies.push(len, from);
+                    continue;
+                }
+                Err(TunnelError::UnderLoad) | Err(_) => {
+                    shared.drops.invalid.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+            };
+            let Some(peer) = peer else {
+                shared.drops.unknown_peer.fetch_add(1, Ordering::Relaxed);
+                continue;
+            };
+            let buf = &mut plain[ready];
+            buf.resize(buf.capacity(), 0);
+            if let Some(len) = receive(
+                shared,
+                peer,
+                from,
+                datagram,
+                &mut buf[VIRTIO_NET_HDR_LEN..],
+                &mut replies,
+                &table,
+            ) {
+                buf.truncate(VIRTIO_NET_HDR_LEN + len);
+                ready += 1;
+            }
+            if replies.is_full() {
+                flush(shared, socket, &mut replies);
+            }
+        }
+        flush(shared, socket, &mut replies);
+        if ready > 0 {
+            if let Err(e) =
+                shared
+                    .tun
+                    .send_multiple(&mut gro, &mut plain[..ready], VIRTIO_NET_HDR_LEN)
+            {
+                shared.drops.tun_write.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(error = %e, "TUN write failed");
+            }
+        }
+    }
+}
+
+/// Decrypts one datagram of `peer`. Returns the length of the packet for the TUN device that
+/// `dst` then starts with, if any.
+fn receive(
+    shared: &Shared,
+    peer: &Arc<Peer>,
+    from: SocketAddr,
+    datagram: &[u8],
+    dst: &mut [u8],
+    replies: &mut SendBatch,
+    table: &PeerTable,
+) -> Option<usize> {
+    let mut tunnel = peer.tunnel.lock();
+    let plain_len = match tunnel.decapsulate(from.ip(), datagram, dst) {
+        Outcome::Tunnel(packet, src) => {
+            let len = packet.len();
+            match table.routes.lookup(src) {
+                Some(owner) if Arc::ptr_eq(owner, peer) => Some(len),
+                _ => {
+                    shared.drops.bad_source.fetch_add(1, Ordering::Relaxed);
+                    None
+                }
+            }
+        }
+        Outcome::Network(reply) => {
+            // A handshake message: answer it, then send what queued up during the handshake.
+            let len = reply.len();
+            replies.slot()[..len].copy_from_slice(reply);
+            replies.push(len, from);
+            while let Outcome::Network(queued) = tunnel.flush(replies.slot()) {
+                let len = queued.len();
+                replies.push(len, from);
+                peer.counters
+                    .tx_bytes
+                    .fetch_add(len as u64, Ordering::Relaxed);
+                if replies.is_full() {
+                    break;
+                }
+            }
+            None
+        }
+        Outcome::Done => None,
+        Outcome::Error(_) => {
+            shared.drops.invalid.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+    };
+    drop(tunnel);
+    // Authenticated: count it and follow the peer to its new address (roaming).
+    peer.counters
+        .rx_bytes
+        .fetch_add(datagram.len() as u64, Ordering::Relaxed);
+    peer.counters.rx_packets.fetch_add(1, Ordering::Relaxed);
+    if peer.endpoint() != Some(from) {
+        *peer.endpoint.write() = Some(from);
+    }
+    plain_len.filter(|&len| len > 0)
+}
+
+fn timer_loop(shared: &Shared) {
+    let mut buf = vec![0u8; wg::MIN_OUTPUT.max(2048)];
+    let mut last_reset = Instant::now();
+    while !shared.stop.load(Ordering::Relaxed) {
+        std::thread::sleep(TIMER_TICK);
+        let table = shared.snapshot();
+        if last_reset.elapsed() >= Duration::from_secs(1) {
+            table.limiter.reset_count();
+            last_reset = Instant::now();
+        }
+        let socket = shared.socket();
+        for peer in table.peers.values() {
+            let endpoint = peer.endpoint();
+            let mut tunnel = peer.tunnel.lock();
+            match tunnel.update_timers(&mut buf) {
+                Outcome::Network(m) => {
+                    let Some(ep) = endpoint else { continue };
+                    if m.len() == 148 {
+                        peer.counters
+                            .handshakes_sent
+                            .fetch_add(1, Ordering::Relaxed);
+                    }
+                    peer.counters
+                        .tx_bytes
+                        .fetch_add(m.len() as u64, Ordering::Relaxed);
+                    if let Err(e) = socket.send_one(m, ep) {
+                        shared.drops.udp_send.fetch_add(1, Ordering::Relaxed);
+                        tracing::debug!(error = %e, "timer send failed");
+                    }
+                }
+                Outcome::Error(TunnelError::Expired) => {}
+                Outcome::Error(_) => {
+                    peer.counters
+                        .handshake_failures
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                Outcome::Done | Outcome::Tunnel(..) => {}
+            }
+        }
+    }
+}

@@ -1,0 +1,35 @@
+//! Creates the TUN device with virtio-net offloads (TSO/USO in, GRO coalescing out), so one
+//! read can carry a 64 KB TCP super-packet and one write can deliver many decrypted segments.
+
+use std::io;
+use std::path::Path;
+use tun_rs::{DeviceBuilder, SyncDevice};
+
+#[derive(Debug, thiserror::Error)]
+pub enum TunError {
+    #[error("interface {0} already exists: choose another interface.name, or stop what owns it")]
+    Exists(String),
+    #[error("cannot create TUN device {name}: {source} (is /dev/net/tun present and CAP_NET_ADMIN held?)")]
+    Create {
+        name: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Creates `name`. Refuses to take over an existing interface: a second daemon with the same
+/// name must not silently share (and on exit delete) the first one's device.
+pub fn create(name: &str, mtu: u16) -> Result<SyncDevice, TunError> {
+    if Path::new("/sys/class/net").join(name).exists() {
+        return Err(TunError::Exists(name.into()));
+    }
+    DeviceBuilder::new()
+        .name(name)
+        .mtu(mtu)
+        .offload(true)
+        .build_sync()
+        .map_err(|source| TunError::Create {
+            name: name.into(),
+            source,
+        })
+}
