@@ -2,6 +2,8 @@
 //!
 //! # Layout
 //! - [`config`]: the validated configuration (pure).
+//! - [`telemetry`]: health endpoint, Prometheus metrics, `tunnelgate status`, logging.
 #![forbid(unsafe_code)]
 
 pub mod config;
+pub mod telemetry;

@@ -1,0 +1,556 @@
+//! Telemetry: what the daemon reports about itself ([`Observe`], [`Snapshot`]) and the pure
+//! renderings of it: Prometheus text for `/metrics` and the `wg show`-like `tunnelgate status`.
+//!
+//! The I/O lives in the submodules: [`http`] serves `/healthz`, `/readyz` and `/metrics`,
+//! [`status`] serves and queries the local status socket, [`logging`] sets up tracing.
+//!
+//! Secrets: a [`Snapshot`] has no field that can hold a private or preshared key. Peer endpoints
+//! are in it (the status socket is local and root-only, like `wg show`), but [`render_metrics`]
+//! never emits them.
+
+pub mod http;
+pub mod logging;
+pub mod status;
+
+use std::fmt::Write as _;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use serde::{Deserialize, Serialize};
+
+pub use logging::{init_logging, LogFormat};
+
+/// What the daemon exposes to the health endpoint, metrics and status. Implemented by the daemon.
+///
+/// Both methods are called on the tokio runtime for every request, so they must be cheap and
+/// must not block (take a short lock and copy counters; never wait on I/O). Strings they return
+/// are shown to whoever can reach the health endpoint: never put a key or a peer endpoint in them.
+pub trait Observe: Send + Sync + 'static {
+    /// Ok(()) when ready; Err(short plain-text reason) otherwise (e.g. "rules: apply failed:
+    /// nft: ...", "dns: db.example.internal not resolved yet").
+    fn readiness(&self) -> Result<(), String>;
+    /// A point-in-time snapshot of everything /metrics and `tunnelgate status` show.
+    fn snapshot(&self) -> Snapshot;
+}
+
+/// Everything `/metrics` and `tunnelgate status` show, at one moment. Sent as JSON over the
+/// status socket; unknown or missing fields are tolerated so a client and a daemon of
+/// neighbouring versions still understand each other.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Snapshot {
+    pub interface: InterfaceStatus,
+    pub peers: Vec<PeerStatus>,
+    pub drops: DropStats,
+    pub rules: RulesStatus,
+    pub names: Vec<NameStatus>,
+    /// Configuration reloads applied (SIGHUP or a change of the file).
+    pub reloads: u64,
+    /// Reloads refused (invalid configuration) or failed to apply.
+    pub reload_failures: u64,
+    pub ready: bool,
+    /// Why not ready (the `Err` of [`Observe::readiness`]); `None` when ready.
+    pub not_ready_reason: Option<String>,
+    /// The daemon's version (`CARGO_PKG_VERSION`).
+    pub version: String,
+}
+
+impl Snapshot {
+    /// Fills `ready` and `not_ready_reason` from an [`Observe::readiness`] answer.
+    pub fn set_readiness(&mut self, readiness: Result<(), String>) {
+        self.not_ready_reason = readiness.err();
+        self.ready = self.not_ready_reason.is_none();
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct InterfaceStatus {
+    pub name: String,
+    /// Base64 X25519 public key.
+    pub public_key: String,
+    pub listen_port: u16,
+    /// CIDR strings, e.g. `100.64.0.1/32`.
+    pub addresses: Vec<String>,
+    pub mtu: u16,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PeerStatus {
+    /// Base64 X25519 public key.
+    pub public_key: String,
+    /// `ip:port` currently used (status only; never in metrics).
+    pub endpoint: Option<String>,
+    /// CIDR strings.
+    pub allowed_ips: Vec<String>,
+    /// Unix time (seconds) of the latest completed handshake.
+    pub latest_handshake_unix: Option<u64>,
+    pub rx_bytes: u64,
+    pub tx_bytes: u64,
+    pub rx_packets: u64,
+    pub tx_packets: u64,
+    pub handshake_attempts: u64,
+    pub handshake_failures: u64,
+    /// Seconds.
+    pub persistent_keepalive: Option<u16>,
+}
+
+/// Packets dropped, by reason. Each field name is the `reason` label in metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DropStats {
+    /// From the TUN device to an address no peer's allowed IPs cover.
+    pub no_peer: u64,
+    /// To a peer that has no endpoint yet.
+    pub no_endpoint: u64,
+    /// Decrypted from a peer, but the inner source is outside that peer's allowed IPs.
+    pub bad_source: u64,
+    /// Malformed or failing decryption/authentication.
+    pub invalid: u64,
+    /// A handshake or data packet for a peer we do not know.
+    pub unknown_peer: u64,
+    /// Writing a decrypted packet to the TUN device failed.
+    pub tun_write: u64,
+    /// Sending an encrypted packet on the UDP socket failed.
+    pub udp_send: u64,
+}
+
+impl DropStats {
+    /// `(reason, count)` for every reason, in a fixed order.
+    pub fn by_reason(&self) -> [(&'static str, u64); 7] {
+        [
+            ("no_peer", self.no_peer),
+            ("no_endpoint", self.no_endpoint),
+            ("bad_source", self.bad_source),
+            ("invalid", self.invalid),
+            ("unknown_peer", self.unknown_peer),
+            ("tun_write", self.tun_write),
+            ("udp_send", self.udp_send),
+        ]
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RulesStatus {
+    /// `nftables` or `iptables` (empty before one is chosen).
+    pub backend: String,
+    /// Whether the desired rules are installed right now.
+    pub applied: bool,
+    pub rule_count: usize,
+    pub applies: u64,
+    pub failures: u64,
+    pub last_error: Option<String>,
+    pub last_apply_seconds: f64,
+    /// The installed rule text (nft script or iptables-restore input).
+    pub text: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct NameStatus {
+    /// A `target_fqdn`.
+    pub name: String,
+    /// The addresses it currently resolves to.
+    pub addresses: Vec<String>,
+    pub last_resolved_unix: Option<u64>,
+    pub last_error: Option<String>,
+    pub resolutions: u64,
+    pub failures: u64,
+}
+
+/// Renders `snap` as Prometheus text (the OpenMetrics subset the classic `text/plain;
+/// version=0.0.4` parser also accepts: only counters and gauges). `now_unix` is the current
+/// Unix time, for "seconds since the last handshake". Never emits an endpoint or a key other
+/// than peers' public keys.
+pub fn render_metrics(snap: &Snapshot, now_unix: u64) -> String {
+    let mut reg = Registry::with_prefix("tunnelgate");
+
+    let build = Family::<Labels, Gauge>::default();
+    build
+        .get_or_create(&vec![("version".to_string(), snap.version.clone())])
+        .set(1);
+    reg.register(
+        "build_info",
+        "Build information; the value is always 1",
+        build,
+    );
+
+    let ready = Gauge::<i64>::default();
+    ready.set(i64::from(snap.ready));
+    reg.register(
+        "ready",
+        "1 when /readyz answers 200: tunnel up, rules applied, every name resolved",
+        ready,
+    );
+
+    render_peer_metrics(&mut reg, &snap.peers, now_unix);
+
+    let dropped = Family::<Labels, Counter>::default();
+    for (reason, n) in snap.drops.by_reason() {
+        dropped.get_or_create(&label("reason", reason)).inc_by(n);
+    }
+    reg.register("packets_dropped", "Packets dropped, by reason", dropped);
+
+    render_rule_metrics(&mut reg, &snap.rules);
+    render_name_metrics(&mut reg, &snap.names);
+
+    let reloads = Counter::<u64>::default();
+    reloads.inc_by(snap.reloads);
+    reg.register("config_reloads", "Configuration reloads applied", reloads);
+    let reload_failures = Counter::<u64>::default();
+    reload_failures.inc_by(snap.reload_failures);
+    reg.register(
+        "config_reload_failures",
+        "Configuration reloads refused or failed",
+        reload_failures,
+    );
+
+    let mut out = String::new();
+    // Writing into a String cannot fail.
+    let _ = encode(&mut out, &reg);
+    out
+}
+
+type Labels = Vec<(String, String)>;
+
+fn label(key: &str, value: &str) -> Labels {
+    vec![(key.to_string(), value.to_string())]
+}
+
+fn render_peer_metrics(reg: &mut Registry, peers: &[PeerStatus], now_unix: u64) {
+    let count = Gauge::<i64>::default();
+    count.set(i64::try_from(peers.len()).unwrap_or(i64::MAX));
+    reg.register("peers", "Configured peers", count);
+
+    let rx_bytes = Family::<Labels, Counter>::default();
+    let tx_bytes = Family::<Labels, Counter>::default();
+    let rx_packets = Family::<Labels, Counter>::default();
+    let tx_packets = Family::<Labels, Counter>::default();
+    let attempts = Family::<Labels, Counter>::default();
+    let failures = Family::<Labels, Counter>::default();
+    let age = Family::<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+    let stamp = Family::<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+    for p in peers {
+        let l = label("peer", &p.public_key);
+        rx_bytes.get_or_create(&l).inc_by(p.rx_bytes);
+        tx_bytes.get_or_create(&l).inc_by(p.tx_bytes);
+        rx_packets.get_or_create(&l).inc_by(p.rx_packets);
+        tx_packets.get_or_create(&l).inc_by(p.tx_packets);
+        attempts.get_or_create(&l).inc_by(p.handshake_attempts);
+        failures.get_or_create(&l).inc_by(p.handshake_failures);
+        if let Some(t) = p.latest_handshake_unix {
+            // A handshake "in the future" (clock stepped back) counts as just now.
+            age.get_or_create(&l).set(now_unix.saturating_sub(t) as f64);
+            stamp.get_or_create(&l).set(t as f64);
+        }
+    }
+    reg.register(
+        "peer_rx_bytes",
+        "Bytes received from the peer (decrypted, as written to the tunnel)",
+        rx_bytes,
+    );
+    reg.register(
+        "peer_tx_bytes",
+        "Bytes sent to the peer (before encryption, as read from the tunnel)",
+        tx_bytes,
+    );
+    reg.register(
+        "peer_rx_packets",
+        "Packets received from the peer",
+        rx_packets,
+    );
+    reg.register("peer_tx_packets", "Packets sent to the peer", tx_packets);
+    reg.register(
+        "peer_handshake_attempts",
+        "Handshakes initiated with the peer",
+        attempts,
+    );
+    reg.register(
+        "peer_handshake_failures",
+        "Handshakes with the peer that failed or timed out",
+        failures,
+    );
+    reg.register(
+        "peer_last_handshake_age_seconds",
+        "Seconds since the latest completed handshake (absent: never)",
+        age,
+    );
+    reg.register(
+        "peer_last_handshake_timestamp_seconds",
+        "Unix time of the latest completed handshake (absent: never)",
+        stamp,
+    );
+}
+
+fn render_rule_metrics(reg: &mut Registry, rules: &RulesStatus) {
+    let backend = if rules.backend.is_empty() {
+        "none"
+    } else {
+        rules.backend.as_str()
+    };
+    let l = label("backend", backend);
+
+    let applies = Family::<Labels, Counter>::default();
+    applies.get_or_create(&l).inc_by(rules.applies);
+    reg.register("rule_applies", "Rule set applies attempted", applies);
+
+    let failures = Family::<Labels, Counter>::default();
+    failures.get_or_create(&l).inc_by(rules.failures);
+    reg.register(
+        "rule_apply_failures",
+        "Rule set applies that failed",
+        failures,
+    );
+
+    let duration = Family::<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+    duration.get_or_create(&l).set(rules.last_apply_seconds);
+    reg.register(
+        "rule_last_apply_duration_seconds",
+        "How long the latest rule set apply took",
+        duration,
+    );
+
+    let applied = Family::<Labels, Gauge>::default();
+    applied.get_or_create(&l).set(i64::from(rules.applied));
+    reg.register(
+        "rules_applied",
+        "1 when the desired rules are installed",
+        applied,
+    );
+
+    let count = Family::<Labels, Gauge>::default();
+    count
+        .get_or_create(&l)
+        .set(i64::try_from(rules.rule_count).unwrap_or(i64::MAX));
+    reg.register("rules_installed", "Rules installed", count);
+}
+
+fn render_name_metrics(reg: &mut Registry, names: &[NameStatus]) {
+    let resolutions = Family::<Labels, Counter>::default();
+    let failures = Family::<Labels, Counter>::default();
+    let addresses = Family::<Labels, Gauge>::default();
+    let stamp = Family::<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+    for n in names {
+        let l = label("name", &n.name);
+        resolutions.get_or_create(&l).inc_by(n.resolutions);
+        failures.get_or_create(&l).inc_by(n.failures);
+        addresses
+            .get_or_create(&l)
+            .set(i64::try_from(n.addresses.len()).unwrap_or(i64::MAX));
+        if let Some(t) = n.last_resolved_unix {
+            stamp.get_or_create(&l).set(t as f64);
+        }
+    }
+    reg.register(
+        "dns_resolutions",
+        "Resolutions of a target name attempted",
+        resolutions,
+    );
+    reg.register(
+        "dns_resolution_failures",
+        "Resolutions of a target name that failed",
+        failures,
+    );
+    reg.register(
+        "dns_addresses",
+        "Addresses a target name currently resolves to",
+        addresses,
+    );
+    reg.register(
+        "dns_last_resolved_timestamp_seconds",
+        "Unix time of the latest successful resolution (absent: never)",
+        stamp,
+    );
+}
+
+/// Renders `snap` for people, like `wg show`: the interface, each peer, then the rules and the
+/// resolved names. `now_unix` is the current Unix time, for "N seconds ago".
+pub fn render_status_text(snap: &Snapshot, now_unix: u64) -> String {
+    let mut out = String::new();
+    // Writing into a String cannot fail; `let _` keeps clippy quiet about the Result.
+    let _ = write_status(&mut out, snap, now_unix);
+    out
+}
+
+fn write_status(out: &mut String, snap: &Snapshot, now: u64) -> std::fmt::Result {
+    let i = &snap.interface;
+    writeln!(out, "interface: {}", i.name)?;
+    writeln!(out, "  public key: {}", i.public_key)?;
+    writeln!(out, "  listening port: {}", i.listen_port)?;
+    writeln!(out, "  addresses: {}", list_or_none(&i.addresses))?;
+    writeln!(out, "  mtu: {}", i.mtu)?;
+    match (&snap.ready, &snap.not_ready_reason) {
+        (true, _) => writeln!(out, "  state: ready")?,
+        (false, Some(r)) => writeln!(out, "  state: not ready: {r}")?,
+        (false, None) => writeln!(out, "  state: not ready")?,
+    }
+    writeln!(
+        out,
+        "  reloads: {} ({} failed)",
+        snap.reloads, snap.reload_failures
+    )?;
+    if !snap.version.is_empty() {
+        writeln!(out, "  version: {}", snap.version)?;
+    }
+
+    for p in &snap.peers {
+        writeln!(out)?;
+        writeln!(out, "peer: {}", p.public_key)?;
+        if let Some(e) = &p.endpoint {
+            writeln!(out, "  endpoint: {e}")?;
+        }
+        writeln!(out, "  allowed ips: {}", list_or_none(&p.allowed_ips))?;
+        match p.latest_handshake_unix {
+            Some(t) => writeln!(out, "  latest handshake: {}", ago(now.saturating_sub(t)))?,
+            None => writeln!(out, "  latest handshake: (none)")?,
+        }
+        writeln!(
+            out,
+            "  transfer: {} received, {} sent",
+            bytes(p.rx_bytes),
+            bytes(p.tx_bytes)
+        )?;
+        writeln!(
+            out,
+            "  packets: {} received, {} sent",
+            p.rx_packets, p.tx_packets
+        )?;
+        writeln!(
+            out,
+            "  handshakes: {} attempted, {} failed",
+            p.handshake_attempts, p.handshake_failures
+        )?;
+        if let Some(k) = p.persistent_keepalive.filter(|k| *k > 0) {
+            writeln!(
+                out,
+                "  persistent keepalive: every {}",
+                duration(u64::from(k))
+            )?;
+        }
+    }
+
+    let r = &snap.rules;
+    writeln!(out)?;
+    let backend = if r.backend.is_empty() {
+        "(none chosen)"
+    } else {
+        &r.backend
+    };
+    writeln!(out, "rules: {backend}")?;
+    writeln!(
+        out,
+        "  installed: {} {}{}",
+        r.rule_count,
+        if r.rule_count == 1 { "rule" } else { "rules" },
+        if r.applied { "" } else { " (not applied)" }
+    )?;
+    writeln!(
+        out,
+        "  applies: {} ({} failed), last took {:.3} s",
+        r.applies, r.failures, r.last_apply_seconds
+    )?;
+    if let Some(e) = &r.last_error {
+        writeln!(out, "  last error: {e}")?;
+    }
+
+    let dropped: Vec<String> = snap
+        .drops
+        .by_reason()
+        .iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(reason, n)| format!("{reason} {n}"))
+        .collect();
+    if !dropped.is_empty() {
+        writeln!(out)?;
+        writeln!(out, "dropped packets: {}", dropped.join(", "))?;
+    }
+
+    if !snap.names.is_empty() {
+        writeln!(out)?;
+        writeln!(out, "names:")?;
+        for n in &snap.names {
+            writeln!(out, "  {} -> {}", n.name, list_or_none(&n.addresses))?;
+            let when = match n.last_resolved_unix {
+                Some(t) => ago(now.saturating_sub(t)),
+                None => "never".to_string(),
+            };
+            writeln!(
+                out,
+                "    resolved: {when} ({} resolutions, {} failed)",
+                n.resolutions, n.failures
+            )?;
+            if let Some(e) = &n.last_error {
+                writeln!(out, "    last error: {e}")?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn list_or_none(items: &[String]) -> String {
+    if items.is_empty() {
+        "(none)".to_string()
+    } else {
+        items.join(", ")
+    }
+}
+
+/// `wg show`'s byte counts: `512 B`, `1.21 KiB`, `3.40 MiB`, ...
+fn bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut v = n as f64 / 1024.0;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    format!("{v:.2} {}", UNITS[unit])
+}
+
+/// `wg show`'s durations: `1 hour, 2 minutes, 3 seconds`.
+fn duration(secs: u64) -> String {
+    let parts = [
+        (secs / (365 * 86_400), "year"),
+        (secs % (365 * 86_400) / 86_400, "day"),
+        (secs % 86_400 / 3600, "hour"),
+        (secs % 3600 / 60, "minute"),
+        (secs % 60, "second"),
+    ];
+    let words: Vec<String> = parts
+        .iter()
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, unit)| format!("{n} {unit}{}", if *n == 1 { "" } else { "s" }))
+        .collect();
+    if words.is_empty() {
+        "0 seconds".to_string()
+    } else {
+        words.join(", ")
+    }
+}
+
+fn ago(secs: u64) -> String {
+    if secs == 0 {
+        "just now".to_string()
+    } else {
+        format!("{} ago", duration(secs))
+    }
+}
+
+/// The current Unix time in seconds (0 if the clock is before 1970).
+pub fn now_unix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+pub(crate) mod tests;

@@ -1,0 +1,481 @@
+//! Tests of the pure renderings, and the fixtures (a sample snapshot, a fake [`Observe`]) the
+//! I/O tests of the submodules share.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Mutex;
+
+use super::*;
+
+pub(crate) const PEER_A: &str = "xTIBA5rboUvnH4htodjb6e697QjLERt1NAB4mZqp8Dg=";
+pub(crate) const PEER_B: &str = "TrMvSoP4jYQlY6RIzBgbssQqY3vxI2Pi+y71lOWWXX0=";
+pub(crate) const ENDPOINT_A: &str = "198.51.100.7:51820";
+pub(crate) const ENDPOINT_B: &str = "[2001:db8::7]:51821";
+pub(crate) const NOW: u64 = 1_700_000_000;
+
+pub(crate) fn sample_snapshot() -> Snapshot {
+    Snapshot {
+        interface: InterfaceStatus {
+            name: "tg0".into(),
+            public_key: "HIgo9xNzJMWLKASShiTqIybxZ0U3wGLiUeJ1PKf8ykw=".into(),
+            listen_port: 51820,
+            addresses: vec!["100.64.0.1/32".into(), "fd7a:115c:a1e0::1/128".into()],
+            mtu: 1420,
+        },
+        peers: vec![
+            PeerStatus {
+                public_key: PEER_A.into(),
+                endpoint: Some(ENDPOINT_A.into()),
+                allowed_ips: vec!["100.64.0.2/32".into(), "10.0.0.0/24".into()],
+                latest_handshake_unix: Some(NOW - 65),
+                rx_bytes: 123_456,
+                tx_bytes: 789,
+                rx_packets: 100,
+                tx_packets: 7,
+                handshake_attempts: 3,
+                handshake_failures: 1,
+                persistent_keepalive: Some(25),
+            },
+            PeerStatus {
+                public_key: PEER_B.into(),
+                endpoint: Some(ENDPOINT_B.into()),
+                allowed_ips: vec![],
+                latest_handshake_unix: None,
+                ..PeerStatus::default()
+            },
+        ],
+        drops: DropStats {
+            no_peer: 4,
+            invalid: 2,
+            ..DropStats::default()
+        },
+        rules: RulesStatus {
+            backend: "nftables".into(),
+            applied: true,
+            rule_count: 12,
+            applies: 5,
+            failures: 1,
+            last_error: Some("nft: Could not process rule: No such file or directory".into()),
+            last_apply_seconds: 0.0125,
+            text: "table inet tunnelgate {\n}\n".into(),
+        },
+        names: vec![NameStatus {
+            name: "db.example.internal".into(),
+            addresses: vec!["10.1.2.3".into(), "10.1.2.4".into()],
+            last_resolved_unix: Some(NOW - 30),
+            last_error: None,
+            resolutions: 9,
+            failures: 2,
+        }],
+        reloads: 3,
+        reload_failures: 1,
+        ready: true,
+        not_ready_reason: None,
+        version: "0.1.0".into(),
+    }
+}
+
+/// An [`Observe`] whose readiness a test can flip.
+pub(crate) struct FakeObserve {
+    pub(crate) not_ready: Mutex<Option<String>>,
+}
+
+impl FakeObserve {
+    pub(crate) fn new() -> Self {
+        FakeObserve {
+            not_ready: Mutex::new(None),
+        }
+    }
+    pub(crate) fn set_not_ready(&self, reason: Option<&str>) {
+        *self.not_ready.lock().expect("lock") = reason.map(str::to_string);
+    }
+}
+
+impl Observe for FakeObserve {
+    fn readiness(&self) -> Result<(), String> {
+        match &*self.not_ready.lock().expect("lock") {
+            None => Ok(()),
+            Some(r) => Err(r.clone()),
+        }
+    }
+    fn snapshot(&self) -> Snapshot {
+        let mut s = sample_snapshot();
+        s.set_readiness(self.readiness());
+        s
+    }
+}
+
+/// One sample of Prometheus text: name, labels, value.
+#[derive(Debug)]
+pub(crate) struct Sample {
+    pub(crate) name: String,
+    pub(crate) labels: BTreeMap<String, String>,
+    pub(crate) value: f64,
+}
+
+/// A small checker of the Prometheus text format: every non-comment line is
+/// `name{label="value",...} value` with a float value, every sample belongs to a family that
+/// has a `# TYPE` line (a counter `x` owns `x_total`), types are ones the classic parser knows.
+pub(crate) fn parse_prometheus(text: &str) -> Result<Vec<Sample>, String> {
+    let mut types: BTreeMap<String, String> = BTreeMap::new();
+    let mut samples = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let n = n + 1;
+        if line.is_empty() {
+            return Err(format!("line {n}: empty line"));
+        }
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, ty) = rest
+                .split_once(' ')
+                .ok_or(format!("line {n}: bad TYPE line"))?;
+            if !["counter", "gauge", "histogram", "summary", "untyped"].contains(&ty) {
+                return Err(format!("line {n}: type {ty} unknown to the classic parser"));
+            }
+            if types.insert(name.to_string(), ty.to_string()).is_some() {
+                return Err(format!("line {n}: second TYPE for {name}"));
+            }
+            continue;
+        }
+        if line.starts_with('#') {
+            continue;
+        }
+        let sample = parse_sample(line).map_err(|e| format!("line {n}: {e}: {line}"))?;
+        let family_ok = match types.get(&sample.name) {
+            Some(t) => t != "counter",
+            None => sample
+                .name
+                .strip_suffix("_total")
+                .and_then(|base| types.get(base))
+                .is_some_and(|t| t == "counter"),
+        };
+        if !family_ok {
+            return Err(format!("line {n}: {} has no matching # TYPE", sample.name));
+        }
+        samples.push(sample);
+    }
+    Ok(samples)
+}
+
+fn valid_name(s: &str) -> bool {
+    let mut chars = s.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_' || c == ':')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+}
+
+fn parse_sample(line: &str) -> Result<Sample, String> {
+    let (name, rest) = match line.find(['{', ' ']) {
+        Some(i) => line.split_at(i),
+        None => return Err("no value".into()),
+    };
+    if !valid_name(name) {
+        return Err(format!("bad metric name {name:?}"));
+    }
+    let mut labels = BTreeMap::new();
+    let rest = if let Some(mut body) = rest.strip_prefix('{') {
+        loop {
+            if let Some(after) = body.strip_prefix('}') {
+                break after;
+            }
+            let eq = body.find('=').ok_or("label without =")?;
+            let key = &body[..eq];
+            if !valid_name(key) {
+                return Err(format!("bad label name {key:?}"));
+            }
+            let mut chars = body[eq + 1..]
+                .strip_prefix('"')
+                .ok_or("unquoted label")?
+                .chars();
+            let mut value = String::new();
+            loop {
+                match chars.next().ok_or("unterminated label value")? {
+                    '"' => break,
+                    '\\' => match chars.next().ok_or("dangling escape")? {
+                        'n' => value.push('\n'),
+                        c @ ('\\' | '"') => value.push(c),
+                        c => return Err(format!("bad escape \\{c}")),
+                    },
+                    c => value.push(c),
+                }
+            }
+            labels.insert(key.to_string(), value);
+            body = chars.as_str();
+            body = body.strip_prefix(',').unwrap_or(body);
+        }
+    } else {
+        rest
+    };
+    let value = rest.strip_prefix(' ').ok_or("no space before value")?;
+    let value = value.split(' ').next().unwrap_or(value); // an optional timestamp may follow
+    let value: f64 = match value {
+        "+Inf" => f64::INFINITY,
+        "-Inf" => f64::NEG_INFINITY,
+        "NaN" => f64::NAN,
+        v => v.parse().map_err(|_| format!("bad value {v:?}"))?,
+    };
+    Ok(Sample {
+        name: name.to_string(),
+        labels,
+        value,
+    })
+}
+
+/// The value of the one sample called `name` with exactly `labels`.
+pub(crate) fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    let want: BTreeMap<String, String> = labels
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let found: Vec<f64> = samples
+        .iter()
+        .filter(|s| s.name == name && s.labels == want)
+        .map(|s| s.value)
+        .collect();
+    match found.as_slice() {
+        [v] => Some(*v),
+        _ => None,
+    }
+}
+
+#[test]
+fn metrics_parse_as_prometheus_text() {
+    let text = render_metrics(&sample_snapshot(), NOW);
+    let samples = parse_prometheus(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    assert!(samples.len() > 20, "{text}");
+    // Every family has a HELP line too.
+    let helps = text.lines().filter(|l| l.starts_with("# HELP ")).count();
+    let types = text.lines().filter(|l| l.starts_with("# TYPE ")).count();
+    assert_eq!(helps, types);
+    // Every metric is ours.
+    assert!(samples.iter().all(|s| s.name.starts_with("tunnelgate_")));
+}
+
+#[test]
+fn metrics_carry_the_snapshot_values() {
+    let text = render_metrics(&sample_snapshot(), NOW);
+    let s = parse_prometheus(&text).expect("parses");
+    let a = [("peer", PEER_A)];
+    let b = [("peer", PEER_B)];
+    let v = |name: &str, labels: &[(&str, &str)]| {
+        value(&s, name, labels).unwrap_or_else(|| panic!("{name} {labels:?} missing in\n{text}"))
+    };
+    assert_eq!(v("tunnelgate_build_info", &[("version", "0.1.0")]), 1.0);
+    assert_eq!(v("tunnelgate_ready", &[]), 1.0);
+    assert_eq!(v("tunnelgate_peers", &[]), 2.0);
+    assert_eq!(v("tunnelgate_peer_rx_bytes_total", &a), 123_456.0);
+    assert_eq!(v("tunnelgate_peer_tx_bytes_total", &a), 789.0);
+    assert_eq!(v("tunnelgate_peer_rx_packets_total", &a), 100.0);
+    assert_eq!(v("tunnelgate_peer_tx_packets_total", &a), 7.0);
+    assert_eq!(v("tunnelgate_peer_rx_bytes_total", &b), 0.0);
+    assert_eq!(v("tunnelgate_peer_handshake_attempts_total", &a), 3.0);
+    assert_eq!(v("tunnelgate_peer_handshake_failures_total", &a), 1.0);
+    assert_eq!(v("tunnelgate_peer_last_handshake_age_seconds", &a), 65.0);
+    assert_eq!(
+        v("tunnelgate_peer_last_handshake_timestamp_seconds", &a),
+        (NOW - 65) as f64
+    );
+    // A peer that never completed a handshake has no age rather than a made-up one.
+    assert_eq!(
+        value(&s, "tunnelgate_peer_last_handshake_age_seconds", &b),
+        None
+    );
+    assert_eq!(
+        v("tunnelgate_packets_dropped_total", &[("reason", "no_peer")]),
+        4.0
+    );
+    assert_eq!(
+        v("tunnelgate_packets_dropped_total", &[("reason", "invalid")]),
+        2.0
+    );
+    // Every reason is present, zero or not, so rate() works from the first scrape.
+    for (reason, _) in DropStats::default().by_reason() {
+        v("tunnelgate_packets_dropped_total", &[("reason", reason)]);
+    }
+    let nft = [("backend", "nftables")];
+    assert_eq!(v("tunnelgate_rule_applies_total", &nft), 5.0);
+    assert_eq!(v("tunnelgate_rule_apply_failures_total", &nft), 1.0);
+    assert_eq!(
+        v("tunnelgate_rule_last_apply_duration_seconds", &nft),
+        0.0125
+    );
+    assert_eq!(v("tunnelgate_rules_applied", &nft), 1.0);
+    assert_eq!(v("tunnelgate_rules_installed", &nft), 12.0);
+    let db = [("name", "db.example.internal")];
+    assert_eq!(v("tunnelgate_dns_resolutions_total", &db), 9.0);
+    assert_eq!(v("tunnelgate_dns_resolution_failures_total", &db), 2.0);
+    assert_eq!(v("tunnelgate_dns_addresses", &db), 2.0);
+    assert_eq!(
+        v("tunnelgate_dns_last_resolved_timestamp_seconds", &db),
+        (NOW - 30) as f64
+    );
+    assert_eq!(v("tunnelgate_config_reloads_total", &[]), 3.0);
+    assert_eq!(v("tunnelgate_config_reload_failures_total", &[]), 1.0);
+}
+
+#[test]
+fn metrics_never_show_endpoints() {
+    let text = render_metrics(&sample_snapshot(), NOW);
+    for leak in [
+        ENDPOINT_A,
+        "198.51.100.7",
+        ENDPOINT_B,
+        "2001:db8::7",
+        "51821",
+    ] {
+        assert!(!text.contains(leak), "{leak} in\n{text}");
+    }
+    // Nor rule text, nor error messages (those are for status and logs).
+    assert!(!text.contains("table inet"));
+    assert!(!text.contains("Could not process"));
+}
+
+#[test]
+fn metrics_of_an_empty_snapshot_parse() {
+    let snap = Snapshot::default();
+    let text = render_metrics(&snap, 0);
+    let s = parse_prometheus(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    assert_eq!(value(&s, "tunnelgate_ready", &[]), Some(0.0));
+    assert_eq!(
+        value(&s, "tunnelgate_rule_applies_total", &[("backend", "none")]),
+        Some(0.0)
+    );
+}
+
+#[test]
+fn metrics_escape_label_values() {
+    let mut snap = sample_snapshot();
+    snap.version = "1.0 \"quoted\" \\ back\nslash".into();
+    let text = render_metrics(&snap, NOW);
+    let s = parse_prometheus(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    assert_eq!(
+        value(
+            &s,
+            "tunnelgate_build_info",
+            &[("version", "1.0 \"quoted\" \\ back\nslash")]
+        ),
+        Some(1.0)
+    );
+}
+
+#[test]
+fn handshake_in_the_future_is_age_zero() {
+    let mut snap = sample_snapshot();
+    snap.peers[0].latest_handshake_unix = Some(NOW + 100);
+    let s = parse_prometheus(&render_metrics(&snap, NOW)).expect("parses");
+    assert_eq!(
+        value(
+            &s,
+            "tunnelgate_peer_last_handshake_age_seconds",
+            &[("peer", PEER_A)]
+        ),
+        Some(0.0)
+    );
+}
+
+#[test]
+fn the_checker_rejects_bad_text() {
+    assert!(parse_prometheus("# TYPE a gauge\na 1\n").is_ok());
+    assert!(parse_prometheus("# TYPE a counter\na_total{x=\"1\"} 2\n").is_ok());
+    assert!(parse_prometheus("a 1\n").is_err(), "no TYPE");
+    assert!(
+        parse_prometheus("# TYPE a gauge\na one\n").is_err(),
+        "bad value"
+    );
+    assert!(
+        parse_prometheus("# TYPE a gauge\na{x=1} 1\n").is_err(),
+        "unquoted"
+    );
+    assert!(
+        parse_prometheus("# TYPE a info\na 1\n").is_err(),
+        "info type"
+    );
+    assert!(
+        parse_prometheus("# TYPE a counter\na 1\n").is_err(),
+        "counter w/o _total"
+    );
+}
+
+#[test]
+fn status_text_reads_like_wg_show() {
+    let text = render_status_text(&sample_snapshot(), NOW);
+    let expected_lines = [
+        "interface: tg0",
+        "  public key: HIgo9xNzJMWLKASShiTqIybxZ0U3wGLiUeJ1PKf8ykw=",
+        "  listening port: 51820",
+        "  addresses: 100.64.0.1/32, fd7a:115c:a1e0::1/128",
+        "  state: ready",
+        &format!("peer: {PEER_A}"),
+        &format!("  endpoint: {ENDPOINT_A}"),
+        "  allowed ips: 100.64.0.2/32, 10.0.0.0/24",
+        "  latest handshake: 1 minute, 5 seconds ago",
+        "  transfer: 120.56 KiB received, 789 B sent",
+        "  persistent keepalive: every 25 seconds",
+        &format!("peer: {PEER_B}"),
+        "  allowed ips: (none)",
+        "  latest handshake: (none)",
+        "rules: nftables",
+        "  installed: 12 rules",
+        "  applies: 5 (1 failed), last took 0.013 s",
+        "  last error: nft: Could not process rule: No such file or directory",
+        "dropped packets: no_peer 4, invalid 2",
+        "names:",
+        "  db.example.internal -> 10.1.2.3, 10.1.2.4",
+        "    resolved: 30 seconds ago (9 resolutions, 2 failed)",
+    ];
+    let lines: BTreeSet<&str> = text.lines().collect();
+    for want in expected_lines {
+        assert!(lines.contains(want), "missing {want:?} in\n{text}");
+    }
+    // The interface comes first, peers in order, then rules, then names.
+    let pos = |s: &str| text.find(s).unwrap_or_else(|| panic!("{s} in {text}"));
+    assert!(pos("interface:") < pos(PEER_A));
+    assert!(pos(PEER_A) < pos(PEER_B));
+    assert!(pos(PEER_B) < pos("rules:"));
+    assert!(pos("rules:") < pos("names:"));
+}
+
+#[test]
+fn status_text_shows_why_not_ready() {
+    let mut snap = sample_snapshot();
+    snap.ready = false;
+    snap.not_ready_reason = Some("dns: db.example.internal not resolved yet".into());
+    snap.rules.applied = false;
+    snap.rules.backend.clear();
+    let text = render_status_text(&snap, NOW);
+    assert!(
+        text.contains("  state: not ready: dns: db.example.internal not resolved yet"),
+        "{text}"
+    );
+    assert!(text.contains("rules: (none chosen)"), "{text}");
+    assert!(text.contains("(not applied)"), "{text}");
+}
+
+#[test]
+fn human_units() {
+    assert_eq!(bytes(0), "0 B");
+    assert_eq!(bytes(1023), "1023 B");
+    assert_eq!(bytes(1024), "1.00 KiB");
+    assert_eq!(bytes(5 * 1024 * 1024 + 512 * 1024), "5.50 MiB");
+    assert_eq!(bytes(u64::MAX), "16384.00 PiB");
+    assert_eq!(duration(0), "0 seconds");
+    assert_eq!(duration(1), "1 second");
+    assert_eq!(duration(3600 + 120 + 3), "1 hour, 2 minutes, 3 seconds");
+    assert_eq!(duration(86_400 * 366), "1 year, 1 day");
+    assert_eq!(ago(0), "just now");
+    assert_eq!(ago(5), "5 seconds ago");
+}
+
+#[test]
+fn snapshot_json_round_trips_and_holds_no_secret_fields() {
+    let snap = sample_snapshot();
+    let json = serde_json::to_string(&snap).expect("serializes");
+    let back: Snapshot = serde_json::from_str(&json).expect("deserializes");
+    assert_eq!(back, snap);
+    let lower = json.to_lowercase();
+    for word in ["private", "preshared", "secret"] {
+        assert!(!lower.contains(word), "{word} in {json}");
+    }
+    // Tolerant of fields a neighbouring version adds or lacks.
+    let partial: Snapshot =
+        serde_json::from_str(r#"{"version":"9","ready":true,"future_field":1}"#).expect("parses");
+    assert_eq!(partial.version, "9");
+    assert!(partial.ready);
+}
