@@ -1,0 +1,867 @@
+//! The UAPI Unix socket (`/var/run/wireguard/<name>.sock`): claiming it safely, serving
+//! `get`/`set` to a [`UapiHandler`], removing it on shutdown; plus a small client for the same
+//! socket. Thin I/O: every byte of protocol is parsed and formatted by [`crate::uapi`].
+
+use super::{format_errno, format_get, format_set, parse_get_response, parse_request};
+use super::{DeviceSnapshot, DeviceUpdate, Errno, Request, UapiHandler};
+use std::fs::{self, DirBuilder};
+use std::future::Future;
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::net::{UnixListener as StdUnixListener, UnixStream as StdUnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinSet;
+
+/// Where `wg(8)` looks for userspace interfaces. Shared by every network namespace of the host.
+pub const DEFAULT_SOCKET_DIR: &str = "/var/run/wireguard";
+/// The largest request accepted; a bigger one gets `errno=-EMSGSIZE` and the connection closes.
+pub const MAX_REQUEST_BYTES: usize = 1 << 20;
+/// The largest `get` reply the client reads.
+const MAX_REPLY_BYTES: usize = 64 << 20;
+/// Connections served at once; more are closed at once (only root can connect anyway).
+const MAX_CONNECTIONS: usize = 64;
+/// A connection that sends nothing for this long is closed.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How often the server checks that its socket file is still there and still its own.
+const WATCH_INTERVAL: Duration = Duration::from_secs(2);
+/// Linux `IFNAMSIZ - 1`.
+const MAX_NAME_LEN: usize = 15;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("invalid interface name {name:?} for the UAPI socket: {why}")]
+    InvalidName { name: String, why: &'static str },
+    #[error("cannot create the UAPI socket directory {}: {source}", path.display())]
+    CreateDir { path: PathBuf, source: io::Error },
+    #[error(
+        "{} is in use: another live process (tunnelgate or wireguard-go) serves interface {name:?}, \
+         possibly in another network namespace, since {DEFAULT_SOCKET_DIR} is shared by all of \
+         them; stop it or choose another interface name",
+        path.display()
+    )]
+    InUse { path: PathBuf, name: String },
+    #[error("{} exists and is not a socket; refusing to remove it", path.display())]
+    NotASocket { path: PathBuf },
+    #[error("cannot check or remove the stale UAPI socket {}: {source}", path.display())]
+    Stale { path: PathBuf, source: io::Error },
+    #[error("cannot create the UAPI socket {}: {source}", path.display())]
+    Bind { path: PathBuf, source: io::Error },
+    #[error("the UAPI socket {} was removed or replaced by someone else", path.display())]
+    SocketRemoved { path: PathBuf },
+    #[error("UAPI socket {}: {source}", path.display())]
+    Io { path: PathBuf, source: io::Error },
+}
+
+/// `<dir>/<name>.sock`.
+pub fn socket_path_in(dir: &Path, interface_name: &str) -> PathBuf {
+    dir.join(format!("{interface_name}.sock"))
+}
+
+/// `/var/run/wireguard/<name>.sock`.
+pub fn socket_path(interface_name: &str) -> PathBuf {
+    socket_path_in(Path::new(DEFAULT_SOCKET_DIR), interface_name)
+}
+
+/// A bound UAPI socket, not yet serving. Dropping it (or the end of [`UapiServer::run`])
+/// removes the socket file, unless someone else has replaced it meanwhile.
+#[derive(Debug)]
+pub struct UapiServer {
+    listener: StdUnixListener,
+    file: SocketFile,
+    name: String,
+}
+
+impl UapiServer {
+    /// Claims `/var/run/wireguard/<interface_name>.sock`. Needs no async runtime.
+    pub fn bind(interface_name: &str) -> Result<UapiServer, ServerError> {
+        UapiServer::bind_in(Path::new(DEFAULT_SOCKET_DIR), interface_name)
+    }
+
+    /// Claims `<dir>/<interface_name>.sock`: creates `dir` (mode 0755) if missing, removes a
+    /// stale socket file that nothing answers on, refuses if a live process answers, and
+    /// publishes the socket with mode 0600 (it never exists under that name with other modes).
+    pub fn bind_in(dir: &Path, interface_name: &str) -> Result<UapiServer, ServerError> {
+        validate_name(interface_name)?;
+        ensure_dir(dir)?;
+        let path = socket_path_in(dir, interface_name);
+        let in_use = || ServerError::InUse {
+            path: path.clone(),
+            name: interface_name.to_string(),
+        };
+        remove_if_stale(&path, in_use)?;
+
+        // Bind inside a private directory, fix the mode, then hard-link into place: link(2)
+        // fails instead of replacing when another process won the race for the name.
+        let staging = Staging::create(dir).map_err(|source| ServerError::Bind {
+            path: path.clone(),
+            source,
+        })?;
+        let bind_err = |source| ServerError::Bind {
+            path: path.clone(),
+            source,
+        };
+        let listener = StdUnixListener::bind(staging.socket()).map_err(bind_err)?;
+        fs::set_permissions(staging.socket(), fs::Permissions::from_mode(0o600))
+            .map_err(bind_err)?;
+        match fs::hard_link(staging.socket(), &path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Err(in_use()),
+            Err(e) => return Err(bind_err(e)),
+        }
+        drop(staging);
+        let meta = fs::symlink_metadata(&path).map_err(bind_err)?;
+        let file = SocketFile {
+            path: path.clone(),
+            dev: meta.dev(),
+            ino: meta.ino(),
+        };
+        listener
+            .set_nonblocking(true)
+            .map_err(|source| ServerError::Io {
+                path: path.clone(),
+                source,
+            })?;
+        Ok(UapiServer {
+            listener,
+            file,
+            name: interface_name.to_string(),
+        })
+    }
+
+    /// The socket file this server owns.
+    pub fn socket_path(&self) -> &Path {
+        &self.file.path
+    }
+
+    /// Serves until `shutdown` completes (then returns `Ok`) or the socket file is deleted or
+    /// replaced (then returns [`ServerError::SocketRemoved`]; the xplatform spec says a
+    /// userspace implementation should then exit). Either way the socket file is removed if it
+    /// is still ours, and open connections are closed. Must run inside a tokio runtime.
+    pub async fn run<F>(self, handler: Arc<dyn UapiHandler>, shutdown: F) -> Result<(), ServerError>
+    where
+        F: Future<Output = ()>,
+    {
+        let UapiServer {
+            listener,
+            file,
+            name,
+        } = self;
+        let listener = UnixListener::from_std(listener).map_err(|source| ServerError::Io {
+            path: file.path.clone(),
+            source,
+        })?;
+        tracing::info!(interface = %name, socket = %file.path.display(), "UAPI listening");
+        let limit = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+        let mut connections = JoinSet::new();
+        let mut watch = tokio::time::interval(WATCH_INTERVAL);
+        watch.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        tokio::pin!(shutdown);
+        let result = loop {
+            tokio::select! {
+                () = &mut shutdown => break Ok(()),
+                _ = watch.tick() => {
+                    if !file.still_ours() {
+                        break Err(ServerError::SocketRemoved { path: file.path.clone() });
+                    }
+                }
+                Some(_) = connections.join_next(), if !connections.is_empty() => {}
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, _)) => match limit.clone().try_acquire_owned() {
+                        Ok(permit) => {
+                            connections.spawn(serve_connection(stream, handler.clone(), permit));
+                        }
+                        Err(_) => tracing::warn!(
+                            interface = %name,
+                            "UAPI: {MAX_CONNECTIONS} connections open; closing a new one"
+                        ),
+                    },
+                    Err(e) => {
+                        // EMFILE and friends: back off instead of spinning.
+                        tracing::warn!(interface = %name, error = %e, "UAPI accept failed");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                },
+            }
+        };
+        connections.shutdown().await;
+        drop(listener);
+        drop(file);
+        tracing::info!(interface = %name, "UAPI stopped");
+        result
+    }
+}
+
+/// [`UapiServer::bind`] then [`UapiServer::run`].
+pub async fn serve<F>(
+    interface_name: &str,
+    handler: Arc<dyn UapiHandler>,
+    shutdown: F,
+) -> Result<(), ServerError>
+where
+    F: Future<Output = ()>,
+{
+    UapiServer::bind(interface_name)?
+        .run(handler, shutdown)
+        .await
+}
+
+fn validate_name(name: &str) -> Result<(), ServerError> {
+    let why = if name.is_empty() {
+        Some("it is empty")
+    } else if name.len() > MAX_NAME_LEN {
+        Some("it is longer than 15 bytes")
+    } else if name == "." || name == ".." {
+        Some("it is a path component")
+    } else if name
+        .bytes()
+        .any(|b| b == b'/' || b.is_ascii_whitespace() || b.is_ascii_control() || b == b':')
+    {
+        Some("it contains '/', ':', whitespace or a control character")
+    } else {
+        None
+    };
+    match why {
+        Some(why) => Err(ServerError::InvalidName {
+            name: name.to_string(),
+            why,
+        }),
+        None => Ok(()),
+    }
+}
+
+fn ensure_dir(dir: &Path) -> Result<(), ServerError> {
+    let err = |source| ServerError::CreateDir {
+        path: dir.to_path_buf(),
+        source,
+    };
+    match fs::metadata(dir) {
+        Ok(meta) if meta.is_dir() => return Ok(()),
+        Ok(_) => {
+            return Err(err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                "exists and is not a directory",
+            )))
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(err(e)),
+    }
+    match DirBuilder::new().recursive(true).mode(0o755).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Ok(()),
+        Err(e) => return Err(err(e)),
+    }
+    // The umask may have narrowed it; wg needs to traverse it as any user that may connect.
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o755)).map_err(err)
+}
+
+/// Removes `path` if it is a socket nothing answers on; refuses if something answers.
+fn remove_if_stale(path: &Path, in_use: impl Fn() -> ServerError) -> Result<(), ServerError> {
+    let stale_err = |source| ServerError::Stale {
+        path: path.to_path_buf(),
+        source,
+    };
+    let meta = match fs::symlink_metadata(path) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(stale_err(e)),
+    };
+    if !meta.file_type().is_socket() {
+        return Err(ServerError::NotASocket {
+            path: path.to_path_buf(),
+        });
+    }
+    match StdUnixStream::connect(path) {
+        Ok(_) => Err(in_use()),
+        Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+            tracing::info!(socket = %path.display(), "removing stale UAPI socket");
+            match fs::remove_file(path) {
+                Ok(()) => Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+                Err(e) => Err(stale_err(e)),
+            }
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(stale_err(e)),
+    }
+}
+
+/// A private (0700) directory beside the socket, where it is bound before it is published.
+struct Staging {
+    dir: PathBuf,
+    socket: PathBuf,
+}
+
+impl Staging {
+    fn create(parent: &Path) -> io::Result<Staging> {
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        // Not `*.sock`, so wg never lists it.
+        let dir = parent.join(format!(".tg-{}-{n}", std::process::id()));
+        DirBuilder::new().mode(0o700).create(&dir)?;
+        let socket = dir.join("s");
+        Ok(Staging { dir, socket })
+    }
+
+    fn socket(&self) -> &Path {
+        &self.socket
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.socket);
+        let _ = fs::remove_dir(&self.dir);
+    }
+}
+
+/// The published socket file, identified by inode so we never delete a successor's.
+#[derive(Debug)]
+struct SocketFile {
+    path: PathBuf,
+    dev: u64,
+    ino: u64,
+}
+
+impl SocketFile {
+    fn still_ours(&self) -> bool {
+        fs::symlink_metadata(&self.path)
+            .map(|m| m.dev() == self.dev && m.ino() == self.ino)
+            .unwrap_or(false)
+    }
+}
+
+impl Drop for SocketFile {
+    fn drop(&mut self) {
+        if self.still_ours() {
+            if let Err(e) = fs::remove_file(&self.path) {
+                tracing::warn!(socket = %self.path.display(), error = %e, "cannot remove UAPI socket");
+            }
+        }
+    }
+}
+
+/// The end of the first request in `buf`: just past the first empty line. Searching starts at
+/// `from` (everything before it was searched already).
+fn request_end(buf: &[u8], from: usize) -> Option<usize> {
+    (from..buf.len())
+        .find(|&i| buf[i] == b'\n' && (i == 0 || buf[i - 1] == b'\n'))
+        .map(|i| i + 1)
+}
+
+enum Framed {
+    /// A complete request of this many bytes at the start of the buffer.
+    Request(usize),
+    /// The client closed its side; whatever is buffered is all there is.
+    Eof,
+    /// Over the size limit.
+    TooBig,
+    /// Read error or idle timeout: just close.
+    Gone,
+}
+
+async fn next_request(stream: &mut UnixStream, buf: &mut Vec<u8>, limit: usize) -> Framed {
+    let mut searched = 0;
+    let mut chunk = vec![0u8; 16 * 1024];
+    loop {
+        if let Some(end) = request_end(buf, searched) {
+            return Framed::Request(end);
+        }
+        searched = buf.len();
+        if buf.len() > limit {
+            return Framed::TooBig;
+        }
+        match tokio::time::timeout(IDLE_TIMEOUT, stream.read(&mut chunk)).await {
+            Ok(Ok(0)) => return Framed::Eof,
+            Ok(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
+            Ok(Err(_)) | Err(_) => return Framed::Gone,
+        }
+    }
+}
+
+async fn serve_connection(
+    mut stream: UnixStream,
+    handler: Arc<dyn UapiHandler>,
+    _permit: OwnedSemaphorePermit,
+) {
+    let mut buf = Vec::new();
+    loop {
+        let (request, last) = match next_request(&mut stream, &mut buf, MAX_REQUEST_BYTES).await {
+            Framed::Request(end) => (buf.drain(..end).collect::<Vec<u8>>(), false),
+            Framed::Eof if buf.is_empty() => return,
+            // A request cut short: tell the client what is wrong with it, then close.
+            Framed::Eof => (std::mem::take(&mut buf), true),
+            Framed::TooBig => {
+                tracing::warn!("UAPI request over {MAX_REQUEST_BYTES} bytes; closing");
+                let _ = stream
+                    .write_all(format_errno(Err(Errno::EMSGSIZE)).as_bytes())
+                    .await;
+                return;
+            }
+            Framed::Gone => return,
+        };
+        let reply = respond(&request, &handler).await;
+        if stream.write_all(reply.as_bytes()).await.is_err() || last {
+            return;
+        }
+    }
+}
+
+/// One request to one reply. Never fails: every problem becomes an errno.
+async fn respond(request: &[u8], handler: &Arc<dyn UapiHandler>) -> String {
+    let Ok(text) = std::str::from_utf8(request) else {
+        tracing::warn!("UAPI request rejected: not UTF-8");
+        return format_errno(Err(Errno::EINVAL));
+    };
+    match parse_request(text) {
+        Ok(Request::Get) => {
+            let handler = handler.clone();
+            match tokio::task::spawn_blocking(move || format_get(&handler.get())).await {
+                Ok(reply) => reply,
+                Err(_) => {
+                    tracing::error!("UAPI get: the handler panicked");
+                    format_errno(Err(Errno::EIO))
+                }
+            }
+        }
+        Ok(Request::Set(update)) => {
+            let peers = update.peers.len();
+            let handler = handler.clone();
+            match tokio::task::spawn_blocking(move || handler.set(update)).await {
+                Ok(Ok(())) => {
+                    tracing::info!(peers, "UAPI set applied");
+                    format_errno(Ok(()))
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "UAPI set refused");
+                    format_errno(Err(e.errno))
+                }
+                Err(_) => {
+                    tracing::error!("UAPI set: the handler panicked");
+                    format_errno(Err(Errno::EIO))
+                }
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "UAPI request rejected");
+            format_errno(Err(e.errno))
+        }
+    }
+}
+
+/// Client side: `get=1` on `socket` (e.g. [`socket_path`]), as `wg show` does.
+pub async fn client_get(socket: &Path) -> io::Result<DeviceSnapshot> {
+    let reply = exchange(socket, "get=1\n\n").await?;
+    parse_get_response(&reply).map_err(client_error)
+}
+
+/// Client side: a `set=1` with `update`, as `wg set` does. A refusal comes back as the OS error
+/// of its errno (e.g. `InvalidInput` for `EINVAL`).
+pub async fn client_set(socket: &Path, update: &DeviceUpdate) -> io::Result<()> {
+    let reply = exchange(socket, &format_set(update)).await?;
+    match reply.trim_end_matches('\n').strip_prefix("errno=") {
+        Some("0") => Ok(()),
+        Some(n) => match n.parse::<i32>() {
+            Ok(n) => Err(io::Error::from_raw_os_error(n.saturating_abs())),
+            Err(_) => Err(bad_reply(&reply)),
+        },
+        None => Err(bad_reply(&reply)),
+    }
+}
+
+async fn exchange(socket: &Path, request: &str) -> io::Result<String> {
+    let mut stream = UnixStream::connect(socket).await?;
+    stream.write_all(request.as_bytes()).await?;
+    let mut buf = Vec::new();
+    match next_request(&mut stream, &mut buf, MAX_REPLY_BYTES).await {
+        Framed::Request(end) => {
+            buf.truncate(end);
+            String::from_utf8(buf).map_err(|_| bad_reply("(not UTF-8)"))
+        }
+        Framed::Eof => Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "the UAPI server closed the connection without a complete reply",
+        )),
+        Framed::TooBig => Err(bad_reply("(too large)")),
+        Framed::Gone => Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "no reply from the UAPI server",
+        )),
+    }
+}
+
+fn client_error(e: super::UapiError) -> io::Error {
+    let kind = io::Error::from_raw_os_error(e.errno.code()).kind();
+    io::Error::new(kind, e.to_string())
+}
+
+fn bad_reply(reply: &str) -> io::Error {
+    let shown: String = reply.chars().take(64).collect();
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!("malformed UAPI reply: {shown:?}"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{PeerSnapshot, PeerUpdate, UapiError};
+    use super::*;
+    use crate::config::{PublicKey, SecretKey};
+    use parking_lot::Mutex;
+    use tokio::sync::oneshot;
+
+    /// A temporary directory removed on drop (no tempfile dependency).
+    struct TempDir(PathBuf);
+    impl TempDir {
+        fn new(tag: &str) -> TempDir {
+            static N: AtomicU64 = AtomicU64::new(0);
+            let path = std::env::temp_dir().join(format!(
+                "tg-uapi-{tag}-{}-{}",
+                std::process::id(),
+                N.fetch_add(1, Ordering::Relaxed)
+            ));
+            let _ = fs::remove_dir_all(&path);
+            fs::create_dir_all(&path).expect("temp dir");
+            TempDir(path)
+        }
+    }
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+
+    #[derive(Default)]
+    struct Fake {
+        device: Mutex<DeviceSnapshot>,
+        updates: Mutex<Vec<DeviceUpdate>>,
+        refuse: Mutex<Option<Errno>>,
+    }
+    impl UapiHandler for Fake {
+        fn get(&self) -> DeviceSnapshot {
+            self.device.lock().clone()
+        }
+        fn set(&self, update: DeviceUpdate) -> Result<(), UapiError> {
+            if let Some(errno) = *self.refuse.lock() {
+                return Err(UapiError::new(errno, "refused by test"));
+            }
+            self.device.lock().apply(&update);
+            self.updates.lock().push(update);
+            Ok(())
+        }
+    }
+
+    struct Running {
+        path: PathBuf,
+        stop: Option<oneshot::Sender<()>>,
+        task: tokio::task::JoinHandle<Result<(), ServerError>>,
+    }
+    impl Running {
+        async fn stop(mut self) -> Result<(), ServerError> {
+            if let Some(tx) = self.stop.take() {
+                let _ = tx.send(());
+            }
+            self.task.await.expect("server task")
+        }
+    }
+
+    fn start(dir: &Path, name: &str, fake: Arc<Fake>) -> Running {
+        let server = UapiServer::bind_in(dir, name).expect("bind");
+        let path = server.socket_path().to_path_buf();
+        let (tx, rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(server.run(fake, async move {
+            let _ = rx.await;
+        }));
+        Running {
+            path,
+            stop: Some(tx),
+            task,
+        }
+    }
+
+    async fn talk(stream: &mut UnixStream, request: &[u8]) -> String {
+        stream.write_all(request).await.expect("write");
+        let mut buf = Vec::new();
+        match next_request(stream, &mut buf, MAX_REPLY_BYTES).await {
+            Framed::Request(end) => String::from_utf8(buf[..end].to_vec()).expect("utf8"),
+            _ => panic!("no reply; got {:?}", String::from_utf8_lossy(&buf)),
+        }
+    }
+
+    fn mode(path: &Path) -> u32 {
+        fs::metadata(path).expect("stat").permissions().mode() & 0o777
+    }
+
+    #[tokio::test]
+    async fn bind_creates_dir_and_0600_socket_and_removes_it() {
+        let tmp = TempDir::new("bind");
+        let dir = tmp.0.join("nested/wireguard");
+        let fake = Arc::new(Fake::default());
+        let server = start(&dir, "tg0", fake);
+        assert_eq!(mode(&dir), 0o755);
+        assert_eq!(server.path, dir.join("tg0.sock"));
+        assert_eq!(mode(&server.path), 0o600);
+        assert!(fs::symlink_metadata(&server.path)
+            .expect("stat")
+            .file_type()
+            .is_socket());
+        // Only the socket is left in the directory: the staging directory is gone.
+        let entries: Vec<_> = fs::read_dir(&dir)
+            .expect("ls")
+            .map(|e| e.expect("entry").file_name())
+            .collect();
+        assert_eq!(entries, vec![std::ffi::OsString::from("tg0.sock")]);
+        server.stop().await.expect("clean stop");
+        assert!(!dir.join("tg0.sock").exists());
+    }
+
+    #[tokio::test]
+    async fn drop_without_run_removes_socket() {
+        let tmp = TempDir::new("drop");
+        let server = UapiServer::bind_in(&tmp.0, "tg0").expect("bind");
+        let path = server.socket_path().to_path_buf();
+        assert!(path.exists());
+        drop(server);
+        assert!(!path.exists());
+    }
+
+    #[tokio::test]
+    async fn stale_socket_is_replaced_live_one_is_refused() {
+        let tmp = TempDir::new("stale");
+        let path = tmp.0.join("tg0.sock");
+        drop(StdUnixListener::bind(&path).expect("stale bind"));
+        assert!(path.exists());
+        let first = start(&tmp.0, "tg0", Arc::new(Fake::default()));
+
+        let err = UapiServer::bind_in(&tmp.0, "tg0").expect_err("live socket must be refused");
+        assert!(matches!(err, ServerError::InUse { .. }), "{err}");
+        assert!(err.to_string().contains("another live process"), "{err}");
+        // The refused attempt left the live socket alone.
+        let mut s = UnixStream::connect(&path).await.expect("still served");
+        assert!(talk(&mut s, b"get=1\n\n").await.ends_with("errno=0\n\n"));
+        first.stop().await.expect("stop");
+    }
+
+    #[tokio::test]
+    async fn non_socket_is_not_removed() {
+        let tmp = TempDir::new("file");
+        let path = tmp.0.join("tg0.sock");
+        fs::write(&path, "precious").expect("write");
+        let err = UapiServer::bind_in(&tmp.0, "tg0").expect_err("must refuse");
+        assert!(matches!(err, ServerError::NotASocket { .. }), "{err}");
+        assert_eq!(fs::read_to_string(&path).expect("read"), "precious");
+    }
+
+    #[test]
+    fn names_are_validated() {
+        let tmp = TempDir::new("names");
+        for bad in [
+            "",
+            ".",
+            "..",
+            "a/b",
+            "sixteen-chars-xx",
+            "a b",
+            "a\nb",
+            "wg:0",
+        ] {
+            let err = UapiServer::bind_in(&tmp.0, bad).expect_err(bad);
+            assert!(
+                matches!(err, ServerError::InvalidName { .. }),
+                "{bad:?}: {err}"
+            );
+        }
+        assert!(UapiServer::bind_in(&tmp.0, "fifteen-chars-x").is_ok());
+    }
+
+    #[tokio::test]
+    async fn get_and_set_many_requests_on_one_connection() {
+        let tmp = TempDir::new("conn");
+        let fake = Arc::new(Fake::default());
+        let pk = PublicKey([7; 32]);
+        {
+            let mut dev = fake.device.lock();
+            dev.listen_port = 51820;
+            let mut peer = PeerSnapshot::new(pk);
+            peer.tx_bytes = 5;
+            dev.peers.push(peer);
+        }
+        let server = start(&tmp.0, "tg1", fake.clone());
+        let mut s = UnixStream::connect(&server.path).await.expect("connect");
+
+        let reply = talk(&mut s, b"get=1\n\n").await;
+        assert_eq!(reply, format_get(&fake.get()));
+        assert!(reply.contains("tx_bytes=5\n"));
+
+        let set = format!(
+            "set=1\nprivate_key={}\npublic_key={}\nallowed_ip=10.9.0.1/24\n\n",
+            hex::encode([1u8; 32]),
+            hex::encode(pk.0)
+        );
+        assert_eq!(talk(&mut s, set.as_bytes()).await, "errno=0\n\n");
+        assert_eq!(fake.updates.lock().len(), 1);
+        let reply = talk(&mut s, b"get=1\n\n").await;
+        assert!(reply.contains("allowed_ip=10.9.0.0/24\n"), "{reply}");
+        assert!(reply.starts_with(&format!("private_key={}\n", hex::encode([1u8; 32]))));
+
+        // Two requests in one write are answered in order.
+        s.write_all(b"get=1\n\nset=1\nlisten_port=1\n\n")
+            .await
+            .expect("write");
+        let mut buf = Vec::new();
+        let Framed::Request(end) = next_request(&mut s, &mut buf, MAX_REPLY_BYTES).await else {
+            panic!("no first reply");
+        };
+        assert!(String::from_utf8_lossy(&buf[..end]).ends_with("errno=0\n\n"));
+        buf.drain(..end);
+        let Framed::Request(end) = next_request(&mut s, &mut buf, MAX_REPLY_BYTES).await else {
+            panic!("no second reply");
+        };
+        assert_eq!(&buf[..end], b"errno=0\n\n");
+        assert_eq!(fake.get().listen_port, 1);
+        server.stop().await.expect("stop");
+    }
+
+    #[tokio::test]
+    async fn bad_requests_get_errno_and_the_connection_keeps_working() {
+        let tmp = TempDir::new("bad");
+        let fake = Arc::new(Fake::default());
+        let server = start(&tmp.0, "tg2", fake.clone());
+        let mut s = UnixStream::connect(&server.path).await.expect("connect");
+        let cases: &[(&[u8], &str)] = &[
+            (b"set=1\nbogus=1\n\n", "errno=-22\n\n"),
+            (b"set=1\nlisten_port=65536\n\n", "errno=-22\n\n"),
+            (b"set=1\nlisten_port\n\n", "errno=-71\n\n"),
+            (b"frobnicate=1\n\n", "errno=-71\n\n"),
+            (b"get=1\nx=1\n\n", "errno=-22\n\n"),
+            (b"set=1\nlisten_port=\xff\xfe\n\n", "errno=-22\n\n"),
+            (b"\n", "errno=-71\n\n"),
+        ];
+        for (request, expected) in cases {
+            assert_eq!(
+                talk(&mut s, request).await,
+                *expected,
+                "{:?}",
+                String::from_utf8_lossy(request)
+            );
+            assert!(talk(&mut s, b"get=1\n\n").await.ends_with("errno=0\n\n"));
+        }
+        assert!(fake.updates.lock().is_empty(), "nothing bad was applied");
+
+        // The handler's own errno reaches the client.
+        *fake.refuse.lock() = Some(Errno::EADDRINUSE);
+        assert_eq!(
+            talk(&mut s, b"set=1\nlisten_port=1\n\n").await,
+            "errno=-98\n\n"
+        );
+        server.stop().await.expect("stop");
+    }
+
+    #[tokio::test]
+    async fn cut_short_request_gets_eproto_then_close() {
+        let tmp = TempDir::new("eof");
+        let server = start(&tmp.0, "tg3", Arc::new(Fake::default()));
+        let mut s = UnixStream::connect(&server.path).await.expect("connect");
+        s.write_all(b"set=1\nlisten_port=1\n").await.expect("write");
+        s.shutdown().await.expect("half-close");
+        let mut reply = String::new();
+        s.read_to_string(&mut reply).await.expect("read");
+        assert_eq!(reply, "errno=-71\n\n");
+        server.stop().await.expect("stop");
+    }
+
+    #[tokio::test]
+    async fn oversized_request_is_refused_and_server_survives() {
+        let tmp = TempDir::new("big");
+        let server = start(&tmp.0, "tg4", Arc::new(Fake::default()));
+        let mut s = UnixStream::connect(&server.path).await.expect("connect");
+        let line = format!("public_key={}\n", "0".repeat(64)).repeat(20_000);
+        let mut request = b"set=1\n".to_vec();
+        request.extend_from_slice(line.as_bytes());
+        assert!(request.len() > MAX_REQUEST_BYTES);
+        // The server may close while we still write: ignore write errors.
+        let _ = s.write_all(&request).await;
+        let mut reply = Vec::new();
+        let _ = s.read_to_end(&mut reply).await;
+        assert_eq!(String::from_utf8_lossy(&reply), "errno=-90\n\n");
+        let snapshot = client_get(&server.path).await.expect("still serving");
+        assert_eq!(snapshot, DeviceSnapshot::default());
+        server.stop().await.expect("stop");
+    }
+
+    #[tokio::test]
+    async fn client_round_trip() {
+        let tmp = TempDir::new("client");
+        let fake = Arc::new(Fake::default());
+        let server = start(&tmp.0, "tg5", fake.clone());
+        let mut peer = PeerUpdate::new(PublicKey([3; 32]));
+        peer.preshared_key = Some(Some(SecretKey([4; 32])));
+        peer.endpoint = Some("[::1]:5000".parse().expect("addr"));
+        peer.allowed_ips = vec!["fd00::/64".parse().expect("net")];
+        let update = DeviceUpdate {
+            listen_port: Some(4444),
+            peers: vec![peer],
+            ..Default::default()
+        };
+        client_set(&server.path, &update).await.expect("set");
+        assert_eq!(fake.updates.lock().as_slice(), &[update]);
+        let got = client_get(&server.path).await.expect("get");
+        assert_eq!(got, fake.get());
+        assert_eq!(got.listen_port, 4444);
+
+        *fake.refuse.lock() = Some(Errno::EADDRINUSE);
+        let err = client_set(&server.path, &DeviceUpdate::default())
+            .await
+            .expect_err("refused");
+        assert_eq!(err.raw_os_error(), Some(libc::EADDRINUSE));
+        server.stop().await.expect("stop");
+    }
+
+    #[tokio::test]
+    async fn shutdown_closes_open_connections() {
+        let tmp = TempDir::new("idle");
+        let server = start(&tmp.0, "tg6", Arc::new(Fake::default()));
+        let mut s = UnixStream::connect(&server.path).await.expect("connect");
+        s.write_all(b"get=1\n").await.expect("write half a request");
+        let path = server.path.clone();
+        tokio::time::timeout(Duration::from_secs(5), server.stop())
+            .await
+            .expect("stops promptly")
+            .expect("clean");
+        let mut rest = Vec::new();
+        let n = s.read_to_end(&mut rest).await.unwrap_or(0);
+        assert_eq!(n, 0);
+        assert!(!path.exists());
+    }
+
+    #[tokio::test]
+    async fn deleting_the_socket_stops_the_server_and_spares_a_successor() {
+        let tmp = TempDir::new("deleted");
+        let server = start(&tmp.0, "tg7", Arc::new(Fake::default()));
+        fs::remove_file(&server.path).expect("rm");
+        // A successor takes the name before the old server notices.
+        let successor = UapiServer::bind_in(&tmp.0, "tg7").expect("successor binds");
+        let result = tokio::time::timeout(WATCH_INTERVAL * 3, server.task)
+            .await
+            .expect("server noticed")
+            .expect("task");
+        assert!(matches!(result, Err(ServerError::SocketRemoved { .. })));
+        assert!(successor.socket_path().exists(), "successor's socket kept");
+    }
+
+    #[test]
+    fn request_end_finds_first_empty_line() {
+        assert_eq!(request_end(b"get=1\n\n", 0), Some(7));
+        assert_eq!(request_end(b"get=1\n", 0), None);
+        assert_eq!(request_end(b"\nx", 0), Some(1));
+        assert_eq!(request_end(b"a=1\nb=2\n\nget=1\n\n", 0), Some(9));
+        // Resuming a search where the previous one stopped still sees a split "\n" + "\n".
+        assert_eq!(request_end(b"get=1\n\n", 6), Some(7));
+    }
+}
