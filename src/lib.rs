@@ -2,10 +2,14 @@
 //!
 //! # Layout
 //! - [`config`]: the validated configuration (pure).
-//! - [`telemetry`]: health endpoint, Prometheus metrics, `tunnelgate status`, logging.
+//! - [`core`]: pure decisions: the boringtun wrapper, allowed-IP routing, desired routes.
+//! - [`shell`]: I/O: TUN, UDP, packet loops, netlink, firewall commands.
 //! - [`uapi`]: the WireGuard cross-platform userspace API (`wg show` / `wg set`).
-#![forbid(unsafe_code)]
+//! - [`telemetry`]: health endpoint, Prometheus metrics, `tunnelgate status`, logging.
+#![deny(unsafe_code)]
 
 pub mod config;
+pub mod core;
+pub mod shell;
 pub mod telemetry;
 pub mod uapi;

@@ -81,7 +81,7 @@ fn tun_loop(shared: &Shared) {
     let mut original = vec![0u8; TUN_READ_BYTES];
     let mut bufs: Vec<Vec<u8>> = (0..IDEAL_BATCH_SIZE).map(|_| vec![0u8; 65535]).collect();
     let mut sizes = vec![0usize; IDEAL_BATCH_SIZE];
-    let mut out = SendBatch::new(MAX_DATAGRAM.min(65535 + wg::OVERHEAD));
+    let mut out = SendBatch::new(MAX_DATAGRAM);
     while !shared.stop.load(Ordering::Relaxed) {
         let n = match shared
             .tun
@@ -152,18 +152,18 @@ fn flush(shared: &Shared, socket: &WgSocket, out: &mut SendBatch) {
 }
 
 fn udp_loop(shared: &Shared, socket: &WgSocket) {
-    let mut batch = RecvBatch::new(MAX_DATAGRAM);
+    let mut batch = RecvBatch::default();
     let mut replies = SendBatch::new(MAX_DATAGRAM);
     // Decrypted packets, each with VIRTIO_NET_HDR_LEN bytes of headroom for the TUN write.
-    let mut plain: Vec<Vec<u8>> = (0..crate::shell::udp::BATCH)
+    let mut plain: Vec<Vec<u8>> = (0..IDEAL_BATCH_SIZE)
         .map(|_| Vec::with_capacity(VIRTIO_NET_HDR_LEN + 65535 + 64))
         .collect();
     let mut gro = GROTable::default();
     let mut cookie = [0u8; 64];
     while !shared.stop.load(Ordering::Relaxed) {
-        let n = match socket.recv_batch(&mut batch) {
+        match socket.recv_batch(&mut batch) {
             Ok(0) => return, // shut down: this socket was replaced or the daemon stops
-            Ok(n) => n,
+            Ok(_) => {}
             Err(e) => {
                 if shared.stop.load(Ordering::Relaxed) {
                     return;
@@ -172,20 +172,11 @@ fn udp_loop(shared: &Shared, socket: &WgSocket) {
                 std::thread::sleep(Duration::from_millis(10));
                 continue;
             }
-        };
+        }
         let table = shared.snapshot();
         let mut ready = 0;
-        for i in 0..n {
-            let from = batch.from[i];
-            let datagram = &batch.bufs[i][..batch.lens[i]];
-            let peer = match wg::classify(
-                &table.limiter,
-                &table.private_key,
-                &table.public_key,
-                from.ip(),
-                datagram,
-                &mut cookie,
-            ) {
+        for (from, datagram) in batch.datagrams() {
+            let peer = match wg::classify(&table.limiter, &table.private_key, &table.public_key, from.ip(), datagram, &mut cookie) {
                 Ok(Incoming::Initiation(key)) => table.peers.get(&key),
                 Ok(Incoming::Index(index)) => table.by_index.get(&index),
                 Ok(Incoming::Cookie(len)) => {
@@ -193,7 +184,7 @@ fn udp_loop(shared: &Shared, socket: &WgSocket) {
                     replies.push(len, from);
                     continue;
                 }
-                Err(TunnelError::UnderLoad) | Err(_) => {
+                Err(_) => {
                     shared.drops.invalid.fetch_add(1, Ordering::Relaxed);
                     continue;
                 }
@@ -204,17 +195,13 @@ fn udp_loop(shared: &Shared, socket: &WgSocket) {
             };
             let buf = &mut plain[ready];
             buf.resize(buf.capacity(), 0);
-            if let Some(len) = receive(
-                shared,
-                peer,
-                from,
-                datagram,
-                &mut buf[VIRTIO_NET_HDR_LEN..],
-                &mut replies,
-                &table,
-            ) {
+            if let Some(len) = receive(shared, peer, from, datagram, &mut buf[VIRTIO_NET_HDR_LEN..], &mut replies, &table) {
                 buf.truncate(VIRTIO_NET_HDR_LEN + len);
                 ready += 1;
+                if ready == plain.len() {
+                    write_tun(shared, &mut gro, &mut plain[..ready]);
+                    ready = 0;
+                }
             }
             if replies.is_full() {
                 flush(shared, socket, &mut replies);
@@ -222,15 +209,16 @@ fn udp_loop(shared: &Shared, socket: &WgSocket) {
         }
         flush(shared, socket, &mut replies);
         if ready > 0 {
-            if let Err(e) =
-                shared
-                    .tun
-                    .send_multiple(&mut gro, &mut plain[..ready], VIRTIO_NET_HDR_LEN)
-            {
-                shared.drops.tun_write.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(error = %e, "TUN write failed");
-            }
+            write_tun(shared, &mut gro, &mut plain[..ready]);
         }
+    }
+}
+
+/// Writes decrypted packets to the TUN device, coalescing TCP/UDP segments of one flow.
+fn write_tun(shared: &Shared, gro: &mut GROTable, packets: &mut [Vec<u8>]) {
+    if let Err(e) = shared.tun.send_multiple(gro, packets, VIRTIO_NET_HDR_LEN) {
+        shared.drops.tun_write.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(error = %e, "TUN write failed");
     }
 }
 
