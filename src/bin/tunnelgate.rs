@@ -10,6 +10,9 @@ use tunnelgate::config::decode_key;
 use tunnelgate::config::SecretKey;
 use tunnelgate::shell::daemon::{sd_notify, Daemon};
 use tunnelgate::shell::files::{load_config, LoadError};
+use tunnelgate::telemetry::http::serve_health;
+use tunnelgate::telemetry::status::{query_status, status_socket_path, StatusSocket};
+use tunnelgate::telemetry::{init_logging, now_unix, render_status_text, LogFormat, Observe};
 
 const DEFAULT_CONFIG: &str = "/etc/tunnelgate/tunnelgate.toml";
 
@@ -20,6 +23,9 @@ const DEFAULT_CONFIG: &str = "/etc/tunnelgate/tunnelgate.toml";
     about = "WireGuard data-plane proxy: tunnel, ingress/egress NAT, subnet router, exit node"
 )]
 struct Cli {
+    /// Log format: human (default) or json. Level comes from RUST_LOG (default info).
+    #[arg(long, global = true, value_enum, env = tunnelgate::telemetry::logging::LOG_FORMAT_ENV, default_value_t)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -35,6 +41,17 @@ enum Command {
     Check {
         #[arg(long, env = "TUNNELGATE_CONFIG", default_value = DEFAULT_CONFIG)]
         config: PathBuf,
+    },
+    /// Show the running daemon's interface, peers, rules and resolved names.
+    Status {
+        #[arg(long, env = "TUNNELGATE_CONFIG", default_value = DEFAULT_CONFIG)]
+        config: PathBuf,
+        /// The interface to query (default: interface.name from the config file).
+        #[arg(long)]
+        interface: Option<String>,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
     },
     /// Print a new base64 private key (like `wg genkey`).
     Genkey,
@@ -71,7 +88,48 @@ fn main() -> ExitCode {
             }
             Err(e) => config_error(&e),
         },
-        Command::Run { config } => run(config),
+        Command::Run { config } => {
+            init_logging(cli.log_format);
+            run(config)
+        }
+        Command::Status {
+            config,
+            interface,
+            json,
+        } => status(config, interface, json),
+    }
+}
+
+fn status(config: PathBuf, interface: Option<String>, json: bool) -> ExitCode {
+    let name = match interface {
+        Some(n) => n,
+        None => match load_config(&config) {
+            Ok(c) => c.interface.name,
+            Err(e) => {
+                eprintln!("tunnelgate status: {e} (or name the interface with --interface)");
+                return ExitCode::from(2);
+            }
+        },
+    };
+    match query_status(&status_socket_path(&name)) {
+        Ok(snap) if json => match serde_json::to_string_pretty(&snap) {
+            Ok(text) => {
+                println!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("tunnelgate status: {e}");
+                ExitCode::from(1)
+            }
+        },
+        Ok(snap) => {
+            print!("{}", render_status_text(&snap, now_unix()));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("tunnelgate status: {e}");
+            ExitCode::from(1)
+        }
     }
 }
 
@@ -102,12 +160,6 @@ fn config_error(e: &LoadError) -> ExitCode {
 }
 
 fn run(path: PathBuf) -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let config = match load_config(&path) {
         Ok(c) => c,
         Err(e) => return config_error(&e),
@@ -138,14 +190,53 @@ async fn serve(config: tunnelgate::config::Config, path: PathBuf) -> anyhow::Res
     let mut int = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
     let mut hup = signal(SignalKind::hangup()).context("installing SIGHUP handler")?;
     let name = config.interface.name.clone();
+    // Everything that can be refused (sockets in use) is claimed before the tunnel comes up,
+    // so a failed start changes nothing on the system.
     let uapi = tunnelgate::uapi::server::UapiServer::bind(&name)
         .with_context(|| format!("UAPI socket for {name}"))?;
+    let status_socket = StatusSocket::bind(&status_socket_path(&name))
+        .with_context(|| format!("status socket for {name}"))?;
+    let health = match config.health.listen {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("health.listen {addr}"))?,
+        ),
+        None => None,
+    };
     let daemon = Daemon::start(config, path).await?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
     let handler: Arc<dyn tunnelgate::uapi::UapiHandler> = daemon.clone();
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let uapi_task = tokio::spawn(uapi.run(handler, async move {
-        let _ = stop_rx.await;
+    let observe: Arc<dyn Observe> = daemon.clone();
+    let mut tasks = vec![tokio::spawn({
+        let stop = stopped();
+        async move {
+            if let Err(e) = uapi.run(handler, stop).await {
+                tracing::error!(error = %e, "UAPI server failed");
+            }
+        }
+    })];
+    tasks.push(tokio::spawn({
+        let (stop, observe) = (stopped(), observe.clone());
+        async move {
+            if let Err(e) = status_socket.serve(observe, stop).await {
+                tracing::error!(error = %e, "status socket failed");
+            }
+        }
     }));
+    if let Some(listener) = health {
+        tasks.push(tokio::spawn(serve_health(
+            listener,
+            observe.clone(),
+            stopped(),
+        )));
+    }
     tokio::spawn(daemon.clone().route_task());
     tokio::spawn(daemon.clone().watch_config());
     sd_notify("READY=1\nSTATUS=tunnel up");
@@ -163,7 +254,11 @@ async fn serve(config: tunnelgate::config::Config, path: PathBuf) -> anyhow::Res
     sd_notify("STOPPING=1");
     tracing::info!("Shutting down");
     daemon.teardown().await;
-    let _ = stop_tx.send(());
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(2), uapi_task).await;
+    let _ = stop_tx.send(true);
+    let _ = tokio::time::timeout(
+        std::time::Duration::from_secs(2),
+        futures::future::join_all(tasks),
+    )
+    .await;
     Ok(())
 }

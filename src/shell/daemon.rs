@@ -8,6 +8,7 @@ use crate::shell::datapath::{self, DropCounters, Shared};
 use crate::shell::netlink::Netlink;
 use crate::shell::peers::{settings_of, PeerSettings, PeerTable};
 use crate::shell::udp::WgSocket;
+use crate::telemetry::{NameStatus, RulesStatus};
 use crate::uapi::{DeviceSnapshot, DeviceUpdate, Errno, PeerSnapshot, UapiError, UapiHandler};
 use anyhow::{Context, Result};
 use parking_lot::{Mutex, RwLock};
@@ -31,8 +32,18 @@ struct Control {
     routes: RoutePlan,
 }
 
+/// What the daemon reports about rules and names (the telemetry types double as its record).
+#[derive(Default)]
+pub struct Status {
+    /// Whether the configuration asks for any firewall rules at all.
+    pub firewall_needed: bool,
+    pub rules: RulesStatus,
+    pub names: BTreeMap<String, NameStatus>,
+}
+
 pub struct Daemon {
     config_path: PathBuf,
+    pub status: Mutex<Status>,
     shared: Arc<Shared>,
     control: Mutex<Control>,
     netlink: Netlink,
@@ -85,6 +96,7 @@ impl Daemon {
             reloads: AtomicU64::new(0),
             reload_failures: AtomicU64::new(0),
             started: SystemTime::now(),
+            status: Mutex::new(Status::default()),
         });
         if let Err(e) = daemon.sync_routes().await {
             daemon.teardown().await;
@@ -97,6 +109,11 @@ impl Daemon {
 
     pub fn name(&self) -> String {
         self.control.lock().config.interface.name.clone()
+    }
+
+    /// The running configuration.
+    pub fn config(&self) -> Config {
+        self.control.lock().config.clone()
     }
 
     pub fn listen_port(&self) -> u16 {

@@ -176,7 +176,14 @@ fn udp_loop(shared: &Shared, socket: &WgSocket) {
         let table = shared.snapshot();
         let mut ready = 0;
         for (from, datagram) in batch.datagrams() {
-            let peer = match wg::classify(&table.limiter, &table.private_key, &table.public_key, from.ip(), datagram, &mut cookie) {
+            let peer = match wg::classify(
+                &table.limiter,
+                &table.private_key,
+                &table.public_key,
+                from.ip(),
+                datagram,
+                &mut cookie,
+            ) {
                 Ok(Incoming::Initiation(key)) => table.peers.get(&key),
                 Ok(Incoming::Index(index)) => table.by_index.get(&index),
                 Ok(Incoming::Cookie(len)) => {
@@ -195,7 +202,15 @@ fn udp_loop(shared: &Shared, socket: &WgSocket) {
             };
             let buf = &mut plain[ready];
             buf.resize(buf.capacity(), 0);
-            if let Some(len) = receive(shared, peer, from, datagram, &mut buf[VIRTIO_NET_HDR_LEN..], &mut replies, &table) {
+            if let Some(len) = receive(
+                shared,
+                peer,
+                from,
+                datagram,
+                &mut buf[VIRTIO_NET_HDR_LEN..],
+                &mut replies,
+                &table,
+            ) {
                 buf.truncate(VIRTIO_NET_HDR_LEN + len);
                 ready += 1;
                 if ready == plain.len() {
@@ -250,6 +265,9 @@ fn receive(
             let len = reply.len();
             replies.slot()[..len].copy_from_slice(reply);
             replies.push(len, from);
+            peer.counters
+                .tx_bytes
+                .fetch_add(len as u64, Ordering::Relaxed);
             while let Outcome::Network(queued) = tunnel.flush(replies.slot()) {
                 let len = queued.len();
                 replies.push(len, from);

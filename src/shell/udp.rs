@@ -39,10 +39,14 @@ pub struct WgSocket {
 impl WgSocket {
     /// Binds `[::]:port` accepting IPv4 too, or `0.0.0.0:port` where IPv6 is disabled.
     pub fn bind(port: u16, fwmark: Option<u32>) -> io::Result<WgSocket> {
-        let (socket, dual_stack) = match Socket::new(Domain::IPV6, Type::DGRAM, Some(Protocol::UDP)) {
+        let (socket, dual_stack) = match Socket::new(Domain::IPV6, Type::DGRAM, Some(Protocol::UDP))
+        {
             Ok(s) => {
                 s.set_only_v6(false)?;
-                s.bind(&SockAddr::from(SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), port)))?;
+                s.bind(&SockAddr::from(SocketAddr::new(
+                    IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+                    port,
+                )))?;
                 (s, true)
             }
             Err(_) => {
@@ -52,23 +56,45 @@ impl WgSocket {
             }
         };
         // Force past rmem_max as root; fall back to the capped request otherwise.
-        if set_int(&socket, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, SOCKET_BUFFER_BYTES as libc::c_int).is_err() {
+        if set_int(
+            &socket,
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUFFORCE,
+            SOCKET_BUFFER_BYTES as libc::c_int,
+        )
+        .is_err()
+        {
             let _ = socket.set_recv_buffer_size(SOCKET_BUFFER_BYTES);
         }
-        if set_int(&socket, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, SOCKET_BUFFER_BYTES as libc::c_int).is_err() {
+        if set_int(
+            &socket,
+            libc::SOL_SOCKET,
+            libc::SO_SNDBUFFORCE,
+            SOCKET_BUFFER_BYTES as libc::c_int,
+        )
+        .is_err()
+        {
             let _ = socket.set_send_buffer_size(SOCKET_BUFFER_BYTES);
         }
         if let Some(mark) = fwmark {
             socket.set_mark(mark)?;
         }
-        let gro = std::env::var_os("TUNNELGATE_NO_UDP_GRO").is_none() && set_int(&socket, libc::SOL_UDP, UDP_GRO, 1).is_ok();
+        let gro = std::env::var_os("TUNNELGATE_NO_UDP_GRO").is_none()
+            && set_int(&socket, libc::SOL_UDP, UDP_GRO, 1).is_ok();
         let gso = std::env::var_os("TUNNELGATE_NO_UDP_GSO").is_none() && gso_supported(&socket);
-        Ok(WgSocket { socket, dual_stack, gso: AtomicBool::new(gso), gro })
+        Ok(WgSocket {
+            socket,
+            dual_stack,
+            gso: AtomicBool::new(gso),
+            gro,
+        })
     }
 
     pub fn local_port(&self) -> io::Result<u16> {
         let addr = self.socket.local_addr()?;
-        addr.as_socket().map(|a| a.port()).ok_or_else(|| io::Error::other("socket has no inet address"))
+        addr.as_socket()
+            .map(|a| a.port())
+            .ok_or_else(|| io::Error::other("socket has no inet address"))
     }
 
     /// Whether segmentation and coalescing offloads are in use, for the startup log.
@@ -87,7 +113,9 @@ impl WgSocket {
 
     fn native(&self, addr: SocketAddr) -> SockAddr {
         match addr {
-            SocketAddr::V4(v4) if self.dual_stack => SockAddr::from(SocketAddrV6::new(v4.ip().to_ipv6_mapped(), v4.port(), 0, 0)),
+            SocketAddr::V4(v4) if self.dual_stack => {
+                SockAddr::from(SocketAddrV6::new(v4.ip().to_ipv6_mapped(), v4.port(), 0, 0))
+            }
             other => SockAddr::from(other),
         }
     }
@@ -102,9 +130,15 @@ impl WgSocket {
     pub fn recv_batch(&self, batch: &mut RecvBatch) -> io::Result<usize> {
         let n = batch.bufs.len();
         for i in 0..n {
-            batch.iov[i] = libc::iovec { iov_base: batch.bufs[i].as_mut_ptr().cast(), iov_len: batch.bufs[i].len() };
+            batch.iov[i] = libc::iovec {
+                iov_base: batch.bufs[i].as_mut_ptr().cast(),
+                iov_len: batch.bufs[i].len(),
+            };
             // SAFETY: msghdr is plain data; the fields we need are set below.
-            batch.hdrs[i] = libc::mmsghdr { msg_hdr: unsafe { zeroed() }, msg_len: 0 };
+            batch.hdrs[i] = libc::mmsghdr {
+                msg_hdr: unsafe { zeroed() },
+                msg_len: 0,
+            };
             let h = &mut batch.hdrs[i].msg_hdr;
             h.msg_name = (&mut batch.names[i] as *mut libc::sockaddr_storage).cast();
             h.msg_namelen = size_of::<libc::sockaddr_storage>() as u32;
@@ -116,13 +150,23 @@ impl WgSocket {
         loop {
             // SAFETY: every pointer set above points into `batch`, which outlives the call,
             // with the lengths given.
-            let r = unsafe { libc::recvmmsg(self.socket.as_raw_fd(), batch.hdrs.as_mut_ptr(), n as u32, libc::MSG_WAITFORONE, std::ptr::null_mut()) };
+            let r = unsafe {
+                libc::recvmmsg(
+                    self.socket.as_raw_fd(),
+                    batch.hdrs.as_mut_ptr(),
+                    n as u32,
+                    libc::MSG_WAITFORONE,
+                    std::ptr::null_mut(),
+                )
+            };
             if r >= 0 {
                 let got = r as usize;
                 for i in 0..got {
                     batch.lens[i] = batch.hdrs[i].msg_len as usize;
                     batch.from[i] = storage_to_addr(&batch.names[i]);
-                    batch.segment[i] = gro_size(&batch.hdrs[i].msg_hdr).unwrap_or(batch.lens[i]).max(1);
+                    batch.segment[i] = gro_size(&batch.hdrs[i].msg_hdr)
+                        .unwrap_or(batch.lens[i])
+                        .max(1);
                 }
                 batch.count = got;
                 return Ok(got);
@@ -147,7 +191,14 @@ impl WgSocket {
         let mut start = 0;
         while start < msgs {
             // SAFETY: the headers, iovecs, names and cmsgs built above point into `batch`.
-            let r = unsafe { libc::sendmmsg(self.socket.as_raw_fd(), batch.hdrs[start..].as_mut_ptr(), (msgs - start) as u32, 0) };
+            let r = unsafe {
+                libc::sendmmsg(
+                    self.socket.as_raw_fd(),
+                    batch.hdrs[start..].as_mut_ptr(),
+                    (msgs - start) as u32,
+                    0,
+                )
+            };
             if r > 0 {
                 start += r as usize;
                 continue;
@@ -180,12 +231,33 @@ fn gso_supported(socket: &Socket) -> bool {
     let mut v: libc::c_int = 0;
     let mut len = size_of::<libc::c_int>() as libc::socklen_t;
     // SAFETY: valid fd, pointer to a c_int and its length.
-    unsafe { libc::getsockopt(socket.as_raw_fd(), libc::SOL_UDP, UDP_SEGMENT, (&mut v as *mut libc::c_int).cast(), &mut len) == 0 }
+    unsafe {
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_UDP,
+            UDP_SEGMENT,
+            (&mut v as *mut libc::c_int).cast(),
+            &mut len,
+        ) == 0
+    }
 }
 
-fn set_int(socket: &Socket, level: libc::c_int, opt: libc::c_int, value: libc::c_int) -> io::Result<()> {
+fn set_int(
+    socket: &Socket,
+    level: libc::c_int,
+    opt: libc::c_int,
+    value: libc::c_int,
+) -> io::Result<()> {
     // SAFETY: a valid fd and a pointer to a c_int of the size given.
-    let r = unsafe { libc::setsockopt(socket.as_raw_fd(), level, opt, (&value as *const libc::c_int).cast(), size_of::<libc::c_int>() as u32) };
+    let r = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            level,
+            opt,
+            (&value as *const libc::c_int).cast(),
+            size_of::<libc::c_int>() as u32,
+        )
+    };
     if r == 0 {
         Ok(())
     } else {
@@ -214,7 +286,10 @@ fn storage_to_addr(s: &libc::sockaddr_storage) -> SocketAddr {
         libc::AF_INET => {
             // SAFETY: the family says this storage holds a sockaddr_in.
             let a: &libc::sockaddr_in = unsafe { &*(s as *const libc::sockaddr_storage).cast() };
-            SocketAddr::from((u32::from_be(a.sin_addr.s_addr).to_be_bytes(), u16::from_be(a.sin_port)))
+            SocketAddr::from((
+                u32::from_be(a.sin_addr.s_addr).to_be_bytes(),
+                u16::from_be(a.sin_port),
+            ))
         }
         libc::AF_INET6 => {
             // SAFETY: the family says this storage holds a sockaddr_in6.
@@ -254,7 +329,12 @@ impl Default for RecvBatch {
             from: vec![SocketAddr::from(([0, 0, 0, 0], 0)); BATCH],
             segment: vec![1; BATCH],
             count: 0,
-            iov: (0..BATCH).map(|_| libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }).collect(),
+            iov: (0..BATCH)
+                .map(|_| libc::iovec {
+                    iov_base: std::ptr::null_mut(),
+                    iov_len: 0,
+                })
+                .collect(),
             // SAFETY: plain data, zero is valid.
             names: (0..BATCH).map(|_| unsafe { zeroed() }).collect(),
             cmsgs: vec![[0; 4]; BATCH],
@@ -267,7 +347,11 @@ impl Default for RecvBatch {
 impl RecvBatch {
     /// Every datagram received, coalesced messages split at their segment size.
     pub fn datagrams(&self) -> impl Iterator<Item = (SocketAddr, &[u8])> + '_ {
-        (0..self.count).flat_map(move |i| self.bufs[i][..self.lens[i]].chunks(self.segment[i]).map(move |d| (self.from[i], d)))
+        (0..self.count).flat_map(move |i| {
+            self.bufs[i][..self.lens[i]]
+                .chunks(self.segment[i])
+                .map(move |d| (self.from[i], d))
+        })
     }
 }
 
@@ -303,7 +387,12 @@ impl SendBatch {
             lens: vec![0; BATCH],
             to: vec![SocketAddr::from(([0, 0, 0, 0], 0)); BATCH],
             count: 0,
-            iov: (0..BATCH).map(|_| libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }).collect(),
+            iov: (0..BATCH)
+                .map(|_| libc::iovec {
+                    iov_base: std::ptr::null_mut(),
+                    iov_len: 0,
+                })
+                .collect(),
             // SAFETY: plain data, zero is valid.
             names: (0..BATCH).map(|_| unsafe { zeroed() }).collect(),
             cmsgs: vec![[0; 4]; BATCH],
@@ -376,11 +465,21 @@ impl SendBatch {
             let name = socket.native(self.to[i]);
             // SAFETY: `name` is a valid sockaddr no larger than sockaddr_storage.
             unsafe {
-                std::ptr::copy_nonoverlapping(name.as_ptr().cast::<u8>(), (&mut self.names[msgs] as *mut libc::sockaddr_storage).cast::<u8>(), name.len() as usize);
+                std::ptr::copy_nonoverlapping(
+                    name.as_ptr().cast::<u8>(),
+                    (&mut self.names[msgs] as *mut libc::sockaddr_storage).cast::<u8>(),
+                    name.len() as usize,
+                );
             }
-            self.iov[msgs] = libc::iovec { iov_base: self.data[self.starts[i]..].as_mut_ptr().cast(), iov_len: bytes };
+            self.iov[msgs] = libc::iovec {
+                iov_base: self.data[self.starts[i]..].as_mut_ptr().cast(),
+                iov_len: bytes,
+            };
             // SAFETY: msghdr is plain data.
-            self.hdrs[msgs] = libc::mmsghdr { msg_hdr: unsafe { zeroed() }, msg_len: 0 };
+            self.hdrs[msgs] = libc::mmsghdr {
+                msg_hdr: unsafe { zeroed() },
+                msg_len: 0,
+            };
             let h = &mut self.hdrs[msgs].msg_hdr;
             h.msg_name = (&mut self.names[msgs] as *mut libc::sockaddr_storage).cast();
             h.msg_namelen = name.len();

@@ -1,0 +1,104 @@
+//! What the daemon reports about itself: readiness with a reason, and the snapshot behind
+//! `/metrics` and `tunnelgate status`. Copies counters only; never waits on I/O.
+
+use crate::shell::daemon::Daemon;
+use crate::telemetry::{DropStats, InterfaceStatus, Observe, PeerStatus, Snapshot};
+use std::sync::atomic::Ordering;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+impl Observe for Daemon {
+    fn readiness(&self) -> Result<(), String> {
+        let status = self.status.lock();
+        if status.firewall_needed && !status.rules.applied {
+            let why = status
+                .rules
+                .last_error
+                .clone()
+                .unwrap_or_else(|| "not applied yet".into());
+            return Err(format!("rules ({}): {why}", status.rules.backend));
+        }
+        if let Some(n) = status
+            .names
+            .values()
+            .find(|n| n.last_resolved_unix.is_none())
+        {
+            let why = n
+                .last_error
+                .clone()
+                .unwrap_or_else(|| "not resolved yet".into());
+            return Err(format!("dns: {}: {why}", n.name));
+        }
+        Ok(())
+    }
+
+    fn snapshot(&self) -> Snapshot {
+        let table = self.shared().snapshot();
+        let config = self.config();
+        let now = SystemTime::now();
+        let peers = table
+            .peers
+            .values()
+            .map(|p| {
+                let since = p.tunnel.lock().stats().since_last_handshake;
+                let c = &p.counters;
+                PeerStatus {
+                    public_key: p.public_key.to_base64(),
+                    endpoint: p.endpoint().map(|e| e.to_string()),
+                    allowed_ips: p
+                        .settings
+                        .allowed_ips
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect(),
+                    latest_handshake_unix: since
+                        .and_then(|d| now.checked_sub(d))
+                        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+                        .map(|d| d.as_secs()),
+                    rx_bytes: c.rx_bytes.load(Ordering::Relaxed),
+                    tx_bytes: c.tx_bytes.load(Ordering::Relaxed),
+                    rx_packets: c.rx_packets.load(Ordering::Relaxed),
+                    tx_packets: c.tx_packets.load(Ordering::Relaxed),
+                    handshake_attempts: c.handshakes_sent.load(Ordering::Relaxed),
+                    handshake_failures: c.handshake_failures.load(Ordering::Relaxed),
+                    persistent_keepalive: p.settings.persistent_keepalive,
+                }
+            })
+            .collect();
+        let d = &self.shared().drops;
+        let status = self.status.lock();
+        let mut snap = Snapshot {
+            interface: InterfaceStatus {
+                name: config.interface.name.clone(),
+                public_key: table.public_key.to_base64(),
+                listen_port: self.listen_port(),
+                addresses: config
+                    .interface
+                    .addresses
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect(),
+                mtu: config.interface.mtu,
+            },
+            peers,
+            drops: DropStats {
+                no_peer: d.no_peer.load(Ordering::Relaxed),
+                no_endpoint: d.no_endpoint.load(Ordering::Relaxed),
+                bad_source: d.bad_source.load(Ordering::Relaxed),
+                invalid: d.invalid.load(Ordering::Relaxed),
+                unknown_peer: d.unknown_peer.load(Ordering::Relaxed),
+                tun_write: d.tun_write.load(Ordering::Relaxed),
+                udp_send: d.udp_send.load(Ordering::Relaxed),
+            },
+            rules: status.rules.clone(),
+            names: status.names.values().cloned().collect(),
+            reloads: self.reloads.load(Ordering::Relaxed),
+            reload_failures: self.reload_failures.load(Ordering::Relaxed),
+            ready: false,
+            not_ready_reason: None,
+            version: env!("CARGO_PKG_VERSION").to_string(),
+        };
+        drop(status);
+        snap.set_readiness(self.readiness());
+        snap
+    }
+}
