@@ -1,0 +1,845 @@
+#!/usr/bin/env python3
+"""iperf3 benchmark of tunnelgate against plain veth, wireguard-go and boringtun-cli.
+
+Every setup gets its own pair of network namespaces joined by a veth pair (underlay 10.99.0.1/.2,
+fd00:99::1/2); the tunnel between them uses 10.100.0.1/.2 and fd00:100::1/2, MTU 1420. In each round,
+every setup runs, in turn (the order rotates from round to round):
+
+  tcp1  iperf3 TCP, 1 stream          tcp4  iperf3 TCP, 4 streams (-P 4)
+  udp   iperf3 UDP at 1 Gbit/s offered (-u -b 1G): loss %
+  ping  20 pings, average RTT
+
+For every daemon it records CPU seconds (utime+stime from /proc/PID/stat, all threads) per GB moved,
+and peak RSS (VmHWM). It prints a table of medians with the spread (min-max), and the ratios of
+tunnelgate to every other setup for single-stream TCP, and writes the raw results as JSON.
+
+A setup that cannot start (say, tunnelgate is not built yet) is reported as failed with the reason;
+the others still run. Everything the benchmark creates (namespaces, daemons, sockets) is removed at
+the end, also on Ctrl-C, SIGTERM or an error.
+
+Needs root, iperf3, wireguard-go, wireguard-tools, iproute2, iputils-ping; boringtun-cli is installed
+with `cargo install boringtun-cli --locked` into a cache directory if it is not on PATH.
+Usage: benches/iperf/run.sh [--quick] [--rounds N] [--duration S] [--setups a,b] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_OUT = REPO / "benches" / "iperf" / "results" / "latest.json"
+CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tunnelgate-bench"
+WG_SOCKET_DIR = Path("/var/run/wireguard")
+PID = os.getpid()
+NS_PREFIX = "tgbench"  # namespaces: tgbench<pid>s<i><a|b>
+IF_PREFIX = "tb"  # interfaces: tb<pid>s<i><a|b> (<= 15 chars; the UAPI folder is shared)
+
+UNDERLAY = {"a": ("10.99.0.1", "fd00:99::1"), "b": ("10.99.0.2", "fd00:99::2")}
+TUNNEL = {"a": ("10.100.0.1", "fd00:100::1"), "b": ("10.100.0.2", "fd00:100::2")}
+MTU = 1420
+IPERF_PORT = 5201
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+# name -> (daemon kind on side a, daemon kind on side b); None = plain veth
+SETUPS = {
+    "veth": (None, None),
+    "tunnelgate": ("tunnelgate", "tunnelgate"),
+    "wireguard-go": ("wireguard-go", "wireguard-go"),
+    "boringtun": ("boringtun", "boringtun"),
+    "boringtun-t1": ("boringtun-t1", "boringtun-t1"),
+    "tunnelgate-wggo": ("tunnelgate", "wireguard-go"),
+}
+TESTS = ("tcp1", "tcp4", "udp", "ping")
+
+
+class SetupFailed(Exception):
+    pass
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def run(args: list[str], check: bool = True, timeout: float = 60, **kw) -> subprocess.CompletedProcess:
+    p = subprocess.run(args, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, **kw)
+    if check and p.returncode != 0:
+        raise SetupFailed(f"`{' '.join(args)}` failed ({p.returncode}): {p.stderr.strip() or p.stdout.strip()}")
+    return p
+
+
+def nsx(ns: str, *args: str, **kw) -> subprocess.CompletedProcess:
+    return run(["ip", "netns", "exec", ns, *args], **kw)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def cpu_ticks(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def status_kib(pid: int, key: str) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def wait_for(pred, timeout: float, step: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while True:
+        if pred():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(step)
+
+
+def tail(path: Path, n: int = 15) -> str:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return "\n".join(lines[-n:])
+
+
+# --------------------------------------------------------------------------------------------------
+# Cleanup: every namespace and process goes, whatever happens
+# --------------------------------------------------------------------------------------------------
+
+
+def ns_pids(ns: str) -> list[int]:
+    p = run(["ip", "netns", "pids", ns], check=False)
+    return [int(x) for x in p.stdout.split() if x.isdigit() and int(x) != PID]
+
+
+def kill_ns(ns: str) -> None:
+    pids = ns_pids(ns)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for p in pids:
+            try:
+                os.kill(p, sig)
+            except ProcessLookupError:
+                pass
+        if wait_for(lambda: not ns_pids(ns), 2.0):
+            break
+        pids = ns_pids(ns)
+    run(["ip", "netns", "del", ns], check=False)
+
+
+def sweep_stale() -> None:
+    """Removes namespaces and sockets that an earlier, killed benchmark run left behind."""
+    for line in run(["ip", "netns", "list"], check=False).stdout.splitlines():
+        name = line.split()[0] if line.split() else ""
+        m = re.fullmatch(NS_PREFIX + r"(\d+)s\d+[ab]", name)
+        if m and not pid_alive(int(m.group(1))):
+            kill_ns(name)
+    if WG_SOCKET_DIR.is_dir():
+        for sock in WG_SOCKET_DIR.glob(IF_PREFIX + "*.sock"):
+            m = re.fullmatch(IF_PREFIX + r"(\d+)s\d+[ab]\.sock", sock.name)
+            if m and not pid_alive(int(m.group(1))):
+                sock.unlink(missing_ok=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# Daemons
+# --------------------------------------------------------------------------------------------------
+
+
+class Daemon:
+    """One tunnel endpoint process in a namespace."""
+
+    kind = "?"
+
+    def __init__(self, ns: str, ifname: str, workdir: Path):
+        self.ns, self.ifname, self.workdir = ns, ifname, workdir
+        self.proc: subprocess.Popen | None = None
+        self.logfile = workdir / f"{ifname}.log"
+        self.key = self.pub = ""
+        self.port = 0
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def spawn(self, args: list[str], env: dict[str, str] | None = None) -> None:
+        e = dict(os.environ)
+        e.update(env or {})
+        with open(self.logfile, "w") as out:
+            # `ip netns exec NS cmd` execs cmd itself: proc.pid is the daemon.
+            self.proc = subprocess.Popen(
+                ["ip", "netns", "exec", self.ns, *args],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=e,
+                start_new_session=True,  # Ctrl-C goes to us; we stop the daemon ourselves
+            )
+
+    def sock(self) -> Path:
+        return WG_SOCKET_DIR / f"{self.ifname}.sock"
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def wait_socket(self, timeout: float = 10) -> None:
+        if not wait_for(lambda: self.sock().exists() or not self.alive(), timeout) or not self.alive():
+            code = self.proc.poll() if self.proc else None
+            raise SetupFailed(
+                f"{self.kind} did not create {self.sock()} "
+                f"({'exited ' + str(code) if code is not None else 'timeout'}): {tail(self.logfile)}"
+            )
+
+    def start(self, side: str, peer_pub: str, peer_port: int) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.sock().unlink(missing_ok=True)
+
+
+class WgStyle(Daemon):
+    """wireguard-go and boringtun-cli: an empty interface, configured with `wg set` and `ip`."""
+
+    def configure(self, side: str, peer_pub: str, peer_port: int) -> None:
+        other = "b" if side == "a" else "a"
+        keyfile = self.workdir / f"{self.ifname}.key"
+        keyfile.write_text(self.key + "\n")
+        keyfile.chmod(0o600)
+        nsx(
+            self.ns, "wg", "set", self.ifname, "private-key", str(keyfile), "listen-port", str(self.port),
+            "peer", peer_pub, "allowed-ips", f"{TUNNEL[other][0]}/32,{TUNNEL[other][1]}/128",
+            "endpoint", f"{UNDERLAY[other][0]}:{peer_port}",
+        )  # fmt: skip
+        nsx(self.ns, "ip", "addr", "add", f"{TUNNEL[side][0]}/24", "dev", self.ifname)
+        nsx(self.ns, "ip", "-6", "addr", "add", f"{TUNNEL[side][1]}/64", "dev", self.ifname, "nodad")
+        nsx(self.ns, "ip", "link", "set", "dev", self.ifname, "mtu", str(MTU), "up")
+
+
+class WireguardGo(WgStyle):
+    kind = "wireguard-go"
+
+    def start(self, side, peer_pub, peer_port):
+        self.spawn(["wireguard-go", "-f", self.ifname], {"WG_PROCESS_FOREGROUND": "1"})
+        self.wait_socket()
+        self.configure(side, peer_pub, peer_port)
+
+
+class Boringtun(WgStyle):
+    kind = "boringtun"
+    binary = ""
+
+    def __init__(self, ns, ifname, workdir, threads: int | None):
+        super().__init__(ns, ifname, workdir)
+        self.threads = threads
+        if threads:
+            self.kind = f"boringtun-t{threads}"
+
+    def start(self, side, peer_pub, peer_port):
+        if not Boringtun.binary:
+            raise SetupFailed("boringtun-cli is not available (see the install error above)")
+        args = [Boringtun.binary, "--foreground", "--disable-drop-privileges", "--log", str(self.logfile)]
+        if self.threads:
+            args += ["--threads", str(self.threads)]
+        self.spawn(args + [self.ifname], {"WG_SUDO": "1"})
+        self.wait_socket()
+        self.configure(side, peer_pub, peer_port)
+
+
+class Tunnelgate(Daemon):
+    kind = "tunnelgate"
+    binary = ""
+    unavailable = ""
+
+    def start(self, side, peer_pub, peer_port):
+        if Tunnelgate.unavailable:
+            raise SetupFailed(Tunnelgate.unavailable)
+        other = "b" if side == "a" else "a"
+        keyfile = self.workdir / f"{self.ifname}.key"
+        keyfile.write_text(self.key + "\n")
+        keyfile.chmod(0o600)
+        config = self.workdir / f"{self.ifname}.toml"
+        config.write_text(
+            f"""# written by benches/iperf/bench.py
+[interface]
+name = "{self.ifname}"
+private_key_file = "{keyfile}"
+listen_port = {self.port}
+addresses = ["{TUNNEL[side][0]}/32", "{TUNNEL[side][1]}/128"]
+mtu = {MTU}
+
+[[peer]]
+public_key = "{peer_pub}"
+endpoint = "{UNDERLAY[other][0]}:{peer_port}"
+allowed_ips = ["{TUNNEL[other][0]}/32", "{TUNNEL[other][1]}/128"]
+
+[health]
+listen = ""
+"""
+        )
+        self.spawn([Tunnelgate.binary, "run", "--config", str(config)], {"RUST_LOG": os.environ.get("RUST_LOG", "warn")})
+
+        def ready() -> bool:
+            if not self.alive() or not self.sock().exists():
+                return False
+            p = nsx(self.ns, "ip", "-o", "link", "show", "dev", self.ifname, check=False)
+            m = re.search(r"<([^>]*)>", p.stdout)
+            return p.returncode == 0 and m is not None and "UP" in m.group(1).split(",")
+
+        if not wait_for(lambda: ready() or not self.alive(), 10) or not self.alive():
+            code = self.proc.poll() if self.proc else None
+            raise SetupFailed(
+                f"tunnelgate not ready ({'exited ' + str(code) if code is not None else 'timeout after 10 s'}): "
+                f"{tail(self.logfile) or '(no output)'}"
+            )
+
+
+# --------------------------------------------------------------------------------------------------
+# Setups
+# --------------------------------------------------------------------------------------------------
+
+
+def genkey() -> tuple[str, str]:
+    key = run(["wg", "genkey"]).stdout.strip()
+    pub = subprocess.run(["wg", "pubkey"], input=key, capture_output=True, text=True, check=True).stdout.strip()
+    return key, pub
+
+
+class Setup:
+    def __init__(self, index: int, name: str, workdir: Path):
+        self.index, self.name = index, name
+        self.ns = {s: f"{NS_PREFIX}{PID}s{index}{s}" for s in "ab"}
+        self.workdir = workdir / name
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.daemons: dict[str, Daemon] = {}
+        self.created_ns: list[str] = []
+        self.status = "pending"
+        self.reason = ""
+        self.runs: list[dict] = []
+        self.idle_rss: dict[str, int | None] = {}
+        self.peak_rss: dict[str, int | None] = {}
+
+    @property
+    def tunneled(self) -> bool:
+        return SETUPS[self.name][0] is not None
+
+    def target(self, v6: bool = False) -> str:
+        addrs = TUNNEL["b"] if self.tunneled else UNDERLAY["b"]
+        return addrs[1 if v6 else 0]
+
+    def make_daemon(self, kind: str, side: str) -> Daemon:
+        ifname = f"{IF_PREFIX}{PID}s{self.index}{side}"
+        assert len(ifname) <= 15, ifname
+        ns = self.ns[side]
+        if kind == "wireguard-go":
+            return WireguardGo(ns, ifname, self.workdir)
+        if kind == "boringtun":
+            return Boringtun(ns, ifname, self.workdir, None)
+        if kind == "boringtun-t1":
+            return Boringtun(ns, ifname, self.workdir, 1)
+        if kind == "tunnelgate":
+            return Tunnelgate(ns, ifname, self.workdir)
+        raise ValueError(kind)
+
+    def start(self) -> None:
+        for s in "ab":
+            run(["ip", "netns", "add", self.ns[s]])
+            self.created_ns.append(self.ns[s])
+            nsx(self.ns[s], "ip", "link", "set", "lo", "up")
+        va, vb = f"{IF_PREFIX}{PID}s{self.index}va", f"{IF_PREFIX}{PID}s{self.index}vb"
+        run(["ip", "link", "add", va, "netns", self.ns["a"], "type", "veth", "peer", "name", vb, "netns", self.ns["b"]])
+        for s, dev in (("a", va), ("b", vb)):
+            nsx(self.ns[s], "ip", "addr", "add", f"{UNDERLAY[s][0]}/24", "dev", dev)
+            nsx(self.ns[s], "ip", "-6", "addr", "add", f"{UNDERLAY[s][1]}/64", "dev", dev, "nodad")
+            nsx(self.ns[s], "ip", "link", "set", "dev", dev, "up")
+        kinds = SETUPS[self.name]
+        if kinds[0] is not None:
+            for s, kind in zip("ab", kinds):
+                d = self.make_daemon(kind, s)
+                d.key, d.pub = genkey()
+                d.port = 51820
+                self.daemons[s] = d
+            a, b = self.daemons["a"], self.daemons["b"]
+            a.start("a", b.pub, b.port)
+            b.start("b", a.pub, a.port)
+        # The first packets trigger the handshake; wait until the path works both ways (v4 and v6).
+        for v6 in (False, True):
+            dst = self.target(v6)
+            if not wait_for(lambda: self.ping_once(dst), 15, 0.2):
+                raise SetupFailed(f"no ping reply from {dst} within 15 s" + self.daemon_notes())
+        self.check_alive()
+        for s, d in self.daemons.items():
+            self.idle_rss[s] = status_kib(d.pid, "VmRSS")
+        self.status = "ok"
+
+    def ping_once(self, dst: str) -> bool:
+        return nsx(self.ns["a"], "ping", "-n", "-q", "-c", "1", "-W", "1", dst, check=False, timeout=5).returncode == 0
+
+    def daemon_notes(self) -> str:
+        notes = []
+        for s, d in self.daemons.items():
+            if not d.alive():
+                notes.append(f"{d.kind} ({s}) exited: {tail(d.logfile, 5)}")
+        return ("; " + "; ".join(notes)) if notes else ""
+
+    def check_alive(self) -> None:
+        for s, d in self.daemons.items():
+            if not d.alive():
+                raise SetupFailed(f"{d.kind} on side {s} exited ({d.proc.poll() if d.proc else '?'}): {tail(d.logfile)}")
+
+    def cpu(self) -> dict[str, int | None]:
+        return {s: cpu_ticks(d.pid) for s, d in self.daemons.items()}
+
+    def record_peak(self) -> None:
+        for s, d in self.daemons.items():
+            v = status_kib(d.pid, "VmHWM")
+            if v is not None:
+                self.peak_rss[s] = max(v, self.peak_rss.get(s) or 0)
+
+    def teardown(self) -> None:
+        try:
+            self.record_peak()
+        except Exception:  # noqa: BLE001 - best effort
+            pass
+        for d in self.daemons.values():
+            try:
+                d.stop()
+            except Exception as e:  # noqa: BLE001 - keep cleaning up
+                log(f"warning: stopping {d.kind}: {e}")
+        for ns in self.created_ns:
+            kill_ns(ns)
+        self.created_ns.clear()
+
+
+# --------------------------------------------------------------------------------------------------
+# Measurements
+# --------------------------------------------------------------------------------------------------
+
+
+def udp_counters(ns: str, port: int) -> tuple[int, int]:
+    """(RcvbufErrors of the namespace, drops of the UDP sockets bound to `port` in it)."""
+    rcvbuf = drops = 0
+    p = nsx(ns, "cat", "/proc/net/snmp", "/proc/net/udp", "/proc/net/udp6", check=False)
+    hdr = None
+    for line in p.stdout.splitlines():
+        f = line.split()
+        if f[:1] == ["Udp:"]:
+            if hdr is None:
+                hdr = f
+            elif "RcvbufErrors" in hdr:
+                rcvbuf = int(f[hdr.index("RcvbufErrors")])
+        elif len(f) >= 13 and ":" in f[1] and f[0].endswith(":"):
+            if int(f[1].rsplit(":", 1)[1], 16) == port:
+                drops += int(f[12])
+    return rcvbuf, drops
+
+
+def iperf(setup: Setup, test: str, duration: int, udp_window: str) -> dict:
+    server = subprocess.Popen(
+        ["ip", "netns", "exec", setup.ns["b"], "iperf3", "-s", "-1", "-p", str(IPERF_PORT)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        listening = wait_for(
+            lambda: str(IPERF_PORT)
+            in nsx(setup.ns["b"], "ss", "-Hltn", f"sport = :{IPERF_PORT}", check=False).stdout,
+            5,
+        )
+        if not listening:
+            return {"error": "iperf3 server did not start"}
+        args = ["iperf3", "-c", setup.target(), "-p", str(IPERF_PORT), "-t", str(duration), "-J"]
+        args += ["--connect-timeout", "5000"]
+        if test == "tcp4":
+            args += ["-P", "4"]
+        elif test == "udp":
+            args += ["-u", "-b", "1G"]
+            if udp_window not in ("", "0"):
+                args += ["-w", udp_window]
+        before = setup.cpu()
+        counters_before = {side: udp_counters(setup.ns[side], 51820) for side in "ab"}
+        t0 = time.monotonic()
+        try:
+            p = nsx(setup.ns["a"], *args, check=False, timeout=duration + 30)
+        except subprocess.TimeoutExpired:
+            return {"error": f"iperf3 client did not finish within {duration + 30} s"}
+        wall = time.monotonic() - t0
+        after = setup.cpu()
+        counters_after = {side: udp_counters(setup.ns[side], 51820) for side in "ab"}
+        try:
+            j = json.loads(p.stdout)
+        except json.JSONDecodeError:
+            return {"error": f"iperf3 exited {p.returncode}: {p.stderr.strip() or p.stdout.strip()[:300]}"}
+        if "error" in j:
+            return {"error": f"iperf3: {j['error']}"}
+        end = j.get("end", {})
+        r: dict = {"wall_s": round(wall, 3)}
+        if test == "udp":
+            s = end.get("sum", {})
+            recv = end.get("sum_received", s)
+            r.update(
+                bps=recv.get("bits_per_second", s.get("bits_per_second")),
+                bytes=s.get("bytes"),
+                lost_percent=s.get("lost_percent"),
+                lost_packets=s.get("lost_packets"),
+                packets=s.get("packets"),
+                jitter_ms=s.get("jitter_ms"),
+                blksize=j.get("start", {}).get("test_start", {}).get("blksize"),
+            )
+        else:
+            recv, sent = end.get("sum_received", {}), end.get("sum_sent", {})
+            r.update(bps=recv.get("bits_per_second"), bytes=recv.get("bytes"), retransmits=sent.get("retransmits"))
+        cpu = {}
+        for s in before:
+            if before[s] is not None and after[s] is not None:
+                cpu[s] = (after[s] - before[s]) / CLK_TCK
+        r["cpu_s"] = cpu
+        # Where UDP datagrams were dropped for a full socket buffer: the daemons' sockets (port
+        # 51820) and, on side b, everything else (the iperf3 server's socket).
+        d_rcv = {k: counters_after[k][0] - counters_before[k][0] for k in "ab"}
+        d_sock = {k: counters_after[k][1] - counters_before[k][1] for k in "ab"}
+        r["udp_rcvbuf_drops"] = {
+            "daemon_a": d_sock["a"] if setup.tunneled else None,
+            "daemon_b": d_sock["b"] if setup.tunneled else None,
+            "other_b": d_rcv["b"] - (d_sock["b"] if setup.tunneled else 0),
+        }
+        if cpu and r.get("bytes"):
+            r["cpu_s_per_gb"] = round(sum(cpu.values()) / (r["bytes"] / 1e9), 3)
+        return r
+    finally:
+        if server.poll() is None:
+            server.kill()
+        server.wait()
+
+
+def ping_rtt(setup: Setup) -> dict:
+    p = nsx(setup.ns["a"], "ping", "-n", "-q", "-c", "20", "-i", "0.05", "-W", "1", setup.target(), check=False, timeout=30)
+    m = re.search(r"= ([\d.]+)/([\d.]+)/([\d.]+)/([\d.]+) ms", p.stdout)
+    loss = re.search(r"([\d.]+)% packet loss", p.stdout)
+    if not m:
+        return {"error": f"ping failed: {p.stdout.strip()[-200:]} {p.stderr.strip()}"}
+    return {
+        "rtt_min_ms": float(m.group(1)),
+        "rtt_avg_ms": float(m.group(2)),
+        "rtt_max_ms": float(m.group(3)),
+        "loss_percent": float(loss.group(1)) if loss else None,
+    }
+
+
+def measure(setup: Setup, test: str, duration: int, udp_window: str) -> dict:
+    try:
+        r = ping_rtt(setup) if test == "ping" else iperf(setup, test, duration, udp_window)
+    except (subprocess.SubprocessError, OSError, SetupFailed) as e:
+        r = {"error": f"{test}: {e}"}
+    setup.record_peak()
+    return r
+
+
+# --------------------------------------------------------------------------------------------------
+# Preparation: binaries
+# --------------------------------------------------------------------------------------------------
+
+
+def prepare_tunnelgate(args) -> None:
+    if args.tunnelgate:
+        Tunnelgate.binary = args.tunnelgate
+    else:
+        Tunnelgate.binary = str(REPO / "target" / "release" / "tunnelgate")
+        if not args.no_build:
+            log("==> cargo build --release")
+            buildlog = Path(args.workdir) / "cargo-build.log"
+            with open(buildlog, "w") as out:
+                rc = subprocess.call(["cargo", "build", "--release", "--bin", "tunnelgate"], cwd=REPO, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            if rc != 0:
+                Tunnelgate.unavailable = f"cargo build --release failed ({rc}): {tail(buildlog, 8)}"
+                log(Tunnelgate.unavailable)
+                return
+    if not os.access(Tunnelgate.binary, os.X_OK):
+        Tunnelgate.unavailable = f"no tunnelgate binary at {Tunnelgate.binary}"
+
+
+def prepare_boringtun(args) -> None:
+    found = args.boringtun or shutil.which("boringtun-cli") or (str(CACHE / "bin" / "boringtun-cli") if (CACHE / "bin" / "boringtun-cli").exists() else "")
+    if not found:
+        log(f"==> cargo install boringtun-cli --locked --root {CACHE}")
+        p = subprocess.run(["cargo", "install", "boringtun-cli", "--locked", "--root", str(CACHE)], capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        if p.returncode != 0:
+            log(f"boringtun-cli install failed: {p.stderr.strip()[-500:]}")
+            return
+        found = str(CACHE / "bin" / "boringtun-cli")
+    Boringtun.binary = found
+
+
+def version_of(args: list[str]) -> str:
+    try:
+        p = subprocess.run(args, capture_output=True, text=True, timeout=10, stdin=subprocess.DEVNULL)
+        return (p.stdout or p.stderr).strip().splitlines()[0]
+    except (OSError, IndexError, subprocess.TimeoutExpired):
+        return "?"
+
+
+def git_commit() -> str:
+    p = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
+    return p.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+# --------------------------------------------------------------------------------------------------
+# Report
+# --------------------------------------------------------------------------------------------------
+
+
+def values(setup: dict, test: str, key: str) -> list[float]:
+    return [r[key] for r in setup["runs"] if r["test"] == test and isinstance(r.get(key), (int, float))]
+
+
+def med_spread(xs: list[float], scale: float = 1.0, fmt: str = "{:.2f}") -> str:
+    if not xs:
+        return "-"
+    m = fmt.format(statistics.median(xs) / scale)
+    if len(xs) == 1:
+        return m
+    return f"{m} ({fmt.format(min(xs) / scale)}–{fmt.format(max(xs) / scale)})"
+
+
+def report(results: dict) -> str:
+    rows = [("setup", "TCP 1 Gbit/s", "TCP 4 Gbit/s", "UDP 1G loss %", "UDP Gbit/s", "RTT ms", "CPU s/GB tcp1 (a+b)", "peak RSS MB a/b")]
+    for name, s in results["setups"].items():
+        if s["status"] != "ok":
+            rows.append((name, f"FAILED: {s['reason'][:200]}", "", "", "", "", "", ""))
+            continue
+        rss = s.get("peak_rss_kib", {})
+        rss_s = "/".join(f"{rss[k] / 1024:.1f}" if rss.get(k) else "-" for k in sorted(rss)) or "-"
+        rows.append(
+            (
+                name,
+                med_spread(values(s, "tcp1", "bps"), 1e9),
+                med_spread(values(s, "tcp4", "bps"), 1e9),
+                med_spread(values(s, "udp", "lost_percent"), 1, "{:.2f}"),
+                med_spread(values(s, "udp", "bps"), 1e9),
+                med_spread(values(s, "ping", "rtt_avg_ms"), 1, "{:.3f}"),
+                med_spread(values(s, "tcp1", "cpu_s_per_gb"), 1, "{:.2f}") if s["daemons"] else "-",
+                rss_s if s["daemons"] else "-",
+            )
+        )
+    widths = [max(len(r[i]) for r in rows if not r[1].startswith("FAILED") or i == 0) for i in range(len(rows[0]))]
+    out = []
+    for r in rows:
+        if r[1].startswith("FAILED"):
+            out.append(f"{r[0]:<{widths[0]}}  {r[1]}")
+        else:
+            out.append("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+        if r is rows[0]:
+            out.append("  ".join("-" * w for w in widths))
+    out.append("")
+    tg = results["setups"].get("tunnelgate", {})
+    tg1 = values(tg, "tcp1", "bps") if tg.get("status") == "ok" else []
+    if tg1:
+        out.append("TCP single-stream, median ratio tunnelgate / other:")
+        for name, s in results["setups"].items():
+            other = values(s, "tcp1", "bps") if s["status"] == "ok" else []
+            if name != "tunnelgate" and other:
+                out.append(f"  tunnelgate / {name:<16} {statistics.median(tg1) / statistics.median(other):6.2f}x")
+    else:
+        out.append("TCP single-stream ratios: no tunnelgate figures (the tunnelgate setup did not run).")
+    return "\n".join(out)
+
+
+# --------------------------------------------------------------------------------------------------
+# Main
+# --------------------------------------------------------------------------------------------------
+
+
+def on_signal(signum, _frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=3, help="rounds, interleaved across setups (default 3)")
+    ap.add_argument("--duration", type=int, default=10, help="seconds per iperf3 run (default 10)")
+    ap.add_argument("--quick", action="store_true", help="1 round of 5 s runs")
+    ap.add_argument(
+        "--udp-window",
+        default="4M",
+        help="iperf3 -w for the UDP test (default %(default)s; 0 = iperf3's default, whose ~208 KB "
+        "receive buffer drops datagrams in the iperf3 server itself, even on plain veth)",
+    )
+    ap.add_argument("--setups", default=",".join(SETUPS), help=f"comma-separated subset of: {', '.join(SETUPS)}")
+    ap.add_argument("--out", default=str(DEFAULT_OUT), help="raw results JSON (default %(default)s)")
+    ap.add_argument("--no-build", action="store_true", help="do not run cargo build --release")
+    ap.add_argument("--tunnelgate", help="tunnelgate binary (default target/release/tunnelgate, built first)")
+    ap.add_argument("--boringtun", help="boringtun-cli binary (default: PATH, else cargo install into the cache)")
+    ap.add_argument("--keep-logs", action="store_true", help="keep the daemons' logs and configs")
+    args = ap.parse_args()
+    if args.quick:
+        args.rounds, args.duration = 1, 5
+    names = [s.strip() for s in args.setups.split(",") if s.strip()]
+    unknown = [n for n in names if n not in SETUPS]
+    if unknown:
+        ap.error(f"unknown setup(s) {unknown}; known: {', '.join(SETUPS)}")
+    if os.geteuid() != 0:
+        ap.error("needs root (network namespaces): run benches/iperf/run.sh as root")
+    missing = [t for t in ("iperf3", "wg", "ip", "ping", "ss") + (("wireguard-go",) if any("wireguard-go" in SETUPS[n] for n in names) else ()) if not shutil.which(t)]
+    if missing:
+        ap.error(f"missing tools: {', '.join(missing)} (benches/iperf/run.sh installs them)")
+
+    # Explicitly: a shell starts background jobs with SIGINT ignored, and Python keeps that.
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGHUP, on_signal)
+    args.workdir = tempfile.mkdtemp(prefix="tunnelgate-bench-")
+    workdir = Path(args.workdir)
+    setups = [Setup(i, n, workdir) for i, n in enumerate(names)]
+    results: dict = {
+        "meta": {
+            "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "commit": git_commit(),
+            "host": platform.node(),
+            "kernel": platform.release(),
+            "cpus": os.cpu_count(),
+            "cpu_model": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?"),
+            "rounds": args.rounds,
+            "duration_s": args.duration,
+            "loadavg_start": open("/proc/loadavg").read().split()[:3],
+            "mtu": MTU,
+            "udp_offered": "1G",
+            "udp_window": args.udp_window,
+        },
+        "setups": {},
+    }
+    interrupted = False
+    load1 = float(results["meta"]["loadavg_start"][0])
+    if load1 > 0.5 * (os.cpu_count() or 1):
+        log(f"warning: load average {load1} before the benchmark: other work will skew the figures")
+    try:
+        sweep_stale()
+        if any("tunnelgate" in SETUPS[n] for n in names):
+            prepare_tunnelgate(args)
+        if any(k and k.startswith("boringtun") for n in names for k in SETUPS[n]):
+            prepare_boringtun(args)
+        results["meta"]["versions"] = {
+            "iperf3": version_of(["iperf3", "--version"]),
+            "wireguard-go": version_of(["wireguard-go", "--version"]),
+            "boringtun-cli": version_of([Boringtun.binary, "--version"]) if Boringtun.binary else None,
+            "tunnelgate": Tunnelgate.binary or None,
+        }
+        for s in setups:
+            log(f"==> starting {s.name}")
+            try:
+                s.start()
+            except (SetupFailed, subprocess.SubprocessError, OSError) as e:
+                s.status, s.reason = "failed", str(e)
+                log(f"    {s.name} FAILED: {e}")
+                s.teardown()
+        live = [s for s in setups if s.status == "ok"]
+        total = args.rounds * len(live)
+        n = 0
+        for rnd in range(args.rounds):
+            order = live[rnd % len(live):] + live[: rnd % len(live)] if live else []
+            for s in order:
+                if s.status != "ok":
+                    continue
+                n += 1
+                log(f"==> round {rnd + 1}/{args.rounds}, {s.name} ({n}/{total})")
+                for test in TESTS:
+                    r = measure(s, test, args.duration, args.udp_window)
+                    r.update(round=rnd + 1, test=test)
+                    s.runs.append(r)
+                    summary = r.get("error") or ", ".join(
+                        f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
+                        for k, v in r.items()
+                        if k in ("bps", "lost_percent", "rtt_avg_ms", "cpu_s_per_gb", "retransmits")
+                    )
+                    drops = r.get("udp_rcvbuf_drops") or {}
+                    if any(drops.values()):
+                        summary += ", rcvbuf drops " + " ".join(f"{k}={v}" for k, v in drops.items() if v)
+                    log(f"    {test:5} {summary}")
+                    try:
+                        s.check_alive()
+                    except SetupFailed as e:
+                        s.status, s.reason = "failed", f"during round {rnd + 1} {test}: {e}"
+                        log(f"    {s.name} FAILED: {s.reason}")
+                        break
+    except KeyboardInterrupt as e:
+        interrupted = True
+        log(f"\ninterrupted ({e or 'Ctrl-C'}): cleaning up")
+    except Exception:  # noqa: BLE001 - report, clean up, exit non-zero
+        interrupted = True
+        log(traceback.format_exc())
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        for s in setups:
+            s.teardown()
+        sweep_stale()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        if not args.keep_logs:
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:
+            log(f"logs kept in {workdir}")
+
+    results["meta"]["finished"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    results["meta"]["interrupted"] = interrupted
+    results["meta"]["loadavg_end"] = open("/proc/loadavg").read().split()[:3]
+    for s in setups:
+        results["setups"][s.name] = {
+            "status": "ok" if s.status == "ok" else "failed",
+            "reason": s.reason,
+            "daemons": {side: d.kind for side, d in s.daemons.items()},
+            "idle_rss_kib": s.idle_rss,
+            "peak_rss_kib": s.peak_rss,
+            "runs": s.runs,
+        }
+    out = Path(args.out)
+    if interrupted:  # never replace complete figures with a partial run
+        out = out.with_name(out.stem + ".partial.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    m = results["meta"]
+    print(f"\niperf3 benchmark: {m['rounds']} round(s) x {m['duration_s']} s, commit {m['commit']}, {m['cpus']} CPUs ({m['cpu_model']}), kernel {m['kernel']}, MTU {MTU}")
+    print("medians (min–max); CPU = daemon user+sys seconds per GB received, both sides; a = client side\n")
+    print(report(results))
+    print(f"\nraw results: {out}")
+    return 130 if interrupted else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

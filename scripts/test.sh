@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# The one command that runs every test of tunnelgate:
+#   formatting, clippy, unit + golden tests, then the network-namespace suites (root).
+# Installs the system packages the suites need (Debian/Ubuntu, --no-install-recommends) when missing.
+# Runs every step even after a failure, prints the cargo test summaries, and exits non-zero if any
+# step failed. CI (.ci/run) runs exactly this, as root, on a fresh clone.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+export DEBIAN_FRONTEND=noninteractive
+export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+if [[ "${CI:-}" == "true" ]]; then
+    export CARGO_INCREMENTAL=0   # a fresh clone gains nothing from incremental state
+fi
+
+is_root() { [[ "$(id -u)" == "0" ]]; }
+
+# --- system packages -----------------------------------------------------------------------------
+PKGS=(wireguard-go wireguard-tools iperf3 nftables iptables dnsmasq iproute2 iputils-ping procps)
+missing=()
+for p in "${PKGS[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+        missing+=("$p")
+    fi
+done
+if ((${#missing[@]})); then
+    if is_root && command -v apt-get >/dev/null; then
+        echo "==> installing ${missing[*]}"
+        apt-get update -qq
+        apt-get install -y -qq --no-install-recommends "${missing[@]}" </dev/null
+    else
+        echo "warning: missing packages (${missing[*]}); the netns suites need them" >&2
+    fi
+fi
+for c in rustfmt clippy; do
+    if ! cargo "${c/rustfmt/fmt}" --version >/dev/null 2>&1 && command -v rustup >/dev/null; then
+        rustup component add "$c"
+    fi
+done
+
+# --- steps ---------------------------------------------------------------------------------------
+LOG_DIR="$(mktemp -d "${TMPDIR:-/tmp}/tunnelgate-test.XXXXXX")"
+trap 'rm -rf "$LOG_DIR"' EXIT
+declare -a RESULTS=()
+failed=0
+
+step() { # step NAME LOGFILE CMD...
+    local name="$1" log="$2"
+    shift 2
+    echo
+    echo "==> $name: $*"
+    local start=$SECONDS rc=0
+    "$@" 2>&1 | tee "$log" || rc=$?
+    local secs=$((SECONDS - start))
+    if ((rc == 0)); then
+        RESULTS+=("ok     ${name} (${secs}s)")
+    else
+        RESULTS+=("FAILED ${name} (exit ${rc}, ${secs}s)")
+        failed=1
+    fi
+}
+
+step "cargo fmt --check" "$LOG_DIR/fmt.log" cargo fmt --all --check
+step "cargo clippy" "$LOG_DIR/clippy.log" cargo clippy --all-targets -- -D warnings
+step "cargo test (unit, golden)" "$LOG_DIR/test.log" cargo test --no-fail-fast
+if is_root; then
+    step "cargo test --ignored (netns suites)" "$LOG_DIR/netns.log" \
+        cargo test --no-fail-fast -- --ignored --test-threads=1
+elif [[ "${CI:-}" == "true" ]]; then
+    RESULTS+=("FAILED netns suites: CI must run as root")
+    failed=1
+else
+    RESULTS+=("SKIP   netns suites: not root (run: sudo scripts/test.sh)")
+fi
+
+# --- summary -------------------------------------------------------------------------------------
+summarize() { # the per-binary "test result" lines of a cargo test log
+    [[ -f "$1" ]] || return 0
+    awk '/^ *Running /{bin=$0; sub(/^ *Running (unittests )?/,"",bin); sub(/ \(.*$/,"",bin)}
+         /^ *Doc-tests /{bin="doc-tests " $2}
+         /^test result:/{r=$0; sub(/^test result: /,"",r); sub(/; finished in/," in",r); printf "  %-32s %s\n", bin, r}' "$1" |
+        grep -v "0 passed; 0 failed; 0 ignored; 0 measured" || true
+    grep -E '^---- .+ stdout ----$' "$1" | sed -E 's/^---- (.+) stdout ----$/  failed: \1/' || true
+}
+echo
+echo "==================== summary ===================="
+echo "cargo test (unit, golden):"
+summarize "$LOG_DIR/test.log"
+if [[ -f "$LOG_DIR/netns.log" ]]; then
+    echo "cargo test --ignored (netns suites):"
+    summarize "$LOG_DIR/netns.log"
+fi
+echo
+printf '%s\n' "${RESULTS[@]}"
+if ((failed)); then
+    echo "FAILED"
+    exit 1
+fi
+echo "all tests passed"
