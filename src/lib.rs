@@ -2,6 +2,7 @@
 //!
 //! # Layout
 //! - [`config`]: the validated configuration (pure).
+//! - [`rules`]: the firewall rule model and its nftables / iptables renderers (pure).
 //! - [`core`]: pure decisions: the boringtun wrapper, allowed-IP routing, desired routes.
 //! - [`shell`]: I/O: TUN, UDP, packet loops, netlink, firewall commands.
 //! - [`uapi`]: the WireGuard cross-platform userspace API (`wg show` / `wg set`).
@@ -10,6 +11,7 @@
 
 pub mod config;
 pub mod core;
+pub mod rules;
 pub mod shell;
 pub mod telemetry;
 pub mod uapi;

@@ -1,0 +1,327 @@
+//! RuleSet -> `iptables-restore --noflush` / `ip6tables-restore --noflush` input, and the
+//! parsers for `iptables-save` output that tell which of our jumps exist and what our chains
+//! hold. Pure. We own only the `TUNNELGATE-*` chains and one jump to each from its built-in
+//! chain; every other chain and rule is left as it is.
+
+use super::model::{lower, Chain, Match, Rule, Verdict};
+use super::{Family, Proto, RuleSet};
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::net::IpAddr;
+
+/// One chain we own: its table, the built-in chain that jumps to it, and its name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OwnedChain {
+    pub chain: Chain,
+    pub table: &'static str,
+    pub builtin: &'static str,
+    pub name: &'static str,
+}
+
+/// Every chain we own, in the order they are rendered.
+pub const OWNED_CHAINS: [OwnedChain; 4] = [
+    OwnedChain {
+        chain: Chain::Prerouting,
+        table: "nat",
+        builtin: "PREROUTING",
+        name: "TUNNELGATE-PREROUTING",
+    },
+    OwnedChain {
+        chain: Chain::Postrouting,
+        table: "nat",
+        builtin: "POSTROUTING",
+        name: "TUNNELGATE-POSTROUTING",
+    },
+    OwnedChain {
+        chain: Chain::Forward,
+        table: "filter",
+        builtin: "FORWARD",
+        name: "TUNNELGATE-FORWARD",
+    },
+    OwnedChain {
+        chain: Chain::Mss,
+        table: "mangle",
+        builtin: "FORWARD",
+        name: "TUNNELGATE-MSS",
+    },
+];
+
+const TABLES: [&str; 3] = ["nat", "filter", "mangle"];
+
+/// Which of our chains exist and how often each built-in chain jumps to ours, as read from
+/// `iptables-save` by [`parse_jumps`]. `Default` is a system with nothing of ours.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct JumpState {
+    jumps: BTreeMap<Chain, usize>,
+    chains: BTreeSet<Chain>,
+}
+
+impl JumpState {
+    /// How many plain `-j TUNNELGATE-*` jumps the built-in chain has to our `chain`.
+    pub fn jumps(&self, chain: Chain) -> usize {
+        self.jumps.get(&chain).copied().unwrap_or(0)
+    }
+
+    /// Whether our `chain` exists.
+    pub fn has_chain(&self, chain: Chain) -> bool {
+        self.chains.contains(&chain)
+    }
+
+    /// Every chain exists with exactly one jump to it: what a successful apply leaves.
+    pub fn is_complete(&self) -> bool {
+        Chain::ALL
+            .iter()
+            .all(|c| self.has_chain(*c) && self.jumps(*c) == 1)
+    }
+
+    /// Records `n` jumps to `chain` (for callers that know the state without parsing).
+    pub fn with_jumps(mut self, chain: Chain, n: usize) -> JumpState {
+        self.jumps.insert(chain, n);
+        self.chains.insert(chain);
+        self
+    }
+}
+
+/// Input for `iptables-restore --noflush` (`family` V4) or `ip6tables-restore --noflush` (V6).
+/// Declaring `:TUNNELGATE-X - [0:0]` creates the chain or flushes it, so our chains end up
+/// holding exactly these rules; a jump is inserted only where `existing` has none, and extra
+/// copies are deleted. Each table block commits atomically. A family with nothing to forward
+/// still gets its chains flushed and the drop of tunnel traffic, so stale rules go away.
+pub fn render(set: &RuleSet, family: Family, existing: &JumpState) -> String {
+    let rules = lower(set);
+    let mut out = header(family, "rules");
+    for table in TABLES {
+        let owned: Vec<&OwnedChain> = OWNED_CHAINS.iter().filter(|c| c.table == table).collect();
+        let _ = writeln!(out, "*{table}");
+        for c in &owned {
+            let _ = writeln!(out, ":{} - [0:0]", c.name);
+        }
+        for c in &owned {
+            for rule in rules.iter().filter(|r| r.chain == c.chain) {
+                if rule.family.is_none_or(|f| f == family) {
+                    rule_lines(&mut out, c.name, rule);
+                }
+            }
+        }
+        for c in &owned {
+            match existing.jumps(c.chain) {
+                0 => {
+                    let _ = writeln!(out, "-I {} 1 -j {}", c.builtin, c.name);
+                }
+                n => {
+                    for _ in 1..n {
+                        let _ = writeln!(out, "-D {} -j {}", c.builtin, c.name);
+                    }
+                }
+            }
+        }
+        out.push_str("COMMIT\n");
+    }
+    out
+}
+
+/// Input for `iptables-restore --noflush` that removes every jump to our chains and the chains
+/// themselves. Declaring a chain before `-X` makes it work whether or not the chain exists;
+/// `existing` says how many jumps to delete, since deleting a missing rule fails the restore.
+pub fn render_delete(existing: &JumpState, family: Family) -> String {
+    let mut out = header(family, "removal");
+    for table in TABLES {
+        let owned: Vec<&OwnedChain> = OWNED_CHAINS.iter().filter(|c| c.table == table).collect();
+        let _ = writeln!(out, "*{table}");
+        for c in &owned {
+            let _ = writeln!(out, ":{} - [0:0]", c.name);
+        }
+        for c in &owned {
+            for _ in 0..existing.jumps(c.chain) {
+                let _ = writeln!(out, "-D {} -j {}", c.builtin, c.name);
+            }
+        }
+        for c in &owned {
+            let _ = writeln!(out, "-X {}", c.name);
+        }
+        out.push_str("COMMIT\n");
+    }
+    out
+}
+
+/// Reads `iptables-save` (or `ip6tables-save`) output: which of our chains exist and how many
+/// jumps lead to each from its built-in chain. Counters (`-c`) are ignored.
+pub fn parse_jumps(save_output: &str) -> JumpState {
+    let mut state = JumpState::default();
+    let mut table = "";
+    for line in save_output.lines().map(strip_counters) {
+        if let Some(t) = line.strip_prefix('*') {
+            table = t.trim();
+            continue;
+        }
+        for c in OWNED_CHAINS.iter().filter(|c| c.table == table) {
+            if chain_decl(line) == Some(c.name) {
+                state.chains.insert(c.chain);
+            }
+            if is_jump(line, c) {
+                *state.jumps.entry(c.chain).or_insert(0) += 1;
+            }
+        }
+    }
+    state
+}
+
+/// Only our part of `iptables-save` output: per table, our chain declarations (counters
+/// zeroed), the jumps to them and their rules, in saved order. Equal outputs mean equal
+/// installed rules; compare the value taken right after an apply with a later one.
+pub fn owned_lines(save_output: &str) -> String {
+    let mut out = String::new();
+    let mut table = "";
+    let mut printed_table = "";
+    for line in save_output.lines().map(strip_counters) {
+        if let Some(t) = line.strip_prefix('*') {
+            table = t.trim();
+            continue;
+        }
+        let owned = OWNED_CHAINS.iter().filter(|c| c.table == table);
+        let mut keep = None;
+        for c in owned {
+            if chain_decl(line) == Some(c.name) {
+                keep = Some(format!(":{} - [0:0]", c.name));
+            } else if is_jump(line, c) || line.starts_with(&format!("-A {} ", c.name)) {
+                keep = Some(line.to_string());
+            }
+        }
+        if let Some(l) = keep {
+            if printed_table != table {
+                let _ = writeln!(out, "*{table}");
+                printed_table = table;
+            }
+            let _ = writeln!(out, "{l}");
+        }
+    }
+    out
+}
+
+fn header(family: Family, what: &str) -> String {
+    let tool = match family {
+        Family::V4 => "iptables-restore",
+        Family::V6 => "ip6tables-restore",
+    };
+    format!("# tunnelgate: {family} {what} for {tool} --noflush\n")
+}
+
+/// `[1:2] -A X ...` (from `iptables-save -c`) -> `-A X ...`, trailing space removed.
+fn strip_counters(line: &str) -> &str {
+    let line = line.trim_end();
+    match (line.starts_with('['), line.find("] ")) {
+        (true, Some(i)) => &line[i + 2..],
+        _ => line,
+    }
+}
+
+fn chain_decl(line: &str) -> Option<&str> {
+    line.strip_prefix(':')?.split_whitespace().next()
+}
+
+fn is_jump(line: &str, c: &OwnedChain) -> bool {
+    line == format!("-A {} -j {}", c.builtin, c.name)
+}
+
+/// Appends the iptables lines of one rule. Sets of addresses become one line each (the
+/// cross product); DNAT to several targets becomes the nth-counter cascade: with N targets,
+/// the line for target i (i = N..2) takes every i-th of the connections that reach it, and
+/// the last line takes the rest, so each target gets 1/N of the new connections.
+fn rule_lines(out: &mut String, chain: &str, rule: &Rule) {
+    let mut daddrs: Vec<Option<String>> = vec![None];
+    let mut orig: Vec<Option<IpAddr>> = vec![None];
+    let (mut iface, mut l4, mut modules) = (Vec::new(), None, Vec::new());
+    let (mut ct, mut orig_port) = (None, None);
+    for m in &rule.matches {
+        match m {
+            Match::InIface { name, negate } => iface.push(format!("{}-i {name}", neg(*negate))),
+            Match::OutIface { name, negate } => iface.push(format!("{}-o {name}", neg(*negate))),
+            Match::Daddr(nets) => daddrs = nets.iter().map(|n| Some(n.to_string())).collect(),
+            Match::LocalDaddrOnInIface => {
+                modules.push("-m addrtype --dst-type LOCAL --limit-iface-in".to_string())
+            }
+            Match::Dport(proto, port) => l4 = Some(format!("-p {proto} -m {proto} --dport {port}")),
+            Match::TcpSyn => {
+                l4 = Some(format!(
+                    "-p {p} -m {p} --tcp-flags SYN,RST SYN",
+                    p = Proto::Tcp
+                ))
+            }
+            Match::CtDnat {
+                orig_daddr,
+                orig_dport,
+            } => {
+                ct = Some("DNAT");
+                if !orig_daddr.is_empty() {
+                    orig = orig_daddr.iter().map(|a| Some(*a)).collect();
+                }
+                orig_port = *orig_dport;
+            }
+            Match::CtEstablished => ct = Some("RELATED,ESTABLISHED"),
+        }
+    }
+    let comment = format!("-m comment --comment \"{}\"", rule.comment);
+    for d in &daddrs {
+        for o in &orig {
+            let mut parts: Vec<String> = Vec::new();
+            parts.extend(d.iter().map(|d| format!("-d {d}")));
+            parts.extend(iface.iter().cloned());
+            parts.extend(l4.iter().cloned());
+            parts.extend(modules.iter().cloned());
+            if let Some(state) = ct {
+                let mut c = format!("-m conntrack --ctstate {state}");
+                if let Some(o) = o {
+                    let _ = write!(c, " --ctorigdst {o}");
+                }
+                if let Some(p) = orig_port {
+                    let _ = write!(c, " --ctorigdstport {p}");
+                }
+                parts.push(c);
+            }
+            for (stat, target) in targets(&rule.verdict) {
+                let mut line = parts.clone();
+                line.extend(
+                    stat.map(|n| format!("-m statistic --mode nth --every {n} --packet 0")),
+                );
+                line.push(comment.clone());
+                let _ = writeln!(out, "-A {chain} {} -j {target}", line.join(" "));
+            }
+        }
+    }
+}
+
+/// The `-j` part of each line of a rule, with the nth divisor for the DNAT cascade.
+fn targets(v: &Verdict) -> Vec<(Option<usize>, String)> {
+    let one = |t: &str| vec![(None, t.to_string())];
+    match v {
+        Verdict::Accept => one("ACCEPT"),
+        Verdict::Drop => one("DROP"),
+        Verdict::Return => one("RETURN"),
+        Verdict::Masquerade => one("MASQUERADE"),
+        Verdict::ClampMssToPmtu => one("TCPMSS --clamp-mss-to-pmtu"),
+        Verdict::Snat(ip) => one(&format!("SNAT --to-source {ip}")),
+        Verdict::Dnat { targets, port } => {
+            let to: Vec<String> = targets
+                .iter()
+                .map(|ip| match (ip, port) {
+                    (IpAddr::V6(v6), Some(p)) => format!("DNAT --to-destination [{v6}]:{p}"),
+                    (ip, Some(p)) => format!("DNAT --to-destination {ip}:{p}"),
+                    (ip, None) => format!("DNAT --to-destination {ip}"),
+                })
+                .collect();
+            to.into_iter()
+                .enumerate()
+                .rev()
+                .map(|(i, t)| ((i > 0).then_some(i + 1), t))
+                .collect()
+        }
+    }
+}
+
+fn neg(negate: bool) -> &'static str {
+    if negate {
+        "! "
+    } else {
+        ""
+    }
+}

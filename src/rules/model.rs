@@ -1,0 +1,321 @@
+//! Chain-level rules: the one place that decides what each [`RuleSet`] entry means as packet
+//! matches and verdicts. Both renderers spell these [`Rule`]s and add no meaning of their own,
+//! so nftables and iptables install the same policy. Pure.
+
+use super::{Family, IpNet, Proto, RuleSet};
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+
+/// The four chains the daemon owns (one base chain per hook in nftables, one `TUNNELGATE-*`
+/// chain jumped to from the built-in chain in iptables).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Chain {
+    /// nat, prerouting, dstnat: ingress and egress DNAT.
+    Prerouting,
+    /// nat, postrouting, srcnat: the SNAT/masquerade partner of every DNAT, router masquerade.
+    Postrouting,
+    /// filter, forward: what may be forwarded from the tunnel.
+    Forward,
+    /// filter, forward, priority mangle: TCP MSS clamping, before any filter verdict.
+    Mss,
+}
+
+impl Chain {
+    pub const ALL: [Chain; 4] = [
+        Chain::Prerouting,
+        Chain::Postrouting,
+        Chain::Forward,
+        Chain::Mss,
+    ];
+}
+
+/// One condition on a packet. A rule matches when all its conditions hold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Match {
+    /// Arrived on the interface `name` (`negate`: on any other, or locally generated).
+    InIface { name: String, negate: bool },
+    /// Leaves on the interface `name` (`negate`: on any other).
+    OutIface { name: String, negate: bool },
+    /// Destination in one of these networks, all of the rule's family, never empty.
+    Daddr(BTreeSet<IpNet>),
+    /// Destination is an address of the interface the packet arrived on.
+    LocalDaddrOnInIface,
+    /// Protocol and destination port.
+    Dport(Proto, u16),
+    /// The connection was DNATed; its original destination was one of `orig_daddr` (if not
+    /// empty) and port `orig_dport` (if set). This ties a partner rule to its own DNAT.
+    CtDnat {
+        orig_daddr: BTreeSet<IpAddr>,
+        orig_dport: Option<u16>,
+    },
+    /// A packet of a known connection (replies included) or related to one (ICMP errors).
+    CtEstablished,
+    /// A TCP segment with SYN set and RST clear.
+    TcpSyn,
+}
+
+/// What happens to a matching packet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    Accept,
+    Drop,
+    /// Stop evaluating this chain.
+    Return,
+    /// New connections spread round-robin over `targets` (never empty); `port` rewrites the
+    /// destination port, `None` keeps it.
+    Dnat {
+        targets: BTreeSet<IpAddr>,
+        port: Option<u16>,
+    },
+    Snat(IpAddr),
+    Masquerade,
+    /// Rewrite the TCP MSS option to fit the route's MTU.
+    ClampMssToPmtu,
+}
+
+/// One rule in one chain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    pub chain: Chain,
+    /// `None`: both families.
+    pub family: Option<Family>,
+    pub matches: Vec<Match>,
+    pub verdict: Verdict,
+    /// Which config key the rule implements, or why it exists.
+    pub comment: String,
+}
+
+pub const COMMENT_LOOPBACK: &str = "egress: never from loopback";
+pub const COMMENT_WG_PORT: &str = "egress: never the wireguard port";
+pub const COMMENT_HEALTH_PORT: &str = "egress: never the health port";
+pub const COMMENT_RETURN: &str = "return traffic";
+pub const COMMENT_DROP: &str = "nothing else from the tunnel";
+pub const COMMENT_ROUTES: &str = "router.advertise_routes";
+pub const COMMENT_EXIT: &str = "router.exit_node";
+pub const COMMENT_MSS: &str = "firewall.mss_clamp";
+
+/// Every rule of `set`, grouped by chain in [`Chain::ALL`] order, each chain in evaluation order.
+pub fn lower(set: &RuleSet) -> Vec<Rule> {
+    let mut out = Vec::new();
+    let tun = set.tunnel.as_str();
+    let iif = || Match::InIface {
+        name: tun.into(),
+        negate: false,
+    };
+    let not_iif = |name: &str| Match::InIface {
+        name: name.into(),
+        negate: true,
+    };
+    let oif = || Match::OutIface {
+        name: tun.into(),
+        negate: false,
+    };
+    let not_oif = || Match::OutIface {
+        name: tun.into(),
+        negate: true,
+    };
+    let mut push = |chain, family, matches: Vec<Match>, verdict, comment: String| {
+        out.push(Rule {
+            chain,
+            family,
+            matches,
+            verdict,
+            comment,
+        })
+    };
+
+    // Prerouting: ingress first (only from the tunnel), then egress (only from elsewhere),
+    // each egress rule behind the exemptions that keep the daemon's own ports reachable.
+    for r in &set.ingress {
+        let mut m = vec![iif(), Match::Daddr(hosts(&r.tunnel_addrs))];
+        m.extend(r.port.map(|p| Match::Dport(p.proto, p.listen)));
+        let verdict = Verdict::Dnat {
+            targets: r.targets.clone(),
+            port: r.port.filter(|p| p.target != p.listen).map(|p| p.target),
+        };
+        push(
+            Chain::Prerouting,
+            Some(r.family),
+            m,
+            verdict,
+            r.origin.to_string(),
+        );
+    }
+    // Exemptions apply to the families that have egress rules (`None`: both).
+    let egress_families: BTreeSet<Family> = set.egress.iter().map(|r| r.family).collect();
+    if !egress_families.is_empty() {
+        let family = match egress_families.len() {
+            1 => egress_families.first().copied(),
+            _ => None,
+        };
+        let lo = Match::InIface {
+            name: "lo".into(),
+            negate: false,
+        };
+        let c = COMMENT_LOOPBACK.into();
+        push(Chain::Prerouting, family, vec![lo], Verdict::Return, c);
+        let exempt = [
+            (set.exemptions.wg_udp_port, Proto::Udp, COMMENT_WG_PORT),
+            (
+                set.exemptions.health_tcp_port,
+                Proto::Tcp,
+                COMMENT_HEALTH_PORT,
+            ),
+        ];
+        for (port, proto, comment) in exempt {
+            if let Some(port) = port {
+                let m = vec![not_iif(tun), Match::Dport(proto, port)];
+                push(
+                    Chain::Prerouting,
+                    family,
+                    m,
+                    Verdict::Return,
+                    comment.into(),
+                );
+            }
+        }
+    }
+    for r in &set.egress {
+        let mut m = vec![not_iif(tun), Match::LocalDaddrOnInIface];
+        m.extend(r.port.map(|p| Match::Dport(p.proto, p.listen)));
+        let verdict = Verdict::Dnat {
+            targets: r.targets.clone(),
+            port: r.port.filter(|p| p.target != p.listen).map(|p| p.target),
+        };
+        push(
+            Chain::Prerouting,
+            Some(r.family),
+            m,
+            verdict,
+            r.origin.to_string(),
+        );
+    }
+
+    // Postrouting: each DNAT's partner, matching the translated destination.
+    for r in &set.ingress {
+        let mut m = vec![iif(), not_oif(), Match::Daddr(hosts(&r.targets))];
+        m.extend(r.port.map(|p| Match::Dport(p.proto, p.target)));
+        m.push(Match::CtDnat {
+            orig_daddr: r.tunnel_addrs.clone(),
+            orig_dport: r.port.map(|p| p.listen),
+        });
+        let c = r.origin.to_string();
+        push(
+            Chain::Postrouting,
+            Some(r.family),
+            m,
+            Verdict::Masquerade,
+            c,
+        );
+    }
+    for r in &set.egress {
+        let mut m = vec![not_iif(tun), oif(), Match::Daddr(hosts(&r.targets))];
+        m.extend(r.port.map(|p| Match::Dport(p.proto, p.target)));
+        m.push(Match::CtDnat {
+            orig_daddr: BTreeSet::new(),
+            orig_dport: r.port.map(|p| p.listen),
+        });
+        let c = r.origin.to_string();
+        push(
+            Chain::Postrouting,
+            Some(r.family),
+            m,
+            Verdict::Snat(r.snat_to),
+            c,
+        );
+    }
+    if set.router.snat {
+        for (family, dst, comment) in router_scopes(set) {
+            let mut m = vec![iif(), not_oif()];
+            m.extend(dst);
+            push(Chain::Postrouting, family, m, Verdict::Masquerade, comment);
+        }
+    }
+
+    // Forward: replies first, then what the config grants; everything else from the tunnel
+    // is dropped (an exit node grants everything, so it has no drop).
+    for dir in [iif(), oif()] {
+        let m = vec![dir, Match::CtEstablished];
+        push(
+            Chain::Forward,
+            None,
+            m,
+            Verdict::Accept,
+            COMMENT_RETURN.into(),
+        );
+    }
+    for r in &set.ingress {
+        let mut m = vec![iif(), Match::Daddr(hosts(&r.targets))];
+        m.extend(r.port.map(|p| Match::Dport(p.proto, p.target)));
+        m.push(Match::CtDnat {
+            orig_daddr: r.tunnel_addrs.clone(),
+            orig_dport: r.port.map(|p| p.listen),
+        });
+        let c = r.origin.to_string();
+        push(Chain::Forward, Some(r.family), m, Verdict::Accept, c);
+    }
+    for r in &set.egress {
+        let mut m = vec![not_iif(tun), oif(), Match::Daddr(hosts(&r.targets))];
+        m.extend(r.port.map(|p| Match::Dport(p.proto, p.target)));
+        m.push(Match::CtDnat {
+            orig_daddr: BTreeSet::new(),
+            orig_dport: r.port.map(|p| p.listen),
+        });
+        let c = r.origin.to_string();
+        push(Chain::Forward, Some(r.family), m, Verdict::Accept, c);
+    }
+    for (family, dst, comment) in router_scopes(set) {
+        let mut m = vec![iif()];
+        m.extend(dst);
+        push(Chain::Forward, family, m, Verdict::Accept, comment);
+    }
+    if !set.router.exit_node {
+        let c = COMMENT_DROP.into();
+        push(Chain::Forward, None, vec![iif()], Verdict::Drop, c);
+    }
+
+    // MSS: exactly one rule per direction.
+    if set.mss_clamp {
+        for dir in [iif(), oif()] {
+            let m = vec![dir, Match::TcpSyn];
+            push(
+                Chain::Mss,
+                None,
+                m,
+                Verdict::ClampMssToPmtu,
+                COMMENT_MSS.into(),
+            );
+        }
+    }
+    out
+}
+
+/// Where `[router]` lets tunnel traffic go: anywhere (exit node), or the advertised networks
+/// of each family (one destination match per family).
+fn router_scopes(set: &RuleSet) -> Vec<(Option<Family>, Option<Match>, String)> {
+    if set.router.exit_node {
+        return vec![(None, None, COMMENT_EXIT.into())];
+    }
+    Family::ALL
+        .into_iter()
+        .filter_map(|f| {
+            let nets: BTreeSet<IpNet> = set
+                .router
+                .networks
+                .iter()
+                .filter(|n| Family::of_net(n) == f)
+                .copied()
+                .collect();
+            (!nets.is_empty()).then(|| (Some(f), Some(Match::Daddr(nets)), COMMENT_ROUTES.into()))
+        })
+        .collect()
+}
+
+fn hosts(addrs: &BTreeSet<IpAddr>) -> BTreeSet<IpNet> {
+    addrs.iter().map(|a| IpNet::from(*a)).collect()
+}
+
+/// Whether a network is a single address (rendered without a prefix length in nftables).
+pub fn is_host(net: &IpNet) -> bool {
+    net.prefix_len() == net.max_prefix_len()
+}

@@ -1,0 +1,318 @@
+//! The rendered rules against the real tools, each test in its own throwaway network
+//! namespace (`ip netns add tgtest-rules-*`, deleted afterwards): every golden file is accepted
+//! by `nft -c` / `iptables-restore --test`, applying twice leaves no duplicates, a changed set
+//! replaces the old one exactly, and removal leaves nothing of ours and every foreign rule.
+//! Needs root, `ip`, `nft` and `iptables`: run with `cargo test --test rules_check -- --ignored`.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::net::IpAddr;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use tunnelgate::config::{Config, SecretFiles};
+use tunnelgate::rules::iptables::{self, JumpState};
+use tunnelgate::rules::plan::{desired, RuntimeFacts};
+use tunnelgate::rules::{model, nft, Family, RuleSet};
+
+const KEY: &str = "yAnz5TF+lXXJte14tji3zlMNq+hd2rYUIgJBgB3fBmk=";
+
+/// A network namespace that exists for the life of the value.
+struct Netns(String);
+
+impl Netns {
+    fn new() -> Netns {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let name = format!(
+            "tgtest-rules-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::SeqCst)
+        );
+        let ok = Command::new("ip")
+            .args(["netns", "add", &name])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "ip netns add {name} failed (needs root)");
+        Netns(name)
+    }
+
+    /// Runs `program args` in the namespace with `stdin`; panics with its stderr on failure.
+    fn run(&self, program: &str, args: &[&str], stdin: &str) -> String {
+        self.try_run(program, args, stdin)
+            .unwrap_or_else(|e| panic!("{program} {args:?} failed: {e}\n--- stdin\n{stdin}"))
+    }
+
+    fn try_run(&self, program: &str, args: &[&str], stdin: &str) -> Result<String, String> {
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", &self.0, program])
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| e.to_string())?;
+        if let Some(mut input) = child.stdin.take() {
+            input
+                .write_all(stdin.as_bytes())
+                .map_err(|e| e.to_string())?;
+        }
+        let out = child.wait_with_output().map_err(|e| e.to_string())?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+struct NoFiles;
+
+impl SecretFiles for NoFiles {
+    fn read_secret(&self, _: &Path) -> Result<String, String> {
+        Err("none".into())
+    }
+}
+
+fn rules(body: &str, resolved: &[(&str, &[&str])]) -> RuleSet {
+    let text = format!(
+        "[interface]\nprivate_key = \"{KEY}\"\nlisten_port = 51820\n\
+         addresses = [\"100.64.0.1/32\", \"fd7a::1/128\"]\n{body}"
+    );
+    let config = Config::parse(&text, Path::new("/"), &NoFiles).expect("valid config");
+    let resolved: BTreeMap<String, Vec<IpAddr>> = resolved
+        .iter()
+        .map(|(n, ips)| {
+            let ips = ips
+                .iter()
+                .map(|s| s.parse().expect("test address"))
+                .collect();
+            (n.to_string(), ips)
+        })
+        .collect();
+    let facts = RuntimeFacts {
+        wg_port: 51820,
+        health_port: Some(9002),
+    };
+    desired(&config, &facts, &resolved)
+}
+
+/// Every rule kind at once, v4 and v6, several targets, mapped ports.
+fn set_a() -> RuleSet {
+    rules(
+        "[[ingress]]\ntarget_fqdn = \"db.example\"\nports = [\"443:8443\", \"53/udp\"]\n\
+         [[egress]]\ntarget = \"100.64.0.2\"\nports = [\"5432\"]\n\
+         [[egress]]\ntarget = \"fd7a::2\"\n\
+         [router]\nadvertise_routes = [\"10.40.0.0/14\", \"fd00:40::/48\"]\n",
+        &[(
+            "db.example",
+            &["10.1.0.1", "10.1.0.2", "10.1.0.3", "fd96::a"],
+        )],
+    )
+}
+
+/// A changed set: a name re-resolved, a rule gone, exit node on, MSS clamp off.
+fn set_b() -> RuleSet {
+    rules(
+        "[firewall]\nmss_clamp = false\n\
+         [[ingress]]\ntarget_fqdn = \"db.example\"\nports = [\"443:8443\", \"53/udp\"]\n\
+         [router]\nexit_node = true\n",
+        &[("db.example", &["10.1.0.2", "10.1.0.4"])],
+    )
+}
+
+fn golden_files(ext: &str) -> Vec<std::path::PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .expect("golden dir")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == ext))
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "no golden .{ext} files");
+    files
+}
+
+#[test]
+#[ignore = "needs root and nft/iptables"]
+fn every_golden_file_is_accepted_by_the_real_tools() {
+    let ns = Netns::new();
+    for path in golden_files("nft") {
+        let text = std::fs::read_to_string(&path).expect("read golden");
+        ns.run("nft", &["-c", "-f", "-"], &text);
+    }
+    for path in golden_files("iptables") {
+        let text = std::fs::read_to_string(&path).expect("read golden");
+        let at = text
+            .find("# tunnelgate: ipv6")
+            .unwrap_or_else(|| panic!("{} has no ipv6 part", path.display()));
+        let (v4, v6) = text.split_at(at);
+        ns.run("iptables-restore", &["--test", "--noflush"], v4);
+        ns.run("ip6tables-restore", &["--test", "--noflush"], v6);
+    }
+}
+
+/// The rule lines of our table as nft lists them; the rendered MSS match is spelled the way
+/// older nft versions also accept, which nft 1.0.6+ lists in its newer form.
+fn nft_rule_lines(text: &str) -> Vec<String> {
+    let start = text.rfind("table inet tunnelgate {\n").unwrap_or(0);
+    nft::normalize_listing(&text[start..])
+        .replace("tcp flags & (syn | rst) == syn", "tcp flags syn / syn,rst")
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+#[ignore = "needs root and nft/iptables"]
+fn nft_apply_replaces_the_table_atomically_and_removal_keeps_foreign_rules() {
+    let ns = Netns::new();
+    let foreign = "table inet foreign {\n\tchain forward {\n\
+        \t\ttype filter hook forward priority filter; policy accept;\n\
+        \t\tiifname \"eth9\" accept\n\t}\n}\n";
+    ns.run("nft", &["-f", "-"], foreign);
+    let list = || ns.run("nft", &["list", "table", "inet", "tunnelgate"], "");
+    let (a, b) = (set_a(), set_b());
+
+    ns.run("nft", &["-f", "-"], &nft::render(&a));
+    let first = nft::normalize_listing(&list());
+    assert_eq!(nft_rule_lines(&first), nft_rule_lines(&nft::render(&a)));
+    assert_eq!(
+        first.matches(" comment \"").count(),
+        model::lower(&a).len(),
+        "one installed rule per model rule"
+    );
+    ns.run("nft", &["-f", "-"], &nft::render(&a));
+    assert_eq!(
+        nft::normalize_listing(&list()),
+        first,
+        "reapply changed something"
+    );
+
+    ns.run("nft", &["-f", "-"], &nft::render(&b));
+    let changed = nft::normalize_listing(&list());
+    ns.run("nft", &["-f", "-"], &nft::render_delete());
+    ns.run("nft", &["-f", "-"], &nft::render(&b));
+    assert_eq!(
+        nft::normalize_listing(&list()),
+        changed,
+        "update differs from fresh"
+    );
+
+    ns.run("nft", &["-f", "-"], &nft::render_delete());
+    ns.run("nft", &["-f", "-"], &nft::render_delete());
+    let tables = ns.run("nft", &["list", "tables"], "");
+    assert!(!tables.contains("tunnelgate"), "{tables}");
+    let left = ns.run("nft", &["list", "table", "inet", "foreign"], "");
+    assert_eq!(
+        nft::normalize_listing(&left),
+        nft::normalize_listing(foreign)
+    );
+}
+
+/// The restore and save tools of each family, for the default and (if present) legacy iptables.
+fn iptables_tools() -> Vec<(Family, String, String)> {
+    let mut tools = Vec::new();
+    for variant in ["", "-legacy"] {
+        for (family, base) in [(Family::V4, "iptables"), (Family::V6, "ip6tables")] {
+            let restore = format!("{base}{variant}-restore");
+            let found = Command::new(&restore)
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success());
+            if found || variant.is_empty() {
+                tools.push((family, restore, format!("{base}{variant}-save")));
+            }
+        }
+    }
+    tools
+}
+
+#[test]
+#[ignore = "needs root and nft/iptables"]
+fn iptables_apply_is_idempotent_and_removal_keeps_foreign_rules() {
+    for (family, restore, save) in iptables_tools() {
+        let ns = Netns::new();
+        let foreign = "*nat\n:FOREIGN - [0:0]\n-A PREROUTING -j FOREIGN\n\
+            -A FOREIGN -i eth9 -j RETURN\nCOMMIT\n*filter\n-A FORWARD -i eth9 -j ACCEPT\nCOMMIT\n";
+        ns.run(&restore, &["--noflush"], foreign);
+        let saved = || ns.run(&save, &[], "");
+        let foreign_lines = |text: &str| -> Vec<String> {
+            text.lines()
+                .filter(|l| l.contains("FOREIGN") || l.contains("eth9"))
+                .map(str::to_string)
+                .collect()
+        };
+        let before = foreign_lines(&saved());
+        let apply = |set: &RuleSet| {
+            let state = iptables::parse_jumps(&saved());
+            let text = iptables::render(set, family, &state);
+            ns.run(&restore, &["--noflush"], &text);
+            text
+        };
+        let (a, b) = (set_a(), set_b());
+
+        let text = apply(&a);
+        let first = iptables::owned_lines(&saved());
+        assert!(
+            iptables::parse_jumps(&saved()).is_complete(),
+            "{restore}: {first}"
+        );
+        let our_rules = |t: &str| -> Vec<String> {
+            let mut v: Vec<String> = t
+                .lines()
+                .filter(|l| l.starts_with("-A TUNNELGATE-"))
+                .map(str::to_string)
+                .collect();
+            v.sort();
+            v
+        };
+        assert_eq!(
+            our_rules(&first),
+            our_rules(&text),
+            "{restore}: saved != rendered"
+        );
+        apply(&a);
+        assert_eq!(iptables::owned_lines(&saved()), first, "{restore}: reapply");
+
+        apply(&b);
+        let changed = iptables::owned_lines(&saved());
+        let state = iptables::parse_jumps(&saved());
+        ns.run(
+            &restore,
+            &["--noflush"],
+            &iptables::render_delete(&state, family),
+        );
+        apply(&b);
+        assert_eq!(
+            iptables::owned_lines(&saved()),
+            changed,
+            "{restore}: update != fresh"
+        );
+
+        for _ in 0..2 {
+            let state = iptables::parse_jumps(&saved());
+            ns.run(
+                &restore,
+                &["--noflush"],
+                &iptables::render_delete(&state, family),
+            );
+        }
+        assert_eq!(
+            iptables::owned_lines(&saved()),
+            "",
+            "{restore}: removal left rules"
+        );
+        assert_eq!(iptables::parse_jumps(&saved()), JumpState::default());
+        assert_eq!(
+            foreign_lines(&saved()),
+            before,
+            "{restore}: foreign rules changed"
+        );
+    }
+}
