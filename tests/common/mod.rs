@@ -1409,11 +1409,10 @@ pub fn http_get(addr: SocketAddr, path: &str, timeout: Duration) -> Result<(u16,
         .map_err(|e| e.to_string())?;
     s.set_write_timeout(Some(timeout))
         .map_err(|e| e.to_string())?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .map_err(|e| format!("{addr}: {e}"))?;
+    // One write: a server that reads the request once must see all of it.
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes())
+        .map_err(|e| format!("{addr}: {e}"))?;
     let mut raw = Vec::new();
     s.read_to_end(&mut raw)
         .map_err(|e| format!("{addr}: {e}"))?;
