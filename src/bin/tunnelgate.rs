@@ -78,14 +78,7 @@ fn main() -> ExitCode {
         }
         Command::Pubkey => pubkey(),
         Command::Check { config } => match load_config(&config) {
-            Ok(c) => {
-                let _ = writeln!(
-                    std::io::stdout(),
-                    "{}",
-                    tunnelgate::core::plan::render_plan(&c)
-                );
-                ExitCode::SUCCESS
-            }
+            Ok(c) => check(&c),
             Err(e) => config_error(&e),
         },
         Command::Run { config } => {
@@ -131,6 +124,36 @@ fn status(config: PathBuf, interface: Option<String>, json: bool) -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+/// Prints the plan: routes, sysctls and the exact firewall text for the chosen backend.
+fn check(config: &tunnelgate::config::Config) -> ExitCode {
+    use tunnelgate::shell::reconcile::firewall_needed;
+    let firewall = if firewall_needed(config) {
+        match tunnelgate::shell::firewall::choose(config.firewall.mode) {
+            Ok(backend) => {
+                // Ports the daemon would bind: the configured ones (a random port shows as 0).
+                let facts = tunnelgate::rules::plan::RuntimeFacts {
+                    wg_port: config.interface.listen_port,
+                    health_port: config.health.listen.map(|a| a.port()),
+                };
+                let set = tunnelgate::rules::plan::desired(config, &facts, &Default::default());
+                Some((backend.to_string(), backend.render(&set)))
+            }
+            Err(e) => {
+                eprintln!("tunnelgate check: firewall.mode: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    } else {
+        None
+    };
+    let plan = tunnelgate::core::plan::render_plan(
+        config,
+        firewall.as_ref().map(|(b, t)| (b.as_str(), t.as_str())),
+    );
+    let _ = std::io::stdout().write_all(plan.as_bytes());
+    ExitCode::SUCCESS
 }
 
 fn pubkey() -> ExitCode {
@@ -239,6 +262,7 @@ async fn serve(config: tunnelgate::config::Config, path: PathBuf) -> anyhow::Res
     }
     tokio::spawn(daemon.clone().route_task());
     tokio::spawn(daemon.clone().watch_config());
+    tokio::spawn(daemon.clone().rules_task());
     sd_notify("READY=1\nSTATUS=tunnel up");
     loop {
         tokio::select! {

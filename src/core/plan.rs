@@ -5,7 +5,8 @@ use crate::config::Config;
 use crate::core::routes;
 use std::fmt::Write;
 
-pub fn render_plan(config: &Config) -> String {
+/// `firewall` is the rendered rule text for the chosen backend (None: no rules needed).
+pub fn render_plan(config: &Config, firewall: Option<(&str, &str)>) -> String {
     let mut out = String::new();
     let iface = &config.interface;
     let _ = writeln!(
@@ -47,6 +48,62 @@ pub fn render_plan(config: &Config) -> String {
                 r.priority, r.table
             ),
         };
+    }
+    let _ = writeln!(out, "\n# sysctls");
+    let mut families = std::collections::BTreeSet::new();
+    for f in config.ingress.iter().chain(&config.egress) {
+        match &f.target {
+            crate::config::Target::Ip(ip) => {
+                families.insert(if ip.is_ipv6() { 6 } else { 4 });
+            }
+            crate::config::Target::Fqdn(_) => {
+                families.extend(config.interface.addresses.iter().map(|a| {
+                    if a.addr().is_ipv6() {
+                        6
+                    } else {
+                        4
+                    }
+                }));
+            }
+        }
+    }
+    families.extend(config.router.advertise_routes.iter().map(|n| {
+        if n.addr().is_ipv6() {
+            6
+        } else {
+            4
+        }
+    }));
+    if config.router.exit_node {
+        families.extend([4, 6]);
+    }
+    for f in families {
+        let key = if f == 4 {
+            "net.ipv4.ip_forward"
+        } else {
+            "net.ipv6.conf.all.forwarding"
+        };
+        let _ = writeln!(out, "{key} = 1   (only if not already on)");
+    }
+    if plan.rules.iter().any(|r| !r.v6) {
+        let _ = writeln!(out, "net.ipv4.conf.all.src_valid_mark = 1");
+    }
+    let names = config.fqdn_targets();
+    if !names.is_empty() {
+        let _ = writeln!(
+            out,
+            "\n# resolved at run time (rules for them appear once resolved): {}",
+            names.join(", ")
+        );
+    }
+    match firewall {
+        Some((backend, text)) => {
+            let _ = writeln!(out, "\n# firewall ({backend}), applied in one transaction");
+            out.push_str(text);
+        }
+        None => {
+            let _ = writeln!(out, "\n# firewall: none (nothing is forwarded)");
+        }
     }
     out
 }

@@ -3,10 +3,13 @@
 //! everything it installed on SIGTERM/SIGINT.
 
 use crate::config::{Config, Endpoint, PublicKey};
+use crate::core::dns::Schedule;
 use crate::core::routes::{self, RoutePlan};
 use crate::shell::datapath::{self, DropCounters, Shared};
+use crate::shell::firewall;
 use crate::shell::netlink::Netlink;
 use crate::shell::peers::{settings_of, PeerSettings, PeerTable};
+use crate::shell::reconcile::{firewall_needed, FirewallState};
 use crate::shell::udp::WgSocket;
 use crate::telemetry::{NameStatus, RulesStatus};
 use crate::uapi::{DeviceSnapshot, DeviceUpdate, Errno, PeerSnapshot, UapiError, UapiHandler};
@@ -44,6 +47,12 @@ pub struct Status {
 pub struct Daemon {
     config_path: PathBuf,
     pub status: Mutex<Status>,
+    /// `None` when the configuration forwards nothing (a plain tunnel needs no rules).
+    pub firewall: Mutex<Option<FirewallState>>,
+    pub dns: Mutex<Schedule>,
+    /// Set when the desired rules may have changed (reload, port change); wakes the rules task.
+    pub rules_dirty: AtomicBool,
+    pub rules_changed: Notify,
     shared: Arc<Shared>,
     control: Mutex<Control>,
     netlink: Netlink,
@@ -97,8 +106,16 @@ impl Daemon {
             reload_failures: AtomicU64::new(0),
             started: SystemTime::now(),
             status: Mutex::new(Status::default()),
+            firewall: Mutex::new(None),
+            dns: Mutex::new(Schedule::new(Duration::from_secs(600))),
+            rules_dirty: AtomicBool::new(false),
+            rules_changed: Notify::new(),
         });
         if let Err(e) = daemon.sync_routes().await {
+            daemon.teardown().await;
+            return Err(e);
+        }
+        if let Err(e) = daemon.start_firewall().await {
             daemon.teardown().await;
             return Err(e);
         }
@@ -126,6 +143,28 @@ impl Daemon {
 
     pub fn started(&self) -> SystemTime {
         self.started
+    }
+
+    /// Chooses the backend and applies the first rule set (names not yet resolved simply
+    /// have no rules yet). An apply that fails here fails the start.
+    async fn start_firewall(&self) -> Result<()> {
+        let config = self.config();
+        self.track_names();
+        if !firewall_needed(&config) {
+            return Ok(());
+        }
+        let backend = firewall::choose(config.firewall.mode)?;
+        self.status.lock().firewall_needed = true;
+        self.status.lock().rules.backend = backend.to_string();
+        *self.firewall.lock() = Some(FirewallState {
+            backend,
+            applied: None,
+            forwarding_enabled: Default::default(),
+        });
+        self.reconcile_rules(false)
+            .await
+            .map_err(|e| anyhow::anyhow!("applying {backend} rules: {e}"))?;
+        Ok(())
     }
 
     /// Makes the kernel's routes and policy rules match the current peers.
@@ -251,6 +290,13 @@ impl Daemon {
             control.config = new;
         }
         self.sync_routes().await?;
+        let config = self.config();
+        if firewall_needed(&config) && self.firewall.lock().is_none() {
+            self.start_firewall().await?;
+        }
+        self.track_names();
+        self.rules_dirty.store(true, Ordering::Relaxed);
+        self.rules_changed.notify_one();
         Ok(())
     }
 
@@ -266,6 +312,9 @@ impl Daemon {
         old.shutdown();
         datapath::start_udp_reader(self.shared.clone())
             .map_err(|e| UapiError::new(Errno::EIO, e.to_string()))?;
+        // The WireGuard port is exempt from egress capture: the rules follow the new port.
+        self.rules_dirty.store(true, Ordering::Relaxed);
+        self.rules_changed.notify_one();
         Ok(())
     }
 
@@ -299,6 +348,7 @@ impl Daemon {
     /// takes its addresses and routes with it) when the process exits.
     pub async fn teardown(&self) {
         self.shared.stop.store(true, Ordering::Relaxed);
+        self.remove_rules().await;
         let rules = self.control.lock().routes.rules.clone();
         for r in &rules {
             if let Err(e) = self.netlink.del_rule(r).await {

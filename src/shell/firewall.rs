@@ -1,0 +1,283 @@
+//! Runs the rendered rule text: one `nft -f -` transaction on our table, or one
+//! `iptables-restore --noflush` per family on our chains; reads the result back to detect
+//! drift; removes it all on shutdown. Also the forwarding sysctls. No rule decisions here.
+
+use crate::config::FirewallMode;
+use crate::rules::{iptables, nft, Family, RuleSet};
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Nftables,
+    /// `legacy`: the xtables binaries (`iptables-legacy-restore`), else the default ones.
+    Iptables {
+        legacy: bool,
+    },
+}
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Backend::Nftables => "nftables",
+            Backend::Iptables { legacy: false } => "iptables",
+            Backend::Iptables { legacy: true } => "iptables-legacy",
+        })
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum FirewallError {
+    #[error("{program} not found: install it, or choose another firewall.mode")]
+    Missing { program: String },
+    #[error("{program} failed: {stderr}")]
+    Failed { program: String, stderr: String },
+    #[error("cannot run {program}: {source}")]
+    Spawn {
+        program: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn run(program: &str, args: &[&str], stdin: Option<&str>) -> Result<String, FirewallError> {
+    let mut cmd = Command::new(program);
+    cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.stdin(if stdin.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    });
+    let mut child = cmd.spawn().map_err(|source| {
+        if source.kind() == std::io::ErrorKind::NotFound {
+            FirewallError::Missing {
+                program: program.into(),
+            }
+        } else {
+            FirewallError::Spawn {
+                program: program.into(),
+                source,
+            }
+        }
+    })?;
+    if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        pipe.write_all(text.as_bytes())
+            .map_err(|source| FirewallError::Spawn {
+                program: program.into(),
+                source,
+            })?;
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(|source| FirewallError::Spawn {
+            program: program.into(),
+            source,
+        })?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(FirewallError::Failed {
+            program: program.into(),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        })
+    }
+}
+
+fn exists(program: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|paths| std::env::split_paths(&paths).any(|p| p.join(program).is_file()))
+}
+
+/// The binaries of a backend.
+fn restore_bin(family: Family, legacy: bool) -> &'static str {
+    match (family, legacy) {
+        (Family::V4, false) => "iptables-restore",
+        (Family::V6, false) => "ip6tables-restore",
+        (Family::V4, true) => "iptables-legacy-restore",
+        (Family::V6, true) => "ip6tables-legacy-restore",
+    }
+}
+
+fn save_bin(family: Family, legacy: bool) -> &'static str {
+    match (family, legacy) {
+        (Family::V4, false) => "iptables-save",
+        (Family::V6, false) => "ip6tables-save",
+        (Family::V4, true) => "iptables-legacy-save",
+        (Family::V6, true) => "ip6tables-legacy-save",
+    }
+}
+
+/// Picks the backend. `auto` follows the host: legacy xtables rules present -> iptables-legacy
+/// (an nftables table beside them would be evaluated separately and confuse operators);
+/// otherwise nftables if `nft` exists (iptables-nft rules live in nftables too); else iptables.
+/// `TUNNELGATE_IPTABLES=legacy|nft` chooses the iptables flavour in `iptables` mode.
+pub fn choose(mode: FirewallMode) -> Result<Backend, FirewallError> {
+    let flavour = std::env::var("TUNNELGATE_IPTABLES").ok();
+    let legacy_rules = || {
+        [Family::V4, Family::V6].iter().any(|f| {
+            run(save_bin(*f, true), &[], None)
+                .is_ok_and(|s| s.lines().any(|l| l.starts_with("-A ")))
+        })
+    };
+    match mode {
+        FirewallMode::Nftables => {
+            if exists("nft") {
+                Ok(Backend::Nftables)
+            } else {
+                Err(FirewallError::Missing {
+                    program: "nft".into(),
+                })
+            }
+        }
+        FirewallMode::Iptables => {
+            let legacy = match flavour.as_deref() {
+                Some("legacy") => true,
+                Some("nft") => false,
+                _ => legacy_rules(),
+            };
+            let bin = restore_bin(Family::V4, legacy);
+            if exists(bin) {
+                Ok(Backend::Iptables { legacy })
+            } else {
+                Err(FirewallError::Missing {
+                    program: bin.into(),
+                })
+            }
+        }
+        FirewallMode::Auto => {
+            if exists("iptables-legacy-save") && legacy_rules() {
+                Ok(Backend::Iptables { legacy: true })
+            } else if exists("nft") {
+                Ok(Backend::Nftables)
+            } else if exists("iptables-restore") {
+                Ok(Backend::Iptables { legacy: false })
+            } else {
+                Err(FirewallError::Missing {
+                    program: "nft (or iptables-restore)".into(),
+                })
+            }
+        }
+    }
+}
+
+/// Whether IPv6 is usable here (ip6tables needs it; nftables does not care).
+fn ipv6_enabled() -> bool {
+    std::path::Path::new("/proc/sys/net/ipv6").exists()
+}
+
+impl Backend {
+    /// The text that would be applied now, for `check` and logs. For iptables, jumps that
+    /// already exist are not repeated, so the text depends on the system's current state.
+    pub fn render(&self, set: &RuleSet) -> String {
+        match self {
+            Backend::Nftables => nft::render(set),
+            Backend::Iptables { legacy } => {
+                let mut out = String::new();
+                for family in [Family::V4, Family::V6] {
+                    let jumps = run(save_bin(family, *legacy), &[], None)
+                        .map(|s| iptables::parse_jumps(&s))
+                        .unwrap_or_default();
+                    out.push_str(&format!("# {}\n", restore_bin(family, *legacy)));
+                    out.push_str(&iptables::render(set, family, &jumps));
+                }
+                out
+            }
+        }
+    }
+
+    /// Replaces our rules with `set` atomically (per family for iptables) and returns the
+    /// installed rules as read back, normalized, for drift checks.
+    pub fn apply(&self, set: &RuleSet) -> Result<String, FirewallError> {
+        match self {
+            Backend::Nftables => {
+                run("nft", &["-f", "-"], Some(&nft::render(set)))?;
+                self.installed()
+            }
+            Backend::Iptables { legacy } => {
+                for family in [Family::V4, Family::V6] {
+                    if family == Family::V6 && !ipv6_enabled() {
+                        continue;
+                    }
+                    let save = run(save_bin(family, *legacy), &[], None)?;
+                    let text = iptables::render(set, family, &iptables::parse_jumps(&save));
+                    run(restore_bin(family, *legacy), &["--noflush"], Some(&text))?;
+                }
+                self.installed()
+            }
+        }
+    }
+
+    /// What of ours is installed now, normalized (empty when nothing is).
+    pub fn installed(&self) -> Result<String, FirewallError> {
+        match self {
+            Backend::Nftables => match run(
+                "nft",
+                &["list", "table", "inet", crate::rules::NFT_TABLE],
+                None,
+            ) {
+                Ok(listing) => Ok(nft::normalize_listing(&listing)),
+                Err(FirewallError::Failed { .. }) => Ok(String::new()),
+                Err(e) => Err(e),
+            },
+            Backend::Iptables { legacy } => {
+                let mut out = String::new();
+                for family in [Family::V4, Family::V6] {
+                    if family == Family::V6 && !ipv6_enabled() {
+                        continue;
+                    }
+                    out.push_str(&iptables::owned_lines(&run(
+                        save_bin(family, *legacy),
+                        &[],
+                        None,
+                    )?));
+                }
+                Ok(out)
+            }
+        }
+    }
+
+    /// Removes every rule and chain of ours; leaves everything else alone.
+    pub fn remove(&self) -> Result<(), FirewallError> {
+        match self {
+            Backend::Nftables => run("nft", &["-f", "-"], Some(&nft::render_delete())).map(|_| ()),
+            Backend::Iptables { legacy } => {
+                for family in [Family::V4, Family::V6] {
+                    if family == Family::V6 && !ipv6_enabled() {
+                        continue;
+                    }
+                    let save = run(save_bin(family, *legacy), &[], None)?;
+                    let jumps = iptables::parse_jumps(&save);
+                    run(
+                        restore_bin(family, *legacy),
+                        &["--noflush"],
+                        Some(&iptables::render_delete(&jumps, family)),
+                    )?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// The forwarding sysctl of a family.
+fn forwarding_path(family: Family) -> &'static str {
+    match family {
+        Family::V4 => "/proc/sys/net/ipv4/ip_forward",
+        Family::V6 => "/proc/sys/net/ipv6/conf/all/forwarding",
+    }
+}
+
+/// Turns forwarding on for `family` unless it already is. Returns whether we changed it, so
+/// that shutdown (or a failed start) can put it back.
+pub fn enable_forwarding(family: Family) -> std::io::Result<bool> {
+    let path = forwarding_path(family);
+    if std::fs::read_to_string(path)?.trim() == "1" {
+        return Ok(false);
+    }
+    std::fs::write(path, "1")?;
+    Ok(true)
+}
+
+pub fn disable_forwarding(family: Family) -> std::io::Result<()> {
+    std::fs::write(forwarding_path(family), "0")
+}
