@@ -140,7 +140,11 @@ impl Config {
     ) -> Result<Config, ConfigErrors> {
         let raw: raw::RawConfig = toml::from_str(text).map_err(|e| {
             ConfigErrors(vec![ConfigError {
-                key: "(file)".into(),
+                // The parser does not say which key a type error is about: read it off the text.
+                key: e
+                    .span()
+                    .and_then(|s| key_at(text, s.start))
+                    .unwrap_or_else(|| "(file)".into()),
                 problem: e.message().to_string() + &span_hint(text, e.span()),
             }])
         })?;
@@ -170,6 +174,51 @@ impl Config {
         names.sort();
         names.dedup();
         names
+    }
+}
+
+/// The dotted key (`interface.listen_port`, `peer[1].allowed_ips`) on the line of `offset`,
+/// under the nearest table header before it; `None` where no key can be read.
+fn key_at(text: &str, offset: usize) -> Option<String> {
+    let offset = offset.min(text.len());
+    let line_start = text[..offset].rfind('\n').map_or(0, |i| i + 1);
+    let header = |line: &str| -> Option<(String, bool)> {
+        let t = line.trim();
+        if let Some(r) = t.strip_prefix("[[") {
+            return r
+                .split_once("]]")
+                .map(|(n, _)| (n.trim().to_string(), true));
+        }
+        let r = t.strip_prefix('[')?;
+        r.split_once(']')
+            .map(|(n, _)| (n.trim().to_string(), false))
+    };
+    let mut section: Option<String> = None;
+    let mut counts: std::collections::BTreeMap<String, usize> = Default::default();
+    for line in text[..line_start].lines() {
+        if let Some((name, array)) = header(line) {
+            section = Some(if array {
+                let n = counts.entry(name.clone()).or_insert(0);
+                *n += 1;
+                format!("{name}[{}]", *n - 1)
+            } else {
+                name
+            });
+        }
+    }
+    let line = text[line_start..].lines().next().unwrap_or("");
+    if let Some((name, array)) = header(line) {
+        let n = counts.get(&name).copied().unwrap_or(0);
+        return Some(if array { format!("{name}[{n}]") } else { name });
+    }
+    let key = line
+        .split_once('=')
+        .map(|(k, _)| k.trim().trim_matches('"').to_string())
+        .filter(|k| !k.is_empty());
+    match (section, key) {
+        (Some(s), Some(k)) => Some(format!("{s}.{k}")),
+        (None, Some(k)) => Some(k),
+        (s, None) => s,
     }
 }
 

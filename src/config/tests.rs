@@ -135,7 +135,16 @@ fn bad_interface_values_name_their_key() {
         "interface.addresses[0]",
         &["100.64.0.300"],
     );
-    assert_error(&minimal("colour = \"blue\""), "(file)", &["colour"]);
+    assert_error(
+        &minimal("colour = \"blue\""),
+        "interface.colour",
+        &["unknown field", "colour"],
+    );
+    assert_error(
+        &minimal("listen_port = \"abc\""),
+        "interface.listen_port",
+        &["\"abc\"", "expected"],
+    );
 }
 
 #[test]
@@ -145,7 +154,15 @@ fn bad_peers_name_their_key() {
     assert_error(
         &peer("public_key = \"abc\""),
         "peer[0].public_key",
-        &["base64"],
+        &["\"abc\"", "base64"],
+    );
+    let typed = format!(
+        "[[peer]]\npublic_key = \"{PUB_B}\"\n[[peer]]\npublic_key = \"{PUB_C}\"\npersistent_keepalive = \"25\"\n"
+    );
+    assert_error(
+        &minimal(&typed),
+        "peer[1].persistent_keepalive",
+        &["\"25\""],
     );
     assert_error(
         &peer(&format!(

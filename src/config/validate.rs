@@ -135,7 +135,11 @@ fn peers(
     let mut peers = Vec::new();
     for (i, raw) in raws.into_iter().enumerate() {
         let key = format!("peer[{i}]");
-        let public_key = match raw.public_key.as_deref().map(decode_key) {
+        let public_key = match raw
+            .public_key
+            .as_deref()
+            .map(|text| decode_key(text).map_err(|e| format!("\"{text}\" {e}")))
+        {
             None => {
                 errs.push(
                     format!("{key}.public_key"),
