@@ -1,0 +1,522 @@
+//! The Kubernetes sidecar's pure core: a Service (as [`ServiceInfo`]), the base configuration and
+//! the config Secret's current data in; the Secret data the proxy needs out, or every reason it
+//! cannot be built. No Kubernetes types, no I/O, no clock: randomness for a new private key comes in
+//! as a closure. The I/O (kube client, watch, apply, events) lives in [`run`] and [`api`]; the
+//! daemon never calls into any of this.
+//!
+//! The rendered `tunnelgate.toml` is the base configuration (a TOML table) with
+//! `interface.private_key_file = "private.key"` and the `[[ingress]]` / `[[egress]]` rules the
+//! Service asks for appended, and it is checked with [`Config::parse`] before it is offered for
+//! writing, so the sidecar never writes a configuration the daemon would refuse.
+
+pub mod api;
+pub mod run;
+
+use crate::config::{decode_key, Config, SecretFiles, SecretKey};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::IpAddr;
+use std::path::Path;
+use std::time::Duration;
+
+/// `"true"`: forward tunnel traffic to the Service (its ClusterIP, or its ExternalName).
+pub const ANNOTATION_EXPOSE: &str = "tunnelgate.dev/expose";
+/// Egress: forward traffic that reaches the proxy pod across the tunnel to this IP.
+pub const ANNOTATION_TUNNEL_IP: &str = "tunnelgate.dev/tunnel-ip";
+/// Egress: like [`ANNOTATION_TUNNEL_IP`], to a DNS name the daemon resolves.
+pub const ANNOTATION_TUNNEL_FQDN: &str = "tunnelgate.dev/tunnel-fqdn";
+/// A `type: LoadBalancer` Service with this `loadBalancerClass` is exposed like `expose: "true"`.
+pub const LOAD_BALANCER_CLASS: &str = "tunnelgate";
+
+/// Secret key: the rendered configuration.
+pub const KEY_CONFIG: &str = "tunnelgate.toml";
+/// Secret key: the WireGuard private key, written once and never rotated unless deleted.
+pub const KEY_PRIVATE: &str = "private.key";
+/// Secret key: the base64 public key, for the peers' configuration.
+pub const KEY_PUBLIC: &str = "public_key";
+/// Secret key: JSON array of the tunnel addresses, without prefix length.
+pub const KEY_DEVICE_IPS: &str = "device_ips";
+
+/// Where the daemon reads the Secret (mounted as a directory); only used to resolve relative key
+/// file names while validating.
+pub const MOUNT_DIR: &str = "/etc/tunnelgate";
+
+/// What the sidecar needs to know about the parent Service (converted from the API object by the
+/// I/O side, so that this module stays free of Kubernetes types).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ServiceInfo {
+    pub namespace: String,
+    pub name: String,
+    /// `spec.type`: `ClusterIP` (default), `NodePort`, `LoadBalancer` or `ExternalName`.
+    pub type_: Option<String>,
+    /// `spec.clusterIPs` (or `spec.clusterIP`); `"None"` for a headless Service.
+    pub cluster_ips: Vec<String>,
+    pub external_name: Option<String>,
+    pub load_balancer_class: Option<String>,
+    pub annotations: BTreeMap<String, String>,
+    pub ports: Vec<ServicePort>,
+}
+
+/// One entry of `spec.ports`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ServicePort {
+    pub name: Option<String>,
+    pub port: i32,
+    pub target_port: Option<TargetPort>,
+    /// `TCP` (default), `UDP` or `SCTP`.
+    pub protocol: Option<String>,
+}
+
+/// `spec.ports[].targetPort`: a number, or the name of a container port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TargetPort {
+    Number(i32),
+    Name(String),
+}
+
+/// The Secret data to write, and what the caller should log about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rendered {
+    /// Every key the sidecar owns, `private.key` included (server-side apply drops a field its
+    /// manager stops sending, so the key is always sent, unchanged once it exists).
+    pub data: BTreeMap<String, Vec<u8>>,
+    /// Whether `private.key` was absent and a new key was generated.
+    pub generated_key: bool,
+    /// Things worth a log line that are not errors (a skipped ClusterIP family, ...).
+    pub notes: Vec<String>,
+}
+
+/// Why no configuration could be rendered: every problem found, each naming its input.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejected(pub Vec<String>);
+
+impl fmt::Display for Rejected {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0.join("; "))
+    }
+}
+
+impl std::error::Error for Rejected {}
+
+/// Renders the Secret data for `svc` from the base configuration text and the Secret's current
+/// data. `new_key` is called only when the Secret has no `private.key` yet.
+pub fn render(
+    svc: &ServiceInfo,
+    base: &str,
+    current: &BTreeMap<String, Vec<u8>>,
+    new_key: impl FnOnce() -> SecretKey,
+) -> Result<Rendered, Rejected> {
+    let mut problems = Vec::new();
+    let mut notes = Vec::new();
+    let mut table = match base.parse::<toml::Table>() {
+        Ok(t) => Some(t),
+        Err(e) => {
+            problems.push(format!(
+                "base config does not parse: {}",
+                e.message().trim()
+            ));
+            None
+        }
+    };
+    if let Some(t) = &mut table {
+        set_key_file(t, &mut problems);
+    }
+    let (key, generated_key) = match current.get(KEY_PRIVATE) {
+        Some(bytes) => match std::str::from_utf8(bytes)
+            .map_err(|e| e.to_string())
+            .and_then(decode_key)
+        {
+            Ok(k) => (SecretKey(k), false),
+            Err(e) => {
+                problems.push(format!(
+                    "Secret key {KEY_PRIVATE} {e} (delete the key to have a new one generated)"
+                ));
+                (SecretKey([0; 32]), false)
+            }
+        },
+        None => (new_key(), true),
+    };
+    let tunnel_families = table.as_ref().map(tunnel_families).unwrap_or_default();
+    let rules = forwards(svc, &tunnel_families, &mut problems, &mut notes);
+    let Some(mut table) = table else {
+        return Err(Rejected(problems));
+    };
+    if !problems.is_empty() {
+        return Err(Rejected(problems));
+    }
+    append(&mut table, "ingress", rules.ingress);
+    append(&mut table, "egress", rules.egress);
+    let body = match toml::to_string(&table) {
+        Ok(b) => b,
+        Err(e) => return Err(Rejected(vec![format!("cannot write TOML: {e}")])),
+    };
+    let text = format!(
+        "# Rendered by tunnelgate-sidecar from the base config and Service {}/{}.\n# Do not edit: the next change of either replaces this file.\n\n{body}",
+        svc.namespace, svc.name
+    );
+    let config = Config::parse(&text, Path::new(MOUNT_DIR), &MountedKey(&key)).map_err(|e| {
+        Rejected(
+            e.0.iter()
+                .map(|e| format!("rendered {KEY_CONFIG} is invalid: {e}"))
+                .collect(),
+        )
+    })?;
+    let ips: Vec<String> = config
+        .interface
+        .addresses
+        .iter()
+        .map(|a| a.addr().to_string())
+        .collect();
+    let device_ips = serde_json::to_string(&ips).unwrap_or_else(|_| "[]".into());
+    let private = match current.get(KEY_PRIVATE) {
+        Some(existing) => existing.clone(),
+        None => key.expose_base64().into_bytes(),
+    };
+    let data = BTreeMap::from([
+        (KEY_CONFIG.to_string(), text.into_bytes()),
+        (KEY_PRIVATE.to_string(), private),
+        (
+            KEY_PUBLIC.to_string(),
+            key.public_key().to_base64().into_bytes(),
+        ),
+        (KEY_DEVICE_IPS.to_string(), device_ips.into_bytes()),
+    ]);
+    Ok(Rendered {
+        data,
+        generated_key,
+        notes,
+    })
+}
+
+/// The keys of `desired` whose value is absent from or different in `current`; empty means the
+/// Secret is up to date and nothing must be written.
+pub fn changed_keys<'a>(
+    desired: &'a BTreeMap<String, Vec<u8>>,
+    current: &BTreeMap<String, Vec<u8>>,
+) -> Vec<&'a str> {
+    desired
+        .iter()
+        .filter(|(k, v)| current.get(*k) != Some(*v))
+        .map(|(k, _)| k.as_str())
+        .collect()
+}
+
+/// Splits `NS/NAME` (or a bare `NAME`, namespace `None`) and checks both parts are DNS labels or
+/// subdomains as Kubernetes requires.
+pub fn parse_object_ref(text: &str) -> Result<(Option<String>, String), String> {
+    let (ns, name) = match text.split_once('/') {
+        Some((ns, name)) => (Some(ns), name),
+        None => (None, text),
+    };
+    let valid = |s: &str, max: usize| {
+        !s.is_empty()
+            && s.len() <= max
+            && s.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+            && !s.starts_with(['-', '.'])
+            && !s.ends_with(['-', '.'])
+    };
+    if ns.is_some_and(|n| !valid(n, 63) || n.contains('.')) || !valid(name, 253) {
+        return Err(format!(
+            "\"{text}\" is not an object reference: expected NAMESPACE/NAME (or NAME) in lower-case letters, digits, '-' and '.'"
+        ));
+    }
+    Ok((ns.map(str::to_string), name.to_string()))
+}
+
+/// Exponential backoff for retrying API calls: `min`, doubling up to `max`, until [`reset`].
+///
+/// [`reset`]: Backoff::reset
+#[derive(Debug, Clone)]
+pub struct Backoff {
+    min: Duration,
+    max: Duration,
+    next: Duration,
+}
+
+impl Backoff {
+    pub fn new(min: Duration, max: Duration) -> Backoff {
+        Backoff {
+            min,
+            max,
+            next: min,
+        }
+    }
+
+    /// The delay before the next attempt; each call doubles the one after it.
+    pub fn next_delay(&mut self) -> Duration {
+        let d = self.next;
+        self.next = (self.next * 2).min(self.max);
+        d
+    }
+
+    /// After a success: the next failure waits `min` again.
+    pub fn reset(&mut self) {
+        self.next = self.min;
+    }
+}
+
+/// The daemon reads `private.key` from the mounted Secret; here it comes from memory. Any other
+/// file in the Secret's directory does not exist (the sidecar writes only its own keys). Key files
+/// the base config names elsewhere (a peer's `preshared_key_file` on another mount) are not visible
+/// to the sidecar: they pass with a placeholder and the daemon checks them when it loads.
+struct MountedKey<'a>(&'a SecretKey);
+
+impl SecretFiles for MountedKey<'_> {
+    fn read_secret(&self, path: &Path) -> Result<String, String> {
+        let mount = Path::new(MOUNT_DIR);
+        if path == mount.join(KEY_PRIVATE) {
+            Ok(self.0.expose_base64())
+        } else if path.parent() == Some(mount) {
+            Err(format!(
+                "is not a key of the config Secret (it holds {KEY_CONFIG}, {KEY_PRIVATE}, {KEY_PUBLIC}, {KEY_DEVICE_IPS}): expected an absolute path to a file mounted elsewhere"
+            ))
+        } else {
+            Ok(SecretKey([1; 32]).expose_base64())
+        }
+    }
+}
+
+/// The private key is the sidecar's: the base config must not set one.
+fn set_key_file(table: &mut toml::Table, problems: &mut Vec<String>) {
+    let iface = table
+        .entry("interface")
+        .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+    let Some(iface) = iface.as_table_mut() else {
+        problems.push("base config: interface is not a table: expected [interface]".into());
+        return;
+    };
+    for key in ["private_key", "private_key_file"] {
+        if iface.contains_key(key) {
+            problems.push(format!(
+                "base config: interface.{key} is set: expected none (the sidecar owns the key, Secret key {KEY_PRIVATE})"
+            ));
+        }
+    }
+    iface.insert(
+        "private_key_file".into(),
+        toml::Value::String(KEY_PRIVATE.into()),
+    );
+}
+
+/// Which address families the base config has tunnel addresses of: (v4, v6).
+fn tunnel_families(table: &toml::Table) -> (bool, bool) {
+    let addrs = table
+        .get("interface")
+        .and_then(|i| i.get("addresses"))
+        .and_then(toml::Value::as_array);
+    let ips: Vec<IpAddr> = addrs
+        .into_iter()
+        .flatten()
+        .filter_map(toml::Value::as_str)
+        .filter_map(|s| s.split('/').next()?.parse().ok())
+        .collect();
+    (
+        ips.iter().any(IpAddr::is_ipv4),
+        ips.iter().any(IpAddr::is_ipv6),
+    )
+}
+
+#[derive(Default)]
+struct Rules {
+    ingress: Vec<toml::Table>,
+    egress: Vec<toml::Table>,
+}
+
+/// The ingress and egress rules the Service's type and annotations ask for.
+fn forwards(
+    svc: &ServiceInfo,
+    (v4, v6): &(bool, bool),
+    problems: &mut Vec<String>,
+    notes: &mut Vec<String>,
+) -> Rules {
+    let mut rules = Rules::default();
+    let who = format!("Service {}/{}", svc.namespace, svc.name);
+    let annotation = |k: &str| svc.annotations.get(k).map(|v| v.trim());
+    let expose_annotation = match annotation(ANNOTATION_EXPOSE) {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(other) => {
+            problems.push(format!(
+                "{who}: annotation {ANNOTATION_EXPOSE} is \"{other}\": expected \"true\" or \"false\""
+            ));
+            false
+        }
+    };
+    let lb_class = svc.type_.as_deref() == Some("LoadBalancer")
+        && svc.load_balancer_class.as_deref() == Some(LOAD_BALANCER_CLASS);
+    if expose_annotation || lb_class {
+        let ports = ingress_ports(svc, &who, problems);
+        if svc.type_.as_deref() == Some("ExternalName") {
+            match svc.external_name.as_deref().map(str::trim) {
+                Some(name) if !name.is_empty() => {
+                    rules.ingress.push(rule("target_fqdn", name, &ports));
+                }
+                _ => problems.push(format!(
+                    "{who} is ExternalName without spec.externalName: expected a DNS name to forward to"
+                )),
+            }
+        } else {
+            let ips: Vec<&str> = svc
+                .cluster_ips
+                .iter()
+                .map(|s| s.trim())
+                .filter(|s| !s.is_empty() && *s != "None")
+                .collect();
+            if ips.is_empty() {
+                problems.push(format!(
+                    "{who} has no ClusterIP (headless, or not allocated yet): expected a ClusterIP to forward tunnel traffic to"
+                ));
+            }
+            let mut usable = 0;
+            for text in &ips {
+                match text.parse::<IpAddr>() {
+                    Ok(ip) if (ip.is_ipv4() && *v4) || (ip.is_ipv6() && *v6) => {
+                        usable += 1;
+                        rules.ingress.push(rule("target", &ip.to_string(), &ports));
+                    }
+                    Ok(ip) => notes.push(format!(
+                        "{who}: ClusterIP {ip} skipped: interface.addresses has no IPv{} tunnel address",
+                        if ip.is_ipv6() { 6 } else { 4 }
+                    )),
+                    Err(_) => problems.push(format!(
+                        "{who}: ClusterIP \"{text}\" is not an IP address"
+                    )),
+                }
+            }
+            if usable == 0 && !ips.is_empty() && (*v4 || *v6) {
+                problems.push(format!(
+                    "{who}: no ClusterIP ({}) is of a family that interface.addresses has: expected a tunnel address of the same IP family",
+                    ips.join(", ")
+                ));
+            }
+        }
+    }
+    let tunnel_ip = annotation(ANNOTATION_TUNNEL_IP);
+    let tunnel_fqdn = annotation(ANNOTATION_TUNNEL_FQDN);
+    match (tunnel_ip, tunnel_fqdn) {
+        (Some(_), Some(_)) => problems.push(format!(
+            "{who}: annotations {ANNOTATION_TUNNEL_IP} and {ANNOTATION_TUNNEL_FQDN} are both set: expected one of them"
+        )),
+        (Some(text), None) => match text.parse::<IpAddr>() {
+            Ok(ip) => {
+                let ports = egress_ports(svc, &who, problems);
+                rules.egress.push(rule("target", &ip.to_string(), &ports));
+            }
+            Err(_) => problems.push(format!(
+                "{who}: annotation {ANNOTATION_TUNNEL_IP} \"{text}\" is not an IP address: expected like \"100.64.0.2\" or \"fd7a:115c:a1e0::2\""
+            )),
+        },
+        (None, Some("")) => problems.push(format!(
+            "{who}: annotation {ANNOTATION_TUNNEL_FQDN} is empty: expected a DNS name"
+        )),
+        (None, Some(name)) => {
+            let ports = egress_ports(svc, &who, problems);
+            rules.egress.push(rule("target_fqdn", name, &ports));
+        }
+        (None, None) => {}
+    }
+    rules
+}
+
+/// Ingress listens where the Service does: `port` on the tunnel address to `port` on the
+/// ClusterIP (kube-proxy maps it on to the pods' targetPort).
+fn ingress_ports(svc: &ServiceInfo, who: &str, problems: &mut Vec<String>) -> Vec<String> {
+    let mut out = Vec::new();
+    for (i, p) in svc.ports.iter().enumerate() {
+        if let (Some(port), Some(proto)) = (
+            port_of(p.port, who, i, "port", problems),
+            proto_of(p, who, i, problems),
+        ) {
+            out.push(format!("{port}/{proto}"));
+        }
+    }
+    out
+}
+
+/// Egress: traffic for the Service reaches the proxy pod on `targetPort` (kube-proxy maps
+/// `port` to it) and goes on to `port` on the tunnel target.
+fn egress_ports(svc: &ServiceInfo, who: &str, problems: &mut Vec<String>) -> Vec<String> {
+    let mut out = Vec::new();
+    for (i, p) in svc.ports.iter().enumerate() {
+        let target = port_of(p.port, who, i, "port", problems);
+        let listen = match &p.target_port {
+            None => target,
+            Some(TargetPort::Number(n)) => port_of(*n, who, i, "targetPort", problems),
+            Some(TargetPort::Name(name)) => {
+                problems.push(format!(
+                    "{who}: spec.ports[{i}].targetPort is the name \"{name}\": expected a number (the sidecar does not read the pod's named ports)"
+                ));
+                None
+            }
+        };
+        if let (Some(listen), Some(target), Some(proto)) =
+            (listen, target, proto_of(p, who, i, problems))
+        {
+            if listen == target {
+                out.push(format!("{listen}/{proto}"));
+            } else {
+                out.push(format!("{listen}:{target}/{proto}"));
+            }
+        }
+    }
+    out
+}
+
+fn port_of(n: i32, who: &str, i: usize, field: &str, problems: &mut Vec<String>) -> Option<u16> {
+    match u16::try_from(n) {
+        Ok(p) if p > 0 => Some(p),
+        _ => {
+            problems.push(format!(
+                "{who}: spec.ports[{i}].{field} {n} is out of range: expected 1 to 65535"
+            ));
+            None
+        }
+    }
+}
+
+fn proto_of(
+    p: &ServicePort,
+    who: &str,
+    i: usize,
+    problems: &mut Vec<String>,
+) -> Option<&'static str> {
+    match p.protocol.as_deref().unwrap_or("TCP") {
+        "TCP" => Some("tcp"),
+        "UDP" => Some("udp"),
+        other => {
+            problems.push(format!(
+                "{who}: spec.ports[{i}].protocol {other} is not supported: expected TCP or UDP"
+            ));
+            None
+        }
+    }
+}
+
+fn rule(key: &str, target: &str, ports: &[String]) -> toml::Table {
+    let mut t = toml::Table::new();
+    t.insert(key.into(), toml::Value::String(target.into()));
+    if !ports.is_empty() {
+        t.insert(
+            "ports".into(),
+            toml::Value::Array(ports.iter().cloned().map(toml::Value::String).collect()),
+        );
+    }
+    t
+}
+
+/// Appends rules after the base config's own `[[ingress]]` / `[[egress]]` entries.
+fn append(table: &mut toml::Table, section: &str, rules: Vec<toml::Table>) {
+    if rules.is_empty() {
+        return;
+    }
+    let entry = table
+        .entry(section)
+        .or_insert_with(|| toml::Value::Array(Vec::new()));
+    if let Some(arr) = entry.as_array_mut() {
+        arr.extend(rules.into_iter().map(toml::Value::Table));
+    }
+}
+
+#[cfg(test)]
+mod tests;
