@@ -187,7 +187,18 @@ impl Daemon {
         self.dns
             .lock()
             .set_names(&names, config.dns.reresolve_interval, Instant::now());
-        self.status.lock().names.retain(|n, _| names.contains(n));
+        let mut status = self.status.lock();
+        status.names.retain(|n, _| names.contains(n));
+        // Listed before the first answer, so readiness waits for it.
+        for name in &names {
+            status
+                .names
+                .entry(name.clone())
+                .or_insert_with(|| NameStatus {
+                    name: name.clone(),
+                    ..NameStatus::default()
+                });
+        }
     }
 
     /// Re-resolves names on schedule and repairs drift, until the daemon stops.
