@@ -1881,3 +1881,444 @@ pub fn cpu_ticks(pid: u32) -> Option<u64> {
     // rest starts at field 3 (state); utime is field 14, stime 15.
     Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
 }
+
+// ---------------------------------------------------------------------------------------------
+// DNS: a dnsmasq name server and a minimal DNS client
+// ---------------------------------------------------------------------------------------------
+
+/// DNS record type A.
+pub const QTYPE_A: u16 = 1;
+/// DNS record type AAAA.
+pub const QTYPE_AAAA: u16 = 28;
+
+/// A dnsmasq in a namespace, answering for `*.DOMAIN` from a hosts file only (`--local=/DOMAIN/`:
+/// a name missing from the file is NXDOMAIN, never forwarded). Runs as root (so it can read its
+/// files), in the foreground, logging every query to its stderr. Stopped on drop.
+pub struct Dnsmasq {
+    ns_name: String,
+    listen: IpAddr,
+    domain: String,
+    dir: TempDir,
+    proc: Option<Proc>,
+    /// Log files of earlier runs (stopped and started again).
+    old_logs: Vec<String>,
+}
+
+impl Dnsmasq {
+    /// Starts dnsmasq on `listen`:53 (the address must already be on an interface of `ns`)
+    /// serving `hosts` (hosts-file lines) for `domain`, and waits until it answers.
+    pub fn start(ns: &Netns, listen: IpAddr, domain: &str, hosts: &str) -> Dnsmasq {
+        let dir = TempDir::new(&format!("dnsmasq-{}", ns.name()));
+        dir.write("hosts", hosts);
+        let mut d = Dnsmasq {
+            ns_name: ns.name().to_string(),
+            listen,
+            domain: domain.to_string(),
+            dir,
+            proc: None,
+            old_logs: vec![],
+        };
+        d.start_again();
+        d
+    }
+
+    /// The `host:53` address clients query.
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::new(self.listen, 53)
+    }
+
+    /// Starts the server again after [`Dnsmasq::stop`] (same address, same hosts file).
+    pub fn start_again(&mut self) {
+        assert!(self.proc.is_none(), "dnsmasq is already running");
+        let hosts = self.dir.path().join("hosts");
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &self.ns_name, "dnsmasq"]).args([
+            "--conf-file=/dev/null".to_string(),
+            "--user=root".to_string(),
+            "--no-daemon".to_string(),
+            "--no-resolv".to_string(),
+            "--no-hosts".to_string(),
+            "--port=53".to_string(),
+            format!("--listen-address={}", self.listen),
+            "--bind-interfaces".to_string(),
+            format!("--addn-hosts={}", hosts.display()),
+            format!("--local=/{}/", self.domain),
+            "--log-queries".to_string(),
+            "--log-facility=-".to_string(),
+        ]);
+        let label = format!("dnsmasq-{}", COUNTER.fetch_add(1, Ordering::Relaxed));
+        let mut proc = Proc::spawn(cmd, &label, self.dir.path());
+        let probe = format!("probe.{}", self.domain);
+        let up = poll_until(Duration::from_secs(10), || {
+            !proc.is_running() || dns_query_in(&self.ns_name, self.addr(), &probe, QTYPE_A).is_ok()
+        });
+        if !up || !proc.is_running() {
+            let _ = proc.kill9();
+            panic!(
+                "dnsmasq on {} did not answer (exited: {:?}); stderr:\n{}",
+                self.addr(),
+                proc.try_wait(),
+                proc.stderr()
+            );
+        }
+        self.proc = Some(proc);
+    }
+
+    /// SIGTERM and wait: queries go unanswered (ICMP port unreachable) until started again.
+    pub fn stop(&mut self) {
+        if let Some(mut p) = self.proc.take() {
+            p.sigterm(Duration::from_secs(5));
+            self.old_logs.push(p.stderr());
+        }
+    }
+
+    /// Replaces the hosts file and tells dnsmasq to re-read it (SIGHUP); returns once a query for
+    /// `name` answers `expect` (A and AAAA together, any order).
+    pub fn set_hosts(&mut self, hosts: &str, name: &str, expect: &[IpAddr]) {
+        self.dir.write("hosts.new", hosts);
+        fs::rename(
+            self.dir.path().join("hosts.new"),
+            self.dir.path().join("hosts"),
+        )
+        .expect("rename hosts file");
+        if let Some(p) = self.proc.as_mut() {
+            p.signal(Signal::SIGHUP);
+        }
+        let mut want: Vec<IpAddr> = expect.to_vec();
+        want.sort();
+        let mut last = String::new();
+        let ok = poll_until(Duration::from_secs(10), || {
+            match dns_lookup_in(&self.ns_name, self.addr(), name) {
+                Ok(got) if got == want => true,
+                Ok(got) => {
+                    last = format!("{got:?}");
+                    false
+                }
+                Err(e) => {
+                    last = e;
+                    false
+                }
+            }
+        });
+        assert!(
+            ok,
+            "dnsmasq does not answer {want:?} for {name} (last: {last}); log:\n{}",
+            self.logs()
+        );
+    }
+
+    /// Everything dnsmasq logged (every run so far).
+    pub fn logs(&self) -> String {
+        let mut s = self.old_logs.join("");
+        if let Some(p) = &self.proc {
+            s.push_str(&p.stderr());
+        }
+        s
+    }
+}
+
+impl Drop for Dnsmasq {
+    fn drop(&mut self) {
+        if let Some(p) = self.proc.as_mut() {
+            p.stop_quietly(Duration::from_secs(3));
+        }
+    }
+}
+
+/// One DNS answer: the response code (0 NOERROR, 3 NXDOMAIN, ...) and the A/AAAA addresses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DnsAnswer {
+    pub rcode: u8,
+    pub addrs: Vec<IpAddr>,
+}
+
+/// Asks `server` (UDP, 2 s) for `name`/`qtype` from inside namespace `ns_name`.
+pub fn dns_query_in(
+    ns_name: &str,
+    server: SocketAddr,
+    name: &str,
+    qtype: u16,
+) -> Result<DnsAnswer, String> {
+    let nspath = PathBuf::from(format!("/var/run/netns/{ns_name}"));
+    let name = name.to_string();
+    std::thread::spawn(move || {
+        enter_ns(&nspath);
+        dns_query(server, &name, qtype)
+    })
+    .join()
+    .map_err(|_| "dns query thread panicked".to_string())?
+}
+
+/// A and AAAA of `name`, sorted; `Err` unless both queries answer NOERROR.
+pub fn dns_lookup_in(ns_name: &str, server: SocketAddr, name: &str) -> Result<Vec<IpAddr>, String> {
+    let mut all = Vec::new();
+    for qtype in [QTYPE_A, QTYPE_AAAA] {
+        let a = dns_query_in(ns_name, server, name, qtype)?;
+        if a.rcode != 0 {
+            return Err(format!("{name} type {qtype}: rcode {}", a.rcode));
+        }
+        all.extend(a.addrs);
+    }
+    all.sort();
+    Ok(all)
+}
+
+/// A minimal DNS client over UDP from the calling thread's namespace.
+pub fn dns_query(server: SocketAddr, name: &str, qtype: u16) -> Result<DnsAnswer, String> {
+    let id: u16 = (std::process::id() as u16) ^ (COUNTER.fetch_add(1, Ordering::Relaxed) as u16);
+    let mut q = Vec::with_capacity(64);
+    q.extend_from_slice(&id.to_be_bytes());
+    q.extend_from_slice(&[0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0]); // RD; one question
+    for label in name.trim_end_matches('.').split('.') {
+        q.push(label.len() as u8);
+        q.extend_from_slice(label.as_bytes());
+    }
+    q.push(0);
+    q.extend_from_slice(&qtype.to_be_bytes());
+    q.extend_from_slice(&1u16.to_be_bytes()); // IN
+    let bind: SocketAddr = if server.is_ipv4() {
+        (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
+    } else {
+        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+    };
+    let s = UdpSocket::bind(bind).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_secs(2)))
+        .map_err(|e| e.to_string())?;
+    s.send_to(&q, server)
+        .map_err(|e| format!("{server}: {e}"))?;
+    let mut buf = [0u8; 4096];
+    let n = loop {
+        let (n, from) = s
+            .recv_from(&mut buf)
+            .map_err(|e| format!("{server}: {e}"))?;
+        if from == server && n >= 12 && buf[..2] == id.to_be_bytes() {
+            break n;
+        }
+    };
+    parse_dns_answer(&buf[..n])
+}
+
+fn parse_dns_answer(m: &[u8]) -> Result<DnsAnswer, String> {
+    let short = || "short DNS message".to_string();
+    let u16_at = |i: usize| -> Result<u16, String> {
+        Ok(u16::from_be_bytes([
+            *m.get(i).ok_or_else(short)?,
+            *m.get(i + 1).ok_or_else(short)?,
+        ]))
+    };
+    // Skips a (possibly compressed) name starting at i; returns the offset after it.
+    let skip_name = |mut i: usize| -> Result<usize, String> {
+        loop {
+            let len = *m.get(i).ok_or_else(short)?;
+            if len & 0xc0 == 0xc0 {
+                return Ok(i + 2);
+            }
+            if len == 0 {
+                return Ok(i + 1);
+            }
+            i += 1 + len as usize;
+        }
+    };
+    let rcode = m.get(3).ok_or_else(short)? & 0x0f;
+    let qd = u16_at(4)?;
+    let an = u16_at(6)?;
+    let mut i = 12;
+    for _ in 0..qd {
+        i = skip_name(i)? + 4;
+    }
+    let mut addrs = Vec::new();
+    for _ in 0..an {
+        i = skip_name(i)?;
+        let rtype = u16_at(i)?;
+        let rdlen = u16_at(i + 8)? as usize;
+        let data = m.get(i + 10..i + 10 + rdlen).ok_or_else(short)?;
+        match (rtype, rdlen) {
+            (QTYPE_A, 4) => addrs.push(IpAddr::from(
+                <[u8; 4]>::try_from(data).map_err(|_| short())?,
+            )),
+            (QTYPE_AAAA, 16) => addrs.push(IpAddr::from(
+                <[u8; 16]>::try_from(data).map_err(|_| short())?,
+            )),
+            _ => {}
+        }
+        i += 10 + rdlen;
+    }
+    Ok(DnsAnswer { rcode, addrs })
+}
+
+// ---------------------------------------------------------------------------------------------
+// "Who am I" TCP server: tells each client which address it reached and which address it saw
+// ---------------------------------------------------------------------------------------------
+
+/// A TCP server in a namespace that answers every connection with one line, `LOCAL PEER\n`
+/// (the address the client reached, the source address the server saw; IPv4-mapped addresses
+/// shown as IPv4), then closes. Bind `[::]:PORT` to serve every address of both families.
+/// Records what it saw; stopped on drop.
+pub struct TcpWhoami {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    seen: Arc<Mutex<Vec<(SocketAddr, SocketAddr)>>>,
+    handle: Option<JoinHandle<()>>,
+}
+
+fn canonical(a: SocketAddr) -> SocketAddr {
+    SocketAddr::new(a.ip().to_canonical(), a.port())
+}
+
+impl TcpWhoami {
+    pub fn start(ns: &Netns, bind: SocketAddr) -> TcpWhoami {
+        let l = ns
+            .in_ns(|| TcpListener::bind(bind))
+            .unwrap_or_else(|e| panic!("whoami: bind {bind} in {}: {e}", ns.name));
+        let addr = l.local_addr().expect("whoami local addr");
+        l.set_nonblocking(true).expect("whoami nonblocking");
+        let stop = Arc::new(AtomicBool::new(false));
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let (stop2, seen2) = (stop.clone(), seen.clone());
+        let handle = std::thread::spawn(move || {
+            while !stop2.load(Ordering::Relaxed) {
+                match l.accept() {
+                    Ok((mut c, peer)) => {
+                        let local = c.local_addr().map(canonical).unwrap_or(addr);
+                        let peer = canonical(peer);
+                        if let Ok(mut s) = seen2.lock() {
+                            s.push((local, peer));
+                        }
+                        let _ = c.set_nonblocking(false);
+                        let _ = c.set_write_timeout(Some(Duration::from_secs(5)));
+                        let _ = c.write_all(format!("{local} {peer}\n").as_bytes());
+                        let _ = c.shutdown(Shutdown::Both);
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+        });
+        TcpWhoami {
+            addr,
+            stop,
+            seen,
+            handle: Some(handle),
+        }
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// (local, peer) of every connection so far.
+    pub fn seen(&self) -> Vec<(SocketAddr, SocketAddr)> {
+        self.seen.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+}
+
+impl Drop for TcpWhoami {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// Connects from `ns` to a [`TcpWhoami`] (possibly through NAT) at `to`: (the address the
+/// server was reached at, the source address it saw).
+pub fn whoami(
+    ns: &Netns,
+    to: SocketAddr,
+    timeout: Duration,
+) -> Result<(SocketAddr, SocketAddr), String> {
+    let line = ns.in_ns(|| -> Result<String, String> {
+        let mut s = TcpStream::connect_timeout(&to, timeout).map_err(|e| format!("{to}: {e}"))?;
+        s.set_read_timeout(Some(timeout))
+            .map_err(|e| e.to_string())?;
+        let mut out = String::new();
+        s.read_to_string(&mut out)
+            .map_err(|e| format!("{to}: {e}"))?;
+        Ok(out)
+    })?;
+    let mut parts = line.split_whitespace().map(|p| p.parse::<SocketAddr>());
+    match (parts.next(), parts.next()) {
+        (Some(Ok(local)), Some(Ok(peer))) => Ok((local, peer)),
+        _ => Err(format!("{to}: unexpected answer {line:?}")),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// tunnelgate status, metrics, installed rules
+// ---------------------------------------------------------------------------------------------
+
+/// `tunnelgate status --json --interface IFACE` of a running daemon, parsed.
+pub fn tunnelgate_status_json(iface: &str) -> Result<serde_json::Value, String> {
+    let out = tunnelgate_cli(&["status", "--json", "--interface", iface], None);
+    if !out.success() {
+        return Err(format!(
+            "tunnelgate status --interface {iface} failed ({:?}): {}",
+            out.code,
+            out.stderr.trim()
+        ));
+    }
+    serde_json::from_str(&out.stdout).map_err(|e| format!("status JSON: {e}: {}", out.stdout))
+}
+
+/// The value of one Prometheus sample: `name` with exactly `labels` (e.g. `name="a.b"`; "" for
+/// none) in exposition text.
+pub fn metric(text: &str, name: &str, labels: &str) -> Option<f64> {
+    let key = if labels.is_empty() {
+        format!("{name} ")
+    } else {
+        format!("{name}{{{labels}}} ")
+    };
+    text.lines()
+        .find_map(|l| l.strip_prefix(&key))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+}
+
+impl Tunnelgate {
+    /// `tunnelgate status --json` of this daemon.
+    pub fn status_json(&self) -> Result<serde_json::Value, String> {
+        tunnelgate_status_json(&self.cfg.name)
+    }
+
+    /// The `names[]` entry for `name` in the status, if the daemon lists it.
+    pub fn name_status(&self, name: &str) -> Option<serde_json::Value> {
+        let s = self.status_json().ok()?;
+        s["names"]
+            .as_array()?
+            .iter()
+            .find(|n| n["name"] == name)
+            .cloned()
+    }
+
+    /// The addresses the status shows for `name` (sorted; empty if not listed).
+    pub fn name_addresses(&self, name: &str) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .name_status(name)
+            .and_then(|n| {
+                n["addresses"].as_array().map(|a| {
+                    a.iter()
+                        .filter_map(|s| s.as_str().map(String::from))
+                        .collect()
+                })
+            })
+            .unwrap_or_default();
+        v.sort();
+        v
+    }
+
+    /// `GET /metrics`.
+    pub fn metrics(&self) -> Result<String, String> {
+        match self.health_get("/metrics")? {
+            (200, body) => Ok(body),
+            (code, body) => Err(format!("/metrics answered {code}: {body}")),
+        }
+    }
+}
+
+impl Netns {
+    /// `nft list table inet tunnelgate` in the namespace ("" when the table does not exist).
+    pub fn nft_tunnelgate_table(&self) -> String {
+        self.try_exec(&["nft", "list", "table", "inet", "tunnelgate"])
+            .unwrap_or_default()
+    }
+}

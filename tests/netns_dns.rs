@@ -1,0 +1,473 @@
+//! DNS-named targets (`target_fqdn`, issue 4) end to end, with a real dnsmasq serving the names.
+//!
+//! Topology (every part in its own network namespace):
+//!
+//! ```text
+//!  client (wireguard-go)  --veth 192.168.60.0/24--  proxy (tunnelgate)  --veth 10.50.0.0/24, fd50::/64--  backend
+//!  tunnel 100.70.0.2, fd70::2                       tunnel 100.70.0.1,     (whoami server on [::]:8080,
+//!                                                   fd70::1                 addresses .11 .12 .13, fd50::21)
+//!                                                        |
+//!                                                   veth 10.53.0.0/24
+//!                                                        |
+//!                                                   dns (dnsmasq on 10.53.0.1, answers *.test.internal)
+//! ```
+//!
+//! The proxy has `[[ingress]] target_fqdn = NAME, ports = ["8080"]` and `[dns] nameservers =
+//! ["10.53.0.1"]`, `reresolve_interval = "2s"`. The client connects to the proxy's tunnel address
+//! on port 8080 and the backend's whoami server tells which of its addresses was reached.
+//!
+//! Run as root: `cargo test --test netns_dns -- --ignored --test-threads=1`.
+
+mod common;
+
+use common::*;
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, Instant};
+
+const DOMAIN: &str = "test.internal";
+const PORT: u16 = 8080;
+const INTERVAL: Duration = Duration::from_secs(2);
+const TUNNEL_V4: &str = "100.70.0.1";
+const TUNNEL_V6: &str = "fd70::1";
+const DNS_ADDR: &str = "10.53.0.1";
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().expect("address")
+}
+
+/// The namespaces, dnsmasq, the wireguard-go client and the backend server of one test.
+struct Lab {
+    client: Netns,
+    proxy: Netns,
+    backend: Netns,
+    dns_ns: Netns,
+    dnsmasq: Dnsmasq,
+    wg: WgGo,
+    server: TcpWhoami,
+}
+
+impl Lab {
+    /// Builds the topology with dnsmasq serving `hosts`.
+    fn new(hosts: &str) -> Lab {
+        let client = Netns::new();
+        let proxy = Netns::new();
+        let backend = Netns::new();
+        let dns_ns = Netns::new();
+        veth(&proxy, &["192.168.60.1/24"], &client, &["192.168.60.2/24"]);
+        veth(
+            &proxy,
+            &["10.50.0.1/24", "fd50::1/64"],
+            &backend,
+            &[
+                "10.50.0.11/24",
+                "10.50.0.12/24",
+                "10.50.0.13/24",
+                "fd50::21/64",
+                "fd50::22/64",
+            ],
+        );
+        veth(&proxy, &["10.53.0.2/24"], &dns_ns, &["10.53.0.1/24"]);
+        let dnsmasq = Dnsmasq::start(&dns_ns, ip(DNS_ADDR), DOMAIN, hosts);
+        let server = TcpWhoami::start(&backend, SocketAddr::new(ip("::"), PORT));
+        let wg = WgGo::start(&client, 0, &["100.70.0.2/32", "fd70::2/128"]);
+        Lab {
+            client,
+            proxy,
+            backend,
+            dns_ns,
+            dnsmasq,
+            wg,
+            server,
+        }
+    }
+
+    /// The proxy's configuration: one ingress rule per `(name, port)`, the lab's name server and
+    /// the shortened interval. `extra` is appended (e.g. `[firewall]`).
+    fn config(&self, names: &[(&str, u16)], extra: &str) -> TgConfig {
+        let mut cfg = TgConfig::new(51820, &["100.70.0.1/32", "fd70::1/128"]).peer(Peer::new(
+            self.wg.public_key(),
+            &["100.70.0.2/32", "fd70::2/128"],
+        ));
+        for (name, port) in names {
+            cfg.extra.push_str(&format!(
+                "[[ingress]]\ntarget_fqdn = \"{name}\"\nports = [\"{port}\"]\n\n"
+            ));
+        }
+        cfg.extra.push_str(&format!(
+            "[dns]\nnameservers = [\"{DNS_ADDR}\"]\nreresolve_interval = \"{}s\"\n\n{extra}",
+            INTERVAL.as_secs()
+        ));
+        cfg
+    }
+
+    /// Points the client at the proxy and waits for the handshake.
+    fn connect(&self, tg: &Tunnelgate) {
+        self.wg.add_peer(
+            &Peer::new(tg.public_key(), &["100.70.0.1/32", "fd70::1/128"])
+                .endpoint("192.168.60.1:51820")
+                .keepalive(1),
+        );
+        wait_handshake(self.wg.name(), tg.public_key(), Duration::from_secs(10));
+    }
+
+    /// Which backend address one new connection from the client to `to` lands on.
+    fn landing(&self, to: IpAddr) -> Result<IpAddr, String> {
+        whoami(
+            &self.client,
+            SocketAddr::new(to, PORT),
+            Duration::from_secs(3),
+        )
+        .map(|(local, _)| local.ip())
+    }
+}
+
+/// Starts the proxy and waits until it is ready and `name` resolved to `expect`.
+fn start_proxy(lab: &Lab, cfg: TgConfig, name: &str, expect: &[&str]) -> Tunnelgate {
+    let tg = Tunnelgate::start(&lab.proxy, cfg);
+    wait_resolved(&tg, name, expect);
+    tg
+}
+
+fn wait_resolved(tg: &Tunnelgate, name: &str, expect: &[&str]) {
+    let mut want: Vec<String> = expect.iter().map(|s| s.to_string()).collect();
+    want.sort();
+    // Resolved, and the rules for the answer applied.
+    let ok = poll_until(Duration::from_secs(15), || {
+        tg.name_addresses(name) == want && {
+            let text = rules_text(tg);
+            want.iter().all(|a| text.contains(a.as_str()))
+        }
+    });
+    assert!(
+        ok,
+        "{name} never showed {want:?} in the status and rules (now {:?}); stderr:\n{}",
+        tg.name_status(name),
+        tg.stderr()
+    );
+}
+
+/// The status' `rules.text` (what was applied, as the backend sees it).
+fn rules_text(tg: &Tunnelgate) -> String {
+    tg.status_json().unwrap_or_default()["rules"]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[test]
+#[ignore = "needs root"]
+fn changed_answer_moves_new_connections_and_leaves_no_stale_rule() {
+    let name = format!("svc.{DOMAIN}");
+    let mut lab = Lab::new(&format!("10.50.0.11 {name}\n"));
+    let cfg = lab.config(&[(&name, PORT)], "");
+    let mut tg = start_proxy(&lab, cfg.clone(), &name, &["10.50.0.11"]);
+    lab.connect(&tg);
+    assert_eq!(lab.landing(ip(TUNNEL_V4)), Ok(ip("10.50.0.11")));
+
+    // The answer changes; within one interval (plus the time to apply) new connections go to
+    // the new address.
+    lab.dnsmasq
+        .set_hosts(&format!("10.50.0.12 {name}\n"), &name, &[ip("10.50.0.12")]);
+    let changed = Instant::now();
+    let mut last = String::new();
+    let moved = poll_until(INTERVAL * 3, || match lab.landing(ip(TUNNEL_V4)) {
+        Ok(a) if a == ip("10.50.0.12") => true,
+        other => {
+            last = format!("{other:?}");
+            false
+        }
+    });
+    let took = changed.elapsed();
+    assert!(
+        moved,
+        "new connections still land on {last} {:?} after the change; stderr:\n{}",
+        INTERVAL * 3,
+        tg.stderr()
+    );
+    assert!(
+        took <= INTERVAL + Duration::from_millis(1500),
+        "took {took:?} to follow the new answer (interval {INTERVAL:?})"
+    );
+    for _ in 0..5 {
+        assert_eq!(lab.landing(ip(TUNNEL_V4)), Ok(ip("10.50.0.12")));
+    }
+    wait_resolved(&tg, &name, &["10.50.0.12"]);
+
+    // The old rule is gone: nothing mentions the old address, in the kernel or in the status.
+    let after_change = lab.proxy.nft_tunnelgate_table();
+    assert!(after_change.contains("10.50.0.12"), "{after_change}");
+    assert!(!after_change.contains("10.50.0.11"), "{after_change}");
+    let text_after_change = rules_text(&tg);
+    assert!(!text_after_change.contains("10.50.0.11"));
+
+    // And the rule set equals a fresh start with the new answer.
+    assert!(tg.sigterm().success(), "stderr:\n{}", tg.stderr());
+    assert_eq!(
+        lab.proxy.nft_tunnelgate_table(),
+        "",
+        "table removed on exit"
+    );
+    let fresh = start_proxy(&lab, cfg, &name, &["10.50.0.12"]);
+    wait_until(
+        Duration::from_secs(5),
+        "the fresh daemon applied rules",
+        || lab.proxy.nft_tunnelgate_table().contains("10.50.0.12"),
+    );
+    assert_eq!(lab.proxy.nft_tunnelgate_table(), after_change);
+    assert_eq!(rules_text(&fresh), text_after_change);
+    let _ = &lab.dns_ns;
+}
+
+/// Thirty connections through a name with three A records: each backend sees some.
+fn three_a_records(firewall: &str) {
+    let name = format!("pool.{DOMAIN}");
+    let lab = Lab::new(&format!(
+        "10.50.0.11 {name}\n10.50.0.12 {name}\n10.50.0.13 {name}\n"
+    ));
+    let cfg = lab.config(&[(&name, PORT)], firewall);
+    let tg = start_proxy(
+        &lab,
+        cfg,
+        &name,
+        &["10.50.0.11", "10.50.0.12", "10.50.0.13"],
+    );
+    lab.connect(&tg);
+    let mut hits: BTreeMap<IpAddr, u32> = BTreeMap::new();
+    for i in 0..30 {
+        let at = lab
+            .landing(ip(TUNNEL_V4))
+            .unwrap_or_else(|e| panic!("connection {i}: {e}"));
+        *hits.entry(at).or_default() += 1;
+    }
+    let backends: Vec<IpAddr> = ["10.50.0.11", "10.50.0.12", "10.50.0.13"]
+        .iter()
+        .map(|s| ip(s))
+        .collect();
+    for b in &backends {
+        assert!(
+            hits.get(b).copied().unwrap_or(0) >= 1,
+            "backend {b} saw no connection: {hits:?}"
+        );
+    }
+    assert_eq!(hits.values().sum::<u32>(), 30, "{hits:?}");
+    assert!(hits.keys().all(|k| backends.contains(k)), "{hits:?}");
+    // The server saw the same (the proxy masquerades: every source is its LAN address).
+    let seen = lab.server.seen();
+    assert_eq!(seen.len(), 30);
+    assert!(seen.iter().all(|(_, peer)| peer.ip() == ip("10.50.0.1")));
+    let _ = &lab.backend;
+}
+
+#[test]
+#[ignore = "needs root"]
+fn three_a_records_spread_connections_nftables() {
+    three_a_records("[firewall]\nmode = \"nftables\"\n");
+}
+
+#[test]
+#[ignore = "needs root"]
+fn three_a_records_spread_connections_iptables() {
+    three_a_records("[firewall]\nmode = \"iptables\"\n");
+}
+
+#[test]
+#[ignore = "needs root"]
+fn aaaa_only_name_works_over_ipv6() {
+    let name = format!("v6only.{DOMAIN}");
+    let lab = Lab::new(&format!("fd50::21 {name}\n"));
+    let cfg = lab.config(&[(&name, PORT)], "");
+    let tg = start_proxy(&lab, cfg, &name, &["fd50::21"]);
+    lab.connect(&tg);
+    for _ in 0..3 {
+        assert_eq!(lab.landing(ip(TUNNEL_V6)), Ok(ip("fd50::21")));
+    }
+    let (_, peer) = lab.server.seen()[0];
+    assert_eq!(peer.ip(), ip("fd50::1"), "masqueraded behind the proxy");
+    let table = lab.proxy.nft_tunnelgate_table();
+    assert!(table.contains("dnat ip6 to"), "{table}");
+    assert!(!table.contains("dnat ip to"), "no IPv4 rule: {table}");
+    // No IPv4 rule: IPv4 to the tunnel address on that port reaches nobody.
+    assert!(lab.landing(ip(TUNNEL_V4)).is_err());
+}
+
+#[test]
+#[ignore = "needs root"]
+fn dns_outage_keeps_last_good_rules_and_recovers() {
+    let name = format!("svc.{DOMAIN}");
+    let mut lab = Lab::new(&format!("10.50.0.11 {name}\n"));
+    let cfg = lab.config(&[(&name, PORT)], "");
+    let tg = start_proxy(&lab, cfg, &name, &["10.50.0.11"]);
+    lab.connect(&tg);
+    assert_eq!(lab.landing(ip(TUNNEL_V4)), Ok(ip("10.50.0.11")));
+    let label = format!("name=\"{name}\"");
+    let failures = || {
+        tg.metrics()
+            .ok()
+            .and_then(|m| metric(&m, "tunnelgate_dns_resolution_failures_total", &label))
+            .unwrap_or(-1.0)
+    };
+    assert_eq!(failures(), 0.0);
+    let rules_before = lab.proxy.nft_tunnelgate_table();
+
+    lab.dnsmasq.stop();
+    // Retries: at least three failed resolutions, counted and logged, while traffic flows.
+    let mut flowed = 0;
+    let retried = poll_until(Duration::from_secs(30), || {
+        if lab.landing(ip(TUNNEL_V4)) == Ok(ip("10.50.0.11")) {
+            flowed += 1;
+        }
+        failures() >= 3.0
+    });
+    assert!(
+        retried,
+        "failures counted: {}; status {:?}; stderr:\n{}",
+        failures(),
+        tg.name_status(&name),
+        tg.stderr()
+    );
+    assert!(flowed >= 1);
+    for _ in 0..3 {
+        assert_eq!(
+            lab.landing(ip(TUNNEL_V4)),
+            Ok(ip("10.50.0.11")),
+            "traffic flows on the last good rules"
+        );
+    }
+    assert_eq!(lab.proxy.nft_tunnelgate_table(), rules_before);
+    let status = tg.name_status(&name).expect("name in status");
+    assert!(status["last_error"].is_string(), "{status}");
+    assert_eq!(tg.name_addresses(&name), ["10.50.0.11"]);
+    let logged = tg
+        .stderr()
+        .lines()
+        .filter(|l| l.contains("Resolution failed") && l.contains(name.as_str()))
+        .count();
+    assert!(
+        logged >= 3,
+        "retries logged {logged} times:\n{}",
+        tg.stderr()
+    );
+    // Once resolved, a DNS outage does not make the proxy unready.
+    assert_eq!(tg.health_get("/readyz").map(|r| r.0), Ok(200));
+
+    // dnsmasq back: the next resolution succeeds and the error is cleared.
+    let resolutions_at_restart = status["resolutions"].as_u64().unwrap_or(0);
+    let failures_at_restart = failures();
+    lab.dnsmasq.start_again();
+    wait_until(
+        INTERVAL * 3,
+        "a successful resolution clears last_error",
+        || {
+            tg.name_status(&name).is_some_and(|n| {
+                n["last_error"].is_null()
+                    && n["resolutions"].as_u64() > Some(resolutions_at_restart)
+            })
+        },
+    );
+    let after = tg.name_status(&name).expect("name in status");
+    assert!(after["last_resolved_unix"].as_u64().is_some(), "{after}");
+    assert_eq!(tg.name_addresses(&name), ["10.50.0.11"]);
+    assert!(
+        failures() <= failures_at_restart + 1.0,
+        "failures stop growing"
+    );
+    assert_eq!(lab.landing(ip(TUNNEL_V4)), Ok(ip("10.50.0.11")));
+    assert!(
+        lab.dnsmasq.logs().contains(&name),
+        "the query reached dnsmasq"
+    );
+}
+
+#[test]
+#[ignore = "needs root"]
+fn nxdomain_name_keeps_readyz_503_and_shows_in_status() {
+    let good = format!("svc.{DOMAIN}");
+    let missing = format!("missing.{DOMAIN}");
+    let lab = Lab::new(&format!("10.50.0.11 {good}\n"));
+    let cfg = lab.config(&[(&good, PORT), (&missing, 9090)], "");
+    let tg = Tunnelgate::spawn(&lab.proxy, cfg);
+    let nx = dns_query_in(lab.dns_ns.name(), lab.dnsmasq.addr(), &missing, QTYPE_A)
+        .expect("dnsmasq answers");
+    assert_eq!(nx.rcode, 3, "dnsmasq says NXDOMAIN for {missing}");
+
+    // /readyz is never 200; once the name has failed it is 503 naming it.
+    let mut codes = Vec::new();
+    let named = poll_until(Duration::from_secs(15), || match tg.health_get("/readyz") {
+        Ok((code, body)) => {
+            codes.push(code);
+            code == 503 && body.contains(&format!("dns: {missing}"))
+        }
+        Err(_) => false,
+    });
+    assert!(
+        named,
+        "/readyz never named {missing}: {:?}; stderr:\n{}",
+        tg.health_get("/readyz"),
+        tg.stderr()
+    );
+    assert!(!codes.contains(&200), "/readyz answered 200: {codes:?}");
+    wait_resolved(&tg, &good, &["10.50.0.11"]);
+
+    // It keeps retrying, and the status shows the error.
+    wait_until(
+        Duration::from_secs(15),
+        "three failures of the name",
+        || {
+            tg.name_status(&missing)
+                .is_some_and(|n| n["failures"].as_u64() >= Some(3))
+        },
+    );
+    let n = tg.name_status(&missing).expect("missing name in status");
+    assert!(
+        n["last_error"].as_str().is_some_and(|e| !e.is_empty()),
+        "{n}"
+    );
+    assert!(n["last_resolved_unix"].is_null(), "{n}");
+    assert_eq!(n["addresses"].as_array().map(Vec::len), Some(0), "{n}");
+    let (code, body) = tg.health_get("/readyz").expect("readyz");
+    assert_eq!(code, 503);
+    assert!(body.contains(&format!("dns: {missing}")), "{body}");
+    assert!(!body.contains(&good), "{body}");
+    let text = tunnelgate_cli(&["status", "--interface", tg.name()], None);
+    assert!(text.success(), "{}", text.stderr);
+    assert!(text.stdout.contains(&missing), "{}", text.stdout);
+    assert!(text.stdout.contains("last error:"), "{}", text.stdout);
+    assert!(text.stdout.contains("resolved: never"), "{}", text.stdout);
+
+    // The name that did resolve is served meanwhile.
+    lab.connect(&tg);
+    assert_eq!(lab.landing(ip(TUNNEL_V4)), Ok(ip("10.50.0.11")));
+}
+
+#[test]
+#[ignore = "needs root"]
+fn readyz_waits_for_a_slow_first_answer() {
+    let name = format!("slow.{DOMAIN}");
+    let lab = Lab::new(&format!("10.50.0.11 {name}\n"));
+    // The name server swallows every query: the first resolution only ends with its timeout.
+    lab.dns_ns.sh("nft add table inet blackhole && \
+         nft add chain inet blackhole input '{ type filter hook input priority 0; }' && \
+         nft add rule inet blackhole input udp dport 53 drop && \
+         nft add rule inet blackhole input tcp dport 53 drop");
+    let tg = Tunnelgate::spawn(&lab.proxy, lab.config(&[(&name, PORT)], ""));
+    let start = Instant::now();
+    let mut codes = Vec::new();
+    while start.elapsed() < Duration::from_secs(4) {
+        if let Ok((code, body)) = tg.health_get("/readyz") {
+            assert_ne!(
+                code,
+                200,
+                "/readyz is 200 {:?} after start although {name} never resolved: {body}",
+                start.elapsed()
+            );
+            codes.push(code);
+        }
+        std::thread::sleep(POLL);
+    }
+    assert!(codes.contains(&503), "{codes:?}");
+    let n = tg
+        .name_status(&name)
+        .expect("the status lists the name before its first answer");
+    assert!(n["last_resolved_unix"].is_null(), "{n}");
+}
