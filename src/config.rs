@@ -175,6 +175,22 @@ impl Config {
         names.dedup();
         names
     }
+
+    /// Settings that are valid but probably not what the user wants: printed by `check` and
+    /// logged at start, never fatal.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.router.exit_node && !self.router.snat {
+            out.push(
+                "router.snat: false with router.exit_node = true: forwarded traffic leaves with \
+                 the peers' tunnel addresses as source, so replies come back only if the \
+                 upstream network routes the tunnel addresses to this host; expected snat = true \
+                 for an exit node"
+                    .to_string(),
+            );
+        }
+        out
+    }
 }
 
 /// The dotted key (`interface.listen_port`, `peer[1].allowed_ips`) on the line of `offset`,

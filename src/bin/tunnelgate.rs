@@ -129,6 +129,9 @@ fn status(config: PathBuf, interface: Option<String>, json: bool) -> ExitCode {
 /// Prints the plan: routes, sysctls and the exact firewall text for the chosen backend.
 fn check(config: &tunnelgate::config::Config) -> ExitCode {
     use tunnelgate::shell::reconcile::firewall_needed;
+    for w in config.warnings() {
+        eprintln!("tunnelgate check: warning: {w}");
+    }
     let firewall = if firewall_needed(config) {
         match tunnelgate::shell::firewall::choose(config.firewall.mode) {
             Ok(backend) => {
@@ -187,6 +190,9 @@ fn run(path: PathBuf) -> ExitCode {
         Ok(c) => c,
         Err(e) => return config_error(&e),
     };
+    for w in config.warnings() {
+        tracing::warn!("{w}");
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -105,5 +105,51 @@ pub fn render_plan(config: &Config, firewall: Option<(&str, &str)>) -> String {
             let _ = writeln!(out, "\n# firewall: none (nothing is forwarded)");
         }
     }
+    if !config.peers.is_empty() {
+        let _ = writeln!(
+            out,
+            "\n# client side: AllowedIPs for each peer (the [Peer] section for this host in its wg-quick config)"
+        );
+        let allowed: Vec<String> = client_allowed_ips(config)
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        for (i, peer) in config.peers.iter().enumerate() {
+            let here: Vec<String> = peer.allowed_ips.iter().map(ToString::to_string).collect();
+            let _ = writeln!(
+                out,
+                "# peer[{i}] {} (its allowed_ips here: {})",
+                peer.public_key,
+                here.join(", ")
+            );
+            let _ = writeln!(out, "AllowedIPs = {}", allowed.join(", "));
+        }
+    }
+    out
+}
+
+/// What a peer must route through the tunnel to this host: every address and network this
+/// host serves. An exit node serves everything (0.0.0.0/0, ::/0); otherwise the tunnel
+/// addresses (as /32 and /128) and the advertised routes (subnet router).
+pub fn client_allowed_ips(config: &Config) -> Vec<crate::config::IpNet> {
+    use crate::config::IpNet;
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+    if config.router.exit_node {
+        return vec![
+            IpNet::new_assert(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0),
+            IpNet::new_assert(IpAddr::V6(Ipv6Addr::UNSPECIFIED), 0),
+        ];
+    }
+    let mut out: Vec<IpNet> = Vec::new();
+    let own = config
+        .interface
+        .addresses
+        .iter()
+        .map(|a| IpNet::from(a.addr()));
+    for net in own.chain(config.router.advertise_routes.iter().copied()) {
+        if !out.contains(&net) {
+            out.push(net);
+        }
+    }
     out
 }
