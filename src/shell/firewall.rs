@@ -61,11 +61,19 @@ fn run(program: &str, args: &[&str], stdin: Option<&str>) -> Result<String, Fire
         }
     })?;
     if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
-        pipe.write_all(text.as_bytes())
-            .map_err(|source| FirewallError::Spawn {
-                program: program.into(),
-                source,
-            })?;
+        // A program that exits early (a parse error) closes its stdin: its exit status and
+        // stderr, read below, say why; EPIPE would only hide that. Any other write error
+        // still reaps the child, so no zombie is left behind.
+        if let Err(source) = pipe.write_all(text.as_bytes()) {
+            if source.kind() != std::io::ErrorKind::BrokenPipe {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(FirewallError::Spawn {
+                    program: program.into(),
+                    source,
+                });
+            }
+        }
     }
     let out = child
         .wait_with_output()
