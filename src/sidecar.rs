@@ -146,10 +146,7 @@ pub fn render(
     }
     append(&mut table, "ingress", rules.ingress);
     append(&mut table, "egress", rules.egress);
-    let body = match toml::to_string(&table) {
-        Ok(b) => b,
-        Err(e) => return Err(Rejected(vec![format!("cannot write TOML: {e}")])),
-    };
+    let body = to_toml(table).map_err(|e| Rejected(vec![format!("cannot write TOML: {e}")]))?;
     let text = format!(
         "# Rendered by tunnelgate-sidecar from the base config and Service {}/{}.\n# Do not edit: the next change of either replaces this file.\n\n{body}",
         svc.namespace, svc.name
@@ -503,6 +500,38 @@ fn rule(key: &str, target: &str, ports: &[String]) -> toml::Table {
         );
     }
     t
+}
+
+/// The table as TOML text, its sections in the order of the contract's example (a `toml::Table`
+/// alone would sort them by name).
+fn to_toml(mut table: toml::Table) -> Result<String, toml::ser::Error> {
+    const ORDER: [&str; 8] = [
+        "interface",
+        "peer",
+        "firewall",
+        "ingress",
+        "egress",
+        "router",
+        "dns",
+        "health",
+    ];
+    let ordered: Vec<(&str, toml::Value)> = ORDER
+        .iter()
+        .filter_map(|k| Some((*k, table.remove(*k)?)))
+        .collect();
+    // Anything else first, so a stray top-level key stays top-level (Config::parse refuses it
+    // and names it).
+    let mut parts = Vec::new();
+    if !table.is_empty() {
+        parts.push(toml::to_string(&table)?);
+    }
+    for (key, v) in ordered {
+        parts.push(toml::to_string(&toml::Table::from_iter([(
+            key.to_string(),
+            v,
+        )]))?);
+    }
+    Ok(parts.join("\n"))
 }
 
 /// Appends rules after the base config's own `[[ingress]]` / `[[egress]]` entries.

@@ -1,0 +1,811 @@
+//! End-to-end tests of the `tunnelgate-sidecar` binary against an in-repo fake Kubernetes API
+//! server (plain HTTP, hyper) that serves one Service (get, list, watch), one Secret (get, apply)
+//! and Event creation, and records every request. No root needed.
+//!
+//! Covered: the first run creates the key and writes the Secret; a second run with the same inputs
+//! writes nothing; a Service change gives exactly one apply; a 409 conflict is retried; a dropped
+//! watch is resumed; an API-server restart is survived; a base config change is rendered; bad input
+//! gives an Event and no write.
+
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt as _, Full, StreamBody};
+use hyper::body::{Bytes, Frame, Incoming};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tunnelgate::config::{Config, SecretFiles, SecretKey};
+
+const NS: &str = "tg";
+const SERVICE: &str = "web";
+const SECRET: &str = "proxy-0";
+const WAIT: Duration = Duration::from_secs(20);
+
+// ------------------------------------------------------------------------------------------------
+// The fake API server
+// ------------------------------------------------------------------------------------------------
+
+type Body = UnsyncBoxBody<Bytes, Infallible>;
+
+#[derive(Debug, Clone)]
+struct Recorded {
+    method: Method,
+    path: String,
+    query: String,
+    body: String,
+}
+
+impl Recorded {
+    fn is_secret_patch(&self) -> bool {
+        self.method == Method::PATCH && self.path.ends_with(&format!("/secrets/{SECRET}"))
+    }
+    fn is_secret_get(&self) -> bool {
+        self.method == Method::GET && self.path.ends_with(&format!("/secrets/{SECRET}"))
+    }
+    fn is_watch(&self) -> bool {
+        self.path.ends_with("/services") && self.query.contains("watch=true")
+    }
+    fn is_event(&self) -> bool {
+        self.method == Method::POST && self.path.ends_with("/events")
+    }
+}
+
+struct State {
+    resource_version: u64,
+    service: Value,
+    /// `None`: the Secret does not exist.
+    secret: Option<BTreeMap<String, Vec<u8>>>,
+    requests: Vec<Recorded>,
+    /// How many more Secret patches answer 409 Conflict.
+    conflicts: u32,
+    watchers: Vec<mpsc::UnboundedSender<Bytes>>,
+}
+
+struct Fake {
+    state: Mutex<State>,
+    port: u16,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Fake {
+    async fn start(service: Value, secret: Option<BTreeMap<String, Vec<u8>>>) -> Arc<Fake> {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let fake = Arc::new(Fake {
+            state: Mutex::new(State {
+                resource_version: 1,
+                service,
+                secret,
+                requests: Vec::new(),
+                conflicts: 0,
+                watchers: Vec::new(),
+            }),
+            port,
+            tasks: Mutex::new(Vec::new()),
+        });
+        fake.lock().service["metadata"]["resourceVersion"] = json!("1");
+        fake.serve(listener);
+        fake
+    }
+
+    fn serve(self: &Arc<Self>, listener: TcpListener) {
+        let fake = self.clone();
+        let accept = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let f = fake.clone();
+                let conn = tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(move |req| {
+                        let f = f.clone();
+                        async move { Ok::<_, Infallible>(f.handle(req).await) }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+                fake.tasks.lock().expect("tasks").push(conn);
+            }
+        });
+        self.tasks.lock().expect("tasks").push(accept);
+    }
+
+    /// Like an API server going down: the listener and every connection close.
+    fn stop(&self) {
+        for t in self.tasks.lock().expect("tasks").drain(..) {
+            t.abort();
+        }
+        self.lock().watchers.clear();
+    }
+
+    /// The API server comes back on the same port.
+    async fn restart(self: &Arc<Self>) {
+        let listener = TcpListener::bind(("127.0.0.1", self.port))
+            .await
+            .expect("rebind");
+        self.serve(listener);
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().expect("fake state")
+    }
+
+    fn requests(&self) -> Vec<Recorded> {
+        self.lock().requests.clone()
+    }
+
+    fn count(&self, f: impl Fn(&Recorded) -> bool) -> usize {
+        self.lock().requests.iter().filter(|r| f(r)).count()
+    }
+
+    fn secret(&self) -> BTreeMap<String, Vec<u8>> {
+        self.lock().secret.clone().unwrap_or_default()
+    }
+
+    /// Changes the Service and tells every open watch (a MODIFIED event), unless `quietly`.
+    fn change_service(&self, f: impl FnOnce(&mut Value), quietly: bool) {
+        let mut st = self.lock();
+        f(&mut st.service);
+        st.resource_version += 1;
+        let rv = st.resource_version.to_string();
+        st.service["metadata"]["resourceVersion"] = json!(rv);
+        if !quietly {
+            let line = watch_line(&st.service);
+            st.watchers.retain(|w| w.send(line.clone()).is_ok());
+        }
+    }
+
+    /// Ends every open watch response, as an API server does at its watch timeout.
+    fn drop_watches(&self) {
+        self.lock().watchers.clear();
+    }
+
+    async fn handle(&self, req: Request<Incoming>) -> Response<Body> {
+        let method = req.method().clone();
+        let path = req.uri().path().to_string();
+        let query = req.uri().query().unwrap_or_default().to_string();
+        let bytes = match req.into_body().collect().await {
+            Ok(b) => b.to_bytes(),
+            Err(_) => Bytes::new(),
+        };
+        let body = String::from_utf8_lossy(&bytes).to_string();
+        let mut st = self.lock();
+        st.requests.push(Recorded {
+            method: method.clone(),
+            path: path.clone(),
+            query: query.clone(),
+            body: body.clone(),
+        });
+        let services = format!("/api/v1/namespaces/{NS}/services");
+        let secret = format!("/api/v1/namespaces/{NS}/secrets/{SECRET}");
+        let events = format!("/api/v1/namespaces/{NS}/events");
+        match (&method, path.as_str()) {
+            (&Method::GET, p) if p == format!("{services}/{SERVICE}") => {
+                reply(StatusCode::OK, &st.service)
+            }
+            (&Method::GET, p) if p == services && query.contains("watch=true") => {
+                let (tx, rx) = mpsc::unbounded_channel();
+                let since: u64 = param(&query, "resourceVersion")
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0);
+                if since < service_rv(&st.service) {
+                    let _ = tx.send(watch_line(&st.service));
+                }
+                st.watchers.push(tx);
+                let stream = futures::stream::unfold(rx, |mut rx| async move {
+                    rx.recv()
+                        .await
+                        .map(|b| (Ok::<_, Infallible>(Frame::data(b)), rx))
+                });
+                Response::builder()
+                    .header("content-type", "application/json")
+                    .body(StreamBody::new(stream).boxed_unsync())
+                    .expect("response")
+            }
+            (&Method::GET, p) if p == services => {
+                let list = json!({
+                    "kind": "ServiceList", "apiVersion": "v1",
+                    "metadata": {"resourceVersion": st.resource_version.to_string()},
+                    "items": [st.service.clone()],
+                });
+                reply(StatusCode::OK, &list)
+            }
+            (&Method::GET, p) if p == secret => match &st.secret {
+                Some(data) => reply(StatusCode::OK, &secret_json(data, st.resource_version)),
+                None => status(
+                    StatusCode::NOT_FOUND,
+                    "NotFound",
+                    "secrets \"proxy-0\" not found",
+                ),
+            },
+            (&Method::PATCH, p) if p == secret => {
+                if st.conflicts > 0 {
+                    st.conflicts -= 1;
+                    return status(
+                        StatusCode::CONFLICT,
+                        "Conflict",
+                        "the object has been modified",
+                    );
+                }
+                let Ok(patch) = serde_json::from_str::<Value>(&body) else {
+                    return status(StatusCode::BAD_REQUEST, "BadRequest", "not JSON");
+                };
+                let data = st.secret.get_or_insert_with(BTreeMap::new);
+                if let Some(map) = patch["data"].as_object() {
+                    for (k, v) in map {
+                        let v = v.as_str().and_then(|s| {
+                            base64::Engine::decode(&base64::engine::general_purpose::STANDARD, s)
+                                .ok()
+                        });
+                        data.insert(k.clone(), v.unwrap_or_default());
+                    }
+                }
+                let data = data.clone();
+                st.resource_version += 1;
+                reply(StatusCode::OK, &secret_json(&data, st.resource_version))
+            }
+            (&Method::POST, p) if p == events => {
+                let v: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+                reply(StatusCode::CREATED, &v)
+            }
+            _ => status(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                "no such path in the fake",
+            ),
+        }
+    }
+}
+
+fn param<'a>(query: &'a str, key: &str) -> Option<&'a str> {
+    query
+        .split('&')
+        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+}
+
+fn service_rv(svc: &Value) -> u64 {
+    svc["metadata"]["resourceVersion"]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
+fn watch_line(svc: &Value) -> Bytes {
+    let mut line = json!({"type": "MODIFIED", "object": svc}).to_string();
+    line.push('\n');
+    Bytes::from(line)
+}
+
+fn secret_json(data: &BTreeMap<String, Vec<u8>>, rv: u64) -> Value {
+    let data: serde_json::Map<String, Value> = data
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.clone(),
+                json!(base64::Engine::encode(
+                    &base64::engine::general_purpose::STANDARD,
+                    v
+                )),
+            )
+        })
+        .collect();
+    json!({
+        "kind": "Secret", "apiVersion": "v1",
+        "metadata": {"name": SECRET, "namespace": NS, "resourceVersion": rv.to_string()},
+        "type": "Opaque",
+        "data": data,
+    })
+}
+
+fn reply(code: StatusCode, v: &Value) -> Response<Body> {
+    Response::builder()
+        .status(code)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(v.to_string())).boxed_unsync())
+        .expect("response")
+}
+
+fn status(code: StatusCode, reason: &str, message: &str) -> Response<Body> {
+    let v = json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {},
+        "status": "Failure", "message": message, "reason": reason, "code": code.as_u16(),
+    });
+    reply(code, &v)
+}
+
+// ------------------------------------------------------------------------------------------------
+// Inputs and the sidecar process
+// ------------------------------------------------------------------------------------------------
+
+fn peer_key() -> String {
+    SecretKey([7; 32]).public_key().to_base64()
+}
+
+fn base_config(extra_peer: bool) -> String {
+    let mut t = format!(
+        "[interface]\nname = \"tg0\"\naddresses = [\"100.64.0.1/32\", \"fd7a:115c:a1e0::1/128\"]\n\n\
+         [[peer]]\npublic_key = \"{}\"\nallowed_ips = [\"100.64.0.2/32\"]\n\n\
+         [health]\nlisten = \"0.0.0.0:9002\"\n",
+        peer_key()
+    );
+    if extra_peer {
+        t.push_str(&format!(
+            "\n[[peer]]\npublic_key = \"{}\"\nallowed_ips = [\"100.64.0.3/32\"]\n",
+            SecretKey([8; 32]).public_key().to_base64()
+        ));
+    }
+    t
+}
+
+fn service(annotations: Value) -> Value {
+    json!({
+        "kind": "Service", "apiVersion": "v1",
+        "metadata": {"name": SERVICE, "namespace": NS, "uid": "0b7c5f3e-uid", "annotations": annotations},
+        "spec": {
+            "type": "ClusterIP",
+            "clusterIP": "10.96.0.10",
+            "clusterIPs": ["10.96.0.10"],
+            "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}],
+        },
+    })
+}
+
+fn exposed() -> Value {
+    service(json!({"tunnelgate.dev/expose": "true"}))
+}
+
+/// A temp dir with the kubeconfig and the base config.
+struct Inputs {
+    dir: PathBuf,
+}
+
+impl Inputs {
+    fn new(fake: &Fake, tag: &str) -> Inputs {
+        let dir = std::env::temp_dir().join(format!("tg-sidecar-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let kubeconfig = format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: fake\n\
+             clusters:\n- name: fake\n  cluster:\n    server: http://127.0.0.1:{}\n\
+             contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n    namespace: {NS}\n\
+             users:\n- name: fake\n  user: {{}}\n",
+            fake.port
+        );
+        std::fs::write(dir.join("kubeconfig"), kubeconfig).expect("kubeconfig");
+        std::fs::write(dir.join("base.toml"), base_config(false)).expect("base config");
+        Inputs { dir }
+    }
+
+    fn base_path(&self) -> PathBuf {
+        self.dir.join("base.toml")
+    }
+}
+
+impl Drop for Inputs {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// The sidecar binary; stopped (SIGTERM) on drop. Its stderr goes to a file in the inputs dir.
+struct Sidecar {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Sidecar {
+    fn start(inputs: &Inputs, run: u32) -> Sidecar {
+        let log = inputs.dir.join(format!("sidecar-{run}.log"));
+        let file = std::fs::File::create(&log).expect("log file");
+        let child = Command::new(env!("CARGO_BIN_EXE_tunnelgate-sidecar"))
+            .args(["--secret", &format!("{NS}/{SECRET}")])
+            .args(["--service", &format!("{NS}/{SERVICE}")])
+            .arg("--base-config")
+            .arg(inputs.base_path())
+            .env("KUBECONFIG", inputs.dir.join("kubeconfig"))
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .env_remove("POD_NAMESPACE")
+            .env("RUST_LOG", "info,tunnelgate=debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(file)
+            .spawn()
+            .expect("start tunnelgate-sidecar");
+        Sidecar { child, log }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGTERM; the exit status must be 0.
+    fn stop(mut self) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let status = wait_child(&mut self.child, Duration::from_secs(10));
+        assert_eq!(status, Some(0), "sidecar exit status; log:\n{}", self.log());
+    }
+}
+
+fn wait_child(child: &mut Child, timeout: Duration) -> Option<i32> {
+    let deadline = std::time::Instant::now() + timeout;
+    while std::time::Instant::now() < deadline {
+        if let Ok(Some(st)) = child.try_wait() {
+            return st.code();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
+impl Drop for Sidecar {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Polls `f` until it holds; panics with the sidecar's log after [`WAIT`].
+async fn wait_for(sidecar: &Sidecar, what: &str, f: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !f() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}; sidecar log:\n{}",
+            sidecar.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+struct MapFiles(BTreeMap<String, String>);
+
+impl SecretFiles for MapFiles {
+    fn read_secret(&self, path: &Path) -> Result<String, String> {
+        self.0
+            .get(&path.display().to_string())
+            .cloned()
+            .ok_or_else(|| "no such file".into())
+    }
+}
+
+fn utf8(data: &BTreeMap<String, Vec<u8>>, key: &str) -> String {
+    String::from_utf8(data.get(key).cloned().unwrap_or_default()).expect("utf-8")
+}
+
+/// What the daemon would load from the Secret as the fake holds it.
+fn daemon_config(data: &BTreeMap<String, Vec<u8>>) -> Config {
+    let files = MapFiles(BTreeMap::from([(
+        "/etc/tunnelgate/private.key".to_string(),
+        utf8(data, "private.key"),
+    )]));
+    Config::parse(
+        &utf8(data, "tunnelgate.toml"),
+        Path::new("/etc/tunnelgate"),
+        &files,
+    )
+    .expect("the daemon accepts the rendered config")
+}
+
+fn patches(fake: &Fake) -> usize {
+    fake.count(Recorded::is_secret_patch)
+}
+
+/// Starts the sidecar and waits for its first write and an open watch.
+async fn started(fake: &Arc<Fake>, inputs: &Inputs) -> Sidecar {
+    let sidecar = Sidecar::start(inputs, 1);
+    wait_for(&sidecar, "the first apply", || patches(fake) == 1).await;
+    wait_for(&sidecar, "an open watch", || {
+        !fake.lock().watchers.is_empty()
+    })
+    .await;
+    sidecar
+}
+
+// ------------------------------------------------------------------------------------------------
+// Tests
+// ------------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_run_creates_the_key_and_a_second_run_writes_nothing() {
+    // The Secret exists, empty, as the manifests create it.
+    let fake = Fake::start(exposed(), Some(BTreeMap::new())).await;
+    let inputs = Inputs::new(&fake, "first");
+    let sidecar = Sidecar::start(&inputs, 1);
+    wait_for(&sidecar, "the first apply", || patches(&fake) == 1).await;
+
+    let patch = fake
+        .requests()
+        .into_iter()
+        .find(Recorded::is_secret_patch)
+        .expect("patch");
+    assert!(
+        patch.query.contains("fieldManager=tunnelgate-sidecar"),
+        "{}",
+        patch.query
+    );
+    assert!(patch.query.contains("force=true"), "{}", patch.query);
+    let body: Value = serde_json::from_str(&patch.body).expect("apply body is JSON");
+    assert_eq!(body["kind"], "Secret");
+    assert_eq!(body["metadata"]["name"], SECRET);
+
+    let data = fake.secret();
+    let keys: Vec<&str> = data.keys().map(String::as_str).collect();
+    assert_eq!(
+        keys,
+        ["device_ips", "private.key", "public_key", "tunnelgate.toml"]
+    );
+    let config = daemon_config(&data);
+    assert_eq!(
+        utf8(&data, "public_key"),
+        config.interface.private_key.public_key().to_base64()
+    );
+    assert_eq!(
+        utf8(&data, "device_ips"),
+        r#"["100.64.0.1","fd7a:115c:a1e0::1"]"#
+    );
+    assert_eq!(config.ingress.len(), 1);
+    assert_eq!(config.ingress[0].ports[0].to_string(), "80/tcp");
+    sidecar.stop();
+
+    // Same inputs again: it reads the Secret, finds it up to date, and writes nothing.
+    fake.lock().requests.clear();
+    let second = Sidecar::start(&inputs, 2);
+    wait_for(&second, "the Secret read", || {
+        fake.count(Recorded::is_secret_get) >= 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(
+        patches(&fake),
+        0,
+        "second run wrote; log:\n{}",
+        second.log()
+    );
+    assert_eq!(fake.secret(), data, "the Secret is untouched");
+    second.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_secret_is_created_by_apply() {
+    let fake = Fake::start(exposed(), None).await;
+    let inputs = Inputs::new(&fake, "create");
+    let sidecar = started(&fake, &inputs).await;
+    assert_eq!(fake.secret().len(), 4);
+    sidecar.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn service_change_gives_exactly_one_apply() {
+    let fake = Fake::start(exposed(), Some(BTreeMap::new())).await;
+    let inputs = Inputs::new(&fake, "change");
+    let sidecar = started(&fake, &inputs).await;
+    let key = utf8(&fake.secret(), "private.key");
+
+    fake.change_service(
+        |s| {
+            s["spec"]["ports"]
+                .as_array_mut()
+                .expect("ports")
+                .push(json!({"name": "https", "port": 443, "targetPort": 8443, "protocol": "TCP"}))
+        },
+        false,
+    );
+    wait_for(&sidecar, "the second apply", || patches(&fake) == 2).await;
+    // A change that does not touch the rendered config writes nothing.
+    fake.change_service(
+        |s| s["metadata"]["annotations"]["other"] = json!("x"),
+        false,
+    );
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(patches(&fake), 2, "log:\n{}", sidecar.log());
+
+    let data = fake.secret();
+    let ports: Vec<String> = daemon_config(&data).ingress[0]
+        .ports
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(ports, ["80/tcp", "443/tcp"]);
+    assert_eq!(utf8(&data, "private.key"), key, "the key is never replaced");
+    sidecar.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conflict_is_retried_and_recovered() {
+    let fake = Fake::start(exposed(), Some(BTreeMap::new())).await;
+    fake.lock().conflicts = 2;
+    let inputs = Inputs::new(&fake, "conflict");
+    let sidecar = Sidecar::start(&inputs, 1);
+    wait_for(&sidecar, "the Secret written", || fake.secret().len() == 4).await;
+    assert_eq!(patches(&fake), 3, "two 409s, then success");
+    daemon_config(&fake.secret());
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(patches(&fake), 3, "no more writes once it succeeded");
+    sidecar.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_watch_is_resumed() {
+    let fake = Fake::start(exposed(), Some(BTreeMap::new())).await;
+    let inputs = Inputs::new(&fake, "dropped");
+    let sidecar = started(&fake, &inputs).await;
+    let watches = fake.count(Recorded::is_watch);
+
+    fake.drop_watches();
+    wait_for(&sidecar, "a new watch", || {
+        fake.count(Recorded::is_watch) > watches && !fake.lock().watchers.is_empty()
+    })
+    .await;
+    let resumed = fake
+        .requests()
+        .into_iter()
+        .rfind(Recorded::is_watch)
+        .expect("watch");
+    assert!(
+        resumed.query.contains("resourceVersion="),
+        "{}",
+        resumed.query
+    );
+
+    fake.change_service(|s| s["spec"]["ports"][0]["port"] = json!(81), false);
+    wait_for(&sidecar, "the apply after the resumed watch", || {
+        patches(&fake) == 2
+    })
+    .await;
+    assert_eq!(daemon_config(&fake.secret()).ingress[0].ports[0].listen, 81);
+    sidecar.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_server_restart_is_survived() {
+    let fake = Fake::start(exposed(), Some(BTreeMap::new())).await;
+    let inputs = Inputs::new(&fake, "restart");
+    let sidecar = started(&fake, &inputs).await;
+
+    fake.stop();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Changed while the sidecar could not see it.
+    fake.change_service(|s| s["spec"]["ports"][0]["port"] = json!(82), true);
+    fake.restart().await;
+    wait_for(&sidecar, "the apply after the restart", || {
+        patches(&fake) == 2
+    })
+    .await;
+    assert_eq!(daemon_config(&fake.secret()).ingress[0].ports[0].listen, 82);
+    sidecar.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn base_config_change_is_rendered() {
+    let fake = Fake::start(exposed(), Some(BTreeMap::new())).await;
+    let inputs = Inputs::new(&fake, "base");
+    let sidecar = started(&fake, &inputs).await;
+    // Atomically, as a ConfigMap mount changes.
+    let tmp = inputs.dir.join("base.toml.new");
+    std::fs::write(&tmp, base_config(true)).expect("write");
+    std::fs::rename(&tmp, inputs.base_path()).expect("rename");
+    wait_for(&sidecar, "the apply of the new base config", || {
+        patches(&fake) == 2
+    })
+    .await;
+    assert_eq!(daemon_config(&fake.secret()).peers.len(), 2);
+    sidecar.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_annotation_records_an_event_and_keeps_the_secret() {
+    let fake = Fake::start(exposed(), Some(BTreeMap::new())).await;
+    let inputs = Inputs::new(&fake, "bad");
+    let sidecar = started(&fake, &inputs).await;
+    let good = fake.secret();
+
+    fake.change_service(
+        |s| s["metadata"]["annotations"]["tunnelgate.dev/tunnel-ip"] = json!("100.64.0.300"),
+        false,
+    );
+    wait_for(&sidecar, "an Event", || fake.count(Recorded::is_event) == 1).await;
+    let event: Value = serde_json::from_str(
+        &fake
+            .requests()
+            .into_iter()
+            .find(Recorded::is_event)
+            .expect("event")
+            .body,
+    )
+    .expect("event JSON");
+    assert_eq!(event["type"], "Warning");
+    assert_eq!(event["involvedObject"]["kind"], "Service");
+    assert_eq!(event["involvedObject"]["name"], SERVICE);
+    assert_eq!(event["involvedObject"]["uid"], "0b7c5f3e-uid");
+    let message = event["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("\"100.64.0.300\" is not an IP address"),
+        "{message}"
+    );
+
+    // Conflicting annotations: a second, different problem, a second Event.
+    fake.change_service(
+        |s| s["metadata"]["annotations"]["tunnelgate.dev/tunnel-fqdn"] = json!("db.internal"),
+        false,
+    );
+    wait_for(&sidecar, "a second Event", || {
+        fake.count(Recorded::is_event) == 2
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(patches(&fake), 1, "nothing written for bad input");
+    assert_eq!(fake.secret(), good, "the last good Secret stays");
+
+    // Fixed: written again, and no more Events.
+    fake.change_service(
+        |s| {
+            let a = s["metadata"]["annotations"]
+                .as_object_mut()
+                .expect("annotations");
+            a.remove("tunnelgate.dev/tunnel-fqdn");
+            a.insert("tunnelgate.dev/tunnel-ip".into(), json!("100.64.0.2"));
+        },
+        false,
+    );
+    wait_for(&sidecar, "the apply of the fixed Service", || {
+        patches(&fake) == 2
+    })
+    .await;
+    assert_eq!(daemon_config(&fake.secret()).egress.len(), 1);
+    assert_eq!(fake.count(Recorded::is_event), 2);
+    sidecar.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_on_the_first_run_writes_nothing() {
+    // Exposed, but headless: no ClusterIP to forward to.
+    let mut svc = exposed();
+    svc["spec"]["clusterIP"] = json!("None");
+    svc["spec"]["clusterIPs"] = json!(["None"]);
+    let fake = Fake::start(svc, Some(BTreeMap::new())).await;
+    let inputs = Inputs::new(&fake, "headless");
+    let sidecar = Sidecar::start(&inputs, 1);
+    wait_for(&sidecar, "an Event", || fake.count(Recorded::is_event) == 1).await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(patches(&fake), 0);
+    assert!(fake.secret().is_empty(), "no key, no config written");
+    assert_eq!(fake.count(Recorded::is_event), 1, "reported once");
+    assert!(
+        sidecar.log().contains("has no ClusterIP"),
+        "{}",
+        sidecar.log()
+    );
+    sidecar.stop();
+}
+
+#[test]
+fn bad_usage_exits_2() {
+    let out = Command::new(env!("CARGO_BIN_EXE_tunnelgate-sidecar"))
+        .args([
+            "--secret",
+            "Bad/Name",
+            "--service",
+            "tg/web",
+            "--base-config",
+            "/x",
+        ])
+        .env_remove("TUNNELGATE_SECRET")
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--secret"));
+}
