@@ -364,12 +364,19 @@ impl Daemon {
 
     /// The UAPI view of the device.
     pub fn device_snapshot(&self) -> DeviceSnapshot {
+        let fwmark = self.control.lock().fwmark;
+        self.snapshot_with(fwmark)
+    }
+
+    /// [`Daemon::device_snapshot`] for a caller that already holds the control lock (the lock
+    /// is not reentrant: taking it again would deadlock).
+    fn snapshot_with(&self, fwmark: Option<u32>) -> DeviceSnapshot {
         let table = self.shared.snapshot();
         let now = SystemTime::now();
         DeviceSnapshot {
             private_key: Some(table.private_key.clone()),
             listen_port: self.listen_port(),
-            fwmark: self.control.lock().fwmark,
+            fwmark,
             peers: table
                 .peers
                 .values()
@@ -400,7 +407,7 @@ impl UapiHandler for Daemon {
     /// then converges the live peer table to the result.
     fn set(&self, update: DeviceUpdate) -> Result<(), UapiError> {
         let mut control = self.control.lock();
-        let mut model = self.device_snapshot();
+        let mut model = self.snapshot_with(control.fwmark);
         model.apply(&update);
         let private_key = match model.private_key.clone() {
             Some(k) => k,
