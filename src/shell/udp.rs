@@ -34,6 +34,9 @@ pub struct WgSocket {
     dual_stack: bool,
     gso: AtomicBool,
     gro: bool,
+    /// Set by [`WgSocket::shutdown`]: a shut-down UDP socket does not make `recvmmsg` return 0
+    /// (it returns empty "datagrams" at once, forever), so the reader must be told.
+    closed: AtomicBool,
 }
 
 impl WgSocket {
@@ -87,6 +90,7 @@ impl WgSocket {
             dual_stack,
             gso: AtomicBool::new(gso),
             gro,
+            closed: AtomicBool::new(false),
         })
     }
 
@@ -108,6 +112,7 @@ impl WgSocket {
 
     /// Unblocks a thread sitting in [`WgSocket::recv_batch`] (used at shutdown).
     pub fn shutdown(&self) {
+        self.closed.store(true, Ordering::Release);
         let _ = self.socket.shutdown(std::net::Shutdown::Read);
     }
 
@@ -148,6 +153,9 @@ impl WgSocket {
             h.msg_controllen = size_of::<CmsgBuf>();
         }
         loop {
+            if self.closed.load(Ordering::Acquire) {
+                return Ok(0);
+            }
             // SAFETY: every pointer set above points into `batch`, which outlives the call,
             // with the lengths given.
             let r = unsafe {
@@ -159,6 +167,9 @@ impl WgSocket {
                     std::ptr::null_mut(),
                 )
             };
+            if r >= 0 && self.closed.load(Ordering::Acquire) {
+                return Ok(0);
+            }
             if r >= 0 {
                 let got = r as usize;
                 for i in 0..got {
