@@ -4,8 +4,8 @@
 //!
 //! Covered: the first run creates the key and writes the Secret; a second run with the same inputs
 //! writes nothing; a Service change gives exactly one apply; a 409 conflict is retried; a dropped
-//! watch is resumed; an API-server restart is survived; a base config change is rendered; bad input
-//! gives an Event and no write.
+//! watch is resumed; an expired one (410) lists again; an API-server restart is survived; a base
+//! config change is rendered; bad input gives an Event and no write.
 
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt as _, Full, StreamBody};
@@ -167,6 +167,21 @@ impl Fake {
     /// Ends every open watch response, as an API server does at its watch timeout.
     fn drop_watches(&self) {
         self.lock().watchers.clear();
+    }
+
+    /// Tells every open watch that its resourceVersion is too old (410 Gone), then ends it: the
+    /// client must list again.
+    fn expire_watches(&self) {
+        let mut st = self.lock();
+        let mut line = json!({"type": "ERROR", "object": {
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": "too old resource version", "reason": "Expired", "code": 410,
+        }})
+        .to_string();
+        line.push('\n');
+        for w in st.watchers.drain(..) {
+            let _ = w.send(Bytes::from(line.clone()));
+        }
     }
 
     async fn handle(&self, req: Request<Incoming>) -> Response<Body> {
@@ -667,6 +682,28 @@ async fn dropped_watch_is_resumed() {
     })
     .await;
     assert_eq!(daemon_config(&fake.secret()).ingress[0].ports[0].listen, 81);
+    sidecar.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_watch_lists_again() {
+    let fake = Fake::start(exposed(), Some(BTreeMap::new())).await;
+    let inputs = Inputs::new(&fake, "expired");
+    let sidecar = started(&fake, &inputs).await;
+    let is_list =
+        |r: &Recorded| r.method == Method::GET && r.path.ends_with("/services") && !r.is_watch();
+    assert_eq!(fake.count(is_list), 1);
+
+    // Changed while the watch was expiring: only the new list shows it.
+    fake.change_service(|s| s["spec"]["ports"][0]["port"] = json!(83), true);
+    fake.expire_watches();
+    wait_for(&sidecar, "a new list", || fake.count(is_list) == 2).await;
+    wait_for(&sidecar, "the apply after the relist", || {
+        patches(&fake) == 2
+    })
+    .await;
+    assert_eq!(daemon_config(&fake.secret()).ingress[0].ports[0].listen, 83);
+    wait_for(&sidecar, "a new watch", || !fake.lock().watchers.is_empty()).await;
     sidecar.stop();
 }
 
