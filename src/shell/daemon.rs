@@ -364,7 +364,7 @@ impl Daemon {
 
     /// The UAPI view of the device.
     pub fn device_snapshot(&self) -> DeviceSnapshot {
-        let fwmark = self.control.lock().fwmark;
+        let fwmark = effective_fwmark(&self.control.lock());
         self.snapshot_with(fwmark)
     }
 
@@ -407,7 +407,7 @@ impl UapiHandler for Daemon {
     /// then converges the live peer table to the result.
     fn set(&self, update: DeviceUpdate) -> Result<(), UapiError> {
         let mut control = self.control.lock();
-        let mut model = self.snapshot_with(control.fwmark);
+        let mut model = self.snapshot_with(effective_fwmark(&control));
         model.apply(&update);
         let private_key = match model.private_key.clone() {
             Some(k) => k,
@@ -471,6 +471,12 @@ impl UapiHandler for Daemon {
         self.routes_changed.notify_one();
         Ok(())
     }
+}
+
+/// The mark the WireGuard socket actually carries: the configured one, else the one chosen
+/// for a default route (what `wg show` must report, as it does after wg-quick sets it).
+fn effective_fwmark(control: &Control) -> Option<u32> {
+    control.fwmark.or(control.routes.fwmark)
 }
 
 /// The peers `config` asks for, with endpoints resolved. With `previous`, an endpoint is only
