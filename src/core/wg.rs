@@ -193,6 +193,12 @@ impl Tunnel {
         self.tunn.decapsulate(None, &[], dst).into()
     }
 
+    /// Starts a handshake now (a peer with persistent keepalive is contacted at once, as
+    /// wireguard-go and the kernel do, instead of after the first keepalive interval).
+    pub fn initiate<'a>(&mut self, dst: &'a mut [u8]) -> Outcome<'a> {
+        self.tunn.format_handshake_initiation(dst, false).into()
+    }
+
     /// Handshake retries, rekeys and keepalives; call every ~100 ms.
     pub fn update_timers<'a>(&mut self, dst: &'a mut [u8]) -> Outcome<'a> {
         self.tunn.update_timers(dst).into()

@@ -19,6 +19,10 @@ pub struct PeerCounters {
     pub tx_packets: AtomicU64,
     pub handshakes_sent: AtomicU64,
     pub handshake_failures: AtomicU64,
+    /// Unix milliseconds of the last handshake that was logged (0 = none yet).
+    pub handshake_logged_ms: AtomicU64,
+    /// Whether the first handshake was started for a peer with persistent keepalive.
+    pub initiated: std::sync::atomic::AtomicBool,
 }
 
 /// The desired settings of a peer, as configured or set over UAPI.

@@ -135,6 +135,7 @@ impl Daemon {
         tracing::error!(backend = %backend, error = %error, "Rule apply failed; the previous rules stay in place");
         let mut status = self.status.lock();
         status.rules.applied = false;
+        status.rules.applies += 1;
         status.rules.failures += 1;
         status.rules.last_error = Some(error.clone());
         error
