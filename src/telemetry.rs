@@ -251,12 +251,12 @@ fn render_peer_metrics(reg: &mut Registry, peers: &[PeerStatus], now_unix: u64) 
     }
     reg.register(
         "peer_rx_bytes",
-        "Bytes received from the peer (decrypted, as written to the tunnel)",
+        "Bytes received from the peer: WireGuard datagrams, as `wg show` counts them",
         rx_bytes,
     );
     reg.register(
         "peer_tx_bytes",
-        "Bytes sent to the peer (before encryption, as read from the tunnel)",
+        "Bytes sent to the peer: WireGuard datagrams, as `wg show` counts them",
         tx_bytes,
     );
     reg.register(
