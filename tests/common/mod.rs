@@ -2502,3 +2502,34 @@ impl Netns {
             .unwrap_or_default()
     }
 }
+
+impl Tunnelgate {
+    /// [`Tunnelgate::spawn_env`] with extra arguments after `run --config FILE` (e.g.
+    /// `--log-format json`).
+    pub fn spawn_args_env(
+        ns: &Netns,
+        cfg: TgConfig,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Tunnelgate {
+        let dir = TempDir::new(&cfg.name);
+        dir.write_secret("private.key", &format!("{}\n", cfg.key.private));
+        let config_path = dir.write("tunnelgate.toml", &cfg.render("private.key"));
+        let config_arg = config_path.display().to_string();
+        let mut full = vec![tunnelgate_bin(), "run", "--config", &config_arg];
+        full.extend_from_slice(args);
+        let mut cmd = ns.command(&full);
+        cmd.env("RUST_BACKTRACE", "1");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let proc = Proc::spawn(cmd, "tunnelgate", dir.path());
+        Tunnelgate {
+            ns: ns.name.clone(),
+            cfg,
+            dir,
+            config_path,
+            proc,
+        }
+    }
+}
