@@ -246,6 +246,9 @@ impl Daemon {
         if new == old {
             return Ok(());
         }
+        for warning in new.warnings() {
+            tracing::warn!(warning = %warning, "Configuration warning");
+        }
         if new.interface.name != old.interface.name {
             anyhow::bail!(
                 "interface.name cannot change on reload (\"{}\" -> \"{}\"): restart the daemon",

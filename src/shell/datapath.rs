@@ -120,10 +120,7 @@ fn tun_loop(shared: &Shared) {
             if let Some(len) = outcome_len {
                 match endpoint {
                     Some(ep) => {
-                        peer.counters
-                            .tx_bytes
-                            .fetch_add(len as u64, Ordering::Relaxed);
-                        peer.counters.tx_packets.fetch_add(1, Ordering::Relaxed);
+                        peer.counters.sent(len);
                         out.push(len, ep);
                         if out.is_full() {
                             flush(shared, &socket, &mut out);
@@ -266,15 +263,11 @@ fn receive(
             let len = reply.len();
             replies.slot()[..len].copy_from_slice(reply);
             replies.push(len, from);
-            peer.counters
-                .tx_bytes
-                .fetch_add(len as u64, Ordering::Relaxed);
+            peer.counters.sent(len);
             while let Outcome::Network(queued) = tunnel.flush(replies.slot()) {
                 let len = queued.len();
                 replies.push(len, from);
-                peer.counters
-                    .tx_bytes
-                    .fetch_add(len as u64, Ordering::Relaxed);
+                peer.counters.sent(len);
                 if replies.is_full() {
                     break;
                 }
@@ -322,9 +315,7 @@ fn timer_loop(shared: &Shared) {
                         peer.counters
                             .handshakes_sent
                             .fetch_add(1, Ordering::Relaxed);
-                        peer.counters
-                            .tx_bytes
-                            .fetch_add(m.len() as u64, Ordering::Relaxed);
+                        peer.counters.sent(m.len());
                         let _ = socket.send_one(m, ep);
                     }
                 }
@@ -337,9 +328,7 @@ fn timer_loop(shared: &Shared) {
                             .handshakes_sent
                             .fetch_add(1, Ordering::Relaxed);
                     }
-                    peer.counters
-                        .tx_bytes
-                        .fetch_add(m.len() as u64, Ordering::Relaxed);
+                    peer.counters.sent(m.len());
                     if let Err(e) = socket.send_one(m, ep) {
                         shared.drops.udp_send.fetch_add(1, Ordering::Relaxed);
                         tracing::debug!(error = %e, "timer send failed");
@@ -370,6 +359,10 @@ fn log_handshake(peer: &Peer, since: Option<Duration>) {
         peer.counters
             .handshake_logged_ms
             .store(at_ms, Ordering::Relaxed);
-        tracing::info!(peer = %peer.public_key, endpoint = ?peer.endpoint(), "Handshake completed");
+        let endpoint = peer
+            .endpoint()
+            .map(|e| e.to_string())
+            .unwrap_or_else(|| "none".into());
+        tracing::info!(peer = %peer.public_key, %endpoint, "Handshake completed");
     }
 }

@@ -66,6 +66,14 @@ pub struct TableChange {
     pub reset: Vec<PublicKey>,
 }
 
+impl PeerCounters {
+    /// One datagram of `len` bytes sent to the peer (data, handshake or keepalive alike).
+    pub fn sent(&self, len: usize) {
+        self.tx_bytes.fetch_add(len as u64, Ordering::Relaxed);
+        self.tx_packets.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 static NEXT_INDEX: AtomicU32 = AtomicU32::new(1);
 
 fn next_index() -> u32 {
