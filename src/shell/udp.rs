@@ -135,21 +135,21 @@ impl WgSocket {
     pub fn recv_batch(&self, batch: &mut RecvBatch) -> io::Result<usize> {
         let n = batch.bufs.len();
         for i in 0..n {
-            batch.iov[i] = libc::iovec {
+            batch.msgs.iov[i] = libc::iovec {
                 iov_base: batch.bufs[i].as_mut_ptr().cast(),
                 iov_len: batch.bufs[i].len(),
             };
             // SAFETY: msghdr is plain data; the fields we need are set below.
-            batch.hdrs[i] = libc::mmsghdr {
+            batch.msgs.hdrs[i] = libc::mmsghdr {
                 msg_hdr: unsafe { zeroed() },
                 msg_len: 0,
             };
-            let h = &mut batch.hdrs[i].msg_hdr;
-            h.msg_name = (&mut batch.names[i] as *mut libc::sockaddr_storage).cast();
+            let h = &mut batch.msgs.hdrs[i].msg_hdr;
+            h.msg_name = (&mut batch.msgs.names[i] as *mut libc::sockaddr_storage).cast();
             h.msg_namelen = size_of::<libc::sockaddr_storage>() as u32;
-            h.msg_iov = &mut batch.iov[i];
+            h.msg_iov = &mut batch.msgs.iov[i];
             h.msg_iovlen = 1;
-            h.msg_control = batch.cmsgs[i].as_mut_ptr().cast();
+            h.msg_control = batch.msgs.cmsgs[i].as_mut_ptr().cast();
             h.msg_controllen = size_of::<CmsgBuf>();
         }
         loop {
@@ -161,7 +161,7 @@ impl WgSocket {
             let r = unsafe {
                 libc::recvmmsg(
                     self.socket.as_raw_fd(),
-                    batch.hdrs.as_mut_ptr(),
+                    batch.msgs.hdrs.as_mut_ptr(),
                     n as u32,
                     libc::MSG_WAITFORONE,
                     std::ptr::null_mut(),
@@ -173,9 +173,9 @@ impl WgSocket {
             if r >= 0 {
                 let got = r as usize;
                 for i in 0..got {
-                    batch.lens[i] = batch.hdrs[i].msg_len as usize;
-                    batch.from[i] = storage_to_addr(&batch.names[i]);
-                    batch.segment[i] = gro_size(&batch.hdrs[i].msg_hdr)
+                    batch.lens[i] = batch.msgs.hdrs[i].msg_len as usize;
+                    batch.from[i] = storage_to_addr(&batch.msgs.names[i]);
+                    batch.segment[i] = gro_size(&batch.msgs.hdrs[i].msg_hdr)
                         .unwrap_or(batch.lens[i])
                         .max(1);
                 }
@@ -205,7 +205,7 @@ impl WgSocket {
             let r = unsafe {
                 libc::sendmmsg(
                     self.socket.as_raw_fd(),
-                    batch.hdrs[start..].as_mut_ptr(),
+                    batch.msgs.hdrs[start..].as_mut_ptr(),
                     (msgs - start) as u32,
                     0,
                 )
@@ -316,6 +316,33 @@ fn storage_to_addr(s: &libc::sockaddr_storage) -> SocketAddr {
     }
 }
 
+/// The per-message headers, addresses, control data and iovecs of one `recvmmsg` or
+/// `sendmmsg`: rewritten before every call, allocated once.
+struct MmsgScratch {
+    iov: Vec<libc::iovec>,
+    names: Vec<libc::sockaddr_storage>,
+    cmsgs: Vec<CmsgBuf>,
+    hdrs: Vec<libc::mmsghdr>,
+}
+
+impl MmsgScratch {
+    fn new() -> MmsgScratch {
+        MmsgScratch {
+            iov: (0..BATCH)
+                .map(|_| libc::iovec {
+                    iov_base: std::ptr::null_mut(),
+                    iov_len: 0,
+                })
+                .collect(),
+            // SAFETY: plain data, zero is valid.
+            names: (0..BATCH).map(|_| unsafe { zeroed() }).collect(),
+            cmsgs: vec![[0; 4]; BATCH],
+            // SAFETY: plain data, zero is valid.
+            hdrs: (0..BATCH).map(|_| unsafe { zeroed() }).collect(),
+        }
+    }
+}
+
 /// Buffers for one `recvmmsg`, allocated once per receiving thread.
 pub struct RecvBatch {
     bufs: Vec<Vec<u8>>,
@@ -323,10 +350,7 @@ pub struct RecvBatch {
     from: Vec<SocketAddr>,
     segment: Vec<usize>,
     count: usize,
-    iov: Vec<libc::iovec>,
-    names: Vec<libc::sockaddr_storage>,
-    cmsgs: Vec<CmsgBuf>,
-    hdrs: Vec<libc::mmsghdr>,
+    msgs: MmsgScratch,
 }
 
 // SAFETY: the raw pointers inside are scratch space rewritten before each call.
@@ -340,17 +364,7 @@ impl Default for RecvBatch {
             from: vec![SocketAddr::from(([0, 0, 0, 0], 0)); BATCH],
             segment: vec![1; BATCH],
             count: 0,
-            iov: (0..BATCH)
-                .map(|_| libc::iovec {
-                    iov_base: std::ptr::null_mut(),
-                    iov_len: 0,
-                })
-                .collect(),
-            // SAFETY: plain data, zero is valid.
-            names: (0..BATCH).map(|_| unsafe { zeroed() }).collect(),
-            cmsgs: vec![[0; 4]; BATCH],
-            // SAFETY: plain data, zero is valid.
-            hdrs: (0..BATCH).map(|_| unsafe { zeroed() }).collect(),
+            msgs: MmsgScratch::new(),
         }
     }
 }
@@ -375,10 +389,7 @@ pub struct SendBatch {
     lens: Vec<usize>,
     to: Vec<SocketAddr>,
     count: usize,
-    iov: Vec<libc::iovec>,
-    names: Vec<libc::sockaddr_storage>,
-    cmsgs: Vec<CmsgBuf>,
-    hdrs: Vec<libc::mmsghdr>,
+    msgs: MmsgScratch,
     /// Per message: datagrams in it and the index of its first one.
     msg_segments: Vec<usize>,
     msg_first: Vec<usize>,
@@ -398,17 +409,7 @@ impl SendBatch {
             lens: vec![0; BATCH],
             to: vec![SocketAddr::from(([0, 0, 0, 0], 0)); BATCH],
             count: 0,
-            iov: (0..BATCH)
-                .map(|_| libc::iovec {
-                    iov_base: std::ptr::null_mut(),
-                    iov_len: 0,
-                })
-                .collect(),
-            // SAFETY: plain data, zero is valid.
-            names: (0..BATCH).map(|_| unsafe { zeroed() }).collect(),
-            cmsgs: vec![[0; 4]; BATCH],
-            // SAFETY: plain data, zero is valid.
-            hdrs: (0..BATCH).map(|_| unsafe { zeroed() }).collect(),
+            msgs: MmsgScratch::new(),
             msg_segments: vec![0; BATCH],
             msg_first: vec![0; BATCH],
         }
@@ -478,26 +479,26 @@ impl SendBatch {
             unsafe {
                 std::ptr::copy_nonoverlapping(
                     name.as_ptr().cast::<u8>(),
-                    (&mut self.names[msgs] as *mut libc::sockaddr_storage).cast::<u8>(),
+                    (&mut self.msgs.names[msgs] as *mut libc::sockaddr_storage).cast::<u8>(),
                     name.len() as usize,
                 );
             }
-            self.iov[msgs] = libc::iovec {
+            self.msgs.iov[msgs] = libc::iovec {
                 iov_base: self.data[self.starts[i]..].as_mut_ptr().cast(),
                 iov_len: bytes,
             };
             // SAFETY: msghdr is plain data.
-            self.hdrs[msgs] = libc::mmsghdr {
+            self.msgs.hdrs[msgs] = libc::mmsghdr {
                 msg_hdr: unsafe { zeroed() },
                 msg_len: 0,
             };
-            let h = &mut self.hdrs[msgs].msg_hdr;
-            h.msg_name = (&mut self.names[msgs] as *mut libc::sockaddr_storage).cast();
+            let h = &mut self.msgs.hdrs[msgs].msg_hdr;
+            h.msg_name = (&mut self.msgs.names[msgs] as *mut libc::sockaddr_storage).cast();
             h.msg_namelen = name.len();
-            h.msg_iov = &mut self.iov[msgs];
+            h.msg_iov = &mut self.msgs.iov[msgs];
             h.msg_iovlen = 1;
             if j - i > 1 {
-                h.msg_control = self.cmsgs[msgs].as_mut_ptr().cast();
+                h.msg_control = self.msgs.cmsgs[msgs].as_mut_ptr().cast();
                 // SAFETY: CMSG_SPACE/LEN are pure arithmetic; the buffer is 32 bytes, enough for
                 // one header plus a u16, and CMSG_FIRSTHDR points at its start.
                 unsafe {
