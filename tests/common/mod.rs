@@ -1576,101 +1576,17 @@ pub fn tcp_transfer(
     bytes: u64,
     timeout: Duration,
 ) -> Result<TransferStats, String> {
-    const SEED: u64 = 0x7475_6e6e_656c_6761; // "tunnelga"
-    const CHUNK: usize = 64 * 1024;
-    let deadline = Instant::now() + timeout;
-    let io_timeout = timeout.min(Duration::from_secs(10));
-    let listener = dst.in_ns(|| TcpListener::bind(SocketAddr::new(dst_addr, port)));
-    let listener = listener.map_err(|e| format!("bind {dst_addr}:{port} in {}: {e}", dst.name))?;
-    let to = listener.local_addr().map_err(|e| e.to_string())?;
-    listener.set_nonblocking(true).map_err(|e| e.to_string())?;
-
-    let receiver = std::thread::spawn(move || -> Result<(u64, u64), String> {
-        let mut conn = loop {
-            match listener.accept() {
-                Ok((c, _)) => break c,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    if Instant::now() >= deadline {
-                        return Err(format!("no connection to {to} within {timeout:?}"));
-                    }
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-                Err(e) => return Err(format!("accept on {to}: {e}")),
-            }
-        };
-        conn.set_nonblocking(false).map_err(|e| e.to_string())?;
-        conn.set_read_timeout(Some(io_timeout))
-            .map_err(|e| e.to_string())?;
-        let mut expect = PrngStream::new(SEED);
-        let mut sum = Checksum::default();
-        let mut buf = vec![0u8; CHUNK];
-        let mut want = vec![0u8; CHUNK];
-        let mut got: u64 = 0;
-        loop {
-            if Instant::now() >= deadline {
-                return Err(format!(
-                    "receiver: only {got} of {bytes} bytes within {timeout:?}"
-                ));
-            }
-            let n = match conn.read(&mut buf) {
-                Ok(0) => break,
-                Ok(n) => n,
-                Err(e) => return Err(format!("receiver: read after {got} bytes: {e}")),
-            };
-            expect.fill(&mut want[..n]);
-            if buf[..n] != want[..n] {
-                let i = (0..n).find(|&i| buf[i] != want[i]).unwrap_or(0);
-                return Err(format!(
-                    "receiver: data differs at offset {}",
-                    got + i as u64
-                ));
-            }
-            sum.update(&buf[..n]);
-            got += n as u64;
-        }
-        Ok((got, sum.finish()))
-    });
-
-    let start = Instant::now();
-    let sent = src.in_ns(|| -> Result<u64, String> {
-        let mut s = TcpStream::connect_timeout(&to, io_timeout)
-            .map_err(|e| format!("sender: connect {to} from {}: {e}", src.name))?;
-        s.set_write_timeout(Some(io_timeout))
-            .map_err(|e| e.to_string())?;
-        let mut gen = PrngStream::new(SEED);
-        let mut sum = Checksum::default();
-        let mut buf = vec![0u8; CHUNK];
-        let mut left = bytes;
-        while left > 0 {
-            let n = left.min(CHUNK as u64) as usize;
-            gen.fill(&mut buf[..n]);
-            s.write_all(&buf[..n])
-                .map_err(|e| format!("sender: write after {} bytes: {e}", bytes - left))?;
-            sum.update(&buf[..n]);
-            left -= n as u64;
-        }
-        s.shutdown(Shutdown::Write).map_err(|e| e.to_string())?;
-        Ok(sum.finish())
-    });
-    let received = receiver
-        .join()
-        .map_err(|_| "receiver thread panicked".to_string())?;
-    let secs = start.elapsed().as_secs_f64();
-    let sent_sum = sent?;
-    let (got, got_sum) = received?;
-    if got != bytes {
-        return Err(format!("sent {bytes} bytes, received {got}"));
-    }
-    if got_sum != sent_sum {
-        return Err(format!(
-            "checksum differs: sent {sent_sum:016x}, received {got_sum:016x}"
-        ));
-    }
-    Ok(TransferStats {
+    let addr = SocketAddr::new(dst_addr, port);
+    tcp_transfer_via(
+        src,
+        dst,
+        addr,
+        addr,
+        TransferDir::ClientToServer,
         bytes,
-        checksum: got_sum,
-        secs,
-    })
+        timeout,
+    )
+    .map(|(stats, _)| stats)
 }
 
 /// A UDP echo server in a namespace: answers every datagram with the same bytes, and records the
@@ -1902,9 +1818,9 @@ struct TransferSide {
     received: Option<(u64, u64)>,
 }
 
-/// Like [`tcp_transfer`], but the listener binds `listen` in `server` while the client in
-/// `client` dials `connect` (e.g. a proxy address DNATed to `listen`), and `dir` chooses which
-/// end sends. Sends `bytes` of the seeded stream and checks every byte and the checksum on the
+/// A TCP transfer where the listener binds `listen` in `server` while the client in `client`
+/// dials `connect` (e.g. a proxy address DNATed to `listen`; port 0 = the listener's port),
+/// and `dir` chooses which end sends. Sends `bytes` of the seeded stream and checks every byte and the checksum on the
 /// receiving end. Returns the stats and the peer address the server saw.
 pub fn tcp_transfer_via(
     client: &Netns,
@@ -1969,6 +1885,11 @@ pub fn tcp_transfer_via(
         .in_ns(|| TcpListener::bind(listen))
         .map_err(|e| format!("bind {listen} in {}: {e}", server.name))?;
     listener.set_nonblocking(true).map_err(|e| e.to_string())?;
+    // Port 0 in `connect` means the port the listener was given (`listen` port 0 = any).
+    let connect = match listener.local_addr() {
+        Ok(bound) if connect.port() == 0 => SocketAddr::new(connect.ip(), bound.port()),
+        _ => connect,
+    };
     let accepted = std::thread::spawn(move || -> Result<(SocketAddr, TransferSide), String> {
         let (mut conn, from) = loop {
             match listener.accept() {
