@@ -545,18 +545,23 @@ pub fn format_get(device: &DeviceSnapshot) -> String {
     out
 }
 
-/// Formats `update` as the `set=1` request `wg set` would send; [`parse_request`] gives it back.
-pub fn format_set(update: &DeviceUpdate) -> String {
-    let mut out = String::from("set=1\n");
-    match &update.private_key {
+/// `NAME=<hex>` to set a key, `NAME=<64 zeros>` to clear it, nothing to leave it.
+fn write_key(out: &mut String, name: &str, key: &Option<Option<SecretKey>>) {
+    match key {
         Some(Some(key)) => {
-            let _ = writeln!(out, "private_key={}", hex::encode(key.0));
+            let _ = writeln!(out, "{name}={}", hex::encode(key.0));
         }
         Some(None) => {
-            let _ = writeln!(out, "private_key={}", "0".repeat(64));
+            let _ = writeln!(out, "{name}={}", "0".repeat(64));
         }
         None => {}
     }
+}
+
+/// Formats `update` as the `set=1` request `wg set` would send; [`parse_request`] gives it back.
+pub fn format_set(update: &DeviceUpdate) -> String {
+    let mut out = String::from("set=1\n");
+    write_key(&mut out, "private_key", &update.private_key);
     if let Some(port) = update.listen_port {
         let _ = writeln!(out, "listen_port={port}");
     }
@@ -574,15 +579,7 @@ pub fn format_set(update: &DeviceUpdate) -> String {
         if peer.update_only {
             out.push_str("update_only=true\n");
         }
-        match &peer.preshared_key {
-            Some(Some(key)) => {
-                let _ = writeln!(out, "preshared_key={}", hex::encode(key.0));
-            }
-            Some(None) => {
-                let _ = writeln!(out, "preshared_key={}", "0".repeat(64));
-            }
-            None => {}
-        }
+        write_key(&mut out, "preshared_key", &peer.preshared_key);
         if let Some(endpoint) = peer.endpoint {
             let _ = writeln!(out, "endpoint={endpoint}");
         }

@@ -129,10 +129,7 @@ pub fn lower(set: &RuleSet) -> Vec<Rule> {
     for r in &set.ingress {
         let mut m = vec![iif(), Match::Daddr(hosts(&r.tunnel_addrs))];
         m.extend(r.port.map(|p| Match::Dport(p.proto, p.listen)));
-        let verdict = Verdict::Dnat {
-            targets: r.targets.clone(),
-            port: r.port.filter(|p| p.target != p.listen).map(|p| p.target),
-        };
+        let verdict = dnat(r.port, &r.targets);
         push(
             Chain::Prerouting,
             Some(r.family),
@@ -178,10 +175,7 @@ pub fn lower(set: &RuleSet) -> Vec<Rule> {
     for r in &set.egress {
         let mut m = vec![not_iif(tun), Match::LocalDaddrOnInIface];
         m.extend(r.port.map(|p| Match::Dport(p.proto, p.listen)));
-        let verdict = Verdict::Dnat {
-            targets: r.targets.clone(),
-            port: r.port.filter(|p| p.target != p.listen).map(|p| p.target),
-        };
+        let verdict = dnat(r.port, &r.targets);
         push(
             Chain::Prerouting,
             Some(r.family),
@@ -316,6 +310,14 @@ fn hosts(addrs: &BTreeSet<IpAddr>) -> BTreeSet<IpNet> {
 }
 
 /// Whether a network is a single address (rendered without a prefix length in nftables).
+/// DNAT to `targets`, rewriting the port only where the mapping changes it.
+fn dnat(port: Option<crate::config::PortMap>, targets: &BTreeSet<IpAddr>) -> Verdict {
+    Verdict::Dnat {
+        targets: targets.clone(),
+        port: port.filter(|p| p.target != p.listen).map(|p| p.target),
+    }
+}
+
 pub fn is_host(net: &IpNet) -> bool {
     net.prefix_len() == net.max_prefix_len()
 }
