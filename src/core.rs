@@ -2,6 +2,7 @@
 
 pub mod allowed_ips;
 pub mod dns;
+pub mod offload;
 pub mod plan;
 pub mod routes;
 pub mod wg;

@@ -113,6 +113,8 @@ pub struct DropStats {
     pub invalid: u64,
     /// A handshake or data packet for a peer we do not know.
     pub unknown_peer: u64,
+    /// A read from the TUN device that could not be split into packets.
+    pub tun_read: u64,
     /// Writing a decrypted packet to the TUN device failed.
     pub tun_write: u64,
     /// Sending an encrypted packet on the UDP socket failed.
@@ -121,13 +123,14 @@ pub struct DropStats {
 
 impl DropStats {
     /// `(reason, count)` for every reason, in a fixed order.
-    pub fn by_reason(&self) -> [(&'static str, u64); 7] {
+    pub fn by_reason(&self) -> [(&'static str, u64); 8] {
         [
             ("no_peer", self.no_peer),
             ("no_endpoint", self.no_endpoint),
             ("bad_source", self.bad_source),
             ("invalid", self.invalid),
             ("unknown_peer", self.unknown_peer),
+            ("tun_read", self.tun_read),
             ("tun_write", self.tun_write),
             ("udp_send", self.udp_send),
         ]

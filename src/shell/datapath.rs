@@ -2,6 +2,7 @@
 //! the WireGuard timer thread. Buffers are allocated once per thread; a batch takes one
 //! snapshot of the peer table; nothing here logs per packet.
 
+use crate::core::offload::{self, Coalescer, VNET_HDR_LEN};
 use crate::core::wg::{self, Incoming, Outcome, TunnelError};
 use crate::shell::peers::{Peer, PeerTable};
 use crate::shell::udp::{RecvBatch, SendBatch, WgSocket, MAX_DATAGRAM};
@@ -10,13 +11,15 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tun_rs::{GROTable, SyncDevice, IDEAL_BATCH_SIZE, VIRTIO_NET_HDR_LEN};
+use tun_rs::SyncDevice;
 
 /// How often WireGuard's handshake, rekey and keepalive timers are driven (boringtun expects
 /// about every 100 ms; its own device uses 250 ms).
 const TIMER_TICK: Duration = Duration::from_millis(100);
 /// Largest packet the TUN device hands us in one read with offloads on.
-const TUN_READ_BYTES: usize = VIRTIO_NET_HDR_LEN + 65535;
+const TUN_READ_BYTES: usize = VNET_HDR_LEN + 65535;
+/// Super-packets assembled per batch of TUN writes on the receive path.
+const COALESCE_SLOTS: usize = 16;
 
 /// Packets dropped, by reason: what `/metrics` exports.
 #[derive(Debug, Default)]
@@ -31,6 +34,8 @@ pub struct DropCounters {
     pub invalid: AtomicU64,
     /// Datagram for a session index or key no peer has.
     pub unknown_peer: AtomicU64,
+    /// TUN read that could not be split into packets.
+    pub tun_read: AtomicU64,
     pub tun_write: AtomicU64,
     pub udp_send: AtomicU64,
 }
@@ -78,15 +83,10 @@ pub fn start_udp_reader(shared: Arc<Shared>) -> std::io::Result<()> {
 }
 
 fn tun_loop(shared: &Shared) {
-    let mut original = vec![0u8; TUN_READ_BYTES];
-    let mut bufs: Vec<Vec<u8>> = (0..IDEAL_BATCH_SIZE).map(|_| vec![0u8; 65535]).collect();
-    let mut sizes = vec![0usize; IDEAL_BATCH_SIZE];
+    let mut read = vec![0u8; TUN_READ_BYTES];
     let mut out = SendBatch::new(MAX_DATAGRAM);
     while !shared.stop.load(Ordering::Relaxed) {
-        let n = match shared
-            .tun
-            .recv_multiple(&mut original, &mut bufs, &mut sizes, 0)
-        {
+        let n = match shared.tun.recv(&mut read) {
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => {
@@ -98,38 +98,55 @@ fn tun_loop(shared: &Shared) {
                 continue;
             }
         };
+        let read = &mut read[..n];
+        let plan = match offload::plan_split(read) {
+            Ok(plan) => plan,
+            Err(e) => {
+                shared.drops.tun_read.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(error = %e, "TUN read dropped");
+                continue;
+            }
+        };
         let table = shared.snapshot();
         let socket = shared.socket();
-        for i in 0..n {
-            let packet = &bufs[i][..sizes[i]];
-            let Some(dst) = wg::packet_destination(packet) else {
-                continue;
-            };
-            let Some(peer) = table.routes.lookup(dst) else {
-                shared.drops.no_peer.fetch_add(1, Ordering::Relaxed);
-                continue;
+        // Every segment of one read goes to the same destination: one lookup per read.
+        let mut peer = None;
+        for i in 0..plan.count() {
+            let range = plan.segment(read, i);
+            let packet = &read[range];
+            let peer = match peer {
+                Some(p) => p,
+                None => {
+                    let Some(dst) = wg::packet_destination(packet) else {
+                        break;
+                    };
+                    let Some(p) = table.routes.lookup(dst) else {
+                        shared
+                            .drops
+                            .no_peer
+                            .fetch_add(plan.count() as u64, Ordering::Relaxed);
+                        break;
+                    };
+                    *peer.insert(p)
+                }
             };
             let endpoint = peer.endpoint();
-            let outcome_len = {
-                let mut tunnel = peer.tunnel.lock();
-                match tunnel.encapsulate(packet, out.slot()) {
-                    Outcome::Network(m) => Some(m.len()),
-                    _ => None,
-                }
+            let sent = match peer.tunnel.lock().encapsulate(packet, out.slot()) {
+                Outcome::Network(m) => Some(m.len()),
+                _ => None,
             };
-            if let Some(len) = outcome_len {
-                match endpoint {
-                    Some(ep) => {
-                        peer.counters.sent(len);
-                        out.push(len, ep);
-                        if out.is_full() {
-                            flush(shared, &socket, &mut out);
-                        }
-                    }
-                    None => {
-                        shared.drops.no_endpoint.fetch_add(1, Ordering::Relaxed);
+            match (sent, endpoint) {
+                (Some(len), Some(ep)) => {
+                    peer.counters.sent(len);
+                    out.push(len, ep);
+                    if out.is_full() {
+                        flush(shared, &socket, &mut out);
                     }
                 }
+                (Some(_), None) => {
+                    shared.drops.no_endpoint.fetch_add(1, Ordering::Relaxed);
+                }
+                (None, _) => {}
             }
         }
         flush(shared, &socket, &mut out);
@@ -151,11 +168,7 @@ fn flush(shared: &Shared, socket: &WgSocket, out: &mut SendBatch) {
 fn udp_loop(shared: &Shared, socket: &WgSocket) {
     let mut batch = RecvBatch::default();
     let mut replies = SendBatch::new(MAX_DATAGRAM);
-    // Decrypted packets, each with VIRTIO_NET_HDR_LEN bytes of headroom for the TUN write.
-    let mut plain: Vec<Vec<u8>> = (0..IDEAL_BATCH_SIZE)
-        .map(|_| Vec::with_capacity(VIRTIO_NET_HDR_LEN + 65535 + 64))
-        .collect();
-    let mut gro = GROTable::default();
+    let mut coalescer = Coalescer::new(COALESCE_SLOTS, shared.tun.udp_gso());
     let mut cookie = [0u8; 64];
     while !shared.stop.load(Ordering::Relaxed) {
         match socket.recv_batch(&mut batch) {
@@ -171,7 +184,6 @@ fn udp_loop(shared: &Shared, socket: &WgSocket) {
             }
         }
         let table = shared.snapshot();
-        let mut ready = 0;
         for (from, datagram) in batch.datagrams() {
             let peer = match wg::classify(
                 &table.limiter,
@@ -197,42 +209,31 @@ fn udp_loop(shared: &Shared, socket: &WgSocket) {
                 shared.drops.unknown_peer.fetch_add(1, Ordering::Relaxed);
                 continue;
             };
-            let buf = &mut plain[ready];
-            // Room for the plaintext (never longer than the datagram); zeroes ~1 KB, not 64 KB.
-            buf.resize(VIRTIO_NET_HDR_LEN + datagram.len(), 0);
-            if let Some(len) = receive(
-                shared,
-                peer,
-                from,
-                datagram,
-                &mut buf[VIRTIO_NET_HDR_LEN..],
-                &mut replies,
-                &table,
-            ) {
-                buf.truncate(VIRTIO_NET_HDR_LEN + len);
-                ready += 1;
-                if ready == plain.len() {
-                    write_tun(shared, &mut gro, &mut plain[..ready]);
-                    ready = 0;
-                }
+            if coalescer.needs_drain() {
+                write_tun(shared, &mut coalescer);
+            }
+            let landing = coalescer.landing(datagram.len());
+            match receive(shared, peer, from, datagram, landing, &mut replies, &table) {
+                Some(len) => coalescer.commit(len),
+                None => coalescer.abandon(),
             }
             if replies.is_full() {
                 flush(shared, socket, &mut replies);
             }
         }
         flush(shared, socket, &mut replies);
-        if ready > 0 {
-            write_tun(shared, &mut gro, &mut plain[..ready]);
-        }
+        write_tun(shared, &mut coalescer);
     }
 }
 
-/// Writes decrypted packets to the TUN device, coalescing TCP/UDP segments of one flow.
-fn write_tun(shared: &Shared, gro: &mut GROTable, packets: &mut [Vec<u8>]) {
-    if let Err(e) = shared.tun.send_multiple(gro, packets, VIRTIO_NET_HDR_LEN) {
-        shared.drops.tun_write.fetch_add(1, Ordering::Relaxed);
-        tracing::debug!(error = %e, "TUN write failed");
-    }
+/// Writes the decrypted packets to the TUN device: one write per coalesced super-packet.
+fn write_tun(shared: &Shared, coalescer: &mut Coalescer) {
+    coalescer.drain(|bytes| {
+        if let Err(e) = shared.tun.send(bytes) {
+            shared.drops.tun_write.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(error = %e, "TUN write failed");
+        }
+    });
 }
 
 /// Decrypts one datagram of `peer`. Returns the length of the packet for the TUN device that

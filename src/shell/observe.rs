@@ -86,6 +86,7 @@ impl Observe for Daemon {
                 bad_source: d.bad_source.load(Ordering::Relaxed),
                 invalid: d.invalid.load(Ordering::Relaxed),
                 unknown_peer: d.unknown_peer.load(Ordering::Relaxed),
+                tun_read: d.tun_read.load(Ordering::Relaxed),
                 tun_write: d.tun_write.load(Ordering::Relaxed),
                 udp_send: d.udp_send.load(Ordering::Relaxed),
             },
