@@ -5,6 +5,7 @@
 use crate::core::offload::{self, Coalescer, VNET_HDR_LEN};
 use crate::core::wg::{self, Incoming, Outcome, TunnelError};
 use crate::shell::peers::{Peer, PeerTable};
+use crate::shell::tun;
 use crate::shell::udp::{RecvBatch, SendBatch, WgSocket, MAX_DATAGRAM};
 use parking_lot::RwLock;
 use std::net::SocketAddr;
@@ -85,9 +86,25 @@ pub fn start_udp_reader(shared: Arc<Shared>) -> std::io::Result<()> {
 fn tun_loop(shared: &Shared) {
     let mut read = vec![0u8; TUN_READ_BYTES];
     let mut out = SendBatch::new(MAX_DATAGRAM);
+    // Non-blocking reads drain whatever the kernel queued before one batched send: small
+    // packets (UDP, ACKs) cost one system call per packet otherwise, and the TUN queue
+    // overflows at high packet rates.
+    if let Err(e) = shared.tun.set_nonblocking(true) {
+        tracing::warn!(error = %e, "TUN device stays blocking: one send per read");
+    }
     while !shared.stop.load(Ordering::Relaxed) {
         let n = match shared.tun.recv(&mut read) {
             Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                flush(shared, &shared.socket(), &mut out);
+                if let Err(e) = tun::wait_readable(&shared.tun) {
+                    if e.kind() != std::io::ErrorKind::Interrupted {
+                        tracing::warn!(error = %e, "TUN poll failed");
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                }
+                continue;
+            }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => {
                 if shared.stop.load(Ordering::Relaxed) {
@@ -149,7 +166,6 @@ fn tun_loop(shared: &Shared) {
                 (None, _) => {}
             }
         }
-        flush(shared, &socket, &mut out);
     }
 }
 

@@ -33,3 +33,21 @@ pub fn create(name: &str, mtu: u16) -> Result<SyncDevice, TunError> {
             source,
         })
 }
+
+/// Blocks until the (non-blocking) device has a packet to read. No timeout: an idle daemon
+/// sleeps here until traffic arrives, and the thread ends with the process.
+#[allow(unsafe_code)]
+pub fn wait_readable(device: &SyncDevice) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let mut fds = libc::pollfd {
+        fd: device.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd that outlives the call; the descriptor stays open as long as
+    // `device` is borrowed.
+    if unsafe { libc::poll(&mut fds, 1, -1) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
