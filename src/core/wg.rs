@@ -136,10 +136,43 @@ pub fn classify(
     }
 }
 
-/// The Noise session state with one peer.
+/// The Noise session state with one peer. boringtun's `Tunn` costs about 12 KB and a
+/// Diffie-Hellman to create, so it is only built when the peer is first contacted or contacts
+/// us: 10,000 configured but quiet peers cost neither memory nor start time.
 pub struct Tunnel {
-    tunn: Tunn,
+    state: State,
 }
+
+enum State {
+    Dormant(Box<Params>),
+    Active(Box<Tunn>),
+}
+
+/// What `Tunn::new` needs, kept until the first use.
+struct Params {
+    own_private: SecretKey,
+    peer: PublicKey,
+    preshared: Option<SecretKey>,
+    keepalive_secs: Option<u16>,
+    index: u32,
+    limiter: Arc<RateLimiter>,
+}
+
+impl Params {
+    fn build(&self) -> Tunn {
+        Tunn::new(
+            x25519::StaticSecret::from(self.own_private.0),
+            x25519::PublicKey::from(self.peer.0),
+            self.preshared.as_ref().map(|k| k.0),
+            self.keepalive_secs,
+            self.index,
+            Some(self.limiter.clone()),
+        )
+    }
+}
+
+/// WireGuard message type of a handshake initiation (the first byte, little-endian u32).
+const MESSAGE_INITIATION: u8 = 1;
 
 /// Traffic and handshake figures of one tunnel.
 #[derive(Debug, Clone, Copy, Default)]
@@ -158,14 +191,29 @@ impl Tunnel {
         limiter: &Limiter,
     ) -> Tunnel {
         Tunnel {
-            tunn: Tunn::new(
-                x25519::StaticSecret::from(own_private.0),
-                x25519::PublicKey::from(peer.0),
-                preshared.map(|k| k.0),
+            state: State::Dormant(Box::new(Params {
+                own_private: own_private.clone(),
+                peer: *peer,
+                preshared: preshared.cloned(),
                 keepalive_secs,
                 index,
-                Some(limiter.0.clone()),
-            ),
+                limiter: limiter.0.clone(),
+            })),
+        }
+    }
+
+    /// True once a packet, handshake or timer has needed the session state.
+    pub fn is_active(&self) -> bool {
+        matches!(self.state, State::Active(_))
+    }
+
+    fn active(&mut self) -> &mut Tunn {
+        if let State::Dormant(params) = &self.state {
+            self.state = State::Active(Box::new(params.build()));
+        }
+        match &mut self.state {
+            State::Active(tunn) => tunn,
+            State::Dormant(_) => unreachable!("activated above"),
         }
     }
 
@@ -173,7 +221,7 @@ impl Tunnel {
     /// least [`MIN_OUTPUT`]. Without a session the packet is queued and a handshake returned.
     #[inline]
     pub fn encapsulate<'a>(&mut self, src: &[u8], dst: &'a mut [u8]) -> Outcome<'a> {
-        self.tunn.encapsulate(src, dst).into()
+        self.active().encapsulate(src, dst).into()
     }
 
     /// Processes a datagram from the network. After a [`Outcome::Network`] call
@@ -185,36 +233,60 @@ impl Tunnel {
         datagram: &[u8],
         dst: &'a mut [u8],
     ) -> Outcome<'a> {
-        self.tunn.decapsulate(Some(src), datagram, dst).into()
+        // A peer we never talked to can only be starting a handshake; anything else names a
+        // session it cannot have, and must not cost us a Diffie-Hellman.
+        if !self.is_active() && datagram.first() != Some(&MESSAGE_INITIATION) {
+            return Outcome::Error(TunnelError::Rejected("no session"));
+        }
+        self.active().decapsulate(Some(src), datagram, dst).into()
     }
 
     /// Sends one packet queued while the handshake was in progress.
     pub fn flush<'a>(&mut self, dst: &'a mut [u8]) -> Outcome<'a> {
-        self.tunn.decapsulate(None, &[], dst).into()
+        match &mut self.state {
+            State::Active(tunn) => tunn.decapsulate(None, &[], dst).into(),
+            State::Dormant(_) => Outcome::Done,
+        }
     }
 
     /// Starts a handshake now (a peer with persistent keepalive is contacted at once, as
     /// wireguard-go and the kernel do, instead of after the first keepalive interval).
     pub fn initiate<'a>(&mut self, dst: &'a mut [u8]) -> Outcome<'a> {
-        self.tunn.format_handshake_initiation(dst, false).into()
+        self.active().format_handshake_initiation(dst, false).into()
     }
 
-    /// Handshake retries, rekeys and keepalives; call every ~100 ms.
+    /// Handshake retries, rekeys and keepalives; call every ~100 ms. A dormant tunnel has
+    /// none: nothing was ever sent or queued.
     pub fn update_timers<'a>(&mut self, dst: &'a mut [u8]) -> Outcome<'a> {
-        self.tunn.update_timers(dst).into()
+        match &mut self.state {
+            State::Active(tunn) => tunn.update_timers(dst).into(),
+            State::Dormant(_) => Outcome::Done,
+        }
     }
 
     pub fn set_private_key(&mut self, own_private: &SecretKey, limiter: &Limiter) {
-        let private = x25519::StaticSecret::from(own_private.0);
-        let public = x25519::PublicKey::from(&private);
-        self.tunn
-            .set_static_private(private, public, Some(limiter.0.clone()));
+        match &mut self.state {
+            State::Dormant(params) => {
+                params.own_private = own_private.clone();
+                params.limiter = limiter.0.clone();
+            }
+            State::Active(tunn) => {
+                let private = x25519::StaticSecret::from(own_private.0);
+                let public = x25519::PublicKey::from(&private);
+                tunn.set_static_private(private, public, Some(limiter.0.clone()));
+            }
+        }
     }
 
     pub fn stats(&self) -> TunnelStats {
-        let (since_last_handshake, ..) = self.tunn.stats();
-        TunnelStats {
-            since_last_handshake,
+        match &self.state {
+            State::Active(tunn) => {
+                let (since_last_handshake, ..) = tunn.stats();
+                TunnelStats {
+                    since_last_handshake,
+                }
+            }
+            State::Dormant(_) => TunnelStats::default(),
         }
     }
 }

@@ -17,6 +17,12 @@ pub enum TunError {
     },
 }
 
+/// Packets the kernel queues for us before dropping (Linux's TUN default is 500). A 1 Gbit/s
+/// burst of small UDP packets outruns the reader for a moment while it shares the CPU; 500
+/// lost up to 10 % of iperf3's datagrams at 1 Gbit/s offered, 4096 none in the same runs.
+/// Senders' socket buffers still bound what can pile up here.
+const TX_QUEUE_PACKETS: u32 = 4096;
+
 /// Creates `name`. Refuses to take over an existing interface: a second daemon with the same
 /// name must not silently share (and on exit delete) the first one's device.
 pub fn create(name: &str, mtu: u16) -> Result<SyncDevice, TunError> {
@@ -27,6 +33,7 @@ pub fn create(name: &str, mtu: u16) -> Result<SyncDevice, TunError> {
         .name(name)
         .mtu(mtu)
         .offload(true)
+        .tx_queue_len(TX_QUEUE_PACKETS)
         .build_sync()
         .map_err(|source| TunError::Create {
             name: name.into(),
