@@ -471,3 +471,36 @@ fn readyz_waits_for_a_slow_first_answer() {
         .expect("the status lists the name before its first answer");
     assert!(n["last_resolved_unix"].is_null(), "{n}");
 }
+
+#[test]
+#[ignore = "needs root"]
+fn readyz_is_200_only_once_the_answers_are_in_the_installed_rules() {
+    let name = format!("db.{DOMAIN}");
+    let lab = Lab::new(&format!("10.50.0.11 {name}\n"));
+    // 600 more port rules make every apply take a while: the window this test looks into.
+    let ports: Vec<String> = (20000..20600).map(|p| format!("\"{p}\"")).collect();
+    let extra = format!(
+        "[[ingress]]\ntarget = \"10.50.0.99\"\nports = [{}]\n",
+        ports.join(", ")
+    );
+    let tg = Tunnelgate::spawn(&lab.proxy, lab.config(&[(&name, PORT)], &extra));
+    // Poll fast: the first answer used to be applied an apply's time after /readyz said 200.
+    let mut first_ready = None;
+    let start = Instant::now();
+    while first_ready.is_none() && start.elapsed() < Duration::from_secs(15) {
+        if let Ok((200, _)) = tg.health_get("/readyz") {
+            // What the kernel has right now, not what the daemon says.
+            first_ready = Some(
+                lab.proxy
+                    .exec(&["nft", "list", "table", "inet", "tunnelgate"]),
+            );
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let installed =
+        first_ready.unwrap_or_else(|| panic!("/readyz never 200; stderr:\n{}", tg.stderr()));
+    assert!(
+        installed.contains("10.50.0.11"),
+        "/readyz said 200 before the rules for {name} were installed:\n{installed}"
+    );
+}

@@ -28,6 +28,24 @@ impl Observe for Daemon {
                 .unwrap_or_else(|| "not resolved yet".into());
             return Err(format!("dns: {}: {why}", n.name));
         }
+        let (needed, backend) = (status.firewall_needed, status.rules.backend.clone());
+        drop(status);
+        // Applied is not enough: the rules must be the ones the current config and DNS answers
+        // ask for (the first answers arrive after the first apply, and a reload or a changed
+        // answer is applied a moment later).
+        if needed {
+            let want = self.desired_rules();
+            let current = self
+                .firewall
+                .lock()
+                .as_ref()
+                .is_some_and(|f| f.applied.as_ref().is_some_and(|(set, _)| *set == want));
+            if !current {
+                return Err(format!(
+                    "rules ({backend}): the current config and DNS answers are not applied yet"
+                ));
+            }
+        }
         Ok(())
     }
 
