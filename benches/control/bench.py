@@ -24,7 +24,7 @@ failed with the reason; the others still run. Namespaces, daemons, dnsmasq, iper
 removed at the end, also on Ctrl-C, SIGTERM or an error (an interrupted run writes *.partial.json).
 
 Needs root, iproute2, wireguard-tools (wg genkey), iputils-ping, iperf3, dnsmasq, nftables,
-iptables (nft and legacy), curl. Uses target/release/tunnelgate as it is (never builds it).
+iptables (nft and legacy), curl. Uses target/release/tunnelgate as it is (run.sh builds it when missing).
 Usage: benches/control/run.sh [--quick] [--repeats N] [--out FILE] [--tunnelgate PATH]
 """
 

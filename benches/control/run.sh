@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The control-plane and memory benchmark, one command: benches/control/run.sh [--quick] [--repeats N]
 # [--out FILE] [--tunnelgate PATH] (see benches/control/bench.py --help). Needs root: network
-# namespaces. Installs the missing Debian packages (--no-install-recommends); never builds
-# tunnelgate: it uses target/release/tunnelgate (or --tunnelgate) as it is.
+# namespaces. Installs the missing Debian packages (--no-install-recommends); builds
+# target/release/tunnelgate only when it is missing (a fresh clone), else uses it as it is.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 
@@ -23,6 +23,11 @@ if ((${#missing[@]})) && command -v apt-get >/dev/null; then
     echo "==> installing ${missing[*]}" >&2
     DEBIAN_FRONTEND=noninteractive apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" </dev/null
+fi
+
+if [[ ! -x target/release/tunnelgate && " $* " != *" --tunnelgate "* ]]; then
+    echo "==> building target/release/tunnelgate" >&2
+    cargo build --release --bin tunnelgate
 fi
 
 exec python3 benches/control/bench.py "$@"
