@@ -50,6 +50,10 @@ import time
 import traceback
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))
+from benchproc import CommandFailed as Failed  # noqa: E402
+from benchproc import log, run, nsx, wait_for, pid_alive, cpu_ticks, tail, kill_ns, genkey, git_commit  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = REPO / "benches" / "control" / "results" / "latest.json"
 WG_SOCKET_DIR = Path("/var/run/wireguard")
@@ -84,60 +88,6 @@ TARGETS = {
     "apply_1000": "<= 1 s",
     "reresolve_100": "no stall",
 }
-
-
-class Failed(Exception):
-    pass
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-def run(args: list[str], check: bool = True, timeout: float = 60, **kw) -> subprocess.CompletedProcess:
-    p = subprocess.run(args, capture_output=True, text=True, timeout=timeout, stdin=kw.pop("stdin", subprocess.DEVNULL), **kw)
-    if check and p.returncode != 0:
-        raise Failed(f"`{' '.join(args)}` failed ({p.returncode}): {p.stderr.strip() or p.stdout.strip()}")
-    return p
-
-
-def nsx(ns: str, *args: str, **kw) -> subprocess.CompletedProcess:
-    return run(["ip", "netns", "exec", ns, *args], **kw)
-
-
-def wait_for(pred, timeout: float, step: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while True:
-        if pred():
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(step)
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def cpu_ticks(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return int(fields[11]) + int(fields[12])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def tail(path: Path, n: int = 12) -> str:
-    try:
-        lines = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return ""
-    return "\n".join(lines[-n:])
 
 
 def med(xs: list[float]) -> float | None:
@@ -229,25 +179,6 @@ class Registry:
 REG = Registry()
 
 
-def ns_pids(ns: str) -> list[int]:
-    p = run(["ip", "netns", "pids", ns], check=False)
-    return [int(x) for x in p.stdout.split() if x.isdigit() and int(x) != PID]
-
-
-def kill_ns(ns: str) -> None:
-    pids = ns_pids(ns)
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for p in pids:
-            try:
-                os.kill(p, sig)
-            except ProcessLookupError:
-                pass
-        if wait_for(lambda: not ns_pids(ns), 3.0):
-            break
-        pids = ns_pids(ns)
-    run(["ip", "netns", "del", ns], check=False)
-
-
 def sweep_stale() -> None:
     """Removes namespaces and sockets that an earlier, killed run of this benchmark left behind
     (their pid is not alive any more) and this run's own leftovers."""
@@ -300,12 +231,6 @@ def pair_ns(seq: int) -> dict[str, str]:
         nsx(ns[s], "ip", "link", "set", dev, "up")
     target_link(ns["b"], seq, (f"{DNS_ADDR}/32",))
     return ns
-
-
-def genkey() -> tuple[str, str]:
-    key = run(["wg", "genkey"]).stdout.strip()
-    pub = run(["wg", "pubkey"], stdin=None, input=key).stdout.strip()
-    return key, pub
 
 
 def fake_pub() -> str:
@@ -968,12 +893,6 @@ def table(results: dict) -> str:
 
 def on_signal(signum, _frame):
     raise KeyboardInterrupt(f"signal {signum}")
-
-
-def git_commit() -> str:
-    p = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
-    return p.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
 
 def binary_facts(path: str) -> dict:

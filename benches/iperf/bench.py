@@ -40,6 +40,10 @@ import time
 import traceback
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))
+from benchproc import CommandFailed as SetupFailed  # noqa: E402
+from benchproc import log, run, nsx, pid_alive, cpu_ticks, status_kib, wait_for, tail, kill_ns, genkey, git_commit  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = REPO / "benches" / "iperf" / "results" / "latest.json"
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tunnelgate-bench"
@@ -66,93 +70,9 @@ SETUPS = {
 TESTS = ("tcp1", "tcp4", "udp", "ping")
 
 
-class SetupFailed(Exception):
-    pass
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-def run(args: list[str], check: bool = True, timeout: float = 60, **kw) -> subprocess.CompletedProcess:
-    p = subprocess.run(args, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, **kw)
-    if check and p.returncode != 0:
-        raise SetupFailed(f"`{' '.join(args)}` failed ({p.returncode}): {p.stderr.strip() or p.stdout.strip()}")
-    return p
-
-
-def nsx(ns: str, *args: str, **kw) -> subprocess.CompletedProcess:
-    return run(["ip", "netns", "exec", ns, *args], **kw)
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def cpu_ticks(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def status_kib(pid: int, key: str) -> int | None:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1])
-    except (OSError, ValueError):
-        pass
-    return None
-
-
-def wait_for(pred, timeout: float, step: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while True:
-        if pred():
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(step)
-
-
-def tail(path: Path, n: int = 15) -> str:
-    try:
-        lines = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return ""
-    return "\n".join(lines[-n:])
-
-
 # --------------------------------------------------------------------------------------------------
 # Cleanup: every namespace and process goes, whatever happens
 # --------------------------------------------------------------------------------------------------
-
-
-def ns_pids(ns: str) -> list[int]:
-    p = run(["ip", "netns", "pids", ns], check=False)
-    return [int(x) for x in p.stdout.split() if x.isdigit() and int(x) != PID]
-
-
-def kill_ns(ns: str) -> None:
-    pids = ns_pids(ns)
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for p in pids:
-            try:
-                os.kill(p, sig)
-            except ProcessLookupError:
-                pass
-        if wait_for(lambda: not ns_pids(ns), 2.0):
-            break
-        pids = ns_pids(ns)
-    run(["ip", "netns", "del", ns], check=False)
 
 
 def sweep_stale() -> None:
@@ -332,12 +252,6 @@ listen = ""
 # --------------------------------------------------------------------------------------------------
 # Setups
 # --------------------------------------------------------------------------------------------------
-
-
-def genkey() -> tuple[str, str]:
-    key = run(["wg", "genkey"]).stdout.strip()
-    pub = subprocess.run(["wg", "pubkey"], input=key, capture_output=True, text=True, check=True).stdout.strip()
-    return key, pub
 
 
 class Setup:
@@ -613,12 +527,6 @@ def version_of(args: list[str]) -> str:
         return (p.stdout or p.stderr).strip().splitlines()[0]
     except (OSError, IndexError, subprocess.TimeoutExpired):
         return "?"
-
-
-def git_commit() -> str:
-    p = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
-    return p.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,0 +1,113 @@
+"""Process, namespace and /proc helpers shared by the benchmarks (benches/iperf, benches/control)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PID = os.getpid()
+
+
+class CommandFailed(Exception):
+    """A command the benchmark needed failed; the message says which and why."""
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def run(args: list[str], check: bool = True, timeout: float = 60, **kw) -> subprocess.CompletedProcess:
+    """Runs a command, captures its output; standard input is empty unless `stdin`/`input` say otherwise."""
+    if "input" not in kw:
+        kw.setdefault("stdin", subprocess.DEVNULL)
+    p = subprocess.run(args, capture_output=True, text=True, timeout=timeout, **kw)
+    if check and p.returncode != 0:
+        raise CommandFailed(f"`{' '.join(args)}` failed ({p.returncode}): {p.stderr.strip() or p.stdout.strip()}")
+    return p
+
+
+def nsx(ns: str, *args: str, **kw) -> subprocess.CompletedProcess:
+    return run(["ip", "netns", "exec", ns, *args], **kw)
+
+
+def wait_for(pred, timeout: float, step: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while True:
+        if pred():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(step)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def cpu_ticks(pid: int) -> int | None:
+    """utime + stime of all threads (fields 14 and 15 of /proc/PID/stat), in clock ticks."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def status_kib(pid: int, key: str) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def tail(path: Path, n: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return ""
+
+
+def ns_pids(ns: str) -> list[int]:
+    p = run(["ip", "netns", "pids", ns], check=False)
+    return [int(x) for x in p.stdout.split() if x.isdigit() and int(x) != PID]
+
+
+def kill_ns(ns: str) -> None:
+    """Ends every process in the namespace (TERM, then KILL), then deletes it."""
+    pids = ns_pids(ns)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for p in pids:
+            try:
+                os.kill(p, sig)
+            except ProcessLookupError:
+                pass
+        if wait_for(lambda: not ns_pids(ns), 3.0):
+            break
+        pids = ns_pids(ns)
+    run(["ip", "netns", "del", ns], check=False)
+
+
+def genkey() -> tuple[str, str]:
+    key = run(["wg", "genkey"]).stdout.strip()
+    pub = run(["wg", "pubkey"], input=key).stdout.strip()
+    return key, pub
+
+
+def git_commit() -> str:
+    p = run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], check=False)
+    dirty = run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"], check=False)
+    return p.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
