@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -111,3 +112,13 @@ def git_commit() -> str:
     p = run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], check=False)
     dirty = run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"], check=False)
     return p.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+def med_spread(xs: list[float], scale: float = 1.0, fmt: str = "{:.2f}") -> str:
+    """The median, and min-max in brackets when there is more than one value."""
+    if not xs:
+        return "-"
+    m = fmt.format(statistics.median(xs) / scale)
+    if len(xs) == 1:
+        return m
+    return f"{m} ({fmt.format(min(xs) / scale)}–{fmt.format(max(xs) / scale)})"

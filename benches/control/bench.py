@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import base64
 import datetime as dt
+import functools
 import hashlib
 import json
 import os
@@ -52,7 +53,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))
 from benchproc import CommandFailed as Failed  # noqa: E402
-from benchproc import log, run, nsx, wait_for, pid_alive, cpu_ticks, tail, kill_ns, genkey, git_commit  # noqa: E402
+from benchproc import log, run, nsx, wait_for, pid_alive, cpu_ticks, tail, kill_ns, genkey, git_commit, med_spread  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = REPO / "benches" / "control" / "results" / "latest.json"
@@ -94,13 +95,7 @@ def med(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-def spread(xs: list[float], scale: float = 1.0, fmt: str = "{:.1f}") -> str:
-    if not xs:
-        return "-"
-    m = fmt.format(statistics.median(xs) / scale)
-    if len(xs) == 1:
-        return m
-    return f"{m} ({fmt.format(min(xs) / scale)}–{fmt.format(max(xs) / scale)})"
+spread = functools.partial(med_spread, fmt="{:.1f}")
 
 
 def b36(n: int) -> str:

@@ -42,7 +42,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))
 from benchproc import CommandFailed as SetupFailed  # noqa: E402
-from benchproc import log, run, nsx, pid_alive, cpu_ticks, status_kib, wait_for, tail, kill_ns, genkey, git_commit  # noqa: E402
+from benchproc import log, run, nsx, pid_alive, cpu_ticks, status_kib, wait_for, tail, kill_ns, genkey, git_commit, med_spread  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = REPO / "benches" / "iperf" / "results" / "latest.json"
@@ -536,15 +536,6 @@ def version_of(args: list[str]) -> str:
 
 def values(setup: dict, test: str, key: str) -> list[float]:
     return [r[key] for r in setup["runs"] if r["test"] == test and isinstance(r.get(key), (int, float))]
-
-
-def med_spread(xs: list[float], scale: float = 1.0, fmt: str = "{:.2f}") -> str:
-    if not xs:
-        return "-"
-    m = fmt.format(statistics.median(xs) / scale)
-    if len(xs) == 1:
-        return m
-    return f"{m} ({fmt.format(min(xs) / scale)}–{fmt.format(max(xs) / scale)})"
 
 
 def report(results: dict) -> str:
