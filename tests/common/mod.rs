@@ -1589,13 +1589,53 @@ pub fn tcp_transfer(
     .map(|(stats, _)| stats)
 }
 
+/// The background thread of a test server: runs until its owner is dropped, and keeps what the
+/// server records about each client.
+struct ServerThread<T> {
+    stop: Arc<AtomicBool>,
+    seen: Arc<Mutex<Vec<T>>>,
+    handle: Option<JoinHandle<()>>,
+}
+
+impl<T: Clone + Send + 'static> ServerThread<T> {
+    /// Runs `serve(stop, seen)` on a new thread; `serve` returns once `stop` is set.
+    fn spawn(serve: impl FnOnce(&AtomicBool, &Mutex<Vec<T>>) + Send + 'static) -> ServerThread<T> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let (stop2, seen2) = (stop.clone(), seen.clone());
+        let handle = std::thread::spawn(move || serve(&stop2, &seen2));
+        ServerThread {
+            stop,
+            seen,
+            handle: Some(handle),
+        }
+    }
+
+    fn seen(&self) -> Vec<T> {
+        self.seen.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+}
+
+fn record<T>(seen: &Mutex<Vec<T>>, item: T) {
+    if let Ok(mut s) = seen.lock() {
+        s.push(item);
+    }
+}
+
+impl<T> Drop for ServerThread<T> {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
 /// A UDP echo server in a namespace: answers every datagram with the same bytes, and records the
 /// source addresses it saw. Stopped on drop.
 pub struct UdpEcho {
     addr: SocketAddr,
-    stop: Arc<AtomicBool>,
-    seen: Arc<Mutex<Vec<SocketAddr>>>,
-    handle: Option<JoinHandle<()>>,
+    thread: ServerThread<SocketAddr>,
 }
 
 impl UdpEcho {
@@ -1607,26 +1647,16 @@ impl UdpEcho {
         let addr = sock.local_addr().expect("udp echo local addr");
         sock.set_read_timeout(Some(POLL))
             .expect("udp echo read timeout");
-        let stop = Arc::new(AtomicBool::new(false));
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let (stop2, seen2) = (stop.clone(), seen.clone());
-        let handle = std::thread::spawn(move || {
+        let thread = ServerThread::spawn(move |stop, seen| {
             let mut buf = vec![0u8; 65536];
-            while !stop2.load(Ordering::Relaxed) {
+            while !stop.load(Ordering::Relaxed) {
                 if let Ok((n, from)) = sock.recv_from(&mut buf) {
-                    if let Ok(mut s) = seen2.lock() {
-                        s.push(from);
-                    }
+                    record(seen, from);
                     let _ = sock.send_to(&buf[..n], from);
                 }
             }
         });
-        UdpEcho {
-            addr,
-            stop,
-            seen,
-            handle: Some(handle),
-        }
+        UdpEcho { addr, thread }
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -1635,18 +1665,9 @@ impl UdpEcho {
 
     /// Distinct source addresses seen so far, in order of first appearance.
     pub fn seen(&self) -> Vec<SocketAddr> {
-        let all = self.seen.lock().map(|s| s.clone()).unwrap_or_default();
+        let all = self.thread.seen();
         let mut uniq = HashSet::new();
         all.into_iter().filter(|a| uniq.insert(*a)).collect()
-    }
-}
-
-impl Drop for UdpEcho {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(h) = self.handle.take() {
-            let _ = h.join();
-        }
     }
 }
 
@@ -1684,9 +1705,7 @@ pub fn udp_roundtrip(
 /// Stopped on drop.
 pub struct TcpEcho {
     addr: SocketAddr,
-    stop: Arc<AtomicBool>,
-    seen: Arc<Mutex<Vec<SocketAddr>>>,
-    handle: Option<JoinHandle<()>>,
+    thread: ServerThread<SocketAddr>,
 }
 
 impl TcpEcho {
@@ -1696,16 +1715,11 @@ impl TcpEcho {
             .unwrap_or_else(|e| panic!("tcp echo: bind {bind} in {}: {e}", ns.name));
         let addr = l.local_addr().expect("tcp echo local addr");
         l.set_nonblocking(true).expect("tcp echo nonblocking");
-        let stop = Arc::new(AtomicBool::new(false));
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let (stop2, seen2) = (stop.clone(), seen.clone());
-        let handle = std::thread::spawn(move || {
-            while !stop2.load(Ordering::Relaxed) {
+        let thread = ServerThread::spawn(move |stop, seen| {
+            while !stop.load(Ordering::Relaxed) {
                 match l.accept() {
                     Ok((mut c, from)) => {
-                        if let Ok(mut s) = seen2.lock() {
-                            s.push(from);
-                        }
+                        record(seen, from);
                         std::thread::spawn(move || {
                             let _ = c.set_nonblocking(false);
                             let _ = c.set_read_timeout(Some(Duration::from_secs(30)));
@@ -1721,12 +1735,7 @@ impl TcpEcho {
                 }
             }
         });
-        TcpEcho {
-            addr,
-            stop,
-            seen,
-            handle: Some(handle),
-        }
+        TcpEcho { addr, thread }
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -1735,16 +1744,7 @@ impl TcpEcho {
 
     /// Client addresses seen so far (one per connection).
     pub fn seen(&self) -> Vec<SocketAddr> {
-        self.seen.lock().map(|s| s.clone()).unwrap_or_default()
-    }
-}
-
-impl Drop for TcpEcho {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(h) = self.handle.take() {
-            let _ = h.join();
-        }
+        self.thread.seen()
     }
 }
 
@@ -2257,9 +2257,7 @@ fn parse_dns_answer(m: &[u8]) -> Result<DnsAnswer, String> {
 /// Records what it saw; stopped on drop.
 pub struct TcpWhoami {
     addr: SocketAddr,
-    stop: Arc<AtomicBool>,
-    seen: Arc<Mutex<Vec<(SocketAddr, SocketAddr)>>>,
-    handle: Option<JoinHandle<()>>,
+    thread: ServerThread<(SocketAddr, SocketAddr)>,
 }
 
 fn canonical(a: SocketAddr) -> SocketAddr {
@@ -2273,18 +2271,13 @@ impl TcpWhoami {
             .unwrap_or_else(|e| panic!("whoami: bind {bind} in {}: {e}", ns.name));
         let addr = l.local_addr().expect("whoami local addr");
         l.set_nonblocking(true).expect("whoami nonblocking");
-        let stop = Arc::new(AtomicBool::new(false));
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let (stop2, seen2) = (stop.clone(), seen.clone());
-        let handle = std::thread::spawn(move || {
-            while !stop2.load(Ordering::Relaxed) {
+        let thread = ServerThread::spawn(move |stop, seen| {
+            while !stop.load(Ordering::Relaxed) {
                 match l.accept() {
                     Ok((mut c, peer)) => {
                         let local = c.local_addr().map(canonical).unwrap_or(addr);
                         let peer = canonical(peer);
-                        if let Ok(mut s) = seen2.lock() {
-                            s.push((local, peer));
-                        }
+                        record(seen, (local, peer));
                         let _ = c.set_nonblocking(false);
                         let _ = c.set_write_timeout(Some(Duration::from_secs(5)));
                         let _ = c.write_all(format!("{local} {peer}\n").as_bytes());
@@ -2294,12 +2287,7 @@ impl TcpWhoami {
                 }
             }
         });
-        TcpWhoami {
-            addr,
-            stop,
-            seen,
-            handle: Some(handle),
-        }
+        TcpWhoami { addr, thread }
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -2308,16 +2296,7 @@ impl TcpWhoami {
 
     /// (local, peer) of every connection so far.
     pub fn seen(&self) -> Vec<(SocketAddr, SocketAddr)> {
-        self.seen.lock().map(|s| s.clone()).unwrap_or_default()
-    }
-}
-
-impl Drop for TcpWhoami {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(h) = self.handle.take() {
-            let _ = h.join();
-        }
+        self.thread.seen()
     }
 }
 
