@@ -296,7 +296,11 @@ impl SplitPlan {
             seg[..headers].copy_from_slice(&template[..headers]);
         }
         let total = seg.len();
-        layout.set_ip_length_unchecked(seg, total, *first_id, i);
+        if !layout.v6 {
+            let id = first_id.wrapping_add(i as u16);
+            seg[4..6].copy_from_slice(&id.to_be_bytes());
+        }
+        layout.set_ip_length(seg, total);
         let l4 = layout.ip_len;
         if layout.proto == PROTO_TCP {
             let seq = first_seq.wrapping_add((i * mss) as u32);
@@ -327,17 +331,6 @@ impl SplitPlan {
     }
 }
 
-impl Layout {
-    /// Length fields plus, for IPv4, the incrementing identification of segment `i`.
-    fn set_ip_length_unchecked(&self, packet: &mut [u8], total: usize, first_id: u16, i: usize) {
-        if !self.v6 {
-            let id = first_id.wrapping_add(i as u16);
-            packet[4..6].copy_from_slice(&id.to_be_bytes());
-        }
-        self.set_ip_length(packet, total);
-    }
-}
-
 /// One super-packet being assembled for a TUN write: virtio header, then an IP packet.
 struct Slot {
     buf: Box<[u8]>,
@@ -353,6 +346,17 @@ enum SlotState {
     /// layout, when it has one, keeps later packets of its connection from overtaking it.
     Single(Option<Layout>),
     Flow(Flow),
+}
+
+impl SlotState {
+    /// The layout of the slot's packet, when it has a parsable one.
+    fn layout(&self) -> Option<Layout> {
+        match self {
+            SlotState::Flow(f) => Some(f.layout),
+            SlotState::Single(layout) => *layout,
+            SlotState::Free => None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -506,12 +510,9 @@ impl Coalescer {
         // put this packet ahead of one that came before it.
         let newest = layout.and_then(|l| {
             (0..self.used).rev().find(|&i| {
-                let (other, head) = match self.slots[i].state {
-                    SlotState::Flow(f) => (Some(f.layout), &self.slots[i].buf[VNET_HDR_LEN..]),
-                    SlotState::Single(o) => (o, &self.slots[i].buf[VNET_HDR_LEN..]),
-                    SlotState::Free => (None, &self.slots[i].buf[..0]),
-                };
-                other.is_some_and(|o| same_connection(head, packet, &o, &l))
+                let head = &self.slots[i].buf[VNET_HDR_LEN..];
+                (self.slots[i].state.layout())
+                    .is_some_and(|o| same_connection(head, packet, &o, &l))
             })
         });
         if let (Some(layout), Some(other)) = (mergeable, newest) {

@@ -127,11 +127,11 @@ fn tun_loop(shared: &Shared) {
         let table = shared.snapshot();
         let socket = shared.socket();
         // Every segment of one read goes to the same destination: one lookup per read.
-        let mut peer = None;
+        let mut read_peer = None;
         for i in 0..plan.count() {
             let range = plan.segment(read, i);
             let packet = &read[range];
-            let peer = match peer {
+            let peer = match read_peer {
                 Some(p) => p,
                 None => {
                     let Some(dst) = wg::packet_destination(packet) else {
@@ -144,7 +144,7 @@ fn tun_loop(shared: &Shared) {
                             .fetch_add(plan.count() as u64, Ordering::Relaxed);
                         break;
                     };
-                    *peer.insert(p)
+                    *read_peer.insert(p)
                 }
             };
             let endpoint = peer.endpoint();
