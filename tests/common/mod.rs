@@ -1616,6 +1616,16 @@ impl<T: Clone + Send + 'static> ServerThread<T> {
     }
 }
 
+/// A TCP listener bound inside `ns`, non-blocking so a server loop can check its stop flag.
+fn nonblocking_listener(ns: &Netns, bind: SocketAddr, what: &str) -> (TcpListener, SocketAddr) {
+    let l = ns
+        .in_ns(|| TcpListener::bind(bind))
+        .unwrap_or_else(|e| panic!("{what}: bind {bind} in {}: {e}", ns.name));
+    let addr = l.local_addr().expect("listener local addr");
+    l.set_nonblocking(true).expect("listener nonblocking");
+    (l, addr)
+}
+
 fn record<T>(seen: &Mutex<Vec<T>>, item: T) {
     if let Ok(mut s) = seen.lock() {
         s.push(item);
@@ -1710,11 +1720,7 @@ pub struct TcpEcho {
 
 impl TcpEcho {
     pub fn start(ns: &Netns, bind: SocketAddr) -> TcpEcho {
-        let l = ns
-            .in_ns(|| TcpListener::bind(bind))
-            .unwrap_or_else(|e| panic!("tcp echo: bind {bind} in {}: {e}", ns.name));
-        let addr = l.local_addr().expect("tcp echo local addr");
-        l.set_nonblocking(true).expect("tcp echo nonblocking");
+        let (l, addr) = nonblocking_listener(ns, bind, "tcp echo");
         let thread = ServerThread::spawn(move |stop, seen| {
             while !stop.load(Ordering::Relaxed) {
                 match l.accept() {
@@ -2266,11 +2272,7 @@ fn canonical(a: SocketAddr) -> SocketAddr {
 
 impl TcpWhoami {
     pub fn start(ns: &Netns, bind: SocketAddr) -> TcpWhoami {
-        let l = ns
-            .in_ns(|| TcpListener::bind(bind))
-            .unwrap_or_else(|e| panic!("whoami: bind {bind} in {}: {e}", ns.name));
-        let addr = l.local_addr().expect("whoami local addr");
-        l.set_nonblocking(true).expect("whoami nonblocking");
+        let (l, addr) = nonblocking_listener(ns, bind, "whoami");
         let thread = ServerThread::spawn(move |stop, seen| {
             while !stop.load(Ordering::Relaxed) {
                 match l.accept() {
