@@ -7,10 +7,12 @@
 //! - [`shell`]: I/O: TUN, UDP, packet loops, netlink, firewall commands.
 //! - [`uapi`]: the WireGuard cross-platform userspace API (`wg show` / `wg set`).
 //! - [`telemetry`]: health endpoint, Prometheus metrics, `tunnelgate status`, logging.
+//! - [`cli`]: exit statuses for command-line parse failures, shared by both binaries.
 //! - [`sidecar`]: the Kubernetes sidecar: Service + base config -> the config Secret (pure), and
 //!   its kube I/O (`tunnelgate-sidecar` only; the daemon never calls it).
 #![deny(unsafe_code)]
 
+pub mod cli;
 pub mod config;
 pub mod core;
 pub mod rules;
