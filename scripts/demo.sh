@@ -10,15 +10,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 [[ "$(id -u)" == "0" ]] || { echo "demo: run as root (it creates network namespaces)" >&2; exit 1; }
 
-PKGS=(wireguard-go wireguard-tools iperf3 nftables iproute2 python3)
-missing=()
-for p in "${PKGS[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-    echo "==> installing ${missing[*]}"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" </dev/null
-fi
+source scripts/packages.sh
+install_missing wireguard-go wireguard-tools iperf3 nftables iproute2 python3
 
 echo "==> building tunnelgate (release)"
 cargo build --release --quiet --bin tunnelgate

@@ -16,22 +16,9 @@ fi
 is_root() { [[ "$(id -u)" == "0" ]]; }
 
 # --- system packages -----------------------------------------------------------------------------
-PKGS=(wireguard-go wireguard-tools iperf3 nftables iptables dnsmasq iproute2 iputils-ping procps)
-missing=()
-for p in "${PKGS[@]}"; do
-    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
-        missing+=("$p")
-    fi
-done
-if ((${#missing[@]})); then
-    if is_root && command -v apt-get >/dev/null; then
-        echo "==> installing ${missing[*]}"
-        apt-get update -qq
-        apt-get install -y -qq --no-install-recommends "${missing[@]}" </dev/null
-    else
-        echo "warning: missing packages (${missing[*]}); the netns suites need them" >&2
-    fi
-fi
+source scripts/packages.sh
+install_missing wireguard-go wireguard-tools iperf3 nftables iptables dnsmasq iproute2 iputils-ping procps ||
+    echo "warning: the netns suites need them" >&2
 for c in rustfmt clippy; do
     if ! cargo "${c/rustfmt/fmt}" --version >/dev/null 2>&1 && command -v rustup >/dev/null; then
         rustup component add "$c"

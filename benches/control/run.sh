@@ -14,16 +14,8 @@ if [[ "$(id -u)" != "0" ]]; then
     exit 2
 fi
 
-PKGS=(iperf3 dnsmasq-base wireguard-tools iproute2 iputils-ping nftables iptables curl python3)
-missing=()
-for p in "${PKGS[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})) && command -v apt-get >/dev/null; then
-    echo "==> installing ${missing[*]}" >&2
-    DEBIAN_FRONTEND=noninteractive apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" </dev/null
-fi
+source scripts/packages.sh
+install_missing iperf3 dnsmasq-base wireguard-tools iproute2 iputils-ping nftables iptables curl python3 || true
 
 if [[ ! -x target/release/tunnelgate && " $* " != *" --tunnelgate "* ]]; then
     echo "==> building target/release/tunnelgate" >&2
