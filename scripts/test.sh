@@ -48,11 +48,13 @@ step() { # step NAME LOGFILE CMD...
 }
 
 step "cargo fmt --check" "$LOG_DIR/fmt.log" cargo fmt --all --check
-step "cargo clippy" "$LOG_DIR/clippy.log" cargo clippy --all-targets -- -D warnings
-step "cargo test (unit, golden)" "$LOG_DIR/test.log" cargo test --no-fail-fast
+step "cargo clippy" "$LOG_DIR/clippy.log" cargo clippy --all-targets --all-features -- -D warnings
+step "cargo clippy (daemon only)" "$LOG_DIR/clippy-daemon.log" cargo clippy --all-targets -- -D warnings
+step "daemon build has no Kubernetes crates" "$LOG_DIR/tree.log" scripts/check-daemon-deps.sh
+step "cargo test (unit, golden)" "$LOG_DIR/test.log" cargo test --all-features --no-fail-fast
 if is_root; then
     step "cargo test --ignored (netns suites)" "$LOG_DIR/netns.log" \
-        cargo test --no-fail-fast -- --ignored --test-threads=1
+        cargo test --all-features --no-fail-fast -- --ignored --test-threads=1
 elif [[ "${CI:-}" == "true" ]]; then
     RESULTS+=("FAILED netns suites: CI must run as root")
     failed=1

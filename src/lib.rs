@@ -9,7 +9,8 @@
 //! - [`telemetry`]: health endpoint, Prometheus metrics, `tunnelgate status`, logging.
 //! - [`cli`]: exit statuses for command-line parse failures, shared by both binaries.
 //! - [`sidecar`]: the Kubernetes sidecar: Service + base config -> the config Secret (pure), and
-//!   its kube I/O (`tunnelgate-sidecar` only; the daemon never calls it).
+//!   its kube I/O (`tunnelgate-sidecar` only, built with `--features sidecar`; the daemon
+//!   never calls it and its default build compiles no Kubernetes crate).
 #![deny(unsafe_code)]
 
 pub mod cli;
@@ -17,6 +18,7 @@ pub mod config;
 pub mod core;
 pub mod rules;
 pub mod shell;
+#[cfg(feature = "sidecar")]
 pub mod sidecar;
 pub mod telemetry;
 pub mod uapi;
