@@ -17,7 +17,6 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::net::IpAddr;
 use std::path::Path;
-use std::time::Duration;
 
 /// `"true"`: forward tunnel traffic to the Service (its ClusterIP, or its ExternalName).
 pub const ANNOTATION_EXPOSE: &str = "tunnelgate.dev/expose";
@@ -221,37 +220,8 @@ pub fn parse_object_ref(text: &str) -> Result<(Option<String>, String), String> 
     Ok((ns.map(str::to_string), name.to_string()))
 }
 
-/// Exponential backoff for retrying API calls: `min`, doubling up to `max`, until [`reset`].
-///
-/// [`reset`]: Backoff::reset
-#[derive(Debug, Clone)]
-pub struct Backoff {
-    min: Duration,
-    max: Duration,
-    next: Duration,
-}
-
-impl Backoff {
-    pub fn new(min: Duration, max: Duration) -> Backoff {
-        Backoff {
-            min,
-            max,
-            next: min,
-        }
-    }
-
-    /// The delay before the next attempt; each call doubles the one after it.
-    pub fn next_delay(&mut self) -> Duration {
-        let d = self.next;
-        self.next = (self.next * 2).min(self.max);
-        d
-    }
-
-    /// After a success: the next failure waits `min` again.
-    pub fn reset(&mut self) {
-        self.next = self.min;
-    }
-}
+/// Retries of API calls back off as the daemon's do.
+pub use crate::core::backoff::Backoff;
 
 /// The daemon reads `private.key` from the mounted Secret; here it comes from memory. Any other
 /// file in the Secret's directory does not exist (the sidecar writes only its own keys). Key files

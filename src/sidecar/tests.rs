@@ -433,12 +433,3 @@ fn object_refs() {
         assert!(parse_object_ref(bad).is_err(), "{bad} accepted");
     }
 }
-
-#[test]
-fn backoff_doubles_to_the_cap_and_resets() {
-    let mut b = Backoff::new(Duration::from_millis(200), Duration::from_secs(1));
-    let d: Vec<u128> = (0..5).map(|_| b.next_delay().as_millis()).collect();
-    assert_eq!(d, vec![200, 400, 800, 1000, 1000]);
-    b.reset();
-    assert_eq!(b.next_delay(), Duration::from_millis(200));
-}
