@@ -1,7 +1,9 @@
-//! Pure decisions: WireGuard session wrapper, cryptokey routing, desired routes.
+//! Pure decisions: the control core, WireGuard session wrapper, cryptokey routing, desired
+//! routes, DNS schedule, offload split/coalesce. Nothing here does I/O or reads the clock.
 
 pub mod allowed_ips;
 pub mod backoff;
+pub mod control;
 pub mod dns;
 pub mod offload;
 pub mod plan;

@@ -2,12 +2,12 @@
 
 pub mod daemon;
 pub mod datapath;
+pub mod executor;
 pub mod files;
 pub mod firewall;
 pub mod netlink;
 pub mod observe;
 pub mod peers;
-pub mod reconcile;
 pub mod resolver;
 pub mod tun;
 pub mod udp;

@@ -121,7 +121,7 @@ fn status(config: PathBuf, interface: Option<String>, json: bool) -> ExitCode {
 
 /// Prints the plan: routes, sysctls and the exact firewall text for the chosen backend.
 fn check(config: &tunnelgate::config::Config) -> ExitCode {
-    use tunnelgate::shell::reconcile::firewall_needed;
+    use tunnelgate::rules::plan::firewall_needed;
     for w in config.warnings() {
         eprintln!("tunnelgate check: warning: {w}");
     }
@@ -226,7 +226,12 @@ async fn serve(config: tunnelgate::config::Config, path: PathBuf) -> anyhow::Res
         ),
         None => None,
     };
-    let daemon = Daemon::start(config, path).await?;
+    let health_port = health
+        .as_ref()
+        .and_then(|l| l.local_addr().ok())
+        .map(|a| a.port());
+    let daemon = Daemon::start(config, path, health_port).await?;
+    let handle = daemon.handle();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = move || {
         let mut rx = stop_rx.clone();
@@ -234,8 +239,8 @@ async fn serve(config: tunnelgate::config::Config, path: PathBuf) -> anyhow::Res
             let _ = rx.wait_for(|s| *s).await;
         }
     };
-    let handler: Arc<dyn tunnelgate::uapi::UapiHandler> = daemon.clone();
-    let observe: Arc<dyn Observe> = daemon.clone();
+    let handler: Arc<dyn tunnelgate::uapi::UapiHandler> = handle.clone();
+    let observe: Arc<dyn Observe> = handle.clone();
     let mut tasks = vec![tokio::spawn({
         let stop = stopped();
         async move {
@@ -259,9 +264,10 @@ async fn serve(config: tunnelgate::config::Config, path: PathBuf) -> anyhow::Res
             stopped(),
         )));
     }
-    tokio::spawn(daemon.clone().route_task());
-    tokio::spawn(daemon.clone().watch_config());
-    tokio::spawn(daemon.clone().rules_task());
+    let (loop_stop_tx, loop_stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let event_loop = tokio::spawn(daemon.run(async move {
+        let _ = loop_stop_rx.await;
+    }));
     sd_notify("READY=1\nSTATUS=tunnel up");
     loop {
         tokio::select! {
@@ -269,14 +275,18 @@ async fn serve(config: tunnelgate::config::Config, path: PathBuf) -> anyhow::Res
             _ = int.recv() => break,
             _ = hup.recv() => {
                 sd_notify("RELOADING=1");
-                daemon.reload("SIGHUP").await;
+                // The event loop logs the outcome; `tunnelgate reload` is the way to wait on it.
+                let _ = handle.reload("SIGHUP").await;
                 sd_notify("READY=1");
             }
         }
     }
     sd_notify("STOPPING=1");
     tracing::info!("Shutting down");
-    daemon.teardown().await;
+    let _ = loop_stop_tx.send(());
+    if let Err(e) = event_loop.await {
+        tracing::error!(error = %e, "the event loop failed");
+    }
     let _ = stop_tx.send(true);
     let _ = tokio::time::timeout(
         std::time::Duration::from_secs(2),

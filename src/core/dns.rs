@@ -2,20 +2,30 @@
 //!
 //! Every name is resolved at start, then every `interval`. A failure (timeout, SERVFAIL,
 //! NXDOMAIN, an empty answer) keeps the last good addresses and retries with exponential
-//! backoff from 1 s, capped at the interval.
+//! backoff from 1 s, capped at the interval. At most [`MAX_CONCURRENT_RESOLUTIONS`] run at
+//! once, each with its own [`RESOLVE_TIMEOUT`]: 100 dead names cost one timeout per 16, not
+//! one after another.
 
+use crate::core::backoff::Backoff;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 /// First retry delay after a failed resolution; doubles per consecutive failure.
 pub const FIRST_RETRY: Duration = Duration::from_secs(1);
+/// Lookups (target names and peer endpoints together) running at the same time: enough to
+/// resolve a large config in a few round trips, few enough not to flood a resolver.
+pub const MAX_CONCURRENT_RESOLUTIONS: usize = 16;
+/// Longest one resolution (all its attempts) may take before it counts as a failure.
+pub const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NameState {
     /// The last good answer (sorted, deduplicated); empty until the first success.
     pub addresses: Vec<IpAddr>,
     pub next_at: Instant,
+    /// A lookup for this name is running: it is not started again until its result is in.
+    pub in_flight: bool,
     /// Consecutive failures since the last success.
     pub failures: u32,
     pub ever_resolved: bool,
@@ -51,15 +61,20 @@ impl Schedule {
         }
     }
 
-    /// Tracks exactly `names` (new ones are due now; others keep their state).
-    pub fn set_names(&mut self, names: &[String], interval: Duration, now: Instant) {
+    /// A new re-resolve interval, used from each name's next result on.
+    pub fn set_interval(&mut self, interval: Duration) {
         self.interval = interval;
+    }
+
+    /// Tracks exactly `names` (new ones are due now; others keep their state).
+    pub fn set_names(&mut self, names: &[String], now: Instant) {
         let wanted: BTreeSet<&String> = names.iter().collect();
         self.names.retain(|n, _| wanted.contains(n));
         for n in names {
             self.names.entry(n.clone()).or_insert(NameState {
                 addresses: Vec::new(),
                 next_at: now,
+                in_flight: false,
                 failures: 0,
                 ever_resolved: false,
                 last_error: None,
@@ -67,18 +82,45 @@ impl Schedule {
         }
     }
 
-    /// Names whose resolution is due at `now`.
+    /// Names whose resolution is due at `now` and not running.
     pub fn due(&self, now: Instant) -> Vec<String> {
         self.names
             .iter()
-            .filter(|(_, s)| s.next_at <= now)
+            .filter(|(_, s)| s.next_at <= now && !s.in_flight)
             .map(|(n, _)| n.clone())
             .collect()
     }
 
-    /// When the next resolution is due, if any name is tracked.
+    /// Marks up to `limit` due names as running and returns them, earliest due first.
+    pub fn start_due(&mut self, now: Instant, limit: usize) -> Vec<String> {
+        let mut due: Vec<(Instant, String)> = self
+            .names
+            .iter()
+            .filter(|(_, s)| s.next_at <= now && !s.in_flight)
+            .map(|(n, s)| (s.next_at, n.clone()))
+            .collect();
+        due.sort();
+        due.truncate(limit);
+        for (_, name) in &due {
+            if let Some(state) = self.names.get_mut(name) {
+                state.in_flight = true;
+            }
+        }
+        due.into_iter().map(|(_, n)| n).collect()
+    }
+
+    /// How many lookups are running.
+    pub fn in_flight(&self) -> usize {
+        self.names.values().filter(|s| s.in_flight).count()
+    }
+
+    /// When the next resolution is due, if any name is tracked and not running.
     pub fn next_deadline(&self) -> Option<Instant> {
-        self.names.values().map(|s| s.next_at).min()
+        self.names
+            .values()
+            .filter(|s| !s.in_flight)
+            .map(|s| s.next_at)
+            .min()
     }
 
     pub fn get(&self, name: &str) -> Option<&NameState> {
@@ -108,6 +150,7 @@ impl Schedule {
         let Some(state) = self.names.get_mut(name) else {
             return Outcome::Unchanged;
         };
+        state.in_flight = false;
         let result = result.and_then(|a| {
             if a.is_empty() {
                 Err("no addresses in the answer".to_string())
@@ -143,8 +186,11 @@ impl Schedule {
 
 /// Delay before retry number `failures` (1-based): 1 s, 2 s, 4 s, ... capped at `cap`.
 pub fn backoff(failures: u32, cap: Duration) -> Duration {
-    let exp = failures.saturating_sub(1).min(30);
-    FIRST_RETRY.saturating_mul(1u32 << exp).min(cap)
+    let mut b = Backoff::new(FIRST_RETRY, cap);
+    for _ in 1..failures.min(40) {
+        b.next_delay();
+    }
+    b.next_delay()
 }
 
 #[cfg(test)]
@@ -159,7 +205,7 @@ mod tests {
     fn resolves_at_start_then_every_interval() {
         let t0 = Instant::now();
         let mut s = Schedule::new(Duration::from_secs(600));
-        s.set_names(&["db.example".into()], Duration::from_secs(600), t0);
+        s.set_names(&["db.example".into()], t0);
         assert_eq!(s.due(t0), vec!["db.example".to_string()]);
         let out = s.on_result(
             "db.example",
@@ -188,7 +234,7 @@ mod tests {
         let t0 = Instant::now();
         let interval = Duration::from_secs(20);
         let mut s = Schedule::new(interval);
-        s.set_names(&["n".into()], interval, t0);
+        s.set_names(&["n".into()], t0);
         s.on_result("n", Ok(vec![ip("10.0.0.1")]), t0);
         let mut now = t0 + interval;
         let mut delays = Vec::new();
@@ -221,7 +267,7 @@ mod tests {
     fn empty_answer_is_a_failure_and_never_resolved_is_visible() {
         let t0 = Instant::now();
         let mut s = Schedule::new(Duration::from_secs(600));
-        s.set_names(&["gone".into()], Duration::from_secs(600), t0);
+        s.set_names(&["gone".into()], t0);
         assert!(matches!(
             s.on_result("gone", Ok(vec![]), t0),
             Outcome::Failed { .. }
@@ -239,9 +285,9 @@ mod tests {
         let t0 = Instant::now();
         let i = Duration::from_secs(60);
         let mut s = Schedule::new(i);
-        s.set_names(&["a".into(), "b".into()], i, t0);
+        s.set_names(&["a".into(), "b".into()], t0);
         s.on_result("a", Ok(vec![ip("10.0.0.1")]), t0);
-        s.set_names(&["a".into(), "c".into()], i, t0);
+        s.set_names(&["a".into(), "c".into()], t0);
         assert!(s.get("b").is_none());
         assert_eq!(s.get("a").expect("a").addresses, vec![ip("10.0.0.1")]);
         assert_eq!(s.due(t0), vec!["c".to_string()]);

@@ -10,7 +10,7 @@ use boringtun::noise::{Packet, Tunn, TunnResult};
 use boringtun::x25519;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Handshake messages per second (all peers together) before cookies are demanded. boringtun
 /// counts a handshake twice here (our pre-check and its own), so this is twice the real limit.
@@ -141,6 +141,10 @@ pub fn classify(
 /// us: 10,000 configured but quiet peers cost neither memory nor start time.
 pub struct Tunnel {
     state: State,
+    /// Persistent keepalive, kept here rather than in boringtun (whose `Tunn` fixes it at
+    /// creation) so that changing it keeps the session, as the kernel and wireguard-go do.
+    keepalive_secs: Option<u16>,
+    last_keepalive: Instant,
 }
 
 enum State {
@@ -153,7 +157,6 @@ struct Params {
     own_private: SecretKey,
     peer: PublicKey,
     preshared: Option<SecretKey>,
-    keepalive_secs: Option<u16>,
     index: u32,
     limiter: Arc<RateLimiter>,
 }
@@ -164,12 +167,15 @@ impl Params {
             x25519::StaticSecret::from(self.own_private.0),
             x25519::PublicKey::from(self.peer.0),
             self.preshared.as_ref().map(|k| k.0),
-            self.keepalive_secs,
+            TUNN_KEEPALIVE,
             self.index,
             Some(self.limiter.clone()),
         )
     }
 }
+
+/// boringtun's `Tunn` gets no keepalive of its own: [`Tunnel::update_timers`] sends it.
+const TUNN_KEEPALIVE: Option<u16> = None;
 
 /// WireGuard message type of a handshake initiation (the first byte, little-endian u32).
 const MESSAGE_INITIATION: u8 = 1;
@@ -195,10 +201,11 @@ impl Tunnel {
                 own_private: own_private.clone(),
                 peer: *peer,
                 preshared: preshared.cloned(),
-                keepalive_secs,
                 index,
                 limiter: limiter.0.clone(),
             })),
+            keepalive_secs: keepalive_secs.filter(|s| *s > 0),
+            last_keepalive: Instant::now(),
         }
     }
 
@@ -258,10 +265,25 @@ impl Tunnel {
     /// Handshake retries, rekeys and keepalives; call every ~100 ms. A dormant tunnel has
     /// none: nothing was ever sent or queued.
     pub fn update_timers<'a>(&mut self, dst: &'a mut [u8]) -> Outcome<'a> {
+        let keepalive_due = self.keepalive_secs.is_some_and(|secs| {
+            self.last_keepalive.elapsed() >= Duration::from_secs(u64::from(secs))
+        });
         match &mut self.state {
+            State::Active(tunn) if keepalive_due => {
+                self.last_keepalive = Instant::now();
+                // An empty data message is a keepalive; without a session it starts a
+                // handshake, which is what a persistent keepalive is for.
+                tunn.encapsulate(&[], dst).into()
+            }
             State::Active(tunn) => tunn.update_timers(dst).into(),
             State::Dormant(_) => Outcome::Done,
         }
+    }
+
+    /// Changes the persistent keepalive (`None` or 0: off) and keeps the session.
+    pub fn set_persistent_keepalive(&mut self, secs: Option<u16>) {
+        self.keepalive_secs = secs.filter(|s| *s > 0);
+        self.last_keepalive = Instant::now();
     }
 
     pub fn set_private_key(&mut self, own_private: &SecretKey, limiter: &Limiter) {

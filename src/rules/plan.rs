@@ -157,3 +157,12 @@ fn outermost(nets: &[IpNet]) -> BTreeSet<IpNet> {
         .copied()
         .collect()
 }
+
+/// Whether a configuration asks for any forwarding, and so for firewall rules at all (a plain
+/// tunnel needs none, and runs on a host without nft or iptables).
+pub fn firewall_needed(config: &Config) -> bool {
+    !config.ingress.is_empty()
+        || !config.egress.is_empty()
+        || !config.router.advertise_routes.is_empty()
+        || config.router.exit_node
+}

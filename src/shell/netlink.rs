@@ -90,6 +90,29 @@ impl Netlink {
         }
     }
 
+    /// Removes `net` from the link; an address that is already gone is fine.
+    pub async fn del_address(&self, index: u32, net: IpNet) -> Result<(), NetlinkError> {
+        let mut found = self
+            .handle
+            .address()
+            .get()
+            .set_link_index_filter(index)
+            .set_address_filter(net.addr())
+            .set_prefix_length_filter(net.prefix_len())
+            .execute();
+        while let Some(msg) = found
+            .try_next()
+            .await
+            .map_err(req(format!("looking up address {net}")))?
+        {
+            match self.handle.address().del(msg).execute().await {
+                Err(e) if errno_is(&e, libc::EADDRNOTAVAIL) => {}
+                r => r.map_err(req(format!("removing address {net}")))?,
+            }
+        }
+        Ok(())
+    }
+
     pub async fn add_route(&self, index: u32, route: &Route) -> Result<(), NetlinkError> {
         let msg = route_message(index, route)?;
         match self.handle.route().add(msg).execute().await {

@@ -1,57 +1,31 @@
-//! What the daemon reports about itself: readiness with a reason, and the snapshot behind
-//! `/metrics` and `tunnelgate status`. Copies counters only; never waits on I/O.
+//! What the running daemon shows: readiness with a reason, the snapshot behind `/metrics` and
+//! `tunnelgate status`, and the UAPI `get`/`set` of [`Handle`]. Copies what the event loop
+//! published and the live counters; never waits on I/O.
 
-use crate::shell::daemon::Daemon;
-use crate::telemetry::{DropStats, InterfaceStatus, Observe, PeerStatus, Snapshot};
+use crate::shell::daemon::Handle;
+use crate::telemetry::{
+    DropStats, InterfaceStatus, NameStatus, Observe, PeerStatus, RulesStatus, Snapshot,
+};
+use crate::uapi::{DeviceSnapshot, DeviceUpdate, PeerSnapshot, UapiError, UapiHandler};
 use std::sync::atomic::Ordering;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-impl Observe for Daemon {
+fn unix_secs(t: SystemTime) -> Option<u64> {
+    t.duration_since(UNIX_EPOCH).ok().map(|d| d.as_secs())
+}
+
+/// The wall-clock time of a monotonic instant in the past.
+fn wall_time_of(at: Instant) -> SystemTime {
+    SystemTime::now() - at.elapsed()
+}
+
+impl Observe for Handle {
     fn readiness(&self) -> Result<(), String> {
-        let status = self.status.lock();
-        if status.firewall_needed && !status.rules.applied {
-            let why = status
-                .rules
-                .last_error
-                .clone()
-                .unwrap_or_else(|| "not applied yet".into());
-            return Err(format!("rules ({}): {why}", status.rules.backend));
-        }
-        if let Some(n) = status
-            .names
-            .values()
-            .find(|n| n.last_resolved_unix.is_none())
-        {
-            let why = n
-                .last_error
-                .clone()
-                .unwrap_or_else(|| "not resolved yet".into());
-            return Err(format!("dns: {}: {why}", n.name));
-        }
-        let (needed, backend) = (status.firewall_needed, status.rules.backend.clone());
-        drop(status);
-        // Applied is not enough: the rules must be the ones the current config and DNS answers
-        // ask for (the first answers arrive after the first apply, and a reload or a changed
-        // answer is applied a moment later).
-        if needed {
-            let want = self.desired_rules();
-            let current = self
-                .firewall
-                .lock()
-                .as_ref()
-                .is_some_and(|f| f.applied.as_ref().is_some_and(|(set, _)| *set == want));
-            if !current {
-                return Err(format!(
-                    "rules ({backend}): the current config and DNS answers are not applied yet"
-                ));
-            }
-        }
-        Ok(())
+        self.published.lock().view.readiness.clone()
     }
 
     fn snapshot(&self) -> Snapshot {
-        let table = self.shared().snapshot();
-        let config = self.config();
+        let table = self.shared.snapshot();
         let now = SystemTime::now();
         let peers = table
             .peers
@@ -70,8 +44,7 @@ impl Observe for Daemon {
                         .collect(),
                     latest_handshake_unix: since
                         .and_then(|d| now.checked_sub(d))
-                        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-                        .map(|d| d.as_secs()),
+                        .and_then(unix_secs),
                     rx_bytes: c.rx_bytes.load(Ordering::Relaxed),
                     tx_bytes: c.tx_bytes.load(Ordering::Relaxed),
                     rx_packets: c.rx_packets.load(Ordering::Relaxed),
@@ -82,8 +55,19 @@ impl Observe for Daemon {
                 }
             })
             .collect();
-        let d = &self.shared().drops;
-        let status = self.status.lock();
+        let d = &self.shared.drops;
+        let drops = DropStats {
+            no_peer: d.no_peer.load(Ordering::Relaxed),
+            no_endpoint: d.no_endpoint.load(Ordering::Relaxed),
+            bad_source: d.bad_source.load(Ordering::Relaxed),
+            invalid: d.invalid.load(Ordering::Relaxed),
+            unknown_peer: d.unknown_peer.load(Ordering::Relaxed),
+            tun_read: d.tun_read.load(Ordering::Relaxed),
+            tun_write: d.tun_write.load(Ordering::Relaxed),
+            udp_send: d.udp_send.load(Ordering::Relaxed),
+        };
+        let published = self.published.lock();
+        let (view, config) = (&published.view, &published.config);
         let mut snap = Snapshot {
             interface: InterfaceStatus {
                 name: config.interface.name.clone(),
@@ -98,26 +82,71 @@ impl Observe for Daemon {
                 mtu: config.interface.mtu,
             },
             peers,
-            drops: DropStats {
-                no_peer: d.no_peer.load(Ordering::Relaxed),
-                no_endpoint: d.no_endpoint.load(Ordering::Relaxed),
-                bad_source: d.bad_source.load(Ordering::Relaxed),
-                invalid: d.invalid.load(Ordering::Relaxed),
-                unknown_peer: d.unknown_peer.load(Ordering::Relaxed),
-                tun_read: d.tun_read.load(Ordering::Relaxed),
-                tun_write: d.tun_write.load(Ordering::Relaxed),
-                udp_send: d.udp_send.load(Ordering::Relaxed),
+            drops,
+            rules: RulesStatus {
+                backend: published.backend.clone(),
+                applied: view.rules.needed && view.rules.last_error.is_none() && view.rules.current,
+                rule_count: view.rules.rule_count,
+                applies: view.rules.applies,
+                failures: view.rules.failures,
+                last_error: view.rules.last_error.clone(),
+                last_apply_seconds: view.rules.last_apply_seconds,
+                text: view.rules.text.clone(),
             },
-            rules: status.rules.clone(),
-            names: status.names.values().cloned().collect(),
-            reloads: self.reloads.load(Ordering::Relaxed),
-            reload_failures: self.reload_failures.load(Ordering::Relaxed),
+            names: view
+                .names
+                .iter()
+                .map(|n| NameStatus {
+                    name: n.name.clone(),
+                    addresses: n.addresses.iter().map(ToString::to_string).collect(),
+                    last_resolved_unix: n.last_resolved.map(wall_time_of).and_then(unix_secs),
+                    last_error: n.last_error.clone(),
+                    resolutions: n.resolutions,
+                    failures: n.failures,
+                })
+                .collect(),
+            reloads: view.reloads,
+            reload_failures: view.reload_failures,
             ready: false,
             not_ready_reason: None,
             version: env!("CARGO_PKG_VERSION").to_string(),
         };
-        drop(status);
-        snap.set_readiness(self.readiness());
+        snap.set_readiness(view.readiness.clone());
         snap
+    }
+}
+
+impl UapiHandler for Handle {
+    fn get(&self) -> DeviceSnapshot {
+        let table = self.shared.snapshot();
+        let now = SystemTime::now();
+        let fwmark = self.published.lock().view.fwmark;
+        DeviceSnapshot {
+            private_key: Some(table.private_key.clone()),
+            listen_port: self.listen_port(),
+            fwmark,
+            peers: table
+                .peers
+                .values()
+                .map(|p| {
+                    let stats = p.tunnel.lock().stats();
+                    PeerSnapshot {
+                        public_key: p.public_key,
+                        preshared_key: p.settings.preshared_key.clone(),
+                        endpoint: p.endpoint(),
+                        last_handshake: stats.since_last_handshake.and_then(|d| now.checked_sub(d)),
+                        tx_bytes: p.counters.tx_bytes.load(Ordering::Relaxed),
+                        rx_bytes: p.counters.rx_bytes.load(Ordering::Relaxed),
+                        persistent_keepalive: p.settings.persistent_keepalive,
+                        allowed_ips: p.settings.allowed_ips.clone(),
+                    }
+                })
+                .collect(),
+        }
+    }
+
+    /// Handed to the event loop, which runs it through the control core.
+    fn set(&self, update: DeviceUpdate) -> Result<(), UapiError> {
+        self.set_blocking(update)
     }
 }

@@ -1,8 +1,9 @@
 //! The live peer table the packet loops read: an immutable snapshot swapped whole when peers
 //! change, so a batch takes one `Arc` clone and no lock; unchanged peers keep their sessions.
 
-use crate::config::{IpNet, Peer as PeerConfig, PublicKey, SecretKey};
+use crate::config::{PublicKey, SecretKey};
 use crate::core::allowed_ips::AllowedIps;
+use crate::core::control::{PeerChanges, PeerSpec, PeerUpsert};
 use crate::core::wg::{Limiter, Tunnel};
 use parking_lot::{Mutex, RwLock};
 use std::collections::{BTreeMap, HashMap};
@@ -25,21 +26,19 @@ pub struct PeerCounters {
     pub initiated: std::sync::atomic::AtomicBool,
 }
 
-/// The desired settings of a peer, as configured or set over UAPI.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PeerSettings {
-    pub preshared_key: Option<SecretKey>,
-    pub persistent_keepalive: Option<u16>,
-    pub allowed_ips: Vec<IpNet>,
-}
+/// The settings of a peer, as configured or set over UAPI (decided by the control core).
+pub type PeerSettings = PeerSpec;
 
+/// One peer of one table generation. A peer whose settings change but whose session stays
+/// (allowed IPs, keepalive) gets a new `Peer` sharing the old one's session, endpoint and
+/// counters, so a packet loop holding the previous table keeps working on the same session.
 pub struct Peer {
     pub public_key: PublicKey,
     pub index: u32,
     pub settings: PeerSettings,
-    pub tunnel: Mutex<Tunnel>,
-    pub endpoint: RwLock<Option<SocketAddr>>,
-    pub counters: PeerCounters,
+    pub tunnel: Arc<Mutex<Tunnel>>,
+    pub endpoint: Arc<RwLock<Option<SocketAddr>>>,
+    pub counters: Arc<PeerCounters>,
 }
 
 impl Peer {
@@ -58,12 +57,15 @@ pub struct PeerTable {
     pub routes: AllowedIps<Arc<Peer>>,
 }
 
-/// What a change to the table did, for logs and the route layer.
+/// What a change to the table did, for logs.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct TableChange {
     pub added: Vec<PublicKey>,
     pub removed: Vec<PublicKey>,
+    /// New session (preshared key or interface key changed).
     pub reset: Vec<PublicKey>,
+    /// Settings changed, session kept (allowed IPs, keepalive).
+    pub updated: Vec<PublicKey>,
 }
 
 impl PeerCounters {
@@ -94,15 +96,12 @@ impl PeerTable {
         }
     }
 
-    /// A new table with `private_key` and `desired` peers. Peers whose key and settings are
-    /// unchanged are carried over with their sessions and counters. An endpoint of `Some` sets
-    /// the peer's endpoint; `None` keeps the current (possibly roamed) one.
-    pub fn rebuild(
-        &self,
-        private_key: &SecretKey,
-        desired: &BTreeMap<PublicKey, (PeerSettings, Option<SocketAddr>)>,
-    ) -> (PeerTable, TableChange) {
-        let key_changed = *private_key != self.private_key;
+    /// The next table generation after `changes`. Peers not named keep their `Arc`; an
+    /// upserted peer keeps its session unless its preshared key changed; a changed interface
+    /// key re-keys every kept session (boringtun keeps the session state).
+    pub fn apply(&self, changes: &PeerChanges) -> (PeerTable, TableChange) {
+        let private_key = changes.private_key.as_ref().unwrap_or(&self.private_key);
+        let key_changed = changes.private_key.is_some();
         let mut next = if key_changed {
             PeerTable::empty(private_key.clone())
         } else {
@@ -116,51 +115,70 @@ impl PeerTable {
             }
         };
         let mut change = TableChange::default();
-        for (key, (settings, endpoint)) in desired {
-            let peer = match self.peers.get(key) {
-                Some(old) if old.settings == *settings => {
+        let upserts: BTreeMap<PublicKey, &PeerUpsert> =
+            changes.upsert.iter().map(|u| (u.public_key, u)).collect();
+        for (key, old) in &self.peers {
+            if changes.remove.contains(key) || upserts.contains_key(key) {
+                continue;
+            }
+            if key_changed {
+                old.tunnel
+                    .lock()
+                    .set_private_key(private_key, &next.limiter);
+                change.reset.push(*key);
+            }
+            next.insert(old.clone());
+        }
+        for (key, upsert) in upserts {
+            let peer = match self.peers.get(&key) {
+                Some(old) if old.settings.preshared_key == upsert.spec.preshared_key => {
                     if key_changed {
                         old.tunnel
                             .lock()
                             .set_private_key(private_key, &next.limiter);
-                        change.reset.push(*key);
+                        change.reset.push(key);
+                    } else if old.settings != upsert.spec {
+                        change.updated.push(key);
                     }
-                    if endpoint.is_some() {
-                        *old.endpoint.write() = *endpoint;
+                    if old.settings.persistent_keepalive != upsert.spec.persistent_keepalive {
+                        old.tunnel
+                            .lock()
+                            .set_persistent_keepalive(upsert.spec.persistent_keepalive);
                     }
-                    old.clone()
+                    if upsert.endpoint.is_some() {
+                        *old.endpoint.write() = upsert.endpoint;
+                    }
+                    Arc::new(Peer {
+                        public_key: key,
+                        index: old.index,
+                        settings: upsert.spec.clone(),
+                        tunnel: old.tunnel.clone(),
+                        endpoint: old.endpoint.clone(),
+                        counters: old.counters.clone(),
+                    })
                 }
                 old => {
                     if old.is_some() {
-                        change.reset.push(*key);
+                        change.reset.push(key);
                     } else {
-                        change.added.push(*key);
+                        change.added.push(key);
                     }
-                    let index = next_index();
                     let roamed = old.and_then(|o| o.endpoint());
-                    Arc::new(Peer {
-                        public_key: *key,
-                        index,
-                        tunnel: Mutex::new(Tunnel::new(
-                            private_key,
-                            key,
-                            settings.preshared_key.as_ref(),
-                            settings.persistent_keepalive,
-                            index,
-                            &next.limiter,
-                        )),
-                        endpoint: RwLock::new(endpoint.or(roamed)),
-                        settings: settings.clone(),
-                        counters: PeerCounters::default(),
-                    })
+                    new_peer(
+                        &key,
+                        &upsert.spec,
+                        upsert.endpoint.or(roamed),
+                        private_key,
+                        &next.limiter,
+                    )
                 }
             };
             next.insert(peer);
         }
-        change.removed = self
-            .peers
-            .keys()
-            .filter(|k| !desired.contains_key(k))
+        change.removed = changes
+            .remove
+            .iter()
+            .filter(|k| self.peers.contains_key(k))
             .copied()
             .collect();
         (next, change)
@@ -173,22 +191,95 @@ impl PeerTable {
         self.by_index.insert(peer.index, peer.clone());
         self.peers.insert(peer.public_key, peer);
     }
-
-    /// The settings of every peer, to derive a modified desired state from. Endpoints are
-    /// `None` (= keep the current one) so a rebuild never undoes roaming.
-    pub fn desired(&self) -> BTreeMap<PublicKey, (PeerSettings, Option<SocketAddr>)> {
-        self.peers
-            .iter()
-            .map(|(k, p)| (*k, (p.settings.clone(), None)))
-            .collect()
-    }
 }
 
-/// The peer settings a configuration asks for.
-pub fn settings_of(peer: &PeerConfig) -> PeerSettings {
-    PeerSettings {
-        preshared_key: peer.preshared_key.clone(),
-        persistent_keepalive: peer.persistent_keepalive,
-        allowed_ips: peer.allowed_ips.clone(),
+fn new_peer(
+    key: &PublicKey,
+    spec: &PeerSpec,
+    endpoint: Option<SocketAddr>,
+    private_key: &SecretKey,
+    limiter: &Arc<Limiter>,
+) -> Arc<Peer> {
+    let index = next_index();
+    Arc::new(Peer {
+        public_key: *key,
+        index,
+        tunnel: Arc::new(Mutex::new(Tunnel::new(
+            private_key,
+            key,
+            spec.preshared_key.as_ref(),
+            spec.persistent_keepalive,
+            index,
+            limiter,
+        ))),
+        endpoint: Arc::new(RwLock::new(endpoint)),
+        settings: spec.clone(),
+        counters: Arc::new(PeerCounters::default()),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::IpNet;
+
+    fn spec(keepalive: Option<u16>, nets: &[&str], psk: Option<SecretKey>) -> PeerSpec {
+        PeerSpec {
+            preshared_key: psk,
+            persistent_keepalive: keepalive,
+            allowed_ips: nets
+                .iter()
+                .map(|n| n.parse::<IpNet>().expect("net"))
+                .collect(),
+        }
+    }
+
+    fn upsert(key: PublicKey, spec: PeerSpec) -> PeerChanges {
+        PeerChanges {
+            private_key: None,
+            upsert: vec![PeerUpsert {
+                public_key: key,
+                spec,
+                endpoint: None,
+            }],
+            remove: vec![],
+        }
+    }
+
+    #[test]
+    fn settings_changes_keep_the_session_and_a_new_psk_does_not() {
+        let own = SecretKey::generate();
+        let peer = SecretKey::generate().public_key();
+        let table = PeerTable::empty(own);
+        let (table, change) = table.apply(&upsert(peer, spec(Some(25), &["10.0.0.0/24"], None)));
+        assert_eq!(change.added, vec![peer]);
+        let first = table.peers[&peer].clone();
+        *first.endpoint.write() = Some("192.0.2.1:51820".parse().expect("addr"));
+
+        let (table, change) = table.apply(&upsert(peer, spec(Some(5), &["10.0.1.0/24"], None)));
+        assert_eq!(change.updated, vec![peer]);
+        let second = table.peers[&peer].clone();
+        assert!(Arc::ptr_eq(&first.tunnel, &second.tunnel), "same session");
+        assert!(Arc::ptr_eq(&first.counters, &second.counters));
+        assert_eq!(second.index, first.index);
+        assert_eq!(second.endpoint(), first.endpoint(), "roamed endpoint kept");
+        let looked_up = table.routes.lookup("10.0.1.7".parse().expect("ip"));
+        assert!(looked_up.is_some_and(|p| Arc::ptr_eq(p, &second)));
+        assert!(table
+            .routes
+            .lookup("10.0.0.7".parse().expect("ip"))
+            .is_none());
+
+        let psk = Some(SecretKey::generate());
+        let (table, change) = table.apply(&upsert(peer, spec(Some(5), &["10.0.1.0/24"], psk)));
+        assert_eq!(change.reset, vec![peer]);
+        assert!(!Arc::ptr_eq(&table.peers[&peer].tunnel, &second.tunnel));
+
+        let (table, change) = table.apply(&PeerChanges {
+            remove: vec![peer],
+            ..PeerChanges::default()
+        });
+        assert_eq!(change.removed, vec![peer]);
+        assert!(table.peers.is_empty() && table.by_index.is_empty());
     }
 }

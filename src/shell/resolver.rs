@@ -1,5 +1,6 @@
-//! Resolves target names with hickory (A and AAAA), with no cache so every scheduled lookup
-//! asks the name server, and a timeout so a dead server cannot stall the scheduler.
+//! The one resolver of the daemon, for `target_fqdn` names and peer endpoints alike: hickory
+//! (A and AAAA), with no cache so every scheduled lookup asks the name server, and the deadline
+//! the control core gives each lookup so a dead server cannot stall anything.
 
 use hickory_resolver::config::{
     ConnectionConfig, LookupIpStrategy, NameServerConfig, ResolveHosts, ResolverConfig,
@@ -8,10 +9,7 @@ use hickory_resolver::config::{
 use hickory_resolver::net::runtime::TokioRuntimeProvider;
 use hickory_resolver::TokioResolver;
 use std::net::{IpAddr, SocketAddr};
-use std::time::Duration;
-
-/// Longest one resolution (all attempts) may take before it counts as a failure.
-pub const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
+use std::time::{Duration, Instant};
 
 pub struct Resolver(TokioResolver);
 
@@ -50,13 +48,18 @@ impl Resolver {
         Ok(Resolver(resolver))
     }
 
-    /// Every A and AAAA address of `name` (fully qualified: no search domains).
-    pub async fn resolve(&self, name: &str) -> Result<Vec<IpAddr>, String> {
+    /// Every A and AAAA address of `name` (fully qualified: no search domains), or an error
+    /// once `deadline` passes.
+    pub async fn resolve(&self, name: &str, deadline: Instant) -> Result<Vec<IpAddr>, String> {
         let fqdn = format!("{name}.");
-        match tokio::time::timeout(RESOLVE_TIMEOUT, self.0.lookup_ip(fqdn.as_str())).await {
+        let started = Instant::now();
+        match tokio::time::timeout_at(deadline.into(), self.0.lookup_ip(fqdn.as_str())).await {
             Ok(Ok(lookup)) => Ok(lookup.iter().collect()),
             Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err(format!("timed out after {}s", RESOLVE_TIMEOUT.as_secs())),
+            Err(_) => Err(format!(
+                "timed out after {:.1}s",
+                started.elapsed().as_secs_f64()
+            )),
         }
     }
 }

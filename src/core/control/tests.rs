@@ -1,0 +1,614 @@
+//! The control core against a simulated system: every test runs without root, sockets or a
+//! clock, in milliseconds. [`Sim`] plays the executors (it applies what the core asks for to a
+//! model of the kernel and the firewall, and can be told to fail) and owns a fake clock.
+
+use super::*;
+use crate::config::SecretFiles;
+use crate::uapi::PeerUpdate;
+use std::path::Path;
+
+const KEY: &str = "yAnz5TF+lXXJte14tji3zlMNq+hd2rYUIgJBgB3fBmk=";
+const PEER_B: &str = "AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=";
+const PEER_C: &str = "AgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgI=";
+
+struct NoFiles;
+
+impl SecretFiles for NoFiles {
+    fn read_secret(&self, _: &Path) -> Result<String, String> {
+        Err("no files in these tests".into())
+    }
+}
+
+fn config(text: &str) -> Config {
+    let full = format!("[interface]\nname = \"tgsim\"\nprivate_key = \"{KEY}\"\n{text}");
+    match Config::parse(&full, Path::new("/etc/tg"), &NoFiles) {
+        Ok(c) => c,
+        Err(e) => panic!("test config invalid: {e}\n{full}"),
+    }
+}
+
+fn key(b64: &str) -> PublicKey {
+    PublicKey(crate::config::decode_key(b64).expect("test key"))
+}
+
+fn net(s: &str) -> IpNet {
+    s.parse().expect("test network")
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().expect("test address")
+}
+
+/// A model of what the executors changed on the system, and a fake clock.
+struct Sim {
+    control: Control,
+    now: Instant,
+    addresses: BTreeSet<IpNet>,
+    routes: BTreeSet<routes::Route>,
+    rules: Option<RuleSet>,
+    /// What the "kernel" has installed; differs from `rules` after a hand edit.
+    installed_fingerprint: String,
+    /// Peer sessions: a new number each time a peer is (re)created with a new session.
+    sessions: BTreeMap<PublicKey, (PeerSpec, u32)>,
+    next_session: u32,
+    endpoints: BTreeMap<PublicKey, SocketAddr>,
+    lookups: Vec<(Lookup, Instant)>,
+    rules_fail: bool,
+    routes_fail: bool,
+    log: Vec<Action>,
+}
+
+impl Sim {
+    fn new(text: &str) -> Sim {
+        let now = Instant::now();
+        let mut sim = Sim {
+            control: Control::new(config(text), 51820, Some(9002), now),
+            now,
+            addresses: BTreeSet::new(),
+            routes: BTreeSet::new(),
+            rules: None,
+            installed_fingerprint: String::new(),
+            sessions: BTreeMap::new(),
+            next_session: 0,
+            endpoints: BTreeMap::new(),
+            lookups: Vec::new(),
+            rules_fail: false,
+            routes_fail: false,
+            log: Vec::new(),
+        };
+        sim.drive();
+        sim
+    }
+
+    fn advance(&mut self, d: Duration) {
+        self.now += d;
+        self.control.handle_timeout(self.now);
+        self.drive();
+    }
+
+    /// Runs every queued action, as the shell would, until none is left.
+    fn drive(&mut self) {
+        while let Some(action) = self.control.poll_action() {
+            self.log.push(action.clone());
+            self.execute(action);
+        }
+    }
+
+    fn execute(&mut self, action: Action) {
+        let now = self.now;
+        match action {
+            Action::SetMtu(_) | Action::SetFwmark { .. } => {}
+            Action::SetAddresses { add, remove } => {
+                for a in remove {
+                    assert!(
+                        self.addresses.remove(&a),
+                        "removed {a} that was never added"
+                    );
+                }
+                self.addresses.extend(add);
+                self.control.handle_addresses_applied(Ok(()), now);
+            }
+            Action::UpdatePeers(changes) => {
+                for k in &changes.remove {
+                    self.sessions.remove(k);
+                }
+                for u in changes.upsert {
+                    let keep = self
+                        .sessions
+                        .get(&u.public_key)
+                        .filter(|(old, _)| old.preshared_key == u.spec.preshared_key)
+                        .map(|(_, s)| *s);
+                    let session = keep.unwrap_or_else(|| {
+                        self.next_session += 1;
+                        self.next_session
+                    });
+                    if let Some(e) = u.endpoint {
+                        self.endpoints.insert(u.public_key, e);
+                    }
+                    self.sessions.insert(u.public_key, (u.spec, session));
+                }
+            }
+            Action::Rebind { port, .. } => self.control.handle_rebound(Ok(port), now),
+            Action::ApplyRoutes(diff) => {
+                if self.routes_fail {
+                    self.control
+                        .handle_routes_applied(Err("netlink: EPERM".into()), now);
+                    return;
+                }
+                for r in &diff.remove_routes {
+                    self.routes.remove(r);
+                }
+                self.routes.extend(diff.add_routes.iter().copied());
+                self.control.handle_routes_applied(Ok(()), now);
+            }
+            Action::Resolve { lookup, deadline } => self.lookups.push((lookup, deadline)),
+            Action::EnableForwarding(families) => self.control.handle_forwarding_enabled(families),
+            Action::ApplyRules(set) => {
+                if self.rules_fail {
+                    self.control
+                        .handle_rules_applied(Err("nft: Operation not permitted".into()), now);
+                    return;
+                }
+                let fingerprint = format!("{set:?}");
+                self.installed_fingerprint = fingerprint.clone();
+                self.rules = Some(set);
+                let report = RulesReport {
+                    fingerprint,
+                    rule_count: 1,
+                    seconds: 0.01,
+                    text: String::new(),
+                };
+                self.control.handle_rules_applied(Ok(report), now);
+            }
+            Action::CheckRules => {
+                let installed = self.installed_fingerprint.clone();
+                self.control.handle_rules_checked(Ok(installed), now);
+            }
+            Action::RemoveRules => self.rules = None,
+            Action::RestoreForwarding(_) => {}
+        }
+    }
+
+    /// Answers the oldest pending lookup of `name` (a target or an endpoint host).
+    fn answer(&mut self, name: &str, result: Result<Vec<&str>, &str>) {
+        let at = self
+            .lookups
+            .iter()
+            .position(|(l, _)| match l {
+                Lookup::Target(n) => n == name,
+                Lookup::Endpoint { host, .. } => host == name,
+            })
+            .unwrap_or_else(|| panic!("no lookup of {name} pending: {:?}", self.lookups));
+        let (lookup, _) = self.lookups.remove(at);
+        let result = result
+            .map(|v| v.into_iter().map(ip).collect())
+            .map_err(str::to_string);
+        self.control.handle_resolved(lookup, result, self.now);
+        self.drive();
+    }
+
+    fn reload(&mut self, text: &str) -> Result<Reload, Refused> {
+        let r = self.control.handle_config_loaded(config(text), self.now);
+        self.drive();
+        r
+    }
+
+    fn targets_in_rules(&self) -> BTreeSet<IpAddr> {
+        let set = self.rules.as_ref().expect("rules installed");
+        set.ingress
+            .iter()
+            .flat_map(|i| i.targets.iter().copied())
+            .chain(set.egress.iter().flat_map(|e| e.targets.iter().copied()))
+            .collect()
+    }
+
+    fn session(&self, k: &str) -> u32 {
+        self.sessions.get(&key(k)).expect("peer present").1
+    }
+}
+
+const BASE: &str = r#"addresses = ["100.64.0.1/32", "fd7a::1/128"]
+
+[[peer]]
+public_key = "AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE="
+allowed_ips = ["100.64.0.2/32", "10.0.0.0/24"]
+persistent_keepalive = 25
+
+[[ingress]]
+target = "10.96.0.10"
+"#;
+
+#[test]
+fn start_installs_everything_and_becomes_ready() {
+    let sim = Sim::new(BASE);
+    assert_eq!(
+        sim.addresses,
+        [net("100.64.0.1/32"), net("fd7a::1/128")].into()
+    );
+    assert_eq!(sim.routes.len(), 2, "one route per allowed IP");
+    assert!(sim.rules.is_some());
+    assert_eq!(sim.sessions.len(), 1);
+    assert_eq!(sim.control.readiness(), Ok(()));
+    assert_eq!(sim.control.start_failure(), None);
+    assert_eq!(
+        sim.control.poll_timeout(),
+        Some(sim.now + Duration::from_secs(30))
+    );
+}
+
+#[test]
+fn reload_adds_and_removes_addresses_peers_rules_and_names() {
+    let mut sim = Sim::new(BASE);
+    let peer_b_session = sim.session(PEER_B);
+    let next = r#"addresses = ["100.64.0.9/32", "fd7a::1/128"]
+
+[[peer]]
+public_key = "AgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgI="
+allowed_ips = ["100.64.0.3/32"]
+
+[[egress]]
+target_fqdn = "db.example"
+ports = ["5432"]
+"#;
+    assert_eq!(sim.reload(next), Ok(Reload::Applied));
+    // The address that left the config is gone (the old daemon only ever added).
+    assert_eq!(
+        sim.addresses,
+        [net("100.64.0.9/32"), net("fd7a::1/128")].into()
+    );
+    assert!(!sim.sessions.contains_key(&key(PEER_B)));
+    assert!(sim.sessions.contains_key(&key(PEER_C)));
+    assert_ne!(sim.session(PEER_C), peer_b_session);
+    let nets: BTreeSet<IpNet> = sim.routes.iter().map(|r| r.net).collect();
+    assert_eq!(
+        nets,
+        [net("100.64.0.3/32")].into(),
+        "old peer's routes removed"
+    );
+    // The ingress rule left; the egress rule waits for its name.
+    let rules = sim.rules.clone().expect("rules");
+    assert!(rules.ingress.is_empty() && rules.egress.is_empty());
+    assert!(sim
+        .control
+        .readiness()
+        .is_err_and(|e| e.contains("db.example")));
+    sim.answer("db.example", Ok(vec!["10.1.0.5"]));
+    assert_eq!(sim.targets_in_rules(), [ip("10.1.0.5")].into());
+    assert_eq!(sim.control.readiness(), Ok(()));
+
+    // And back: the name is no longer tracked, the ingress returns.
+    assert_eq!(sim.reload(BASE), Ok(Reload::Applied));
+    assert_eq!(sim.targets_in_rules(), [ip("10.96.0.10")].into());
+    assert!(sim.control.view().names.is_empty());
+    assert_eq!(sim.control.view().reloads, 2);
+    let actions = sim.log.len();
+    assert_eq!(sim.reload(BASE), Ok(Reload::Unchanged));
+    assert_eq!(sim.log.len(), actions, "an unchanged reload asks for nothing");
+    assert_eq!(sim.control.view().reloads, 3, "but it counts as a reload");
+}
+
+#[test]
+fn a_renamed_interface_is_refused_and_changes_nothing() {
+    let mut sim = Sim::new(BASE);
+    let before = sim.log.len();
+    let renamed = config(BASE);
+    let mut renamed = renamed;
+    renamed.interface.name = "tgother".into();
+    let r = sim.control.handle_config_loaded(renamed, sim.now);
+    assert!(r.is_err_and(|e| e.0.contains("interface.name cannot change")));
+    sim.drive();
+    assert_eq!(sim.log.len(), before, "a refused reload asks for nothing");
+    assert_eq!(sim.control.view().reload_failures, 1);
+}
+
+const FQDN: &str = r#"addresses = ["100.64.0.1/32"]
+[dns]
+reresolve_interval = "60s"
+[[ingress]]
+target_fqdn = "web.example"
+"#;
+
+#[test]
+fn a_dns_answer_change_replaces_the_rules_within_the_interval() {
+    let mut sim = Sim::new(FQDN);
+    assert!(sim
+        .control
+        .readiness()
+        .is_err_and(|e| e.contains("web.example")));
+    sim.answer("web.example", Ok(vec!["10.0.0.1", "10.0.0.2"]));
+    assert_eq!(
+        sim.targets_in_rules(),
+        [ip("10.0.0.1"), ip("10.0.0.2")].into()
+    );
+    assert_eq!(sim.control.readiness(), Ok(()));
+    assert_eq!(
+        sim.control.poll_timeout(),
+        Some(sim.now + Duration::from_secs(30))
+    );
+    sim.advance(Duration::from_secs(60));
+    let (_, deadline) = sim.lookups.first().expect("re-resolution due").clone();
+    assert_eq!(deadline, sim.now + RESOLVE_TIMEOUT);
+    sim.answer("web.example", Ok(vec!["10.0.0.3"]));
+    assert_eq!(sim.targets_in_rules(), [ip("10.0.0.3")].into());
+}
+
+#[test]
+fn a_dns_outage_keeps_the_last_good_rules_and_backs_off() {
+    let mut sim = Sim::new(FQDN);
+    sim.answer("web.example", Ok(vec!["10.0.0.1"]));
+    let applies = sim.control.view().rules.applies;
+    sim.advance(Duration::from_secs(60));
+    let mut waits = Vec::new();
+    for _ in 0..4 {
+        sim.answer("web.example", Err("timed out after 5.0s"));
+        let next = sim.control.poll_timeout().expect("retry scheduled");
+        waits.push((next - sim.now).as_secs());
+        sim.advance(next - sim.now);
+    }
+    // Retries back off (the 30 s drift check also wakes the loop, but asks no lookup).
+    assert!(waits.starts_with(&[1, 2, 4]), "{waits:?}");
+    assert_eq!(sim.targets_in_rules(), [ip("10.0.0.1")].into());
+    assert_eq!(sim.control.view().rules.applies, applies, "no re-apply");
+    assert_eq!(
+        sim.control.readiness(),
+        Ok(()),
+        "once resolved, an outage keeps it ready"
+    );
+    let view = sim.control.view();
+    assert_eq!(view.names[0].failures, 4);
+    assert!(view.names[0].last_error.as_deref() == Some("timed out after 5.0s"));
+}
+
+#[test]
+fn a_failed_rule_apply_drops_readiness_and_retries_with_backoff() {
+    let mut sim = Sim::new(BASE);
+    assert_eq!(sim.control.readiness(), Ok(()));
+    sim.rules_fail = true;
+    let next = BASE.replace("10.96.0.10", "10.96.0.11");
+    assert_eq!(sim.reload(&next), Ok(Reload::Applied));
+    let why = sim
+        .control
+        .readiness()
+        .expect_err("not ready after a failed apply");
+    assert!(why.contains("Operation not permitted"), "{why}");
+    assert_eq!(
+        sim.targets_in_rules(),
+        [ip("10.96.0.10")].into(),
+        "old rules stay"
+    );
+    let mut waits = Vec::new();
+    for _ in 0..3 {
+        let next = sim.control.poll_timeout().expect("retry scheduled");
+        waits.push((next - sim.now).as_secs());
+        sim.advance(next - sim.now);
+    }
+    assert_eq!(waits, vec![1, 2, 4]);
+    assert_eq!(sim.control.view().rules.failures, 4);
+    sim.rules_fail = false;
+    let next_try = sim.control.poll_timeout().expect("retry scheduled");
+    sim.advance(next_try - sim.now);
+    assert_eq!(sim.targets_in_rules(), [ip("10.96.0.11")].into());
+    assert_eq!(sim.control.readiness(), Ok(()));
+}
+
+#[test]
+fn readiness_goes_back_to_not_ready_and_recovers_on_drift() {
+    let mut sim = Sim::new(BASE);
+    assert_eq!(sim.control.readiness(), Ok(()));
+    // Someone deletes our table by hand: the next drift check repairs it.
+    sim.installed_fingerprint.clear();
+    sim.rules_fail = true;
+    sim.advance(Duration::from_secs(30));
+    assert!(sim.log.contains(&Action::CheckRules));
+    let why = sim
+        .control
+        .readiness()
+        .expect_err("drifted and repair failed");
+    assert!(why.starts_with("rules:"), "{why}");
+    sim.rules_fail = false;
+    sim.advance(Duration::from_secs(1));
+    assert_eq!(sim.control.readiness(), Ok(()));
+    assert!(!sim.installed_fingerprint.is_empty());
+}
+
+#[test]
+fn failed_routes_drop_readiness_and_fail_a_start() {
+    let now = Instant::now();
+    let mut control = Control::new(config(BASE), 51820, None, now);
+    while let Some(a) = control.poll_action() {
+        match a {
+            Action::ApplyRoutes(_) => control.handle_routes_applied(Err("EPERM".into()), now),
+            Action::SetAddresses { .. } => control.handle_addresses_applied(Ok(()), now),
+            Action::ApplyRules(_) => control.handle_rules_applied(
+                Ok(RulesReport {
+                    fingerprint: "x".into(),
+                    rule_count: 1,
+                    seconds: 0.0,
+                    text: String::new(),
+                }),
+                now,
+            ),
+            _ => {}
+        }
+    }
+    assert_eq!(control.start_failure().as_deref(), Some("routes: EPERM"));
+    assert!(control.readiness().is_err_and(|e| e.starts_with("routes:")));
+    // Teardown undoes the rules that did go in; routes in the main table go with the device.
+    let undo = control.teardown();
+    assert_eq!(undo.first(), Some(&Action::RemoveRules));
+    assert!(
+        undo.iter()
+            .any(|a| matches!(a, Action::RestoreForwarding(_)))
+            || undo.len() == 1
+    );
+    assert_eq!(control.poll_timeout(), None, "no timer after teardown");
+}
+
+#[test]
+fn teardown_removes_default_route_policy_rules() {
+    let exit = r#"addresses = ["100.64.0.1/32"]
+[[peer]]
+public_key = "AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE="
+allowed_ips = ["0.0.0.0/0"]
+"#;
+    let mut sim = Sim::new(exit);
+    assert!(sim.log.iter().any(|a| matches!(
+        a,
+        Action::SetFwmark {
+            mark: 51820,
+            src_valid_mark: true
+        }
+    )));
+    let undo = sim.control.teardown();
+    let Some(Action::ApplyRoutes(diff)) = undo.last() else {
+        panic!("teardown must remove the policy rules: {undo:?}");
+    };
+    assert_eq!(diff.remove_rules.len(), 2);
+    assert_eq!(diff.remove_routes.len(), 1, "the table-51820 default route");
+    assert!(diff.add_routes.is_empty() && diff.add_rules.is_empty());
+}
+
+#[test]
+fn keepalive_or_allowed_ips_changes_keep_the_session() {
+    let mut sim = Sim::new(BASE);
+    let session = sim.session(PEER_B);
+    let next = BASE.replace("persistent_keepalive = 25", "persistent_keepalive = 5");
+    sim.reload(&next).expect("reload");
+    assert_eq!(
+        sim.session(PEER_B),
+        session,
+        "keepalive change kept the session"
+    );
+    let last = sim.log.iter().rev().find_map(|a| match a {
+        Action::UpdatePeers(c) => Some(c.clone()),
+        _ => None,
+    });
+    let changes = last.expect("peer update");
+    assert!(
+        changes.remove.is_empty(),
+        "the peer is updated, not removed"
+    );
+    assert_eq!(changes.upsert[0].spec.persistent_keepalive, Some(5));
+    assert_eq!(
+        changes.upsert[0].endpoint, None,
+        "a roamed endpoint is kept"
+    );
+
+    // Over UAPI too: `wg set tg0 peer B allowed-ips ...` keeps the session.
+    let mut update = PeerUpdate::new(key(PEER_B));
+    update.replace_allowed_ips = true;
+    update.allowed_ips = vec![net("100.64.0.2/32"), net("10.0.1.0/24")];
+    let update = DeviceUpdate {
+        private_key: None,
+        listen_port: None,
+        fwmark: None,
+        replace_peers: false,
+        peers: vec![update],
+    };
+    sim.control
+        .handle_device_update(&update, sim.now)
+        .expect("uapi set");
+    sim.drive();
+    assert_eq!(sim.session(PEER_B), session);
+    let nets: BTreeSet<IpNet> = sim.routes.iter().map(|r| r.net).collect();
+    assert!(nets.contains(&net("10.0.1.0/24")) && !nets.contains(&net("10.0.0.0/24")));
+
+    // A new preshared key is a new session.
+    let psk = "AwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwM=";
+    let with_psk = next.replace(
+        "persistent_keepalive = 5",
+        &format!("persistent_keepalive = 5\npreshared_key = \"{psk}\""),
+    );
+    sim.reload(&with_psk).expect("reload");
+    assert_ne!(sim.session(PEER_B), session);
+}
+
+#[test]
+fn uapi_refuses_removing_the_key_and_changes_nothing() {
+    let mut sim = Sim::new(BASE);
+    let before = sim.log.len();
+    let update = DeviceUpdate {
+        private_key: Some(None),
+        listen_port: None,
+        fwmark: None,
+        replace_peers: true,
+        peers: vec![],
+    };
+    assert!(sim.control.handle_device_update(&update, sim.now).is_err());
+    sim.drive();
+    assert_eq!(sim.log.len(), before);
+    assert_eq!(sim.sessions.len(), 1);
+}
+
+#[test]
+fn a_new_listen_port_rebinds_and_follows_into_the_rules() {
+    let mut sim = Sim::new(BASE);
+    let next = format!("listen_port = 51999\n{BASE}");
+    sim.reload(&next).expect("reload");
+    assert!(sim
+        .log
+        .iter()
+        .any(|a| matches!(a, Action::Rebind { port: 51999, .. })));
+    let rules = sim.rules.as_ref().expect("rules");
+    assert_eq!(rules.exemptions.wg_udp_port, Some(51999));
+    assert_eq!(sim.control.view().listen_port, 51999);
+}
+
+#[test]
+fn lookups_run_at_most_sixteen_at_once_each_with_its_deadline() {
+    let mut text = String::from("addresses = [\"100.64.0.1/32\"]\n");
+    for i in 0..40 {
+        text.push_str(&format!(
+            "[[ingress]]\ntarget_fqdn = \"n{i}.example\"\nports = [\"{}\"]\n",
+            1000 + i
+        ));
+    }
+    let mut sim = Sim::new(&text);
+    assert_eq!(sim.lookups.len(), MAX_CONCURRENT_RESOLUTIONS);
+    assert!(sim
+        .lookups
+        .iter()
+        .all(|(_, d)| *d == sim.now + RESOLVE_TIMEOUT));
+    // Each answer (or failure) frees a slot for the next name.
+    sim.answer("n0.example", Err("timed out"));
+    assert_eq!(sim.lookups.len(), MAX_CONCURRENT_RESOLUTIONS);
+    for _ in 0..60 {
+        let Some((Lookup::Target(name), _)) = sim.lookups.first().cloned() else {
+            break;
+        };
+        sim.answer(&name, Ok(vec!["10.9.0.1"]));
+        assert!(sim.lookups.len() <= MAX_CONCURRENT_RESOLUTIONS);
+    }
+    let resolved = sim
+        .control
+        .view()
+        .names
+        .iter()
+        .filter(|n| n.last_resolved.is_some())
+        .count();
+    assert_eq!(resolved, 39, "every name but the failed one resolved");
+}
+
+#[test]
+fn an_endpoint_name_is_resolved_through_the_same_lookups() {
+    let text = r#"addresses = ["100.64.0.1/32"]
+[[peer]]
+public_key = "AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE="
+endpoint = "peer.example:51820"
+allowed_ips = ["100.64.0.2/32"]
+"#;
+    let mut sim = Sim::new(text);
+    assert!(sim.endpoints.is_empty());
+    sim.answer("peer.example", Err("SERVFAIL"));
+    assert_eq!(
+        sim.control.poll_timeout(),
+        Some(sim.now + Duration::from_secs(1))
+    );
+    sim.advance(Duration::from_secs(1));
+    sim.answer("peer.example", Ok(vec!["192.0.2.7"]));
+    assert_eq!(
+        sim.endpoints.get(&key(PEER_B)),
+        Some(&"192.0.2.7:51820".parse().expect("addr"))
+    );
+    assert_eq!(sim.control.poll_timeout(), None, "nothing left to do");
+}

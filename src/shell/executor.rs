@@ -1,0 +1,335 @@
+//! Executes the control core's actions against the system (netlink, the peer table, the UDP
+//! socket, `nft`/`iptables-restore`, sysctls, DNS) and reports each result back to the core.
+//! Decides nothing: what to do, when, and what a failure means are the core's.
+
+use crate::config::FirewallMode;
+use crate::core::control::{Action, Control, Lookup, PeerChanges, RulesReport};
+use crate::rules::{Family, RuleSet};
+use crate::shell::datapath::{self, Shared};
+use crate::shell::firewall::{self, Backend};
+use crate::shell::netlink::Netlink;
+use crate::shell::resolver::Resolver;
+use crate::shell::udp::WgSocket;
+use std::collections::BTreeSet;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::task::JoinSet;
+
+type LookupResult = (Lookup, Result<Vec<IpAddr>, String>);
+
+pub(crate) struct Executor {
+    shared: Arc<Shared>,
+    netlink: Netlink,
+    link_index: u32,
+    firewall_mode: FirewallMode,
+    backend: Option<Backend>,
+    resolver: Option<(Vec<SocketAddr>, Arc<Resolver>)>,
+    lookups: JoinSet<LookupResult>,
+    /// An MTU change that failed, reported with the address change that follows it.
+    mtu_error: Option<String>,
+}
+
+impl Executor {
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        netlink: Netlink,
+        link_index: u32,
+        firewall_mode: FirewallMode,
+    ) -> Executor {
+        Executor {
+            shared,
+            netlink,
+            link_index,
+            firewall_mode,
+            backend: None,
+            resolver: None,
+            lookups: JoinSet::new(),
+            mtu_error: None,
+        }
+    }
+
+    pub(crate) fn backend_name(&self) -> String {
+        self.backend.map(|b| b.to_string()).unwrap_or_default()
+    }
+
+    /// The next finished lookup; pending forever while none runs.
+    pub(crate) async fn next_lookup(&mut self) -> Option<LookupResult> {
+        if self.lookups.is_empty() {
+            return std::future::pending().await;
+        }
+        match self.lookups.join_next().await {
+            Some(Ok(done)) => Some(done),
+            Some(Err(e)) => {
+                tracing::error!(error = %e, "DNS lookup task failed");
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// Runs `action` and reports its outcome to `control`. The error is returned too, for a
+    /// caller that waits on the outcome (a reload, a UAPI set).
+    pub(crate) async fn execute(
+        &mut self,
+        control: &mut Control,
+        action: Action,
+    ) -> Result<(), String> {
+        match action {
+            Action::SetMtu(mtu) => {
+                self.mtu_error = self
+                    .netlink
+                    .link_up(self.link_index, mtu)
+                    .await
+                    .err()
+                    .map(|e| e.to_string());
+                Ok(())
+            }
+            Action::SetAddresses { add, remove } => {
+                let result = self.set_addresses(&add, &remove).await;
+                control.handle_addresses_applied(result.clone(), Instant::now());
+                result
+            }
+            Action::UpdatePeers(changes) => {
+                self.update_peers(&changes);
+                Ok(())
+            }
+            Action::Rebind { port, fwmark } => {
+                let result = self.rebind(port, fwmark);
+                control.handle_rebound(result.clone(), Instant::now());
+                result.map(|_| ())
+            }
+            Action::SetFwmark {
+                mark,
+                src_valid_mark,
+            } => {
+                if let Err(e) = self.shared.socket.read().set_mark(mark) {
+                    tracing::error!(error = %e, mark, "Cannot mark the WireGuard socket");
+                }
+                if src_valid_mark {
+                    // Replies to marked packets must pass reverse-path filtering (wg-quick
+                    // does this too).
+                    let _ = std::fs::write("/proc/sys/net/ipv4/conf/all/src_valid_mark", "1");
+                }
+                Ok(())
+            }
+            Action::ApplyRoutes(diff) => {
+                let result = self.apply_routes(&diff).await;
+                control.handle_routes_applied(result.clone(), Instant::now());
+                result
+            }
+            Action::Resolve { lookup, deadline } => {
+                let resolver = self.resolver(&control.config().dns.nameservers);
+                self.lookups.spawn(async move {
+                    let name = match &lookup {
+                        Lookup::Target(name) => name.clone(),
+                        Lookup::Endpoint { host, .. } => host.clone(),
+                    };
+                    let result = match resolver {
+                        Ok(r) => r.resolve(&name, deadline).await,
+                        Err(e) => Err(e),
+                    };
+                    (lookup, result)
+                });
+                Ok(())
+            }
+            Action::EnableForwarding(families) => {
+                control.handle_forwarding_enabled(enable_forwarding(&families));
+                Ok(())
+            }
+            Action::ApplyRules(set) => {
+                let result = self.apply_rules(set).await;
+                let error = result.as_ref().err().cloned();
+                control.handle_rules_applied(result, Instant::now());
+                error.map_or(Ok(()), Err)
+            }
+            Action::CheckRules => {
+                let result = match self.backend {
+                    Some(backend) => blocking(move || backend.installed()).await,
+                    None => Ok(String::new()),
+                };
+                control.handle_rules_checked(result, Instant::now());
+                Ok(())
+            }
+            Action::RemoveRules => {
+                let Some(backend) = self.backend else {
+                    return Ok(());
+                };
+                let result = blocking(move || backend.remove()).await;
+                match &result {
+                    Ok(()) => tracing::info!(backend = %backend, "Rules removed"),
+                    Err(e) => {
+                        tracing::error!(backend = %backend, error = %e, "Could not remove rules")
+                    }
+                }
+                result
+            }
+            Action::RestoreForwarding(families) => {
+                for family in families {
+                    if let Err(e) = firewall::disable_forwarding(family) {
+                        tracing::warn!(?family, error = %e, "Could not restore the forwarding sysctl");
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    async fn set_addresses(
+        &mut self,
+        add: &[crate::config::IpNet],
+        remove: &[crate::config::IpNet],
+    ) -> Result<(), String> {
+        if let Some(e) = self.mtu_error.take() {
+            return Err(format!("setting the MTU: {e}"));
+        }
+        for net in remove {
+            self.netlink
+                .del_address(self.link_index, *net)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        for net in add {
+            self.netlink
+                .add_address(self.link_index, *net)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        if !add.is_empty() || !remove.is_empty() {
+            tracing::info!(
+                added = add.len(),
+                removed = remove.len(),
+                "Addresses applied"
+            );
+        }
+        Ok(())
+    }
+
+    fn update_peers(&mut self, changes: &PeerChanges) {
+        let table = self.shared.snapshot();
+        let (next, change) = table.apply(changes);
+        *self.shared.table.write() = Arc::new(next);
+        tracing::info!(
+            added = change.added.len(),
+            removed = change.removed.len(),
+            updated = change.updated.len(),
+            reset = change.reset.len(),
+            "Peers applied"
+        );
+    }
+
+    /// Replaces the UDP socket (new listen port); the old reader thread ends with its socket.
+    fn rebind(&mut self, port: u16, fwmark: Option<u32>) -> Result<u16, String> {
+        let socket = WgSocket::bind(port, fwmark)
+            .map_err(|e| format!("cannot bind UDP port {port}: {e}"))?;
+        let bound = socket.local_port().map_err(|e| e.to_string())?;
+        let old = std::mem::replace(&mut *self.shared.socket.write(), Arc::new(socket));
+        old.shutdown();
+        datapath::start_udp_reader(self.shared.clone()).map_err(|e| e.to_string())?;
+        tracing::info!(listen_port = bound, "WireGuard socket rebound");
+        Ok(bound)
+    }
+
+    async fn apply_routes(&self, diff: &crate::core::routes::PlanDiff) -> Result<(), String> {
+        let nl = &self.netlink;
+        for r in &diff.remove_rules {
+            nl.del_rule(r).await.map_err(|e| e.to_string())?;
+        }
+        for r in &diff.remove_routes {
+            nl.del_route(self.link_index, r)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        for r in &diff.add_routes {
+            nl.add_route(self.link_index, r)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        for r in &diff.add_rules {
+            nl.add_rule(r).await.map_err(|e| e.to_string())?;
+        }
+        tracing::info!(
+            added = diff.add_routes.len() + diff.add_rules.len(),
+            removed = diff.remove_routes.len() + diff.remove_rules.len(),
+            "Routes applied"
+        );
+        Ok(())
+    }
+
+    async fn apply_rules(&mut self, set: RuleSet) -> Result<RulesReport, String> {
+        let backend = match self.backend {
+            Some(b) => b,
+            None => {
+                let mode = self.firewall_mode;
+                let chosen = blocking(move || firewall::choose(mode)).await?;
+                tracing::info!(backend = %chosen, "Firewall backend chosen");
+                self.backend = Some(chosen);
+                chosen
+            }
+        };
+        let started = Instant::now();
+        blocking(move || {
+            let fingerprint = backend.apply(&set)?;
+            Ok::<_, firewall::FirewallError>(RulesReport {
+                rule_count: fingerprint.lines().filter(|l| !l.trim().is_empty()).count(),
+                fingerprint,
+                seconds: started.elapsed().as_secs_f64(),
+                text: backend_text(backend, &set),
+            })
+        })
+        .await
+        .map_err(|e| format!("{backend}: {e}"))
+    }
+
+    /// The resolver for `nameservers`, made once and again only when they change.
+    fn resolver(&mut self, nameservers: &[SocketAddr]) -> Result<Arc<Resolver>, String> {
+        if let Some((ns, r)) = &self.resolver {
+            if ns == nameservers {
+                return Ok(r.clone());
+            }
+        }
+        let r = Arc::new(Resolver::new(nameservers)?);
+        self.resolver = Some((nameservers.to_vec(), r.clone()));
+        Ok(r)
+    }
+}
+
+/// Turns forwarding on per family unless it already is; returns the families changed.
+fn enable_forwarding(families: &BTreeSet<Family>) -> BTreeSet<Family> {
+    let mut changed = BTreeSet::new();
+    for family in families {
+        match firewall::enable_forwarding(*family) {
+            Ok(true) => {
+                tracing::info!(?family, "Enabled IP forwarding");
+                changed.insert(*family);
+            }
+            Ok(false) => {}
+            Err(e) => tracing::warn!(?family, error = %e, "Cannot enable IP forwarding"),
+        }
+    }
+    changed
+}
+
+/// Runs a firewall command off the async workers.
+async fn blocking<T, E>(f: impl FnOnce() -> Result<T, E> + Send + 'static) -> Result<T, String>
+where
+    T: Send + 'static,
+    E: std::fmt::Display + Send + 'static,
+{
+    match tokio::task::spawn_blocking(f).await {
+        Ok(result) => result.map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// The rule text for status: exactly what was applied for nftables.
+fn backend_text(backend: Backend, set: &RuleSet) -> String {
+    match backend {
+        Backend::Nftables => crate::rules::nft::render(set),
+        Backend::Iptables { .. } => [Family::V4, Family::V6]
+            .iter()
+            .map(|f| crate::rules::iptables::render(set, *f, &Default::default()))
+            .collect::<Vec<_>>()
+            .join("\n"),
+    }
+}
