@@ -854,7 +854,7 @@ fn secrets_scenario(json: bool) -> (Sources, Secrets) {
     // The log did record the events (the scan is not vacuous), at trace level.
     for event in [
         "Handshake completed",
-        "Peers reloaded",
+        "Peers applied",
         "Reload rejected",
         "UAPI set applied",
         "Shutting down",

@@ -283,7 +283,11 @@ ports = ["5432"]
     assert_eq!(sim.control.view().reloads, 2);
     let actions = sim.log.len();
     assert_eq!(sim.reload(BASE), Ok(Reload::Unchanged));
-    assert_eq!(sim.log.len(), actions, "an unchanged reload asks for nothing");
+    assert_eq!(
+        sim.log.len(),
+        actions,
+        "an unchanged reload asks for nothing"
+    );
     assert_eq!(sim.control.view().reloads, 3, "but it counts as a reload");
 }
 

@@ -1,0 +1,160 @@
+//! The control core's decisions seen from outside, against the real daemon in namespaces: a
+//! reload removes what left the config, a keepalive-only change keeps the peer's session, and
+//! names that never answer are resolved concurrently, each with its own deadline.
+//!
+//! Run as root: `cargo test --test netns_control -- --ignored --test-threads=1`.
+
+mod common;
+
+use common::*;
+use std::net::UdpSocket;
+use std::time::{Duration, Instant};
+
+const A_LAN4: &str = "192.168.61.1";
+const B_LAN4: &str = "192.168.61.2";
+const TG_PORT: u16 = 51820;
+const WG_PORT: u16 = 51821;
+const SHORT: Duration = Duration::from_secs(10);
+
+/// The daemon's addresses on its TUN device, as `ip` lists them.
+fn device_addresses(ns: &Netns, dev: &str) -> Vec<String> {
+    let text = ns.exec(&["ip", "-o", "addr", "show", "dev", dev]);
+    let mut out: Vec<String> = text
+        .lines()
+        .filter_map(|l| {
+            let mut words = l.split_whitespace();
+            words.find(|w| *w == "inet" || *w == "inet6")?;
+            words.next().map(str::to_string)
+        })
+        .filter(|a| !a.starts_with("fe80"))
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+#[ignore = "needs root"]
+fn a_reload_removes_a_tunnel_address_that_left_the_config() {
+    require_root();
+    let ns = Netns::new();
+    let cfg = TgConfig::new(0, &["100.64.7.1/32", "100.64.7.2/32", "fd7a:7::1/128"]);
+    let mut tg = Tunnelgate::start(&ns, cfg.clone());
+    let name = tg.name().to_string();
+    assert_eq!(
+        device_addresses(&ns, &name),
+        vec!["100.64.7.1/32", "100.64.7.2/32", "fd7a:7::1/128"]
+    );
+    let mut next = cfg;
+    next.addresses = vec!["100.64.7.1/32".into(), "fd7a:7::9/128".into()];
+    tg.write_config(next);
+    tg.sighup();
+    wait_until(SHORT, "the reload to replace the addresses", || {
+        device_addresses(&ns, &name) == vec!["100.64.7.1/32", "fd7a:7::9/128"]
+    });
+}
+
+#[test]
+#[ignore = "needs root"]
+fn a_keepalive_only_change_keeps_the_session() {
+    require_root();
+    let a = Netns::new();
+    let b = Netns::new();
+    veth(
+        &a,
+        &[&format!("{A_LAN4}/24")],
+        &b,
+        &[&format!("{B_LAN4}/24")],
+    );
+    let wg = WgGo::start(&b, WG_PORT, &["100.64.8.2/32"]);
+    let cfg = TgConfig::new(TG_PORT, &["100.64.8.1/32"]).peer(
+        Peer::new(wg.public_key(), &["100.64.8.2/32"])
+            .endpoint(&format!("{B_LAN4}:{WG_PORT}"))
+            .keepalive(25),
+    );
+    wg.add_peer(
+        &Peer::new(cfg.public_key(), &["100.64.8.1/32"]).endpoint(&format!("{A_LAN4}:{TG_PORT}")),
+    );
+    let mut tg = Tunnelgate::start(&a, cfg.clone());
+    assert!(
+        ping_until(&a, "100.64.8.2", SHORT),
+        "no ping through the tunnel"
+    );
+    let before = tg.dump();
+    let peer = before.peer(wg.public_key()).expect("peer").clone();
+    assert!(peer.latest_handshake > 0);
+
+    let mut next = cfg.clone();
+    next.peers[0].keepalive = Some(7);
+    tg.write_config(next);
+    tg.sighup();
+    wait_until(SHORT, "the new keepalive in wg show", || {
+        tg.dump()
+            .peer(wg.public_key())
+            .is_some_and(|p| p.persistent_keepalive == Some(7))
+    });
+    assert!(ping(&a, "100.64.8.2"), "traffic after the change");
+    let after = tg.dump();
+    let kept = after.peer(wg.public_key()).expect("peer");
+    assert_eq!(
+        kept.latest_handshake, peer.latest_handshake,
+        "a keepalive change must not start a new handshake"
+    );
+    assert!(kept.rx_bytes >= peer.rx_bytes, "counters were reset");
+    let metrics = tg.metrics().expect("metrics");
+    assert_eq!(
+        metric(
+            &metrics,
+            "tunnelgate_packets_dropped_total",
+            "reason=\"unknown_peer\""
+        ),
+        Some(0.0),
+        "packets of the old session were dropped"
+    );
+}
+
+#[test]
+#[ignore = "needs root"]
+fn names_that_never_answer_are_resolved_concurrently() {
+    require_root();
+    let ns = Netns::new();
+    // A name server that reads every query and never answers.
+    let silent = ns.thread(|| {
+        let socket = UdpSocket::bind("127.0.0.53:53").expect("bind the silent server");
+        socket
+            .set_read_timeout(Some(Duration::from_secs(60)))
+            .expect("timeout");
+        let mut buf = [0u8; 1500];
+        while socket.recv_from(&mut buf).is_ok() {}
+    });
+    const NAMES: usize = 20;
+    let mut cfg = TgConfig::new(0, &["100.64.9.1/32"]);
+    cfg.extra = String::from("[dns]\nnameservers = [\"127.0.0.53:53\"]\n");
+    for i in 0..NAMES {
+        cfg.extra.push_str(&format!(
+            "\n[[ingress]]\ntarget_fqdn = \"dead{i}.example\"\nports = [\"{}\"]\n",
+            2000 + i
+        ));
+    }
+    let tg = Tunnelgate::spawn(&ns, cfg);
+    let started = Instant::now();
+    // One after another, 20 lookups of 5 s each would take 100 s; 16 at a time, 10 s.
+    wait_until(Duration::from_secs(20), "every name to fail once", || {
+        tg.status_json().is_ok_and(|s| {
+            s["names"].as_array().is_some_and(|names| {
+                names.len() == NAMES && names.iter().all(|n| n["failures"].as_u64() >= Some(1))
+            })
+        })
+    });
+    let took = started.elapsed();
+    let status = tg.status_json().expect("status");
+    let error = status["names"][0]["last_error"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(error.contains("timed out"), "{error}");
+    let (code, body) = tg.health_get("/readyz").expect("readyz");
+    assert_eq!(code, 503);
+    assert!(body.contains("dns: dead"), "{body}");
+    eprintln!("20 dead names failed once within {took:?}");
+    drop(tg);
+    drop(silent);
+}
