@@ -79,6 +79,8 @@ fn a_keepalive_only_change_keeps_the_session() {
         ping_until(&a, "100.64.8.2", SHORT),
         "no ping through the tunnel"
     );
+    // wg show counts handshakes in whole seconds: a new one must land in a later second.
+    std::thread::sleep(Duration::from_millis(2100));
     let before = tg.dump();
     let peer = before.peer(wg.public_key()).expect("peer").clone();
     assert!(peer.latest_handshake > 0);
