@@ -10,7 +10,9 @@
 //! writing, so the sidecar never writes a configuration the daemon would refuse.
 
 pub mod api;
+pub mod group;
 pub mod run;
+pub mod run_group;
 
 use crate::config::{decode_key, Config, SecretFiles, SecretKey};
 use std::collections::BTreeMap;
@@ -54,6 +56,9 @@ pub struct ServiceInfo {
     pub load_balancer_class: Option<String>,
     pub annotations: BTreeMap<String, String>,
     pub ports: Vec<ServicePort>,
+    /// `metadata.creationTimestamp` in Unix seconds: in a proxy group, the older of two Services
+    /// that claim the same port keeps it.
+    pub created: Option<i64>,
 }
 
 /// One entry of `spec.ports`.
@@ -105,8 +110,43 @@ pub fn render(
     current: &BTreeMap<String, Vec<u8>>,
     new_key: impl FnOnce() -> SecretKey,
 ) -> Result<Rendered, Rejected> {
-    let mut problems = Vec::new();
+    let mut prepared = prepare(base, current, new_key);
     let mut notes = Vec::new();
+    let families = prepared
+        .table
+        .as_ref()
+        .map(tunnel_families)
+        .unwrap_or_default();
+    let rules = forwards(svc, &families, &mut prepared.problems, &mut notes);
+    let Some(table) = prepared.table.take() else {
+        return Err(Rejected(prepared.problems));
+    };
+    if !prepared.problems.is_empty() {
+        return Err(Rejected(prepared.problems));
+    }
+    let header = format!(
+        "# Rendered by tunnelgate-sidecar from the base config and Service {}/{}.\n# Do not edit: the next change of either replaces this file.\n",
+        svc.namespace, svc.name
+    );
+    let text = config_text(&table, [&rules], &header)?;
+    finish(text, &prepared, current, notes)
+}
+
+/// The base configuration parsed, with the sidecar's key file set, and the private key.
+struct Prepared {
+    /// `None` when the base config does not parse (the reason is in `problems`).
+    table: Option<toml::Table>,
+    key: SecretKey,
+    generated_key: bool,
+    problems: Vec<String>,
+}
+
+fn prepare(
+    base: &str,
+    current: &BTreeMap<String, Vec<u8>>,
+    new_key: impl FnOnce() -> SecretKey,
+) -> Prepared {
+    let mut problems = Vec::new();
     let mut table = match base.parse::<toml::Table>() {
         Ok(t) => Some(t),
         Err(e) => {
@@ -135,24 +175,46 @@ pub fn render(
         },
         None => (new_key(), true),
     };
-    let tunnel_families = table.as_ref().map(tunnel_families).unwrap_or_default();
-    let rules = forwards(svc, &tunnel_families, &mut problems, &mut notes);
-    let Some(mut table) = table else {
-        return Err(Rejected(problems));
-    };
-    if !problems.is_empty() {
-        return Err(Rejected(problems));
+    Prepared {
+        table,
+        key,
+        generated_key,
+        problems,
     }
-    append(&mut table, "ingress", rules.ingress);
-    append(&mut table, "egress", rules.egress);
+}
+
+/// The `tunnelgate.toml` text: `header`, then the base table with every set of rules appended.
+fn config_text<'a>(
+    table: &toml::Table,
+    rules: impl IntoIterator<Item = &'a Rules>,
+    header: &str,
+) -> Result<String, Rejected> {
+    let mut table = table.clone();
+    for r in rules {
+        append(&mut table, "ingress", r.ingress.clone());
+        append(&mut table, "egress", r.egress.clone());
+    }
     let body = to_toml(table).map_err(|e| Rejected(vec![format!("cannot write TOML: {e}")]))?;
-    let text = format!(
-        "# Rendered by tunnelgate-sidecar from the base config and Service {}/{}.\n# Do not edit: the next change of either replaces this file.\n\n{body}",
-        svc.namespace, svc.name
-    );
-    let config = Config::parse(&text, Path::new(MOUNT_DIR), &MountedKey(&key)).map_err(|e| {
+    Ok(format!("{header}\n{body}"))
+}
+
+/// What the daemon would make of `text` with `key` as its private key.
+fn daemon_check(text: &str, key: &SecretKey) -> Result<Config, Vec<String>> {
+    Config::parse(text, Path::new(MOUNT_DIR), &MountedKey(key))
+        .map_err(|e| e.0.iter().map(ToString::to_string).collect())
+}
+
+/// The Secret data for a configuration text, once the daemon would accept it.
+fn finish(
+    text: String,
+    prepared: &Prepared,
+    current: &BTreeMap<String, Vec<u8>>,
+    notes: Vec<String>,
+) -> Result<Rendered, Rejected> {
+    let key = &prepared.key;
+    let config = daemon_check(&text, key).map_err(|e| {
         Rejected(
-            e.0.iter()
+            e.iter()
                 .map(|e| format!("rendered {KEY_CONFIG} is invalid: {e}"))
                 .collect(),
         )
@@ -179,7 +241,7 @@ pub fn render(
     ]);
     Ok(Rendered {
         data,
-        generated_key,
+        generated_key: prepared.generated_key,
         notes,
     })
 }
@@ -284,7 +346,7 @@ fn tunnel_families(table: &toml::Table) -> (bool, bool) {
     )
 }
 
-#[derive(Default)]
+#[derive(Default, Clone)]
 struct Rules {
     ingress: Vec<toml::Table>,
     egress: Vec<toml::Table>,

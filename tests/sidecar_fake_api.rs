@@ -1,11 +1,19 @@
 //! End-to-end tests of the `tunnelgate-sidecar` binary against an in-repo fake Kubernetes API
-//! server (plain HTTP, hyper) that serves one Service (get, list, watch), one Secret (get, apply)
-//! and Event creation, and records every request. No root needed.
+//! server (plain HTTP, hyper) that serves Services in any namespace (get, list and watch, per
+//! namespace or cluster-wide, with a name field selector), Secrets (get, apply; creating a missing
+//! one only when allowed, as RBAC `create` does) and Event creation, and records every request.
+//! No root needed.
 //!
-//! Covered: the first run creates the key and writes the Secret; a second run with the same inputs
-//! writes nothing; a Service change gives exactly one apply; a 409 conflict is retried; a dropped
-//! watch is resumed; an expired one (410) lists again; an API-server restart is survived; a base
-//! config change is rendered; bad input gives an Event and no write.
+//! Single Service: the first run creates the key and writes the Secret; a second run with the same
+//! inputs writes nothing; a Service change gives exactly one apply; a 409 conflict is retried; a
+//! dropped watch is resumed; an expired one (410) lists again; an API-server restart is survived;
+//! a base config change is rendered; bad input gives an Event and no write.
+//!
+//! Proxy group (two replicas, Services in two namespaces): each replica writes only its own
+//! Secret, with its own key and pool address; other groups are ignored; Services joining, changing
+//! and leaving are followed; a port clash gives an Event on the later Service and the rest keeps
+//! working; a restart keeps the keys and writes nothing; an expired cluster-wide watch lists
+//! again; a missing Secret without `create` is reported and written once it exists.
 
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt as _, Full, StreamBody};
@@ -13,7 +21,7 @@ use hyper::body::{Bytes, Frame, Incoming};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::convert::Infallible;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -58,15 +66,57 @@ impl Recorded {
     }
 }
 
+type Key = (String, String);
+
+fn key(ns: &str, name: &str) -> Key {
+    (ns.to_string(), name.to_string())
+}
+
+/// An open watch: its namespace (`None`: cluster-wide) and field-selected name, if any.
+struct Watcher {
+    namespace: Option<String>,
+    name: Option<String>,
+    tx: mpsc::UnboundedSender<Bytes>,
+}
+
+impl Watcher {
+    fn matches(&self, svc: &Value) -> bool {
+        self.namespace
+            .as_deref()
+            .is_none_or(|ns| svc["metadata"]["namespace"] == ns)
+            && self
+                .name
+                .as_deref()
+                .is_none_or(|n| svc["metadata"]["name"] == n)
+    }
+}
+
 struct State {
     resource_version: u64,
-    service: Value,
-    /// `None`: the Secret does not exist.
-    secret: Option<BTreeMap<String, Vec<u8>>>,
+    services: BTreeMap<Key, Value>,
+    /// Absent: the Secret does not exist.
+    secrets: BTreeMap<Key, BTreeMap<String, Vec<u8>>>,
     requests: Vec<Recorded>,
     /// How many more Secret patches answer 409 Conflict.
     conflicts: u32,
-    watchers: Vec<mpsc::UnboundedSender<Bytes>>,
+    /// Whether a patch may create a missing Secret (RBAC `create` on secrets).
+    may_create_secrets: bool,
+    watchers: Vec<Watcher>,
+}
+
+impl State {
+    fn next_rv(&mut self) -> String {
+        self.resource_version += 1;
+        self.resource_version.to_string()
+    }
+
+    fn notify(&mut self, kind: &str, svc: &Value) {
+        let mut line = json!({"type": kind, "object": svc}).to_string();
+        line.push('\n');
+        let line = Bytes::from(line);
+        self.watchers
+            .retain(|w| !w.matches(svc) || w.tx.send(line.clone()).is_ok());
+    }
 }
 
 struct Fake {
@@ -77,21 +127,34 @@ struct Fake {
 
 impl Fake {
     async fn start(service: Value, secret: Option<BTreeMap<String, Vec<u8>>>) -> Arc<Fake> {
+        let secrets = secret.map(|d| (key(NS, SECRET), d)).into_iter().collect();
+        Fake::start_many(vec![service], secrets).await
+    }
+
+    async fn start_many(
+        services: Vec<Value>,
+        secrets: BTreeMap<Key, BTreeMap<String, Vec<u8>>>,
+    ) -> Arc<Fake> {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let port = listener.local_addr().expect("addr").port();
+        let mut state = State {
+            resource_version: 1,
+            services: BTreeMap::new(),
+            secrets,
+            requests: Vec::new(),
+            conflicts: 0,
+            may_create_secrets: true,
+            watchers: Vec::new(),
+        };
+        for mut svc in services {
+            svc["metadata"]["resourceVersion"] = json!(state.next_rv());
+            state.services.insert(obj_key(&svc), svc);
+        }
         let fake = Arc::new(Fake {
-            state: Mutex::new(State {
-                resource_version: 1,
-                service,
-                secret,
-                requests: Vec::new(),
-                conflicts: 0,
-                watchers: Vec::new(),
-            }),
+            state: Mutex::new(state),
             port,
             tasks: Mutex::new(Vec::new()),
         });
-        fake.lock().service["metadata"]["resourceVersion"] = json!("1");
         fake.serve(listener);
         fake
     }
@@ -148,20 +211,55 @@ impl Fake {
     }
 
     fn secret(&self) -> BTreeMap<String, Vec<u8>> {
-        self.lock().secret.clone().unwrap_or_default()
+        self.secret_of(NS, SECRET)
+    }
+
+    fn secret_of(&self, ns: &str, name: &str) -> BTreeMap<String, Vec<u8>> {
+        self.lock()
+            .secrets
+            .get(&key(ns, name))
+            .cloned()
+            .unwrap_or_default()
     }
 
     /// Changes the Service and tells every open watch (a MODIFIED event), unless `quietly`.
     fn change_service(&self, f: impl FnOnce(&mut Value), quietly: bool) {
+        self.change(NS, SERVICE, f, quietly);
+    }
+
+    fn change(&self, ns: &str, name: &str, f: impl FnOnce(&mut Value), quietly: bool) {
         let mut st = self.lock();
-        f(&mut st.service);
-        st.resource_version += 1;
-        let rv = st.resource_version.to_string();
-        st.service["metadata"]["resourceVersion"] = json!(rv);
+        let rv = st.next_rv();
+        let Some(svc) = st.services.get_mut(&key(ns, name)) else {
+            panic!("no Service {ns}/{name} in the fake");
+        };
+        f(svc);
+        svc["metadata"]["resourceVersion"] = json!(rv);
+        let svc = svc.clone();
         if !quietly {
-            let line = watch_line(&st.service);
-            st.watchers.retain(|w| w.send(line.clone()).is_ok());
+            st.notify("MODIFIED", &svc);
         }
+    }
+
+    /// A new Service (an ADDED event), unless `quietly`.
+    fn add(&self, mut svc: Value, quietly: bool) {
+        let mut st = self.lock();
+        svc["metadata"]["resourceVersion"] = json!(st.next_rv());
+        st.services.insert(obj_key(&svc), svc.clone());
+        if !quietly {
+            st.notify("ADDED", &svc);
+        }
+    }
+
+    fn delete(&self, ns: &str, name: &str) {
+        let mut st = self.lock();
+        let rv = st.next_rv();
+        let mut svc = st
+            .services
+            .remove(&key(ns, name))
+            .expect("Service to delete");
+        svc["metadata"]["resourceVersion"] = json!(rv);
+        st.notify("DELETED", &svc);
     }
 
     /// Ends every open watch response, as an API server does at its watch timeout.
@@ -180,7 +278,7 @@ impl Fake {
         .to_string();
         line.push('\n');
         for w in st.watchers.drain(..) {
-            let _ = w.send(Bytes::from(line.clone()));
+            let _ = w.tx.send(Bytes::from(line.clone()));
         }
     }
 
@@ -200,22 +298,52 @@ impl Fake {
             query: query.clone(),
             body: body.clone(),
         });
-        let services = format!("/api/v1/namespaces/{NS}/services");
-        let secret = format!("/api/v1/namespaces/{NS}/secrets/{SECRET}");
-        let events = format!("/api/v1/namespaces/{NS}/events");
-        match (&method, path.as_str()) {
-            (&Method::GET, p) if p == format!("{services}/{SERVICE}") => {
-                reply(StatusCode::OK, &st.service)
+        let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+        match (&method, segments.as_slice()) {
+            (&Method::GET, ["api", "v1", "namespaces", ns, "services", name]) => {
+                match st.services.get(&key(ns, name)) {
+                    Some(svc) => reply(StatusCode::OK, svc),
+                    None => status(StatusCode::NOT_FOUND, "NotFound", "no such Service"),
+                }
             }
-            (&Method::GET, p) if p == services && query.contains("watch=true") => {
+            (
+                &Method::GET,
+                ["api", "v1", "services"] | ["api", "v1", "namespaces", _, "services"],
+            ) => {
+                let namespace = match segments.as_slice() {
+                    [_, _, "namespaces", ns, _] => Some(ns.to_string()),
+                    _ => None,
+                };
+                let name = param(&query, "fieldSelector")
+                    .map(|f| f.replace("%3D", "=").replace("%3d", "="))
+                    .and_then(|f| f.strip_prefix("metadata.name=").map(str::to_string));
+                let watcher = Watcher {
+                    namespace,
+                    name,
+                    tx: mpsc::unbounded_channel().0,
+                };
+                let matching: Vec<Value> = st
+                    .services
+                    .values()
+                    .filter(|s| watcher.matches(s))
+                    .cloned()
+                    .collect();
+                if !query.contains("watch=true") {
+                    let list = json!({
+                        "kind": "ServiceList", "apiVersion": "v1",
+                        "metadata": {"resourceVersion": st.resource_version.to_string()},
+                        "items": matching,
+                    });
+                    return reply(StatusCode::OK, &list);
+                }
                 let (tx, rx) = mpsc::unbounded_channel();
                 let since: u64 = param(&query, "resourceVersion")
                     .and_then(|v| v.parse().ok())
                     .unwrap_or(0);
-                if since < service_rv(&st.service) {
-                    let _ = tx.send(watch_line(&st.service));
+                for svc in matching.iter().filter(|s| since < service_rv(s)) {
+                    let _ = tx.send(watch_line(svc));
                 }
-                st.watchers.push(tx);
+                st.watchers.push(Watcher { tx, ..watcher });
                 let stream = futures::stream::unfold(rx, |mut rx| async move {
                     rx.recv()
                         .await
@@ -226,23 +354,20 @@ impl Fake {
                     .body(StreamBody::new(stream).boxed_unsync())
                     .expect("response")
             }
-            (&Method::GET, p) if p == services => {
-                let list = json!({
-                    "kind": "ServiceList", "apiVersion": "v1",
-                    "metadata": {"resourceVersion": st.resource_version.to_string()},
-                    "items": [st.service.clone()],
-                });
-                reply(StatusCode::OK, &list)
+            (&Method::GET, ["api", "v1", "namespaces", ns, "secrets", name]) => {
+                match st.secrets.get(&key(ns, name)) {
+                    Some(data) => reply(
+                        StatusCode::OK,
+                        &secret_json(ns, name, data, st.resource_version),
+                    ),
+                    None => status(
+                        StatusCode::NOT_FOUND,
+                        "NotFound",
+                        &format!("secrets \"{name}\" not found"),
+                    ),
+                }
             }
-            (&Method::GET, p) if p == secret => match &st.secret {
-                Some(data) => reply(StatusCode::OK, &secret_json(data, st.resource_version)),
-                None => status(
-                    StatusCode::NOT_FOUND,
-                    "NotFound",
-                    "secrets \"proxy-0\" not found",
-                ),
-            },
-            (&Method::PATCH, p) if p == secret => {
+            (&Method::PATCH, ["api", "v1", "namespaces", ns, "secrets", name]) => {
                 if st.conflicts > 0 {
                     st.conflicts -= 1;
                     return status(
@@ -251,10 +376,19 @@ impl Fake {
                         "the object has been modified",
                     );
                 }
+                let k = key(ns, name);
+                // Server-side apply that creates the object is authorized as create too.
+                if !st.secrets.contains_key(&k) && !st.may_create_secrets {
+                    return status(
+                        StatusCode::FORBIDDEN,
+                        "Forbidden",
+                        &format!("secrets \"{name}\" is forbidden: User \"system:serviceaccount:{ns}:tgp\" cannot create resource \"secrets\" in API group \"\" in the namespace \"{ns}\""),
+                    );
+                }
                 let Ok(patch) = serde_json::from_str::<Value>(&body) else {
                     return status(StatusCode::BAD_REQUEST, "BadRequest", "not JSON");
                 };
-                let data = st.secret.get_or_insert_with(BTreeMap::new);
+                let data = st.secrets.entry(k).or_default();
                 if let Some(map) = patch["data"].as_object() {
                     for (k, v) in map {
                         let v = v.as_str().and_then(|s| {
@@ -265,10 +399,13 @@ impl Fake {
                     }
                 }
                 let data = data.clone();
-                st.resource_version += 1;
-                reply(StatusCode::OK, &secret_json(&data, st.resource_version))
+                let rv = st.next_rv();
+                reply(
+                    StatusCode::OK,
+                    &secret_json(ns, name, &data, rv.parse().unwrap_or(0)),
+                )
             }
-            (&Method::POST, p) if p == events => {
+            (&Method::POST, ["api", "v1", "namespaces", _, "events"]) => {
                 let v: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
                 reply(StatusCode::CREATED, &v)
             }
@@ -279,6 +416,13 @@ impl Fake {
             ),
         }
     }
+}
+
+fn obj_key(v: &Value) -> Key {
+    key(
+        v["metadata"]["namespace"].as_str().unwrap_or_default(),
+        v["metadata"]["name"].as_str().unwrap_or_default(),
+    )
 }
 
 fn param<'a>(query: &'a str, key: &str) -> Option<&'a str> {
@@ -300,7 +444,7 @@ fn watch_line(svc: &Value) -> Bytes {
     Bytes::from(line)
 }
 
-fn secret_json(data: &BTreeMap<String, Vec<u8>>, rv: u64) -> Value {
+fn secret_json(ns: &str, name: &str, data: &BTreeMap<String, Vec<u8>>, rv: u64) -> Value {
     let data: serde_json::Map<String, Value> = data
         .iter()
         .map(|(k, v)| {
@@ -315,7 +459,7 @@ fn secret_json(data: &BTreeMap<String, Vec<u8>>, rv: u64) -> Value {
         .collect();
     json!({
         "kind": "Secret", "apiVersion": "v1",
-        "metadata": {"name": SECRET, "namespace": NS, "resourceVersion": rv.to_string()},
+        "metadata": {"name": name, "namespace": ns, "resourceVersion": rv.to_string()},
         "type": "Opaque",
         "data": data,
     })
@@ -421,16 +565,38 @@ struct Sidecar {
 
 impl Sidecar {
     fn start(inputs: &Inputs, run: u32) -> Sidecar {
-        let log = inputs.dir.join(format!("sidecar-{run}.log"));
+        Sidecar::start_with(
+            inputs,
+            &format!("{run}"),
+            &[
+                "--secret",
+                &format!("{NS}/{SECRET}"),
+                "--service",
+                &format!("{NS}/{SERVICE}"),
+            ],
+            &[],
+        )
+    }
+
+    /// The sidecar with `args` (besides --base-config) and `env` (besides the kubeconfig); its
+    /// log is `sidecar-TAG.log`.
+    fn start_with(inputs: &Inputs, tag: &str, args: &[&str], env: &[(&str, &str)]) -> Sidecar {
+        let log = inputs.dir.join(format!("sidecar-{tag}.log"));
         let file = std::fs::File::create(&log).expect("log file");
         let child = Command::new(env!("CARGO_BIN_EXE_tunnelgate-sidecar"))
-            .args(["--secret", &format!("{NS}/{SECRET}")])
-            .args(["--service", &format!("{NS}/{SERVICE}")])
+            .args(args)
             .arg("--base-config")
             .arg(inputs.base_path())
             .env("KUBECONFIG", inputs.dir.join("kubeconfig"))
             .env_remove("KUBERNETES_SERVICE_HOST")
             .env_remove("POD_NAMESPACE")
+            .env_remove("POD_NAME")
+            .env_remove("TUNNELGATE_SECRET")
+            .env_remove("TUNNELGATE_SERVICE")
+            .env_remove("TUNNELGATE_PROXY_GROUP")
+            .env_remove("TUNNELGATE_ADDRESS_POOLS")
+            .env_remove("TUNNELGATE_NAMESPACES")
+            .envs(env.iter().copied())
             .env("RUST_LOG", "info,tunnelgate=debug")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -845,4 +1011,456 @@ fn bad_usage_exits_2() {
         .expect("run");
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--secret"));
+}
+
+// ------------------------------------------------------------------------------------------------
+// Proxy groups
+// ------------------------------------------------------------------------------------------------
+
+const GROUP: &str = "tgp";
+const POOL: &str = "100.64.1.0/24";
+
+/// A Service of `group` (or of none) in `ns`, created at `created` (seconds into the day).
+fn group_service(
+    ns: &str,
+    name: &str,
+    group: Option<&str>,
+    created: u32,
+    annotations: Value,
+) -> Value {
+    let mut annotations = annotations;
+    if let Some(g) = group {
+        annotations["tunnelgate.dev/proxy-group"] = json!(g);
+    }
+    json!({
+        "kind": "Service", "apiVersion": "v1",
+        "metadata": {
+            "name": name, "namespace": ns, "uid": format!("uid-{ns}-{name}"),
+            "creationTimestamp": format!("2025-01-01T00:00:{created:02}Z"),
+            "annotations": annotations,
+        },
+        "spec": {
+            "type": "ClusterIP",
+            "clusterIP": format!("10.96.0.{created}"),
+            "clusterIPs": [format!("10.96.0.{created}")],
+            "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}],
+        },
+    })
+}
+
+fn group_ingress(ns: &str, name: &str, created: u32, port: u16) -> Value {
+    let mut s = group_service(
+        ns,
+        name,
+        Some(GROUP),
+        created,
+        json!({"tunnelgate.dev/expose": "true"}),
+    );
+    s["spec"]["ports"][0]["port"] = json!(port);
+    s
+}
+
+fn group_egress(
+    ns: &str,
+    name: &str,
+    created: u32,
+    target: &str,
+    port: u16,
+    target_port: u16,
+) -> Value {
+    let mut s = group_service(
+        ns,
+        name,
+        Some(GROUP),
+        created,
+        json!({"tunnelgate.dev/tunnel-ip": target}),
+    );
+    s["spec"]["ports"][0] =
+        json!({"name": "db", "port": port, "targetPort": target_port, "protocol": "TCP"});
+    s
+}
+
+/// Two namespaces: an ingress Service in `apps`, an egress one in `shop`, one of another group and
+/// one of none (both on the same port as the ingress, so serving them would clash).
+fn group_cluster() -> Vec<Value> {
+    vec![
+        group_ingress("apps", "web", 10, 80),
+        group_egress("shop", "db", 11, "100.64.0.2", 5432, 15432),
+        group_service(
+            "apps",
+            "other",
+            Some("another"),
+            12,
+            json!({"tunnelgate.dev/expose": "true"}),
+        ),
+        group_service(
+            "apps",
+            "plain",
+            None,
+            13,
+            json!({"tunnelgate.dev/expose": "true"}),
+        ),
+    ]
+}
+
+/// The replicas' Secrets, created empty beforehand as the manifests do.
+fn replica_secrets(n: u32) -> BTreeMap<Key, BTreeMap<String, Vec<u8>>> {
+    (0..n)
+        .map(|i| (key(NS, &format!("{GROUP}-{i}")), BTreeMap::new()))
+        .collect()
+}
+
+fn replica(inputs: &Inputs, ordinal: u32, tag: &str) -> Sidecar {
+    let pod = format!("{GROUP}-{ordinal}");
+    Sidecar::start_with(
+        inputs,
+        &format!("{pod}-{tag}"),
+        &["--proxy-group", GROUP],
+        &[
+            ("POD_NAME", pod.as_str()),
+            ("POD_NAMESPACE", NS),
+            ("TUNNELGATE_ADDRESS_POOLS", POOL),
+        ],
+    )
+}
+
+fn is_patch_of(name: &str) -> impl Fn(&Recorded) -> bool + '_ {
+    move |r| {
+        r.method == Method::PATCH && r.path == format!("/api/v1/namespaces/{NS}/secrets/{name}")
+    }
+}
+
+fn replica_patches(fake: &Fake, ordinal: u32) -> usize {
+    fake.count(is_patch_of(&format!("{GROUP}-{ordinal}")))
+}
+
+fn replica_secret(fake: &Fake, ordinal: u32) -> BTreeMap<String, Vec<u8>> {
+    fake.secret_of(NS, &format!("{GROUP}-{ordinal}"))
+}
+
+/// `target ports` of each rule, e.g. `10.96.0.10 80/tcp`.
+fn rule_lines(fwds: &[tunnelgate::config::Forward]) -> Vec<String> {
+    fwds.iter()
+        .map(|f| {
+            let target = match &f.target {
+                tunnelgate::config::Target::Ip(ip) => ip.to_string(),
+                tunnelgate::config::Target::Fqdn(n) => n.clone(),
+            };
+            let ports: Vec<String> = f.ports.iter().map(ToString::to_string).collect();
+            format!("{target} {}", ports.join(","))
+        })
+        .collect()
+}
+
+fn events(fake: &Fake) -> Vec<Value> {
+    fake.requests()
+        .into_iter()
+        .filter(Recorded::is_event)
+        .map(|r| serde_json::from_str(&r.body).expect("event JSON"))
+        .collect()
+}
+
+/// Waits until both replicas have written `n` times in all and opened their watch.
+async fn both_written(fake: &Fake, sidecars: &[&Sidecar; 2], n: usize) {
+    for (i, s) in sidecars.iter().enumerate() {
+        wait_for(s, &format!("replica {i}'s write number {n}"), || {
+            replica_patches(fake, i as u32) == n
+        })
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_of_two_replicas_serves_the_services_of_two_namespaces() {
+    let fake = Fake::start_many(group_cluster(), replica_secrets(2)).await;
+    let inputs = Inputs::new(&fake, "group");
+    let r0 = replica(&inputs, 0, "a");
+    let r1 = replica(&inputs, 1, "a");
+    both_written(&fake, &[&r0, &r1], 1).await;
+    wait_for(&r0, "two open watches", || fake.lock().watchers.len() == 2).await;
+
+    // Cluster-wide list and watch: the group spans namespaces.
+    assert!(fake
+        .requests()
+        .iter()
+        .any(|r| r.path == "/api/v1/services" && r.query.contains("watch=true")));
+    // Each replica wrote only its own Secret.
+    let patched: BTreeSet<String> = fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == Method::PATCH)
+        .map(|r| r.path)
+        .collect();
+    assert_eq!(
+        patched,
+        BTreeSet::from([
+            format!("/api/v1/namespaces/{NS}/secrets/tgp-0"),
+            format!("/api/v1/namespaces/{NS}/secrets/tgp-1"),
+        ])
+    );
+
+    let (s0, s1) = (replica_secret(&fake, 0), replica_secret(&fake, 1));
+    assert_eq!(utf8(&s0, "device_ips"), r#"["100.64.1.1"]"#);
+    assert_eq!(utf8(&s1, "device_ips"), r#"["100.64.1.2"]"#);
+    assert_ne!(utf8(&s0, "private.key"), utf8(&s1, "private.key"));
+    assert_ne!(utf8(&s0, "public_key"), utf8(&s1, "public_key"));
+    for s in [&s0, &s1] {
+        let c = daemon_config(s);
+        assert_eq!(
+            utf8(s, "public_key"),
+            c.interface.private_key.public_key().to_base64()
+        );
+        // apps/web only: apps/other (another group) and apps/plain (no group) are ignored.
+        assert_eq!(rule_lines(&c.ingress), ["10.96.0.10 80/tcp"]);
+        assert_eq!(rule_lines(&c.egress), ["100.64.0.2 15432:5432/tcp"]);
+    }
+    assert!(events(&fake).is_empty(), "{:?}", events(&fake));
+
+    // A Service joins (in a third namespace): one write per replica.
+    fake.add(group_ingress("blog", "api", 20, 443), false);
+    both_written(&fake, &[&r0, &r1], 2).await;
+    for i in 0..2 {
+        let c = daemon_config(&replica_secret(&fake, i));
+        assert_eq!(
+            rule_lines(&c.ingress),
+            ["10.96.0.10 80/tcp", "10.96.0.20 443/tcp"]
+        );
+    }
+
+    // One changes: its new port is written.
+    fake.change(
+        "shop",
+        "db",
+        |s| s["spec"]["ports"][0]["targetPort"] = json!(15433),
+        false,
+    );
+    both_written(&fake, &[&r0, &r1], 3).await;
+    let c = daemon_config(&replica_secret(&fake, 1));
+    assert_eq!(rule_lines(&c.egress), ["100.64.0.2 15433:5432/tcp"]);
+
+    // A later Service on port 80: an Event from each replica on it, and no write; the others
+    // keep working.
+    fake.add(group_ingress("blog", "clash", 30, 80), false);
+    wait_for(&r0, "an Event from each replica", || {
+        events(&fake).len() == 2
+    })
+    .await;
+    for e in events(&fake) {
+        assert_eq!(e["type"], "Warning");
+        assert_eq!(e["reason"], "TunnelgateServiceLeftOut");
+        assert_eq!(e["involvedObject"]["kind"], "Service");
+        assert_eq!(e["involvedObject"]["namespace"], "blog");
+        assert_eq!(e["involvedObject"]["name"], "clash");
+        assert_eq!(e["involvedObject"]["uid"], "uid-blog-clash");
+        assert_eq!(e["metadata"]["namespace"], "blog");
+        let m = e["message"].as_str().unwrap_or_default();
+        assert!(
+            m.contains("port 80/tcp on the tunnel addresses is already served by Service apps/web"),
+            "{m}"
+        );
+    }
+    // A bad annotation on another Service: its own Event, still no write.
+    fake.add(
+        group_service(
+            "shop",
+            "bad",
+            Some(GROUP),
+            31,
+            json!({"tunnelgate.dev/tunnel-ip": "100.64.0.300"}),
+        ),
+        false,
+    );
+    wait_for(&r1, "Events on the bad Service", || {
+        events(&fake).len() == 4
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        (replica_patches(&fake, 0), replica_patches(&fake, 1)),
+        (3, 3)
+    );
+    assert_eq!(
+        events(&fake).len(),
+        4,
+        "each problem reported once per replica"
+    );
+
+    // Leaving: deleted, and re-annotated to another group.
+    fake.delete("blog", "api");
+    both_written(&fake, &[&r0, &r1], 4).await;
+    fake.change(
+        "shop",
+        "db",
+        |s| s["metadata"]["annotations"]["tunnelgate.dev/proxy-group"] = json!("another"),
+        false,
+    );
+    both_written(&fake, &[&r0, &r1], 5).await;
+    let c = daemon_config(&replica_secret(&fake, 0));
+    assert_eq!(rule_lines(&c.ingress), ["10.96.0.10 80/tcp"]);
+    assert!(c.egress.is_empty());
+
+    // The clashing Service's rival leaves: it is served now.
+    fake.delete("apps", "web");
+    both_written(&fake, &[&r0, &r1], 6).await;
+    let c = daemon_config(&replica_secret(&fake, 0));
+    assert_eq!(rule_lines(&c.ingress), ["10.96.0.30 80/tcp"]);
+
+    let keys = [replica_secret(&fake, 0), replica_secret(&fake, 1)];
+    r0.stop();
+    r1.stop();
+
+    // Restarted with nothing changed: both read, neither writes, the keys stay.
+    let before = (replica_patches(&fake, 0), replica_patches(&fake, 1));
+    let secret_get = |i: u32| {
+        move |r: &Recorded| {
+            r.method == Method::GET && r.path == format!("/api/v1/namespaces/{NS}/secrets/tgp-{i}")
+        }
+    };
+    let gets = [fake.count(secret_get(0)), fake.count(secret_get(1))];
+    let r0 = replica(&inputs, 0, "b");
+    let r1 = replica(&inputs, 1, "b");
+    for (i, s) in [&r0, &r1].iter().enumerate() {
+        wait_for(s, "the Secret read", || {
+            fake.count(secret_get(i as u32)) > gets[i]
+        })
+        .await;
+    }
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(
+        (replica_patches(&fake, 0), replica_patches(&fake, 1)),
+        before,
+        "a restart with nothing changed writes nothing; logs:\n{}\n{}",
+        r0.log(),
+        r1.log()
+    );
+    assert_eq!([replica_secret(&fake, 0), replica_secret(&fake, 1)], keys);
+    r0.stop();
+    r1.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_expired_cluster_wide_watch_lists_again() {
+    let fake = Fake::start_many(group_cluster(), replica_secrets(1)).await;
+    let inputs = Inputs::new(&fake, "group-expired");
+    let r0 = replica(&inputs, 0, "a");
+    wait_for(&r0, "the first write", || replica_patches(&fake, 0) == 1).await;
+    wait_for(&r0, "an open watch", || !fake.lock().watchers.is_empty()).await;
+    let is_list =
+        |r: &Recorded| r.method == Method::GET && r.path == "/api/v1/services" && !r.is_watch();
+    assert_eq!(fake.count(is_list), 1);
+
+    // Joined and left while the watch was expiring: only the new list shows it.
+    fake.add(group_ingress("blog", "api", 20, 443), true);
+    fake.lock().services.remove(&key("shop", "db"));
+    fake.expire_watches();
+    wait_for(&r0, "a new list", || fake.count(is_list) == 2).await;
+    wait_for(&r0, "the write after the relist", || {
+        replica_patches(&fake, 0) == 2
+    })
+    .await;
+    let c = daemon_config(&replica_secret(&fake, 0));
+    assert_eq!(
+        rule_lines(&c.ingress),
+        ["10.96.0.10 80/tcp", "10.96.0.20 443/tcp"]
+    );
+    assert!(c.egress.is_empty(), "the Service deleted unseen is gone");
+    wait_for(&r0, "a new watch", || !fake.lock().watchers.is_empty()).await;
+    r0.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_secret_that_does_not_exist_needs_create() {
+    // No Secret, and (as with the example Role) no `create` on secrets.
+    let fake = Fake::start_many(group_cluster(), BTreeMap::new()).await;
+    fake.lock().may_create_secrets = false;
+    let inputs = Inputs::new(&fake, "group-create");
+    let r0 = replica(&inputs, 0, "a");
+    wait_for(&r0, "a refused apply", || replica_patches(&fake, 0) >= 1).await;
+    wait_for(&r0, "the log naming the fix", || {
+        r0.log()
+            .contains("a Secret that does not exist yet needs create too")
+    })
+    .await;
+    assert!(replica_secret(&fake, 0).is_empty());
+
+    // Granting create (or creating the Secret) is enough: the retry writes it.
+    fake.lock().may_create_secrets = true;
+    wait_for(&r0, "the Secret created by apply", || {
+        replica_secret(&fake, 0).len() == 4
+    })
+    .await;
+    daemon_config(&replica_secret(&fake, 0));
+    r0.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_in_listed_namespaces_only_watches_those() {
+    let fake = Fake::start_many(group_cluster(), replica_secrets(1)).await;
+    let inputs = Inputs::new(&fake, "group-ns");
+    let r0 = Sidecar::start_with(
+        &inputs,
+        "ns",
+        &["--proxy-group", GROUP, "--namespace", "shop"],
+        &[
+            ("POD_NAME", "tgp-0"),
+            ("POD_NAMESPACE", NS),
+            ("TUNNELGATE_ADDRESS_POOLS", POOL),
+        ],
+    );
+    wait_for(&r0, "the first write", || replica_patches(&fake, 0) == 1).await;
+    assert!(fake.requests().iter().all(|r| r.path != "/api/v1/services"));
+    let c = daemon_config(&replica_secret(&fake, 0));
+    assert!(
+        c.ingress.is_empty(),
+        "apps/web is in a namespace not listed"
+    );
+    assert_eq!(rule_lines(&c.egress), ["100.64.0.2 15432:5432/tcp"]);
+    r0.stop();
+}
+
+#[test]
+fn group_bad_usage_exits_2() {
+    let run = |args: &[&str], env: &[(&str, &str)]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_tunnelgate-sidecar"))
+            .args(args)
+            .args(["--base-config", "/x"])
+            .env_remove("POD_NAME")
+            .env_remove("TUNNELGATE_SECRET")
+            .env_remove("TUNNELGATE_SERVICE")
+            .env_remove("TUNNELGATE_PROXY_GROUP")
+            .env_remove("TUNNELGATE_ADDRESS_POOLS")
+            .envs(env.iter().copied())
+            .output()
+            .expect("run");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    // A pool needs an ordinal.
+    let (code, err) = run(
+        &["--proxy-group", "tgp", "--address-pool", POOL],
+        &[("POD_NAME", "tgp")],
+    );
+    assert_eq!(code, Some(2));
+    assert!(err.contains("has no ordinal suffix"), "{err}");
+    // Replica 300 does not fit a /24.
+    let (code, err) = run(
+        &["--proxy-group", "tgp"],
+        &[("POD_NAME", "tgp-300"), ("TUNNELGATE_ADDRESS_POOLS", POOL)],
+    );
+    assert_eq!(code, Some(2));
+    assert!(err.contains("replica 300 needs host 301"), "{err}");
+    // Both modes, or neither.
+    let (code, _) = run(
+        &["--proxy-group", "tgp", "--service", "tg/web"],
+        &[("POD_NAME", "tgp-0")],
+    );
+    assert_eq!(code, Some(2));
+    let (code, _) = run(&[], &[("POD_NAME", "tgp-0")]);
+    assert_eq!(code, Some(2));
+    // No Secret to write.
+    let (code, err) = run(&["--proxy-group", "tgp"], &[]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("POD_NAME"), "{err}");
 }

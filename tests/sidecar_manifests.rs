@@ -1,12 +1,18 @@
-//! Checks the example Kubernetes manifests in containers/k8s: every document parses; the Role
-//! grants only what the sidecar needs (the one Secret by name); the proxy container has NET_ADMIN,
-//! the Secret read-only with mode 0400 and probes on the health port the base config listens on;
-//! the sidecar has no extra privileges and holds the only API token; and the base config in the
-//! ConfigMap renders, with the example Service, into a configuration the daemon accepts.
+//! Checks the example Kubernetes manifests in containers/k8s (one Service) and
+//! containers/k8s/group (a proxy group of 2 replicas): every document parses and is valid against
+//! the Kubernetes 1.33 OpenAPI schemas (`kubernetes-validate --strict`); the Role grants only what
+//! the sidecar needs (the one Secret by name; for the group, each replica's Secret by name and
+//! Services cluster-wide); the proxy container has NET_ADMIN, the Secret read-only with mode 0400
+//! and probes on the health port the base config listens on; images are not pulled when present;
+//! the sidecar has no extra privileges and holds the only API token; the group has a PDB,
+//! anti-affinity over nodes, a UDP LoadBalancer per replica and a NetworkPolicy keeping the health
+//! port to the nodes and the monitoring namespace; and the base config in the ConfigMap renders,
+//! with the example Services, into a configuration the daemon accepts (for each replica).
 
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use tunnelgate::config::{Config, SecretFiles, SecretKey};
 use tunnelgate::sidecar::{api::service_info, render};
 
@@ -16,9 +22,17 @@ fn dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("containers/k8s")
 }
 
+fn group_dir() -> PathBuf {
+    dir().join("group")
+}
+
 /// Every document of every manifest, with the file it came from.
 fn documents() -> Vec<(String, Value)> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir())
+    documents_in(&dir())
+}
+
+fn documents_in(dir: &Path) -> Vec<(String, Value)> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .expect("containers/k8s")
         .map(|e| e.expect("entry").path())
         .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
@@ -346,4 +360,460 @@ fn base_config_and_example_service_render_a_valid_config() {
     let c = Config::parse(&text, Path::new("/etc/tunnelgate"), &files).expect("valid");
     assert_eq!(c.ingress.len(), 1);
     assert_eq!(c.ingress[0].ports[0].to_string(), "80/tcp");
+}
+
+// ------------------------------------------------------------------------------------------------
+// Schemas
+// ------------------------------------------------------------------------------------------------
+
+/// `kubernetes-validate --strict -k 1.33.0` on every manifest (but the kustomizations): each
+/// object is valid against the real OpenAPI schemas. Without the tool (`pip install
+/// kubernetes-validate`) the test is skipped with a note, except in CI, where it fails.
+#[test]
+fn every_manifest_is_valid_against_the_kubernetes_schemas() {
+    if Command::new("kubernetes-validate")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "kubernetes-validate is not installed: pip install kubernetes-validate"
+        );
+        eprintln!(
+            "SKIPPED: kubernetes-validate is not installed (pip install kubernetes-validate)"
+        );
+        return;
+    }
+    let mut checked = 0;
+    for d in [dir(), group_dir()] {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&d)
+            .expect("manifest dir")
+            .map(|e| e.expect("entry").path())
+            .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+            .filter(|p| !p.ends_with("kustomization.yaml"))
+            .collect();
+        files.sort();
+        for f in files {
+            let out = Command::new("kubernetes-validate")
+                .args(["--strict", "-k", "1.33.0"])
+                .arg(&f)
+                .output()
+                .expect("run kubernetes-validate");
+            assert!(
+                out.status.success(),
+                "{} is not valid:\n{}{}",
+                f.display(),
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 11, "{checked} files");
+}
+
+#[test]
+fn images_are_not_pulled_when_present() {
+    for docs in [documents(), documents_in(&group_dir())] {
+        for (file, doc) in docs {
+            let spec = &doc["spec"]["template"]["spec"];
+            for c in ["initContainers", "containers"]
+                .iter()
+                .filter_map(|k| spec[*k].as_array())
+                .flatten()
+                // The locally built (`kind load`) image; public ones may be pulled.
+                .filter(|c| {
+                    c["image"]
+                        .as_str()
+                        .is_some_and(|i| i.starts_with("tunnelgate:"))
+                })
+            {
+                assert_eq!(
+                    c["imagePullPolicy"], "IfNotPresent",
+                    "{file}: container {}",
+                    c["name"]
+                );
+            }
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// The proxy group (containers/k8s/group)
+// ------------------------------------------------------------------------------------------------
+
+const GROUP_NS: &str = "tunnelgate";
+
+fn group_objects() -> Vec<Value> {
+    documents_in(&group_dir())
+        .into_iter()
+        .filter(|(f, _)| f != "kustomization.yaml")
+        .map(|(_, v)| v)
+        .collect()
+}
+
+fn group_find(kind: &str, ns: Option<&str>, name: &str) -> Value {
+    group_objects()
+        .into_iter()
+        .find(|o| {
+            o["kind"] == kind
+                && o["metadata"]["name"] == name
+                && ns.is_none_or(|ns| o["metadata"]["namespace"] == ns)
+        })
+        .unwrap_or_else(|| panic!("no {kind} {ns:?}/{name} in containers/k8s/group"))
+}
+
+fn group_set() -> Value {
+    group_find("StatefulSet", Some(GROUP_NS), "tgp")
+}
+
+fn group_pod() -> Value {
+    group_set()["spec"]["template"]["spec"].clone()
+}
+
+fn group_container(name: &str) -> Value {
+    group_pod()["containers"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["name"] == name).cloned())
+        .unwrap_or_else(|| panic!("no container {name}"))
+}
+
+/// tgp-0, tgp-1, ...: the pods (and Secrets) of the StatefulSet.
+fn replica_names() -> Vec<String> {
+    let n = group_set()["spec"]["replicas"].as_u64().expect("replicas");
+    (0..n).map(|i| format!("tgp-{i}")).collect()
+}
+
+#[test]
+fn group_documents_parse_and_the_kustomization_names_them() {
+    let docs = documents_in(&group_dir());
+    for (file, doc) in &docs {
+        assert!(doc["apiVersion"].is_string(), "{file}: no apiVersion");
+        assert!(doc["kind"].is_string(), "{file}: no kind");
+    }
+    let kust = docs
+        .iter()
+        .find(|(f, _)| f == "kustomization.yaml")
+        .map(|(_, v)| strs(&v["resources"]))
+        .expect("kustomization");
+    let files: BTreeSet<String> = docs
+        .iter()
+        .map(|(f, _)| f.clone())
+        .filter(|f| f != "kustomization.yaml")
+        .collect();
+    assert_eq!(kust, files);
+    assert_eq!(replica_names(), ["tgp-0", "tgp-1"], "a group of 2 replicas");
+}
+
+#[test]
+fn group_rbac_is_services_cluster_wide_and_only_the_replicas_secrets() {
+    let sa = group_pod()["serviceAccountName"]
+        .as_str()
+        .expect("service account")
+        .to_string();
+    group_find("ServiceAccount", Some(GROUP_NS), &sa);
+    let bound_to_sa = |b: &Value| {
+        b["subjects"].as_array().is_some_and(|s| {
+            s.iter().any(|s| {
+                s["kind"] == "ServiceAccount" && s["name"] == sa && s["namespace"] == GROUP_NS
+            })
+        })
+    };
+    // Every role bound to the service account, and what it grants.
+    let mut cluster_rules = Vec::new();
+    let mut ns_rules = Vec::new();
+    for b in group_objects().iter().filter(|o| {
+        (o["kind"] == "ClusterRoleBinding" || o["kind"] == "RoleBinding") && bound_to_sa(o)
+    }) {
+        let role_kind = b["roleRef"]["kind"].as_str().expect("roleRef kind");
+        let role_name = b["roleRef"]["name"].as_str().expect("roleRef name");
+        let ns = (role_kind == "Role").then(|| b["metadata"]["namespace"].as_str().unwrap_or(""));
+        let role = group_find(role_kind, ns, role_name);
+        let rules = role["rules"].as_array().cloned().unwrap_or_default();
+        if b["kind"] == "ClusterRoleBinding" {
+            cluster_rules.extend(rules);
+        } else {
+            assert_eq!(b["metadata"]["namespace"], GROUP_NS);
+            ns_rules.extend(rules);
+        }
+    }
+    let grants = |rules: &[Value]| -> BTreeMap<String, (BTreeSet<String>, BTreeSet<String>)> {
+        rules
+            .iter()
+            .map(|r| {
+                assert_eq!(
+                    strs(&r["apiGroups"]),
+                    BTreeSet::from([String::new()]),
+                    "{r}"
+                );
+                let res = strs(&r["resources"]);
+                assert_eq!(res.len(), 1, "one resource per rule: {r}");
+                let verbs = strs(&r["verbs"]);
+                assert!(!verbs.contains("*"), "{r}");
+                (
+                    res.into_iter().next().unwrap_or_default(),
+                    (verbs, strs(&r["resourceNames"])),
+                )
+            })
+            .collect()
+    };
+    let set = |v: &[&str]| {
+        v.iter()
+            .map(|s| s.to_string())
+            .collect::<BTreeSet<String>>()
+    };
+    // Cluster-wide: read Services (the group spans namespaces) and report on them.
+    assert_eq!(
+        grants(&cluster_rules),
+        BTreeMap::from([
+            (
+                "services".to_string(),
+                (set(&["get", "list", "watch"]), set(&[]))
+            ),
+            ("events".to_string(), (set(&["create"]), set(&[]))),
+        ])
+    );
+    // In the proxies' namespace: get and patch each replica's own Secret, by name; no create.
+    let replicas = replica_names();
+    let names: Vec<&str> = replicas.iter().map(String::as_str).collect();
+    assert_eq!(
+        grants(&ns_rules),
+        BTreeMap::from([("secrets".to_string(), (set(&["get", "patch"]), set(&names)))])
+    );
+    // Which is why each Secret exists beforehand.
+    for n in replica_names() {
+        group_find("Secret", Some(GROUP_NS), &n);
+    }
+}
+
+#[test]
+fn group_pods_mount_every_replica_secret_and_run_their_own() {
+    let proxy = group_container("proxy");
+    let sidecar = group_container("sidecar");
+    let volumes = group_pod()["volumes"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    for n in replica_names() {
+        let v = volumes
+            .iter()
+            .find(|v| v["secret"]["secretName"] == n.as_str())
+            .unwrap_or_else(|| panic!("no volume of Secret {n}"));
+        assert_eq!(v["secret"]["defaultMode"], 0o400);
+        let m = mount(&proxy, v["name"].as_str().unwrap_or_default()).expect("mounted");
+        assert_eq!(m["mountPath"], format!("/etc/tunnelgate/{n}"));
+        assert_eq!(m["readOnly"], true);
+        assert!(mount(&sidecar, v["name"].as_str().unwrap_or_default()).is_none());
+    }
+    let script = proxy["command"]
+        .as_array()
+        .and_then(|c| c.last())
+        .and_then(Value::as_str)
+        .expect("proxy script");
+    assert!(
+        script.contains("/etc/tunnelgate/$POD_NAME/tunnelgate.toml"),
+        "{script}"
+    );
+    assert!(script.contains("exec tunnelgate run --config"), "{script}");
+    for c in [&proxy, &sidecar] {
+        let pod_name = c["env"]
+            .as_array()
+            .and_then(|e| e.iter().find(|v| v["name"] == "POD_NAME"))
+            .expect("POD_NAME");
+        assert_eq!(
+            pod_name["valueFrom"]["fieldRef"]["fieldPath"],
+            "metadata.name"
+        );
+    }
+    assert_eq!(env(&sidecar, "TUNNELGATE_PROXY_GROUP"), "tgp");
+    assert!(
+        sidecar["env"].as_array().is_some_and(|e| e
+            .iter()
+            .all(|v| v["name"] != "TUNNELGATE_SECRET" && v["name"] != "TUNNELGATE_SERVICE")),
+        "the Secret comes from POD_NAME"
+    );
+    assert_eq!(group_pod()["automountServiceAccountToken"], false);
+    assert!(mount(&sidecar, "kube-api-access").is_some());
+    assert!(mount(&proxy, "kube-api-access").is_none());
+    assert!(strs(&proxy["securityContext"]["capabilities"]["add"]).contains("NET_ADMIN"));
+    assert_eq!(sidecar["securityContext"]["runAsNonRoot"], true);
+    for (probe, path) in [
+        ("startupProbe", "/healthz"),
+        ("livenessProbe", "/healthz"),
+        ("readinessProbe", "/readyz"),
+    ] {
+        assert_eq!(proxy[probe]["httpGet"]["path"], path, "{probe}");
+        assert_eq!(proxy[probe]["httpGet"]["port"], "health", "{probe}");
+    }
+    let health = proxy["ports"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["name"] == "health"))
+        .expect("health port");
+    assert_eq!(health["containerPort"], 9002);
+}
+
+#[test]
+fn group_spreads_over_nodes_and_keeps_one_replica_through_disruptions() {
+    let labels = group_set()["spec"]["template"]["metadata"]["labels"].clone();
+    let terms = group_pod()["affinity"]["podAntiAffinity"]
+        ["preferredDuringSchedulingIgnoredDuringExecution"]
+        .as_array()
+        .cloned()
+        .expect("pod anti-affinity");
+    assert!(terms.iter().any(|t| {
+        t["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+            && t["podAffinityTerm"]["labelSelector"]["matchLabels"] == labels
+    }));
+    let pdb = group_find("PodDisruptionBudget", Some(GROUP_NS), "tgp");
+    assert_eq!(pdb["spec"]["selector"]["matchLabels"], labels);
+    let replicas = replica_names().len() as u64;
+    let keeps = match (
+        pdb["spec"]["maxUnavailable"].as_u64(),
+        pdb["spec"]["minAvailable"].as_u64(),
+    ) {
+        (Some(max), None) => replicas - max,
+        (None, Some(min)) => min,
+        other => panic!("PDB: {other:?}"),
+    };
+    assert!(
+        keeps >= 1 && keeps < replicas,
+        "a drain keeps {keeps} of {replicas}"
+    );
+}
+
+#[test]
+fn group_exposes_each_replica_wireguard_port_on_its_own_load_balancer() {
+    for n in replica_names() {
+        let svc = group_find("Service", Some(GROUP_NS), &format!("{n}-wireguard"));
+        assert_eq!(svc["spec"]["type"], "LoadBalancer");
+        assert_eq!(
+            svc["spec"]["selector"],
+            serde_json::json!({"statefulset.kubernetes.io/pod-name": n})
+        );
+        let ports = svc["spec"]["ports"].as_array().cloned().unwrap_or_default();
+        assert_eq!(ports.len(), 1);
+        assert_eq!(ports[0]["protocol"], "UDP");
+        assert_eq!(ports[0]["port"], 51820);
+        assert_eq!(ports[0]["targetPort"], 51820);
+    }
+}
+
+#[test]
+fn group_network_policy_keeps_the_health_port_to_nodes_and_monitoring() {
+    let np = group_find("NetworkPolicy", Some(GROUP_NS), "tgp");
+    assert_eq!(
+        np["spec"]["podSelector"]["matchLabels"],
+        group_set()["spec"]["template"]["metadata"]["labels"]
+    );
+    assert!(strs(&np["spec"]["policyTypes"]).contains("Ingress"));
+    let rules = np["spec"]["ingress"]
+        .as_array()
+        .cloned()
+        .expect("ingress rules");
+    let opens = |port: u64, proto: &str| -> Vec<Value> {
+        rules
+            .iter()
+            .filter(|r| {
+                r["ports"].as_array().is_some_and(|ps| {
+                    ps.iter()
+                        .any(|p| p["port"].as_u64() == Some(port) && p["protocol"] == proto)
+                })
+            })
+            .cloned()
+            .collect()
+    };
+    // WireGuard from anywhere.
+    assert!(opens(51820, "UDP").iter().any(|r| r["from"].is_null()));
+    // Health: never from anywhere; from an ipBlock (nodes) and the monitoring namespace only.
+    let health = opens(9002, "TCP");
+    assert!(!health.is_empty());
+    let mut peers = Vec::new();
+    for r in &health {
+        let from = r["from"].as_array().cloned().expect("health rule has from");
+        peers.extend(from);
+    }
+    assert!(peers.iter().any(|p| p["ipBlock"]["cidr"].is_string()));
+    assert!(peers.iter().any(|p| {
+        p["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] == "monitoring"
+    }));
+    assert!(peers.iter().all(|p| p["ipBlock"].is_object()
+        || p["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] == "monitoring"));
+    // The egress Service's targetPort is open to its users.
+    let db = group_find("Service", Some(GROUP_NS), "db");
+    let target = db["spec"]["ports"][0]["targetPort"]
+        .as_u64()
+        .expect("targetPort");
+    assert!(!opens(target, "TCP").is_empty(), "targetPort {target}");
+}
+
+#[test]
+fn group_base_config_and_examples_render_for_each_replica() {
+    use tunnelgate::sidecar::group::{render_group, Replica};
+    let sidecar = group_container("sidecar");
+    let cm = group_find("ConfigMap", Some(GROUP_NS), "tgp-base");
+    assert_eq!(
+        env(&sidecar, "TUNNELGATE_BASE_CONFIG"),
+        "/etc/tunnelgate-base/base.toml"
+    );
+    let base = cm["data"]["base.toml"]
+        .as_str()
+        .expect("base.toml")
+        .to_string();
+    let pools: Vec<tunnelgate::config::IpNet> = env(&sidecar, "TUNNELGATE_ADDRESS_POOLS")
+        .split(',')
+        .map(|p| p.parse().expect("pool"))
+        .collect();
+    // The example Services as the API server returns them.
+    let mut services = Vec::new();
+    for (i, mut svc) in group_objects()
+        .into_iter()
+        .filter(|o| o["kind"] == "Service")
+        .enumerate()
+    {
+        if svc["spec"]["type"] != "ExternalName" && svc["spec"]["clusterIP"].is_null() {
+            svc["spec"]["clusterIP"] = format!("10.96.0.{}", 10 + i).into();
+            svc["spec"]["clusterIPs"] = serde_json::json!([format!("10.96.0.{}", 10 + i)]);
+        }
+        let svc: k8s_openapi::api::core::v1::Service =
+            serde_json::from_value(svc).expect("Service");
+        services.push(service_info(&svc));
+    }
+    let mut keys = BTreeSet::new();
+    for (ordinal, name) in replica_names().iter().enumerate() {
+        let replica = Replica {
+            group: env(&sidecar, "TUNNELGATE_PROXY_GROUP"),
+            ordinal: ordinal as u32,
+            pools: pools.clone(),
+        };
+        let key = SecretKey([ordinal as u8 + 1; 32]);
+        let out = render_group(&replica, &services, &base, &BTreeMap::new(), || key.clone())
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(out.refused.is_empty(), "{:?}", out.refused);
+        assert_eq!(out.served, ["apps/web", "tunnelgate/db"]);
+        let text = String::from_utf8(out.rendered.data["tunnelgate.toml"].clone()).expect("utf-8");
+        let files = MapFiles(BTreeMap::from([(
+            "/etc/tunnelgate/private.key".to_string(),
+            key.expose_base64(),
+        )]));
+        let c = Config::parse(&text, Path::new("/etc/tunnelgate"), &files).expect("valid");
+        assert_eq!(
+            c.interface
+                .addresses
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>(),
+            [format!("100.64.1.{}/32", ordinal + 1)]
+        );
+        assert_eq!(c.ingress.len(), 1);
+        assert_eq!(c.ingress[0].ports[0].to_string(), "80/tcp");
+        assert_eq!(c.egress.len(), 1);
+        assert_eq!(c.egress[0].ports[0].to_string(), "15432:5432/tcp");
+        keys.insert(c.interface.private_key.public_key().to_base64());
+        // The proxy container declares the egress port the replica listens on.
+        assert!(group_container("proxy")["ports"]
+            .as_array()
+            .is_some_and(|ps| ps.iter().any(|p| p["containerPort"] == 15432)));
+    }
+    assert_eq!(keys.len(), 2);
 }

@@ -1,28 +1,57 @@
 //! The `tunnelgate-sidecar` command: parse the flags (or their environment variables), find the
-//! API server, and keep the proxy's config Secret in step with its Service and base config until
-//! SIGTERM. Exit codes: 0 stopped, 1 runtime failure, 2 bad usage.
+//! API server, and keep the proxy's config Secret in step with its Service (or with every Service
+//! of its proxy group) and base config until SIGTERM. Exit codes: 0 stopped, 1 runtime failure,
+//! 2 bad usage.
 
-use clap::Parser;
+use clap::{ArgGroup, Parser};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use tunnelgate::config::IpNet;
 use tunnelgate::sidecar::api::{connect, ObjRef};
+use tunnelgate::sidecar::group::{ordinal_of, pool_address, Replica};
 use tunnelgate::sidecar::parse_object_ref;
 use tunnelgate::sidecar::run::{run, Settings};
+use tunnelgate::sidecar::run_group::{run_group, GroupSettings};
 use tunnelgate::telemetry::{init_logging, LogFormat};
 
 #[derive(Parser)]
 #[command(
     name = "tunnelgate-sidecar",
     version,
-    about = "Writes the tunnelgate proxy's config Secret from its Service and a base config"
+    about = "Writes the tunnelgate proxy's config Secret from its Service (or its proxy group's Services) and a base config"
 )]
+#[command(group(ArgGroup::new("mode").required(true).args(["service", "proxy_group"])))]
 struct Cli {
-    /// The config Secret to write: NAMESPACE/NAME, or NAME in the pod's namespace.
+    /// The config Secret to write: NAMESPACE/NAME, or NAME in the pod's namespace. With
+    /// --proxy-group it defaults to $POD_NAMESPACE/$POD_NAME.
     #[arg(long, env = "TUNNELGATE_SECRET", value_name = "NS/NAME")]
-    secret: String,
+    secret: Option<String>,
     /// The parent Service to read: NAMESPACE/NAME, or NAME in the pod's namespace.
     #[arg(long, env = "TUNNELGATE_SERVICE", value_name = "NS/NAME")]
-    service: String,
+    service: Option<String>,
+    /// Serve every Service annotated tunnelgate.dev/proxy-group: NAME, as one replica of the group.
+    #[arg(long, env = "TUNNELGATE_PROXY_GROUP", value_name = "NAME")]
+    proxy_group: Option<String>,
+    /// With --proxy-group: the replica (ordinal N of $POD_NAME) gets host N+1 of each pool as its
+    /// tunnel addresses. Repeatable; the env var is comma-separated.
+    #[arg(
+        long = "address-pool",
+        env = "TUNNELGATE_ADDRESS_POOLS",
+        value_name = "CIDR",
+        value_delimiter = ',',
+        requires = "proxy_group"
+    )]
+    address_pools: Vec<IpNet>,
+    /// With --proxy-group: list and watch Services only in these namespaces (a namespaced Role
+    /// is then enough). Default: every namespace. Repeatable; the env var is comma-separated.
+    #[arg(
+        long = "namespace",
+        env = "TUNNELGATE_NAMESPACES",
+        value_name = "NS",
+        value_delimiter = ',',
+        requires = "proxy_group"
+    )]
+    namespaces: Vec<String>,
     /// The base configuration (TOML: interface addresses, peers, shared settings).
     #[arg(long, env = "TUNNELGATE_BASE_CONFIG", value_name = "FILE")]
     base_config: PathBuf,
@@ -36,14 +65,36 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(code) => return code,
     };
-    let (secret, service) = match (
-        parse_object_ref(&cli.secret),
-        parse_object_ref(&cli.service),
-    ) {
-        (Ok(a), Ok(b)) => (a, b),
-        (Err(e), _) => return usage(&format!("--secret: {e}")),
-        (_, Err(e)) => return usage(&format!("--service: {e}")),
+    let secret = match cli.secret.as_deref().map(parse_object_ref).transpose() {
+        Ok(s) => s,
+        Err(e) => return usage(&format!("--secret: {e}")),
     };
+    let service = match cli.service.as_deref().map(parse_object_ref).transpose() {
+        Ok(s) => s,
+        Err(e) => return usage(&format!("--service: {e}")),
+    };
+    let pod_name = std::env::var("POD_NAME").ok().filter(|s| !s.is_empty());
+    let group = match &cli.proxy_group {
+        None => None,
+        Some(name) => match group_replica(name, pod_name.as_deref(), &cli) {
+            Ok(r) => Some(r),
+            Err(e) => return usage(&e),
+        },
+    };
+    if let Some(ns) = cli.namespaces.iter().find(|ns| {
+        parse_object_ref(ns)
+            .map(|(n, _)| n.is_some())
+            .unwrap_or(true)
+    }) {
+        return usage(&format!(
+            "--namespace: \"{ns}\" is not a namespace name: expected lower-case letters, digits and '-'"
+        ));
+    }
+    if secret.is_none() && pod_name.is_none() {
+        return usage(
+            "--secret is not set and POD_NAME is empty: expected --secret NS/NAME, or POD_NAME from the downward API",
+        );
+    }
     init_logging(cli.log_format);
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -73,18 +124,67 @@ fn main() -> ExitCode {
             namespace: ns.unwrap_or_else(|| default_ns.clone()),
             name,
         };
-        let settings = Settings {
-            secret: obj(secret),
-            service: obj(service),
-            base_config: cli.base_config,
+        let secret = obj(secret.unwrap_or_else(|| (None, pod_name.clone().unwrap_or_default())));
+        let result = match (group, service) {
+            (Some(replica), _) => {
+                let settings = GroupSettings {
+                    replica,
+                    secret,
+                    pod: pod_name.map(|name| ObjRef {
+                        namespace: default_ns.clone(),
+                        name,
+                    }),
+                    namespaces: cli.namespaces,
+                    base_config: cli.base_config,
+                };
+                run_group(client, settings, shutdown()).await
+            }
+            (None, Some(service)) => {
+                let settings = Settings {
+                    secret,
+                    service: obj(service),
+                    base_config: cli.base_config,
+                };
+                run(client, settings, shutdown()).await
+            }
+            (None, None) => Ok(()),
         };
-        match run(client, settings, shutdown()).await {
+        match result {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 tracing::error!(error = %format!("{e:#}"), "Sidecar failed");
                 ExitCode::from(1)
             }
         }
+    })
+}
+
+/// The replica this sidecar runs for: the group, its ordinal (from the pod name) and pools, each
+/// pool checked to have a host for the ordinal.
+fn group_replica(group: &str, pod_name: Option<&str>, cli: &Cli) -> Result<Replica, String> {
+    if parse_object_ref(group).map(|(ns, _)| ns.is_some()) != Ok(false) {
+        return Err(format!(
+            "--proxy-group: \"{group}\" is not a group name: expected lower-case letters, digits, '-' and '.'"
+        ));
+    }
+    let ordinal = match (pod_name, cli.address_pools.is_empty()) {
+        (Some(pod), false) => ordinal_of(pod).map_err(|e| format!("POD_NAME: {e}"))?,
+        // Without pools the ordinal only names the replica in the rendered file's header.
+        (Some(pod), true) => ordinal_of(pod).unwrap_or(0),
+        (None, true) => 0,
+        (None, false) => {
+            return Err(
+                "--address-pool needs the replica's ordinal: POD_NAME is empty, expected the StatefulSet pod name from the downward API".into(),
+            )
+        }
+    };
+    for pool in &cli.address_pools {
+        pool_address(pool, ordinal).map_err(|e| format!("--address-pool: {e}"))?;
+    }
+    Ok(Replica {
+        group: group.to_string(),
+        ordinal,
+        pools: cli.address_pools.clone(),
     })
 }
 

@@ -78,6 +78,11 @@ pub fn service_info(svc: &Service) -> ServiceInfo {
         load_balancer_class: spec.load_balancer_class,
         annotations: svc.metadata.annotations.clone().unwrap_or_default(),
         ports,
+        created: svc
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map(|t| t.0.as_second()),
     }
 }
 
@@ -139,6 +144,18 @@ pub async fn record_warning(
     reason: &str,
     message: &str,
 ) -> Result<(), kube::Error> {
+    record_warning_on(client, "Service", service, uid, reason, message).await
+}
+
+/// Records a Warning Event on a core/v1 object of `kind` (`Service`, `Pod`).
+pub async fn record_warning_on(
+    client: Client,
+    kind: &str,
+    service: &ObjRef,
+    uid: Option<String>,
+    reason: &str,
+    message: &str,
+) -> Result<(), kube::Error> {
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     let stamp = now.0.as_nanosecond();
     let event = Event {
@@ -149,7 +166,7 @@ pub async fn record_warning(
         },
         involved_object: ObjectReference {
             api_version: Some("v1".into()),
-            kind: Some("Service".into()),
+            kind: Some(kind.into()),
             name: Some(service.name.clone()),
             namespace: Some(service.namespace.clone()),
             uid,

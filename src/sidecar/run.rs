@@ -258,7 +258,7 @@ impl Loop {
     }
 }
 
-async fn read_base(path: &std::path::Path) -> Result<String, String> {
+pub(crate) async fn read_base(path: &std::path::Path) -> Result<String, String> {
     tokio::fs::read_to_string(path)
         .await
         .map_err(|e| format!("base config {} cannot be read: {e}", path.display()))

@@ -1,0 +1,294 @@
+//! Proxy groups, the pure part: which Services belong to a group, a replica's ordinal and tunnel
+//! addresses, and one replica's Secret data rendered from every Service of its group. A Service
+//! that cannot be served (a bad annotation, a port another Service already claims) is left out
+//! and named in [`GroupRendered::refused`]; the others are still served. Only a problem of the
+//! replica itself (base config, key, address pool) refuses the whole rendering. No I/O, no clock.
+
+use super::{
+    config_text, daemon_check, finish, forwards, prepare, tunnel_families, Rejected, Rendered,
+    Rules, ServiceInfo,
+};
+use crate::config::{IpNet, PortMap, Proto, SecretKey};
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+/// `tunnelgate.dev/proxy-group: NAME`: the Service is served by every replica of group NAME.
+pub const ANNOTATION_PROXY_GROUP: &str = "tunnelgate.dev/proxy-group";
+
+/// What one replica of a group is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Replica {
+    pub group: String,
+    /// The StatefulSet ordinal (`tgp-1` is 1).
+    pub ordinal: u32,
+    /// With pools, the replica's tunnel addresses are host `ordinal + 1` of each; without, the
+    /// base configuration's `interface.addresses`.
+    pub pools: Vec<IpNet>,
+}
+
+/// A Service of the group that this replica does not serve, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub namespace: String,
+    pub name: String,
+    pub reason: String,
+}
+
+/// One replica's Secret data, and what it left out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupRendered {
+    pub rendered: Rendered,
+    /// `NS/NAME` of every Service the configuration serves, oldest first.
+    pub served: Vec<String>,
+    pub refused: Vec<Refusal>,
+}
+
+/// Whether `svc` is annotated as a member of `group`.
+pub fn is_member(svc: &ServiceInfo, group: &str) -> bool {
+    svc.annotations
+        .get(ANNOTATION_PROXY_GROUP)
+        .is_some_and(|g| g.trim() == group)
+}
+
+/// The ordinal of a StatefulSet pod: the number after its last `-`.
+pub fn ordinal_of(pod_name: &str) -> Result<u32, String> {
+    pod_name
+        .rsplit_once('-')
+        .and_then(|(_, n)| {
+            (!n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+                .then(|| n.parse().ok())
+                .flatten()
+        })
+        .ok_or_else(|| {
+            format!(
+                "pod name \"{pod_name}\" has no ordinal suffix: expected a StatefulSet pod name like \"tgp-0\""
+            )
+        })
+}
+
+/// Host `ordinal + 1` of `pool`, as a single-address network (`/32` or `/128`).
+pub fn pool_address(pool: &IpNet, ordinal: u32) -> Result<IpNet, String> {
+    if pool.trunc() != *pool {
+        return Err(format!(
+            "address pool {pool} has host bits set: expected the network address {}",
+            pool.trunc()
+        ));
+    }
+    let host = u128::from(ordinal) + 1;
+    let (base, bits, reserved_top) = match pool.network() {
+        IpAddr::V4(a) => (u128::from(u32::from(a)), 32, pool.prefix_len() < 31),
+        IpAddr::V6(a) => (u128::from(a), 128, false),
+    };
+    let host_bits = bits - u32::from(pool.prefix_len());
+    // Hosts 1 ..= last; an IPv4 pool keeps its broadcast address free.
+    let size = if host_bits >= 128 {
+        u128::MAX
+    } else {
+        1u128 << host_bits
+    };
+    let last = size.saturating_sub(if reserved_top { 2 } else { 1 });
+    if host > last {
+        return Err(format!(
+            "address pool {pool} has {last} host addresses: replica {ordinal} needs host {host}; expected a larger pool"
+        ));
+    }
+    let addr = base + host;
+    let ip = match pool.network() {
+        IpAddr::V4(_) => IpAddr::V4(std::net::Ipv4Addr::from(
+            u32::try_from(addr).map_err(|_| format!("address pool {pool}: overflow"))?,
+        )),
+        IpAddr::V6(_) => IpAddr::V6(std::net::Ipv6Addr::from(addr)),
+    };
+    IpNet::new(ip, if ip.is_ipv4() { 32 } else { 128 }).map_err(|e| e.to_string())
+}
+
+/// Renders replica `replica`'s Secret data from the base configuration and `services` (any
+/// Services: those not of the group are ignored). `new_key` is called only when the Secret has no
+/// `private.key` yet.
+pub fn render_group(
+    replica: &Replica,
+    services: &[ServiceInfo],
+    base: &str,
+    current: &BTreeMap<String, Vec<u8>>,
+    new_key: impl FnOnce() -> SecretKey,
+) -> Result<GroupRendered, Rejected> {
+    let mut prepared = prepare(base, current, new_key);
+    if let Some(table) = &mut prepared.table {
+        set_pool_addresses(table, replica, &mut prepared.problems);
+    }
+    let Some(table) = prepared.table.take() else {
+        return Err(Rejected(prepared.problems));
+    };
+    if !prepared.problems.is_empty() {
+        return Err(Rejected(prepared.problems));
+    }
+    let families = tunnel_families(&table);
+
+    let mut members: Vec<&ServiceInfo> = services
+        .iter()
+        .filter(|s| is_member(s, &replica.group))
+        .collect();
+    // Oldest first: a new Service never takes a port from one that is already served.
+    members.sort_by(|a, b| {
+        (a.created, &a.namespace, &a.name).cmp(&(b.created, &b.namespace, &b.name))
+    });
+
+    let mut notes = Vec::new();
+    let mut refused = Vec::new();
+    let mut candidates: Vec<(&ServiceInfo, Rules)> = Vec::new();
+    // (listen port, protocol) -> the Service that claimed it, per direction.
+    let mut ingress_claims: BTreeMap<(u16, Proto), String> = BTreeMap::new();
+    let mut egress_claims: BTreeMap<(u16, Proto), String> = BTreeMap::new();
+    for svc in members {
+        let who = format!("{}/{}", svc.namespace, svc.name);
+        let refuse = |reason: String| Refusal {
+            namespace: svc.namespace.clone(),
+            name: svc.name.clone(),
+            reason,
+        };
+        let mut problems = Vec::new();
+        let mut svc_notes = Vec::new();
+        let rules = forwards(svc, &families, &mut problems, &mut svc_notes);
+        if rules.ingress.is_empty() && rules.egress.is_empty() && problems.is_empty() {
+            problems.push(format!(
+                "Service {who} is in proxy group {} but asks for nothing: expected tunnelgate.dev/expose: \"true\", tunnelgate.dev/tunnel-ip or tunnelgate.dev/tunnel-fqdn",
+                replica.group
+            ));
+        }
+        if svc.ports.is_empty() && problems.is_empty() {
+            problems.push(format!(
+                "Service {who} has no ports: expected at least one (in a proxy group every Service claims its own ports)"
+            ));
+        }
+        if !problems.is_empty() {
+            refused.push(refuse(problems.join("; ")));
+            continue;
+        }
+        let ingress = claims(&rules.ingress);
+        let egress = claims(&rules.egress);
+        let clash = ingress
+            .iter()
+            .find_map(|c| {
+                ingress_claims
+                    .get(c)
+                    .map(|o| (c, o, "the tunnel addresses"))
+            })
+            .or_else(|| {
+                egress
+                    .iter()
+                    .find_map(|c| egress_claims.get(c).map(|o| (c, o, "the pod address")))
+            });
+        if let Some(((port, proto), owner, place)) = clash {
+            refused.push(refuse(format!(
+                "Service {who} left out of proxy group {}: port {port}/{proto} on {place} is already served by Service {owner}; expected a port no other Service of the group uses",
+                replica.group
+            )));
+            continue;
+        }
+        for c in ingress {
+            ingress_claims.insert(c, who.clone());
+        }
+        for c in egress {
+            egress_claims.insert(c, who.clone());
+        }
+        notes.extend(svc_notes);
+        candidates.push((svc, rules));
+    }
+
+    // Every Service together, as the daemon would load them. When that fails (a clash with the
+    // base config's own rules, say), add them one by one and leave out each one that breaks it.
+    let header = |served: &[&ServiceInfo]| {
+        let names: Vec<String> = served
+            .iter()
+            .map(|s| format!("{}/{}", s.namespace, s.name))
+            .collect();
+        format!(
+            "# Rendered by tunnelgate-sidecar for replica {} of proxy group {} from the base config and\n# Services: {}.\n# Do not edit: the next change of any of them replaces this file.\n",
+            replica.ordinal,
+            replica.group,
+            if names.is_empty() { "none".to_string() } else { names.join(", ") }
+        )
+    };
+    let all: Vec<&ServiceInfo> = candidates.iter().map(|(s, _)| *s).collect();
+    let text = config_text(&table, candidates.iter().map(|(_, r)| r), &header(&all))?;
+    let (served, text) = if daemon_check(&text, &prepared.key).is_ok() {
+        (all, text)
+    } else {
+        let base_text = config_text(&table, [], &header(&[]))?;
+        if let Err(e) = daemon_check(&base_text, &prepared.key) {
+            return Err(Rejected(
+                e.iter()
+                    .map(|e| format!("base config is invalid: {e}"))
+                    .collect(),
+            ));
+        }
+        let mut kept: Vec<&(&ServiceInfo, Rules)> = Vec::new();
+        for c in &candidates {
+            let trial = config_text(
+                &table,
+                kept.iter().map(|(_, r)| r).chain([&c.1]),
+                &header(&[]),
+            )?;
+            match daemon_check(&trial, &prepared.key) {
+                Ok(_) => kept.push(c),
+                Err(e) => refused.push(Refusal {
+                    namespace: c.0.namespace.clone(),
+                    name: c.0.name.clone(),
+                    reason: format!(
+                        "Service {}/{} left out of proxy group {}: with it the configuration is invalid: {}",
+                        c.0.namespace,
+                        c.0.name,
+                        replica.group,
+                        e.join("; ")
+                    ),
+                }),
+            }
+        }
+        let served: Vec<&ServiceInfo> = kept.iter().map(|(s, _)| *s).collect();
+        let text = config_text(&table, kept.iter().map(|(_, r)| r), &header(&served))?;
+        (served, text)
+    };
+    let rendered = finish(text, &prepared, current, notes)?;
+    Ok(GroupRendered {
+        rendered,
+        served: served
+            .iter()
+            .map(|s| format!("{}/{}", s.namespace, s.name))
+            .collect(),
+        refused,
+    })
+}
+
+/// With pools, `interface.addresses` is this replica's host of each pool.
+fn set_pool_addresses(table: &mut toml::Table, replica: &Replica, problems: &mut Vec<String>) {
+    if replica.pools.is_empty() {
+        return;
+    }
+    let mut addrs = Vec::new();
+    for pool in &replica.pools {
+        match pool_address(pool, replica.ordinal) {
+            Ok(a) => addrs.push(toml::Value::String(a.to_string())),
+            Err(e) => problems.push(e),
+        }
+    }
+    if let Some(iface) = table.get_mut("interface").and_then(|i| i.as_table_mut()) {
+        iface.insert("addresses".into(), toml::Value::Array(addrs));
+    }
+}
+
+/// The (listen port, protocol) pairs a set of rules takes.
+fn claims(rules: &[toml::Table]) -> Vec<(u16, Proto)> {
+    let mut out: Vec<(u16, Proto)> = rules
+        .iter()
+        .filter_map(|r| r.get("ports")?.as_array())
+        .flatten()
+        .filter_map(|p| p.as_str()?.parse::<PortMap>().ok())
+        .map(|p| (p.listen, p.proto))
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,435 @@
+//! Unit tests of the proxy-group renderer: ordinals, pool addresses, membership, ingress and
+//! egress of many Services, clashes and bad Services left out while the rest is served.
+
+use super::*;
+use crate::config::{Config, SecretFiles};
+use crate::sidecar::{
+    ServicePort, TargetPort, ANNOTATION_EXPOSE, ANNOTATION_TUNNEL_IP, KEY_CONFIG, KEY_DEVICE_IPS,
+    KEY_PRIVATE, KEY_PUBLIC, MOUNT_DIR,
+};
+use std::path::Path;
+
+struct MapFiles(BTreeMap<String, String>);
+
+impl SecretFiles for MapFiles {
+    fn read_secret(&self, path: &Path) -> Result<String, String> {
+        self.0
+            .get(&path.display().to_string())
+            .cloned()
+            .ok_or_else(|| "no such file".to_string())
+    }
+}
+
+const GROUP: &str = "tgp";
+
+fn base() -> String {
+    format!(
+        r#"
+[interface]
+name = "tg0"
+listen_port = 51820
+addresses = ["100.64.9.9/32"]
+
+[[peer]]
+public_key = "{}"
+allowed_ips = ["100.64.0.2/32"]
+
+[health]
+listen = "0.0.0.0:9002"
+"#,
+        SecretKey([7; 32]).public_key().to_base64()
+    )
+}
+
+fn replica(ordinal: u32) -> Replica {
+    Replica {
+        group: GROUP.into(),
+        ordinal,
+        pools: vec![
+            "100.64.1.0/24".parse().expect("pool"),
+            "fd7a:115c:a1e0:1::/64".parse().expect("pool"),
+        ],
+    }
+}
+
+fn port(port: i32, target: Option<i32>, proto: &str) -> ServicePort {
+    ServicePort {
+        name: None,
+        port,
+        target_port: target.map(TargetPort::Number),
+        protocol: Some(proto.into()),
+    }
+}
+
+fn service(ns: &str, name: &str, created: i64, annotations: &[(&str, &str)]) -> ServiceInfo {
+    let mut s = ServiceInfo {
+        namespace: ns.into(),
+        name: name.into(),
+        type_: Some("ClusterIP".into()),
+        cluster_ips: vec!["10.96.0.10".into()],
+        ports: vec![port(80, Some(8080), "TCP")],
+        created: Some(created),
+        ..ServiceInfo::default()
+    };
+    s.annotations
+        .insert(ANNOTATION_PROXY_GROUP.into(), GROUP.into());
+    for (k, v) in annotations {
+        s.annotations.insert(k.to_string(), v.to_string());
+    }
+    s
+}
+
+fn ingress(ns: &str, name: &str, created: i64, ip: &str, ports: Vec<ServicePort>) -> ServiceInfo {
+    let mut s = service(ns, name, created, &[(ANNOTATION_EXPOSE, "true")]);
+    s.cluster_ips = vec![ip.into()];
+    s.ports = ports;
+    s
+}
+
+fn egress(
+    ns: &str,
+    name: &str,
+    created: i64,
+    target: &str,
+    ports: Vec<ServicePort>,
+) -> ServiceInfo {
+    let mut s = service(ns, name, created, &[(ANNOTATION_TUNNEL_IP, target)]);
+    s.ports = ports;
+    s
+}
+
+fn key(n: u8) -> SecretKey {
+    SecretKey([n; 32])
+}
+
+fn render(r: &Replica, services: &[ServiceInfo]) -> GroupRendered {
+    render_group(r, services, &base(), &BTreeMap::new(), || {
+        key(40 + r.ordinal as u8)
+    })
+    .expect("renders")
+}
+
+fn text(r: &GroupRendered, k: &str) -> String {
+    String::from_utf8(r.rendered.data[k].clone()).expect("utf-8")
+}
+
+fn daemon_view(r: &GroupRendered) -> Config {
+    let files = MapFiles(BTreeMap::from([(
+        format!("{MOUNT_DIR}/{KEY_PRIVATE}"),
+        text(r, KEY_PRIVATE),
+    )]));
+    Config::parse(&text(r, KEY_CONFIG), Path::new(MOUNT_DIR), &files).expect("daemon accepts it")
+}
+
+/// `target ports` of every rule, e.g. `10.96.0.10 80/tcp,53/udp`.
+fn rules(fwds: &[crate::config::Forward]) -> Vec<String> {
+    fwds.iter()
+        .map(|f| {
+            let ports: Vec<String> = f.ports.iter().map(ToString::to_string).collect();
+            let target = match &f.target {
+                crate::config::Target::Ip(ip) => ip.to_string(),
+                crate::config::Target::Fqdn(name) => name.clone(),
+            };
+            format!("{target} {}", ports.join(","))
+        })
+        .collect()
+}
+
+#[test]
+fn ordinal_is_the_numeric_suffix_of_the_pod_name() {
+    assert_eq!(ordinal_of("tgp-0"), Ok(0));
+    assert_eq!(ordinal_of("my-proxy-group-12"), Ok(12));
+    for bad in ["tgp", "tgp-", "tgp-x1", "tgp-1a", "tgp-99999999999"] {
+        let e = ordinal_of(bad).expect_err(bad);
+        assert!(e.contains(&format!("\"{bad}\"")), "{e}");
+    }
+}
+
+#[test]
+fn pool_address_is_host_ordinal_plus_one() {
+    let pool: IpNet = "100.64.1.0/24".parse().expect("pool");
+    assert_eq!(
+        pool_address(&pool, 0).map(|a| a.to_string()),
+        Ok("100.64.1.1/32".into())
+    );
+    assert_eq!(
+        pool_address(&pool, 1).map(|a| a.to_string()),
+        Ok("100.64.1.2/32".into())
+    );
+    assert_eq!(
+        pool_address(&pool, 253).map(|a| a.to_string()),
+        Ok("100.64.1.254/32".into())
+    );
+    // .255 is the broadcast address.
+    let e = pool_address(&pool, 254).expect_err("too big");
+    assert!(
+        e.contains("has 254 host addresses: replica 254 needs host 255"),
+        "{e}"
+    );
+    let v6: IpNet = "fd7a:115c:a1e0:1::/64".parse().expect("pool");
+    assert_eq!(
+        pool_address(&v6, 1).map(|a| a.to_string()),
+        Ok("fd7a:115c:a1e0:1::2/128".into())
+    );
+    let host_bits: IpNet = "100.64.1.5/24".parse().expect("pool");
+    let e = pool_address(&host_bits, 0).expect_err("host bits");
+    assert!(
+        e.contains("expected the network address 100.64.1.0/24"),
+        "{e}"
+    );
+    let single: IpNet = "100.64.1.7/32".parse().expect("pool");
+    assert!(pool_address(&single, 0).is_err());
+}
+
+#[test]
+fn two_replicas_get_their_own_addresses_and_the_same_rules() {
+    let services = [
+        ingress(
+            "apps",
+            "web",
+            1,
+            "10.96.0.10",
+            vec![port(80, Some(8080), "TCP")],
+        ),
+        ingress("shop", "api", 2, "10.96.0.11", vec![port(443, None, "TCP")]),
+        egress(
+            "apps",
+            "db",
+            3,
+            "100.64.0.2",
+            vec![port(5432, Some(15432), "TCP")],
+        ),
+    ];
+    let r0 = render(&replica(0), &services);
+    let r1 = render(&replica(1), &services);
+    assert_eq!(
+        text(&r0, KEY_DEVICE_IPS),
+        r#"["100.64.1.1","fd7a:115c:a1e0:1::1"]"#
+    );
+    assert_eq!(
+        text(&r1, KEY_DEVICE_IPS),
+        r#"["100.64.1.2","fd7a:115c:a1e0:1::2"]"#
+    );
+    assert_ne!(text(&r0, KEY_PUBLIC), text(&r1, KEY_PUBLIC));
+    assert_eq!(text(&r1, KEY_PUBLIC), key(41).public_key().to_base64());
+    for r in [&r0, &r1] {
+        let c = daemon_view(r);
+        assert_eq!(
+            rules(&c.ingress),
+            ["10.96.0.10 80/tcp", "10.96.0.11 443/tcp"]
+        );
+        assert_eq!(rules(&c.egress), ["100.64.0.2 15432:5432/tcp"]);
+        assert_eq!(r.served, ["apps/web", "shop/api", "apps/db"]);
+        assert!(r.refused.is_empty());
+        assert!(text(r, KEY_CONFIG).contains("Services: apps/web, shop/api, apps/db."));
+    }
+}
+
+#[test]
+fn without_pools_the_base_addresses_are_kept() {
+    let mut r = replica(3);
+    r.pools.clear();
+    let g = render(&r, &[]);
+    assert_eq!(text(&g, KEY_DEVICE_IPS), r#"["100.64.9.9"]"#);
+}
+
+#[test]
+fn other_groups_and_unannotated_services_are_ignored() {
+    let mut other = ingress(
+        "apps",
+        "other",
+        1,
+        "10.96.0.20",
+        vec![port(80, None, "TCP")],
+    );
+    other
+        .annotations
+        .insert(ANNOTATION_PROXY_GROUP.into(), "another".into());
+    let mut none = ingress(
+        "apps",
+        "plain",
+        1,
+        "10.96.0.21",
+        vec![port(81, None, "TCP")],
+    );
+    none.annotations.remove(ANNOTATION_PROXY_GROUP);
+    let mine = ingress("apps", "web", 2, "10.96.0.10", vec![port(80, None, "TCP")]);
+    let g = render(&replica(0), &[other, none, mine]);
+    assert_eq!(g.served, ["apps/web"]);
+    assert!(g.refused.is_empty());
+    assert_eq!(rules(&daemon_view(&g).ingress), ["10.96.0.10 80/tcp"]);
+}
+
+#[test]
+fn an_empty_group_still_gives_the_replica_its_key_and_addresses() {
+    let g = render(&replica(0), &[]);
+    let c = daemon_view(&g);
+    assert!(c.ingress.is_empty() && c.egress.is_empty());
+    assert!(g.rendered.generated_key);
+    assert!(text(&g, KEY_CONFIG).contains("Services: none."));
+}
+
+#[test]
+fn the_later_of_two_services_on_one_port_is_left_out_and_the_rest_served() {
+    let older = ingress("apps", "web", 10, "10.96.0.10", vec![port(80, None, "TCP")]);
+    // Created later, but sorted first by name: age decides, not the name.
+    let newer = ingress("aaa", "web2", 20, "10.96.0.11", vec![port(80, None, "TCP")]);
+    let udp = ingress("apps", "dns", 30, "10.96.0.12", vec![port(80, None, "UDP")]);
+    let g = render(&replica(0), &[newer, older, udp]);
+    assert_eq!(g.served, ["apps/web", "apps/dns"]);
+    assert_eq!(g.refused.len(), 1);
+    let r = &g.refused[0];
+    assert_eq!((r.namespace.as_str(), r.name.as_str()), ("aaa", "web2"));
+    assert!(
+        r.reason
+            .contains("port 80/tcp on the tunnel addresses is already served by Service apps/web"),
+        "{}",
+        r.reason
+    );
+    assert_eq!(
+        rules(&daemon_view(&g).ingress),
+        ["10.96.0.10 80/tcp", "10.96.0.12 80/udp"]
+    );
+}
+
+#[test]
+fn egress_clashes_on_the_pod_port_not_on_the_target_port() {
+    let a = egress(
+        "apps",
+        "db",
+        1,
+        "100.64.0.2",
+        vec![port(5432, Some(15432), "TCP")],
+    );
+    // Same target port on another target: fine, the pod listens on another port.
+    let b = egress(
+        "apps",
+        "db2",
+        2,
+        "100.64.0.3",
+        vec![port(5432, Some(15433), "TCP")],
+    );
+    // Same pod port: clash.
+    let c = egress(
+        "shop",
+        "db3",
+        3,
+        "100.64.0.4",
+        vec![port(3306, Some(15432), "TCP")],
+    );
+    // An ingress on 15432 listens on the tunnel address: no clash with egress.
+    let d = ingress(
+        "apps",
+        "web",
+        4,
+        "10.96.0.10",
+        vec![port(15432, None, "TCP")],
+    );
+    let g = render(&replica(1), &[a, b, c, d]);
+    assert_eq!(g.served, ["apps/db", "apps/db2", "apps/web"]);
+    assert_eq!(g.refused.len(), 1);
+    assert_eq!(g.refused[0].name, "db3");
+    assert!(
+        g.refused[0]
+            .reason
+            .contains("port 15432/tcp on the pod address is already served by Service apps/db"),
+        "{}",
+        g.refused[0].reason
+    );
+}
+
+#[test]
+fn a_bad_annotation_refuses_that_service_only() {
+    let good = ingress("apps", "web", 1, "10.96.0.10", vec![port(80, None, "TCP")]);
+    let bad = egress(
+        "apps",
+        "db",
+        2,
+        "100.64.0.300",
+        vec![port(5432, None, "TCP")],
+    );
+    let nothing = service("apps", "idle", 3, &[]);
+    let mut portless = egress("apps", "portless", 4, "100.64.0.2", vec![]);
+    portless.type_ = Some("ExternalName".into());
+    let g = render(&replica(0), &[good, bad, nothing, portless]);
+    assert_eq!(g.served, ["apps/web"]);
+    let reasons: BTreeMap<&str, &str> = g
+        .refused
+        .iter()
+        .map(|r| (r.name.as_str(), r.reason.as_str()))
+        .collect();
+    assert!(
+        reasons["db"].contains("\"100.64.0.300\" is not an IP address"),
+        "{reasons:?}"
+    );
+    assert!(reasons["idle"].contains("asks for nothing"), "{reasons:?}");
+    assert!(reasons["portless"].contains("has no ports"), "{reasons:?}");
+    assert_eq!(rules(&daemon_view(&g).ingress), ["10.96.0.10 80/tcp"]);
+}
+
+#[test]
+fn a_service_the_daemon_would_refuse_is_left_out_by_trial() {
+    // The health port is never captured: the daemon refuses an egress rule on 9002.
+    let good = egress(
+        "apps",
+        "db",
+        1,
+        "100.64.0.2",
+        vec![port(5432, Some(15432), "TCP")],
+    );
+    let health = egress(
+        "apps",
+        "sneaky",
+        2,
+        "100.64.0.3",
+        vec![port(80, Some(9002), "TCP")],
+    );
+    let g = render(&replica(0), &[good, health]);
+    assert_eq!(g.served, ["apps/db"]);
+    assert_eq!(g.refused.len(), 1);
+    assert_eq!(g.refused[0].name, "sneaky");
+    assert!(
+        g.refused[0]
+            .reason
+            .contains("with it the configuration is invalid"),
+        "{}",
+        g.refused[0].reason
+    );
+    assert!(!text(&g, KEY_CONFIG).contains("sneaky"));
+    assert_eq!(
+        rules(&daemon_view(&g).egress),
+        ["100.64.0.2 15432:5432/tcp"]
+    );
+}
+
+#[test]
+fn replica_problems_refuse_the_whole_rendering() {
+    let e = render_group(&replica(300), &[], &base(), &BTreeMap::new(), || key(1))
+        .expect_err("pool too small");
+    assert!(e.to_string().contains("replica 300 needs host 301"), "{e}");
+    let e = render_group(&replica(0), &[], "[interface", &BTreeMap::new(), || key(1))
+        .expect_err("bad base");
+    assert!(e.to_string().contains("base config does not parse"), "{e}");
+}
+
+#[test]
+fn the_existing_key_is_kept_and_a_second_rendering_is_identical() {
+    let services = [ingress(
+        "apps",
+        "web",
+        1,
+        "10.96.0.10",
+        vec![port(80, None, "TCP")],
+    )];
+    let first = render(&replica(0), &services);
+    let again = render_group(
+        &replica(0),
+        &services,
+        &base(),
+        &first.rendered.data,
+        || panic!("no new key when one exists"),
+    )
+    .expect("renders");
+    assert!(!again.rendered.generated_key);
+    assert!(crate::sidecar::changed_keys(&again.rendered.data, &first.rendered.data).is_empty());
+}

@@ -1,0 +1,380 @@
+//! The proxy-group control loop: watch every Service the sidecar may list (cluster-wide, or the
+//! namespaces it is given), keep those of its group, poll the base configuration, and bring this
+//! replica's own Secret up to date when the rendering changes. Writes only on change; a Service
+//! that cannot be served gets one Warning Event per distinct problem and never blocks the others.
+//! What to render is decided by the pure [`super::group::render_group`].
+
+use super::api::{
+    is_transient, record_warning, record_warning_on, service_info, ObjRef, SecretStore,
+};
+use super::group::{is_member, render_group, Replica};
+use super::run::{
+    read_base, BASE_CONFIG_POLL, REASON_INVALID, RESYNC_INTERVAL, RETRY_MAX, RETRY_MIN,
+};
+use super::{changed_keys, Backoff, Rejected, ServiceInfo};
+use crate::config::SecretKey;
+use futures::{Stream, StreamExt as _};
+use k8s_openapi::api::core::v1::Service;
+use kube::runtime::{watcher, WatchStreamExt as _};
+use kube::{Api, Client};
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::time::Duration;
+use tokio::time::{Instant, MissedTickBehavior};
+
+/// Event reason for a Service of the group that this replica leaves out.
+pub const REASON_LEFT_OUT: &str = "TunnelgateServiceLeftOut";
+
+/// What a replica of a proxy group works on.
+#[derive(Debug, Clone)]
+pub struct GroupSettings {
+    pub replica: Replica,
+    /// This replica's own config Secret.
+    pub secret: ObjRef,
+    /// The pod, for Events about the replica itself (bad base config, pool too small).
+    pub pod: Option<ObjRef>,
+    /// Empty: every namespace (a cluster-wide list and watch).
+    pub namespaces: Vec<String>,
+    pub base_config: PathBuf,
+}
+
+type Key = (String, String);
+
+/// A Service of the group as last seen, with its uid for Events.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Member {
+    info: ServiceInfo,
+    uid: Option<String>,
+}
+
+/// One watch: a namespace, or `None` for all of them.
+type Scoped = (
+    Option<String>,
+    Result<watcher::Event<Service>, watcher::Error>,
+);
+
+struct GroupLoop {
+    client: Client,
+    settings: GroupSettings,
+    secret: SecretStore,
+    members: BTreeMap<Key, Member>,
+    /// Per watch scope: the list being received since its last `Init`.
+    relisting: BTreeMap<Option<String>, BTreeMap<Key, Member>>,
+    /// Watch scopes whose first list is complete; nothing is written before all are.
+    synced: Vec<Option<String>>,
+    base: Result<String, String>,
+    /// Problems last reported, per Service, so a persisting one is reported once.
+    reported: BTreeMap<Key, String>,
+    /// A problem of the replica itself last reported.
+    reported_replica: Option<String>,
+    backoff: Backoff,
+}
+
+/// Runs until `shutdown` completes; errors only if a watch stream ends, which it never should.
+pub async fn run_group(
+    client: Client,
+    settings: GroupSettings,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let scopes: Vec<Option<String>> = if settings.namespaces.is_empty() {
+        vec![None]
+    } else {
+        settings.namespaces.iter().cloned().map(Some).collect()
+    };
+    let streams: Vec<Pin<Box<dyn Stream<Item = Scoped> + Send>>> = scopes
+        .iter()
+        .map(|scope| {
+            let api: Api<Service> = match scope {
+                Some(ns) => Api::namespaced(client.clone(), ns),
+                None => Api::all(client.clone()),
+            };
+            let scope = scope.clone();
+            watcher(api, watcher::Config::default())
+                .default_backoff()
+                .map(move |e| (scope.clone(), e))
+                .boxed()
+        })
+        .collect();
+    let mut watch = futures::stream::select_all(streams);
+    let mut this = GroupLoop {
+        secret: SecretStore::new(client.clone(), settings.secret.clone()),
+        client,
+        base: read_base(&settings.base_config).await,
+        settings,
+        members: BTreeMap::new(),
+        relisting: BTreeMap::new(),
+        synced: Vec::new(),
+        reported: BTreeMap::new(),
+        reported_replica: None,
+        backoff: Backoff::new(RETRY_MIN, RETRY_MAX),
+    };
+    tracing::info!(
+        proxy_group = %this.settings.replica.group,
+        ordinal = this.settings.replica.ordinal,
+        secret = %this.settings.secret,
+        namespaces = %if this.settings.namespaces.is_empty() { "all".to_string() } else { this.settings.namespaces.join(",") },
+        base_config = %this.settings.base_config.display(),
+        "Sidecar started for a proxy group"
+    );
+    let mut base_tick = tokio::time::interval(BASE_CONFIG_POLL);
+    let mut resync = tokio::time::interval(RESYNC_INTERVAL);
+    for t in [&mut base_tick, &mut resync] {
+        t.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        t.reset();
+    }
+    let mut dirty = false;
+    let mut retry_at: Option<Instant> = None;
+    tokio::pin!(shutdown);
+    loop {
+        let synced = scopes.iter().all(|s| this.synced.contains(s));
+        if dirty && synced && retry_at.is_none() {
+            dirty = false;
+            if let Some(delay) = this.pass().await {
+                retry_at = Some(Instant::now() + delay);
+            }
+        }
+        let retry = async {
+            match retry_at {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = &mut shutdown => {
+                tracing::info!("Sidecar stopping");
+                return Ok(());
+            }
+            event = watch.next() => match event {
+                Some((scope, Ok(e))) => dirty |= this.seen(scope, e),
+                Some((scope, Err(e))) => tracing::warn!(
+                    error = %e,
+                    namespace = %scope.as_deref().unwrap_or("all"),
+                    "Watch of the Services failed: retrying (the sidecar needs list and watch on services{})",
+                    if scope.is_none() { " cluster-wide, or --namespace" } else { " in this namespace" }
+                ),
+                None => anyhow::bail!("the watch of the Services ended"),
+            },
+            _ = base_tick.tick() => {
+                let base = read_base(&this.settings.base_config).await;
+                if base != this.base {
+                    tracing::info!(path = %this.settings.base_config.display(), "Base config changed");
+                    this.base = base;
+                    dirty = true;
+                }
+            }
+            _ = resync.tick() => dirty = true,
+            () = retry => {
+                retry_at = None;
+                dirty = true;
+            }
+        }
+    }
+}
+
+impl GroupLoop {
+    fn member(&self, svc: &Service) -> Option<(Key, Member)> {
+        let info = service_info(svc);
+        is_member(&info, &self.settings.replica.group).then(|| {
+            (
+                (info.namespace.clone(), info.name.clone()),
+                Member {
+                    uid: svc.metadata.uid.clone(),
+                    info,
+                },
+            )
+        })
+    }
+
+    fn key_of(svc: &Service) -> Key {
+        (
+            svc.metadata.namespace.clone().unwrap_or_default(),
+            svc.metadata.name.clone().unwrap_or_default(),
+        )
+    }
+
+    /// Takes in one watch event; true when the group's Services changed.
+    fn seen(&mut self, scope: Option<String>, event: watcher::Event<Service>) -> bool {
+        match event {
+            watcher::Event::Init => {
+                self.relisting.insert(scope, BTreeMap::new());
+                false
+            }
+            watcher::Event::InitApply(svc) => {
+                if let Some((k, m)) = self.member(&svc) {
+                    self.relisting.entry(scope).or_default().insert(k, m);
+                }
+                false
+            }
+            watcher::Event::InitDone => {
+                let listed = self.relisting.remove(&scope).unwrap_or_default();
+                let mut next: BTreeMap<Key, Member> = self
+                    .members
+                    .iter()
+                    .filter(|((ns, _), _)| scope.as_ref().is_some_and(|s| s != ns))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+                next.extend(listed);
+                if !self.synced.contains(&scope) {
+                    self.synced.push(scope);
+                }
+                self.replace(next)
+            }
+            watcher::Event::Apply(svc) => {
+                let mut next = self.members.clone();
+                match self.member(&svc) {
+                    Some((k, m)) => next.insert(k, m),
+                    // It left the group (its annotation changed).
+                    None => next.remove(&Self::key_of(&svc)),
+                };
+                self.replace(next)
+            }
+            watcher::Event::Delete(svc) => {
+                let mut next = self.members.clone();
+                next.remove(&Self::key_of(&svc));
+                self.replace(next)
+            }
+        }
+    }
+
+    fn replace(&mut self, next: BTreeMap<Key, Member>) -> bool {
+        if next == self.members {
+            return false;
+        }
+        for k in next.keys().filter(|k| !self.members.contains_key(*k)) {
+            tracing::info!(service = %format!("{}/{}", k.0, k.1), "Service joined the proxy group");
+        }
+        for k in self.members.keys().filter(|k| !next.contains_key(*k)) {
+            tracing::info!(service = %format!("{}/{}", k.0, k.1), "Service left the proxy group");
+            self.reported.remove(k);
+        }
+        self.members = next;
+        true
+    }
+
+    /// One reconcile pass; `Some(delay)` asks for a retry after it.
+    async fn pass(&mut self) -> Option<Duration> {
+        match self.reconcile().await {
+            Ok(()) => {
+                if self.reported_replica.take().is_some() {
+                    tracing::info!("Replica configuration is valid again");
+                }
+                self.backoff.reset();
+                None
+            }
+            Err(Failure::Rejected(r)) => {
+                self.backoff.reset();
+                self.report_replica(r).await;
+                None
+            }
+            Err(Failure::Api(e)) => {
+                let delay = self.backoff.next_delay();
+                if is_transient(&e) {
+                    tracing::warn!(error = %e, secret = %self.settings.secret, retry_in = ?delay, "Updating the Secret failed: retrying");
+                } else {
+                    tracing::error!(error = %e, secret = %self.settings.secret, retry_in = ?delay, "Updating the Secret was refused: retrying (check the Role: get and patch on this Secret; a Secret that does not exist yet needs create too, or create it beforehand)");
+                }
+                Some(delay)
+            }
+        }
+    }
+
+    async fn reconcile(&mut self) -> Result<(), Failure> {
+        let base = self
+            .base
+            .clone()
+            .map_err(|e| Failure::Rejected(Rejected(vec![e])))?;
+        let current = self
+            .secret
+            .data()
+            .await
+            .map_err(|e| Failure::Api(Box::new(e)))?;
+        let services: Vec<ServiceInfo> = self.members.values().map(|m| m.info.clone()).collect();
+        let out = render_group(
+            &self.settings.replica,
+            &services,
+            &base,
+            &current,
+            SecretKey::generate,
+        )
+        .map_err(Failure::Rejected)?;
+        self.report_refusals(&out.refused).await;
+        for note in &out.rendered.notes {
+            tracing::info!(note = %note, "Rendering note");
+        }
+        let changed = changed_keys(&out.rendered.data, &current);
+        if changed.is_empty() {
+            tracing::debug!(secret = %self.settings.secret, "Secret is up to date");
+            return Ok(());
+        }
+        self.secret
+            .apply(&out.rendered.data)
+            .await
+            .map_err(|e| Failure::Api(Box::new(e)))?;
+        tracing::info!(
+            secret = %self.settings.secret,
+            keys = %changed.join(","),
+            generated_key = out.rendered.generated_key,
+            services = %out.served.join(","),
+            "Secret updated"
+        );
+        Ok(())
+    }
+
+    /// A Warning Event on each Service left out, once per distinct reason.
+    async fn report_refusals(&mut self, refused: &[super::group::Refusal]) {
+        let now: BTreeMap<Key, &str> = refused
+            .iter()
+            .map(|r| ((r.namespace.clone(), r.name.clone()), r.reason.as_str()))
+            .collect();
+        self.reported.retain(|k, _| now.contains_key(k));
+        for (k, reason) in now {
+            if self.reported.get(&k).map(String::as_str) == Some(reason) {
+                continue;
+            }
+            tracing::error!(service = %format!("{}/{}", k.0, k.1), problem = %reason, "Service left out of the proxy group");
+            let uid = self.members.get(&k).and_then(|m| m.uid.clone());
+            let obj = ObjRef {
+                namespace: k.0.clone(),
+                name: k.1.clone(),
+            };
+            let text = format!(
+                "not served by {} (replica {} of proxy group {}): {reason}",
+                self.settings.secret, self.settings.replica.ordinal, self.settings.replica.group
+            );
+            if let Err(e) =
+                record_warning(self.client.clone(), &obj, uid, REASON_LEFT_OUT, &text).await
+            {
+                tracing::warn!(error = %e, "Recording the Event failed");
+            }
+            self.reported.insert(k, reason.to_string());
+        }
+    }
+
+    /// Logs a problem of the replica itself once, with a Warning Event on its pod.
+    async fn report_replica(&mut self, r: Rejected) {
+        let message = r.to_string();
+        if self.reported_replica.as_deref() == Some(message.as_str()) {
+            tracing::debug!(problem = %message, "Replica configuration still invalid");
+            return;
+        }
+        tracing::error!(problem = %message, secret = %self.settings.secret, "Not writing an invalid configuration: keeping the last good Secret");
+        if let Some(pod) = &self.settings.pod {
+            let text = format!("tunnelgate config not updated, the last good one stays: {message}");
+            if let Err(e) =
+                record_warning_on(self.client.clone(), "Pod", pod, None, REASON_INVALID, &text)
+                    .await
+            {
+                tracing::warn!(error = %e, "Recording the Event failed");
+            }
+        }
+        self.reported_replica = Some(message);
+    }
+}
+
+/// Why a pass did not finish.
+enum Failure {
+    Rejected(Rejected),
+    Api(Box<kube::Error>),
+}
