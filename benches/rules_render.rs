@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::hint::black_box;
 use std::path::Path;
 use tunnelgate::config::{Config, SecretFiles};
-use tunnelgate::rules::plan::{desired, RuntimeFacts};
+use tunnelgate::rules::desired::{desired, RuntimeFacts};
 use tunnelgate::rules::{iptables, nft, Family};
 
 struct NoFiles;

@@ -3,9 +3,9 @@
 
 pub mod allowed_ips;
 pub mod backoff;
+pub mod check_report;
 pub mod control;
 pub mod dns;
 pub mod offload;
-pub mod plan;
 pub mod routes;
 pub mod wg;

@@ -2,16 +2,16 @@
 //! Pure: no I/O here or in the submodules; the shell renders a [`RuleSet`] with [`nft`] or
 //! [`iptables`] and feeds the text to the tool's stdin.
 //!
-//! - [`plan`]: `Config` + runtime facts + DNS answers -> [`RuleSet`].
+//! - [`desired`]: `Config` + runtime facts + DNS answers -> the desired [`RuleSet`].
 //! - [`model`]: [`RuleSet`] -> chain-level [`model::Rule`]s, the one place that decides what
 //!   each rule kind means; both renderers only spell those rules.
 //! - [`nft`]: one `nft -f -` script replacing `table inet tunnelgate` atomically.
 //! - [`iptables`]: `iptables-restore --noflush` input for our `TUNNELGATE-*` chains.
 
+pub mod desired;
 pub mod iptables;
 pub mod model;
 pub mod nft;
-pub mod plan;
 
 use std::collections::BTreeSet;
 use std::fmt;

@@ -1,9 +1,9 @@
 //! I/O around the pure core: TUN device, UDP socket, packet loops, netlink, firewall commands.
 
+pub mod config_file;
 pub mod daemon;
 pub mod datapath;
 pub mod executor;
-pub mod files;
 pub mod firewall;
 pub mod netlink;
 pub mod observe;

@@ -11,8 +11,8 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use tunnelgate::config::{Config, SecretFiles};
+use tunnelgate::rules::desired::{desired, RuntimeFacts};
 use tunnelgate::rules::iptables::{self, JumpState};
-use tunnelgate::rules::plan::{desired, RuntimeFacts};
 use tunnelgate::rules::{model, nft, Family, RuleSet};
 
 const KEY: &str = "yAnz5TF+lXXJte14tji3zlMNq+hd2rYUIgJBgB3fBmk=";

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use tunnelgate::config::{Config, SecretFiles};
+use tunnelgate::rules::desired::{desired, RuntimeFacts};
 use tunnelgate::rules::iptables::{self, JumpState};
-use tunnelgate::rules::plan::{desired, RuntimeFacts};
 use tunnelgate::rules::{nft, Family, RuleSet};
 
 const KEY: &str = "yAnz5TF+lXXJte14tji3zlMNq+hd2rYUIgJBgB3fBmk=";

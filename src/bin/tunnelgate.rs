@@ -8,8 +8,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use tunnelgate::config::decode_key;
 use tunnelgate::config::SecretKey;
+use tunnelgate::shell::config_file::{load_config, LoadError};
 use tunnelgate::shell::daemon::{sd_notify, Daemon};
-use tunnelgate::shell::files::{load_config, LoadError};
 use tunnelgate::telemetry::http::serve_health;
 use tunnelgate::telemetry::status::{query_status, status_socket_path, StatusSocket};
 use tunnelgate::telemetry::{init_logging, now_unix, render_status_text, LogFormat, Observe};
@@ -121,7 +121,7 @@ fn status(config: PathBuf, interface: Option<String>, json: bool) -> ExitCode {
 
 /// Prints the plan: routes, sysctls and the exact firewall text for the chosen backend.
 fn check(config: &tunnelgate::config::Config) -> ExitCode {
-    use tunnelgate::rules::plan::firewall_needed;
+    use tunnelgate::rules::desired::firewall_needed;
     for w in config.warnings() {
         eprintln!("tunnelgate check: warning: {w}");
     }
@@ -129,11 +129,11 @@ fn check(config: &tunnelgate::config::Config) -> ExitCode {
         match tunnelgate::shell::firewall::choose(config.firewall.mode) {
             Ok(backend) => {
                 // Ports the daemon would bind: the configured ones (a random port shows as 0).
-                let facts = tunnelgate::rules::plan::RuntimeFacts {
+                let facts = tunnelgate::rules::desired::RuntimeFacts {
                     wg_port: config.interface.listen_port,
                     health_port: config.health.listen.map(|a| a.port()),
                 };
-                let set = tunnelgate::rules::plan::desired(config, &facts, &Default::default());
+                let set = tunnelgate::rules::desired::desired(config, &facts, &Default::default());
                 Some((backend.to_string(), backend.render(&set)))
             }
             Err(e) => {
@@ -144,7 +144,7 @@ fn check(config: &tunnelgate::config::Config) -> ExitCode {
     } else {
         None
     };
-    let plan = tunnelgate::core::plan::render_plan(
+    let plan = tunnelgate::core::check_report::render_plan(
         config,
         firewall.as_ref().map(|(b, t)| (b.as_str(), t.as_str())),
     );

@@ -72,7 +72,7 @@ impl std::str::FromStr for PortMap {
 
 /// Whether two rules on the same address claim some of the same traffic. An empty list owns
 /// every port and protocol.
-pub fn overlap(a: &[PortMap], b: &[PortMap]) -> bool {
+pub(super) fn overlap(a: &[PortMap], b: &[PortMap]) -> bool {
     if a.is_empty() || b.is_empty() {
         return true;
     }

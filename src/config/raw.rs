@@ -5,7 +5,7 @@ use serde::Deserialize;
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawConfig {
+pub(super) struct RawConfig {
     pub interface: Option<RawInterface>,
     #[serde(default)]
     pub peer: Vec<RawPeer>,
@@ -21,7 +21,7 @@ pub struct RawConfig {
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawInterface {
+pub(super) struct RawInterface {
     /// TUN device name; also names the UAPI socket.
     pub name: Option<String>,
     /// Base64 private key, inline.
@@ -41,7 +41,7 @@ pub struct RawInterface {
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawPeer {
+pub(super) struct RawPeer {
     pub public_key: Option<String>,
     pub preshared_key: Option<String>,
     pub preshared_key_file: Option<String>,
@@ -53,7 +53,7 @@ pub struct RawPeer {
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawFirewall {
+pub(super) struct RawFirewall {
     pub mode: Option<String>,
     pub mss_clamp: Option<bool>,
     /// How often the installed rules are compared with the desired ones and repaired ("0s" = never).
@@ -62,7 +62,7 @@ pub struct RawFirewall {
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawForward {
+pub(super) struct RawForward {
     pub target: Option<String>,
     pub target_fqdn: Option<String>,
     pub ports: Option<Vec<String>>,
@@ -70,7 +70,7 @@ pub struct RawForward {
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawRouter {
+pub(super) struct RawRouter {
     #[serde(default)]
     pub advertise_routes: Vec<String>,
     pub exit_node: Option<bool>,
@@ -79,7 +79,7 @@ pub struct RawRouter {
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawDns {
+pub(super) struct RawDns {
     pub reresolve_interval: Option<String>,
     #[serde(default)]
     pub nameservers: Vec<String>,
@@ -87,7 +87,7 @@ pub struct RawDns {
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawHealth {
+pub(super) struct RawHealth {
     /// host:port, or "" to disable the endpoint.
     pub listen: Option<String>,
 }

@@ -19,7 +19,7 @@ impl Errors {
     }
 }
 
-pub fn validate(
+pub(super) fn validate(
     raw: RawConfig,
     base_dir: &Path,
     files: &dyn SecretFiles,
@@ -536,7 +536,7 @@ fn int_in(
     }
 }
 
-pub fn parse_endpoint(text: &str) -> Result<Endpoint, String> {
+pub(super) fn parse_endpoint(text: &str) -> Result<Endpoint, String> {
     if let Ok(addr) = text.parse::<SocketAddr>() {
         return Ok(Endpoint::Addr(addr));
     }
@@ -553,7 +553,7 @@ pub fn parse_endpoint(text: &str) -> Result<Endpoint, String> {
 }
 
 /// Lower-cases and checks a DNS name (RFC 1123 labels), dropping one trailing dot.
-pub fn normalize_dns_name(name: &str) -> Result<String, String> {
+pub(super) fn normalize_dns_name(name: &str) -> Result<String, String> {
     let n = name.strip_suffix('.').unwrap_or(name).to_ascii_lowercase();
     let bad = "is not a valid DNS name: expected labels of letters, digits and '-' separated by dots, like \"db.example.internal\"";
     if n.is_empty() || n.len() > 253 || n.parse::<IpAddr>().is_ok() {
@@ -575,7 +575,7 @@ pub fn normalize_dns_name(name: &str) -> Result<String, String> {
 }
 
 /// "500ms", "30s", "10m", "1h", "1h30m".
-pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+pub(super) fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     let expected =
         || format!("\"{text}\" is not a duration: expected like \"30s\", \"10m\" or \"1h\"");
     let mut total_ms: u64 = 0;

@@ -16,7 +16,7 @@ use crate::config::{Config, Endpoint, IpNet, PublicKey, SecretKey};
 use crate::core::backoff::Backoff;
 use crate::core::dns::{Outcome, Schedule, MAX_CONCURRENT_RESOLUTIONS, RESOLVE_TIMEOUT};
 use crate::core::routes::{self, PlanDiff, RoutePlan};
-use crate::rules::plan::{desired, firewall_needed, RuntimeFacts};
+use crate::rules::desired::{desired, firewall_needed, RuntimeFacts};
 use crate::rules::{Family, RuleSet};
 use crate::uapi::{DeviceSnapshot, DeviceUpdate, Errno, PeerSnapshot, UapiError};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};

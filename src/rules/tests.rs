@@ -2,9 +2,9 @@
 //! rendering is deterministic, every DNAT has its SNAT/masquerade partner, and our iptables
 //! jumps are recognised once installed. Plus the save/listing parsers on fixed text.
 
+use super::desired::{desired, RuntimeFacts, MAX_ADDRESSES_PER_TARGET};
 use super::iptables::{self, JumpState};
 use super::model::{lower, Chain, Match, Verdict};
-use super::plan::{desired, RuntimeFacts, MAX_ADDRESSES_PER_TARGET};
 use super::*;
 use crate::config::{Config, SecretFiles};
 use proptest::prelude::*;

@@ -211,7 +211,7 @@ impl Daemon {
 
     /// Re-reads the config file; the core takes it or refuses it (then the old one runs on).
     async fn reload(&mut self, reason: &'static str) -> Result<Reload, String> {
-        let config = match crate::shell::files::load_config(&self.config_path) {
+        let config = match crate::shell::config_file::load_config(&self.config_path) {
             Ok(c) => c,
             Err(e) => {
                 self.control.handle_config_invalid();
@@ -249,7 +249,7 @@ impl Daemon {
     }
 
     fn poll_config_file(&mut self, last_error: &mut String) {
-        match crate::shell::files::load_config(&self.config_path) {
+        match crate::shell::config_file::load_config(&self.config_path) {
             Ok(c) if c == *self.control.config() => last_error.clear(),
             Ok(c) => {
                 last_error.clear();

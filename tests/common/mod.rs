@@ -18,6 +18,9 @@
 //! runs in a thread of the test process that entered the namespace with `setns(2)`: see
 //! [`Netns::in_ns`] and [`Netns::thread`]. No python, curl or ncat is needed.
 #![allow(dead_code)]
+// Each suite includes this file as its own private `mod common;`: `pub` is the harness API, not
+// an export of the test crate.
+#![allow(unreachable_pub)]
 
 use std::collections::HashSet;
 use std::fmt::Write as _;

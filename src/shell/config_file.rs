@@ -1,4 +1,4 @@
-//! Reads configuration and key files from disk, refusing key files others can read.
+//! Loads the configuration file from disk (and the key files it names, refusing those others can read).
 
 use crate::config::{Config, ConfigErrors, SecretFiles};
 use std::os::unix::fs::PermissionsExt;
