@@ -496,7 +496,23 @@ impl Netns {
 
     /// Runs `args` in the namespace; `Ok(stdout)` on exit 0, else `Err` naming command and stderr.
     pub fn try_exec(&self, args: &[&str]) -> Result<String, String> {
-        let out = self.output(args);
+        self.try_exec_with(args, None)
+    }
+
+    /// [`Netns::try_exec`] with `stdin` written to the command's standard input (e.g. a rule
+    /// set for `nft -f -`).
+    pub fn try_exec_stdin(&self, args: &[&str], stdin: &str) -> Result<String, String> {
+        self.try_exec_with(args, Some(stdin))
+    }
+
+    /// [`Netns::try_exec_stdin`] that panics, showing the input, if the command fails.
+    pub fn exec_stdin(&self, args: &[&str], stdin: &str) -> String {
+        self.try_exec_stdin(args, stdin)
+            .unwrap_or_else(|e| panic!("{e}\n--- stdin\n{stdin}"))
+    }
+
+    fn try_exec_with(&self, args: &[&str], stdin: Option<&str>) -> Result<String, String> {
+        let out = output_of(self.command(args), stdin);
         if out.success() {
             Ok(out.stdout)
         } else {
