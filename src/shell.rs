@@ -11,3 +11,4 @@ pub mod peers;
 pub mod resolver;
 pub mod tun;
 pub mod udp;
+pub mod unix_socket;

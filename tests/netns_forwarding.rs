@@ -699,25 +699,13 @@ fn delete_a_rule(ns: &Netns, backend: Backend) {
 // Daemon observations
 // ---------------------------------------------------------------------------------------------
 
-/// The sum of every series of `name` in Prometheus text (0 when absent).
-fn metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| {
-            let rest = l.strip_prefix(name)?;
-            if !(rest.starts_with('{') || rest.starts_with(' ')) {
-                return None;
-            }
-            l.rsplit(' ').next()?.parse::<f64>().ok()
-        })
-        .sum()
+/// The sum of every series of `name` in `/metrics` (0 when absent).
+fn metric_now(tg: &Tunnelgate, name: &str) -> f64 {
+    metric_sum(&scrape(tg), name)
 }
 
-fn metrics(tg: &Tunnelgate) -> String {
-    match tg.health_get("/metrics") {
-        Ok((200, body)) => body,
-        other => panic!("GET /metrics: {other:?}"),
-    }
+fn scrape(tg: &Tunnelgate) -> String {
+    tg.metrics().unwrap_or_else(|e| panic!("GET /metrics: {e}"))
 }
 
 /// `tunnelgate status --json` of the running daemon.
@@ -731,7 +719,7 @@ fn status_json(tg: &Tunnelgate) -> Value {
 fn wait_metric(tg: &Tunnelgate, name: &str, at_least: f64, what: &str) {
     let mut last = 0.0;
     let ok = poll_until(Duration::from_secs(10), || {
-        last = metric(&metrics(tg), name);
+        last = metric_now(tg, name);
         last >= at_least
     });
     assert!(
@@ -1110,7 +1098,7 @@ fn rules_idempotent_repaired_and_removed(backend: Backend) {
     }
 
     // SIGHUP with the same config: nothing changes.
-    let reloads = metric(&metrics(&tg), "tunnelgate_config_reloads_total");
+    let reloads = metric_now(&tg, "tunnelgate_config_reloads_total");
     tg.sighup();
     wait_metric(
         &tg,
@@ -1121,7 +1109,7 @@ fn rules_idempotent_repaired_and_removed(backend: Backend) {
     assert_eq!(owned_rules(&t.proxy, backend), fresh, "after SIGHUP");
 
     // A real reapply: a changed config, then the original again.
-    let applies = metric(&metrics(&tg), "tunnelgate_rule_applies_total");
+    let applies = metric_now(&tg, "tunnelgate_rule_applies_total");
     let mut changed = cfg.clone();
     changed.extra = body(&["6000"]);
     tg.write_config(changed);
@@ -1150,7 +1138,7 @@ fn rules_idempotent_repaired_and_removed(backend: Backend) {
     // Drift: a rule deleted by hand is restored within a few repair intervals (1 s).
     // (Whether the deletion is seen before the repair is a race; the apply counter moving
     // without a config change is the proof that drift was repaired.)
-    let applies = metric(&metrics(&tg), "tunnelgate_rule_applies_total");
+    let applies = metric_now(&tg, "tunnelgate_rule_applies_total");
     delete_a_rule(&t.proxy, backend);
     wait_metric(
         &tg,
@@ -1353,8 +1341,8 @@ fn readiness_follows_rule_failures(backend: Backend) {
     let fresh = owned_rules(&t.proxy, backend);
     assert!(!fresh.is_empty());
     assert_eq!(tg.health_get("/readyz").map(|r| r.0), Ok(200));
-    let m = metrics(&tg);
-    let failures = metric(&m, "tunnelgate_rule_apply_failures_total");
+    let m = scrape(&tg);
+    let failures = metric_sum(&m, "tunnelgate_rule_apply_failures_total");
     assert_eq!(failures, 0.0, "no failures yet:\n{m}");
     assert!(
         m.contains(&format!("backend=\"{}\"", backend.label())),
@@ -1389,17 +1377,17 @@ fn readiness_follows_rule_failures(backend: Backend) {
         matches!(&last, Some(Ok((_, body))) if body.contains("injected failure")),
         "/readyz should carry the failing program's message: {last:?}"
     );
-    let m = metrics(&tg);
+    let m = scrape(&tg);
     assert!(
-        metric(&m, "tunnelgate_rule_apply_failures_total") > failures,
+        metric_sum(&m, "tunnelgate_rule_apply_failures_total") > failures,
         "tunnelgate_rule_apply_failures_total did not move:\n{m}"
     );
     assert_eq!(
-        metric(&m, "tunnelgate_rules_applied"),
+        metric_sum(&m, "tunnelgate_rules_applied"),
         0.0,
         "rules_applied:\n{m}"
     );
-    assert_eq!(metric(&m, "tunnelgate_ready"), 0.0, "ready gauge:\n{m}");
+    assert_eq!(metric_sum(&m, "tunnelgate_ready"), 0.0, "ready gauge:\n{m}");
     // It stays down while the backend fails (the repair keeps failing).
     std::thread::sleep(Duration::from_millis(1500));
     assert_eq!(tg.health_get("/readyz").map(|r| r.0), Ok(503));
@@ -1421,9 +1409,9 @@ fn readiness_follows_rule_failures(backend: Backend) {
         Duration::from_secs(5),
         "after repair",
     );
-    let m = metrics(&tg);
+    let m = scrape(&tg);
     assert_eq!(
-        metric(&m, "tunnelgate_rules_applied"),
+        metric_sum(&m, "tunnelgate_rules_applied"),
         1.0,
         "rules_applied:\n{m}"
     );

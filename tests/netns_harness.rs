@@ -225,3 +225,18 @@ fn prng_and_checksum_do_not_depend_on_chunking() {
     c2.update(&whole);
     assert_eq!(c.finish(), c2.finish());
 }
+
+#[test]
+fn prometheus_samples_are_read_by_name_and_labels() {
+    let text = "# HELP a_total An a.\n# TYPE a_total counter\n\
+                a_total{x=\"1\"} 2\n\
+                a_total{x=\"}\\\" \"} 3 1700000000\n\
+                a_totally 100\n\
+                b 1.5e3\n";
+    assert_eq!(metric(text, "a_total", "x=\"1\""), Some(2.0));
+    assert_eq!(metric(text, "a_total", "x=\"}\\\" \""), Some(3.0));
+    assert_eq!(metric(text, "a_total", ""), None);
+    assert_eq!(metric(text, "b", ""), Some(1500.0));
+    assert_eq!(metric_sum(text, "a_total"), 5.0);
+    assert_eq!(metric_sum(text, "c"), 0.0);
+}

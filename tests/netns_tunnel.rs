@@ -114,25 +114,13 @@ fn ping_from(ns: &Netns, src: &str, to: &str) -> bool {
         .success()
 }
 
-/// The value of one Prometheus series (exact name with labels) from tunnelgate's /metrics.
-fn metric(tg: &Tunnelgate, series: &str) -> u64 {
-    let (code, body) = tg.health_get("/metrics").expect("GET /metrics");
-    assert_eq!(code, 200, "/metrics: {body}");
-    body.lines()
-        .find_map(|l| {
-            let mut it = l.split_whitespace();
-            (it.next() == Some(series)).then(|| it.next()).flatten()
-        })
-        .and_then(|v| v.parse::<f64>().ok())
-        .map(|v| v as u64)
-        .unwrap_or_else(|| panic!("no series {series} in /metrics:\n{body}"))
-}
-
+/// `tunnelgate_packets_dropped_total{reason="REASON"}` from tunnelgate's /metrics.
 fn dropped(tg: &Tunnelgate, reason: &str) -> u64 {
-    metric(
-        tg,
-        &format!("tunnelgate_packets_dropped_total{{reason=\"{reason}\"}}"),
-    )
+    let body = tg.metrics().unwrap_or_else(|e| panic!("GET /metrics: {e}"));
+    let labels = format!("reason=\"{reason}\"");
+    metric(&body, "tunnelgate_packets_dropped_total", &labels)
+        .map(|v| v as u64)
+        .unwrap_or_else(|| panic!("no series of {labels} in /metrics:\n{body}"))
 }
 
 fn status_socket(iface: &str) -> PathBuf {

@@ -1,75 +1,22 @@
 //! The rendered rules against the real tools, each test in its own throwaway network
-//! namespace (`ip netns add tgtest-rules-*`, deleted afterwards): every golden file is accepted
+//! namespace (the harness's [`common::Netns`], deleted afterwards): every golden file is accepted
 //! by `nft -c` / `iptables-restore --test`, applying twice leaves no duplicates, a changed set
 //! replaces the old one exactly, and removal leaves nothing of ours and every foreign rule.
 //! Needs root, `ip`, `nft` and `iptables`: run with `cargo test --test rules_check -- --ignored`.
 
+mod common;
+
+use common::Netns;
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::net::IpAddr;
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::process::Command;
 use tunnelgate::config::{Config, SecretFiles};
 use tunnelgate::rules::desired::{desired, RuntimeFacts};
 use tunnelgate::rules::iptables::{self, JumpState};
 use tunnelgate::rules::{model, nft, Family, RuleSet};
 
 const KEY: &str = "yAnz5TF+lXXJte14tji3zlMNq+hd2rYUIgJBgB3fBmk=";
-
-/// A network namespace that exists for the life of the value.
-struct Netns(String);
-
-impl Netns {
-    fn new() -> Netns {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let name = format!(
-            "tgtest-rules-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::SeqCst)
-        );
-        let ok = Command::new("ip")
-            .args(["netns", "add", &name])
-            .status()
-            .is_ok_and(|s| s.success());
-        assert!(ok, "ip netns add {name} failed (needs root)");
-        Netns(name)
-    }
-
-    /// Runs `program args` in the namespace with `stdin`; panics with its stderr on failure.
-    fn run(&self, program: &str, args: &[&str], stdin: &str) -> String {
-        self.try_run(program, args, stdin)
-            .unwrap_or_else(|e| panic!("{program} {args:?} failed: {e}\n--- stdin\n{stdin}"))
-    }
-
-    fn try_run(&self, program: &str, args: &[&str], stdin: &str) -> Result<String, String> {
-        let mut child = Command::new("ip")
-            .args(["netns", "exec", &self.0, program])
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| e.to_string())?;
-        if let Some(mut input) = child.stdin.take() {
-            input
-                .write_all(stdin.as_bytes())
-                .map_err(|e| e.to_string())?;
-        }
-        let out = child.wait_with_output().map_err(|e| e.to_string())?;
-        if out.status.success() {
-            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-        } else {
-            Err(String::from_utf8_lossy(&out.stderr).into_owned())
-        }
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-    }
-}
 
 struct NoFiles;
 
@@ -144,7 +91,7 @@ fn every_golden_file_is_accepted_by_the_real_tools() {
     let ns = Netns::new();
     for path in golden_files("nft") {
         let text = std::fs::read_to_string(&path).expect("read golden");
-        ns.run("nft", &["-c", "-f", "-"], &text);
+        ns.exec_stdin(&["nft", "-c", "-f", "-"], &text);
     }
     for path in golden_files("iptables") {
         let text = std::fs::read_to_string(&path).expect("read golden");
@@ -152,8 +99,8 @@ fn every_golden_file_is_accepted_by_the_real_tools() {
             .find("# tunnelgate: ipv6")
             .unwrap_or_else(|| panic!("{} has no ipv6 part", path.display()));
         let (v4, v6) = text.split_at(at);
-        ns.run("iptables-restore", &["--test", "--noflush"], v4);
-        ns.run("ip6tables-restore", &["--test", "--noflush"], v6);
+        ns.exec_stdin(&["iptables-restore", "--test", "--noflush"], v4);
+        ns.exec_stdin(&["ip6tables-restore", "--test", "--noflush"], v6);
     }
 }
 
@@ -175,11 +122,11 @@ fn nft_apply_replaces_the_table_atomically_and_removal_keeps_foreign_rules() {
     let foreign = "table inet foreign {\n\tchain forward {\n\
         \t\ttype filter hook forward priority filter; policy accept;\n\
         \t\tiifname \"eth9\" accept\n\t}\n}\n";
-    ns.run("nft", &["-f", "-"], foreign);
-    let list = || ns.run("nft", &["list", "table", "inet", "tunnelgate"], "");
+    ns.exec_stdin(&["nft", "-f", "-"], foreign);
+    let list = || ns.exec(&["nft", "list", "table", "inet", "tunnelgate"]);
     let (a, b) = (set_a(), set_b());
 
-    ns.run("nft", &["-f", "-"], &nft::render(&a));
+    ns.exec_stdin(&["nft", "-f", "-"], &nft::render(&a));
     let first = nft::normalize_listing(&list());
     assert_eq!(nft_rule_lines(&first), nft_rule_lines(&nft::render(&a)));
     assert_eq!(
@@ -187,28 +134,28 @@ fn nft_apply_replaces_the_table_atomically_and_removal_keeps_foreign_rules() {
         model::lower(&a).len(),
         "one installed rule per model rule"
     );
-    ns.run("nft", &["-f", "-"], &nft::render(&a));
+    ns.exec_stdin(&["nft", "-f", "-"], &nft::render(&a));
     assert_eq!(
         nft::normalize_listing(&list()),
         first,
         "reapply changed something"
     );
 
-    ns.run("nft", &["-f", "-"], &nft::render(&b));
+    ns.exec_stdin(&["nft", "-f", "-"], &nft::render(&b));
     let changed = nft::normalize_listing(&list());
-    ns.run("nft", &["-f", "-"], &nft::render_delete());
-    ns.run("nft", &["-f", "-"], &nft::render(&b));
+    ns.exec_stdin(&["nft", "-f", "-"], &nft::render_delete());
+    ns.exec_stdin(&["nft", "-f", "-"], &nft::render(&b));
     assert_eq!(
         nft::normalize_listing(&list()),
         changed,
         "update differs from fresh"
     );
 
-    ns.run("nft", &["-f", "-"], &nft::render_delete());
-    ns.run("nft", &["-f", "-"], &nft::render_delete());
-    let tables = ns.run("nft", &["list", "tables"], "");
+    ns.exec_stdin(&["nft", "-f", "-"], &nft::render_delete());
+    ns.exec_stdin(&["nft", "-f", "-"], &nft::render_delete());
+    let tables = ns.exec(&["nft", "list", "tables"]);
     assert!(!tables.contains("tunnelgate"), "{tables}");
-    let left = ns.run("nft", &["list", "table", "inet", "foreign"], "");
+    let left = ns.exec(&["nft", "list", "table", "inet", "foreign"]);
     assert_eq!(
         nft::normalize_listing(&left),
         nft::normalize_listing(foreign)
@@ -240,8 +187,8 @@ fn iptables_apply_is_idempotent_and_removal_keeps_foreign_rules() {
         let ns = Netns::new();
         let foreign = "*nat\n:FOREIGN - [0:0]\n-A PREROUTING -j FOREIGN\n\
             -A FOREIGN -i eth9 -j RETURN\nCOMMIT\n*filter\n-A FORWARD -i eth9 -j ACCEPT\nCOMMIT\n";
-        ns.run(&restore, &["--noflush"], foreign);
-        let saved = || ns.run(&save, &[], "");
+        ns.exec_stdin(&[&restore, "--noflush"], foreign);
+        let saved = || ns.exec(&[&save]);
         let foreign_lines = |text: &str| -> Vec<String> {
             text.lines()
                 .filter(|l| l.contains("FOREIGN") || l.contains("eth9"))
@@ -252,7 +199,7 @@ fn iptables_apply_is_idempotent_and_removal_keeps_foreign_rules() {
         let apply = |set: &RuleSet| {
             let state = iptables::parse_jumps(&saved());
             let text = iptables::render(set, family, &state);
-            ns.run(&restore, &["--noflush"], &text);
+            ns.exec_stdin(&[&restore, "--noflush"], &text);
             text
         };
         let (a, b) = (set_a(), set_b());
@@ -283,9 +230,8 @@ fn iptables_apply_is_idempotent_and_removal_keeps_foreign_rules() {
         apply(&b);
         let changed = iptables::owned_lines(&saved());
         let state = iptables::parse_jumps(&saved());
-        ns.run(
-            &restore,
-            &["--noflush"],
+        ns.exec_stdin(
+            &[&restore, "--noflush"],
             &iptables::render_delete(&state, family),
         );
         apply(&b);
@@ -297,9 +243,8 @@ fn iptables_apply_is_idempotent_and_removal_keeps_foreign_rules() {
 
         for _ in 0..2 {
             let state = iptables::parse_jumps(&saved());
-            ns.run(
-                &restore,
-                &["--noflush"],
+            ns.exec_stdin(
+                &[&restore, "--noflush"],
                 &iptables::render_delete(&state, family),
             );
         }

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
+import stat
 import statistics
 import subprocess
 import sys
@@ -12,6 +14,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 PID = os.getpid()
+# Where results go by default: outside the tree, so a run leaves `git status` clean.
+OUT_ENV = "TUNNELGATE_BENCH_OUT"
+DEFAULT_OUT_ROOT = Path("/tmp/tunnelgate-bench")
 
 
 class CommandFailed(Exception):
@@ -122,3 +127,46 @@ def med_spread(xs: list[float], scale: float = 1.0, fmt: str = "{:.2f}") -> str:
     if len(xs) == 1:
         return m
     return f"{m} ({fmt.format(min(xs) / scale)}–{fmt.format(max(xs) / scale)})"
+
+
+def add_output_args(ap: argparse.ArgumentParser, name: str) -> None:
+    """--out FILE and --publish, shared by every benchmark (resolve them with `results_path`)."""
+    published = f"benches/{name}/results/latest.json"
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument(
+        "--out",
+        metavar="FILE",
+        help=f"results JSON (default ${OUT_ENV}/{name}/latest.json, else {DEFAULT_OUT_ROOT}/{name}/latest.json: "
+        "outside the source tree)",
+    )
+    g.add_argument(
+        "--publish",
+        action="store_true",
+        help=f"write {published}, the committed figures the READMEs quote (do it when you commit new figures)",
+    )
+
+
+def results_path(args: argparse.Namespace, name: str) -> Path:
+    """The results file `add_output_args` chose: --out, --publish's committed file, else
+    $TUNNELGATE_BENCH_OUT/<name>/latest.json, else /tmp/tunnelgate-bench/<name>/latest.json. That
+    last one is created here and must be a real directory owned by us: a benchmark runs as root, and
+    /tmp is shared with everyone."""
+    if args.out:
+        return Path(args.out)
+    if args.publish:
+        return REPO / "benches" / name / "results" / "latest.json"
+    if os.environ.get(OUT_ENV):
+        return Path(os.environ[OUT_ENV]) / name / "latest.json"
+    d = DEFAULT_OUT_ROOT / name
+    for part in (DEFAULT_OUT_ROOT, d):
+        try:
+            part.mkdir(mode=0o755)
+        except FileExistsError:
+            pass
+        st = os.lstat(part)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+            raise CommandFailed(
+                f"{part} is not a directory owned by uid {os.geteuid()}; remove it, or choose another "
+                f"place with ${OUT_ENV}=DIR or --out FILE"
+            )
+    return d / "latest.json"

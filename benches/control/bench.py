@@ -25,7 +25,7 @@ removed at the end, also on Ctrl-C, SIGTERM or an error (an interrupted run writ
 
 Needs root, iproute2, wireguard-tools (wg genkey), iputils-ping, iperf3, dnsmasq, nftables,
 iptables (nft and legacy), curl. Uses target/release/tunnelgate as it is (run.sh builds it when missing).
-Usage: benches/control/run.sh [--quick] [--repeats N] [--out FILE] [--tunnelgate PATH]
+Usage: benches/control/run.sh [--quick] [--repeats N] [--out FILE | --publish] [--tunnelgate PATH]
 """
 
 from __future__ import annotations
@@ -53,10 +53,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))
 from benchproc import CommandFailed as Failed  # noqa: E402
-from benchproc import log, run, nsx, wait_for, pid_alive, cpu_ticks, tail, kill_ns, genkey, git_commit, med_spread  # noqa: E402
+from benchproc import add_output_args, results_path, log, run, nsx, wait_for, pid_alive, cpu_ticks, tail, kill_ns, genkey, git_commit, med_spread  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
-DEFAULT_OUT = REPO / "benches" / "control" / "results" / "latest.json"
 WG_SOCKET_DIR = Path("/var/run/wireguard")
 TG_RUN_DIR_DEFAULT = Path("/var/run/tunnelgate")
 PID = os.getpid()
@@ -920,7 +919,7 @@ def main() -> int:
     ap.add_argument("--duration", type=int, default=10, help="seconds per iperf3 run (default 10)")
     ap.add_argument("--only", default=",".join(MEASUREMENTS), help=f"comma-separated subset of: {', '.join(MEASUREMENTS)}")
     ap.add_argument("--backends", default=",".join(BACKENDS), help=f"firewall variants for start/apply (default: {', '.join(BACKENDS)})")
-    ap.add_argument("--out", default=str(DEFAULT_OUT), help="results JSON (default %(default)s)")
+    add_output_args(ap, "control")
     ap.add_argument("--keep-logs", action="store_true", help="keep the daemons' logs and configs")
     args = ap.parse_args()
     args.repeats = max(1, args.repeats)
@@ -939,6 +938,10 @@ def main() -> int:
     missing = [t for t in ("ip", "wg", "ping", "ss", "curl", "iperf3", "dnsmasq", "nft") if not shutil.which(t)]
     if missing:
         ap.error(f"missing tools: {', '.join(missing)} (benches/control/run.sh installs them)")
+    try:
+        out = results_path(args, "control")
+    except Failed as e:
+        ap.error(str(e))
 
     # Explicitly: a shell starts background jobs with SIGINT ignored, and Python keeps that.
     signal.signal(signal.SIGINT, on_signal)
@@ -1036,7 +1039,6 @@ def main() -> int:
     if after.get("sha256") != results["meta"]["tunnelgate"].get("sha256"):
         results["meta"]["tunnelgate_changed_during_run"] = after
         log("warning: the tunnelgate binary changed during the run (rebuilt?): the figures may mix two builds")
-    out = Path(args.out)
     if interrupted:  # never replace complete figures with a partial run
         out = out.with_name(out.stem + ".partial.json")
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The control-plane and memory benchmark, one command: benches/control/run.sh [--quick] [--repeats N]
-# [--out FILE] [--tunnelgate PATH] (see benches/control/bench.py --help). Needs root: network
+# [--out FILE | --publish] [--tunnelgate PATH] (see benches/control/bench.py --help). Needs root: network
 # namespaces. Installs the missing Debian packages (--no-install-recommends); builds
 # target/release/tunnelgate only when it is missing (a fresh clone), else uses it as it is.
 set -euo pipefail

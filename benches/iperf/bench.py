@@ -19,7 +19,7 @@ the end, also on Ctrl-C, SIGTERM or an error.
 
 Needs root, iperf3, wireguard-go, wireguard-tools, iproute2, iputils-ping; boringtun-cli is installed
 with `cargo install boringtun-cli --locked` into a cache directory if it is not on PATH.
-Usage: benches/iperf/run.sh [--quick] [--rounds N] [--duration S] [--setups a,b] [--out FILE]
+Usage: benches/iperf/run.sh [--quick] [--rounds N] [--duration S] [--setups a,b] [--out FILE | --publish]
 """
 
 from __future__ import annotations
@@ -42,10 +42,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))
 from benchproc import CommandFailed as SetupFailed  # noqa: E402
-from benchproc import log, run, nsx, pid_alive, cpu_ticks, status_kib, wait_for, tail, kill_ns, genkey, git_commit, med_spread  # noqa: E402
+from benchproc import add_output_args, results_path, log, run, nsx, pid_alive, cpu_ticks, status_kib, wait_for, tail, kill_ns, genkey, git_commit, med_spread  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
-DEFAULT_OUT = REPO / "benches" / "iperf" / "results" / "latest.json"
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tunnelgate-bench"
 WG_SOCKET_DIR = Path("/var/run/wireguard")
 PID = os.getpid()
@@ -602,7 +601,7 @@ def main() -> int:
         "receive buffer drops datagrams in the iperf3 server itself, even on plain veth)",
     )
     ap.add_argument("--setups", default=",".join(SETUPS), help=f"comma-separated subset of: {', '.join(SETUPS)}")
-    ap.add_argument("--out", default=str(DEFAULT_OUT), help="raw results JSON (default %(default)s)")
+    add_output_args(ap, "iperf")
     ap.add_argument("--no-build", action="store_true", help="do not run cargo build --release")
     ap.add_argument("--tunnelgate", help="tunnelgate binary (default target/release/tunnelgate, built first)")
     ap.add_argument("--boringtun", help="boringtun-cli binary (default: PATH, else cargo install into the cache)")
@@ -619,6 +618,10 @@ def main() -> int:
     missing = [t for t in ("iperf3", "wg", "ip", "ping", "ss") + (("wireguard-go",) if any("wireguard-go" in SETUPS[n] for n in names) else ()) if not shutil.which(t)]
     if missing:
         ap.error(f"missing tools: {', '.join(missing)} (benches/iperf/run.sh installs them)")
+    try:
+        out = results_path(args, "iperf")
+    except SetupFailed as e:
+        ap.error(str(e))
 
     # Explicitly: a shell starts background jobs with SIGINT ignored, and Python keeps that.
     signal.signal(signal.SIGINT, on_signal)
@@ -727,7 +730,6 @@ def main() -> int:
             "peak_rss_kib": s.peak_rss,
             "runs": s.runs,
         }
-    out = Path(args.out)
     if interrupted:  # never replace complete figures with a partial run
         out = out.with_name(out.stem + ".partial.json")
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The iperf3 benchmark, one command: benches/iperf/run.sh [--quick] [--rounds N] [--out FILE] ...
+# The iperf3 benchmark, one command: benches/iperf/run.sh [--quick] [--rounds N] [--out FILE | --publish] ...
 # (see benches/iperf/bench.py --help). Needs root: network namespaces. Installs the missing Debian
 # packages (--no-install-recommends); bench.py builds target/release/tunnelgate and installs
 # boringtun-cli into ~/.cache/tunnelgate-bench if it is not on PATH.

@@ -7,9 +7,6 @@
 
 use std::future::Future;
 use std::io::{ErrorKind, Read as _};
-use std::os::unix::fs::{
-    DirBuilderExt as _, FileTypeExt as _, MetadataExt as _, PermissionsExt as _,
-};
 use std::os::unix::net::{UnixListener as StdUnixListener, UnixStream as StdUnixStream};
 use std::path::{Path, PathBuf};
 use std::pin::pin;
@@ -21,6 +18,7 @@ use tokio::net::UnixListener;
 use tokio::task::JoinSet;
 
 use super::{Observe, Snapshot};
+use crate::shell::unix_socket::{self, ClaimError, ClaimedPath};
 
 /// Where status sockets live unless [`RUN_DIR_ENV`] says otherwise.
 pub const DEFAULT_RUN_DIR: &str = "/var/run/tunnelgate";
@@ -87,114 +85,30 @@ fn interface_of(path: &Path) -> String {
 #[derive(Debug)]
 pub struct StatusSocket {
     listener: StdUnixListener,
-    guard: RemoveOnDrop,
-}
-
-#[derive(Debug)]
-struct RemoveOnDrop {
-    path: PathBuf,
-    dev: u64,
-    ino: u64,
-}
-
-impl Drop for RemoveOnDrop {
-    fn drop(&mut self) {
-        let ours = std::fs::symlink_metadata(&self.path)
-            .map(|m| m.dev() == self.dev && m.ino() == self.ino)
-            .unwrap_or(false);
-        if ours {
-            let _ = std::fs::remove_file(&self.path);
-        }
-    }
+    guard: ClaimedPath,
 }
 
 impl StatusSocket {
-    /// Binds `path` with mode 0600, creating its directory (0755) if needed. A stale socket
-    /// left by a dead daemon is replaced; a live one (something answers a connect) is not, nor
-    /// is anything that is not a socket. Needs no runtime, so the daemon can call it before it
+    /// Binds `path` with mode 0600 ([`unix_socket::claim`]), creating its directory (0755) if
+    /// needed. A stale socket left by a dead daemon is replaced; a live one (something answers
+    /// a connect) is not, nor is anything that is not a socket. Needs no runtime, so the daemon can call it before it
     /// reports ready and fail the start on an error.
     pub fn bind(path: &Path) -> Result<StatusSocket, StatusError> {
-        let io = |what: &'static str, p: &Path| {
-            let p = p.to_path_buf();
-            move |source| StatusError::Io {
-                what,
-                path: p,
-                source,
-            }
-        };
-        let dir = path
-            .parent()
-            .filter(|d| !d.as_os_str().is_empty())
-            .unwrap_or(Path::new("."));
-        if !dir.exists() {
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o755)
-                .create(dir)
-                .map_err(io("cannot create directory", dir))?;
-            // The umask may have narrowed it; the directory only holds root-only sockets.
-            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))
-                .map_err(io("cannot set the mode of", dir))?;
-        }
-
-        match std::fs::symlink_metadata(path) {
-            Ok(m) if !m.file_type().is_socket() => {
-                return Err(StatusError::NotASocket {
-                    path: path.to_path_buf(),
-                })
-            }
-            Ok(_) => match StdUnixStream::connect(path) {
-                Ok(_) => {
-                    return Err(StatusError::InUse {
-                        path: path.to_path_buf(),
-                    })
-                }
-                Err(e) if e.kind() == ErrorKind::ConnectionRefused => {
-                    std::fs::remove_file(path).map_err(io("cannot remove stale socket", path))?;
-                }
-                Err(e) if e.kind() == ErrorKind::PermissionDenied => {
-                    return Err(StatusError::PermissionDenied {
-                        path: path.to_path_buf(),
-                    })
-                }
-                Err(e) => return Err(io("cannot check existing socket", path)(e)),
-            },
-            Err(e) if e.kind() == ErrorKind::NotFound => {}
-            Err(e) => return Err(io("cannot inspect", path)(e)),
-        }
-
-        // Bind under a temporary name, restrict it, then rename into place: the socket is
-        // never reachable at its real path with a wider mode, and no process-wide umask change
-        // is needed.
-        let file_name = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "status.sock".into());
-        let tmp = dir.join(format!(".{file_name}.{}.tmp", std::process::id()));
-        let _ = std::fs::remove_file(&tmp);
-        let listener = StdUnixListener::bind(&tmp).map_err(io("cannot bind", &tmp))?;
-        let placed = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))
-            .map_err(io("cannot set the mode of", &tmp))
-            .and_then(|()| std::fs::rename(&tmp, path).map_err(io("cannot create", path)));
-        if let Err(e) = placed {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(e);
-        }
-        let meta = std::fs::symlink_metadata(path).map_err(io("cannot inspect", path))?;
-        let guard = RemoveOnDrop {
-            path: path.to_path_buf(),
-            dev: meta.dev(),
-            ino: meta.ino(),
-        };
-        listener
-            .set_nonblocking(true)
-            .map_err(io("cannot configure", path))?;
+        let io = |what, path, source| StatusError::Io { what, path, source };
+        let (listener, guard) = unix_socket::claim(path).map_err(|e| match e {
+            ClaimError::CreateDir { path, source } => io("cannot create directory", path, source),
+            ClaimError::NotASocket { path } => StatusError::NotASocket { path },
+            ClaimError::InUse { path } => StatusError::InUse { path },
+            ClaimError::PermissionDenied { path } => StatusError::PermissionDenied { path },
+            ClaimError::Stale { path, source } => io("cannot remove stale socket", path, source),
+            ClaimError::Bind { path, source } => io("cannot create", path, source),
+        })?;
         Ok(StatusSocket { listener, guard })
     }
 
     /// The socket's path.
     pub fn path(&self) -> &Path {
-        &self.guard.path
+        self.guard.path()
     }
 
     /// Answers every connection with one JSON [`Snapshot`] until `shutdown` completes, then
@@ -207,7 +121,7 @@ impl StatusSocket {
         let StatusSocket { listener, guard } = self;
         let listener = UnixListener::from_std(listener).map_err(|source| StatusError::Io {
             what: "cannot listen on",
-            path: guard.path.clone(),
+            path: guard.path().to_path_buf(),
             source,
         })?;
         let mut shutdown = pin!(shutdown);
@@ -306,6 +220,7 @@ pub fn query_status(path: &Path) -> Result<Snapshot, StatusError> {
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::{FileTypeExt as _, PermissionsExt as _};
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;

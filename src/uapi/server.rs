@@ -1,16 +1,15 @@
-//! The UAPI Unix socket (`/var/run/wireguard/<name>.sock`): claiming it safely, serving
-//! `get`/`set` to a [`UapiHandler`], removing it on shutdown; plus a small client for the same
-//! socket. Thin I/O: every byte of protocol is parsed and formatted by [`crate::uapi`].
+//! The UAPI Unix socket (`/var/run/wireguard/<name>.sock`): claiming it (through
+//! [`crate::shell::unix_socket`]), serving `get`/`set` to a [`UapiHandler`], removing it on
+//! shutdown; plus a small client for the same socket. Thin I/O: every byte of protocol is
+//! parsed and formatted by [`crate::uapi`].
 
 use super::{format_errno, format_get, format_set, parse_get_response, parse_request};
 use super::{DeviceSnapshot, DeviceUpdate, Errno, Request, UapiHandler};
-use std::fs::{self, DirBuilder};
+use crate::shell::unix_socket::{self, ClaimError, ClaimedPath};
 use std::future::Future;
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
-use std::os::unix::net::{UnixListener as StdUnixListener, UnixStream as StdUnixStream};
+use std::os::unix::net::UnixListener as StdUnixListener;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -73,7 +72,7 @@ pub fn socket_path(interface_name: &str) -> PathBuf {
 #[derive(Debug)]
 pub struct UapiServer {
     listener: StdUnixListener,
-    file: SocketFile,
+    file: ClaimedPath,
     name: String,
 }
 
@@ -83,50 +82,27 @@ impl UapiServer {
         UapiServer::bind_in(Path::new(DEFAULT_SOCKET_DIR), interface_name)
     }
 
-    /// Claims `<dir>/<interface_name>.sock`: creates `dir` (mode 0755) if missing, removes a
-    /// stale socket file that nothing answers on, refuses if a live process answers, and
-    /// publishes the socket with mode 0600 (it never exists under that name with other modes).
+    /// Claims `<dir>/<interface_name>.sock` with [`unix_socket::claim`]: creates `dir` (mode
+    /// 0755) if missing, removes a stale socket file that nothing answers on, refuses if a live
+    /// process answers, and publishes the socket with mode 0600 (it never exists under that
+    /// name with other modes).
     pub fn bind_in(dir: &Path, interface_name: &str) -> Result<UapiServer, ServerError> {
         validate_name(interface_name)?;
-        ensure_dir(dir)?;
         let path = socket_path_in(dir, interface_name);
-        let in_use = || ServerError::InUse {
-            path: path.clone(),
-            name: interface_name.to_string(),
-        };
-        remove_if_stale(&path, in_use)?;
-
-        // Bind inside a private directory, fix the mode, then hard-link into place: link(2)
-        // fails instead of replacing when another process won the race for the name.
-        let staging = Staging::create(dir).map_err(|source| ServerError::Bind {
-            path: path.clone(),
-            source,
+        let (listener, file) = unix_socket::claim(&path).map_err(|e| match e {
+            ClaimError::CreateDir { path, source } => ServerError::CreateDir { path, source },
+            ClaimError::NotASocket { path } => ServerError::NotASocket { path },
+            ClaimError::InUse { path } => ServerError::InUse {
+                path,
+                name: interface_name.to_string(),
+            },
+            ClaimError::PermissionDenied { path } => ServerError::Stale {
+                path,
+                source: io::ErrorKind::PermissionDenied.into(),
+            },
+            ClaimError::Stale { path, source } => ServerError::Stale { path, source },
+            ClaimError::Bind { path, source } => ServerError::Bind { path, source },
         })?;
-        let bind_err = |source| ServerError::Bind {
-            path: path.clone(),
-            source,
-        };
-        let listener = StdUnixListener::bind(staging.socket()).map_err(bind_err)?;
-        fs::set_permissions(staging.socket(), fs::Permissions::from_mode(0o600))
-            .map_err(bind_err)?;
-        match fs::hard_link(staging.socket(), &path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Err(in_use()),
-            Err(e) => return Err(bind_err(e)),
-        }
-        drop(staging);
-        let meta = fs::symlink_metadata(&path).map_err(bind_err)?;
-        let file = SocketFile {
-            path: path.clone(),
-            dev: meta.dev(),
-            ino: meta.ino(),
-        };
-        listener
-            .set_nonblocking(true)
-            .map_err(|source| ServerError::Io {
-                path: path.clone(),
-                source,
-            })?;
         Ok(UapiServer {
             listener,
             file,
@@ -136,7 +112,7 @@ impl UapiServer {
 
     /// The socket file this server owns.
     pub fn socket_path(&self) -> &Path {
-        &self.file.path
+        self.file.path()
     }
 
     /// Serves until `shutdown` completes (then returns `Ok`) or the socket file is deleted or
@@ -153,10 +129,10 @@ impl UapiServer {
             name,
         } = self;
         let listener = UnixListener::from_std(listener).map_err(|source| ServerError::Io {
-            path: file.path.clone(),
+            path: file.path().to_path_buf(),
             source,
         })?;
-        tracing::info!(interface = %name, socket = %file.path.display(), "UAPI listening");
+        tracing::info!(interface = %name, socket = %file.path().display(), "UAPI listening");
         let limit = Arc::new(Semaphore::new(MAX_CONNECTIONS));
         let mut connections = JoinSet::new();
         let mut watch = tokio::time::interval(WATCH_INTERVAL);
@@ -167,7 +143,7 @@ impl UapiServer {
                 () = &mut shutdown => break Ok(()),
                 _ = watch.tick() => {
                     if !file.still_ours() {
-                        break Err(ServerError::SocketRemoved { path: file.path.clone() });
+                        break Err(ServerError::SocketRemoved { path: file.path().to_path_buf() });
                     }
                 }
                 Some(_) = connections.join_next(), if !connections.is_empty() => {}
@@ -232,117 +208,6 @@ fn validate_name(name: &str) -> Result<(), ServerError> {
             why,
         }),
         None => Ok(()),
-    }
-}
-
-fn ensure_dir(dir: &Path) -> Result<(), ServerError> {
-    let err = |source| ServerError::CreateDir {
-        path: dir.to_path_buf(),
-        source,
-    };
-    match fs::metadata(dir) {
-        Ok(meta) if meta.is_dir() => return Ok(()),
-        Ok(_) => {
-            return Err(err(io::Error::new(
-                io::ErrorKind::AlreadyExists,
-                "exists and is not a directory",
-            )))
-        }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(err(e)),
-    }
-    match DirBuilder::new().recursive(true).mode(0o755).create(dir) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Ok(()),
-        Err(e) => return Err(err(e)),
-    }
-    // The umask may have narrowed it; wg needs to traverse it as any user that may connect.
-    fs::set_permissions(dir, fs::Permissions::from_mode(0o755)).map_err(err)
-}
-
-/// Removes `path` if it is a socket nothing answers on; refuses if something answers.
-fn remove_if_stale(path: &Path, in_use: impl Fn() -> ServerError) -> Result<(), ServerError> {
-    let stale_err = |source| ServerError::Stale {
-        path: path.to_path_buf(),
-        source,
-    };
-    let meta = match fs::symlink_metadata(path) {
-        Ok(meta) => meta,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(stale_err(e)),
-    };
-    if !meta.file_type().is_socket() {
-        return Err(ServerError::NotASocket {
-            path: path.to_path_buf(),
-        });
-    }
-    match StdUnixStream::connect(path) {
-        Ok(_) => Err(in_use()),
-        Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
-            tracing::info!(socket = %path.display(), "removing stale UAPI socket");
-            match fs::remove_file(path) {
-                Ok(()) => Ok(()),
-                Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-                Err(e) => Err(stale_err(e)),
-            }
-        }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(stale_err(e)),
-    }
-}
-
-/// A private (0700) directory beside the socket, where it is bound before it is published.
-struct Staging {
-    dir: PathBuf,
-    socket: PathBuf,
-}
-
-impl Staging {
-    fn create(parent: &Path) -> io::Result<Staging> {
-        static COUNTER: AtomicU64 = AtomicU64::new(0);
-        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        // Not `*.sock`, so wg never lists it.
-        let dir = parent.join(format!(".tg-{}-{n}", std::process::id()));
-        DirBuilder::new().mode(0o700).create(&dir)?;
-        let socket = dir.join("s");
-        Ok(Staging { dir, socket })
-    }
-
-    fn socket(&self) -> &Path {
-        &self.socket
-    }
-}
-
-impl Drop for Staging {
-    fn drop(&mut self) {
-        let _ = fs::remove_file(&self.socket);
-        let _ = fs::remove_dir(&self.dir);
-    }
-}
-
-/// The published socket file, identified by inode so we never delete a successor's.
-#[derive(Debug)]
-struct SocketFile {
-    path: PathBuf,
-    dev: u64,
-    ino: u64,
-}
-
-impl SocketFile {
-    fn still_ours(&self) -> bool {
-        fs::symlink_metadata(&self.path)
-            .map(|m| m.dev() == self.dev && m.ino() == self.ino)
-            .unwrap_or(false)
-    }
-}
-
-impl Drop for SocketFile {
-    fn drop(&mut self) {
-        if self.still_ours() {
-            if let Err(e) = fs::remove_file(&self.path) {
-                tracing::warn!(socket = %self.path.display(), error = %e, "cannot remove UAPI socket");
-            }
-        }
     }
 }
 
@@ -514,6 +379,9 @@ mod tests {
     use super::*;
     use crate::config::{PublicKey, SecretKey};
     use parking_lot::Mutex;
+    use std::fs;
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    use std::sync::atomic::{AtomicU64, Ordering};
     use tokio::sync::oneshot;
 
     /// A temporary directory removed on drop (no tempfile dependency).

@@ -499,7 +499,23 @@ impl Netns {
 
     /// Runs `args` in the namespace; `Ok(stdout)` on exit 0, else `Err` naming command and stderr.
     pub fn try_exec(&self, args: &[&str]) -> Result<String, String> {
-        let out = self.output(args);
+        self.try_exec_with(args, None)
+    }
+
+    /// [`Netns::try_exec`] with `stdin` written to the command's standard input (e.g. a rule
+    /// set for `nft -f -`).
+    pub fn try_exec_stdin(&self, args: &[&str], stdin: &str) -> Result<String, String> {
+        self.try_exec_with(args, Some(stdin))
+    }
+
+    /// [`Netns::try_exec_stdin`] that panics, showing the input, if the command fails.
+    pub fn exec_stdin(&self, args: &[&str], stdin: &str) -> String {
+        self.try_exec_stdin(args, stdin)
+            .unwrap_or_else(|e| panic!("{e}\n--- stdin\n{stdin}"))
+    }
+
+    fn try_exec_with(&self, args: &[&str], stdin: Option<&str>) -> Result<String, String> {
+        let out = output_of(self.command(args), stdin);
         if out.success() {
             Ok(out.stdout)
         } else {
@@ -2345,18 +2361,59 @@ pub fn tunnelgate_status_json(iface: &str) -> Result<serde_json::Value, String> 
     serde_json::from_str(&out.stdout).map_err(|e| format!("status JSON: {e}: {}", out.stdout))
 }
 
-/// The value of one Prometheus sample: `name` with exactly `labels` (e.g. `name="a.b"`; "" for
-/// none) in exposition text.
-pub fn metric(text: &str, name: &str, labels: &str) -> Option<f64> {
-    let key = if labels.is_empty() {
-        format!("{name} ")
-    } else {
-        format!("{name}{{{labels}}} ")
+/// One sample line of Prometheus text split into its name, the raw text between its braces
+/// ("" for none) and its value. `None` for comments, blank lines and lines that do not parse.
+/// The one reader of `/metrics` for the suites; `netns_ops` validates the format strictly.
+fn prometheus_sample(line: &str) -> Option<(&str, &str, f64)> {
+    if line.starts_with('#') {
+        return None;
+    }
+    let end = line.find(['{', ' '])?;
+    let (name, rest) = line.split_at(end);
+    let (labels, rest) = match rest.strip_prefix('{') {
+        Some(body) => {
+            // The closing brace is the first one outside a quoted label value.
+            let (mut quoted, mut escaped) = (false, false);
+            let close = body.char_indices().find_map(|(i, c)| {
+                match c {
+                    _ if escaped => escaped = false,
+                    '\\' if quoted => escaped = true,
+                    '"' => quoted = !quoted,
+                    '}' if !quoted => return Some(i),
+                    _ => {}
+                }
+                None
+            })?;
+            (&body[..close], &body[close + 1..])
+        }
+        None => ("", rest),
     };
+    // An optional timestamp may follow the value.
+    let value = rest.strip_prefix(' ')?.split(' ').next()?;
+    let value = match value {
+        "+Inf" => f64::INFINITY,
+        "-Inf" => f64::NEG_INFINITY,
+        v => v.parse().ok()?,
+    };
+    Some((name, labels, value))
+}
+
+/// The value of one Prometheus sample: `name` with exactly `labels` as the daemon writes them
+/// (e.g. `name="a.b"`; "" for none) in exposition text.
+pub fn metric(text: &str, name: &str, labels: &str) -> Option<f64> {
     text.lines()
-        .find_map(|l| l.strip_prefix(&key))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
+        .filter_map(prometheus_sample)
+        .find(|(n, l, _)| *n == name && *l == labels)
+        .map(|(_, _, v)| v)
+}
+
+/// The sum of every sample of `name`, whatever its labels (0 when there is none).
+pub fn metric_sum(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter_map(prometheus_sample)
+        .filter(|(n, _, _)| *n == name)
+        .map(|(_, _, v)| v)
+        .sum()
 }
 
 impl Tunnelgate {
