@@ -14,6 +14,15 @@
 //! and leaving are followed; a port clash gives an Event on the later Service and the rest keeps
 //! working; a restart keeps the keys and writes nothing; an expired cluster-wide watch lists
 //! again; a missing Secret without `create` is reported and written once it exists.
+//!
+//! containers/README.md: every `kubectl` command it shows is listed in [`README_KUBECTL`] with how
+//! it is checked. Those that a fake API server can answer run verbatim with the real kubectl
+//! against the fake (which answers discovery and just enough OpenAPI v3 for it): `apply -k` of
+//! both examples, the sidecars started as the applied StatefulSet says, the `get -o jsonpath`
+//! reads, `describe service` with its Warning Event, and the key rotation `patch`. The README's
+//! peer config, filled in from those reads, is brought up by `wg-quick` (root).
+
+mod common;
 
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt as _, Full, StreamBody};
@@ -2562,6 +2571,49 @@ async fn readme_proxy_group_commands() {
             "{out}"
         );
     }
+    let [r0, r1] = g.replicas;
+    r0.stop();
+    r1.stop();
+}
+
+/// The README's peer config, filled in from the fake's Secrets, is a config `wg-quick` brings up
+/// (wireguard-go where the kernel has no WireGuard), with one peer per replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root"]
+async fn readme_peer_config_is_brought_up_by_wg_quick() {
+    common::require_root();
+    if !kubectl_present() {
+        return;
+    }
+    let g = readme_group_deployed("readme-wg").await;
+    let ns = common::Netns::new();
+    let dev = common::unique_name("tgw");
+    let conf = ns.dir().write(&format!("{dev}.conf"), &g.peer_config);
+    let conf = conf.display().to_string();
+    ns.exec(&[
+        "env",
+        "WG_QUICK_USERSPACE_IMPLEMENTATION=wireguard-go",
+        "wg-quick",
+        "up",
+        &conf,
+    ]);
+    let dump = ns.exec(&["wg", "show", &dev, "dump"]);
+    let mut lines = dump.lines().map(|l| l.split('\t').collect::<Vec<_>>());
+    let interface = lines.next().expect("interface line");
+    assert_eq!(interface[1], peer_key(), "{dump}");
+    assert_eq!(interface[2], "51820", "{dump}");
+    let peers: Vec<[String; 4]> = lines
+        .map(|p| [p[0], p[2], p[3], p[7]].map(str::to_string))
+        .collect();
+    assert_eq!(peers, config_peers(&g.peer_config), "{dump}");
+    assert_eq!(peers.len(), 2);
+    let addr = ns.exec(&["ip", "-o", "addr", "show", "dev", &dev]);
+    assert!(addr.contains(" 100.64.0.2/32 "), "{addr}");
+    let routes = ns.exec(&["ip", "route", "show", "dev", &dev]);
+    for ip in ["100.64.1.1", "100.64.1.2"] {
+        assert!(routes.contains(ip), "{routes}");
+    }
+    ns.exec(&["wg-quick", "down", &conf]);
     let [r0, r1] = g.replicas;
     r0.stop();
     r1.stop();
