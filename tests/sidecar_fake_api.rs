@@ -14,6 +14,15 @@
 //! and leaving are followed; a port clash gives an Event on the later Service and the rest keeps
 //! working; a restart keeps the keys and writes nothing; an expired cluster-wide watch lists
 //! again; a missing Secret without `create` is reported and written once it exists.
+//!
+//! containers/README.md: every `kubectl` command it shows is listed in [`README_KUBECTL`] with how
+//! it is checked. Those that a fake API server can answer run verbatim with the real kubectl
+//! against the fake (which answers discovery and just enough OpenAPI v3 for it): `apply -k` of
+//! both examples, the sidecars started as the applied StatefulSet says, the `get -o jsonpath`
+//! reads, `describe service` with its Warning Event, and the key rotation `patch`. The README's
+//! peer config, filled in from those reads, is brought up by `wg-quick` (root).
+
+mod common;
 
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt as _, Full, StreamBody};
@@ -102,6 +111,11 @@ struct State {
     /// Whether a patch may create a missing Secret (RBAC `create` on secrets).
     may_create_secrets: bool,
     watchers: Vec<Watcher>,
+    /// Every other object (what `kubectl apply` creates, and Events), by collection path (such as
+    /// `apis/apps/v1/statefulsets`), namespace (empty: cluster-scoped) and name.
+    objects: BTreeMap<(String, String, String), Value>,
+    /// The last octet of the next ClusterIP to allocate.
+    next_cluster_ip: u8,
 }
 
 impl State {
@@ -145,6 +159,8 @@ impl Fake {
             conflicts: 0,
             may_create_secrets: true,
             watchers: Vec::new(),
+            objects: BTreeMap::new(),
+            next_cluster_ip: 100,
         };
         for mut svc in services {
             svc["metadata"]["resourceVersion"] = json!(state.next_rv());
@@ -286,6 +302,12 @@ impl Fake {
         let method = req.method().clone();
         let path = req.uri().path().to_string();
         let query = req.uri().query().unwrap_or_default().to_string();
+        let content_type = req
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string();
         let bytes = match req.into_body().collect().await {
             Ok(b) => b.to_bytes(),
             Err(_) => Bytes::new(),
@@ -298,6 +320,11 @@ impl Fake {
             query: query.clone(),
             body: body.clone(),
         });
+        if method == Method::GET {
+            if let Some(v) = discovery(&path) {
+                return reply(StatusCode::OK, &v);
+            }
+        }
         let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
         match (&method, segments.as_slice()) {
             (&Method::GET, ["api", "v1", "namespaces", ns, "services", name]) => {
@@ -367,6 +394,89 @@ impl Fake {
                     ),
                 }
             }
+            (&Method::PATCH, ["api", "v1", "namespaces", ns, "secrets", name])
+                if content_type == "application/json-patch+json" =>
+            {
+                // `kubectl patch --type=json`: only `remove` of a data key is needed here.
+                let Some(data) = st.secrets.get_mut(&key(ns, name)) else {
+                    return status(
+                        StatusCode::NOT_FOUND,
+                        "NotFound",
+                        &format!("secrets \"{name}\" not found"),
+                    );
+                };
+                let ops: Vec<Value> = serde_json::from_str(&body).unwrap_or_default();
+                for op in &ops {
+                    let path = op["path"].as_str().unwrap_or_default();
+                    let Some(k) = path.strip_prefix("/data/") else {
+                        return status(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", path);
+                    };
+                    let k = k.replace("~1", "/").replace("~0", "~");
+                    if op["op"] != "remove" || data.remove(&k).is_none() {
+                        return status(
+                            StatusCode::UNPROCESSABLE_ENTITY,
+                            "Invalid",
+                            &format!("the fake cannot apply {op}"),
+                        );
+                    }
+                }
+                let data = data.clone();
+                let rv = st.next_rv();
+                reply(
+                    StatusCode::OK,
+                    &secret_json(ns, name, &data, rv.parse().unwrap_or(0)),
+                )
+            }
+            (&Method::POST, ["api", "v1", "namespaces", ns, "secrets"]) => {
+                let Ok(v) = serde_json::from_str::<Value>(&body) else {
+                    return status(StatusCode::BAD_REQUEST, "BadRequest", "not JSON");
+                };
+                let name = v["metadata"]["name"].as_str().unwrap_or_default();
+                if st.secrets.contains_key(&key(ns, name)) {
+                    return status(StatusCode::CONFLICT, "AlreadyExists", name);
+                }
+                let decode = |s: &Value| {
+                    base64::Engine::decode(
+                        &base64::engine::general_purpose::STANDARD,
+                        s.as_str().unwrap_or_default(),
+                    )
+                    .unwrap_or_default()
+                };
+                let data: BTreeMap<String, Vec<u8>> = v["data"]
+                    .as_object()
+                    .map(|m| m.iter().map(|(k, s)| (k.clone(), decode(s))).collect())
+                    .unwrap_or_default();
+                st.secrets.insert(key(ns, name), data.clone());
+                let rv = st.next_rv();
+                reply(
+                    StatusCode::CREATED,
+                    &secret_json(ns, name, &data, rv.parse().unwrap_or(0)),
+                )
+            }
+            (&Method::POST, ["api", "v1", "namespaces", ns, "services"]) => {
+                let Ok(mut svc) = serde_json::from_str::<Value>(&body) else {
+                    return status(StatusCode::BAD_REQUEST, "BadRequest", "not JSON");
+                };
+                let name = svc["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
+                if st.services.contains_key(&key(ns, &name)) {
+                    return status(StatusCode::CONFLICT, "AlreadyExists", &name);
+                }
+                // What the API server fills in: a ClusterIP (unless headless or ExternalName).
+                if svc["spec"]["type"] != "ExternalName" && svc["spec"]["clusterIP"] != "None" {
+                    let ip = format!("10.96.0.{}", st.next_cluster_ip);
+                    st.next_cluster_ip += 1;
+                    svc["spec"]["clusterIP"] = json!(ip);
+                    svc["spec"]["clusterIPs"] = json!([ip]);
+                }
+                let rv = st.next_rv();
+                created_metadata(&mut svc, ns, &name, &rv);
+                st.services.insert(key(ns, &name), svc.clone());
+                st.notify("ADDED", &svc);
+                reply(StatusCode::CREATED, &svc)
+            }
             (&Method::PATCH, ["api", "v1", "namespaces", ns, "secrets", name]) => {
                 if st.conflicts > 0 {
                     st.conflicts -= 1;
@@ -405,14 +515,296 @@ impl Fake {
                     &secret_json(ns, name, &data, rv.parse().unwrap_or(0)),
                 )
             }
-            (&Method::POST, ["api", "v1", "namespaces", _, "events"]) => {
-                let v: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
-                reply(StatusCode::CREATED, &v)
+            _ => st.object(&method, &segments, &query, &body),
+        }
+    }
+}
+
+/// The kinds the fake knows: (group/version path, resource, kind, namespaced). Enough for
+/// `kubectl apply -k` of both examples, `get`, `describe service` and `patch secret`.
+const RESOURCES: &[(&str, &str, &str, bool)] = &[
+    ("api/v1", "namespaces", "Namespace", false),
+    ("api/v1", "services", "Service", true),
+    ("api/v1", "secrets", "Secret", true),
+    ("api/v1", "configmaps", "ConfigMap", true),
+    ("api/v1", "serviceaccounts", "ServiceAccount", true),
+    ("api/v1", "events", "Event", true),
+    ("api/v1", "endpoints", "Endpoints", true),
+    ("api/v1", "pods", "Pod", true),
+    ("apis/apps/v1", "statefulsets", "StatefulSet", true),
+    ("apis/apps/v1", "deployments", "Deployment", true),
+    ("apis/rbac.authorization.k8s.io/v1", "roles", "Role", true),
+    (
+        "apis/rbac.authorization.k8s.io/v1",
+        "rolebindings",
+        "RoleBinding",
+        true,
+    ),
+    (
+        "apis/rbac.authorization.k8s.io/v1",
+        "clusterroles",
+        "ClusterRole",
+        false,
+    ),
+    (
+        "apis/rbac.authorization.k8s.io/v1",
+        "clusterrolebindings",
+        "ClusterRoleBinding",
+        false,
+    ),
+    (
+        "apis/policy/v1",
+        "poddisruptionbudgets",
+        "PodDisruptionBudget",
+        true,
+    ),
+    (
+        "apis/networking.k8s.io/v1",
+        "networkpolicies",
+        "NetworkPolicy",
+        true,
+    ),
+    (
+        "apis/discovery.k8s.io/v1",
+        "endpointslices",
+        "EndpointSlice",
+        true,
+    ),
+];
+
+/// `group/version` as the API names it (`v1`, `apps/v1`).
+fn group_version(gv_path: &str) -> &str {
+    gv_path
+        .strip_prefix("apis/")
+        .unwrap_or_else(|| gv_path.trim_start_matches("api/"))
+}
+
+/// What kubectl asks before anything else: the version, the resource lists (the plain ones, as
+/// an API server older than aggregated discovery answers), and the OpenAPI v3 documents, only as
+/// far as kubectl reads them: that PATCH takes `fieldValidation`, so validation is left to the
+/// server (which the fake does not do: the schemas are checked by `sidecar_manifests`).
+fn discovery(path: &str) -> Option<Value> {
+    let gv_paths: BTreeSet<&str> = RESOURCES.iter().map(|r| r.0).collect();
+    let resources = |gv: &str| -> Vec<Value> {
+        RESOURCES
+            .iter()
+            .filter(|r| r.0 == gv)
+            .map(|(_, name, kind, namespaced)| {
+                json!({
+                    "name": name, "singularName": kind.to_lowercase(), "namespaced": namespaced,
+                    "kind": kind, "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"],
+                })
+            })
+            .collect()
+    };
+    let path = path.trim_start_matches('/');
+    match path {
+        "version" => Some(json!({"major": "1", "minor": "33", "gitVersion": "v1.33.0-fake"})),
+        "api" => Some(json!({"kind": "APIVersions", "versions": ["v1"]})),
+        "apis" => Some(json!({
+            "kind": "APIGroupList", "apiVersion": "v1",
+            "groups": gv_paths.iter().filter(|g| g.starts_with("apis/")).map(|g| {
+                let gv = group_version(g);
+                let (group, version) = gv.split_once('/').unwrap_or_default();
+                let v = json!({"groupVersion": gv, "version": version});
+                json!({"name": group, "versions": [v], "preferredVersion": v})
+            }).collect::<Vec<_>>(),
+        })),
+        "openapi/v3" => Some(json!({
+            "paths": gv_paths.iter().map(|g| {
+                (g.to_string(), json!({"serverRelativeURL": format!("/openapi/v3/{g}?hash=0")}))
+            }).collect::<serde_json::Map<_, _>>(),
+        })),
+        _ if gv_paths.contains(path) => Some(json!({
+            "kind": "APIResourceList", "apiVersion": "v1",
+            "groupVersion": group_version(path), "resources": resources(path),
+        })),
+        _ => {
+            let gv_path = path.strip_prefix("openapi/v3/")?;
+            let gv = group_version(gv_path);
+            let (group, version) = gv.split_once('/').unwrap_or(("", gv));
+            let paths: serde_json::Map<String, Value> = RESOURCES
+                .iter()
+                .filter(|r| r.0 == gv_path)
+                .map(|(_, name, kind, namespaced)| {
+                    let ns = if *namespaced { "/namespaces/{namespace}" } else { "" };
+                    let patch = json!({"patch": {
+                        "x-kubernetes-group-version-kind": {"group": group, "version": version, "kind": kind},
+                        "parameters": [{"name": "fieldValidation", "in": "query", "schema": {"type": "string"}}],
+                    }});
+                    (format!("/{gv_path}{ns}/{name}/{{name}}"), patch)
+                })
+                .collect();
+            (!paths.is_empty()).then(|| {
+                json!({"openapi": "3.0.0", "info": {"title": "fake", "version": gv}, "paths": paths})
+            })
+        }
+    }
+}
+
+/// `(collection, namespace, name)` of an object path such as `apis/apps/v1/namespaces/NS/
+/// statefulsets/NAME`; the namespace is empty for a cluster-scoped object, the name `None` for the
+/// collection.
+fn object_path<'a>(segments: &[&'a str]) -> Option<(String, &'a str, Option<&'a str>)> {
+    let (gv, rest) = match segments {
+        ["api", "v1", rest @ ..] => ("api/v1".to_string(), rest),
+        ["apis", g, v, rest @ ..] => (format!("apis/{g}/{v}"), rest),
+        _ => return None,
+    };
+    let (ns, res, name) = match rest {
+        ["namespaces", ns, res] => (*ns, *res, None),
+        ["namespaces", ns, res, name] => (*ns, *res, Some(*name)),
+        [res] => ("", *res, None),
+        [res, name] => ("", *res, Some(*name)),
+        _ => return None,
+    };
+    Some((format!("{gv}/{res}"), ns, name))
+}
+
+/// What the API server sets on a new object. The creation time follows the resourceVersion, so
+/// that objects created later are newer.
+fn created_metadata(obj: &mut Value, ns: &str, name: &str, rv: &str) {
+    let n: u64 = rv.parse().unwrap_or(0);
+    let meta = &mut obj["metadata"];
+    meta["name"] = json!(name);
+    if !ns.is_empty() {
+        meta["namespace"] = json!(ns);
+    }
+    meta["uid"] = json!(format!("uid-{ns}-{name}"));
+    meta["resourceVersion"] = json!(rv);
+    meta["creationTimestamp"] = json!(format!(
+        "2025-01-02T{:02}:{:02}:{:02}Z",
+        n / 3600 % 24,
+        n / 60 % 60,
+        n % 60
+    ));
+}
+
+/// Percent-decoding of a query value.
+fn unescape(s: &str) -> String {
+    let mut out = Vec::new();
+    let b = s.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        let hex = b
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok());
+        match (b[i], hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
+            (b'%', Some(c)) => {
+                out.push(c);
+                i += 3;
             }
-            _ => status(
+            (b'+', _) => {
+                out.push(b' ');
+                i += 1;
+            }
+            (c, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Whether `obj` matches a field selector such as `involvedObject.name=web,involvedObject.kind=
+/// Service` (what `kubectl describe` asks for its Events).
+fn field_selected(obj: &Value, selector: &str) -> bool {
+    selector.split(',').filter(|t| !t.is_empty()).all(|term| {
+        let Some((field, want)) = term.split_once('=') else {
+            return false;
+        };
+        let got = field.split('.').fold(obj, |v, k| &v[k]);
+        got.as_str().unwrap_or_default() == want
+    })
+}
+
+impl State {
+    /// Any other object: get, list (with a field selector) and create.
+    fn object(
+        &mut self,
+        method: &Method,
+        segments: &[&str],
+        query: &str,
+        body: &str,
+    ) -> Response<Body> {
+        let Some((coll, ns, name)) = object_path(segments) else {
+            return status(
                 StatusCode::NOT_FOUND,
                 "NotFound",
                 "no such path in the fake",
+            );
+        };
+        let Some(&(gv_path, resource, kind, _)) = RESOURCES
+            .iter()
+            .find(|r| format!("{}/{}", r.0, r.1) == coll)
+        else {
+            return status(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                "no such resource in the fake",
+            );
+        };
+        match (method, name) {
+            (&Method::GET, Some(name)) => {
+                match self.objects.get(&(coll, ns.to_string(), name.to_string())) {
+                    Some(obj) => reply(StatusCode::OK, obj),
+                    None => status(
+                        StatusCode::NOT_FOUND,
+                        "NotFound",
+                        &format!("{resource} \"{name}\" not found"),
+                    ),
+                }
+            }
+            (&Method::GET, None) => {
+                let selector = param(query, "fieldSelector")
+                    .map(unescape)
+                    .unwrap_or_default();
+                let items: Vec<Value> = self
+                    .objects
+                    .iter()
+                    .filter(|((c, n, _), obj)| {
+                        *c == coll && (ns.is_empty() || n == ns) && field_selected(obj, &selector)
+                    })
+                    .map(|(_, obj)| obj.clone())
+                    .collect();
+                reply(
+                    StatusCode::OK,
+                    &json!({
+                        "kind": format!("{kind}List"), "apiVersion": group_version(gv_path),
+                        "metadata": {"resourceVersion": self.resource_version.to_string()},
+                        "items": items,
+                    }),
+                )
+            }
+            (&Method::POST, None) => {
+                let Ok(mut obj) = serde_json::from_str::<Value>(body) else {
+                    return status(StatusCode::BAD_REQUEST, "BadRequest", "not JSON");
+                };
+                let rv = self.next_rv();
+                let name = match obj["metadata"]["name"].as_str() {
+                    Some(n) => n.to_string(),
+                    None => format!(
+                        "{}{rv}",
+                        obj["metadata"]["generateName"].as_str().unwrap_or_default()
+                    ),
+                };
+                let k = (coll, ns.to_string(), name.clone());
+                if self.objects.contains_key(&k) {
+                    return status(
+                        StatusCode::CONFLICT,
+                        "AlreadyExists",
+                        &format!("{resource} \"{name}\" already exists"),
+                    );
+                }
+                created_metadata(&mut obj, ns, &name, &rv);
+                self.objects.insert(k, obj.clone());
+                reply(StatusCode::CREATED, &obj)
+            }
+            _ => status(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "MethodNotAllowed",
+                "not in the fake",
             ),
         }
     }
@@ -1463,4 +1855,766 @@ fn group_bad_usage_exits_2() {
     let (code, err) = run(&["--proxy-group", "tgp"], &[]);
     assert_eq!(code, Some(2));
     assert!(err.contains("POD_NAME"), "{err}");
+}
+
+// ------------------------------------------------------------------------------------------------
+// The kubectl commands of containers/README.md, run as shown against the fake
+// ------------------------------------------------------------------------------------------------
+
+/// How each `kubectl` command that containers/README.md shows is checked. A command the README
+/// gains must be added here (`readme_kubectl_commands_are_all_accounted_for`).
+const README_KUBECTL: &[(&str, &str)] = &[
+    (
+        "kubectl apply -k containers/k8s",
+        "run against the fake: readme_single_service_commands",
+    ),
+    (
+        "kubectl apply -k containers/k8s/group",
+        "run against the fake: readme_proxy_group_commands",
+    ),
+    (
+        "kubectl -n tunnelgate rollout status statefulset/tunnelgate-proxy",
+        "not run: needs a StatefulSet controller and a kubelet",
+    ),
+    (
+        "kubectl -n tunnelgate rollout status statefulset/tgp",
+        "not run: needs a StatefulSet controller and a kubelet",
+    ),
+    (
+        "kubectl -n tunnelgate get secret tunnelgate-proxy -o jsonpath='{.data.public_key}' | base64 -d",
+        "run against the fake: readme_single_service_commands",
+    ),
+    (
+        "kubectl -n tunnelgate get secret tunnelgate-proxy -o jsonpath='{.data.device_ips}' | base64 -d",
+        "run against the fake: readme_single_service_commands",
+    ),
+    (
+        "kubectl -n tunnelgate get service tunnelgate-proxy-wireguard -o jsonpath='{.status.loadBalancer.ingress[0].ip}'",
+        "run against the fake: readme_single_service_commands",
+    ),
+    (
+        "kubectl -n tunnelgate logs tunnelgate-proxy-0 -c sidecar",
+        "not run: needs a kubelet",
+    ),
+    (
+        "kubectl -n tunnelgate exec tunnelgate-proxy-0 -c proxy -- tunnelgate status",
+        "not run: needs a kubelet",
+    ),
+    (
+        "kubectl -n tunnelgate exec tunnelgate-proxy-0 -c proxy -- wg show tg0",
+        "not run: needs a kubelet",
+    ),
+    (
+        "kubectl -n tunnelgate describe service web",
+        "run against the fake: readme_single_service_commands",
+    ),
+    (
+        "kubectl -n tunnelgate patch secret tunnelgate-proxy --type=json -p '[{\"op\":\"remove\",\"path\":\"/data/private.key\"}]'",
+        "run against the fake: readme_single_service_commands",
+    ),
+    (
+        "kubectl -n tunnelgate get secret tgp-$i -o jsonpath='{.data.public_key}' | base64 -d; echo",
+        "run against the fake: readme_proxy_group_commands",
+    ),
+    (
+        "kubectl -n tunnelgate get secret tgp-$i -o jsonpath='{.data.device_ips}' | base64 -d; echo",
+        "run against the fake: readme_proxy_group_commands",
+    ),
+    (
+        "kubectl -n tunnelgate get service tgp-$i-wireguard -o jsonpath='{.status.loadBalancer.ingress[0].ip}'; echo",
+        "run against the fake: readme_proxy_group_commands",
+    ),
+    (
+        "kubectl -n apps describe service web2",
+        "run against the fake: readme_proxy_group_commands",
+    ),
+];
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn readme() -> String {
+    std::fs::read_to_string(repo().join("containers/README.md")).expect("containers/README.md")
+}
+
+/// The fenced blocks of containers/README.md in `lang`, as shown (indentation removed).
+fn readme_blocks(lang: &str) -> Vec<String> {
+    let mut blocks = Vec::new();
+    let mut current: Option<(usize, String)> = None;
+    for line in readme().lines() {
+        let indent = line.len() - line.trim_start().len();
+        let t = line.trim();
+        match &mut current {
+            None if t == format!("```{lang}") => current = Some((indent, String::new())),
+            Some(_) if t == "```" => blocks.push(current.take().expect("block").1),
+            Some((ind, text)) => {
+                text.push_str(line.get(*ind..).unwrap_or(t));
+                text.push('\n');
+            }
+            None => {}
+        }
+    }
+    blocks
+}
+
+/// A `sh` line of the README starting with `start`, as shown (its comment removed).
+/// A line equal to `start` wins over longer ones.
+fn readme_line(start: &str) -> String {
+    let mut found: Vec<String> = readme_blocks("sh")
+        .iter()
+        .flat_map(|b| b.lines().map(without_comment).collect::<Vec<_>>())
+        .filter(|l| l.starts_with(start))
+        .collect();
+    if found.iter().any(|l| l == start) {
+        found.retain(|l| l == start);
+    }
+    assert_eq!(
+        found.len(),
+        1,
+        "README lines starting with {start:?}: {found:?}"
+    );
+    found.remove(0)
+}
+
+/// A `sh` line without its indentation and a comment after the command (`cmd     # what it
+/// shows`).
+fn without_comment(line: &str) -> String {
+    let line = line.trim();
+    match line.find("  #") {
+        Some(i) => line[..i].trim_end().to_string(),
+        None => line.to_string(),
+    }
+}
+
+/// Every `kubectl` command in the README's `sh` blocks (inside the `for` loop too).
+fn readme_kubectl_lines() -> Vec<String> {
+    readme_blocks("sh")
+        .iter()
+        .flat_map(|b| b.lines().map(str::to_string).collect::<Vec<_>>())
+        .map(|l| without_comment(&l))
+        .filter(|l| l.starts_with("kubectl "))
+        .collect()
+}
+
+#[test]
+fn readme_kubectl_commands_are_all_accounted_for() {
+    let shown: BTreeSet<String> = readme_kubectl_lines().into_iter().collect();
+    let known: BTreeSet<String> = README_KUBECTL.iter().map(|c| c.0.to_string()).collect();
+    assert_eq!(
+        shown.difference(&known).collect::<Vec<_>>(),
+        Vec::<&String>::new(),
+        "kubectl commands in containers/README.md that no test accounts for"
+    );
+    assert_eq!(
+        known.difference(&shown).collect::<Vec<_>>(),
+        Vec::<&String>::new(),
+        "commands accounted for that containers/README.md no longer shows"
+    );
+    // Each one the README's "What was checked here" names as run is run by the test named.
+    let this = include_str!("sidecar_fake_api.rs");
+    for (cmd, how) in README_KUBECTL {
+        if let Some(test) = how.strip_prefix("run against the fake: ") {
+            assert!(
+                this.contains(&format!("async fn {test}()")),
+                "{cmd}: no test {test}"
+            );
+        }
+    }
+}
+
+/// Whether kubectl can be run: without it the test is skipped with a note, except in CI.
+fn kubectl_present() -> bool {
+    let found = Command::new("kubectl")
+        .args(["version", "--client"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !found {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "kubectl is not installed"
+        );
+        eprintln!("SKIPPED: kubectl is not installed");
+    }
+    found
+}
+
+/// Runs README commands with `sh` in a copy of the repository's `containers/` (so `apply -k
+/// containers/k8s` works as shown), with the fake's kubeconfig, a `HOME` of its own and nothing
+/// else of the environment: a real cluster's config is never read. `kubectl` on the PATH is a
+/// wrapper adding `--request-timeout`.
+struct Shell {
+    root: PathBuf,
+    env: Vec<(String, String)>,
+}
+
+impl Shell {
+    fn new(inputs: &Inputs) -> Shell {
+        let root = inputs.dir.join("repo");
+        let bin = inputs.dir.join("bin");
+        let home = inputs.dir.join("home");
+        for d in [&bin, &home] {
+            std::fs::create_dir_all(d).expect("dir");
+        }
+        copy_dir(&repo().join("containers"), &root.join("containers"));
+        let kubectl = String::from_utf8(
+            Command::new("sh")
+                .args(["-c", "command -v kubectl"])
+                .output()
+                .expect("sh")
+                .stdout,
+        )
+        .expect("path");
+        let wrapper = bin.join("kubectl");
+        std::fs::write(
+            &wrapper,
+            format!(
+                "#!/bin/sh\nexec {} --request-timeout=10s \"$@\"\n",
+                kubectl.trim()
+            ),
+        )
+        .expect("wrapper");
+        let mut perms = std::fs::metadata(&wrapper).expect("meta").permissions();
+        std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+        std::fs::set_permissions(&wrapper, perms).expect("chmod");
+        let env = vec![
+            (
+                "PATH".into(),
+                format!("{}:/usr/local/bin:/usr/bin:/bin", bin.display()),
+            ),
+            ("HOME".into(), home.display().to_string()),
+            (
+                "KUBECONFIG".into(),
+                inputs.dir.join("kubeconfig").display().to_string(),
+            ),
+        ];
+        Shell { root, env }
+    }
+
+    /// Replaces `from` by `to` in a file of the copy, as a user editing it would.
+    fn edit(&self, file: &str, from: &str, to: &str) {
+        let path = self.root.join(file);
+        let text = std::fs::read_to_string(&path).expect("read");
+        assert!(text.contains(from), "{file} has no {from:?}");
+        std::fs::write(&path, text.replace(from, to)).expect("write");
+    }
+
+    /// `sh -c script`: its stdout; panics with stderr when it fails.
+    async fn run(&self, script: &str) -> String {
+        let out = tokio::time::timeout(
+            Duration::from_secs(60),
+            tokio::process::Command::new("sh")
+                .args(["-c", script])
+                .current_dir(&self.root)
+                .env_clear()
+                .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+                .stdin(Stdio::null())
+                .kill_on_drop(true)
+                .output(),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("timed out: {script}"))
+        .expect("run sh");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{script}\nfailed: {stderr}");
+        String::from_utf8(out.stdout).expect("utf-8 output")
+    }
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for e in std::fs::read_dir(from).expect("read_dir") {
+        let e = e.expect("entry");
+        let target = to.join(e.file_name());
+        if e.file_type().expect("type").is_dir() {
+            copy_dir(&e.path(), &target);
+        } else {
+            std::fs::copy(e.path(), &target).expect("copy");
+        }
+    }
+}
+
+/// The placeholder of the base configs' peer key, which the README says to replace.
+const PLACEHOLDER_KEY: &str = "REPLACE+ME+WITH+THE+PEERS+PUBLIC+KEY+000000=";
+
+impl Fake {
+    fn object(&self, coll: &str, ns: &str, name: &str) -> Value {
+        self.lock()
+            .objects
+            .get(&(coll.to_string(), ns.to_string(), name.to_string()))
+            .cloned()
+            .unwrap_or_else(|| panic!("no {coll} {ns}/{name} in the fake"))
+    }
+
+    /// What a cloud controller does for a LoadBalancer Service.
+    fn give_load_balancer_ip(&self, ns: &str, name: &str, ip: &str) {
+        self.change(
+            ns,
+            name,
+            |s| s["status"] = json!({"loadBalancer": {"ingress": [{"ip": ip}]}}),
+            false,
+        );
+    }
+}
+
+/// Starts the sidecar of pod `pod` as the applied StatefulSet `set` runs it: its env (with the
+/// downward API's pod name and namespace) and, at its base-config path, the applied ConfigMap's
+/// `base.toml` (what the kubelet mounts).
+fn sidecar_of(fake: &Fake, inputs: &Inputs, set: &str, configmap: &str, pod: &str) -> Sidecar {
+    let set = fake.object("apis/apps/v1/statefulsets", "tunnelgate", set);
+    let sidecar = set["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .expect("containers")
+        .iter()
+        .find(|c| c["name"] == "sidecar")
+        .expect("container sidecar")
+        .clone();
+    assert_eq!(sidecar["command"], json!(["tunnelgate-sidecar"]));
+    let mut env: Vec<(String, String)> = Vec::new();
+    for e in sidecar["env"].as_array().expect("env") {
+        let name = e["name"].as_str().expect("name").to_string();
+        let value = match e["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
+            Some("metadata.name") => pod.to_string(),
+            Some("metadata.namespace") => "tunnelgate".to_string(),
+            Some(other) => panic!("fieldRef {other}"),
+            None => e["value"].as_str().expect("value").to_string(),
+        };
+        // The flag --base-config (a temp file) stands in for the mounted ConfigMap.
+        if name != "TUNNELGATE_BASE_CONFIG" {
+            env.push((name, value));
+        }
+    }
+    let cm = fake.object("api/v1/configmaps", "tunnelgate", configmap);
+    std::fs::write(
+        inputs.base_path(),
+        cm["data"]["base.toml"].as_str().expect("base.toml"),
+    )
+    .expect("base config");
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    Sidecar::start_with(inputs, pod, &[], &env)
+}
+
+async fn wait_secret_written(fake: &Fake, sidecar: &Sidecar, name: &str) {
+    wait_for(sidecar, &format!("Secret {name} written"), || {
+        fake.secret_of("tunnelgate", name).len() == 4
+    })
+    .await;
+}
+
+fn stored_events(fake: &Fake, ns: &str, name: &str) -> usize {
+    fake.lock()
+        .objects
+        .iter()
+        .filter(|((c, n, _), e)| {
+            c == "api/v1/events" && n == ns && e["involvedObject"]["name"] == name
+        })
+        .count()
+}
+
+/// The lines of `out` that contain `needle`.
+fn lines_with<'a>(out: &'a str, needle: &str) -> Vec<&'a str> {
+    out.lines().filter(|l| l.contains(needle)).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readme_single_service_commands() {
+    if !kubectl_present() {
+        return;
+    }
+    let fake = Fake::start_many(Vec::new(), BTreeMap::new()).await;
+    // As the Role: get and patch on the Secret, no create.
+    fake.lock().may_create_secrets = false;
+    let inputs = Inputs::new(&fake, "readme-single");
+    let sh = Shell::new(&inputs);
+    sh.edit("containers/k8s/config.yaml", PLACEHOLDER_KEY, &peer_key());
+
+    // Step 4: apply.
+    let out = sh
+        .run(&readme_line("kubectl apply -k containers/k8s"))
+        .await;
+    println!("{out}");
+    let objects = SINGLE_OBJECTS.iter().map(|o| format!("{o} created\n"));
+    assert_eq!(out, objects.collect::<String>());
+
+    let sidecar = sidecar_of(
+        &fake,
+        &inputs,
+        "tunnelgate-proxy",
+        "tunnelgate-base",
+        "tunnelgate-proxy-0",
+    );
+    wait_secret_written(&fake, &sidecar, "tunnelgate-proxy").await;
+    fake.give_load_balancer_ip("tunnelgate", "tunnelgate-proxy-wireguard", "203.0.113.7");
+
+    // Step 5: what the peer needs.
+    let data = fake.secret_of("tunnelgate", "tunnelgate-proxy");
+    let public_key = sh
+        .run(&readme_line(
+            "kubectl -n tunnelgate get secret tunnelgate-proxy -o jsonpath='{.data.public_key}'",
+        ))
+        .await;
+    assert_eq!(public_key, utf8(&data, "public_key"));
+    assert_eq!(
+        public_key,
+        daemon_config(&data)
+            .interface
+            .private_key
+            .public_key()
+            .to_base64()
+    );
+    let device_ips = sh
+        .run(&readme_line(
+            "kubectl -n tunnelgate get secret tunnelgate-proxy -o jsonpath='{.data.device_ips}'",
+        ))
+        .await;
+    assert_eq!(device_ips, r#"["100.64.0.1","fd7a:115c:a1e0::1"]"#);
+    let lb = sh
+        .run(&readme_line(
+            "kubectl -n tunnelgate get service tunnelgate-proxy-wireguard",
+        ))
+        .await;
+    assert_eq!(lb, "203.0.113.7");
+    // The README's `wg set` line routes exactly those addresses to the proxy.
+    let wg_set = readme_line("wg set wg0 peer <public_key>");
+    assert!(
+        wg_set.contains(
+            " allowed-ips 100.64.0.1/32,fd7a:115c:a1e0::1/128 endpoint <load balancer IP>:51820"
+        ),
+        "{wg_set}"
+    );
+
+    // Bad input: a Warning Event that `describe` shows.
+    fake.change(
+        "tunnelgate",
+        "web",
+        |s| s["metadata"]["annotations"]["tunnelgate.dev/tunnel-ip"] = json!("100.64.0.300"),
+        false,
+    );
+    wait_for(&sidecar, "the Event", || {
+        stored_events(&fake, "tunnelgate", "web") == 1
+    })
+    .await;
+    let out = sh
+        .run(&readme_line("kubectl -n tunnelgate describe service web"))
+        .await;
+    println!("{out}");
+    let warnings = lines_with(&out, "Warning  InvalidTunnelgateConfig");
+    assert_eq!(warnings.len(), 1, "{out}");
+    assert!(warnings[0].contains("tunnelgate-sidecar"), "{out}");
+    assert!(
+        warnings[0].contains("\"100.64.0.300\" is not an IP address"),
+        "{out}"
+    );
+    fake.change(
+        "tunnelgate",
+        "web",
+        |s| {
+            s["metadata"]["annotations"]
+                .as_object_mut()
+                .expect("annotations")
+                .remove("tunnelgate.dev/tunnel-ip");
+        },
+        false,
+    );
+
+    // Rotating the key: removed, then a new one on the next pass. A change of the Service's
+    // annotations makes one (a label would not: the sidecar does not render labels).
+    let out = sh
+        .run(&readme_line(
+            "kubectl -n tunnelgate patch secret tunnelgate-proxy",
+        ))
+        .await;
+    assert_eq!(out, "secret/tunnelgate-proxy patched\n");
+    assert!(!fake
+        .secret_of("tunnelgate", "tunnelgate-proxy")
+        .contains_key("private.key"));
+    fake.change(
+        "tunnelgate",
+        "web",
+        |s| s["metadata"]["annotations"]["example.com/note"] = json!("rotate"),
+        false,
+    );
+    wait_secret_written(&fake, &sidecar, "tunnelgate-proxy").await;
+    let rotated = sh
+        .run(&readme_line(
+            "kubectl -n tunnelgate get secret tunnelgate-proxy -o jsonpath='{.data.public_key}'",
+        ))
+        .await;
+    assert_ne!(rotated, public_key, "a new key");
+    let data = fake.secret_of("tunnelgate", "tunnelgate-proxy");
+    assert_eq!(
+        rotated,
+        daemon_config(&data)
+            .interface
+            .private_key
+            .public_key()
+            .to_base64()
+    );
+    sidecar.stop();
+}
+
+/// What `kubectl apply -k containers/k8s` prints (kustomize's order).
+const SINGLE_OBJECTS: &[&str] = &[
+    "namespace/tunnelgate",
+    "serviceaccount/tunnelgate-proxy",
+    "role.rbac.authorization.k8s.io/tunnelgate-proxy",
+    "rolebinding.rbac.authorization.k8s.io/tunnelgate-proxy",
+    "configmap/tunnelgate-base",
+    "secret/tunnelgate-proxy",
+    "service/tunnelgate-proxy",
+    "service/tunnelgate-proxy-wireguard",
+    "service/web",
+    "deployment.apps/web",
+    "statefulset.apps/tunnelgate-proxy",
+];
+
+/// What `kubectl apply -k containers/k8s/group` prints (kustomize's order).
+const GROUP_OBJECTS: &[&str] = &[
+    "namespace/apps",
+    "namespace/shop",
+    "namespace/tunnelgate",
+    "serviceaccount/tgp",
+    "role.rbac.authorization.k8s.io/tgp",
+    "clusterrole.rbac.authorization.k8s.io/tunnelgate-proxy-group",
+    "rolebinding.rbac.authorization.k8s.io/tgp",
+    "clusterrolebinding.rbac.authorization.k8s.io/tunnelgate-proxy-group-tgp",
+    "configmap/tgp-base",
+    "secret/tgp-0",
+    "secret/tgp-1",
+    "service/web",
+    "service/db",
+    "service/db",
+    "service/tgp",
+    "service/tgp-0-wireguard",
+    "service/tgp-1-wireguard",
+    "deployment.apps/web",
+    "statefulset.apps/tgp",
+    "poddisruptionbudget.policy/tgp",
+    "networkpolicy.networking.k8s.io/tgp",
+];
+
+/// The peer of the README (its private key).
+fn peer_secret() -> SecretKey {
+    SecretKey([7; 32])
+}
+
+/// A group deployed from the README: applied, both replicas' sidecars running, load balancers
+/// given addresses; what the README's loop printed, and the README's peer config filled in
+/// with it.
+struct GroupDeployed {
+    fake: Arc<Fake>,
+    sh: Shell,
+    replicas: [Sidecar; 2],
+    loop_output: String,
+    peer_config: String,
+    _inputs: Inputs,
+}
+
+async fn readme_group_deployed(tag: &str) -> GroupDeployed {
+    let fake = Fake::start_many(Vec::new(), BTreeMap::new()).await;
+    fake.lock().may_create_secrets = false;
+    let inputs = Inputs::new(&fake, tag);
+    let sh = Shell::new(&inputs);
+    // "edit k8s/group/config.yaml: the peer's public key and allowed_ips"
+    sh.edit(
+        "containers/k8s/group/config.yaml",
+        PLACEHOLDER_KEY,
+        &peer_key(),
+    );
+    let out = sh
+        .run(&readme_line("kubectl apply -k containers/k8s/group"))
+        .await;
+    let objects = GROUP_OBJECTS.iter().map(|o| format!("{o} created\n"));
+    assert_eq!(out, objects.collect::<String>());
+
+    let replicas = ["tgp-0", "tgp-1"].map(|pod| sidecar_of(&fake, &inputs, "tgp", "tgp-base", pod));
+    for (r, name) in replicas.iter().zip(["tgp-0", "tgp-1"]) {
+        wait_secret_written(&fake, r, name).await;
+    }
+    fake.give_load_balancer_ip("tunnelgate", "tgp-0-wireguard", "203.0.113.10");
+    fake.give_load_balancer_ip("tunnelgate", "tgp-1-wireguard", "203.0.113.11");
+
+    let block = readme_blocks("sh")
+        .into_iter()
+        .find(|b| b.starts_with("for i in 0 1; do"))
+        .expect("the README's loop over the replicas");
+    let loop_output = sh.run(&block).await;
+    let lines: Vec<&str> = loop_output.lines().collect();
+    assert_eq!(lines.len(), 6, "{loop_output}");
+
+    let ini = readme_blocks("ini");
+    assert_eq!(ini.len(), 1, "one peer config in the README");
+    let peer_config = ini[0]
+        .replace("<the peer's private key>", &peer_secret().expose_base64())
+        .replace("<public_key of tgp-0>", lines[0])
+        .replace("<load balancer IP of tgp-0-wireguard>", lines[2])
+        .replace("<public_key of tgp-1>", lines[3])
+        .replace("<load balancer IP of tgp-1-wireguard>", lines[5]);
+    assert!(
+        !peer_config.contains('<'),
+        "a placeholder left:\n{peer_config}"
+    );
+    GroupDeployed {
+        fake,
+        sh,
+        replicas,
+        loop_output,
+        peer_config,
+        _inputs: inputs,
+    }
+}
+
+/// `[Peer]` sections of a wg-quick config: (PublicKey, Endpoint, AllowedIPs, PersistentKeepalive).
+fn config_peers(conf: &str) -> Vec<[String; 4]> {
+    let mut peers = Vec::new();
+    for section in conf.split("[Peer]").skip(1) {
+        let get = |k: &str| {
+            section
+                .lines()
+                .find_map(|l| l.strip_prefix(k)?.trim_start().strip_prefix('='))
+                .map(|v| v.trim().to_string())
+                .unwrap_or_default()
+        };
+        peers.push([
+            get("PublicKey"),
+            get("Endpoint"),
+            get("AllowedIPs"),
+            get("PersistentKeepalive"),
+        ]);
+    }
+    peers
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readme_proxy_group_commands() {
+    if !kubectl_present() {
+        return;
+    }
+    let g = readme_group_deployed("readme-group").await;
+    let fake = &g.fake;
+    let (s0, s1) = (
+        fake.secret_of("tunnelgate", "tgp-0"),
+        fake.secret_of("tunnelgate", "tgp-1"),
+    );
+    let (pk0, pk1) = (utf8(&s0, "public_key"), utf8(&s1, "public_key"));
+    assert_eq!(
+        g.loop_output,
+        format!("{pk0}\n[\"100.64.1.1\"]\n203.0.113.10\n{pk1}\n[\"100.64.1.2\"]\n203.0.113.11\n")
+    );
+    // The examples are served: apps/web (its ClusterIP from the fake) and the egress Service db.
+    let web_ip = fake.lock().services[&key("apps", "web")]["spec"]["clusterIP"]
+        .as_str()
+        .expect("ClusterIP")
+        .to_string();
+    for s in [&s0, &s1] {
+        let c = daemon_config(s);
+        assert_eq!(
+            c.interface.private_key.public_key().to_base64(),
+            utf8(s, "public_key")
+        );
+        assert_eq!(rule_lines(&c.ingress), [format!("{web_ip} 80/tcp")]);
+        assert_eq!(rule_lines(&c.egress), ["100.64.0.2 15432:5432/tcp"]);
+        assert_eq!(c.peers[0].public_key.to_base64(), peer_key());
+    }
+    // The README's peer config, filled in: one peer per replica, with its key, its load
+    // balancer and its address.
+    assert_eq!(
+        config_peers(&g.peer_config),
+        [
+            [
+                pk0,
+                "203.0.113.10:51820".into(),
+                "100.64.1.1/32".into(),
+                "25".into()
+            ],
+            [
+                pk1,
+                "203.0.113.11:51820".into(),
+                "100.64.1.2/32".into(),
+                "25".into()
+            ],
+        ]
+    );
+    // Its Address is what the base config's peer allows, and the egress target.
+    assert!(
+        g.peer_config.contains("\nAddress = 100.64.0.2/32\n"),
+        "{}",
+        g.peer_config
+    );
+    assert_eq!(
+        daemon_config(&s0).peers[0]
+            .allowed_ips
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>(),
+        ["100.64.0.2/32"]
+    );
+
+    // A second Service on port 80, newer than apps/web: left out, with an Event from each
+    // replica that `describe` shows.
+    let mut web2 = group_ingress("apps", "web2", 0, 80);
+    web2["metadata"]["creationTimestamp"] = json!("2025-01-03T00:00:00Z");
+    fake.add(web2, false);
+    wait_for(&g.replicas[0], "an Event from each replica", || {
+        stored_events(fake, "apps", "web2") == 2
+    })
+    .await;
+    let out =
+        g.sh.run(&readme_line("kubectl -n apps describe service web2"))
+            .await;
+    println!("{out}");
+    let warnings = lines_with(&out, "Warning  TunnelgateServiceLeftOut");
+    assert_eq!(warnings.len(), 2, "{out}");
+    for w in warnings {
+        assert!(
+            w.contains("port 80/tcp on the tunnel addresses is already served by Service apps/web"),
+            "{out}"
+        );
+    }
+    let [r0, r1] = g.replicas;
+    r0.stop();
+    r1.stop();
+}
+
+/// The README's peer config, filled in from the fake's Secrets, is a config `wg-quick` brings up
+/// (wireguard-go where the kernel has no WireGuard), with one peer per replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root"]
+async fn readme_peer_config_is_brought_up_by_wg_quick() {
+    common::require_root();
+    if !kubectl_present() {
+        return;
+    }
+    let g = readme_group_deployed("readme-wg").await;
+    let ns = common::Netns::new();
+    let dev = common::unique_name("tgw");
+    let conf = ns.dir().write(&format!("{dev}.conf"), &g.peer_config);
+    let conf = conf.display().to_string();
+    ns.exec(&[
+        "env",
+        "WG_QUICK_USERSPACE_IMPLEMENTATION=wireguard-go",
+        "wg-quick",
+        "up",
+        &conf,
+    ]);
+    let dump = ns.exec(&["wg", "show", &dev, "dump"]);
+    let mut lines = dump.lines().map(|l| l.split('\t').collect::<Vec<_>>());
+    let interface = lines.next().expect("interface line");
+    assert_eq!(interface[1], peer_key(), "{dump}");
+    assert_eq!(interface[2], "51820", "{dump}");
+    let peers: Vec<[String; 4]> = lines
+        .map(|p| [p[0], p[2], p[3], p[7]].map(str::to_string))
+        .collect();
+    assert_eq!(peers, config_peers(&g.peer_config), "{dump}");
+    assert_eq!(peers.len(), 2);
+    let addr = ns.exec(&["ip", "-o", "addr", "show", "dev", &dev]);
+    assert!(addr.contains(" 100.64.0.2/32 "), "{addr}");
+    let routes = ns.exec(&["ip", "route", "show", "dev", &dev]);
+    for ip in ["100.64.1.1", "100.64.1.2"] {
+        assert!(routes.contains(ip), "{routes}");
+    }
+    ns.exec(&["wg-quick", "down", &conf]);
+    let [r0, r1] = g.replicas;
+    r0.stop();
+    r1.stop();
 }

@@ -7,7 +7,8 @@
 //! the sidecar has no extra privileges and holds the only API token; the group has a PDB,
 //! anti-affinity over nodes, a UDP LoadBalancer per replica and a NetworkPolicy keeping the health
 //! port to the nodes and the monitoring namespace; and the base config in the ConfigMap renders,
-//! with the example Services, into a configuration the daemon accepts (for each replica).
+//! with the example Services, into a configuration the daemon accepts (for each replica);
+//! `kubectl kustomize` of each example (what `apply -k` sends) holds exactly the files' objects.
 
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
@@ -816,4 +817,109 @@ fn group_base_config_and_examples_render_for_each_replica() {
             .is_some_and(|ps| ps.iter().any(|p| p["containerPort"] == 15432)));
     }
     assert_eq!(keys.len(), 2);
+}
+
+/// `(kind, namespace, name)` of each object.
+fn ids(objects: &[Value]) -> Vec<(String, String, String)> {
+    objects
+        .iter()
+        .map(|o| {
+            let s = |v: &Value| v.as_str().unwrap_or_default().to_string();
+            (
+                s(&o["kind"]),
+                s(&o["metadata"]["namespace"]),
+                s(&o["metadata"]["name"]),
+            )
+        })
+        .collect()
+}
+
+/// `kubectl kustomize` (offline) of both examples: what `kubectl apply -k` sends. Every object of
+/// the files is in it unchanged, nothing else, and the objects the README names exist. Without
+/// kubectl the test is skipped with a note, except in CI, where it fails.
+#[test]
+fn kustomize_builds_every_object_the_readme_applies() {
+    if !Command::new("kubectl")
+        .args(["version", "--client"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "kubectl is not installed"
+        );
+        eprintln!("SKIPPED: kubectl is not installed");
+        return;
+    }
+    let readme = std::fs::read_to_string(dir().join("../README.md")).expect("README");
+    for (d, named) in [
+        (
+            dir(),
+            &[
+                ("StatefulSet", "tunnelgate-proxy"),
+                ("Secret", "tunnelgate-proxy"),
+                ("Service", "tunnelgate-proxy-wireguard"),
+                ("Service", "web"),
+            ][..],
+        ),
+        (
+            group_dir(),
+            &[
+                ("StatefulSet", "tgp"),
+                ("Secret", "tgp-0"),
+                ("Secret", "tgp-1"),
+                ("Service", "tgp-0-wireguard"),
+                ("Service", "tgp-1-wireguard"),
+                ("Service", "web"),
+            ][..],
+        ),
+    ] {
+        // Run from the repository root, as the README does.
+        let rel = d
+            .strip_prefix(env!("CARGO_MANIFEST_DIR"))
+            .expect("in the repository")
+            .display()
+            .to_string();
+        assert!(
+            readme.contains(&format!("kubectl apply -k {rel}\n")),
+            "{rel}"
+        );
+        let out = Command::new("kubectl")
+            .args(["kustomize", &rel])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .env("KUBECONFIG", "/dev/null")
+            .output()
+            .expect("kubectl kustomize");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let built: Vec<Value> =
+            serde_saphyr::from_multiple(&String::from_utf8(out.stdout).expect("utf-8"))
+                .expect("kustomize output parses");
+        let files: Vec<Value> = documents_in(&d)
+            .into_iter()
+            .filter(|(f, _)| f != "kustomization.yaml")
+            .map(|(_, v)| v)
+            .collect();
+        let (mut a, mut b) = (ids(&built), ids(&files));
+        a.sort();
+        b.sort();
+        assert_eq!(a, b, "{rel}: kustomize builds exactly the files' objects");
+        for o in &built {
+            let id = &ids(std::slice::from_ref(o))[0];
+            let same: Vec<&Value> = files
+                .iter()
+                .filter(|f| &ids(std::slice::from_ref(*f))[0] == id)
+                .collect();
+            assert!(same.contains(&o), "{rel}: {id:?} changed by kustomize");
+        }
+        for (kind, name) in named {
+            assert!(
+                a.iter().any(|(k, _, n)| k == kind && n == name),
+                "{rel}: no {kind} {name}"
+            );
+        }
+    }
 }
