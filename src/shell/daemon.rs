@@ -5,7 +5,7 @@
 use crate::config::{Config, Endpoint, PublicKey};
 use crate::core::dns::Schedule;
 use crate::core::routes::{self, RoutePlan};
-use crate::shell::datapath::{self, DropCounters, Shared};
+use crate::shell::datapath::{self, Datapath, Shared};
 use crate::shell::firewall;
 use crate::shell::netlink::Netlink;
 use crate::shell::peers::{settings_of, PeerSettings, PeerTable};
@@ -14,7 +14,7 @@ use crate::shell::udp::WgSocket;
 use crate::telemetry::{NameStatus, RulesStatus};
 use crate::uapi::{DeviceSnapshot, DeviceUpdate, Errno, PeerSnapshot, UapiError, UapiHandler};
 use anyhow::{Context, Result};
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -54,6 +54,8 @@ pub struct Daemon {
     pub rules_dirty: AtomicBool,
     pub rules_changed: Notify,
     shared: Arc<Shared>,
+    /// The packet threads; taken and stopped by [`Daemon::teardown`].
+    datapath: Mutex<Option<Datapath>>,
     control: Mutex<Control>,
     netlink: Netlink,
     link_index: u32,
@@ -83,13 +85,7 @@ impl Daemon {
         let desired = desired_peers(&config, None).await;
         let (table, _) = table.rebuild(&iface.private_key, &desired);
 
-        let shared = Arc::new(Shared {
-            table: RwLock::new(Arc::new(table)),
-            tun: Arc::new(tun),
-            socket: RwLock::new(Arc::new(socket)),
-            drops: DropCounters::default(),
-            stop: AtomicBool::new(false),
-        });
+        let shared = Arc::new(Shared::new(table, tun, socket));
         let daemon = Arc::new(Daemon {
             config_path,
             control: Mutex::new(Control {
@@ -99,6 +95,7 @@ impl Daemon {
                 config,
             }),
             shared: shared.clone(),
+            datapath: Mutex::new(None),
             netlink,
             link_index,
             routes_changed: Notify::new(),
@@ -119,7 +116,13 @@ impl Daemon {
             daemon.teardown().await;
             return Err(e);
         }
-        datapath::start(shared)?;
+        match datapath::start(shared) {
+            Ok(d) => *daemon.datapath.lock() = Some(d),
+            Err(e) => {
+                daemon.teardown().await;
+                return Err(e).context("cannot start the packet threads");
+            }
+        }
         tracing::info!(interface = %daemon.name(), listen_port, "Tunnel up");
         Ok(daemon)
     }
@@ -363,6 +366,13 @@ impl Daemon {
             let _ = self.netlink.del_route(self.link_index, r).await;
         }
         self.shared.socket.read().shutdown();
+        let datapath = self.datapath.lock().take();
+        if let Some(datapath) = datapath {
+            // Joining waits up to a second or so for the loops' next wake: off the runtime.
+            if let Ok(Err(e)) = tokio::task::spawn_blocking(move || datapath.stop()).await {
+                tracing::warn!(error = %e, "Packet threads did not stop");
+            }
+        }
     }
 
     /// The UAPI view of the device.

@@ -2,11 +2,15 @@
 //! `/metrics` and `tunnelgate status`. Copies counters only; never waits on I/O.
 
 use crate::shell::daemon::Daemon;
-use crate::telemetry::{DropStats, InterfaceStatus, Observe, PeerStatus, Snapshot};
+use crate::telemetry::{InterfaceStatus, Observe, PeerStatus, Snapshot};
 use std::sync::atomic::Ordering;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 impl Observe for Daemon {
+    fn liveness(&self) -> Result<(), String> {
+        self.shared().liveness()
+    }
+
     fn readiness(&self) -> Result<(), String> {
         let status = self.status.lock();
         if status.firewall_needed && !status.rules.applied {
@@ -82,7 +86,6 @@ impl Observe for Daemon {
                 }
             })
             .collect();
-        let d = &self.shared().drops;
         let status = self.status.lock();
         let mut snap = Snapshot {
             interface: InterfaceStatus {
@@ -98,16 +101,7 @@ impl Observe for Daemon {
                 mtu: config.interface.mtu,
             },
             peers,
-            drops: DropStats {
-                no_peer: d.no_peer.load(Ordering::Relaxed),
-                no_endpoint: d.no_endpoint.load(Ordering::Relaxed),
-                bad_source: d.bad_source.load(Ordering::Relaxed),
-                invalid: d.invalid.load(Ordering::Relaxed),
-                unknown_peer: d.unknown_peer.load(Ordering::Relaxed),
-                tun_read: d.tun_read.load(Ordering::Relaxed),
-                tun_write: d.tun_write.load(Ordering::Relaxed),
-                udp_send: d.udp_send.load(Ordering::Relaxed),
-            },
+            drops: self.shared().drops.snapshot(),
             rules: status.rules.clone(),
             names: status.names.values().cloned().collect(),
             reloads: self.reloads.load(Ordering::Relaxed),
