@@ -1,6 +1,8 @@
 //! The packet loops: TUN -> encrypt -> UDP and UDP -> decrypt -> TUN on their own threads, plus
-//! the WireGuard timer thread. Buffers are allocated once per thread; a batch takes one
-//! snapshot of the peer table; nothing here logs per packet.
+//! the WireGuard timer thread, and their lifecycle ([`start`], [`Datapath::stop`], heartbeats,
+//! the fatal error). What each packet means is decided by `core::packet`; this file owns the
+//! threads, batches, buffers and locks. Buffers are allocated once per thread; a batch takes
+//! one snapshot of the peer table; nothing here logs per packet.
 
 use crate::config::PublicKey;
 use crate::core::liveness::{Heartbeats, PacketThread, IDLE_WAKE, STALL_LIMIT};
