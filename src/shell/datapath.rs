@@ -124,7 +124,11 @@ impl Shared {
         });
     }
 
-    fn spawn(self: &Arc<Self>, thread: PacketThread, body: fn(&Shared)) -> std::io::Result<()> {
+    fn spawn(
+        self: &Arc<Self>,
+        thread: PacketThread,
+        body: impl FnOnce(&Shared) + Send + 'static,
+    ) -> std::io::Result<()> {
         let shared = self.clone();
         let handle = std::thread::Builder::new()
             .name(thread.name().into())
@@ -234,8 +238,11 @@ pub fn start(shared: Arc<Shared>) -> std::io::Result<Datapath> {
 /// A UDP reader for the current socket; called again after the socket is replaced (new
 /// listen port): the old reader ends when its socket is shut down.
 pub fn start_udp_reader(shared: Arc<Shared>) -> std::io::Result<()> {
-    shared.spawn(PacketThread::UdpReader, |shared| {
-        udp_loop(shared, &shared.socket())
+    // The socket of now, not of when the thread first runs: after two quick replacements,
+    // two readers on the newest socket would reorder its flows.
+    let socket = shared.socket();
+    shared.spawn(PacketThread::UdpReader, move |shared| {
+        udp_loop(shared, &socket)
     })
 }
 

@@ -137,7 +137,8 @@ impl WgSocket {
     }
 
     /// Receives up to [`BATCH`] messages; returns how many. Blocks until at least one arrives
-    /// (or the receive timeout passes: `WouldBlock`); 0 means the socket was shut down. Use [`RecvBatch::datagrams`] to walk what arrived.
+    /// (or the receive timeout passes: `WouldBlock`); 0 means the socket was shut down. Use
+    /// [`RecvBatch::datagrams`] to walk what arrived.
     pub fn recv_batch(&self, batch: &mut RecvBatch) -> io::Result<usize> {
         let n = batch.bufs.len();
         for i in 0..n {
