@@ -6,6 +6,8 @@ pub mod backoff;
 pub mod check_report;
 pub mod control;
 pub mod dns;
+pub mod liveness;
 pub mod offload;
+pub mod packet;
 pub mod routes;
 pub mod wg;

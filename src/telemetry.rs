@@ -21,14 +21,19 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
 
+pub use crate::core::packet::{DropReason, DropStats};
 pub use logging::{init_logging, LogFormat};
 
 /// What the daemon exposes to the health endpoint, metrics and status. Implemented by the daemon.
 ///
-/// Both methods are called on the tokio runtime for every request, so they must be cheap and
+/// All methods are called on the tokio runtime for every request, so they must be cheap and
 /// must not block (take a short lock and copy counters; never wait on I/O). Strings they return
 /// are shown to whoever can reach the health endpoint: never put a key or a peer endpoint in them.
 pub trait Observe: Send + Sync + 'static {
+    /// Ok(()) while the process does its job; Err(short reason) when it should be restarted:
+    /// a packet thread has stopped making progress ("packet thread tg-tun-rx stuck for 7.0
+    /// s") or the data path failed for good. Answers `/healthz`.
+    fn liveness(&self) -> Result<(), String>;
     /// Ok(()) when ready; Err(short plain-text reason) otherwise (e.g. "rules: apply failed:
     /// nft: ...", "dns: db.example.internal not resolved yet").
     fn readiness(&self) -> Result<(), String>;
@@ -97,44 +102,6 @@ pub struct PeerStatus {
     pub handshake_failures: u64,
     /// Seconds.
     pub persistent_keepalive: Option<u16>,
-}
-
-/// Packets dropped, by reason. Each field name is the `reason` label in metrics.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct DropStats {
-    /// From the TUN device to an address no peer's allowed IPs cover.
-    pub no_peer: u64,
-    /// To a peer that has no endpoint yet.
-    pub no_endpoint: u64,
-    /// Decrypted from a peer, but the inner source is outside that peer's allowed IPs.
-    pub bad_source: u64,
-    /// Malformed or failing decryption/authentication.
-    pub invalid: u64,
-    /// A handshake or data packet for a peer we do not know.
-    pub unknown_peer: u64,
-    /// A read from the TUN device that could not be split into packets.
-    pub tun_read: u64,
-    /// Writing a decrypted packet to the TUN device failed.
-    pub tun_write: u64,
-    /// Sending an encrypted packet on the UDP socket failed.
-    pub udp_send: u64,
-}
-
-impl DropStats {
-    /// `(reason, count)` for every reason, in a fixed order.
-    pub fn by_reason(&self) -> [(&'static str, u64); 8] {
-        [
-            ("no_peer", self.no_peer),
-            ("no_endpoint", self.no_endpoint),
-            ("bad_source", self.bad_source),
-            ("invalid", self.invalid),
-            ("unknown_peer", self.unknown_peer),
-            ("tun_read", self.tun_read),
-            ("tun_write", self.tun_write),
-            ("udp_send", self.udp_send),
-        ]
-    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

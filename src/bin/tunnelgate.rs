@@ -265,14 +265,19 @@ async fn serve(config: tunnelgate::config::Config, path: PathBuf) -> anyhow::Res
         )));
     }
     let (loop_stop_tx, loop_stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let event_loop = tokio::spawn(daemon.run(async move {
+    let mut event_loop = tokio::spawn(daemon.run(async move {
         let _ = loop_stop_rx.await;
     }));
     sd_notify("READY=1\nSTATUS=tunnel up");
+    let mut ended_early = None;
     loop {
         tokio::select! {
             _ = term.recv() => break,
             _ = int.recv() => break,
+            ended = &mut event_loop => {
+                ended_early = Some(ended);
+                break;
+            }
             _ = hup.recv() => {
                 sd_notify("RELOADING=1");
                 // The event loop logs the outcome; `tunnelgate reload` is the way to wait on it.
@@ -284,14 +289,23 @@ async fn serve(config: tunnelgate::config::Config, path: PathBuf) -> anyhow::Res
     sd_notify("STOPPING=1");
     tracing::info!("Shutting down");
     let _ = loop_stop_tx.send(());
-    if let Err(e) = event_loop.await {
-        tracing::error!(error = %e, "the event loop failed");
-    }
+    let ended = match ended_early {
+        Some(ended) => ended,
+        None => event_loop.await,
+    };
+    let fatal = match ended {
+        Ok(Ok(())) => None,
+        Ok(Err(why)) => Some(why),
+        Err(e) => Some(format!("the event loop failed: {e}")),
+    };
     let _ = stop_tx.send(true);
     let _ = tokio::time::timeout(
         std::time::Duration::from_secs(2),
         futures::future::join_all(tasks),
     )
     .await;
-    Ok(())
+    match fatal {
+        Some(why) => Err(anyhow::anyhow!(why)),
+        None => Ok(()),
+    }
 }

@@ -5,17 +5,16 @@
 
 use crate::config::{Config, FirewallMode};
 use crate::core::control::{Action, Control, Lookup, Reload, View};
-use crate::shell::datapath::{self, DropCounters, Shared};
+use crate::shell::datapath::{self, Datapath, Shared};
 use crate::shell::executor::Executor;
 use crate::shell::netlink::Netlink;
 use crate::shell::peers::PeerTable;
 use crate::shell::udp::WgSocket;
 use crate::uapi::{DeviceUpdate, UapiError};
 use anyhow::{Context, Result};
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
@@ -94,6 +93,8 @@ pub struct Daemon {
     executor: Executor,
     commands: mpsc::Receiver<Command>,
     config_path: PathBuf,
+    /// The packet threads, once started; stopped and joined at teardown.
+    datapath: Option<Datapath>,
 }
 
 impl Daemon {
@@ -112,13 +113,8 @@ impl Daemon {
         let socket = WgSocket::bind(iface.listen_port, iface.fwmark)
             .with_context(|| format!("cannot bind the WireGuard UDP port {}", iface.listen_port))?;
         let listen_port = socket.local_port()?;
-        let shared = Arc::new(Shared {
-            table: RwLock::new(Arc::new(PeerTable::empty(iface.private_key.clone()))),
-            tun: Arc::new(tun),
-            socket: RwLock::new(Arc::new(socket)),
-            drops: DropCounters::default(),
-            stop: AtomicBool::new(false),
-        });
+        let table = PeerTable::empty(iface.private_key.clone());
+        let shared = Arc::new(Shared::new(table, tun, socket));
         let firewall_mode: FirewallMode = config.firewall.mode;
         let control = Control::new(config.clone(), listen_port, health_port, Instant::now());
         let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
@@ -137,6 +133,7 @@ impl Daemon {
             control,
             commands: rx,
             config_path,
+            datapath: None,
         };
         // Failures are in the core, which says below whether the start must be abandoned.
         let _ = daemon.drain().await;
@@ -144,9 +141,12 @@ impl Daemon {
             daemon.teardown().await;
             anyhow::bail!("{why}");
         }
-        if let Err(e) = datapath::start(shared) {
-            daemon.teardown().await;
-            return Err(anyhow::Error::new(e).context("starting the packet loops"));
+        match datapath::start(shared) {
+            Ok(d) => daemon.datapath = Some(d),
+            Err(e) => {
+                daemon.teardown().await;
+                return Err(anyhow::Error::new(e).context("starting the packet loops"));
+            }
         }
         daemon.publish();
         tracing::info!(interface = %daemon.handle.name(), listen_port, "Tunnel up");
@@ -158,12 +158,20 @@ impl Daemon {
     }
 
     /// The event loop: until `shutdown` completes, feeds timers, lookups, commands and config
-    /// file changes to the core and runs what it asks for; then tears everything down.
-    pub async fn run(mut self, shutdown: impl std::future::Future<Output = ()>) {
+    /// file changes to the core and runs what it asks for; then tears everything down. Returns
+    /// the fatal error that ended it early (the TUN device was deleted), if any: the process
+    /// then exits non-zero so its supervisor restarts it.
+    pub async fn run(
+        mut self,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) -> Result<(), String> {
         let mut shutdown = std::pin::pin!(shutdown);
         let mut config_poll = tokio::time::interval(CONFIG_POLL);
         config_poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_file_error = String::new();
+        let shared = self.handle.shared.clone();
+        let mut fatal = std::pin::pin!(shared.fatal_error());
+        let mut outcome = Ok(());
         loop {
             // Executors report failures to the core, which retries them on its timer.
             let _ = self.drain().await;
@@ -174,6 +182,11 @@ impl Daemon {
                 .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
             tokio::select! {
                 () = &mut shutdown => break,
+                why = &mut fatal => {
+                    // The data path logged it; the caller reports the exit.
+                    outcome = Err(why);
+                    break;
+                }
                 () = tokio::time::sleep_until(wake.into()) => {
                     self.control.handle_timeout(Instant::now());
                 }
@@ -186,6 +199,7 @@ impl Daemon {
             }
         }
         self.teardown().await;
+        outcome
     }
 
     async fn command(&mut self, command: Command) {
@@ -313,6 +327,12 @@ impl Daemon {
             let _ = self.executor.execute(&mut self.control, action).await;
         }
         self.handle.shared.socket.read().shutdown();
+        if let Some(datapath) = self.datapath.take() {
+            // Joining waits up to a second for the loops' next wake: off the runtime.
+            if let Ok(Err(e)) = tokio::task::spawn_blocking(move || datapath.stop()).await {
+                tracing::warn!(error = %e, "Packet threads did not stop");
+            }
+        }
         let leftover: Vec<Action> = std::iter::from_fn(|| self.control.poll_action()).collect();
         if !leftover.is_empty() {
             tracing::debug!(count = leftover.len(), "Actions dropped at teardown");

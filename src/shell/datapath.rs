@@ -1,17 +1,24 @@
 //! The packet loops: TUN -> encrypt -> UDP and UDP -> decrypt -> TUN on their own threads, plus
-//! the WireGuard timer thread. Buffers are allocated once per thread; a batch takes one
-//! snapshot of the peer table; nothing here logs per packet.
+//! the WireGuard timer thread, and their lifecycle ([`start`], [`Datapath::stop`], heartbeats,
+//! the fatal error). What each packet means is decided by `core::packet`; this file owns the
+//! threads, batches, buffers and locks. Buffers are allocated once per thread; a batch takes
+//! one snapshot of the peer table; nothing here logs per packet.
 
+use crate::config::PublicKey;
+use crate::core::liveness::{Heartbeats, PacketThread, IDLE_WAKE, STALL_LIMIT};
 use crate::core::offload::{self, Coalescer, VNET_HDR_LEN};
-use crate::core::wg::{self, Incoming, Outcome, TunnelError};
+use crate::core::packet::{self, DropCounters, DropReason, Inbound, Outbound, PeerLookup, Sender};
+use crate::core::wg::{self, Outcome, TunnelError};
 use crate::shell::peers::{Peer, PeerTable};
 use crate::shell::tun;
 use crate::shell::udp::{RecvBatch, SendBatch, WgSocket, MAX_DATAGRAM};
-use parking_lot::RwLock;
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use parking_lot::{Mutex, RwLock};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+use tokio::sync::watch;
 use tun_rs::SyncDevice;
 
 /// How often WireGuard's handshake, rekey and keepalive timers are driven (boringtun expects
@@ -21,25 +28,13 @@ const TIMER_TICK: Duration = Duration::from_millis(100);
 const TUN_READ_BYTES: usize = VNET_HDR_LEN + 65535;
 /// Super-packets assembled per batch of TUN writes on the receive path.
 const COALESCE_SLOTS: usize = 16;
-
-/// Packets dropped, by reason: what `/metrics` exports.
-#[derive(Debug, Default)]
-pub struct DropCounters {
-    /// Outgoing packet to an address no peer's allowed IPs cover.
-    pub no_peer: AtomicU64,
-    /// Outgoing packet for a peer with no known endpoint.
-    pub no_endpoint: AtomicU64,
-    /// Decrypted packet whose inner source is outside the sender's allowed IPs.
-    pub bad_source: AtomicU64,
-    /// Datagram that failed parsing, authentication or replay checks.
-    pub invalid: AtomicU64,
-    /// Datagram for a session index or key no peer has.
-    pub unknown_peer: AtomicU64,
-    /// TUN read that could not be split into packets.
-    pub tun_read: AtomicU64,
-    pub tun_write: AtomicU64,
-    pub udp_send: AtomicU64,
-}
+/// A busy TUN reader may never see an empty queue (and so never an idle wake): it also stamps
+/// its heartbeat every this many reads, which keeps the clock read off the per-packet path.
+const HEARTBEAT_EVERY_READS: u32 = 64;
+/// How long [`Datapath::stop`] waits for the threads: one idle wake plus a loaded machine's
+/// scheduling delay. A thread still running then is wedged; waiting longer would wedge the
+/// caller too.
+const STOP_WAIT: Duration = Duration::from_secs(3);
 
 /// Everything the loops share.
 pub struct Shared {
@@ -48,9 +43,30 @@ pub struct Shared {
     pub socket: RwLock<Arc<WgSocket>>,
     pub drops: DropCounters,
     pub stop: AtomicBool,
+    /// Milliseconds since `epoch` at which each packet thread last woke.
+    heartbeats: Heartbeats,
+    epoch: Instant,
+    /// Every packet thread started (UDP readers of replaced sockets included), for the join.
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    /// Set once when the data path cannot go on (the TUN device is gone).
+    fatal: watch::Sender<Option<String>>,
 }
 
 impl Shared {
+    pub fn new(table: PeerTable, tun: SyncDevice, socket: WgSocket) -> Shared {
+        Shared {
+            table: RwLock::new(Arc::new(table)),
+            tun: Arc::new(tun),
+            socket: RwLock::new(Arc::new(socket)),
+            drops: DropCounters::default(),
+            stop: AtomicBool::new(false),
+            heartbeats: Heartbeats::default(),
+            epoch: Instant::now(),
+            threads: Mutex::new(Vec::new()),
+            fatal: watch::Sender::new(None),
+        }
+    }
+
     pub fn snapshot(&self) -> Arc<PeerTable> {
         self.table.read().clone()
     }
@@ -58,51 +74,212 @@ impl Shared {
     fn socket(&self) -> Arc<WgSocket> {
         self.socket.read().clone()
     }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn beat(&self, thread: PacketThread) {
+        self.heartbeats.beat(thread, self.now_ms());
+    }
+
+    /// Ok while every packet thread wakes within [`STALL_LIMIT`] and the data path has not
+    /// failed; otherwise why not (a thread's name, or the fatal error). Cheap: what `/healthz`
+    /// asks on every probe.
+    pub fn liveness(&self) -> Result<(), String> {
+        if let Some(why) = self.fatal.borrow().as_ref() {
+            return Err(why.clone());
+        }
+        self.heartbeats.check(self.now_ms(), STALL_LIMIT)
+    }
+
+    /// The fatal error, once there is one.
+    pub fn fatal(&self) -> Option<String> {
+        self.fatal.borrow().clone()
+    }
+
+    /// Completes when the data path has failed for good (the TUN device was deleted), with the
+    /// reason; the daemon should then exit non-zero. Pending forever otherwise.
+    pub async fn fatal_error(&self) -> String {
+        let mut rx = self.fatal.subscribe();
+        let why = match rx.wait_for(Option::is_some).await {
+            Ok(why) => why.clone(),
+            // The sender lives in `self`, so it cannot be gone while we borrow it.
+            Err(_) => None,
+        };
+        match why {
+            Some(why) => why,
+            None => std::future::pending().await,
+        }
+    }
+
+    fn raise_fatal(&self, why: String) {
+        tracing::error!(error = %why, "Data path stopped");
+        self.fatal.send_if_modified(|slot| {
+            let first = slot.is_none();
+            if first {
+                *slot = Some(why);
+            }
+            first
+        });
+    }
+
+    fn spawn(
+        self: &Arc<Self>,
+        thread: PacketThread,
+        body: impl FnOnce(&Shared) + Send + 'static,
+    ) -> std::io::Result<()> {
+        let shared = self.clone();
+        let handle = std::thread::Builder::new()
+            .name(thread.name().into())
+            .spawn(move || body(&shared))?;
+        let mut threads = self.threads.lock();
+        threads.retain(|t| !t.is_finished());
+        threads.push(handle);
+        Ok(())
+    }
 }
 
-/// Starts the TUN reader, one UDP reader per socket generation and the timer thread.
-pub fn start(shared: Arc<Shared>) -> std::io::Result<()> {
-    let s = shared.clone();
-    std::thread::Builder::new()
-        .name("tg-tun-rx".into())
-        .spawn(move || tun_loop(&s))?;
-    let s = shared.clone();
-    std::thread::Builder::new()
-        .name("tg-timers".into())
-        .spawn(move || timer_loop(&s))?;
-    start_udp_reader(shared)
+/// The peer table as the packet decisions look peers up.
+impl PeerLookup for PeerTable {
+    type Peer = Arc<Peer>;
+    #[inline]
+    fn by_key(&self, key: &PublicKey) -> Option<&Arc<Peer>> {
+        self.peers.get(key)
+    }
+    #[inline]
+    fn by_index(&self, index: u32) -> Option<&Arc<Peer>> {
+        self.by_index.get(&index)
+    }
+    #[inline]
+    fn by_address(&self, addr: IpAddr) -> Option<&Arc<Peer>> {
+        self.routes.lookup(addr)
+    }
+    #[inline]
+    fn same(a: &Arc<Peer>, b: &Arc<Peer>) -> bool {
+        Arc::ptr_eq(a, b)
+    }
+}
+
+/// The running packet threads. [`Datapath::stop`] (or dropping it) stops and joins them.
+#[must_use = "dropping the handle stops the packet threads"]
+pub struct Datapath {
+    shared: Arc<Shared>,
+    stopped: bool,
+}
+
+/// Packet threads that did not end within [`STOP_WAIT`] of a stop request; they are left
+/// detached.
+#[derive(Debug, thiserror::Error)]
+#[error("packet threads still running after {STOP_WAIT:?}: {}", .0.join(", "))]
+pub struct StillRunning(pub Vec<String>);
+
+impl Datapath {
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// Stops every packet thread (those started later by [`start_udp_reader`] too) and waits
+    /// up to [`STOP_WAIT`] for them to end.
+    pub fn stop(mut self) -> Result<(), StillRunning> {
+        self.halt()
+    }
+
+    fn halt(&mut self) -> Result<(), StillRunning> {
+        if std::mem::replace(&mut self.stopped, true) {
+            return Ok(());
+        }
+        self.shared.stop.store(true, Ordering::Relaxed);
+        // Wakes the UDP reader now rather than at its next receive timeout.
+        self.shared.socket().shutdown();
+        let deadline = Instant::now() + STOP_WAIT;
+        let threads = std::mem::take(&mut *self.shared.threads.lock());
+        while Instant::now() < deadline && !threads.iter().all(JoinHandle::is_finished) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let mut running = Vec::new();
+        for t in threads {
+            if t.is_finished() {
+                let _ = t.join();
+            } else {
+                running.push(t.thread().name().unwrap_or("unnamed").to_string());
+            }
+        }
+        if running.is_empty() {
+            Ok(())
+        } else {
+            Err(StillRunning(running))
+        }
+    }
+}
+
+impl Drop for Datapath {
+    fn drop(&mut self) {
+        if let Err(e) = self.halt() {
+            tracing::warn!(error = %e, "Packet threads did not stop");
+        }
+    }
+}
+
+/// Starts the TUN reader, the UDP reader and the timer thread. If one cannot be started, the
+/// ones already running are stopped before the error is returned.
+pub fn start(shared: Arc<Shared>) -> std::io::Result<Datapath> {
+    // Dropped on the error paths below: stops and joins whatever did start.
+    let datapath = Datapath {
+        shared: shared.clone(),
+        stopped: false,
+    };
+    shared.spawn(PacketThread::TunReader, tun_loop)?;
+    shared.spawn(PacketThread::Timers, timer_loop)?;
+    start_udp_reader(shared)?;
+    Ok(datapath)
 }
 
 /// A UDP reader for the current socket; called again after the socket is replaced (new
 /// listen port): the old reader ends when its socket is shut down.
 pub fn start_udp_reader(shared: Arc<Shared>) -> std::io::Result<()> {
+    // The socket of now, not of when the thread first runs: after two quick replacements,
+    // two readers on the newest socket would reorder its flows.
     let socket = shared.socket();
-    std::thread::Builder::new()
-        .name("tg-udp-rx".into())
-        .spawn(move || udp_loop(&shared, &socket))?;
-    Ok(())
+    shared.spawn(PacketThread::UdpReader, move |shared| {
+        udp_loop(shared, &socket)
+    })
+}
+
+/// Errors of a TUN read that no retry can fix: the device was deleted (`ip link del`) or its
+/// descriptor is unusable.
+fn tun_is_gone(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EBADFD | libc::ENODEV | libc::ENXIO | libc::EBADF)
+    )
 }
 
 fn tun_loop(shared: &Shared) {
     let mut read = vec![0u8; TUN_READ_BYTES];
     let mut out = SendBatch::new(MAX_DATAGRAM);
+    let mut reads_since_beat = 0u32;
     // Non-blocking reads drain whatever the kernel queued before one batched send: small
     // packets (UDP, ACKs) cost one system call per packet otherwise, and the TUN queue
     // overflows at high packet rates.
     if let Err(e) = shared.tun.set_nonblocking(true) {
         tracing::warn!(error = %e, "TUN device stays blocking: one send per read");
     }
+    shared.beat(PacketThread::TunReader);
     while !shared.stop.load(Ordering::Relaxed) {
         let n = match shared.tun.recv(&mut read) {
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 flush(shared, &shared.socket(), &mut out);
-                if let Err(e) = tun::wait_readable(&shared.tun) {
+                // Bounded, so an idle reader still stamps its heartbeat and sees `stop`.
+                if let Err(e) = tun::wait_readable(&shared.tun, IDLE_WAKE) {
                     if e.kind() != std::io::ErrorKind::Interrupted {
                         tracing::warn!(error = %e, "TUN poll failed");
                         std::thread::sleep(Duration::from_millis(10));
                     }
                 }
+                shared.beat(PacketThread::TunReader);
+                reads_since_beat = 0;
                 continue;
             }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
@@ -110,60 +287,58 @@ fn tun_loop(shared: &Shared) {
                 if shared.stop.load(Ordering::Relaxed) {
                     return;
                 }
+                if tun_is_gone(&e) {
+                    shared.raise_fatal(format!("TUN device is gone: {e}"));
+                    return;
+                }
                 tracing::warn!(error = %e, "TUN read failed");
                 std::thread::sleep(Duration::from_millis(10));
                 continue;
             }
         };
+        reads_since_beat += 1;
+        if reads_since_beat == HEARTBEAT_EVERY_READS {
+            shared.beat(PacketThread::TunReader);
+            reads_since_beat = 0;
+        }
         let read = &mut read[..n];
         let plan = match offload::plan_split(read) {
             Ok(plan) => plan,
             Err(e) => {
-                shared.drops.tun_read.fetch_add(1, Ordering::Relaxed);
+                shared.drops.add(DropReason::TunRead, 1);
                 tracing::debug!(error = %e, "TUN read dropped");
                 continue;
             }
         };
         let table = shared.snapshot();
         let socket = shared.socket();
+        let count = plan.count();
         // Every segment of one read goes to the same destination: one lookup per read.
         let mut read_peer = None;
-        for i in 0..plan.count() {
+        for i in 0..count {
             let range = plan.segment(read, i);
-            let packet = &read[range];
+            let segment = &read[range];
             let peer = match read_peer {
                 Some(p) => p,
-                None => {
-                    let Some(dst) = wg::packet_destination(packet) else {
+                None => match packet::route_read(&*table, segment) {
+                    Ok(p) => *read_peer.insert(p),
+                    Err(reason) => {
+                        shared.drops.add(reason, count as u64);
                         break;
-                    };
-                    let Some(p) = table.routes.lookup(dst) else {
-                        shared
-                            .drops
-                            .no_peer
-                            .fetch_add(plan.count() as u64, Ordering::Relaxed);
-                        break;
-                    };
-                    *read_peer.insert(p)
-                }
+                    }
+                },
             };
             let endpoint = peer.endpoint();
-            let sent = match peer.tunnel.lock().encapsulate(packet, out.slot()) {
-                Outcome::Network(m) => Some(m.len()),
-                _ => None,
-            };
-            match (sent, endpoint) {
-                (Some(len), Some(ep)) => {
+            match packet::encapsulate(&mut peer.tunnel.lock(), endpoint, segment, out.slot()) {
+                Outbound::Send { len, to } => {
                     peer.counters.sent(len);
-                    out.push(len, ep);
+                    out.push(len, to);
                     if out.is_full() {
                         flush(shared, &socket, &mut out);
                     }
                 }
-                (Some(_), None) => {
-                    shared.drops.no_endpoint.fetch_add(1, Ordering::Relaxed);
-                }
-                (None, _) => {}
+                Outbound::Drop(reason) => shared.drops.add(reason, 1),
+                Outbound::Nothing => {}
             }
         }
     }
@@ -173,10 +348,7 @@ fn flush(shared: &Shared, socket: &WgSocket, out: &mut SendBatch) {
     if !out.is_empty() {
         let dropped = socket.send_batch(out);
         if dropped > 0 {
-            shared
-                .drops
-                .udp_send
-                .fetch_add(dropped as u64, Ordering::Relaxed);
+            shared.drops.add(DropReason::UdpSend, dropped as u64);
         }
     }
 }
@@ -186,10 +358,18 @@ fn udp_loop(shared: &Shared, socket: &WgSocket) {
     let mut replies = SendBatch::new(MAX_DATAGRAM);
     let mut coalescer = Coalescer::new(COALESCE_SLOTS, shared.tun.udp_gso());
     let mut cookie = [0u8; 64];
+    if let Err(e) = socket.set_receive_timeout(IDLE_WAKE) {
+        tracing::warn!(error = %e, "UDP receive timeout not set: an idle reader looks stuck");
+    }
+    shared.beat(PacketThread::UdpReader);
     while !shared.stop.load(Ordering::Relaxed) {
-        match socket.recv_batch(&mut batch) {
+        let received = socket.recv_batch(&mut batch);
+        shared.beat(PacketThread::UdpReader);
+        match received {
             Ok(0) => return, // shut down: this socket was replaced or the daemon stops
             Ok(_) => {}
+            // The receive timeout: an idle wake.
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
             Err(e) => {
                 if shared.stop.load(Ordering::Relaxed) {
                     return;
@@ -201,38 +381,44 @@ fn udp_loop(shared: &Shared, socket: &WgSocket) {
         }
         let table = shared.snapshot();
         for (from, datagram) in batch.datagrams() {
-            let peer = match wg::classify(
+            let identified = packet::identify(
+                &*table,
                 &table.limiter,
                 &table.private_key,
                 &table.public_key,
-                from.ip(),
+                from,
                 datagram,
                 &mut cookie,
-            ) {
-                Ok(Incoming::Initiation(key)) => table.peers.get(&key),
-                Ok(Incoming::Index(index)) => table.by_index.get(&index),
-                Ok(Incoming::Cookie(len)) => {
+            );
+            let peer = match identified {
+                Ok(Sender::Peer(peer)) => peer,
+                Ok(Sender::Cookie(len)) => {
                     replies.slot()[..len].copy_from_slice(&cookie[..len]);
                     replies.push(len, from);
+                    // A GRO batch holds more datagrams than a reply batch has room for.
+                    if replies.is_full() {
+                        flush(shared, socket, &mut replies);
+                    }
                     continue;
                 }
-                Err(_) => {
-                    shared.drops.invalid.fetch_add(1, Ordering::Relaxed);
+                Err(reason) => {
+                    shared.drops.add(reason, 1);
                     continue;
                 }
-            };
-            let Some(peer) = peer else {
-                shared.drops.unknown_peer.fetch_add(1, Ordering::Relaxed);
-                continue;
             };
             if coalescer.needs_drain() {
                 write_tun(shared, &mut coalescer);
             }
-            let landing = coalescer.landing(datagram.len());
-            match receive(shared, peer, from, datagram, landing, &mut replies, &table) {
-                Some(len) => coalescer.commit(len),
-                None => coalescer.abandon(),
-            }
+            receive(
+                shared,
+                socket,
+                &table,
+                peer,
+                from,
+                datagram,
+                &mut coalescer,
+                &mut replies,
+            );
             if replies.is_full() {
                 flush(shared, socket, &mut replies);
             }
@@ -246,73 +432,78 @@ fn udp_loop(shared: &Shared, socket: &WgSocket) {
 fn write_tun(shared: &Shared, coalescer: &mut Coalescer) {
     coalescer.drain(|bytes| {
         if let Err(e) = shared.tun.send(bytes) {
-            shared.drops.tun_write.fetch_add(1, Ordering::Relaxed);
+            shared.drops.add(DropReason::TunWrite, 1);
             tracing::debug!(error = %e, "TUN write failed");
         }
     });
 }
 
-/// Decrypts one datagram of `peer`. Returns the length of the packet for the TUN device that
-/// `dst` then starts with, if any.
+/// Decrypts one datagram of `peer` into the coalescer and carries out the decision: deliver,
+/// answer (then send what queued up during the handshake), drop; count and roam.
+#[allow(clippy::too_many_arguments)]
+#[inline]
 fn receive(
     shared: &Shared,
+    socket: &WgSocket,
+    table: &PeerTable,
     peer: &Arc<Peer>,
     from: SocketAddr,
     datagram: &[u8],
-    dst: &mut [u8],
+    coalescer: &mut Coalescer,
     replies: &mut SendBatch,
-    table: &PeerTable,
-) -> Option<usize> {
+) {
+    let landing = coalescer.landing(datagram.len());
     let mut tunnel = peer.tunnel.lock();
-    let plain_len = match tunnel.decapsulate(from.ip(), datagram, dst) {
-        Outcome::Tunnel(packet, src) => {
-            let len = packet.len();
-            match table.routes.lookup(src) {
-                Some(owner) if Arc::ptr_eq(owner, peer) => Some(len),
-                _ => {
-                    shared.drops.bad_source.fetch_add(1, Ordering::Relaxed);
-                    None
-                }
-            }
+    let received = packet::decapsulate(table, peer, &mut tunnel, from, datagram, landing);
+    match received.action {
+        Inbound::Deliver(len) => {
+            drop(tunnel);
+            coalescer.commit(len);
         }
-        Outcome::Network(reply) => {
-            // A handshake message: answer it, then send what queued up during the handshake.
-            let len = reply.len();
-            replies.slot()[..len].copy_from_slice(reply);
+        Inbound::Reply(len) => {
+            replies.slot()[..len].copy_from_slice(&landing[..len]);
             replies.push(len, from);
             peer.counters.sent(len);
-            while let Outcome::Network(queued) = tunnel.flush(replies.slot()) {
+            loop {
+                if replies.is_full() {
+                    flush(shared, socket, replies);
+                }
+                let Outcome::Network(queued) = tunnel.flush(replies.slot()) else {
+                    break;
+                };
                 let len = queued.len();
                 replies.push(len, from);
                 peer.counters.sent(len);
-                if replies.is_full() {
-                    break;
-                }
             }
-            None
+            drop(tunnel);
+            coalescer.abandon();
         }
-        Outcome::Done => None,
-        Outcome::Error(_) => {
-            shared.drops.invalid.fetch_add(1, Ordering::Relaxed);
-            return None;
+        Inbound::Nothing => {
+            drop(tunnel);
+            coalescer.abandon();
         }
-    };
-    drop(tunnel);
-    // Authenticated: count it and follow the peer to its new address (roaming).
-    peer.counters
-        .rx_bytes
-        .fetch_add(datagram.len() as u64, Ordering::Relaxed);
-    peer.counters.rx_packets.fetch_add(1, Ordering::Relaxed);
-    if peer.endpoint() != Some(from) {
-        *peer.endpoint.write() = Some(from);
+        Inbound::Drop(reason) => {
+            drop(tunnel);
+            coalescer.abandon();
+            shared.drops.add(reason, 1);
+        }
     }
-    plain_len.filter(|&len| len > 0)
+    if received.authenticated {
+        peer.counters
+            .rx_bytes
+            .fetch_add(datagram.len() as u64, Ordering::Relaxed);
+        peer.counters.rx_packets.fetch_add(1, Ordering::Relaxed);
+        if let Some(endpoint) = packet::roam(peer.endpoint(), from, received.authenticated) {
+            *peer.endpoint.write() = Some(endpoint);
+        }
+    }
 }
 
 fn timer_loop(shared: &Shared) {
     let mut buf = vec![0u8; wg::MIN_OUTPUT.max(2048)];
     let mut last_reset = Instant::now();
     while !shared.stop.load(Ordering::Relaxed) {
+        shared.beat(PacketThread::Timers);
         std::thread::sleep(TIMER_TICK);
         let table = shared.snapshot();
         if last_reset.elapsed() >= Duration::from_secs(1) {
@@ -347,7 +538,7 @@ fn timer_loop(shared: &Shared) {
                     }
                     peer.counters.sent(m.len());
                     if let Err(e) = socket.send_one(m, ep) {
-                        shared.drops.udp_send.fetch_add(1, Ordering::Relaxed);
+                        shared.drops.add(DropReason::UdpSend, 1);
                         tracing::debug!(error = %e, "timer send failed");
                     }
                 }

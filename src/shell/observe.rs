@@ -3,9 +3,7 @@
 //! published and the live counters; never waits on I/O.
 
 use crate::shell::daemon::Handle;
-use crate::telemetry::{
-    DropStats, InterfaceStatus, NameStatus, Observe, PeerStatus, RulesStatus, Snapshot,
-};
+use crate::telemetry::{InterfaceStatus, NameStatus, Observe, PeerStatus, RulesStatus, Snapshot};
 use crate::uapi::{DeviceSnapshot, DeviceUpdate, PeerSnapshot, UapiError, UapiHandler};
 use std::sync::atomic::Ordering;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -20,6 +18,10 @@ fn wall_time_of(at: Instant) -> SystemTime {
 }
 
 impl Observe for Handle {
+    fn liveness(&self) -> Result<(), String> {
+        self.shared.liveness()
+    }
+
     fn readiness(&self) -> Result<(), String> {
         self.published.lock().view.readiness.clone()
     }
@@ -55,17 +57,7 @@ impl Observe for Handle {
                 }
             })
             .collect();
-        let d = &self.shared.drops;
-        let drops = DropStats {
-            no_peer: d.no_peer.load(Ordering::Relaxed),
-            no_endpoint: d.no_endpoint.load(Ordering::Relaxed),
-            bad_source: d.bad_source.load(Ordering::Relaxed),
-            invalid: d.invalid.load(Ordering::Relaxed),
-            unknown_peer: d.unknown_peer.load(Ordering::Relaxed),
-            tun_read: d.tun_read.load(Ordering::Relaxed),
-            tun_write: d.tun_write.load(Ordering::Relaxed),
-            udp_send: d.udp_send.load(Ordering::Relaxed),
-        };
+        let drops = self.shared.drops.snapshot();
         let published = self.published.lock();
         let (view, config) = (&published.view, &published.config);
         let mut snap = Snapshot {

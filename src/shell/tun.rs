@@ -3,6 +3,7 @@
 
 use std::io;
 use std::path::Path;
+use std::time::Duration;
 use tun_rs::{DeviceBuilder, SyncDevice};
 
 #[derive(Debug, thiserror::Error)]
@@ -41,19 +42,21 @@ pub fn create(name: &str, mtu: u16) -> Result<SyncDevice, TunError> {
         })
 }
 
-/// Blocks until the (non-blocking) device has a packet to read. No timeout: an idle daemon
-/// sleeps here until traffic arrives, and the thread ends with the process.
+/// Waits until the (non-blocking) device has a packet to read, or an error to report, or
+/// `timeout` has passed: the reader wakes at least that often, so it can stamp its heartbeat
+/// and notice a stop request on an idle tunnel.
 #[allow(unsafe_code)]
-pub fn wait_readable(device: &SyncDevice) -> io::Result<()> {
+pub fn wait_readable(device: &SyncDevice, timeout: Duration) -> io::Result<()> {
     use std::os::fd::AsRawFd;
     let mut fds = libc::pollfd {
         fd: device.as_raw_fd(),
         events: libc::POLLIN,
         revents: 0,
     };
+    let timeout_ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
     // SAFETY: one valid pollfd that outlives the call; the descriptor stays open as long as
     // `device` is borrowed.
-    if unsafe { libc::poll(&mut fds, 1, -1) } < 0 {
+    if unsafe { libc::poll(&mut fds, 1, timeout_ms) } < 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(())

@@ -110,6 +110,12 @@ impl WgSocket {
         self.socket.set_mark(mark)
     }
 
+    /// Makes [`WgSocket::recv_batch`] give up with [`io::ErrorKind::WouldBlock`] after
+    /// `timeout` without a datagram, so the reader wakes on an idle tunnel too.
+    pub fn set_receive_timeout(&self, timeout: std::time::Duration) -> io::Result<()> {
+        self.socket.set_read_timeout(Some(timeout))
+    }
+
     /// Unblocks a thread sitting in [`WgSocket::recv_batch`] (used at shutdown).
     pub fn shutdown(&self) {
         self.closed.store(true, Ordering::Release);
@@ -130,8 +136,9 @@ impl WgSocket {
         self.socket.send_to(data, &self.native(to)).map(|_| ())
     }
 
-    /// Receives up to [`BATCH`] messages; returns how many. Blocks until at least one arrives;
-    /// 0 means the socket was shut down. Use [`RecvBatch::datagrams`] to walk what arrived.
+    /// Receives up to [`BATCH`] messages; returns how many. Blocks until at least one arrives
+    /// (or the receive timeout passes: `WouldBlock`); 0 means the socket was shut down. Use
+    /// [`RecvBatch::datagrams`] to walk what arrived.
     pub fn recv_batch(&self, batch: &mut RecvBatch) -> io::Result<usize> {
         let n = batch.bufs.len();
         for i in 0..n {

@@ -1,10 +1,9 @@
 //! The health endpoint (`[health] listen`): `GET /healthz`, `GET /readyz`, `GET /metrics`.
 //!
-//! Liveness is honest by construction: `/healthz` is answered by a task on the daemon's tokio
-//! runtime, the same runtime that runs the packet loops, timers and reloads. If that runtime is
-//! wedged (a blocked worker, a deadlock on the event loop) nothing answers and the probe times
-//! out, which is exactly what should get the process restarted. It therefore checks nothing
-//! else: "the process and its event loop are alive".
+//! `/healthz` asks [`Observe::liveness`]: 200 while every packet thread has woken within its
+//! stall limit, 503 with the stuck thread's name otherwise. Being answered at all only proves
+//! the tokio runtime is alive; the packet loops run on their own threads and can wedge (a lock,
+//! a blocking write) while this runtime answers happily, so their heartbeats are checked.
 //!
 //! `/readyz` asks [`Observe::readiness`]; `/metrics` renders [`Observe::snapshot`] with
 //! [`render_metrics`], which never emits keys or peer endpoints. Bodies are plain text.
@@ -127,7 +126,13 @@ fn route<B>(req: &Request<B>, observe: &dyn Observe) -> Response<Full<Bytes>> {
         return r;
     }
     match path {
-        "/healthz" => text(StatusCode::OK, "ok\n"),
+        "/healthz" => match observe.liveness() {
+            Ok(()) => text(StatusCode::OK, "ok\n"),
+            Err(reason) => text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("not alive: {}\n", one_line(&reason)),
+            ),
+        },
         "/readyz" => match observe.readiness() {
             Ok(()) => text(StatusCode::OK, "ready\n"),
             Err(reason) => text(
@@ -245,6 +250,15 @@ mod tests {
             "not ready: rules: apply failed: nft: exit status 1 more\n"
         );
         // Liveness does not depend on readiness.
+        let r = call(move || get(addr, "/healthz")).await;
+        assert_eq!(r.status, 200);
+        fake.set_not_alive(Some("packet thread tg-tun-rx stuck for 7.0 s"));
+        let r = call(move || get(addr, "/healthz")).await;
+        assert_eq!(
+            (r.status, r.body.as_str()),
+            (503, "not alive: packet thread tg-tun-rx stuck for 7.0 s\n")
+        );
+        fake.set_not_alive(None);
         let r = call(move || get(addr, "/healthz")).await;
         assert_eq!(r.status, 200);
 

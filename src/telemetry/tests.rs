@@ -77,13 +77,18 @@ pub(crate) fn sample_snapshot() -> Snapshot {
 /// An [`Observe`] whose readiness a test can flip.
 pub(crate) struct FakeObserve {
     pub(crate) not_ready: Mutex<Option<String>>,
+    pub(crate) not_alive: Mutex<Option<String>>,
 }
 
 impl FakeObserve {
     pub(crate) fn new() -> Self {
         FakeObserve {
             not_ready: Mutex::new(None),
+            not_alive: Mutex::new(None),
         }
+    }
+    pub(crate) fn set_not_alive(&self, reason: Option<&str>) {
+        *self.not_alive.lock().expect("lock") = reason.map(str::to_string);
     }
     pub(crate) fn set_not_ready(&self, reason: Option<&str>) {
         *self.not_ready.lock().expect("lock") = reason.map(str::to_string);
@@ -91,6 +96,12 @@ impl FakeObserve {
 }
 
 impl Observe for FakeObserve {
+    fn liveness(&self) -> Result<(), String> {
+        match &*self.not_alive.lock().expect("lock") {
+            None => Ok(()),
+            Some(r) => Err(r.clone()),
+        }
+    }
     fn readiness(&self) -> Result<(), String> {
         match &*self.not_ready.lock().expect("lock") {
             None => Ok(()),

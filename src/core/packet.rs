@@ -1,0 +1,296 @@
+//! What to do with one packet, decided without I/O: a TUN segment is sent to a peer or dropped;
+//! a datagram is delivered to the TUN device, answered (handshake, cookie) or dropped, and
+//! tells whether the sender's endpoint roams. Also the one drop-reason vocabulary and its
+//! counters, from the packet loops to `/metrics`.
+//!
+//! The shell (`shell::datapath`) owns threads, batches, buffers and locks; it calls these per
+//! packet, so they allocate nothing, take no lock and stay `#[inline]`.
+
+use crate::config::{PublicKey, SecretKey};
+use crate::core::wg::{self, Incoming, Limiter, Outcome, Tunnel};
+use serde::{Deserialize, Serialize};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Why a packet was dropped. The order is the order of `/metrics` and of [`DropStats`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DropReason {
+    /// From the TUN device to an address no peer's allowed IPs cover.
+    NoPeer,
+    /// To a peer that has no endpoint yet.
+    NoEndpoint,
+    /// Decrypted from a peer, but the inner source is outside that peer's allowed IPs.
+    BadSource,
+    /// Malformed, or failing decryption, authentication or replay checks.
+    Invalid,
+    /// A handshake or data message for a key or session index no peer has.
+    UnknownPeer,
+    /// A read from the TUN device that could not be split into IP packets.
+    TunRead,
+    /// Writing a decrypted packet to the TUN device failed.
+    TunWrite,
+    /// Sending an encrypted packet on the UDP socket failed.
+    UdpSend,
+}
+
+impl DropReason {
+    pub const COUNT: usize = 8;
+    /// Every reason, in the fixed order (`ALL[r as usize] == r`).
+    pub const ALL: [DropReason; DropReason::COUNT] = [
+        DropReason::NoPeer,
+        DropReason::NoEndpoint,
+        DropReason::BadSource,
+        DropReason::Invalid,
+        DropReason::UnknownPeer,
+        DropReason::TunRead,
+        DropReason::TunWrite,
+        DropReason::UdpSend,
+    ];
+
+    /// The `reason` label in metrics and the field name in the status JSON.
+    pub const fn label(self) -> &'static str {
+        match self {
+            DropReason::NoPeer => "no_peer",
+            DropReason::NoEndpoint => "no_endpoint",
+            DropReason::BadSource => "bad_source",
+            DropReason::Invalid => "invalid",
+            DropReason::UnknownPeer => "unknown_peer",
+            DropReason::TunRead => "tun_read",
+            DropReason::TunWrite => "tun_write",
+            DropReason::UdpSend => "udp_send",
+        }
+    }
+}
+
+/// The live drop counters the packet loops bump: one relaxed atomic per [`DropReason`].
+#[derive(Debug, Default)]
+pub struct DropCounters([AtomicU64; DropReason::COUNT]);
+
+impl DropCounters {
+    #[inline]
+    pub fn add(&self, reason: DropReason, packets: u64) {
+        self.0[reason as usize].fetch_add(packets, Ordering::Relaxed);
+    }
+
+    /// What `/metrics` and `tunnelgate status` show.
+    pub fn snapshot(&self) -> DropStats {
+        let mut stats = DropStats::default();
+        for reason in DropReason::ALL {
+            *stats.count_mut(reason) = self.0[reason as usize].load(Ordering::Relaxed);
+        }
+        stats
+    }
+}
+
+/// Packets dropped, by reason, at one moment. Each field name is the [`DropReason::label`]: the
+/// `reason` label in metrics and the key in the status JSON.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DropStats {
+    pub no_peer: u64,
+    pub no_endpoint: u64,
+    pub bad_source: u64,
+    pub invalid: u64,
+    pub unknown_peer: u64,
+    pub tun_read: u64,
+    pub tun_write: u64,
+    pub udp_send: u64,
+}
+
+impl DropStats {
+    pub fn count(&self, reason: DropReason) -> u64 {
+        match reason {
+            DropReason::NoPeer => self.no_peer,
+            DropReason::NoEndpoint => self.no_endpoint,
+            DropReason::BadSource => self.bad_source,
+            DropReason::Invalid => self.invalid,
+            DropReason::UnknownPeer => self.unknown_peer,
+            DropReason::TunRead => self.tun_read,
+            DropReason::TunWrite => self.tun_write,
+            DropReason::UdpSend => self.udp_send,
+        }
+    }
+
+    fn count_mut(&mut self, reason: DropReason) -> &mut u64 {
+        match reason {
+            DropReason::NoPeer => &mut self.no_peer,
+            DropReason::NoEndpoint => &mut self.no_endpoint,
+            DropReason::BadSource => &mut self.bad_source,
+            DropReason::Invalid => &mut self.invalid,
+            DropReason::UnknownPeer => &mut self.unknown_peer,
+            DropReason::TunRead => &mut self.tun_read,
+            DropReason::TunWrite => &mut self.tun_write,
+            DropReason::UdpSend => &mut self.udp_send,
+        }
+    }
+
+    /// `(reason, count)` for every reason, in the fixed order.
+    pub fn by_reason(&self) -> [(&'static str, u64); DropReason::COUNT] {
+        DropReason::ALL.map(|r| (r.label(), self.count(r)))
+    }
+}
+
+/// The peers as the decisions see them. The shell's peer table implements it; tests use a
+/// small fake. `Peer` is whatever the shell keeps per peer (an `Arc`, an index).
+pub trait PeerLookup {
+    type Peer;
+    /// The peer a handshake initiation from `key` belongs to.
+    fn by_key(&self, key: &PublicKey) -> Option<&Self::Peer>;
+    /// The peer whose local session index a response, cookie or data message names.
+    fn by_index(&self, index: u32) -> Option<&Self::Peer>;
+    /// The peer whose allowed IPs cover `addr` (longest prefix).
+    fn by_address(&self, addr: IpAddr) -> Option<&Self::Peer>;
+    /// Whether `a` and `b` are the same peer (not merely equal settings).
+    fn same(a: &Self::Peer, b: &Self::Peer) -> bool;
+}
+
+/// The peer every segment of one TUN read goes to: segments of one read share their
+/// destination, so this runs once per read. A read that is not an IP packet counts as a
+/// TUN read drop.
+#[inline]
+pub fn route_read<'t, T: PeerLookup>(
+    peers: &'t T,
+    first_segment: &[u8],
+) -> Result<&'t T::Peer, DropReason> {
+    let dst = wg::packet_destination(first_segment).ok_or(DropReason::TunRead)?;
+    peers.by_address(dst).ok_or(DropReason::NoPeer)
+}
+
+/// What became of one TUN segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outbound {
+    /// Send the first `len` bytes of the output buffer to `to` (data, or a handshake the
+    /// segment started while it waits in the session's queue).
+    Send {
+        len: usize,
+        to: SocketAddr,
+    },
+    /// Nothing to send now (queued, or the session is expired and waiting).
+    Nothing,
+    Drop(DropReason),
+}
+
+/// Encrypts one segment for a peer whose endpoint is `endpoint` into `out`.
+#[inline]
+pub fn encapsulate(
+    tunnel: &mut Tunnel,
+    endpoint: Option<SocketAddr>,
+    segment: &[u8],
+    out: &mut [u8],
+) -> Outbound {
+    let len = match tunnel.encapsulate(segment, out) {
+        Outcome::Network(m) => m.len(),
+        _ => return Outbound::Nothing,
+    };
+    match endpoint {
+        Some(to) => Outbound::Send { len, to },
+        None => Outbound::Drop(DropReason::NoEndpoint),
+    }
+}
+
+/// Who sent a datagram, before any session state is touched.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Sender<'t, P> {
+    Peer(&'t P),
+    /// Under handshake load: send the first `len` bytes of the cookie buffer back.
+    Cookie(usize),
+}
+
+/// The peer a datagram from `from` belongs to. Checks MACs before any Diffie-Hellman (see
+/// [`wg::classify`]); `cookie_out` receives a cookie reply under load.
+#[inline]
+pub fn identify<'t, T: PeerLookup>(
+    peers: &'t T,
+    limiter: &Limiter,
+    own_private: &SecretKey,
+    own_public: &PublicKey,
+    from: SocketAddr,
+    datagram: &[u8],
+    cookie_out: &mut [u8],
+) -> Result<Sender<'t, T::Peer>, DropReason> {
+    let peer = match wg::classify(
+        limiter,
+        own_private,
+        own_public,
+        from.ip(),
+        datagram,
+        cookie_out,
+    ) {
+        Ok(Incoming::Initiation(key)) => peers.by_key(&key),
+        Ok(Incoming::Index(index)) => peers.by_index(index),
+        Ok(Incoming::Cookie(len)) => return Ok(Sender::Cookie(len)),
+        Err(_) => return Err(DropReason::Invalid),
+    };
+    peer.map(Sender::Peer).ok_or(DropReason::UnknownPeer)
+}
+
+/// What to do with a datagram of a known peer after decryption.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Inbound {
+    /// Write the first `len` bytes of the landing buffer to the TUN device.
+    Deliver(usize),
+    /// Send the first `len` bytes of the landing buffer back to the sender (a handshake
+    /// response), then flush the session's queue ([`Tunnel::flush`]) to the same address.
+    Reply(usize),
+    /// Authenticated, nothing to deliver (a keepalive, a handshake response we asked for).
+    Nothing,
+    Drop(DropReason),
+}
+
+/// The decision on one datagram of `peer`, and whether it proved to come from that peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Received {
+    pub action: Inbound,
+    /// The datagram passed the session's authentication: its sender may roam (see [`roam`]).
+    /// True also for a bad inner source: the peer's key made it, as in the kernel.
+    pub authenticated: bool,
+}
+
+/// Decrypts a datagram of `peer` (its `tunnel`, locked by the caller) into `landing` and checks
+/// the inner source against the peer's allowed IPs.
+#[inline]
+pub fn decapsulate<T: PeerLookup>(
+    peers: &T,
+    peer: &T::Peer,
+    tunnel: &mut Tunnel,
+    from: SocketAddr,
+    datagram: &[u8],
+    landing: &mut [u8],
+) -> Received {
+    let action = match tunnel.decapsulate(from.ip(), datagram, landing) {
+        Outcome::Tunnel(packet, src) => {
+            let len = packet.len();
+            match peers.by_address(src) {
+                _ if len == 0 => Inbound::Nothing,
+                Some(owner) if T::same(owner, peer) => Inbound::Deliver(len),
+                _ => Inbound::Drop(DropReason::BadSource),
+            }
+        }
+        Outcome::Network(reply) => Inbound::Reply(reply.len()),
+        Outcome::Done => Inbound::Nothing,
+        Outcome::Error(_) => {
+            return Received {
+                action: Inbound::Drop(DropReason::Invalid),
+                authenticated: false,
+            }
+        }
+    };
+    Received {
+        action,
+        authenticated: true,
+    }
+}
+
+/// The endpoint to switch to after a datagram from `from`: only an authenticated datagram from
+/// a new address moves the peer (WireGuard's roaming). `None` = keep `current`.
+#[inline]
+pub fn roam(
+    current: Option<SocketAddr>,
+    from: SocketAddr,
+    authenticated: bool,
+) -> Option<SocketAddr> {
+    (authenticated && current != Some(from)).then_some(from)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,397 @@
+//! The packet decisions against real boringtun sessions and a fake peer table: every drop
+//! reason, a handshake answered, delivery, and roaming only on authenticated datagrams.
+
+use super::*;
+use crate::config::IpNet;
+use crate::core::allowed_ips::AllowedIps;
+
+/// Our side of the tunnel ("local", the daemon) and one remote peer, with real keys.
+struct Setup {
+    own_private: SecretKey,
+    own_public: PublicKey,
+    limiter: Limiter,
+    peers: FakePeers,
+    /// The local session with the remote peer (peer 0 of `peers`).
+    local: Tunnel,
+    /// The remote peer's own session with us.
+    remote: Tunnel,
+}
+
+/// Peers are numbers; peer 0 is the remote of [`Setup`], peer 1 owns [`OTHER_PEER_IP`].
+struct FakePeers {
+    ids: [usize; 2],
+    keys: [PublicKey; 2],
+    indices: [u32; 2],
+    routes: AllowedIps<usize>,
+}
+
+impl PeerLookup for FakePeers {
+    type Peer = usize;
+    fn by_key(&self, key: &PublicKey) -> Option<&usize> {
+        self.keys
+            .iter()
+            .position(|k| k == key)
+            .map(|i| &self.ids[i])
+    }
+    fn by_index(&self, index: u32) -> Option<&usize> {
+        self.indices
+            .iter()
+            .position(|&i| i == index)
+            .map(|i| &self.ids[i])
+    }
+    fn by_address(&self, addr: IpAddr) -> Option<&usize> {
+        self.routes.lookup(addr)
+    }
+    fn same(a: &usize, b: &usize) -> bool {
+        a == b
+    }
+}
+
+const LOCAL_INDEX: u32 = 7;
+const REMOTE_IP: [u8; 4] = [10, 0, 0, 2];
+const OTHER_PEER_IP: [u8; 4] = [10, 0, 0, 3];
+const LOCAL_IP: [u8; 4] = [10, 0, 0, 1];
+
+fn addr(s: &str) -> SocketAddr {
+    s.parse().expect("socket address")
+}
+
+fn net(s: &str) -> IpNet {
+    s.parse().expect("network")
+}
+
+fn setup() -> Setup {
+    let own_private = SecretKey::generate();
+    let own_public = own_private.public_key();
+    let remote_private = SecretKey::generate();
+    let other = SecretKey::generate().public_key();
+    let limiter = Limiter::new(&own_public);
+    let remote_limiter = Limiter::new(&remote_private.public_key());
+    let mut routes = AllowedIps::default();
+    routes.insert(net("10.0.0.2/32"), 0);
+    routes.insert(net("10.0.0.3/32"), 1);
+    let local = Tunnel::new(
+        &own_private,
+        &remote_private.public_key(),
+        None,
+        None,
+        LOCAL_INDEX,
+        &limiter,
+    );
+    let remote = Tunnel::new(
+        &remote_private,
+        &own_public,
+        None,
+        None,
+        99,
+        &remote_limiter,
+    );
+    Setup {
+        peers: FakePeers {
+            ids: [0, 1],
+            keys: [remote_private.public_key(), other],
+            indices: [LOCAL_INDEX, LOCAL_INDEX + 1],
+            routes,
+        },
+        own_private,
+        own_public,
+        limiter,
+        local,
+        remote,
+    }
+}
+
+fn ipv4_packet(src: [u8; 4], dst: [u8; 4], payload: &[u8]) -> Vec<u8> {
+    let mut p = vec![0u8; 20];
+    p[0] = 0x45;
+    let len = u16::try_from(20 + payload.len()).expect("small packet");
+    p[2..4].copy_from_slice(&len.to_be_bytes());
+    p[8] = 64;
+    p[9] = 17;
+    p[12..16].copy_from_slice(&src);
+    p[16..20].copy_from_slice(&dst);
+    p.extend_from_slice(payload);
+    p
+}
+
+impl Setup {
+    /// Runs `datagram` from `from` through identify and decapsulate, as the UDP loop does.
+    fn receive(&mut self, from: SocketAddr, datagram: &[u8], landing: &mut [u8]) -> Received {
+        let mut cookie = [0u8; 64];
+        let sender = identify(
+            &self.peers,
+            &self.limiter,
+            &self.own_private,
+            &self.own_public,
+            from,
+            datagram,
+            &mut cookie,
+        );
+        let peer = match sender {
+            Ok(Sender::Peer(p)) => *p,
+            other => panic!("datagram not attributed to a peer: {other:?}"),
+        };
+        assert_eq!(peer, 0, "attributed to the wrong peer");
+        decapsulate(&self.peers, &0, &mut self.local, from, datagram, landing)
+    }
+
+    /// The remote initiates; we answer; the remote's first data message confirms the session.
+    /// Returns that first data message's decision.
+    fn handshake(&mut self, from: SocketAddr) -> Received {
+        let mut buf = vec![0u8; 2048];
+        let mut landing = vec![0u8; 2048];
+        let init = match self.remote.initiate(&mut buf) {
+            Outcome::Network(m) => m.to_vec(),
+            other => panic!("no initiation: {other:?}"),
+        };
+        let received = self.receive(from, &init, &mut landing);
+        let Inbound::Reply(len) = received.action else {
+            panic!("initiation not answered: {received:?}");
+        };
+        let response = landing[..len].to_vec();
+        let _ = self.remote.decapsulate(from.ip(), &response, &mut buf);
+        let data = self.remote_data(REMOTE_IP, b"first");
+        self.receive(from, &data, &mut landing)
+    }
+
+    /// A data message from the remote carrying a packet with inner source `src`.
+    fn remote_data(&mut self, src: [u8; 4], payload: &[u8]) -> Vec<u8> {
+        let mut buf = vec![0u8; 2048];
+        let packet = ipv4_packet(src, LOCAL_IP, payload);
+        match self.remote.encapsulate(&packet, &mut buf) {
+            Outcome::Network(m) => m.to_vec(),
+            other => panic!("remote could not encrypt: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn reasons_have_a_fixed_order_and_their_labels_are_the_json_fields() {
+    let counters = DropCounters::default();
+    for (i, reason) in DropReason::ALL.into_iter().enumerate() {
+        assert_eq!(DropReason::ALL[reason as usize], reason);
+        counters.add(reason, i as u64 + 1);
+    }
+    let stats = counters.snapshot();
+    let json = serde_json::to_value(stats).expect("json");
+    let fields = json.as_object().expect("object");
+    assert_eq!(fields.len(), DropReason::COUNT);
+    for (i, (label, count)) in stats.by_reason().into_iter().enumerate() {
+        assert_eq!(label, DropReason::ALL[i].label());
+        assert_eq!(count, i as u64 + 1, "{label}");
+        assert_eq!(
+            fields.get(label),
+            Some(&serde_json::json!(count)),
+            "{label}"
+        );
+    }
+    assert_eq!(
+        stats.by_reason().map(|(l, _)| l),
+        [
+            "no_peer",
+            "no_endpoint",
+            "bad_source",
+            "invalid",
+            "unknown_peer",
+            "tun_read",
+            "tun_write",
+            "udp_send"
+        ]
+    );
+}
+
+#[test]
+fn a_read_for_an_address_no_peer_covers_is_dropped_as_no_peer() {
+    let s = setup();
+    let to_remote = ipv4_packet(LOCAL_IP, REMOTE_IP, b"x");
+    assert_eq!(route_read(&s.peers, &to_remote), Ok(&0));
+    let nowhere = ipv4_packet(LOCAL_IP, [192, 0, 2, 9], b"x");
+    assert_eq!(route_read(&s.peers, &nowhere), Err(DropReason::NoPeer));
+    assert_eq!(
+        route_read(&s.peers, &[0x45, 0, 0]),
+        Err(DropReason::TunRead)
+    );
+}
+
+#[test]
+fn a_packet_for_a_peer_without_endpoint_is_dropped_as_no_endpoint() {
+    let mut s = setup();
+    let packet = ipv4_packet(LOCAL_IP, REMOTE_IP, b"x");
+    let mut out = vec![0u8; 2048];
+    // No session yet: the packet waits in the queue and a handshake initiation comes out,
+    // which has nowhere to go.
+    assert_eq!(
+        encapsulate(&mut s.local, None, &packet, &mut out),
+        Outbound::Drop(DropReason::NoEndpoint)
+    );
+    // The handshake is under way now: the next packet just waits for it.
+    assert_eq!(
+        encapsulate(&mut s.local, None, &packet, &mut out),
+        Outbound::Nothing
+    );
+    // With an endpoint, the same first packet sends the initiation there.
+    let mut s = setup();
+    let to = addr("192.0.2.7:51820");
+    assert_eq!(
+        encapsulate(&mut s.local, Some(to), &packet, &mut out),
+        Outbound::Send {
+            len: wg::MIN_OUTPUT,
+            to
+        }
+    );
+}
+
+#[test]
+fn a_handshake_initiation_is_answered_and_data_is_delivered() {
+    let mut s = setup();
+    let from = addr("192.0.2.1:4000");
+    let first = s.handshake(from);
+    let expected = ipv4_packet(REMOTE_IP, LOCAL_IP, b"first");
+    assert_eq!(
+        first,
+        Received {
+            action: Inbound::Deliver(expected.len()),
+            authenticated: true
+        }
+    );
+    // Once the session is up, our own packets go out as data messages.
+    let mut out = vec![0u8; 2048];
+    let packet = ipv4_packet(LOCAL_IP, REMOTE_IP, b"reply");
+    assert_eq!(
+        encapsulate(&mut s.local, Some(from), &packet, &mut out),
+        Outbound::Send {
+            len: packet.len() + wg::OVERHEAD,
+            to: from
+        }
+    );
+}
+
+#[test]
+fn an_inner_source_outside_the_senders_allowed_ips_is_dropped_as_bad_source() {
+    let mut s = setup();
+    let from = addr("192.0.2.1:4000");
+    s.handshake(from);
+    let mut landing = vec![0u8; 2048];
+    // Covered by another peer's allowed IPs, and by nobody's.
+    for src in [OTHER_PEER_IP, [198, 51, 100, 1]] {
+        let data = s.remote_data(src, b"spoofed");
+        assert_eq!(
+            s.receive(from, &data, &mut landing),
+            Received {
+                action: Inbound::Drop(DropReason::BadSource),
+                authenticated: true
+            },
+            "source {src:?}"
+        );
+    }
+}
+
+#[test]
+fn garbage_and_replays_are_dropped_as_invalid_and_never_authenticated() {
+    let mut s = setup();
+    let from = addr("192.0.2.1:4000");
+    let mut cookie = [0u8; 64];
+    for garbage in [
+        &b""[..],
+        &[0xffu8; 200][..],
+        &[1u8; 148][..],
+        &[4u8; 64][..],
+    ] {
+        let got = identify(
+            &s.peers,
+            &s.limiter,
+            &s.own_private,
+            &s.own_public,
+            from,
+            garbage,
+            &mut cookie,
+        );
+        assert_eq!(got, Err(DropReason::Invalid), "{garbage:?}");
+    }
+    s.handshake(from);
+    let data = s.remote_data(REMOTE_IP, b"once");
+    let mut landing = vec![0u8; 2048];
+    assert!(matches!(
+        s.receive(from, &data, &mut landing).action,
+        Inbound::Deliver(_)
+    ));
+    assert_eq!(
+        s.receive(from, &data, &mut landing),
+        Received {
+            action: Inbound::Drop(DropReason::Invalid),
+            authenticated: false
+        }
+    );
+    // A data message naming our peer's index but made up: fails authentication.
+    let mut forged = data.clone();
+    let last = forged.len() - 1;
+    forged[last] ^= 1;
+    assert!(!s.receive(from, &forged, &mut landing).authenticated);
+}
+
+#[test]
+fn an_unknown_key_or_session_index_is_dropped_as_unknown_peer() {
+    let s = setup();
+    let from = addr("192.0.2.1:4000");
+    let mut cookie = [0u8; 64];
+    let mut buf = vec![0u8; 2048];
+    // A well-formed initiation from a key that is not configured.
+    let stranger = SecretKey::generate();
+    let mut stranger_tunnel = Tunnel::new(
+        &stranger,
+        &s.own_public,
+        None,
+        None,
+        5,
+        &Limiter::new(&stranger.public_key()),
+    );
+    let init = match stranger_tunnel.initiate(&mut buf) {
+        Outcome::Network(m) => m.to_vec(),
+        other => panic!("no initiation: {other:?}"),
+    };
+    let who = |datagram: &[u8], cookie: &mut [u8]| {
+        identify(
+            &s.peers,
+            &s.limiter,
+            &s.own_private,
+            &s.own_public,
+            from,
+            datagram,
+            cookie,
+        )
+        .map(|_| ())
+    };
+    assert_eq!(who(&init, &mut cookie), Err(DropReason::UnknownPeer));
+    // A data message for a session index nobody has (type 4, receiver index 0x424242).
+    let mut data = vec![0u8; 32 + 16];
+    data[0] = 4;
+    data[4..8].copy_from_slice(&(0x42_4242u32 << 8).to_le_bytes());
+    assert_eq!(who(&data, &mut cookie), Err(DropReason::UnknownPeer));
+}
+
+#[test]
+fn only_an_authenticated_datagram_from_a_new_address_moves_the_endpoint() {
+    let mut s = setup();
+    let first = addr("192.0.2.1:4000");
+    let roamed = addr("[2001:db8::5]:6000");
+    let spoofer = addr("203.0.113.66:7000");
+    let received = s.handshake(first);
+    assert_eq!(roam(None, first, received.authenticated), Some(first));
+    let mut endpoint = Some(first);
+
+    let data = s.remote_data(REMOTE_IP, b"from the new address");
+    let mut landing = vec![0u8; 2048];
+    let received = s.receive(roamed, &data, &mut landing);
+    assert!(received.authenticated);
+    assert_eq!(roam(endpoint, roamed, received.authenticated), Some(roamed));
+    endpoint = Some(roamed);
+    // The same address again: nothing to change.
+    let data = s.remote_data(REMOTE_IP, b"again");
+    let received = s.receive(roamed, &data, &mut landing);
+    assert_eq!(roam(endpoint, roamed, received.authenticated), None);
+
+    // A replay of a genuine message from another address must not move the peer.
+    let received = s.receive(spoofer, &data, &mut landing);
+    assert!(!received.authenticated);
+    assert_eq!(roam(endpoint, spoofer, received.authenticated), None);
+}

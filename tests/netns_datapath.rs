@@ -1,0 +1,205 @@
+//! Issue 12, the packet threads' lifecycle in network namespaces: `/healthz` names a packet
+//! thread that is really wedged (the daemon running, one thread frozen from outside); a deleted
+//! TUN device ends the daemon (exit 1, one log line, its rules and sockets removed); and `Datapath::stop`
+//! ends every packet thread of an in-process data path on a real TUN device.
+//!
+//! Run as root: `cargo test --test netns_datapath -- --ignored --test-threads=1`.
+#![allow(unsafe_code)] // ptrace(2), to freeze one thread of the daemon.
+
+mod common;
+
+use common::*;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tunnelgate::config::SecretKey;
+use tunnelgate::core::liveness::STALL_LIMIT;
+use tunnelgate::shell::datapath::{self, Shared};
+use tunnelgate::shell::peers::PeerTable;
+use tunnelgate::shell::udp::WgSocket;
+
+/// Time for the health endpoint to notice: the stall limit plus a probe's slack.
+const NOTICE: Duration = Duration::from_secs(STALL_LIMIT.as_secs() + 5);
+
+/// The OS thread ids of the threads of `pid` named `name` (`/proc/PID/task/TID/comm`).
+fn threads_named(pid: u32, name: &str) -> Vec<i32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return vec![];
+    };
+    tasks
+        .filter_map(Result::ok)
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim_end() == name)
+        })
+        .filter_map(|t| t.file_name().to_str()?.parse().ok())
+        .collect()
+}
+
+/// One thread of another process, frozen with ptrace while this value lives. SIGSTOP would stop
+/// the whole process (and the health endpoint with it); `PTRACE_SEIZE` + `PTRACE_INTERRUPT`
+/// stop only the thread named, which is how a deadlock or a stuck system call looks from
+/// outside: every other thread, the health endpoint's included, keeps running. Ptrace is per
+/// tracer thread: create and drop this on the same thread.
+struct FrozenThread(libc::pid_t);
+
+impl FrozenThread {
+    fn freeze(tid: i32) -> FrozenThread {
+        // SAFETY: ptrace and waitpid on a thread id with no pointers passed in but `status`,
+        // which outlives the call.
+        unsafe {
+            assert_eq!(
+                libc::ptrace(libc::PTRACE_SEIZE, tid, 0usize, 0usize),
+                0,
+                "PTRACE_SEIZE {tid}: {}",
+                std::io::Error::last_os_error()
+            );
+            assert_eq!(
+                libc::ptrace(libc::PTRACE_INTERRUPT, tid, 0usize, 0usize),
+                0,
+                "PTRACE_INTERRUPT {tid}: {}",
+                std::io::Error::last_os_error()
+            );
+            let mut status = 0;
+            assert_eq!(
+                libc::waitpid(tid, &mut status, libc::__WALL),
+                tid,
+                "waitpid {tid}: {}",
+                std::io::Error::last_os_error()
+            );
+            assert!(
+                libc::WIFSTOPPED(status),
+                "thread {tid} did not stop: {status:#x}"
+            );
+        }
+        FrozenThread(tid)
+    }
+}
+
+impl Drop for FrozenThread {
+    fn drop(&mut self) {
+        // SAFETY: as above. A tracer that exits detaches its tracees too; this is the tidy way.
+        unsafe {
+            libc::ptrace(libc::PTRACE_DETACH, self.0, 0usize, 0usize);
+        }
+    }
+}
+
+/// Polls `/healthz` until `accept(status, body)` or `timeout`; returns the last answer.
+fn healthz_until(
+    tg: &Tunnelgate,
+    timeout: Duration,
+    accept: impl Fn(u16, &str) -> bool,
+) -> (u16, String) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let got = tg
+            .health_get("/healthz")
+            .unwrap_or_else(|e| (0, format!("no answer: {e}")));
+        if accept(got.0, &got.1) || Instant::now() > deadline {
+            return got;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn daemon(ns: &Netns) -> Tunnelgate {
+    Tunnelgate::start(ns, TgConfig::new(0, &["100.64.9.1/24"]))
+}
+
+#[test]
+#[ignore = "needs root"]
+fn healthz_fails_naming_a_wedged_packet_thread_and_recovers_when_it_runs_again() {
+    require_root();
+    let ns = Netns::new();
+    let tg = daemon(&ns);
+    // Idle for longer than the stall limit: idle threads still wake and stay alive.
+    std::thread::sleep(STALL_LIMIT + Duration::from_secs(1));
+    assert_eq!(
+        tg.health_get("/healthz").expect("healthz"),
+        (200, "ok\n".into())
+    );
+
+    for name in ["tg-tun-rx", "tg-udp-rx", "tg-timers"] {
+        let tids = threads_named(tg.pid(), name);
+        assert_eq!(tids.len(), 1, "threads named {name}: {tids:?}");
+        let frozen = FrozenThread::freeze(tids[0]);
+        let (code, body) = healthz_until(&tg, NOTICE, |code, _| code != 200);
+        assert_eq!(code, 503, "{name} frozen, /healthz said: {body}");
+        assert!(
+            body.starts_with(&format!("not alive: packet thread {name} stuck for ")),
+            "{body}"
+        );
+        // The process is otherwise fine: readiness and metrics still answer.
+        assert_eq!(tg.health_get("/readyz").expect("readyz").0, 200);
+        drop(frozen);
+        let (code, body) = healthz_until(&tg, NOTICE, |code, _| code == 200);
+        assert_eq!(code, 200, "{name} running again, /healthz said: {body}");
+    }
+}
+
+#[test]
+#[ignore = "needs root"]
+fn a_deleted_tun_device_ends_the_daemon_non_zero_and_removes_the_rest() {
+    require_root();
+    let ns = Netns::new();
+    let mut cfg = TgConfig::new(0, &["100.64.9.1/24"]);
+    cfg.extra = "[[ingress]]\ntarget = \"10.96.0.10\"\n".into();
+    let mut tg = Tunnelgate::start(&ns, cfg);
+    let iface = tg.name().to_string();
+    assert!(ns.exec(&["nft", "list", "ruleset"]).contains("tunnelgate"));
+    ns.exec(&["ip", "link", "del", &iface]);
+    let status = tg
+        .wait_exit(Duration::from_secs(10))
+        .expect("the daemon must exit when its TUN device is deleted");
+    assert_eq!(status.code(), Some(1), "exit status {status:?}");
+    let log = tg.stderr();
+    assert_eq!(log.matches("Data path stopped").count(), 1, "{log}");
+    assert_eq!(log.matches("TUN read failed").count(), 0, "{log}");
+    assert!(log.contains("TUN device is gone"), "{log}");
+    // Everything else it installed is gone, so a supervisor can start it again at once.
+    assert!(
+        !ns.exec(&["nft", "list", "ruleset"]).contains("tunnelgate"),
+        "rules left behind"
+    );
+    assert!(!wg_socket(&iface).exists(), "UAPI socket left behind");
+}
+
+#[test]
+#[ignore = "needs root"]
+fn stopping_the_data_path_ends_every_packet_thread() {
+    require_root();
+    let ns = Netns::new();
+    let iface = unique_name("tgt");
+    let pid = std::process::id();
+    let started = |name| !threads_named(pid, name).is_empty();
+    ns.in_ns(|| {
+        let tun = tunnelgate::shell::tun::create(&iface, 1420).expect("TUN device");
+        let socket = WgSocket::bind(0, None).expect("UDP socket");
+        let table = PeerTable::empty(SecretKey::generate());
+        let shared = Arc::new(Shared::new(table, tun, socket));
+        let running = datapath::start(shared.clone()).expect("start");
+        assert!(
+            poll_until(Duration::from_secs(5), || {
+                ["tg-tun-rx", "tg-udp-rx", "tg-timers"]
+                    .iter()
+                    .all(|n| started(n))
+            }),
+            "packet threads did not start"
+        );
+        assert_eq!(shared.liveness(), Ok(()));
+        // A socket replacement starts a second UDP reader; stop must join it too.
+        datapath::start_udp_reader(shared.clone()).expect("second reader");
+
+        let t = Instant::now();
+        running.stop().expect("every thread ends");
+        assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+        for name in ["tg-tun-rx", "tg-udp-rx", "tg-timers"] {
+            assert!(!started(name), "{name} still running after stop()");
+        }
+        // The threads held the device: with them and `shared` gone, it is deleted.
+        drop(shared);
+    });
+    assert!(
+        !ns.link_exists(&iface),
+        "the TUN device outlived the data path"
+    );
+}
