@@ -160,7 +160,7 @@ fn every_golden_file_is_accepted_by_the_real_tools() {
 /// The rule lines of our table as nft lists them; the rendered MSS match is spelled the way
 /// older nft versions also accept, which nft 1.0.6+ lists in its newer form.
 fn nft_rule_lines(text: &str) -> Vec<String> {
-    let start = text.rfind("table inet tunnelgate {\n").unwrap_or(0);
+    let start = text.rfind("table inet tunnelgate_tg0 {\n").unwrap_or(0);
     nft::normalize_listing(&text[start..])
         .replace("tcp flags & (syn | rst) == syn", "tcp flags syn / syn,rst")
         .lines()
@@ -176,7 +176,12 @@ fn nft_apply_replaces_the_table_atomically_and_removal_keeps_foreign_rules() {
         \t\ttype filter hook forward priority filter; policy accept;\n\
         \t\tiifname \"eth9\" accept\n\t}\n}\n";
     ns.run("nft", &["-f", "-"], foreign);
-    let list = || ns.run("nft", &["list", "table", "inet", "tunnelgate"], "");
+    // Another tunnelgate, for interface tg1, runs beside us: we never touch its table.
+    let neighbour = other_instance();
+    ns.run("nft", &["-f", "-"], &nft::render(&neighbour));
+    let list_neighbour = || ns.run("nft", &["list", "table", "inet", "tunnelgate_tg1"], "");
+    let neighbour_before = nft::normalize_listing(&list_neighbour());
+    let list = || ns.run("nft", &["list", "table", "inet", "tunnelgate_tg0"], "");
     let (a, b) = (set_a(), set_b());
 
     ns.run("nft", &["-f", "-"], &nft::render(&a));
@@ -196,7 +201,7 @@ fn nft_apply_replaces_the_table_atomically_and_removal_keeps_foreign_rules() {
 
     ns.run("nft", &["-f", "-"], &nft::render(&b));
     let changed = nft::normalize_listing(&list());
-    ns.run("nft", &["-f", "-"], &nft::render_delete());
+    ns.run("nft", &["-f", "-"], &nft::render_delete("tg0"));
     ns.run("nft", &["-f", "-"], &nft::render(&b));
     assert_eq!(
         nft::normalize_listing(&list()),
@@ -204,15 +209,27 @@ fn nft_apply_replaces_the_table_atomically_and_removal_keeps_foreign_rules() {
         "update differs from fresh"
     );
 
-    ns.run("nft", &["-f", "-"], &nft::render_delete());
-    ns.run("nft", &["-f", "-"], &nft::render_delete());
+    ns.run("nft", &["-f", "-"], &nft::render_delete("tg0"));
+    ns.run("nft", &["-f", "-"], &nft::render_delete("tg0"));
     let tables = ns.run("nft", &["list", "tables"], "");
-    assert!(!tables.contains("tunnelgate"), "{tables}");
+    assert!(!tables.contains("tunnelgate_tg0"), "{tables}");
     let left = ns.run("nft", &["list", "table", "inet", "foreign"], "");
     assert_eq!(
         nft::normalize_listing(&left),
         nft::normalize_listing(foreign)
     );
+    assert_eq!(
+        nft::normalize_listing(&list_neighbour()),
+        neighbour_before,
+        "tg1's table changed"
+    );
+}
+
+/// `set_a` as the daemon for interface `tg1` would install it.
+fn other_instance() -> RuleSet {
+    let mut set = set_a();
+    set.tunnel = "tg1".into();
+    set
 }
 
 /// The restore and save tools of each family, for the default and (if present) legacy iptables.
@@ -241,7 +258,16 @@ fn iptables_apply_is_idempotent_and_removal_keeps_foreign_rules() {
         let foreign = "*nat\n:FOREIGN - [0:0]\n-A PREROUTING -j FOREIGN\n\
             -A FOREIGN -i eth9 -j RETURN\nCOMMIT\n*filter\n-A FORWARD -i eth9 -j ACCEPT\nCOMMIT\n";
         ns.run(&restore, &["--noflush"], foreign);
+        let neighbour = other_instance();
+        let fresh = JumpState::default();
+        ns.run(
+            &restore,
+            &["--noflush"],
+            &iptables::render(&neighbour, family, &fresh),
+        );
         let saved = || ns.run(&save, &[], "");
+        let neighbour_before = iptables::owned_lines("tg1", &saved());
+        assert!(iptables::parse_jumps("tg1", &saved()).is_complete());
         let foreign_lines = |text: &str| -> Vec<String> {
             text.lines()
                 .filter(|l| l.contains("FOREIGN") || l.contains("eth9"))
@@ -250,7 +276,7 @@ fn iptables_apply_is_idempotent_and_removal_keeps_foreign_rules() {
         };
         let before = foreign_lines(&saved());
         let apply = |set: &RuleSet| {
-            let state = iptables::parse_jumps(&saved());
+            let state = iptables::parse_jumps("tg0", &saved());
             let text = iptables::render(set, family, &state);
             ns.run(&restore, &["--noflush"], &text);
             text
@@ -258,15 +284,15 @@ fn iptables_apply_is_idempotent_and_removal_keeps_foreign_rules() {
         let (a, b) = (set_a(), set_b());
 
         let text = apply(&a);
-        let first = iptables::owned_lines(&saved());
+        let first = iptables::owned_lines("tg0", &saved());
         assert!(
-            iptables::parse_jumps(&saved()).is_complete(),
+            iptables::parse_jumps("tg0", &saved()).is_complete(),
             "{restore}: {first}"
         );
         let our_rules = |t: &str| -> Vec<String> {
             let mut v: Vec<String> = t
                 .lines()
-                .filter(|l| l.starts_with("-A TUNNELGATE-"))
+                .filter(|l| l.starts_with("-A TG-tg0-"))
                 .map(str::to_string)
                 .collect();
             v.sort();
@@ -278,41 +304,50 @@ fn iptables_apply_is_idempotent_and_removal_keeps_foreign_rules() {
             "{restore}: saved != rendered"
         );
         apply(&a);
-        assert_eq!(iptables::owned_lines(&saved()), first, "{restore}: reapply");
+        assert_eq!(
+            iptables::owned_lines("tg0", &saved()),
+            first,
+            "{restore}: reapply"
+        );
 
         apply(&b);
-        let changed = iptables::owned_lines(&saved());
-        let state = iptables::parse_jumps(&saved());
+        let changed = iptables::owned_lines("tg0", &saved());
+        let state = iptables::parse_jumps("tg0", &saved());
         ns.run(
             &restore,
             &["--noflush"],
-            &iptables::render_delete(&state, family),
+            &iptables::render_delete("tg0", &state, family),
         );
         apply(&b);
         assert_eq!(
-            iptables::owned_lines(&saved()),
+            iptables::owned_lines("tg0", &saved()),
             changed,
             "{restore}: update != fresh"
         );
 
         for _ in 0..2 {
-            let state = iptables::parse_jumps(&saved());
+            let state = iptables::parse_jumps("tg0", &saved());
             ns.run(
                 &restore,
                 &["--noflush"],
-                &iptables::render_delete(&state, family),
+                &iptables::render_delete("tg0", &state, family),
             );
         }
         assert_eq!(
-            iptables::owned_lines(&saved()),
+            iptables::owned_lines("tg0", &saved()),
             "",
             "{restore}: removal left rules"
         );
-        assert_eq!(iptables::parse_jumps(&saved()), JumpState::default());
+        assert_eq!(iptables::parse_jumps("tg0", &saved()), JumpState::default());
         assert_eq!(
             foreign_lines(&saved()),
             before,
             "{restore}: foreign rules changed"
+        );
+        assert_eq!(
+            iptables::owned_lines("tg1", &saved()),
+            neighbour_before,
+            "{restore}: tg1's chains changed"
         );
     }
 }

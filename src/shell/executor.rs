@@ -144,8 +144,9 @@ impl Executor {
                 error.map_or(Ok(()), Err)
             }
             Action::CheckRules => {
+                let tunnel = control.config().interface.name.clone();
                 let result = match self.backend {
-                    Some(backend) => blocking(move || backend.installed()).await,
+                    Some(backend) => blocking(move || backend.installed(&tunnel)).await,
                     None => Ok(String::new()),
                 };
                 control.handle_rules_checked(result, Instant::now());
@@ -155,7 +156,8 @@ impl Executor {
                 let Some(backend) = self.backend else {
                     return Ok(());
                 };
-                let result = blocking(move || backend.remove()).await;
+                let tunnel = control.config().interface.name.clone();
+                let result = blocking(move || backend.remove(&tunnel)).await;
                 match &result {
                     Ok(()) => tracing::info!(backend = %backend, "Rules removed"),
                     Err(e) => {
