@@ -1,7 +1,8 @@
 //! Runs the rendered rule text: one `nft -f -` transaction on our table, or one
 //! `iptables-restore --noflush` per family on our chains (both named after the tunnel
 //! interface, so another daemon's are never read or touched); reads the result back to detect
-//! drift; removes it all on shutdown. Also the forwarding sysctls. No rule decisions here.
+//! drift; removes it all on shutdown. No rule decisions here (the forwarding sysctls are in
+//! [`super::forwarding`]).
 
 use crate::config::FirewallMode;
 use crate::rules::{iptables, nft, Family, RuleSet};
@@ -270,27 +271,4 @@ impl Backend {
             }
         }
     }
-}
-
-/// The forwarding sysctl of a family.
-fn forwarding_path(family: Family) -> &'static str {
-    match family {
-        Family::V4 => "/proc/sys/net/ipv4/ip_forward",
-        Family::V6 => "/proc/sys/net/ipv6/conf/all/forwarding",
-    }
-}
-
-/// Turns forwarding on for `family` unless it already is. Returns whether we changed it, so
-/// that shutdown (or a failed start) can put it back.
-pub fn enable_forwarding(family: Family) -> std::io::Result<bool> {
-    let path = forwarding_path(family);
-    if std::fs::read_to_string(path)?.trim() == "1" {
-        return Ok(false);
-    }
-    std::fs::write(path, "1")?;
-    Ok(true)
-}
-
-pub fn disable_forwarding(family: Family) -> std::io::Result<()> {
-    std::fs::write(forwarding_path(family), "0")
 }

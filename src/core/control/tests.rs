@@ -142,7 +142,7 @@ impl Sim {
                 self.control.handle_routes_applied(Ok(()), now);
             }
             Action::Resolve { lookup, deadline } => self.lookups.push((lookup, deadline)),
-            Action::EnableForwarding(families) => self.control.handle_forwarding_enabled(families),
+            Action::EnableForwarding(_) => {}
             Action::ApplyRules(set) => {
                 if self.rules_fail {
                     self.control
