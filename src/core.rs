@@ -1,11 +1,13 @@
 //! Pure decisions: the control core, WireGuard session wrapper, cryptokey routing, desired
-//! routes, DNS schedule, offload split/coalesce. Nothing here does I/O or reads the clock.
+//! routes, DNS schedule, offload split/coalesce, shared ownership of the forwarding sysctls.
+//! Nothing here does I/O or reads the clock.
 
 pub mod allowed_ips;
 pub mod backoff;
 pub mod check_report;
 pub mod control;
 pub mod dns;
+pub mod forwarding;
 pub mod liveness;
 pub mod offload;
 pub mod packet;

@@ -5,8 +5,11 @@
 //! - [`desired`]: `Config` + runtime facts + DNS answers -> the desired [`RuleSet`].
 //! - [`model`]: [`RuleSet`] -> chain-level [`model::Rule`]s, the one place that decides what
 //!   each rule kind means; both renderers only spell those rules.
-//! - [`nft`]: one `nft -f -` script replacing `table inet tunnelgate` atomically.
-//! - [`iptables`]: `iptables-restore --noflush` input for our `TUNNELGATE-*` chains.
+//! - [`nft`]: one `nft -f -` script replacing `table inet tunnelgate_<iface>` atomically.
+//! - [`iptables`]: `iptables-restore --noflush` input for our `TG-<iface>-*` chains.
+//!
+//! Every name a daemon owns in the firewall carries its tunnel interface name ([`nft_table`],
+//! [`iptables::chain_name`]), so daemons for different interfaces never touch each other's.
 
 pub mod desired;
 pub mod iptables;
@@ -19,8 +22,28 @@ use std::net::IpAddr;
 
 pub use crate::config::{IpNet, PortMap, Proto};
 
-/// The nftables table the daemon owns, in family `inet`.
-pub const NFT_TABLE: &str = "tunnelgate";
+/// What every nftables table of ours starts with; the tunnel interface name follows.
+pub const NFT_TABLE_PREFIX: &str = "tunnelgate_";
+
+/// The nftables table (family `inet`) the daemon for interface `tunnel` owns:
+/// `tunnelgate_<tunnel>`, e.g. `tunnelgate_tg0`. An interface name is 1-15 letters, digits,
+/// `-`, `_` or `.` (checked by the config), and nft takes all of them unquoted after the first
+/// character of an identifier (nft 1.0.6 rejects a quoted table name), so the name is used as
+/// it is: `tg-0` and `tg_0` get different tables. Any other character (never in a valid
+/// config) becomes `_`.
+pub fn nft_table(tunnel: &str) -> String {
+    let safe: String = tunnel
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("{NFT_TABLE_PREFIX}{safe}")
+}
 
 /// An address family. Rules of one family never mention addresses of the other.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

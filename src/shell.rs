@@ -5,6 +5,7 @@ pub mod daemon;
 pub mod datapath;
 pub mod executor;
 pub mod firewall;
+pub mod forwarding;
 pub mod netlink;
 pub mod observe;
 pub mod peers;

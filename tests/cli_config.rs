@@ -716,11 +716,16 @@ fn check_on_the_example_prints_the_plan_and_changes_nothing() {
     let ipt = firewall.starts_with("iptables");
     assert!(nft || ipt, "unknown backend in the plan: {firewall}");
     if nft {
-        assert!(firewall.contains("table inet tunnelgate"), "{firewall}");
+        // The table is named after the interface, so daemons for other interfaces coexist.
+        assert!(
+            firewall.contains("table inet tunnelgate_tg0 {"),
+            "{firewall}"
+        );
         assert!(firewall.contains("dnat ip to 10.96.0.10"), "{firewall}");
         assert!(firewall.contains("dnat ip to 100.64.0.2:80"), "{firewall}");
     } else {
         assert!(firewall.contains("*nat"), "{firewall}");
+        assert!(firewall.contains(":TG-tg0-PRE - [0:0]"), "{firewall}");
         assert!(firewall.contains("COMMIT"), "{firewall}");
         assert!(firewall.contains("10.96.0.10"), "{firewall}");
     }
@@ -749,7 +754,7 @@ fn check_of_a_config_without_rules_prints_no_firewall() {
     let out = cli(&["check", "--config", &path.display().to_string()], None);
     assert_eq!(out.code, Some(0), "{out:?}");
     assert!(
-        !out.stdout.contains("table inet tunnelgate") && !out.stdout.contains("*nat"),
+        !out.stdout.contains("table inet tunnelgate_") && !out.stdout.contains("*nat"),
         "a plain tunnel installs no firewall rules:\n{}",
         out.stdout
     );

@@ -490,10 +490,7 @@ fn readyz_is_200_only_once_the_answers_are_in_the_installed_rules() {
     while first_ready.is_none() && start.elapsed() < Duration::from_secs(15) {
         if let Ok((200, _)) = tg.health_get("/readyz") {
             // What the kernel has right now, not what the daemon says.
-            first_ready = Some(
-                lab.proxy
-                    .exec(&["nft", "list", "table", "inet", "tunnelgate"]),
-            );
+            first_ready = Some(lab.proxy.nft_tunnelgate_table());
         }
         std::thread::sleep(Duration::from_millis(5));
     }

@@ -396,26 +396,35 @@ fn iptables_lines(ns: &Netns, backend: Backend, v6: bool) -> Vec<(String, String
     out
 }
 
+/// Whether an `iptables-save` line declares, fills or jumps to a tunnelgate chain
+/// (`TG-<iface>-*`).
+fn is_tunnelgate_line(line: &str) -> bool {
+    line.split_whitespace()
+        .any(|w| w.trim_start_matches(':').starts_with("TG-"))
+}
+
 /// Everything of tunnelgate's that is installed, normalized: the `nft -j` listing of its table
-/// (minus handles and counters), or its chains and jumps in both families' `iptables-save`.
-/// Empty when nothing of it is installed.
+/// `tunnelgate_<iface>` (minus handles and counters), or its `TG-<iface>-*` chains and jumps in
+/// both families' `iptables-save`. Empty when nothing of it is installed. One daemon per
+/// namespace in this suite, so every tunnelgate table or chain is that daemon's.
 fn owned_rules(ns: &Netns, backend: Backend) -> String {
     match backend {
         Backend::Nftables => {
-            match ns.try_exec(&["nft", "-j", "list", "table", "inet", "tunnelgate"]) {
-                Ok(json) => {
+            let mut out = String::new();
+            for table in ns.nft_tunnelgate_tables() {
+                if let Ok(json) = ns.try_exec(&["nft", "-j", "list", "table", "inet", &table]) {
                     let mut v: Value = serde_json::from_str(&json).expect("nft -j output is JSON");
                     strip_volatile(&mut v);
-                    serde_json::to_string_pretty(&v).expect("json")
+                    out += &serde_json::to_string_pretty(&v).expect("json");
                 }
-                Err(_) => String::new(),
             }
+            out
         }
         _ => {
             let mut out = String::new();
             for v6 in [false, true] {
                 for (table, line) in iptables_lines(ns, backend, v6) {
-                    if line.contains("TUNNELGATE") {
+                    if is_tunnelgate_line(&line) {
                         out.push_str(&format!("{} {table}: {line}\n", if v6 { 6 } else { 4 }));
                     }
                 }
@@ -429,8 +438,7 @@ fn owned_rules(ns: &Netns, backend: Backend) -> String {
 fn owned_rule_lines(ns: &Netns, backend: Backend) -> Vec<String> {
     match backend {
         Backend::Nftables => ns
-            .try_exec(&["nft", "list", "table", "inet", "tunnelgate"])
-            .unwrap_or_default()
+            .nft_tunnelgate_table()
             .lines()
             .map(str::trim)
             .filter(|l| {
@@ -461,8 +469,12 @@ fn foreign_rules(ns: &Netns, backend: Backend) -> String {
                     !i.as_object()
                         .and_then(|o| o.values().next())
                         .is_some_and(|o| {
-                            o.get("table").and_then(Value::as_str) == Some("tunnelgate")
-                                || o.get("name").and_then(Value::as_str) == Some("tunnelgate")
+                            let ours = |k: &str| {
+                                o.get(k)
+                                    .and_then(Value::as_str)
+                                    .is_some_and(|t| t.starts_with("tunnelgate_"))
+                            };
+                            ours("table") || ours("name")
                         })
                 });
             }
@@ -474,7 +486,7 @@ fn foreign_rules(ns: &Netns, backend: Backend) -> String {
             let mut out = String::new();
             for v6 in [false, true] {
                 for (table, line) in iptables_lines(ns, backend, v6) {
-                    if line.contains("TUNNELGATE") {
+                    if is_tunnelgate_line(&line) {
                         continue;
                     }
                     // Built-in chains appear or not depending on whether the table was used;
@@ -548,14 +560,14 @@ fn assert_nothing_of_ours(ns: &Netns, backend: Backend, when: &str) {
     );
     let ruleset = ns.exec(&["nft", "list", "ruleset"]);
     assert!(
-        !ruleset.to_lowercase().contains("tunnelgate"),
+        !ruleset.contains("tunnelgate_") && !ruleset.contains("TG-"),
         "{when}: nft list ruleset still has tunnelgate's rules:\n{ruleset}"
     );
     if backend.is_iptables() {
         for v6 in [false, true] {
             let save = ns.exec(&[backend.iptables_save(v6)]);
             assert!(
-                !save.contains("TUNNELGATE"),
+                !save.lines().any(is_tunnelgate_line),
                 "{when}: {} still lists tunnelgate's chains:\n{save}",
                 backend.iptables_save(v6)
             );
@@ -631,18 +643,20 @@ fn assert_mss_once(ns: &Netns, backend: Backend, iface: &str) {
                     1,
                     "IPv{fam}one clamp for packets into the tunnel: {mss:#?}"
                 );
+                let jump = format!("-A FORWARD -j TG-{iface}-MSS");
                 let jumps = lines
                     .iter()
-                    .filter(|l| l.starts_with(fam) && l.ends_with("-A FORWARD -j TUNNELGATE-MSS"))
+                    .filter(|l| l.starts_with(fam) && l.ends_with(&jump))
                     .count();
-                assert_eq!(jumps, 1, "IPv{fam}jumps to TUNNELGATE-MSS: {lines:#?}");
+                assert_eq!(jumps, 1, "IPv{fam}jumps to TG-{iface}-MSS: {lines:#?}");
             }
         }
     }
 }
 
-/// Deletes one of tunnelgate's rules by hand (and for iptables a jump too).
-fn delete_a_rule(ns: &Netns, backend: Backend) {
+/// Deletes one of the rules of the daemon for `iface` by hand (and for iptables a jump too).
+fn delete_a_rule(ns: &Netns, backend: Backend, iface: &str) {
+    let table = format!("tunnelgate_{iface}");
     match backend {
         Backend::Nftables => {
             let json = ns.exec(&[
@@ -652,7 +666,7 @@ fn delete_a_rule(ns: &Netns, backend: Backend) {
                 "list",
                 "chain",
                 "inet",
-                "tunnelgate",
+                &table,
                 "prerouting",
             ]);
             let v: Value = serde_json::from_str(&json).expect("nft -j output is JSON");
@@ -667,7 +681,7 @@ fn delete_a_rule(ns: &Netns, backend: Backend) {
                 "delete",
                 "rule",
                 "inet",
-                "tunnelgate",
+                &table,
                 "prerouting",
                 "handle",
                 &handle.to_string(),
@@ -679,7 +693,7 @@ fn delete_a_rule(ns: &Netns, backend: Backend) {
                 "-t",
                 "nat",
                 "-D",
-                "TUNNELGATE-PREROUTING",
+                &format!("TG-{iface}-PRE"),
                 "1",
             ]);
             ns.exec(&[
@@ -689,7 +703,7 @@ fn delete_a_rule(ns: &Netns, backend: Backend) {
                 "-D",
                 "FORWARD",
                 "-j",
-                "TUNNELGATE-MSS",
+                &format!("TG-{iface}-MSS"),
             ]);
         }
     }
@@ -1087,7 +1101,7 @@ fn rules_idempotent_repaired_and_removed(backend: Backend) {
         _ => {
             for line in owned_rule_lines(&t.proxy, backend) {
                 let rule = line.split_once(": ").map(|x| x.1).unwrap_or(&line);
-                if rule.starts_with("-A TUNNELGATE") {
+                if rule.starts_with("-A TG-") {
                     assert!(
                         text.contains(rule),
                         "installed {rule:?} is not in status rules.text:\n{text}"
@@ -1139,7 +1153,7 @@ fn rules_idempotent_repaired_and_removed(backend: Backend) {
     // (Whether the deletion is seen before the repair is a race; the apply counter moving
     // without a config change is the proof that drift was repaired.)
     let applies = metric_now(&tg, "tunnelgate_rule_applies_total");
-    delete_a_rule(&t.proxy, backend);
+    delete_a_rule(&t.proxy, backend, &iface);
     wait_metric(
         &tg,
         "tunnelgate_rule_applies_total",
@@ -1354,10 +1368,10 @@ fn readiness_follows_rule_failures(backend: Backend) {
     std::fs::write(&flag, "").expect("flag file");
     match backend {
         Backend::Nftables => {
-            t.proxy
-                .exec(&["nft", "delete", "table", "inet", "tunnelgate"]);
+            let table = format!("tunnelgate_{}", tg.name());
+            t.proxy.exec(&["nft", "delete", "table", "inet", &table]);
         }
-        _ => delete_a_rule(&t.proxy, backend),
+        _ => delete_a_rule(&t.proxy, backend, tg.name()),
     }
     let mut last = None;
     let went_down = poll_until(Duration::from_secs(10), || {

@@ -1,5 +1,5 @@
 //! The rendered rules against the real tools, each test in its own throwaway network
-//! namespace (the harness's [`common::Netns`], deleted afterwards): every golden file is accepted
+//! namespace (the harness's `Netns`, deleted afterwards): every golden file is accepted
 //! by `nft -c` / `iptables-restore --test`, applying twice leaves no duplicates, a changed set
 //! replaces the old one exactly, and removal leaves nothing of ours and every foreign rule.
 //! Needs root, `ip`, `nft` and `iptables`: run with `cargo test --test rules_check -- --ignored`.
@@ -17,6 +17,26 @@ use tunnelgate::rules::iptables::{self, JumpState};
 use tunnelgate::rules::{model, nft, Family, RuleSet};
 
 const KEY: &str = "yAnz5TF+lXXJte14tji3zlMNq+hd2rYUIgJBgB3fBmk=";
+
+/// `program args` with `stdin` in the namespace (the harness's [`Netns`]); panics with its
+/// stderr on failure.
+trait RunIn {
+    fn run(&self, program: &str, args: &[&str], stdin: &str) -> String;
+    fn try_run(&self, program: &str, args: &[&str], stdin: &str) -> Result<String, String>;
+}
+
+impl RunIn for Netns {
+    fn run(&self, program: &str, args: &[&str], stdin: &str) -> String {
+        self.try_run(program, args, stdin)
+            .unwrap_or_else(|e| panic!("{program} {args:?} failed: {e}\n--- stdin\n{stdin}"))
+    }
+
+    fn try_run(&self, program: &str, args: &[&str], stdin: &str) -> Result<String, String> {
+        let mut all = vec![program];
+        all.extend_from_slice(args);
+        self.try_exec_stdin(&all, stdin)
+    }
+}
 
 struct NoFiles;
 
@@ -91,7 +111,7 @@ fn every_golden_file_is_accepted_by_the_real_tools() {
     let ns = Netns::new();
     for path in golden_files("nft") {
         let text = std::fs::read_to_string(&path).expect("read golden");
-        ns.exec_stdin(&["nft", "-c", "-f", "-"], &text);
+        ns.run("nft", &["-c", "-f", "-"], &text);
     }
     for path in golden_files("iptables") {
         let text = std::fs::read_to_string(&path).expect("read golden");
@@ -99,15 +119,15 @@ fn every_golden_file_is_accepted_by_the_real_tools() {
             .find("# tunnelgate: ipv6")
             .unwrap_or_else(|| panic!("{} has no ipv6 part", path.display()));
         let (v4, v6) = text.split_at(at);
-        ns.exec_stdin(&["iptables-restore", "--test", "--noflush"], v4);
-        ns.exec_stdin(&["ip6tables-restore", "--test", "--noflush"], v6);
+        ns.run("iptables-restore", &["--test", "--noflush"], v4);
+        ns.run("ip6tables-restore", &["--test", "--noflush"], v6);
     }
 }
 
 /// The rule lines of our table as nft lists them; the rendered MSS match is spelled the way
 /// older nft versions also accept, which nft 1.0.6+ lists in its newer form.
 fn nft_rule_lines(text: &str) -> Vec<String> {
-    let start = text.rfind("table inet tunnelgate {\n").unwrap_or(0);
+    let start = text.rfind("table inet tunnelgate_tg0 {\n").unwrap_or(0);
     nft::normalize_listing(&text[start..])
         .replace("tcp flags & (syn | rst) == syn", "tcp flags syn / syn,rst")
         .lines()
@@ -122,11 +142,16 @@ fn nft_apply_replaces_the_table_atomically_and_removal_keeps_foreign_rules() {
     let foreign = "table inet foreign {\n\tchain forward {\n\
         \t\ttype filter hook forward priority filter; policy accept;\n\
         \t\tiifname \"eth9\" accept\n\t}\n}\n";
-    ns.exec_stdin(&["nft", "-f", "-"], foreign);
-    let list = || ns.exec(&["nft", "list", "table", "inet", "tunnelgate"]);
+    ns.run("nft", &["-f", "-"], foreign);
+    // Another tunnelgate, for interface tg1, runs beside us: we never touch its table.
+    let neighbour = other_instance();
+    ns.run("nft", &["-f", "-"], &nft::render(&neighbour));
+    let list_neighbour = || ns.run("nft", &["list", "table", "inet", "tunnelgate_tg1"], "");
+    let neighbour_before = nft::normalize_listing(&list_neighbour());
+    let list = || ns.run("nft", &["list", "table", "inet", "tunnelgate_tg0"], "");
     let (a, b) = (set_a(), set_b());
 
-    ns.exec_stdin(&["nft", "-f", "-"], &nft::render(&a));
+    ns.run("nft", &["-f", "-"], &nft::render(&a));
     let first = nft::normalize_listing(&list());
     assert_eq!(nft_rule_lines(&first), nft_rule_lines(&nft::render(&a)));
     assert_eq!(
@@ -134,32 +159,44 @@ fn nft_apply_replaces_the_table_atomically_and_removal_keeps_foreign_rules() {
         model::lower(&a).len(),
         "one installed rule per model rule"
     );
-    ns.exec_stdin(&["nft", "-f", "-"], &nft::render(&a));
+    ns.run("nft", &["-f", "-"], &nft::render(&a));
     assert_eq!(
         nft::normalize_listing(&list()),
         first,
         "reapply changed something"
     );
 
-    ns.exec_stdin(&["nft", "-f", "-"], &nft::render(&b));
+    ns.run("nft", &["-f", "-"], &nft::render(&b));
     let changed = nft::normalize_listing(&list());
-    ns.exec_stdin(&["nft", "-f", "-"], &nft::render_delete());
-    ns.exec_stdin(&["nft", "-f", "-"], &nft::render(&b));
+    ns.run("nft", &["-f", "-"], &nft::render_delete("tg0"));
+    ns.run("nft", &["-f", "-"], &nft::render(&b));
     assert_eq!(
         nft::normalize_listing(&list()),
         changed,
         "update differs from fresh"
     );
 
-    ns.exec_stdin(&["nft", "-f", "-"], &nft::render_delete());
-    ns.exec_stdin(&["nft", "-f", "-"], &nft::render_delete());
-    let tables = ns.exec(&["nft", "list", "tables"]);
-    assert!(!tables.contains("tunnelgate"), "{tables}");
-    let left = ns.exec(&["nft", "list", "table", "inet", "foreign"]);
+    ns.run("nft", &["-f", "-"], &nft::render_delete("tg0"));
+    ns.run("nft", &["-f", "-"], &nft::render_delete("tg0"));
+    let tables = ns.run("nft", &["list", "tables"], "");
+    assert!(!tables.contains("tunnelgate_tg0"), "{tables}");
+    let left = ns.run("nft", &["list", "table", "inet", "foreign"], "");
     assert_eq!(
         nft::normalize_listing(&left),
         nft::normalize_listing(foreign)
     );
+    assert_eq!(
+        nft::normalize_listing(&list_neighbour()),
+        neighbour_before,
+        "tg1's table changed"
+    );
+}
+
+/// `set_a` as the daemon for interface `tg1` would install it.
+fn other_instance() -> RuleSet {
+    let mut set = set_a();
+    set.tunnel = "tg1".into();
+    set
 }
 
 /// The restore and save tools of each family, for the default and (if present) legacy iptables.
@@ -187,8 +224,17 @@ fn iptables_apply_is_idempotent_and_removal_keeps_foreign_rules() {
         let ns = Netns::new();
         let foreign = "*nat\n:FOREIGN - [0:0]\n-A PREROUTING -j FOREIGN\n\
             -A FOREIGN -i eth9 -j RETURN\nCOMMIT\n*filter\n-A FORWARD -i eth9 -j ACCEPT\nCOMMIT\n";
-        ns.exec_stdin(&[&restore, "--noflush"], foreign);
-        let saved = || ns.exec(&[&save]);
+        ns.run(&restore, &["--noflush"], foreign);
+        let neighbour = other_instance();
+        let fresh = JumpState::default();
+        ns.run(
+            &restore,
+            &["--noflush"],
+            &iptables::render(&neighbour, family, &fresh),
+        );
+        let saved = || ns.run(&save, &[], "");
+        let neighbour_before = iptables::owned_lines("tg1", &saved());
+        assert!(iptables::parse_jumps("tg1", &saved()).is_complete());
         let foreign_lines = |text: &str| -> Vec<String> {
             text.lines()
                 .filter(|l| l.contains("FOREIGN") || l.contains("eth9"))
@@ -197,23 +243,23 @@ fn iptables_apply_is_idempotent_and_removal_keeps_foreign_rules() {
         };
         let before = foreign_lines(&saved());
         let apply = |set: &RuleSet| {
-            let state = iptables::parse_jumps(&saved());
+            let state = iptables::parse_jumps("tg0", &saved());
             let text = iptables::render(set, family, &state);
-            ns.exec_stdin(&[&restore, "--noflush"], &text);
+            ns.run(&restore, &["--noflush"], &text);
             text
         };
         let (a, b) = (set_a(), set_b());
 
         let text = apply(&a);
-        let first = iptables::owned_lines(&saved());
+        let first = iptables::owned_lines("tg0", &saved());
         assert!(
-            iptables::parse_jumps(&saved()).is_complete(),
+            iptables::parse_jumps("tg0", &saved()).is_complete(),
             "{restore}: {first}"
         );
         let our_rules = |t: &str| -> Vec<String> {
             let mut v: Vec<String> = t
                 .lines()
-                .filter(|l| l.starts_with("-A TUNNELGATE-"))
+                .filter(|l| l.starts_with("-A TG-tg0-"))
                 .map(str::to_string)
                 .collect();
             v.sort();
@@ -225,39 +271,50 @@ fn iptables_apply_is_idempotent_and_removal_keeps_foreign_rules() {
             "{restore}: saved != rendered"
         );
         apply(&a);
-        assert_eq!(iptables::owned_lines(&saved()), first, "{restore}: reapply");
+        assert_eq!(
+            iptables::owned_lines("tg0", &saved()),
+            first,
+            "{restore}: reapply"
+        );
 
         apply(&b);
-        let changed = iptables::owned_lines(&saved());
-        let state = iptables::parse_jumps(&saved());
-        ns.exec_stdin(
-            &[&restore, "--noflush"],
-            &iptables::render_delete(&state, family),
+        let changed = iptables::owned_lines("tg0", &saved());
+        let state = iptables::parse_jumps("tg0", &saved());
+        ns.run(
+            &restore,
+            &["--noflush"],
+            &iptables::render_delete("tg0", &state, family),
         );
         apply(&b);
         assert_eq!(
-            iptables::owned_lines(&saved()),
+            iptables::owned_lines("tg0", &saved()),
             changed,
             "{restore}: update != fresh"
         );
 
         for _ in 0..2 {
-            let state = iptables::parse_jumps(&saved());
-            ns.exec_stdin(
-                &[&restore, "--noflush"],
-                &iptables::render_delete(&state, family),
+            let state = iptables::parse_jumps("tg0", &saved());
+            ns.run(
+                &restore,
+                &["--noflush"],
+                &iptables::render_delete("tg0", &state, family),
             );
         }
         assert_eq!(
-            iptables::owned_lines(&saved()),
+            iptables::owned_lines("tg0", &saved()),
             "",
             "{restore}: removal left rules"
         );
-        assert_eq!(iptables::parse_jumps(&saved()), JumpState::default());
+        assert_eq!(iptables::parse_jumps("tg0", &saved()), JumpState::default());
         assert_eq!(
             foreign_lines(&saved()),
             before,
             "{restore}: foreign rules changed"
+        );
+        assert_eq!(
+            iptables::owned_lines("tg1", &saved()),
+            neighbour_before,
+            "{restore}: tg1's chains changed"
         );
     }
 }

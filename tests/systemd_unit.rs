@@ -1,5 +1,7 @@
 //! `systemd/tunnelgate.service`: it passes `systemd-analyze verify`, says what the contract and
-//! issue 5 ask for, and the daemon started the way the unit starts it (its ExecStart, its
+//! issue 5 ask for; the template `systemd/tunnelgate@.service` (one instance per interface,
+//! issue 14) passes it too and differs from the plain unit only in its Description and config
+//! file; and the daemon started the way the unit starts it (its ExecStart, its
 //! capability bounding set, `NOTIFY_SOCKET`, its ExecReload) reports READY=1 once the tunnel,
 //! routes and rules are up, RELOADING=1 / READY=1 around a SIGHUP, and STOPPING=1 on SIGTERM.
 //!
@@ -21,11 +23,21 @@ fn unit_text() -> String {
     std::fs::read_to_string(unit_path()).expect("systemd/tunnelgate.service")
 }
 
+fn template_text() -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("systemd/tunnelgate@.service");
+    std::fs::read_to_string(path).expect("systemd/tunnelgate@.service")
+}
+
 /// Every value of `key=` in section `[section]` (in order; one entry per line).
 fn unit_values(section: &str, key: &str) -> Vec<String> {
+    unit_values_in(&unit_text(), section, key)
+}
+
+/// [`unit_values`] of the unit file text `text`.
+fn unit_values_in(text: &str, section: &str, key: &str) -> Vec<String> {
     let mut current = String::new();
     let mut out = Vec::new();
-    for line in unit_text().lines().map(str::trim) {
+    for line in text.lines().map(str::trim) {
         if line.starts_with('#') || line.is_empty() {
             continue;
         }
@@ -123,6 +135,66 @@ fn unit_passes_systemd_analyze_verify() {
         out.code,
         out.stdout,
         out.stderr
+    );
+}
+
+#[test]
+fn template_unit_passes_systemd_analyze_verify() {
+    require_systemd_analyze();
+    let text = template_text();
+    let exec = unit_values_in(&text, "Service", "ExecStart");
+    assert_eq!(
+        exec,
+        ["/usr/local/bin/tunnelgate run --config /etc/tunnelgate/%i.toml"],
+        "one config file per instance"
+    );
+    let dir = TempDir::new("unit-verify");
+    dir.write(
+        "tunnelgate@.service",
+        &text.replace(
+            "ExecStart=/usr/local/bin/tunnelgate ",
+            &format!("ExecStart={} ", tunnelgate_bin()),
+        ),
+    );
+    // An instance of the template, as `systemctl start tunnelgate@wg0` loads it.
+    let mut cmd = Command::new("systemd-analyze");
+    cmd.args(["verify", "--man=no"])
+        .arg(dir.path().join("tunnelgate@wg0.service"));
+    let out = output_of(cmd, None);
+    let ours: Vec<&str> = out
+        .stderr
+        .lines()
+        .chain(out.stdout.lines())
+        .filter(|l| l.contains("tunnelgate@"))
+        .collect();
+    assert!(
+        out.success() && ours.is_empty(),
+        "systemd-analyze verify ({:?}):\n{}{}",
+        out.code,
+        out.stdout,
+        out.stderr
+    );
+}
+
+/// The template has the plain unit's hardening, capabilities, restart policy and runtime
+/// directories: their settings are the same lines, apart from the instance's Description and
+/// config file.
+#[test]
+fn template_unit_differs_from_the_plain_one_only_in_description_and_config() {
+    let settings = |text: &str| -> Vec<String> {
+        text.lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .filter(|l| !l.starts_with("Description=") && !l.starts_with("ExecStart="))
+            .map(String::from)
+            .collect()
+    };
+    let template = template_text();
+    assert_eq!(settings(&template), settings(&unit_text()));
+    let description = unit_values_in(&template, "Unit", "Description");
+    assert!(
+        description.len() == 1 && description[0].contains("%i"),
+        "the instance name is in the Description: {description:?}"
     );
 }
 

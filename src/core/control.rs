@@ -96,8 +96,9 @@ pub enum Action {
     ApplyRoutes(PlanDiff),
     /// Resolve, giving up at `deadline`; report with [`Control::handle_resolved`].
     Resolve { lookup: Lookup, deadline: Instant },
-    /// Turn forwarding on for these families unless already on; report which were changed
-    /// with [`Control::handle_forwarding_enabled`].
+    /// Turn forwarding on for these families unless already on, and record that this daemon
+    /// needs them (and which it changed) where every tunnelgate of the namespace sees it
+    /// ([`crate::core::forwarding`]). Nothing to report.
     EnableForwarding(BTreeSet<Family>),
     /// Replace our rules with this set in one transaction; report with
     /// [`Control::handle_rules_applied`].
@@ -106,7 +107,9 @@ pub enum Action {
     CheckRules,
     /// Remove every rule of ours (teardown).
     RemoveRules,
-    /// Put these forwarding sysctls back to off (teardown).
+    /// Teardown of a daemon that needed forwarding for these families: put back to off each
+    /// one tunnelgate changed that no other running tunnelgate still needs
+    /// ([`crate::core::forwarding::on_stop`] decides, from the shared records).
     RestoreForwarding(BTreeSet<Family>),
 }
 
@@ -221,8 +224,7 @@ struct Rules {
     rule_count: usize,
     last_apply_seconds: f64,
     text: String,
-    /// Families whose forwarding we turned on (to put back at teardown).
-    forwarding_enabled: BTreeSet<Family>,
+    /// Families this daemon needs forwarding for (asked for with EnableForwarding).
     forwarding_requested: BTreeSet<Family>,
 }
 
@@ -307,7 +309,6 @@ impl Control {
                 rule_count: 0,
                 last_apply_seconds: 0.0,
                 text: String::new(),
-                forwarding_enabled: BTreeSet::new(),
                 forwarding_requested: BTreeSet::new(),
             },
             dns: Schedule::new(config.dns.reresolve_interval),
@@ -502,11 +503,6 @@ impl Control {
         self.step(now);
     }
 
-    /// Which families an [`Action::EnableForwarding`] actually turned on.
-    pub fn handle_forwarding_enabled(&mut self, changed: BTreeSet<Family>) {
-        self.rules.forwarding_enabled.extend(changed);
-    }
-
     /// The outcome of an [`Action::ApplyRules`].
     pub fn handle_rules_applied(&mut self, result: Result<RulesReport, String>, now: Instant) {
         let Some(set) = self.rules.in_flight.take() else {
@@ -646,9 +642,11 @@ impl Control {
         {
             out.push(Action::RemoveRules);
         }
-        if !self.rules.forwarding_enabled.is_empty() {
+        // Also when this run changed nothing: another daemon that stopped earlier may have
+        // left a change for the last one to put back.
+        if !self.rules.forwarding_requested.is_empty() {
             out.push(Action::RestoreForwarding(
-                self.rules.forwarding_enabled.clone(),
+                self.rules.forwarding_requested.clone(),
             ));
         }
         let mut applied = self.routes.applied.clone();

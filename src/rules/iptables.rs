@@ -1,7 +1,8 @@
 //! RuleSet -> `iptables-restore --noflush` / `ip6tables-restore --noflush` input, and the
 //! parsers for `iptables-save` output that tell which of our jumps exist and what our chains
-//! hold. Pure. We own only the `TUNNELGATE-*` chains and one jump to each from its built-in
-//! chain; every other chain and rule is left as it is.
+//! hold. Pure. The daemon for interface `tg0` owns only the chains `TG-tg0-PRE`, `-POST`,
+//! `-FWD` and `-MSS` ([`chain_name`]) and one jump to each from its built-in chain; every other
+//! chain and rule, another tunnelgate's chains for another interface included, is left as it is.
 
 use super::model::{lower, Chain, Match, Rule, Verdict};
 use super::{Family, Proto, RuleSet};
@@ -9,13 +10,21 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::net::IpAddr;
 
-/// One chain we own: its table, the built-in chain that jumps to it, and its name.
+/// What every chain of ours starts with; the tunnel interface name and a suffix follow.
+pub const CHAIN_PREFIX: &str = "TG-";
+
+/// The longest chain name iptables accepts (`XT_EXTENSION_MAXNAMELEN` minus the NUL). Ours
+/// are at most 3 + 15 + 5 = 23 characters for a valid interface name.
+pub const MAX_CHAIN_NAME_CHARS: usize = 28;
+
+/// One chain we own: its table, the built-in chain that jumps to it, and the suffix of its
+/// name after `TG-<iface>-`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OwnedChain {
     pub chain: Chain,
     pub table: &'static str,
     pub builtin: &'static str,
-    pub name: &'static str,
+    pub suffix: &'static str,
 }
 
 /// Every chain we own, in the order they are rendered.
@@ -24,27 +33,44 @@ pub const OWNED_CHAINS: [OwnedChain; 4] = [
         chain: Chain::Prerouting,
         table: "nat",
         builtin: "PREROUTING",
-        name: "TUNNELGATE-PREROUTING",
+        suffix: "PRE",
     },
     OwnedChain {
         chain: Chain::Postrouting,
         table: "nat",
         builtin: "POSTROUTING",
-        name: "TUNNELGATE-POSTROUTING",
+        suffix: "POST",
     },
     OwnedChain {
         chain: Chain::Forward,
         table: "filter",
         builtin: "FORWARD",
-        name: "TUNNELGATE-FORWARD",
+        suffix: "FWD",
     },
     OwnedChain {
         chain: Chain::Mss,
         table: "mangle",
         builtin: "FORWARD",
-        name: "TUNNELGATE-MSS",
+        suffix: "MSS",
     },
 ];
+
+/// The name of our `chain` for the daemon of interface `tunnel`: `TG-<tunnel>-PRE`, `-POST`,
+/// `-FWD` or `-MSS`. The interface name is used as it is (iptables takes its characters), so
+/// two interfaces never share a chain.
+pub fn chain_name(tunnel: &str, chain: Chain) -> String {
+    let suffix = OWNED_CHAINS
+        .iter()
+        .find(|c| c.chain == chain)
+        .map_or("", |c| c.suffix);
+    format!("{CHAIN_PREFIX}{tunnel}-{suffix}")
+}
+
+impl OwnedChain {
+    fn name(&self, tunnel: &str) -> String {
+        chain_name(tunnel, self.chain)
+    }
+}
 
 const TABLES: [&str; 3] = ["nat", "filter", "mangle"];
 
@@ -57,7 +83,7 @@ pub struct JumpState {
 }
 
 impl JumpState {
-    /// How many plain `-j TUNNELGATE-*` jumps the built-in chain has to our `chain`.
+    /// How many plain `-j TG-<iface>-*` jumps the built-in chain has to our `chain`.
     pub fn jumps(&self, chain: Chain) -> usize {
         self.jumps.get(&chain).copied().unwrap_or(0)
     }
@@ -83,34 +109,36 @@ impl JumpState {
 }
 
 /// Input for `iptables-restore --noflush` (`family` V4) or `ip6tables-restore --noflush` (V6).
-/// Declaring `:TUNNELGATE-X - [0:0]` creates the chain or flushes it, so our chains end up
+/// Declaring `:TG-<iface>-X - [0:0]` creates the chain or flushes it, so our chains end up
 /// holding exactly these rules; a jump is inserted only where `existing` has none, and extra
 /// copies are deleted. Each table block commits atomically. A family with nothing to forward
 /// still gets its chains flushed and the drop of tunnel traffic, so stale rules go away.
 pub fn render(set: &RuleSet, family: Family, existing: &JumpState) -> String {
     let rules = lower(set);
+    let tunnel = set.tunnel.as_str();
     let mut out = header(family, "rules");
     for table in TABLES {
         let owned: Vec<&OwnedChain> = OWNED_CHAINS.iter().filter(|c| c.table == table).collect();
         let _ = writeln!(out, "*{table}");
         for c in &owned {
-            let _ = writeln!(out, ":{} - [0:0]", c.name);
+            let _ = writeln!(out, ":{} - [0:0]", c.name(tunnel));
         }
         for c in &owned {
             for rule in rules.iter().filter(|r| r.chain == c.chain) {
                 if rule.family.is_none_or(|f| f == family) {
-                    rule_lines(&mut out, c.name, rule);
+                    rule_lines(&mut out, &c.name(tunnel), rule);
                 }
             }
         }
         for c in &owned {
+            let name = c.name(tunnel);
             match existing.jumps(c.chain) {
                 0 => {
-                    let _ = writeln!(out, "-I {} 1 -j {}", c.builtin, c.name);
+                    let _ = writeln!(out, "-I {} 1 -j {name}", c.builtin);
                 }
                 n => {
                     for _ in 1..n {
-                        let _ = writeln!(out, "-D {} -j {}", c.builtin, c.name);
+                        let _ = writeln!(out, "-D {} -j {name}", c.builtin);
                     }
                 }
             }
@@ -120,33 +148,35 @@ pub fn render(set: &RuleSet, family: Family, existing: &JumpState) -> String {
     out
 }
 
-/// Input for `iptables-restore --noflush` that removes every jump to our chains and the chains
-/// themselves. Declaring a chain before `-X` makes it work whether or not the chain exists;
-/// `existing` says how many jumps to delete, since deleting a missing rule fails the restore.
-pub fn render_delete(existing: &JumpState, family: Family) -> String {
+/// Input for `iptables-restore --noflush` that removes every jump to the chains of the daemon
+/// for `tunnel` and the chains themselves. Declaring a chain before `-X` makes it work whether
+/// or not the chain exists; `existing` (parsed for the same `tunnel`) says how many jumps to
+/// delete, since deleting a missing rule fails the restore.
+pub fn render_delete(tunnel: &str, existing: &JumpState, family: Family) -> String {
     let mut out = header(family, "removal");
     for table in TABLES {
         let owned: Vec<&OwnedChain> = OWNED_CHAINS.iter().filter(|c| c.table == table).collect();
         let _ = writeln!(out, "*{table}");
         for c in &owned {
-            let _ = writeln!(out, ":{} - [0:0]", c.name);
+            let _ = writeln!(out, ":{} - [0:0]", c.name(tunnel));
         }
         for c in &owned {
             for _ in 0..existing.jumps(c.chain) {
-                let _ = writeln!(out, "-D {} -j {}", c.builtin, c.name);
+                let _ = writeln!(out, "-D {} -j {}", c.builtin, c.name(tunnel));
             }
         }
         for c in &owned {
-            let _ = writeln!(out, "-X {}", c.name);
+            let _ = writeln!(out, "-X {}", c.name(tunnel));
         }
         out.push_str("COMMIT\n");
     }
     out
 }
 
-/// Reads `iptables-save` (or `ip6tables-save`) output: which of our chains exist and how many
-/// jumps lead to each from its built-in chain. Counters (`-c`) are ignored.
-pub fn parse_jumps(save_output: &str) -> JumpState {
+/// Reads `iptables-save` (or `ip6tables-save`) output: which chains of the daemon for
+/// `tunnel` exist and how many jumps lead to each from its built-in chain. Chains and jumps of
+/// other interfaces are not counted. Counters (`-c`) are ignored.
+pub fn parse_jumps(tunnel: &str, save_output: &str) -> JumpState {
     let mut state = JumpState::default();
     let mut table = "";
     for line in save_output.lines().map(strip_counters) {
@@ -155,10 +185,10 @@ pub fn parse_jumps(save_output: &str) -> JumpState {
             continue;
         }
         for c in OWNED_CHAINS.iter().filter(|c| c.table == table) {
-            if chain_decl(line) == Some(c.name) {
+            if chain_decl(line) == Some(c.name(tunnel).as_str()) {
                 state.chains.insert(c.chain);
             }
-            if is_jump(line, c) {
+            if is_jump(line, c, tunnel) {
                 *state.jumps.entry(c.chain).or_insert(0) += 1;
             }
         }
@@ -166,10 +196,11 @@ pub fn parse_jumps(save_output: &str) -> JumpState {
     state
 }
 
-/// Only our part of `iptables-save` output: per table, our chain declarations (counters
-/// zeroed), the jumps to them and their rules, in saved order. Equal outputs mean equal
-/// installed rules; compare the value taken right after an apply with a later one.
-pub fn owned_lines(save_output: &str) -> String {
+/// Only the part of `iptables-save` output that the daemon for `tunnel` owns: per table, its
+/// chain declarations (counters zeroed), the jumps to them and their rules, in saved order.
+/// Another interface's chains are left out, so they never count as drift. Equal outputs mean
+/// equal installed rules; compare the value taken right after an apply with a later one.
+pub fn owned_lines(tunnel: &str, save_output: &str) -> String {
     let mut out = String::new();
     let mut table = "";
     let mut printed_table = "";
@@ -181,9 +212,10 @@ pub fn owned_lines(save_output: &str) -> String {
         let owned = OWNED_CHAINS.iter().filter(|c| c.table == table);
         let mut keep = None;
         for c in owned {
-            if chain_decl(line) == Some(c.name) {
-                keep = Some(format!(":{} - [0:0]", c.name));
-            } else if is_jump(line, c) || line.starts_with(&format!("-A {} ", c.name)) {
+            let name = c.name(tunnel);
+            if chain_decl(line) == Some(name.as_str()) {
+                keep = Some(format!(":{name} - [0:0]"));
+            } else if is_jump(line, c, tunnel) || line.starts_with(&format!("-A {name} ")) {
                 keep = Some(line.to_string());
             }
         }
@@ -219,8 +251,8 @@ fn chain_decl(line: &str) -> Option<&str> {
     line.strip_prefix(':')?.split_whitespace().next()
 }
 
-fn is_jump(line: &str, c: &OwnedChain) -> bool {
-    line == format!("-A {} -j {}", c.builtin, c.name)
+fn is_jump(line: &str, c: &OwnedChain, tunnel: &str) -> bool {
+    line == format!("-A {} -j {}", c.builtin, c.name(tunnel))
 }
 
 /// Appends the iptables lines of one rule. Sets of addresses become one line each (the

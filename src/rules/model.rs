@@ -6,7 +6,7 @@ use super::{Family, IpNet, Proto, RuleSet};
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-/// The four chains the daemon owns (one base chain per hook in nftables, one `TUNNELGATE-*`
+/// The four chains the daemon owns (one base chain per hook in nftables, one `TG-<iface>-*`
 /// chain jumped to from the built-in chain in iptables).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Chain {

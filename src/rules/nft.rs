@@ -1,8 +1,9 @@
 //! RuleSet -> nftables script text. Pure: the shell pipes [`render`] into `nft -f -`, which
-//! replaces `table inet tunnelgate` in one transaction; nothing outside that table is touched.
+//! replaces `table inet tunnelgate_<iface>` ([`nft_table`]) in one transaction; nothing outside
+//! that table is touched, including another daemon's table for another interface.
 
 use super::model::{is_host, lower, Chain, Match, Rule, Verdict};
-use super::{Family, IpNet, RuleSet, NFT_TABLE};
+use super::{nft_table, Family, IpNet, RuleSet};
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::net::IpAddr;
@@ -12,11 +13,12 @@ use std::net::IpAddr;
 /// not it existed, and rendering the same set twice can never leave duplicates.
 pub fn render(set: &RuleSet) -> String {
     let rules = lower(set);
+    let table = nft_table(&set.tunnel);
     let mut out = format!(
-        "# tunnelgate: replaces table inet {NFT_TABLE} in one transaction (nft -f -)\n\
-         table inet {NFT_TABLE} {{}}\n\
-         delete table inet {NFT_TABLE}\n\
-         table inet {NFT_TABLE} {{\n"
+        "# tunnelgate: replaces table inet {table} in one transaction (nft -f -)\n\
+         table inet {table} {{}}\n\
+         delete table inet {table}\n\
+         table inet {table} {{\n"
     );
     let mut first = true;
     for chain in Chain::ALL {
@@ -43,12 +45,14 @@ pub fn render(set: &RuleSet) -> String {
     out
 }
 
-/// Removes the table and everything in it; succeeds whether or not it exists.
-pub fn render_delete() -> String {
-    format!("table inet {NFT_TABLE} {{}}\ndelete table inet {NFT_TABLE}\n")
+/// Removes the table of the daemon for `tunnel` and everything in it; succeeds whether or not
+/// it exists. Other tables, another tunnelgate's included, are not named.
+pub fn render_delete(tunnel: &str) -> String {
+    let table = nft_table(tunnel);
+    format!("table inet {table} {{}}\ndelete table inet {table}\n")
 }
 
-/// `nft list table inet tunnelgate` output without what changes on its own (rule handles,
+/// `nft list table inet tunnelgate_<iface>` output without what changes on its own (rule handles,
 /// counter values) or does not matter (blank lines, trailing spaces). Compare the value taken
 /// right after an apply with a later one to detect drift.
 pub fn normalize_listing(listing: &str) -> String {

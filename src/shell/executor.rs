@@ -7,10 +7,10 @@ use crate::core::control::{Action, Control, Lookup, PeerChanges, RulesReport};
 use crate::rules::{Family, RuleSet};
 use crate::shell::datapath::{self, Shared};
 use crate::shell::firewall::{self, Backend};
+use crate::shell::forwarding::SharedForwarding;
 use crate::shell::netlink::Netlink;
 use crate::shell::resolver::Resolver;
 use crate::shell::udp::WgSocket;
-use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Instant;
@@ -28,6 +28,8 @@ pub(crate) struct Executor {
     lookups: JoinSet<LookupResult>,
     /// An MTU change that failed, reported with the address change that follows it.
     mtu_error: Option<String>,
+    /// The forwarding sysctls shared with other tunnelgates; made on first use.
+    forwarding: Option<SharedForwarding>,
 }
 
 impl Executor {
@@ -46,6 +48,7 @@ impl Executor {
             resolver: None,
             lookups: JoinSet::new(),
             mtu_error: None,
+            forwarding: None,
         }
     }
 
@@ -134,7 +137,10 @@ impl Executor {
                 Ok(())
             }
             Action::EnableForwarding(families) => {
-                control.handle_forwarding_enabled(enable_forwarding(&families));
+                let interface = &control.config().interface.name;
+                self.forwarding
+                    .get_or_insert_with(|| SharedForwarding::new(interface))
+                    .enable(&families);
                 Ok(())
             }
             Action::ApplyRules(set) => {
@@ -144,8 +150,9 @@ impl Executor {
                 error.map_or(Ok(()), Err)
             }
             Action::CheckRules => {
+                let tunnel = control.config().interface.name.clone();
                 let result = match self.backend {
-                    Some(backend) => blocking(move || backend.installed()).await,
+                    Some(backend) => blocking(move || backend.installed(&tunnel)).await,
                     None => Ok(String::new()),
                 };
                 control.handle_rules_checked(result, Instant::now());
@@ -155,7 +162,8 @@ impl Executor {
                 let Some(backend) = self.backend else {
                     return Ok(());
                 };
-                let result = blocking(move || backend.remove()).await;
+                let tunnel = control.config().interface.name.clone();
+                let result = blocking(move || backend.remove(&tunnel)).await;
                 match &result {
                     Ok(()) => tracing::info!(backend = %backend, "Rules removed"),
                     Err(e) => {
@@ -164,12 +172,13 @@ impl Executor {
                 }
                 result
             }
-            Action::RestoreForwarding(families) => {
-                for family in families {
-                    if let Err(e) = firewall::disable_forwarding(family) {
-                        tracing::warn!(?family, error = %e, "Could not restore the forwarding sysctl");
-                    }
-                }
+            Action::RestoreForwarding(_) => {
+                // A previous run killed with -9 may have left a change for this interface, so
+                // the records are read even when this run enabled nothing itself.
+                let interface = &control.config().interface.name;
+                self.forwarding
+                    .get_or_insert_with(|| SharedForwarding::new(interface))
+                    .restore();
                 Ok(())
             }
         }
@@ -292,22 +301,6 @@ impl Executor {
         self.resolver = Some((nameservers.to_vec(), r.clone()));
         Ok(r)
     }
-}
-
-/// Turns forwarding on per family unless it already is; returns the families changed.
-fn enable_forwarding(families: &BTreeSet<Family>) -> BTreeSet<Family> {
-    let mut changed = BTreeSet::new();
-    for family in families {
-        match firewall::enable_forwarding(*family) {
-            Ok(true) => {
-                tracing::info!(?family, "Enabled IP forwarding");
-                changed.insert(*family);
-            }
-            Ok(false) => {}
-            Err(e) => tracing::warn!(?family, error = %e, "Cannot enable IP forwarding"),
-        }
-    }
-    changed
 }
 
 /// Runs a firewall command off the async workers.

@@ -1,6 +1,8 @@
 //! Runs the rendered rule text: one `nft -f -` transaction on our table, or one
-//! `iptables-restore --noflush` per family on our chains; reads the result back to detect
-//! drift; removes it all on shutdown. Also the forwarding sysctls. No rule decisions here.
+//! `iptables-restore --noflush` per family on our chains (both named after the tunnel
+//! interface, so another daemon's are never read or touched); reads the result back to detect
+//! drift; removes it all on shutdown. No rule decisions here (the forwarding sysctls are in
+//! [`super::forwarding`]).
 
 use crate::config::FirewallMode;
 use crate::rules::{iptables, nft, Family, RuleSet};
@@ -183,7 +185,7 @@ impl Backend {
                 let mut out = String::new();
                 for family in [Family::V4, Family::V6] {
                     let jumps = run(save_bin(family, *legacy), &[], None)
-                        .map(|s| iptables::parse_jumps(&s))
+                        .map(|s| iptables::parse_jumps(&set.tunnel, &s))
                         .unwrap_or_default();
                     out.push_str(&format!("# {}\n", restore_bin(family, *legacy)));
                     out.push_str(&iptables::render(set, family, &jumps));
@@ -199,7 +201,7 @@ impl Backend {
         match self {
             Backend::Nftables => {
                 run("nft", &["-f", "-"], Some(&nft::render(set)))?;
-                self.installed()
+                self.installed(&set.tunnel)
             }
             Backend::Iptables { legacy } => {
                 for family in [Family::V4, Family::V6] {
@@ -207,20 +209,22 @@ impl Backend {
                         continue;
                     }
                     let save = run(save_bin(family, *legacy), &[], None)?;
-                    let text = iptables::render(set, family, &iptables::parse_jumps(&save));
+                    let jumps = iptables::parse_jumps(&set.tunnel, &save);
+                    let text = iptables::render(set, family, &jumps);
                     run(restore_bin(family, *legacy), &["--noflush"], Some(&text))?;
                 }
-                self.installed()
+                self.installed(&set.tunnel)
             }
         }
     }
 
-    /// What of ours is installed now, normalized (empty when nothing is).
-    pub fn installed(&self) -> Result<String, FirewallError> {
+    /// What the daemon for interface `tunnel` has installed now, normalized (empty when
+    /// nothing is). Other tables and chains, another daemon's included, are not part of it.
+    pub fn installed(&self, tunnel: &str) -> Result<String, FirewallError> {
         match self {
             Backend::Nftables => match run(
                 "nft",
-                &["list", "table", "inet", crate::rules::NFT_TABLE],
+                &["list", "table", "inet", &crate::rules::nft_table(tunnel)],
                 None,
             ) {
                 Ok(listing) => Ok(nft::normalize_listing(&listing)),
@@ -233,59 +237,38 @@ impl Backend {
                     if family == Family::V6 && !ipv6_enabled() {
                         continue;
                     }
-                    out.push_str(&iptables::owned_lines(&run(
-                        save_bin(family, *legacy),
-                        &[],
-                        None,
-                    )?));
+                    out.push_str(&iptables::owned_lines(
+                        tunnel,
+                        &run(save_bin(family, *legacy), &[], None)?,
+                    ));
                 }
                 Ok(out)
             }
         }
     }
 
-    /// Removes every rule and chain of ours; leaves everything else alone.
-    pub fn remove(&self) -> Result<(), FirewallError> {
+    /// Removes every rule and chain of the daemon for interface `tunnel`; leaves everything
+    /// else alone, another daemon's table or chains included.
+    pub fn remove(&self, tunnel: &str) -> Result<(), FirewallError> {
         match self {
-            Backend::Nftables => run("nft", &["-f", "-"], Some(&nft::render_delete())).map(|_| ()),
+            Backend::Nftables => {
+                run("nft", &["-f", "-"], Some(&nft::render_delete(tunnel))).map(|_| ())
+            }
             Backend::Iptables { legacy } => {
                 for family in [Family::V4, Family::V6] {
                     if family == Family::V6 && !ipv6_enabled() {
                         continue;
                     }
                     let save = run(save_bin(family, *legacy), &[], None)?;
-                    let jumps = iptables::parse_jumps(&save);
+                    let jumps = iptables::parse_jumps(tunnel, &save);
                     run(
                         restore_bin(family, *legacy),
                         &["--noflush"],
-                        Some(&iptables::render_delete(&jumps, family)),
+                        Some(&iptables::render_delete(tunnel, &jumps, family)),
                     )?;
                 }
                 Ok(())
             }
         }
     }
-}
-
-/// The forwarding sysctl of a family.
-fn forwarding_path(family: Family) -> &'static str {
-    match family {
-        Family::V4 => "/proc/sys/net/ipv4/ip_forward",
-        Family::V6 => "/proc/sys/net/ipv6/conf/all/forwarding",
-    }
-}
-
-/// Turns forwarding on for `family` unless it already is. Returns whether we changed it, so
-/// that shutdown (or a failed start) can put it back.
-pub fn enable_forwarding(family: Family) -> std::io::Result<bool> {
-    let path = forwarding_path(family);
-    if std::fs::read_to_string(path)?.trim() == "1" {
-        return Ok(false);
-    }
-    std::fs::write(path, "1")?;
-    Ok(true)
-}
-
-pub fn disable_forwarding(family: Family) -> std::io::Result<()> {
-    std::fs::write(forwarding_path(family), "0")
 }

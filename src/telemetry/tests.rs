@@ -56,7 +56,7 @@ pub(crate) fn sample_snapshot() -> Snapshot {
             failures: 1,
             last_error: Some("nft: Could not process rule: No such file or directory".into()),
             last_apply_seconds: 0.0125,
-            text: "table inet tunnelgate {\n}\n".into(),
+            text: "table inet tunnelgate_tg0 {\n}\n".into(),
         },
         names: vec![NameStatus {
             name: "db.example.internal".into(),

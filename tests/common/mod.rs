@@ -2458,10 +2458,44 @@ impl Tunnelgate {
 }
 
 impl Netns {
-    /// `nft list table inet tunnelgate` in the namespace ("" when the table does not exist).
+    /// `nft list table inet tunnelgate_<iface>` for every tunnelgate table in the namespace,
+    /// concatenated ("" when there is none). One daemon per namespace: its table.
     pub fn nft_tunnelgate_table(&self) -> String {
-        self.try_exec(&["nft", "list", "table", "inet", "tunnelgate"])
+        self.nft_tunnelgate_tables()
+            .iter()
+            .map(|t| {
+                self.try_exec(&["nft", "list", "table", "inet", t])
+                    .unwrap_or_default()
+            })
+            .collect()
+    }
+
+    /// The names of the `inet` tables of tunnelgate daemons in the namespace
+    /// (`tunnelgate_<iface>`), sorted.
+    pub fn nft_tunnelgate_tables(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .try_exec(&["nft", "list", "tables", "inet"])
             .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("table inet "))
+            .filter(|n| n.starts_with("tunnelgate_"))
+            .map(str::to_string)
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// `nft list table inet tunnelgate_<iface>`: the table of the daemon for `iface` ("" when
+    /// it does not exist).
+    pub fn nft_table_of(&self, iface: &str) -> String {
+        self.try_exec(&[
+            "nft",
+            "list",
+            "table",
+            "inet",
+            &format!("tunnelgate_{iface}"),
+        ])
+        .unwrap_or_default()
     }
 }
 

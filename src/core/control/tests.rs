@@ -142,7 +142,7 @@ impl Sim {
                 self.control.handle_routes_applied(Ok(()), now);
             }
             Action::Resolve { lookup, deadline } => self.lookups.push((lookup, deadline)),
-            Action::EnableForwarding(families) => self.control.handle_forwarding_enabled(families),
+            Action::EnableForwarding(_) => {}
             Action::ApplyRules(set) => {
                 if self.rules_fail {
                     self.control
@@ -615,4 +615,22 @@ allowed_ips = ["100.64.0.2/32"]
         Some(&"192.0.2.7:51820".parse().expect("addr"))
     );
     assert_eq!(sim.control.poll_timeout(), None, "nothing left to do");
+}
+
+/// The shared forwarding records decide what goes back, so teardown names the families this
+/// daemon needed even though the simulated executor reports no change of its own: another
+/// daemon may have left a change for the last one to put back.
+#[test]
+fn teardown_restores_forwarding_for_every_family_it_needed() {
+    let mut sim = Sim::new(BASE);
+    assert!(sim
+        .log
+        .iter()
+        .any(|a| *a == Action::EnableForwarding([Family::V4].into())));
+    let undo = sim.control.teardown();
+    assert_eq!(undo.first(), Some(&Action::RemoveRules));
+    assert!(
+        undo.contains(&Action::RestoreForwarding([Family::V4].into())),
+        "{undo:?}"
+    );
 }

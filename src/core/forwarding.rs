@@ -1,0 +1,226 @@
+//! Shared ownership of the forwarding sysctls (`net.ipv4.ip_forward`,
+//! `net.ipv6.conf.all.forwarding`) between every tunnelgate in one network namespace. Pure: the
+//! shell reads and writes the records (one file per interface under the run directory, see
+//! [`ForwardingRecord`]), checks which processes are alive, and writes the sysctls; this module
+//! only parses, renders and decides.
+//!
+//! The rules (CONTRACT.md, "Meaning of the forwarding rules"): a daemon turns a family on only
+//! if it is not on already; at exit it puts back only a value that tunnelgate changed (itself,
+//! an earlier run killed with -9, or a daemon that stopped while this one still needed the
+//! value), and only when no other running tunnelgate in the namespace still needs it. A daemon
+//! that stops while another still needs a value it changed leaves that change recorded, so the
+//! last one to stop puts it back.
+
+use crate::rules::Family;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+
+/// Which running process wrote a record: enough to tell it from a later process with the same
+/// pid, and to tell namespaces apart (the run directory is shared by every namespace, the
+/// sysctls are not).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Writer {
+    pub pid: u32,
+    /// The process start time, in clock ticks after boot (`/proc/PID/stat` field 22).
+    pub start_ticks: u64,
+    /// The network namespace, as `readlink /proc/self/ns/net` shows it (`net:[4026531840]`).
+    pub netns: String,
+}
+
+/// What one daemon (one interface) records about the forwarding sysctls.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForwardingRecord {
+    pub writer: Writer,
+    /// Families the daemon forwards, so the sysctl must stay on while it runs.
+    pub needed: BTreeSet<Family>,
+    /// Families tunnelgate turned on (found off) that nobody has put back yet.
+    pub changed: BTreeSet<Family>,
+}
+
+/// Another daemon's record as the shell found it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OtherRecord {
+    /// The interface the record belongs to (its file name).
+    pub interface: String,
+    pub record: ForwardingRecord,
+    /// Whether the writer process still runs (same pid and start time).
+    pub alive: bool,
+}
+
+/// What a stopping daemon does.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StopPlan {
+    /// Families to put back to off.
+    pub restore: BTreeSet<Family>,
+    /// Our record after the stop: `None` removes the file; `Some` keeps changes that another
+    /// running daemon still needs, for the last one to put back.
+    pub own: Option<ForwardingRecord>,
+    /// Other records to rewrite (`Some`) or remove (`None`), by interface: dead daemons' records
+    /// whose changes were just put back or that record nothing any more.
+    pub others: BTreeMap<String, Option<ForwardingRecord>>,
+}
+
+/// The record a daemon writes after turning forwarding on. `needed` and `changed_now` are this
+/// run's; `previous` is whatever the file for this interface held. The changes of an earlier
+/// run in the same namespace that did not stop cleanly (killed with -9) are kept, so that this
+/// run puts them back; a record of a live process is this run's own and is extended.
+pub fn on_enable(
+    me: &Writer,
+    previous: Option<&OtherRecord>,
+    needed: &BTreeSet<Family>,
+    changed_now: &BTreeSet<Family>,
+) -> ForwardingRecord {
+    let mut record = ForwardingRecord {
+        writer: me.clone(),
+        needed: needed.clone(),
+        changed: changed_now.clone(),
+    };
+    if let Some(prev) = previous.filter(|p| p.record.writer.netns == me.netns) {
+        let ours = prev.record.writer == *me;
+        if ours || !prev.alive {
+            record.changed.extend(prev.record.changed.iter().copied());
+        }
+        if ours {
+            record.needed.extend(prev.record.needed.iter().copied());
+        }
+    }
+    record
+}
+
+/// Whether a stopping daemon puts `family` back to off: tunnelgate changed it (per `own` or any
+/// other record of this namespace) and no other running daemon of this namespace needs it.
+pub fn restore_family(family: Family, own: &ForwardingRecord, others: &[OtherRecord]) -> bool {
+    let here = |o: &&OtherRecord| o.record.writer.netns == own.writer.netns;
+    let still_needed = others
+        .iter()
+        .filter(here)
+        .any(|o| o.alive && o.record.needed.contains(&family));
+    let changed = own.changed.contains(&family)
+        || others
+            .iter()
+            .filter(here)
+            .any(|o| o.record.changed.contains(&family));
+    changed && !still_needed
+}
+
+/// What the daemon whose record is `own` does when it stops, given every other record.
+/// Records of other namespaces are left alone.
+pub fn on_stop(own: &ForwardingRecord, others: &[OtherRecord]) -> StopPlan {
+    let restore: BTreeSet<Family> = Family::ALL
+        .into_iter()
+        .filter(|f| restore_family(*f, own, others))
+        .collect();
+    let kept: BTreeSet<Family> = own.changed.difference(&restore).copied().collect();
+    let own_after = (!kept.is_empty()).then(|| ForwardingRecord {
+        writer: own.writer.clone(),
+        needed: BTreeSet::new(),
+        changed: kept,
+    });
+    let mut rewrite = BTreeMap::new();
+    for other in others {
+        let rec = &other.record;
+        // A live daemon's record is its own to change; so is another namespace's.
+        if rec.writer.netns != own.writer.netns || (other.alive && !rec.needed.is_empty()) {
+            continue;
+        }
+        let changed: BTreeSet<Family> = rec.changed.difference(&restore).copied().collect();
+        if changed.is_empty() {
+            rewrite.insert(other.interface.clone(), None);
+        } else if changed != rec.changed {
+            let mut left = rec.clone();
+            left.changed = changed;
+            rewrite.insert(other.interface.clone(), Some(left));
+        }
+    }
+    StopPlan {
+        restore,
+        own: own_after,
+        others: rewrite,
+    }
+}
+
+/// The file text: `key=value` lines, families as `ipv4`/`ipv6` with their flags.
+///
+/// ```text
+/// # tunnelgate forwarding sysctls of one interface (written atomically)
+/// pid=4242
+/// start=123456
+/// netns=net:[4026531840]
+/// ipv4=needed,changed
+/// ipv6=needed
+/// ```
+pub fn render(record: &ForwardingRecord) -> String {
+    let w = &record.writer;
+    let mut out = format!(
+        "# tunnelgate forwarding sysctls of one interface (written atomically)\n\
+         pid={}\nstart={}\nnetns={}\n",
+        w.pid, w.start_ticks, w.netns
+    );
+    for family in Family::ALL {
+        let mut flags = Vec::new();
+        if record.needed.contains(&family) {
+            flags.push("needed");
+        }
+        if record.changed.contains(&family) {
+            flags.push("changed");
+        }
+        let _ = writeln!(out, "{family}={}", flags.join(","));
+    }
+    out
+}
+
+/// Reads [`render`]'s text back; an error names the line that is wrong.
+pub fn parse(text: &str) -> Result<ForwardingRecord, String> {
+    let (mut pid, mut start, mut netns) = (None, None, None);
+    let (mut needed, mut changed) = (BTreeSet::new(), BTreeSet::new());
+    for line in text.lines().map(str::trim) {
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let (key, value) = line
+            .split_once('=')
+            .ok_or_else(|| format!("{line:?} is not key=value"))?;
+        let number = |v: &str| {
+            v.parse::<u64>()
+                .map_err(|_| format!("{line:?}: not a number"))
+        };
+        match key {
+            "pid" => {
+                let n = number(value)?;
+                pid = Some(u32::try_from(n).map_err(|_| format!("{line:?}: pid out of range"))?);
+            }
+            "start" => start = Some(number(value)?),
+            "netns" => netns = Some(value.to_string()),
+            "ipv4" | "ipv6" => {
+                let family = if key == "ipv4" {
+                    Family::V4
+                } else {
+                    Family::V6
+                };
+                for flag in value.split(',').filter(|f| !f.is_empty()) {
+                    match flag {
+                        "needed" => needed.insert(family),
+                        "changed" => changed.insert(family),
+                        _ => return Err(format!("{line:?}: unknown flag {flag:?}")),
+                    };
+                }
+            }
+            _ => return Err(format!("{line:?}: unknown key")),
+        }
+    }
+    match (pid, start, netns) {
+        (Some(pid), Some(start_ticks), Some(netns)) => Ok(ForwardingRecord {
+            writer: Writer {
+                pid,
+                start_ticks,
+                netns,
+            },
+            needed,
+            changed,
+        }),
+        _ => Err("pid, start and netns are required".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests;

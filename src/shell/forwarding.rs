@@ -1,0 +1,269 @@
+//! The forwarding sysctls and the records that let several tunnelgates share them: one file per
+//! interface, `<run dir>/<iface>.forwarding` (the run dir is `/var/run/tunnelgate`, or
+//! `$TUNNELGATE_RUN_DIR`), written atomically (temporary file + rename), read and changed only
+//! under an exclusive lock on `<run dir>/forwarding.lock`, so a start and a stop never
+//! interleave. Reads, writes and liveness checks only: [`crate::core::forwarding`] decides.
+
+use crate::core::forwarding::{self, ForwardingRecord, OtherRecord, Writer};
+use crate::rules::Family;
+use crate::telemetry::status::{DEFAULT_RUN_DIR, RUN_DIR_ENV};
+use std::collections::BTreeSet;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+const SUFFIX: &str = ".forwarding";
+
+/// The shared forwarding state of the daemon for one interface.
+pub struct SharedForwarding {
+    dir: PathBuf,
+    interface: String,
+    /// What this run last wrote, in case the file cannot be read back at stop.
+    written: Option<ForwardingRecord>,
+}
+
+impl SharedForwarding {
+    pub fn new(interface: &str) -> SharedForwarding {
+        let dir = std::env::var_os(RUN_DIR_ENV)
+            .filter(|d| !d.is_empty())
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_RUN_DIR));
+        SharedForwarding {
+            dir,
+            interface: interface.to_string(),
+            written: None,
+        }
+    }
+
+    /// Turns forwarding on for each of `families` unless it already is, and records that this
+    /// daemon needs them. Returns the families it turned on.
+    pub fn enable(&mut self, families: &BTreeSet<Family>) -> BTreeSet<Family> {
+        let lock = self.lock();
+        let mut changed = BTreeSet::new();
+        for family in families {
+            match enable_sysctl(*family) {
+                Ok(true) => {
+                    tracing::info!(%family, "Enabled IP forwarding");
+                    changed.insert(*family);
+                }
+                Ok(false) => {}
+                Err(e) => tracing::warn!(%family, error = %e, "Cannot enable IP forwarding"),
+            }
+        }
+        match me() {
+            Ok(me) => {
+                let previous = self.read_other(&self.interface);
+                let record = forwarding::on_enable(&me, previous.as_ref(), families, &changed);
+                self.write(&self.interface, &record);
+                self.written = Some(record);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "Cannot identify this process; forwarding not recorded")
+            }
+        }
+        drop(lock);
+        changed
+    }
+
+    /// At stop: puts back each forwarding sysctl tunnelgate changed that no other running
+    /// daemon of this namespace needs, and updates the records.
+    pub fn restore(&mut self) {
+        let lock = self.lock();
+        let own = self
+            .read_other(&self.interface)
+            .map(|o| o.record)
+            .or_else(|| self.written.clone());
+        let Some(own) = own else {
+            return;
+        };
+        let others: Vec<OtherRecord> = self
+            .interfaces()
+            .into_iter()
+            .filter(|name| *name != self.interface)
+            .filter_map(|name| self.read_other(&name))
+            .collect();
+        let plan = forwarding::on_stop(&own, &others);
+        for family in &plan.restore {
+            match disable_sysctl(*family) {
+                Ok(()) => tracing::info!(%family, "Put IP forwarding back to off"),
+                Err(e) => {
+                    tracing::warn!(%family, error = %e, "Could not restore the forwarding sysctl")
+                }
+            }
+        }
+        let kept: Vec<String> = Family::ALL
+            .iter()
+            .filter(|f| own.needed.contains(f) && !plan.restore.contains(f))
+            .map(|f| f.to_string())
+            .collect();
+        if !kept.is_empty() {
+            tracing::info!(
+                families = kept.join(","),
+                "IP forwarding left as it is: not changed by tunnelgate, or still needed by another"
+            );
+        }
+        match &plan.own {
+            Some(record) => self.write(&self.interface, record),
+            None => self.remove(&self.interface),
+        }
+        for (name, record) in &plan.others {
+            match record {
+                Some(r) => self.write(name, r),
+                None => self.remove(name),
+            }
+        }
+        drop(lock);
+    }
+
+    fn path(&self, interface: &str) -> PathBuf {
+        self.dir.join(format!("{interface}{SUFFIX}"))
+    }
+
+    /// The exclusive lock, held until the value is dropped; `None` (logged) when the run
+    /// directory cannot be used: the records then cannot be shared either.
+    fn lock(&self) -> Option<File> {
+        let open = || -> std::io::Result<File> {
+            std::fs::create_dir_all(&self.dir)?;
+            let file = File::options()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(self.dir.join("forwarding.lock"))?;
+            file.lock()?;
+            Ok(file)
+        };
+        open()
+            .inspect_err(|e| {
+                tracing::warn!(dir = %self.dir.display(), error = %e, "Cannot lock the forwarding records")
+            })
+            .ok()
+    }
+
+    /// Interfaces that have a record.
+    fn interfaces(&self) -> Vec<String> {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return Vec::new();
+        };
+        let mut names: Vec<String> = entries
+            .filter_map(|e| e.ok())
+            .filter_map(|e| {
+                e.file_name()
+                    .to_str()?
+                    .strip_suffix(SUFFIX)
+                    .map(str::to_string)
+            })
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// The record of `interface` and whether its writer still runs; `None` when there is none
+    /// (or it cannot be read: logged, and left alone).
+    fn read_other(&self, interface: &str) -> Option<OtherRecord> {
+        let path = self.path(interface);
+        let text = std::fs::read_to_string(&path).ok()?;
+        match forwarding::parse(&text) {
+            Ok(record) => Some(OtherRecord {
+                interface: interface.to_string(),
+                alive: is_alive(&record.writer),
+                record,
+            }),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "Ignoring an unreadable forwarding record");
+                None
+            }
+        }
+    }
+
+    fn write(&self, interface: &str, record: &ForwardingRecord) {
+        let path = self.path(interface);
+        let tmp = self
+            .dir
+            .join(format!(".{interface}{SUFFIX}.{}", std::process::id()));
+        let result = std::fs::write(&tmp, forwarding::render(record))
+            .and_then(|()| std::fs::rename(&tmp, &path));
+        if let Err(e) = result {
+            let _ = std::fs::remove_file(&tmp);
+            tracing::warn!(path = %path.display(), error = %e, "Cannot write the forwarding record");
+        }
+    }
+
+    fn remove(&self, interface: &str) {
+        let path = self.path(interface);
+        if let Err(e) = std::fs::remove_file(&path) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(path = %path.display(), error = %e, "Cannot remove the forwarding record");
+            }
+        }
+    }
+}
+
+/// This process as a record's writer.
+fn me() -> std::io::Result<Writer> {
+    let pid = std::process::id();
+    Ok(Writer {
+        pid,
+        start_ticks: start_ticks(pid)?,
+        netns: std::fs::read_link("/proc/self/ns/net")?
+            .to_string_lossy()
+            .into_owned(),
+    })
+}
+
+/// Whether the process that wrote a record still runs: the same pid with the same start time
+/// (a pid reused by another process has another start time).
+fn is_alive(writer: &Writer) -> bool {
+    start_ticks(writer.pid).is_ok_and(|t| t == writer.start_ticks)
+}
+
+/// Field 22 of `/proc/PID/stat`, the start time in clock ticks after boot. The command name
+/// (field 2) is in parentheses and may hold spaces, so fields are counted after the last `)`.
+fn start_ticks(pid: u32) -> std::io::Result<u64> {
+    let stat = std::fs::read_to_string(Path::new("/proc").join(pid.to_string()).join("stat"))?;
+    let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, "unexpected /proc/PID/stat");
+    let rest = stat.rsplit_once(')').ok_or_else(bad)?.1;
+    // After `)`: field 3 (state) is the first; field 22 is the 20th.
+    rest.split_whitespace()
+        .nth(19)
+        .and_then(|t| t.parse().ok())
+        .ok_or_else(bad)
+}
+
+/// The forwarding sysctl of a family.
+fn sysctl_path(family: Family) -> &'static str {
+    match family {
+        Family::V4 => "/proc/sys/net/ipv4/ip_forward",
+        Family::V6 => "/proc/sys/net/ipv6/conf/all/forwarding",
+    }
+}
+
+/// Turns forwarding on for `family` unless it already is; whether it changed it.
+fn enable_sysctl(family: Family) -> std::io::Result<bool> {
+    let path = sysctl_path(family);
+    if std::fs::read_to_string(path)?.trim() == "1" {
+        return Ok(false);
+    }
+    std::fs::write(path, "1")?;
+    Ok(true)
+}
+
+fn disable_sysctl(family: Family) -> std::io::Result<()> {
+    std::fs::write(sysctl_path(family), "0")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_process_is_alive_and_a_changed_start_time_is_not() {
+        let Ok(me) = me() else {
+            return; // no /proc here
+        };
+        assert!(is_alive(&me));
+        let reused = Writer {
+            start_ticks: me.start_ticks + 1,
+            ..me
+        };
+        assert!(!is_alive(&reused));
+    }
+}
