@@ -156,6 +156,15 @@ pub fn route_read<'t, T: PeerLookup>(
     peers.by_address(dst).ok_or(DropReason::NoPeer)
 }
 
+/// Whether the timer must start a handshake now because the peer has persistent keepalive
+/// (`keepalive`) and none was started for it yet (`started`). A peer that already has a
+/// session (keepalive turned on with `wg set` on a live peer) keeps it: the kernel and
+/// wireguard-go send a keepalive on that session, never a new handshake.
+#[inline]
+pub fn keepalive_handshake(keepalive: bool, started: bool, has_session: bool) -> bool {
+    keepalive && !started && !has_session
+}
+
 /// What became of one TUN segment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outbound {

@@ -516,9 +516,10 @@ fn timer_loop(shared: &Shared) {
             let mut tunnel = peer.tunnel.lock();
             log_handshake(peer, tunnel.stats().since_last_handshake);
             if let Some(ep) = endpoint {
-                if peer.settings.persistent_keepalive.is_some()
-                    && !peer.counters.initiated.swap(true, Ordering::Relaxed)
-                {
+                let keepalive = peer.settings.persistent_keepalive.is_some();
+                let has_session = tunnel.stats().since_last_handshake.is_some();
+                let started = keepalive && peer.counters.initiated.swap(true, Ordering::Relaxed);
+                if packet::keepalive_handshake(keepalive, started, has_session) {
                     if let Outcome::Network(m) = tunnel.initiate(&mut buf) {
                         peer.counters
                             .handshakes_sent

@@ -395,3 +395,17 @@ fn only_an_authenticated_datagram_from_a_new_address_moves_the_endpoint() {
     assert!(!received.authenticated);
     assert_eq!(roam(endpoint, spoofer, received.authenticated), None);
 }
+
+#[test]
+fn keepalive_starts_a_handshake_only_for_a_peer_without_a_session() {
+    assert!(keepalive_handshake(true, false, false), "first start");
+    assert!(!keepalive_handshake(true, true, false), "only once");
+    assert!(
+        !keepalive_handshake(false, false, false),
+        "no keepalive, no eager handshake"
+    );
+    assert!(
+        !keepalive_handshake(true, false, true),
+        "keepalive turned on for a live peer keeps its session"
+    );
+}

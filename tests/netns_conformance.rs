@@ -1,0 +1,188 @@
+//! Issue 16, WireGuard conformance, end to end in network namespaces: what users of the kernel
+//! module and wireguard-go expect from `wg set/setconf` against tunnelgate (a live peer's
+//! settings change without losing its session, a key-less device, very large configs), replies
+//! leaving from the address a peer sent to, and the `tunnelgate userspace` / `tunnelgate-wg`
+//! drop-in for wireguard-go driven by Debian's `wg-quick`.
+//!
+//! Run as root: `cargo test --all-features --test netns_conformance -- --ignored --test-threads=1`.
+
+mod common;
+
+use common::*;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+const A_LAN4: &str = "192.168.61.1";
+const B_LAN4: &str = "192.168.61.2";
+const A_LAN6: &str = "fd61::1";
+const B_LAN6: &str = "fd61::2";
+const A_TUN4: &str = "100.65.0.1";
+const B_TUN4: &str = "100.65.0.2";
+const TG_PORT: u16 = 51820;
+const WG_PORT: u16 = 51821;
+const SHORT: Duration = Duration::from_secs(10);
+
+/// Two namespaces joined by a veth pair with v4 and v6 underlay addresses.
+fn lan() -> (Netns, Netns, Veth) {
+    let a = Netns::new();
+    let b = Netns::new();
+    let v = veth(
+        &a,
+        &[&format!("{A_LAN4}/24"), &format!("{A_LAN6}/64")],
+        &b,
+        &[&format!("{B_LAN4}/24"), &format!("{B_LAN6}/64")],
+    );
+    (a, b, v)
+}
+
+/// `tunnelgate_packets_dropped_total{reason="REASON"}`.
+fn dropped(tg: &Tunnelgate, reason: &str) -> u64 {
+    let body = tg.metrics().unwrap_or_else(|e| panic!("GET /metrics: {e}"));
+    let labels = format!("reason=\"{reason}\"");
+    metric(&body, "tunnelgate_packets_dropped_total", &labels)
+        .map(|v| v as u64)
+        .unwrap_or_else(|| panic!("no series of {labels} in /metrics:\n{body}"))
+}
+
+/// Sleeps until just past the next whole second of the wall clock (`wg show` has second
+/// resolution: a new handshake in the same second as the old one would look the same).
+fn sleep_past_second_boundary() {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    let rest = Duration::from_secs(1) - Duration::from_nanos(u64::from(now.subsec_nanos()));
+    std::thread::sleep(rest + Duration::from_millis(200));
+}
+
+/// `ping` with `count` echoes every 0.2 s from `ns` to `to`, in a thread; the result is the
+/// number of replies received.
+fn ping_in_background(ns: &Netns, to: &str, count: u32) -> std::thread::JoinHandle<(u32, String)> {
+    let cmd = ns.command(&[
+        "ping",
+        "-n",
+        "-i",
+        "0.2",
+        "-W",
+        "1",
+        "-c",
+        &count.to_string(),
+        to,
+    ]);
+    std::thread::spawn(move || {
+        let out = output_of(cmd, None);
+        // "25 packets transmitted, 25 received, 0% packet loss, ..."
+        let received = out
+            .stdout
+            .lines()
+            .find(|l| l.contains("packets transmitted"))
+            .and_then(|l| l.split(", ").nth(1))
+            .and_then(|s| s.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        (received, out.stdout)
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. `wg set` on a live peer keeps its session
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+#[ignore = "needs root"]
+fn wg_set_allowed_ips_and_keepalive_on_a_live_peer_keep_its_session() {
+    require_root();
+    let (a, b, _v) = lan();
+    let wg = WgGo::start(&b, WG_PORT, &[&format!("{B_TUN4}/24")]);
+    let tg = Tunnelgate::start(
+        &a,
+        TgConfig::new(TG_PORT, &[&format!("{A_TUN4}/24")]).peer(
+            Peer::new(wg.public_key(), &[&format!("{B_TUN4}/32")])
+                .endpoint(&format!("{B_LAN4}:{WG_PORT}")),
+        ),
+    );
+    wg.add_peer(
+        &Peer::new(tg.public_key(), &[&format!("{A_TUN4}/32")])
+            .endpoint(&format!("{A_LAN4}:{TG_PORT}")),
+    );
+    assert!(ping_until(&a, B_TUN4, SHORT), "no tunnel before the change");
+    wait_handshake(tg.name(), wg.public_key(), SHORT);
+    let before = tg.dump();
+    let peer_before = before.peer(wg.public_key()).expect("peer listed").clone();
+    let unknown_before = dropped(&tg, "unknown_peer");
+    sleep_past_second_boundary();
+
+    // Traffic both ways across the changes.
+    let from_b = ping_in_background(&b, A_TUN4, 25);
+    let from_a = ping_in_background(&a, B_TUN4, 25);
+    std::thread::sleep(Duration::from_millis(1000));
+    let pk = wg.public_key().to_string();
+    run(&[
+        "wg",
+        "set",
+        tg.name(),
+        "peer",
+        &pk,
+        "allowed-ips",
+        &format!("{B_TUN4}/32,10.77.0.0/16,fd77::/64"),
+    ]);
+    std::thread::sleep(Duration::from_millis(1500));
+    run(&[
+        "wg",
+        "set",
+        tg.name(),
+        "peer",
+        &pk,
+        "persistent-keepalive",
+        "7",
+    ]);
+    let keepalive_set = tg.dump().peer(&pk).and_then(|p| p.persistent_keepalive);
+    std::thread::sleep(Duration::from_millis(1000));
+    run(&[
+        "wg",
+        "set",
+        tg.name(),
+        "peer",
+        &pk,
+        "persistent-keepalive",
+        "off",
+    ]);
+    let (got_b, text_b) = from_b.join().expect("ping thread");
+    let (got_a, text_a) = from_a.join().expect("ping thread");
+
+    let after = tg.dump();
+    let peer = after.peer(&pk).expect("peer still listed");
+    let mut allowed = peer.allowed_ips.clone();
+    allowed.sort();
+    assert_eq!(
+        allowed,
+        vec![
+            "10.77.0.0/16".to_string(),
+            format!("{B_TUN4}/32"),
+            "fd77::/64".into()
+        ],
+        "wg show lists the new allowed IPs"
+    );
+    assert_eq!(
+        peer.persistent_keepalive, None,
+        "keepalive turned off again"
+    );
+    assert_eq!(
+        peer.latest_handshake, peer_before.latest_handshake,
+        "the session was kept: no new handshake"
+    );
+    assert!(
+        peer.rx_bytes > peer_before.rx_bytes && peer.tx_bytes > peer_before.tx_bytes,
+        "counters kept and growing: before {peer_before:?}, after {peer:?}"
+    );
+    assert_eq!(
+        dropped(&tg, "unknown_peer"),
+        unknown_before,
+        "no packet of the old session was refused"
+    );
+    assert_eq!(got_b, 25, "pings from the peer were lost:\n{text_b}");
+    assert_eq!(got_a, 25, "pings to the peer were lost:\n{text_a}");
+    assert_eq!(
+        keepalive_set,
+        Some(7),
+        "wg show showed the keepalive while it was set"
+    );
+}
