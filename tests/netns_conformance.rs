@@ -186,3 +186,108 @@ fn wg_set_allowed_ips_and_keepalive_on_a_live_peer_keep_its_session() {
         "wg show showed the keepalive while it was set"
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// 2. Replies leave from the address the peer sent to
+// ---------------------------------------------------------------------------------------------
+
+/// The source address the kernel of `ns` picks for `to` (`ip route get`).
+fn kernel_source(ns: &Netns, to: &str) -> String {
+    let out = ns.exec(&["ip", "route", "get", to]);
+    let mut words = out.split_whitespace();
+    while let Some(w) = words.next() {
+        if w == "src" {
+            return words.next().unwrap_or_default().to_string();
+        }
+    }
+    panic!("no src in `ip route get {to}`: {out}")
+}
+
+/// The endpoint wireguard-go in `wg` has for `peer`.
+fn endpoint_at(wg: &WgGo, peer: &str) -> Option<String> {
+    wg.dump().peer(peer).and_then(|p| p.endpoint.clone())
+}
+
+fn bracket(ip: &str) -> String {
+    if ip.contains(':') {
+        format!("[{ip}]")
+    } else {
+        ip.to_string()
+    }
+}
+
+#[test]
+#[ignore = "needs root"]
+fn replies_leave_from_the_address_the_peer_used_and_fall_back_when_it_goes() {
+    require_root();
+    let (a, b, v) = lan();
+    // A second address of each family on tunnelgate's uplink.
+    add_addr(&a, &v.a_name, "192.168.61.3/24");
+    add_addr(&a, &v.a_name, "fd61::3/64");
+    let wg = WgGo::start(&b, WG_PORT, &[&format!("{B_TUN4}/24")]);
+    // No endpoint for the peer: tunnelgate learns it from the peer's first handshake.
+    let tg = Tunnelgate::start(
+        &a,
+        TgConfig::new(TG_PORT, &[&format!("{A_TUN4}/24")])
+            .peer(Peer::new(wg.public_key(), &[&format!("{B_TUN4}/32")])),
+    );
+    let tg_key = tg.public_key().to_string();
+    wg.add_peer(&Peer::new(&tg_key, &[&format!("{A_TUN4}/32")]));
+    for (family, all, peer_lan) in [
+        ("IPv4", ["192.168.61.1", "192.168.61.3"], B_LAN4),
+        ("IPv6", ["fd61::1", "fd61::3"], B_LAN6),
+    ] {
+        // The peer talks to the address the kernel would not choose as the source.
+        let default = kernel_source(&a, peer_lan);
+        let used = all
+            .iter()
+            .find(|ip| **ip != default)
+            .expect("a second address")
+            .to_string();
+        let expected = format!("{}:{TG_PORT}", bracket(&used));
+        wg.wg(&["set", wg.name(), "peer", &tg_key, "endpoint", &expected]);
+        assert!(
+            ping_until(&b, A_TUN4, SHORT),
+            "{family}: peer -> tunnelgate via {used}"
+        );
+        assert_eq!(
+            endpoint_at(&wg, &tg_key).as_deref(),
+            Some(expected.as_str()),
+            "{family}: the answer came from {used}, the address the peer sent to"
+        );
+        // Traffic that tunnelgate starts leaves from the same address.
+        for _ in 0..3 {
+            assert!(ping(&a, B_TUN4), "{family}: tunnelgate -> peer");
+        }
+        assert_eq!(
+            endpoint_at(&wg, &tg_key).as_deref(),
+            Some(expected.as_str()),
+            "{family}: tunnelgate's own packets came from {used}"
+        );
+
+        // The address goes: tunnelgate falls back to the kernel's choice, and the peer roams.
+        let prefix = if used.contains(':') { 64 } else { 24 };
+        a.exec(&[
+            "ip",
+            "addr",
+            "del",
+            &format!("{used}/{prefix}"),
+            "dev",
+            &v.a_name,
+        ]);
+        assert!(
+            ping_until(&a, B_TUN4, SHORT),
+            "{family}: tunnelgate -> peer after {used} was removed"
+        );
+        let fallback = format!("{}:{TG_PORT}", bracket(&default));
+        assert_eq!(
+            endpoint_at(&wg, &tg_key).as_deref(),
+            Some(fallback.as_str()),
+            "{family}: after {used} went, replies come from {default}"
+        );
+        assert!(
+            ping(&b, A_TUN4),
+            "{family}: peer -> tunnelgate after the fallback"
+        );
+    }
+}

@@ -156,6 +156,39 @@ pub fn route_read<'t, T: PeerLookup>(
     peers.by_address(dst).ok_or(DropReason::NoPeer)
 }
 
+/// How a peer is reached: its address, and the local address it last sent to. Replies leave
+/// from that local address (`IP_PKTINFO` / `IPV6_PKTINFO`), as the kernel and wireguard-go do, so
+/// a peer talking to one of several addresses of this host gets answers from the address it
+/// expects and does not roam away. `local: None`: the kernel picks the source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PeerPath {
+    pub remote: SocketAddr,
+    pub local: Option<IpAddr>,
+}
+
+impl PeerPath {
+    /// A path whose source the kernel chooses (configured endpoints, `wg set endpoint`).
+    pub fn to(remote: SocketAddr) -> PeerPath {
+        PeerPath {
+            remote,
+            local: None,
+        }
+    }
+}
+
+/// Whether a send that named `local` as its source and failed with `errno` must be retried
+/// with the kernel's choice of source: the address was removed from this host (or is no longer
+/// usable): IPv6 reports `EINVAL`, IPv4 `ENETUNREACH` (no route from a source that is not
+/// ours). The remembered source is then forgotten; should the route really be gone, the retry
+/// fails too and nothing of value was forgotten (the peer's next datagram sets it again).
+#[inline]
+pub fn source_is_stale(errno: i32) -> bool {
+    matches!(
+        errno,
+        libc::EINVAL | libc::EADDRNOTAVAIL | libc::ENETUNREACH
+    )
+}
+
 /// Whether the timer must start a handshake now because the peer has persistent keepalive
 /// (`keepalive`) and none was started for it yet (`started`). A peer that already has a
 /// session (keepalive turned on with `wg set` on a live peer) keeps it: the kernel and
@@ -172,7 +205,7 @@ pub enum Outbound {
     /// segment started while it waits in the session's queue).
     Send {
         len: usize,
-        to: SocketAddr,
+        to: PeerPath,
     },
     /// Nothing to send now (queued, or the session is expired and waiting).
     Nothing,
@@ -183,7 +216,7 @@ pub enum Outbound {
 #[inline]
 pub fn encapsulate(
     tunnel: &mut Tunnel,
-    endpoint: Option<SocketAddr>,
+    endpoint: Option<PeerPath>,
     segment: &[u8],
     out: &mut [u8],
 ) -> Outbound {
@@ -290,14 +323,12 @@ pub fn decapsulate<T: PeerLookup>(
     }
 }
 
-/// The endpoint to switch to after a datagram from `from`: only an authenticated datagram from
-/// a new address moves the peer (WireGuard's roaming). `None` = keep `current`.
+/// The path to switch to after a datagram that came from `from.remote` to `from.local`: only an
+/// authenticated datagram from a new address, or to a new local address, moves the peer
+/// (WireGuard's roaming; the local address is where replies leave from). `None` = keep
+/// `current`.
 #[inline]
-pub fn roam(
-    current: Option<SocketAddr>,
-    from: SocketAddr,
-    authenticated: bool,
-) -> Option<SocketAddr> {
+pub fn roam(current: Option<PeerPath>, from: PeerPath, authenticated: bool) -> Option<PeerPath> {
     (authenticated && current != Some(from)).then_some(from)
 }
 

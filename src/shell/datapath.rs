@@ -7,13 +7,15 @@
 use crate::config::PublicKey;
 use crate::core::liveness::{Heartbeats, PacketThread, IDLE_WAKE, STALL_LIMIT};
 use crate::core::offload::{self, Coalescer, VNET_HDR_LEN};
-use crate::core::packet::{self, DropCounters, DropReason, Inbound, Outbound, PeerLookup, Sender};
+use crate::core::packet::{
+    self, DropCounters, DropReason, Inbound, Outbound, PeerLookup, PeerPath, Sender,
+};
 use crate::core::wg::{self, Outcome, TunnelError};
 use crate::shell::peers::{Peer, PeerTable};
 use crate::shell::tun;
 use crate::shell::udp::{RecvBatch, SendBatch, WgSocket, MAX_DATAGRAM};
 use parking_lot::{Mutex, RwLock};
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -328,7 +330,7 @@ fn tun_loop(shared: &Shared) {
                     }
                 },
             };
-            let endpoint = peer.endpoint();
+            let endpoint = peer.path();
             match packet::encapsulate(&mut peer.tunnel.lock(), endpoint, segment, out.slot()) {
                 Outbound::Send { len, to } => {
                     peer.counters.sent(len);
@@ -350,6 +352,18 @@ fn flush(shared: &Shared, socket: &WgSocket, out: &mut SendBatch) {
         if dropped > 0 {
             shared.drops.add(DropReason::UdpSend, dropped as u64);
         }
+        if let Some(gone) = out.take_stale_source() {
+            forget_source(shared, gone);
+        }
+    }
+}
+
+/// A local address peers replied from is gone: they fall back to the kernel's choice of
+/// source until they send to another address of ours (rare: a walk over the table).
+fn forget_source(shared: &Shared, gone: IpAddr) {
+    tracing::info!(address = %gone, "Local address gone; replying from the kernel's choice");
+    for peer in shared.snapshot().peers.values() {
+        peer.forget_source(gone);
     }
 }
 
@@ -386,7 +400,7 @@ fn udp_loop(shared: &Shared, socket: &WgSocket) {
                 &table.limiter,
                 &table.private_key,
                 &table.public_key,
-                from,
+                from.remote,
                 datagram,
                 &mut cookie,
             );
@@ -447,14 +461,14 @@ fn receive(
     socket: &WgSocket,
     table: &PeerTable,
     peer: &Arc<Peer>,
-    from: SocketAddr,
+    from: PeerPath,
     datagram: &[u8],
     coalescer: &mut Coalescer,
     replies: &mut SendBatch,
 ) {
     let landing = coalescer.landing(datagram.len());
     let mut tunnel = peer.tunnel.lock();
-    let received = packet::decapsulate(table, peer, &mut tunnel, from, datagram, landing);
+    let received = packet::decapsulate(table, peer, &mut tunnel, from.remote, datagram, landing);
     match received.action {
         Inbound::Deliver(len) => {
             drop(tunnel);
@@ -493,7 +507,7 @@ fn receive(
             .rx_bytes
             .fetch_add(datagram.len() as u64, Ordering::Relaxed);
         peer.counters.rx_packets.fetch_add(1, Ordering::Relaxed);
-        if let Some(endpoint) = packet::roam(peer.endpoint(), from, received.authenticated) {
+        if let Some(endpoint) = packet::roam(peer.path(), from, received.authenticated) {
             *peer.endpoint.write() = Some(endpoint);
         }
     }
@@ -512,7 +526,7 @@ fn timer_loop(shared: &Shared) {
         }
         let socket = shared.socket();
         for peer in table.peers.values() {
-            let endpoint = peer.endpoint();
+            let endpoint = peer.path();
             let mut tunnel = peer.tunnel.lock();
             log_handshake(peer, tunnel.stats().since_last_handshake);
             if let Some(ep) = endpoint {
@@ -525,7 +539,9 @@ fn timer_loop(shared: &Shared) {
                             .handshakes_sent
                             .fetch_add(1, Ordering::Relaxed);
                         peer.counters.sent(m.len());
-                        let _ = socket.send_one(m, ep);
+                        if let Ok(true) = socket.send_one(m, ep) {
+                            forget_source(shared, ep.local.unwrap_or(ep.remote.ip()));
+                        }
                     }
                 }
             }
@@ -538,9 +554,13 @@ fn timer_loop(shared: &Shared) {
                             .fetch_add(1, Ordering::Relaxed);
                     }
                     peer.counters.sent(m.len());
-                    if let Err(e) = socket.send_one(m, ep) {
-                        shared.drops.add(DropReason::UdpSend, 1);
-                        tracing::debug!(error = %e, "timer send failed");
+                    match socket.send_one(m, ep) {
+                        Ok(false) => {}
+                        Ok(true) => forget_source(shared, ep.local.unwrap_or(ep.remote.ip())),
+                        Err(e) => {
+                            shared.drops.add(DropReason::UdpSend, 1);
+                            tracing::debug!(error = %e, "timer send failed");
+                        }
                     }
                 }
                 Outcome::Error(TunnelError::Expired) => {}

@@ -4,6 +4,7 @@
 use crate::config::{PublicKey, SecretKey};
 use crate::core::allowed_ips::AllowedIps;
 use crate::core::control::{PeerChanges, PeerSpec, PeerUpsert};
+use crate::core::packet::PeerPath;
 use crate::core::wg::{Limiter, Tunnel};
 use parking_lot::{Mutex, RwLock};
 use std::collections::{BTreeMap, HashMap};
@@ -37,13 +38,28 @@ pub struct Peer {
     pub index: u32,
     pub settings: PeerSettings,
     pub tunnel: Arc<Mutex<Tunnel>>,
-    pub endpoint: Arc<RwLock<Option<SocketAddr>>>,
+    /// Where the peer is reached, and the local address replies leave from.
+    pub endpoint: Arc<RwLock<Option<PeerPath>>>,
     pub counters: Arc<PeerCounters>,
 }
 
 impl Peer {
+    /// The peer's address (what `wg show` calls its endpoint).
     pub fn endpoint(&self) -> Option<SocketAddr> {
+        self.endpoint.read().map(|p| p.remote)
+    }
+
+    /// Its address and the local address replies leave from.
+    pub fn path(&self) -> Option<PeerPath> {
         *self.endpoint.read()
+    }
+
+    /// Forgets the local source `gone` (removed from this host) if this peer replies from it.
+    pub fn forget_source(&self, gone: std::net::IpAddr) {
+        let mut path = self.endpoint.write();
+        if let Some(p) = path.as_mut().filter(|p| p.local == Some(gone)) {
+            p.local = None;
+        }
     }
 }
 
@@ -146,7 +162,7 @@ impl PeerTable {
                             .set_persistent_keepalive(upsert.spec.persistent_keepalive);
                     }
                     if upsert.endpoint.is_some() {
-                        *old.endpoint.write() = upsert.endpoint;
+                        *old.endpoint.write() = upsert.endpoint.map(PeerPath::to);
                     }
                     Arc::new(Peer {
                         public_key: key,
@@ -163,11 +179,11 @@ impl PeerTable {
                     } else {
                         change.added.push(key);
                     }
-                    let roamed = old.and_then(|o| o.endpoint());
+                    let roamed = old.and_then(|o| o.path());
                     new_peer(
                         &key,
                         &upsert.spec,
-                        upsert.endpoint.or(roamed),
+                        upsert.endpoint.map(PeerPath::to).or(roamed),
                         private_key,
                         &next.limiter,
                     )
@@ -196,7 +212,7 @@ impl PeerTable {
 fn new_peer(
     key: &PublicKey,
     spec: &PeerSpec,
-    endpoint: Option<SocketAddr>,
+    endpoint: Option<PeerPath>,
     private_key: &SecretKey,
     limiter: &Arc<Limiter>,
 ) -> Arc<Peer> {
@@ -254,7 +270,10 @@ mod tests {
         let (table, change) = table.apply(&upsert(peer, spec(Some(25), &["10.0.0.0/24"], None)));
         assert_eq!(change.added, vec![peer]);
         let first = table.peers[&peer].clone();
-        *first.endpoint.write() = Some("192.0.2.1:51820".parse().expect("addr"));
+        *first.endpoint.write() = Some(PeerPath {
+            remote: "192.0.2.1:51820".parse().expect("addr"),
+            local: Some("192.0.2.200".parse().expect("ip")),
+        });
 
         let (table, change) = table.apply(&upsert(peer, spec(Some(5), &["10.0.1.0/24"], None)));
         assert_eq!(change.updated, vec![peer]);
@@ -262,7 +281,11 @@ mod tests {
         assert!(Arc::ptr_eq(&first.tunnel, &second.tunnel), "same session");
         assert!(Arc::ptr_eq(&first.counters, &second.counters));
         assert_eq!(second.index, first.index);
-        assert_eq!(second.endpoint(), first.endpoint(), "roamed endpoint kept");
+        assert_eq!(
+            second.path(),
+            first.path(),
+            "roamed endpoint and source kept"
+        );
         let looked_up = table.routes.lookup("10.0.1.7".parse().expect("ip"));
         assert!(looked_up.is_some_and(|p| Arc::ptr_eq(p, &second)));
         assert!(table

@@ -2,7 +2,14 @@
 //! `sendmmsg` with UDP GSO (`UDP_SEGMENT`: one system call and one trip through the stack for
 //! a run of equal-size datagrams to one endpoint) and `recvmmsg` with UDP GRO (the kernel hands
 //! over coalesced datagrams). Falls back to one datagram per message where GSO is refused.
+//!
+//! Every datagram received carries the local address it was sent to (`IP_PKTINFO` /
+//! `IPV6_PKTINFO`), and every datagram sent may name its source the same way, so replies leave
+//! from the address the peer used ([`PeerPath`]). The control messages live in the per-message
+//! buffers allocated once per batch, so this costs no allocation and no system call.
 #![allow(unsafe_code)]
+
+use crate::core::packet::{source_is_stale, PeerPath};
 
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use std::io;
@@ -26,14 +33,17 @@ const GSO_MAX_BYTES: usize = 65000;
 /// Not exported by the libc crate for glibc targets (linux/udp.h).
 const UDP_SEGMENT: libc::c_int = 103;
 const UDP_GRO: libc::c_int = 104;
-/// Room for one cmsg carrying a u16/int, 8-byte aligned.
-type CmsgBuf = [u64; 4];
+/// Room for the control messages of one message, 8-byte aligned: a UDP_GRO/UDP_SEGMENT value
+/// (24 bytes with its header) plus an `in6_pktinfo` (40) or `in_pktinfo` (32).
+type CmsgBuf = [u64; 12];
 
 pub struct WgSocket {
     socket: Socket,
     dual_stack: bool,
     gso: AtomicBool,
     gro: bool,
+    /// Whether the local address of each datagram is reported (`IP_PKTINFO`).
+    pktinfo: bool,
     /// Set by [`WgSocket::shutdown`]: a shut-down UDP socket does not make `recvmmsg` return 0
     /// (it returns empty "datagrams" at once, forever), so the reader must be told.
     closed: AtomicBool,
@@ -85,11 +95,22 @@ impl WgSocket {
         let gro = std::env::var_os("TUNNELGATE_NO_UDP_GRO").is_none()
             && set_int(&socket, libc::SOL_UDP, UDP_GRO, 1).is_ok();
         let gso = std::env::var_os("TUNNELGATE_NO_UDP_GSO").is_none() && gso_supported(&socket);
+        // IPv4 (also v4-mapped on the dual-stack socket) and IPv6 destination addresses.
+        let mut pktinfo = set_int(&socket, libc::IPPROTO_IP, libc::IP_PKTINFO, 1).is_ok();
+        if dual_stack {
+            pktinfo &= set_int(&socket, libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO, 1).is_ok();
+        }
+        if !pktinfo {
+            tracing::warn!(
+                "IP_PKTINFO unavailable: replies leave from the kernel's choice of source"
+            );
+        }
         Ok(WgSocket {
             socket,
             dual_stack,
             gso: AtomicBool::new(gso),
             gro,
+            pktinfo,
             closed: AtomicBool::new(false),
         })
     }
@@ -131,9 +152,42 @@ impl WgSocket {
         }
     }
 
-    /// Sends one datagram (timers, off the hot path).
-    pub fn send_one(&self, data: &[u8], to: SocketAddr) -> io::Result<()> {
-        self.socket.send_to(data, &self.native(to)).map(|_| ())
+    /// Sends one datagram (timers, off the hot path) from `to.local` if set. `Ok(true)`: that
+    /// source address is gone from this host; the datagram left from the kernel's choice and
+    /// the caller must forget the source.
+    pub fn send_one(&self, data: &[u8], to: PeerPath) -> io::Result<bool> {
+        let name = self.native(to.remote);
+        let mut iov = libc::iovec {
+            iov_base: data.as_ptr() as *mut libc::c_void,
+            iov_len: data.len(),
+        };
+        let mut control: CmsgBuf = [0; 12];
+        let mut local = to.local.filter(|_| self.pktinfo);
+        loop {
+            // SAFETY: msghdr is plain data; every pointer below outlives the call.
+            let mut h: libc::msghdr = unsafe { zeroed() };
+            h.msg_name = name.as_ptr() as *mut libc::c_void;
+            h.msg_namelen = name.len();
+            h.msg_iov = &mut iov;
+            h.msg_iovlen = 1;
+            if let Some(src) = local {
+                h.msg_control = control.as_mut_ptr().cast();
+                h.msg_controllen = size_of::<CmsgBuf>();
+                // SAFETY: the buffer has room for one pktinfo message.
+                h.msg_controllen = unsafe { write_pktinfo(&h, libc::CMSG_FIRSTHDR(&h), src) };
+            }
+            // SAFETY: a valid fd and the message built above.
+            let r = unsafe { libc::sendmsg(self.socket.as_raw_fd(), &h, 0) };
+            if r >= 0 {
+                return Ok(to.local.is_some() && local.is_none());
+            }
+            let err = io::Error::last_os_error();
+            match err.raw_os_error() {
+                Some(libc::EINTR) => {}
+                Some(e) if local.is_some() && source_is_stale(e) => local = None,
+                _ => return Err(err),
+            }
+        }
     }
 
     /// Receives up to [`BATCH`] messages; returns how many. Blocks until at least one arrives
@@ -181,10 +235,12 @@ impl WgSocket {
                 let got = r as usize;
                 for i in 0..got {
                     batch.lens[i] = batch.msgs.hdrs[i].msg_len as usize;
-                    batch.from[i] = storage_to_addr(&batch.msgs.names[i]);
-                    batch.segment[i] = gro_size(&batch.msgs.hdrs[i].msg_hdr)
-                        .unwrap_or(batch.lens[i])
-                        .max(1);
+                    let (gro, local) = parse_cmsgs(&batch.msgs.hdrs[i].msg_hdr);
+                    batch.from[i] = PeerPath {
+                        remote: storage_to_addr(&batch.msgs.names[i]),
+                        local,
+                    };
+                    batch.segment[i] = gro.unwrap_or(batch.lens[i]).max(1);
                 }
                 batch.count = got;
                 return Ok(got);
@@ -227,6 +283,22 @@ impl WgSocket {
                 Some(libc::EAGAIN) => std::thread::yield_now(),
                 // The device on this path cannot segment: turn GSO off and resend the rest
                 // one datagram per message.
+                // The source address this peer last used is gone: forget it for every datagram
+                // still queued and resend them from the kernel's choice.
+                Some(e)
+                    if source_is_stale(e) && batch.to[batch.msg_first[start]].local.is_some() =>
+                {
+                    let first = batch.msg_first[start];
+                    let gone = batch.to[first].local;
+                    for to in &mut batch.to[first..batch.count] {
+                        if to.local == gone {
+                            to.local = None;
+                        }
+                    }
+                    batch.stale_source = gone;
+                    batch.drop_before(first);
+                    return dropped + self.send_batch(batch);
+                }
                 Some(libc::EIO) | Some(libc::EINVAL) if gso && batch.msg_segments[start] > 1 => {
                     tracing::warn!("UDP GSO refused by the kernel; sending without it");
                     self.gso.store(false, Ordering::Relaxed);
@@ -283,20 +355,84 @@ fn set_int(
     }
 }
 
-/// The segment size of a GRO-coalesced message, from its UDP_GRO control message.
-fn gro_size(h: &libc::msghdr) -> Option<usize> {
-    // SAFETY: the CMSG_* macros walk the control buffer the kernel filled, within msg_controllen.
+/// From the control messages the kernel attached to a received message: the segment size of
+/// a GRO-coalesced message (UDP_GRO), and the local address the datagram was sent to
+/// (IP_PKTINFO / IPV6_PKTINFO; a link-local one is not kept, it would need its interface).
+fn parse_cmsgs(h: &libc::msghdr) -> (Option<usize>, Option<IpAddr>) {
+    let (mut gro, mut local) = (None, None);
+    // SAFETY: the CMSG_* macros walk the control buffer the kernel filled, within msg_controllen;
+    // each payload is read unaligned with the type its level and type say it has.
     unsafe {
         let mut c = libc::CMSG_FIRSTHDR(h);
         while !c.is_null() {
-            if (*c).cmsg_level == libc::SOL_UDP && (*c).cmsg_type == UDP_GRO {
-                let v = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::c_int>());
-                return usize::try_from(v).ok().filter(|v| *v > 0);
+            match ((*c).cmsg_level, (*c).cmsg_type) {
+                (libc::SOL_UDP, UDP_GRO) => {
+                    let v = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::c_int>());
+                    gro = usize::try_from(v).ok().filter(|v| *v > 0);
+                }
+                (libc::IPPROTO_IP, libc::IP_PKTINFO) => {
+                    let p = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::in_pktinfo>());
+                    local = Some(IpAddr::from(u32::from_be(p.ipi_addr.s_addr).to_be_bytes()));
+                }
+                (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO) => {
+                    let p =
+                        std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::in6_pktinfo>());
+                    let ip = Ipv6Addr::from(p.ipi6_addr.s6_addr);
+                    local = Some(match ip.to_ipv4_mapped() {
+                        Some(v4) => IpAddr::V4(v4),
+                        None => IpAddr::V6(ip),
+                    });
+                }
+                _ => {}
             }
             c = libc::CMSG_NXTHDR(h, c);
         }
     }
-    None
+    let link_local = |ip: &IpAddr| match ip {
+        IpAddr::V6(v6) => (v6.segments()[0] & 0xffc0) == 0xfe80,
+        IpAddr::V4(v4) => v4.is_unspecified(),
+    };
+    (gro, local.filter(|ip| !link_local(ip)))
+}
+
+/// Writes a pktinfo control message naming `src` as the source at `c` (inside `h`'s control
+/// buffer, which must have room for it); returns the control length used up to its end.
+///
+/// # Safety
+/// `c` must point into `h.msg_control` with `CMSG_SPACE(in6_pktinfo)` bytes left.
+unsafe fn write_pktinfo(h: &libc::msghdr, c: *mut libc::cmsghdr, src: IpAddr) -> usize {
+    let used = (c as usize) - (h.msg_control as usize);
+    match src {
+        IpAddr::V4(v4) => {
+            let len = size_of::<libc::in_pktinfo>() as u32;
+            (*c).cmsg_level = libc::IPPROTO_IP;
+            (*c).cmsg_type = libc::IP_PKTINFO;
+            (*c).cmsg_len = libc::CMSG_LEN(len) as usize;
+            let info = libc::in_pktinfo {
+                ipi_ifindex: 0,
+                ipi_spec_dst: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(v4.octets()),
+                },
+                ipi_addr: libc::in_addr { s_addr: 0 },
+            };
+            std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<libc::in_pktinfo>(), info);
+            used + libc::CMSG_SPACE(len) as usize
+        }
+        IpAddr::V6(v6) => {
+            let len = size_of::<libc::in6_pktinfo>() as u32;
+            (*c).cmsg_level = libc::IPPROTO_IPV6;
+            (*c).cmsg_type = libc::IPV6_PKTINFO;
+            (*c).cmsg_len = libc::CMSG_LEN(len) as usize;
+            let info = libc::in6_pktinfo {
+                ipi6_addr: libc::in6_addr {
+                    s6_addr: v6.octets(),
+                },
+                ipi6_ifindex: 0,
+            };
+            std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<libc::in6_pktinfo>(), info);
+            used + libc::CMSG_SPACE(len) as usize
+        }
+    }
 }
 
 fn storage_to_addr(s: &libc::sockaddr_storage) -> SocketAddr {
@@ -343,7 +479,7 @@ impl MmsgScratch {
                 .collect(),
             // SAFETY: plain data, zero is valid.
             names: (0..BATCH).map(|_| unsafe { zeroed() }).collect(),
-            cmsgs: vec![[0; 4]; BATCH],
+            cmsgs: vec![[0; 12]; BATCH],
             // SAFETY: plain data, zero is valid.
             hdrs: (0..BATCH).map(|_| unsafe { zeroed() }).collect(),
         }
@@ -354,7 +490,7 @@ impl MmsgScratch {
 pub struct RecvBatch {
     bufs: Vec<Vec<u8>>,
     lens: Vec<usize>,
-    from: Vec<SocketAddr>,
+    from: Vec<PeerPath>,
     segment: Vec<usize>,
     count: usize,
     msgs: MmsgScratch,
@@ -368,7 +504,7 @@ impl Default for RecvBatch {
         RecvBatch {
             bufs: (0..BATCH).map(|_| vec![0u8; RECV_BUFFER]).collect(),
             lens: vec![0; BATCH],
-            from: vec![SocketAddr::from(([0, 0, 0, 0], 0)); BATCH],
+            from: vec![PeerPath::to(SocketAddr::from(([0, 0, 0, 0], 0))); BATCH],
             segment: vec![1; BATCH],
             count: 0,
             msgs: MmsgScratch::new(),
@@ -377,8 +513,9 @@ impl Default for RecvBatch {
 }
 
 impl RecvBatch {
-    /// Every datagram received, coalesced messages split at their segment size.
-    pub fn datagrams(&self) -> impl Iterator<Item = (SocketAddr, &[u8])> + '_ {
+    /// Every datagram received, with where it came from and the local address it was sent to;
+    /// coalesced messages split at their segment size.
+    pub fn datagrams(&self) -> impl Iterator<Item = (PeerPath, &[u8])> + '_ {
         (0..self.count).flat_map(move |i| {
             self.bufs[i][..self.lens[i]]
                 .chunks(self.segment[i])
@@ -394,9 +531,12 @@ pub struct SendBatch {
     cursor: usize,
     starts: Vec<usize>,
     lens: Vec<usize>,
-    to: Vec<SocketAddr>,
+    to: Vec<PeerPath>,
     count: usize,
     msgs: MmsgScratch,
+    /// A source address the kernel refused (removed from this host) during the last send;
+    /// see [`SendBatch::take_stale_source`].
+    stale_source: Option<IpAddr>,
     /// Per message: datagrams in it and the index of its first one.
     msg_segments: Vec<usize>,
     msg_first: Vec<usize>,
@@ -414,9 +554,10 @@ impl SendBatch {
             cursor: 0,
             starts: vec![0; BATCH],
             lens: vec![0; BATCH],
-            to: vec![SocketAddr::from(([0, 0, 0, 0], 0)); BATCH],
+            to: vec![PeerPath::to(SocketAddr::from(([0, 0, 0, 0], 0))); BATCH],
             count: 0,
             msgs: MmsgScratch::new(),
+            stale_source: None,
             msg_segments: vec![0; BATCH],
             msg_first: vec![0; BATCH],
         }
@@ -435,7 +576,13 @@ impl SendBatch {
         &mut self.data[self.cursor..self.cursor + self.max_datagram]
     }
 
-    pub fn push(&mut self, len: usize, to: SocketAddr) {
+    /// A source address that turned out to be gone while sending: the datagrams left from
+    /// the kernel's choice instead, and peers that remember it must forget it.
+    pub fn take_stale_source(&mut self) -> Option<IpAddr> {
+        self.stale_source.take()
+    }
+
+    pub fn push(&mut self, len: usize, to: PeerPath) {
         self.starts[self.count] = self.cursor;
         self.lens[self.count] = len;
         self.to[self.count] = to;
@@ -481,7 +628,7 @@ impl SendBatch {
                     }
                 }
             }
-            let name = socket.native(self.to[i]);
+            let name = socket.native(self.to[i].remote);
             // SAFETY: `name` is a valid sockaddr no larger than sockaddr_storage.
             unsafe {
                 std::ptr::copy_nonoverlapping(
@@ -504,18 +651,30 @@ impl SendBatch {
             h.msg_namelen = name.len();
             h.msg_iov = &mut self.msgs.iov[msgs];
             h.msg_iovlen = 1;
-            if j - i > 1 {
+            let local = self.to[i].local.filter(|_| socket.pktinfo);
+            if j - i > 1 || local.is_some() {
                 h.msg_control = self.msgs.cmsgs[msgs].as_mut_ptr().cast();
-                // SAFETY: CMSG_SPACE/LEN are pure arithmetic; the buffer is 32 bytes, enough for
-                // one header plus a u16, and CMSG_FIRSTHDR points at its start.
+                h.msg_controllen = size_of::<CmsgBuf>();
+                let mut used = 0;
+                // SAFETY: CMSG_SPACE/LEN are pure arithmetic; the 96-byte buffer holds a
+                // UDP_SEGMENT message (24 bytes) and a pktinfo (at most 40). The second header
+                // is placed by hand: CMSG_NXTHDR would read the stale length left there by an
+                // earlier batch.
                 unsafe {
-                    h.msg_controllen = libc::CMSG_SPACE(size_of::<u16>() as u32) as usize;
-                    let c = libc::CMSG_FIRSTHDR(h);
-                    (*c).cmsg_level = libc::SOL_UDP;
-                    (*c).cmsg_type = UDP_SEGMENT;
-                    (*c).cmsg_len = libc::CMSG_LEN(size_of::<u16>() as u32) as usize;
-                    std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), size as u16);
+                    let mut c = libc::CMSG_FIRSTHDR(h);
+                    if j - i > 1 {
+                        (*c).cmsg_level = libc::SOL_UDP;
+                        (*c).cmsg_type = UDP_SEGMENT;
+                        (*c).cmsg_len = libc::CMSG_LEN(size_of::<u16>() as u32) as usize;
+                        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), size as u16);
+                        used = libc::CMSG_SPACE(size_of::<u16>() as u32) as usize;
+                        c = c.cast::<u8>().add(used).cast::<libc::cmsghdr>();
+                    }
+                    if let Some(src) = local {
+                        used = write_pktinfo(h, c, src);
+                    }
                 }
+                h.msg_controllen = used;
             }
             self.msg_segments[msgs] = j - i;
             self.msg_first[msgs] = i;

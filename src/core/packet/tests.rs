@@ -375,25 +375,74 @@ fn only_an_authenticated_datagram_from_a_new_address_moves_the_endpoint() {
     let first = addr("192.0.2.1:4000");
     let roamed = addr("[2001:db8::5]:6000");
     let spoofer = addr("203.0.113.66:7000");
+    let path = |remote: SocketAddr, local: &str| PeerPath {
+        remote,
+        local: Some(local.parse().expect("ip")),
+    };
     let received = s.handshake(first);
-    assert_eq!(roam(None, first, received.authenticated), Some(first));
-    let mut endpoint = Some(first);
+    let first_path = path(first, "10.0.0.2");
+    assert_eq!(
+        roam(None, first_path, received.authenticated),
+        Some(first_path)
+    );
+    let mut endpoint = Some(first_path);
 
     let data = s.remote_data(REMOTE_IP, b"from the new address");
     let mut landing = vec![0u8; 2048];
     let received = s.receive(roamed, &data, &mut landing);
     assert!(received.authenticated);
-    assert_eq!(roam(endpoint, roamed, received.authenticated), Some(roamed));
-    endpoint = Some(roamed);
+    let roamed_path = path(roamed, "2001:db8::1");
+    assert_eq!(
+        roam(endpoint, roamed_path, received.authenticated),
+        Some(roamed_path)
+    );
+    endpoint = Some(roamed_path);
     // The same address again: nothing to change.
     let data = s.remote_data(REMOTE_IP, b"again");
     let received = s.receive(roamed, &data, &mut landing);
-    assert_eq!(roam(endpoint, roamed, received.authenticated), None);
+    assert_eq!(roam(endpoint, roamed_path, received.authenticated), None);
+    // The same peer address, sent to another address of this host: replies follow it.
+    let other_local = path(roamed, "2001:db8::2");
+    assert_eq!(
+        roam(endpoint, other_local, received.authenticated),
+        Some(other_local)
+    );
 
     // A replay of a genuine message from another address must not move the peer.
     let received = s.receive(spoofer, &data, &mut landing);
     assert!(!received.authenticated);
-    assert_eq!(roam(endpoint, spoofer, received.authenticated), None);
+    assert_eq!(
+        roam(endpoint, path(spoofer, "10.0.0.2"), received.authenticated),
+        None
+    );
+    assert_eq!(
+        roam(
+            endpoint,
+            path(roamed, "2001:db8::3"),
+            received.authenticated
+        ),
+        None,
+        "an unauthenticated datagram does not move the source either"
+    );
+}
+
+#[test]
+fn a_removed_source_address_falls_back_other_errors_do_not() {
+    assert!(source_is_stale(libc::EINVAL), "address no longer local");
+    assert!(source_is_stale(libc::EADDRNOTAVAIL));
+    assert!(
+        !source_is_stale(libc::EAGAIN),
+        "a full buffer is not the source's fault"
+    );
+    assert!(
+        !source_is_stale(libc::ENETUNREACH),
+        "no route is no route from any source"
+    );
+    assert!(!source_is_stale(libc::EMSGSIZE));
+    assert!(
+        !source_is_stale(libc::EPERM),
+        "a firewall drop is not the source's fault"
+    );
 }
 
 #[test]
