@@ -226,13 +226,27 @@ impl DeviceSnapshot {
             if change.replace_allowed_ips {
                 peer.allowed_ips.clear();
             }
-            for net in &change.allowed_ips {
-                // A prefix routes to one peer only: adding it to this one takes it from any other.
-                for other in self.peers.iter_mut() {
-                    other.allowed_ips.retain(|n| n != net);
-                }
-                self.peers[i].allowed_ips.push(*net);
+            if change.allowed_ips.is_empty() {
+                continue;
             }
+            // A prefix routes to one peer only: adding it to this one takes it from any other
+            // (and from earlier in this peer's list: it goes to the end). In one pass per peer,
+            // so a section with 100k prefixes is not quadratic.
+            let added: std::collections::HashSet<&IpNet> = change.allowed_ips.iter().collect();
+            for other in self.peers.iter_mut() {
+                other.allowed_ips.retain(|n| !added.contains(n));
+            }
+            // The order of last appearance, as adding them one by one would give.
+            let mut seen = std::collections::HashSet::with_capacity(added.len());
+            let mut fresh: Vec<IpNet> = change
+                .allowed_ips
+                .iter()
+                .rev()
+                .filter(|n| seen.insert(**n))
+                .copied()
+                .collect();
+            fresh.reverse();
+            self.peers[i].allowed_ips.extend(fresh);
         }
     }
 }
@@ -1288,6 +1302,16 @@ mod tests {
         assert_eq!(dev.peers.len(), 1);
         assert_eq!(dev.peers[0].allowed_ips, vec![net("10.1.0.0/16")]);
         assert_eq!(dev.peers[0].persistent_keepalive, None);
+
+        // A prefix repeated in one section ends up once, where it was last named.
+        dev.apply(&set_ok(&format!(
+            "public_key={}\nallowed_ip=10.2.0.0/16\nallowed_ip=10.3.0.0/16\nallowed_ip=10.2.0.0/16\n",
+            hexkey(3),
+        )));
+        assert_eq!(
+            dev.peers[0].allowed_ips,
+            vec![net("10.1.0.0/16"), net("10.3.0.0/16"), net("10.2.0.0/16")]
+        );
 
         dev.apply(&set_ok("replace_peers=true\n"));
         assert!(dev.peers.is_empty());

@@ -291,3 +291,76 @@ fn replies_leave_from_the_address_the_peer_used_and_fall_back_when_it_goes() {
         );
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// 3. A very large `wg setconf`
+// ---------------------------------------------------------------------------------------------
+
+/// `VmRSS` and `VmHWM` of a process, in KiB.
+fn memory_kib(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// `n` distinct /32s in 10.0.0.0/8.
+fn many_prefixes(n: u32) -> Vec<String> {
+    (0..n)
+        .map(|i| {
+            let [_, b, c, d] = i.to_be_bytes();
+            format!("10.{b}.{c}.{d}/32")
+        })
+        .collect()
+}
+
+#[test]
+#[ignore = "needs root"]
+fn wg_setconf_with_130k_allowed_ips_applies_and_wg_show_lists_them_all() {
+    require_root();
+    let ns = Netns::new();
+    let tg = Tunnelgate::start(&ns, TgConfig::new(0, &["100.66.0.1/32"]));
+    let peer = Keypair::generate();
+    let prefixes = many_prefixes(130_000);
+    let conf = format!(
+        "[Interface]\nPrivateKey = {}\n\n[Peer]\nPublicKey = {}\nAllowedIPs = {}\n",
+        tg.cfg.key.private,
+        peer.public,
+        prefixes.join(", ")
+    );
+    let file = tg.dir().write_secret("big.conf", &conf);
+    let (rss_before, _) = memory_kib(tg.pid());
+    let started = std::time::Instant::now();
+    run(&["wg", "setconf", tg.name(), &file.display().to_string()]);
+    let took = started.elapsed();
+    let (rss_after, hwm) = memory_kib(tg.pid());
+    let listed = run(&["wg", "show", tg.name(), "allowed-ips"]);
+    let line = listed
+        .lines()
+        .find(|l| l.starts_with(&peer.public))
+        .unwrap_or_else(|| panic!("peer not listed by wg show allowed-ips"));
+    let mut shown: Vec<&str> = line.split_whitespace().skip(1).collect();
+    let mut expected: Vec<&str> = prefixes.iter().map(String::as_str).collect();
+    shown.sort_unstable();
+    expected.sort_unstable();
+    assert_eq!(shown.len(), 130_000, "every allowed IP is listed");
+    assert!(shown == expected, "the listed allowed IPs are the ones set");
+    // Routed through the tunnel as well (tunnelgate's `run` mode installs routes).
+    let routes = ns.exec(&["ip", "route", "show", "dev", tg.name()]);
+    assert!(routes.lines().count() >= 130_000, "routes installed");
+    eprintln!(
+        "setconf of {} bytes, 130000 allowed IPs: {:.2} s; RSS {} -> {} KiB (peak {} KiB)",
+        conf.len(),
+        took.as_secs_f64(),
+        rss_before,
+        rss_after,
+        hwm
+    );
+    assert!(took < Duration::from_secs(60), "setconf took {took:?}");
+}

@@ -20,7 +20,13 @@ use tokio::task::JoinSet;
 /// Where `wg(8)` looks for userspace interfaces. Shared by every network namespace of the host.
 pub const DEFAULT_SOCKET_DIR: &str = "/var/run/wireguard";
 /// The largest request accepted; a bigger one gets `errno=-EMSGSIZE` and the connection closes.
-pub const MAX_REQUEST_BYTES: usize = 1 << 20;
+/// Far above any real configuration (`wg setconf` of one peer with 130k allowed IPs is about
+/// 3 MB; this is 10M allowed IPs), and only root can connect: the bound that protects the daemon
+/// from a runaway client is [`MAX_LINE_BYTES`].
+pub const MAX_REQUEST_BYTES: usize = 256 << 20;
+/// The longest line accepted. The longest legitimate one is a key line (75 bytes) or an
+/// IPv6 endpoint with a scope (about 70).
+pub const MAX_LINE_BYTES: usize = 4096;
 /// The largest `get` reply the client reads.
 const MAX_REPLY_BYTES: usize = 64 << 20;
 /// Connections served at once; more are closed at once (only root can connect anyway).
@@ -230,15 +236,37 @@ enum Framed {
     Gone,
 }
 
+/// Whether `buf[from..]` (where the line that was open at `from` started at `line_start`) has a
+/// line longer than `max`; returns the start of the last (open) line.
+fn open_line_start(buf: &[u8], from: usize, line_start: usize) -> usize {
+    buf[from..]
+        .iter()
+        .rposition(|&b| b == b'\n')
+        .map_or(line_start, |i| from + i + 1)
+}
+
 async fn next_request(stream: &mut UnixStream, buf: &mut Vec<u8>, limit: usize) -> Framed {
     let mut searched = 0;
-    let mut chunk = vec![0u8; 16 * 1024];
+    let mut line_start = 0;
+    let mut chunk = vec![0u8; 64 * 1024];
     loop {
         if let Some(end) = request_end(buf, searched) {
             return Framed::Request(end);
         }
+        // No complete line may be longer than the line bound either: check each line as
+        // it arrives, and the line still open.
+        let mut start = line_start;
+        for (i, &b) in buf[searched..].iter().enumerate() {
+            if b == b'\n' {
+                if searched + i - start > MAX_LINE_BYTES {
+                    return Framed::TooBig;
+                }
+                start = searched + i + 1;
+            }
+        }
+        line_start = open_line_start(buf, searched, line_start);
         searched = buf.len();
-        if buf.len() > limit {
+        if buf.len() > limit || buf.len() - line_start > MAX_LINE_BYTES {
             return Framed::TooBig;
         }
         match tokio::time::timeout(IDLE_TIMEOUT, stream.read(&mut chunk)).await {
@@ -262,7 +290,10 @@ async fn serve_connection(
             // A request cut short: tell the client what is wrong with it, then close.
             Framed::Eof => (std::mem::take(&mut buf), true),
             Framed::TooBig => {
-                tracing::warn!("UAPI request over {MAX_REQUEST_BYTES} bytes; closing");
+                tracing::warn!(
+                    "UAPI request over {MAX_REQUEST_BYTES} bytes or with a line over \
+                     {MAX_LINE_BYTES}; closing"
+                );
                 let _ = stream
                     .write_all(format_errno(Err(Errno::EMSGSIZE)).as_bytes())
                     .await;
@@ -645,14 +676,33 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn oversized_request_is_refused_and_server_survives() {
+    async fn a_large_request_is_served_whole() {
+        let tmp = TempDir::new("large");
+        let fake = Arc::new(Fake::default());
+        let server = start(&tmp.0, "tg8", fake.clone());
+        let mut s = UnixStream::connect(&server.path).await.expect("connect");
+        // One peer with 130k allowed IPs: about 3 MB, the size of a big `wg setconf`.
+        let mut request = format!("set=1\npublic_key={}\n", "11".repeat(32));
+        for i in 0u32..130_000 {
+            let [_, b, c, d] = i.to_be_bytes();
+            request.push_str(&format!("allowed_ip=10.{b}.{c}.{d}/32\n"));
+        }
+        request.push('\n');
+        assert!(request.len() > 2 << 20);
+        assert_eq!(talk(&mut s, request.as_bytes()).await, "errno=0\n\n");
+        assert_eq!(fake.get().peers[0].allowed_ips.len(), 130_000);
+        server.stop().await.expect("stop");
+    }
+
+    #[tokio::test]
+    async fn an_overlong_line_is_refused_and_server_survives() {
         let tmp = TempDir::new("big");
         let server = start(&tmp.0, "tg4", Arc::new(Fake::default()));
         let mut s = UnixStream::connect(&server.path).await.expect("connect");
-        let line = format!("public_key={}\n", "0".repeat(64)).repeat(20_000);
-        let mut request = b"set=1\n".to_vec();
-        request.extend_from_slice(line.as_bytes());
-        assert!(request.len() > MAX_REQUEST_BYTES);
+        // Lines are bounded, not the request: one line of 1 MB without a newline.
+        let mut request = b"set=1\nlisten_port=".to_vec();
+        request.extend_from_slice("1".repeat(1 << 20).as_bytes());
+        assert!(request.len() > MAX_LINE_BYTES);
         // The server may close while we still write: ignore write errors.
         let _ = s.write_all(&request).await;
         let mut reply = Vec::new();
@@ -731,5 +781,16 @@ mod tests {
         assert_eq!(request_end(b"a=1\nb=2\n\nget=1\n\n", 0), Some(9));
         // Resuming a search where the previous one stopped still sees a split "\n" + "\n".
         assert_eq!(request_end(b"get=1\n\n", 6), Some(7));
+    }
+
+    #[test]
+    fn the_open_line_is_tracked_across_reads() {
+        assert_eq!(open_line_start(b"a=1\nb=", 0, 0), 4);
+        assert_eq!(
+            open_line_start(b"a=1\nb=22", 6, 4),
+            4,
+            "no newline in the new data"
+        );
+        assert_eq!(open_line_start(b"a=1\nb=2\n", 6, 4), 8);
     }
 }
