@@ -364,3 +364,53 @@ fn wg_setconf_with_130k_allowed_ips_applies_and_wg_show_lists_them_all() {
     );
     assert!(took < Duration::from_secs(60), "setconf took {took:?}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// 4. `wg setconf` without a private key
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+#[ignore = "needs root"]
+fn wg_setconf_without_a_private_key_leaves_the_device_keyless_until_one_is_set() {
+    require_root();
+    let (a, b, _v) = lan();
+    let wg = WgGo::start(&b, WG_PORT, &[&format!("{B_TUN4}/24")]);
+    let tg = Tunnelgate::start(&a, TgConfig::new(TG_PORT, &[&format!("{A_TUN4}/24")]));
+    wg.add_peer(
+        &Peer::new(tg.public_key(), &[&format!("{A_TUN4}/32")])
+            .endpoint(&format!("{A_LAN4}:{TG_PORT}")),
+    );
+    // A file with a peer but no PrivateKey, as `wg showconf` of a key-less device prints.
+    let conf = format!(
+        "[Interface]\nListenPort = {TG_PORT}\n\n[Peer]\nPublicKey = {}\nAllowedIPs = {B_TUN4}/32\nEndpoint = {B_LAN4}:{WG_PORT}\n",
+        wg.public_key()
+    );
+    let file = tg.dir().write_secret("nokey.conf", &conf);
+    let out = a.output(&["wg", "setconf", tg.name(), &file.display().to_string()]);
+    assert!(
+        out.success(),
+        "wg setconf without a key refused: {}",
+        out.stderr
+    );
+    let dump = tg.dump();
+    assert_eq!(dump.private_key, "(none)", "no key after setconf");
+    assert_eq!(dump.public_key, "(none)");
+    assert!(dump.peer(wg.public_key()).is_some(), "the peer was set");
+    assert!(!ping(&a, B_TUN4), "a key-less device passes no traffic");
+
+    // Setting a key brings the tunnel up.
+    let key = tg.dir().write_secret("key", &tg.cfg.key.private);
+    run(&[
+        "wg",
+        "set",
+        tg.name(),
+        "private-key",
+        &key.display().to_string(),
+    ]);
+    assert_eq!(tg.dump().public_key, tg.public_key());
+    assert!(
+        ping_until(&a, B_TUN4, SHORT),
+        "tunnel after the key was set"
+    );
+    assert!(ping(&b, A_TUN4), "and back");
+}

@@ -174,7 +174,7 @@ fn stopping_the_data_path_ends_every_packet_thread() {
     ns.in_ns(|| {
         let tun = tunnelgate::shell::tun::create(&iface, 1420).expect("TUN device");
         let socket = WgSocket::bind(0, None).expect("UDP socket");
-        let table = PeerTable::empty(SecretKey::generate());
+        let table = PeerTable::empty(Some(SecretKey::generate()));
         let shared = Arc::new(Shared::new(table, tun, socket));
         let running = datapath::start(shared.clone()).expect("start");
         assert!(

@@ -18,7 +18,7 @@ use crate::core::dns::{Outcome, Schedule, MAX_CONCURRENT_RESOLUTIONS, RESOLVE_TI
 use crate::core::routes::{self, PlanDiff, RoutePlan};
 use crate::rules::desired::{desired, firewall_needed, RuntimeFacts};
 use crate::rules::{Family, RuleSet};
-use crate::uapi::{DeviceSnapshot, DeviceUpdate, Errno, PeerSnapshot, UapiError};
+use crate::uapi::{DeviceSnapshot, DeviceUpdate, PeerSnapshot, UapiError};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
@@ -52,8 +52,9 @@ pub struct PeerUpsert {
 /// How the peer table must change.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PeerChanges {
-    /// `Some`: the interface's private key changed.
-    pub private_key: Option<SecretKey>,
+    /// `Some`: the interface's private key changed; `Some(None)`: it was removed (`wg setconf`
+    /// of a file without `PrivateKey`): the device has no identity until a key is set.
+    pub private_key: Option<Option<SecretKey>>,
     pub upsert: Vec<PeerUpsert>,
     pub remove: Vec<PublicKey>,
 }
@@ -257,7 +258,8 @@ pub struct Control {
     config: Config,
     listen_port: u16,
     health_port: Option<u16>,
-    private_key: SecretKey,
+    /// `None` after UAPI removed it (as wireguard-go allows).
+    private_key: Option<SecretKey>,
     fwmark: Option<u32>,
     socket_mark: Option<u32>,
     peers: BTreeMap<PublicKey, PeerSpec>,
@@ -280,7 +282,7 @@ impl Control {
         let mut control = Control {
             listen_port,
             health_port,
-            private_key: config.interface.private_key.clone(),
+            private_key: Some(config.interface.private_key.clone()),
             fwmark: config.interface.fwmark,
             socket_mark: config.interface.fwmark,
             peers: BTreeMap::new(),
@@ -419,8 +421,8 @@ impl Control {
             });
         }
         self.fwmark = new.interface.fwmark;
-        let key = (new.interface.private_key != self.private_key)
-            .then(|| new.interface.private_key.clone());
+        let key = (Some(&new.interface.private_key) != self.private_key.as_ref())
+            .then(|| Some(new.interface.private_key.clone()));
         self.set_peers(peers_of(&new), key, &old, now);
         self.dns.set_interval(new.dns.reresolve_interval);
         self.track_names(now);
@@ -586,12 +588,6 @@ impl Control {
     ) -> Result<(), UapiError> {
         let mut model = self.device_model();
         model.apply(update);
-        let Some(private_key) = model.private_key.clone() else {
-            return Err(UapiError::new(
-                Errno::EINVAL,
-                "removing the private key is not supported: the interface would stop",
-            ));
-        };
         if let Some(port) = update.listen_port {
             if port != self.listen_port || port == 0 {
                 self.actions.push_back(Action::Rebind {
@@ -620,7 +616,9 @@ impl Control {
                 (p.public_key, (spec, explicit.get(&p.public_key).copied()))
             })
             .collect();
-        let key = (private_key != self.private_key).then_some(private_key);
+        // No key (removed, as `wg setconf` of a file without one does) is a state of its own:
+        // the device keeps its peers and simply has no identity until a key is set.
+        let key = (model.private_key != self.private_key).then(|| model.private_key.clone());
         // An endpoint set over UAPI replaces a configured name still being looked up.
         for k in explicit.keys() {
             self.endpoints.remove(k);
@@ -918,7 +916,7 @@ impl Control {
     fn set_peers(
         &mut self,
         desired: BTreeMap<PublicKey, (PeerSpec, Option<Endpoint>)>,
-        key: Option<SecretKey>,
+        key: Option<Option<SecretKey>>,
         previous: &Config,
         _now: Instant,
     ) {
@@ -960,7 +958,7 @@ impl Control {
     fn apply_peers(
         &mut self,
         desired: BTreeMap<PublicKey, (PeerSpec, Option<SocketAddr>)>,
-        key: Option<SecretKey>,
+        key: Option<Option<SecretKey>>,
     ) {
         let mut changes = PeerChanges {
             private_key: key.clone(),
@@ -994,7 +992,7 @@ impl Control {
     /// The device as UAPI sees it, from the core's side (no live endpoints or counters).
     fn device_model(&self) -> DeviceSnapshot {
         DeviceSnapshot {
-            private_key: Some(self.private_key.clone()),
+            private_key: self.private_key.clone(),
             listen_port: self.listen_port,
             fwmark: self.effective_fwmark(),
             peers: self

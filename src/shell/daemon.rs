@@ -113,7 +113,7 @@ impl Daemon {
         let socket = WgSocket::bind(iface.listen_port, iface.fwmark)
             .with_context(|| format!("cannot bind the WireGuard UDP port {}", iface.listen_port))?;
         let listen_port = socket.local_port()?;
-        let table = PeerTable::empty(iface.private_key.clone());
+        let table = PeerTable::empty(Some(iface.private_key.clone()));
         let shared = Arc::new(Shared::new(table, tun, socket));
         let firewall_mode: FirewallMode = config.firewall.mode;
         let control = Control::new(config.clone(), listen_port, health_port, Instant::now());

@@ -315,6 +315,11 @@ fn tun_loop(shared: &Shared) {
         let table = shared.snapshot();
         let socket = shared.socket();
         let count = plan.count();
+        if table.private_key.is_none() {
+            // No key, no identity: nothing can be sent (wireguard-go drops it too).
+            shared.drops.add(DropReason::NoPeer, count as u64);
+            continue;
+        }
         // Every segment of one read goes to the same destination: one lookup per read.
         let mut read_peer = None;
         for i in 0..count {
@@ -394,11 +399,18 @@ fn udp_loop(shared: &Shared, socket: &WgSocket) {
             }
         }
         let table = shared.snapshot();
+        let Some(private_key) = table.private_key.as_ref() else {
+            // No key: no handshake can be answered and no session is kept.
+            shared
+                .drops
+                .add(DropReason::UnknownPeer, batch.datagrams().count() as u64);
+            continue;
+        };
         for (from, datagram) in batch.datagrams() {
             let identified = packet::identify(
                 &*table,
                 &table.limiter,
-                &table.private_key,
+                private_key,
                 &table.public_key,
                 from.remote,
                 datagram,
@@ -525,6 +537,9 @@ fn timer_loop(shared: &Shared) {
             last_reset = Instant::now();
         }
         let socket = shared.socket();
+        if table.private_key.is_none() {
+            continue; // no key: no handshakes, no keepalives
+        }
         for peer in table.peers.values() {
             let endpoint = peer.path();
             let mut tunnel = peer.tunnel.lock();

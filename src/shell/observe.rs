@@ -114,7 +114,7 @@ impl UapiHandler for Handle {
         let now = SystemTime::now();
         let fwmark = self.published.lock().view.fwmark;
         DeviceSnapshot {
-            private_key: Some(table.private_key.clone()),
+            private_key: table.private_key.clone(),
             listen_port: self.listen_port(),
             fwmark,
             peers: table

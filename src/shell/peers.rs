@@ -65,7 +65,12 @@ impl Peer {
 
 /// One consistent view of the interface's identity and peers.
 pub struct PeerTable {
-    pub private_key: SecretKey,
+    /// `None`: the key was removed over UAPI; the packet loops then drop everything, as a
+    /// key-less wireguard-go does, and the peers wait for a key.
+    pub private_key: Option<SecretKey>,
+    /// The key the peers' tunnels are built with: the private key, or a throwaway one while
+    /// there is none (never used: nothing is processed without a key).
+    tunnel_key: SecretKey,
     pub public_key: PublicKey,
     pub limiter: Arc<Limiter>,
     pub peers: BTreeMap<PublicKey, Arc<Peer>>,
@@ -100,11 +105,13 @@ fn next_index() -> u32 {
 }
 
 impl PeerTable {
-    pub fn empty(private_key: SecretKey) -> PeerTable {
-        let public_key = private_key.public_key();
+    pub fn empty(private_key: Option<SecretKey>) -> PeerTable {
+        let tunnel_key = private_key.clone().unwrap_or_else(SecretKey::generate);
+        let public_key = tunnel_key.public_key();
         PeerTable {
             limiter: Arc::new(Limiter::new(&public_key)),
             private_key,
+            tunnel_key,
             public_key,
             peers: BTreeMap::new(),
             by_index: HashMap::new(),
@@ -116,20 +123,20 @@ impl PeerTable {
     /// upserted peer keeps its session unless its preshared key changed; a changed interface
     /// key re-keys every kept session (boringtun keeps the session state).
     pub fn apply(&self, changes: &PeerChanges) -> (PeerTable, TableChange) {
-        let private_key = changes.private_key.as_ref().unwrap_or(&self.private_key);
         let key_changed = changes.private_key.is_some();
-        let mut next = if key_changed {
-            PeerTable::empty(private_key.clone())
-        } else {
-            PeerTable {
+        let mut next = match &changes.private_key {
+            Some(key) => PeerTable::empty(key.clone()),
+            None => PeerTable {
                 private_key: self.private_key.clone(),
+                tunnel_key: self.tunnel_key.clone(),
                 public_key: self.public_key,
                 limiter: self.limiter.clone(),
                 peers: BTreeMap::new(),
                 by_index: HashMap::new(),
                 routes: AllowedIps::default(),
-            }
+            },
         };
+        let private_key = &next.tunnel_key.clone();
         let mut change = TableChange::default();
         let upserts: BTreeMap<PublicKey, &PeerUpsert> =
             changes.upsert.iter().map(|u| (u.public_key, u)).collect();
@@ -266,7 +273,7 @@ mod tests {
     fn settings_changes_keep_the_session_and_a_new_psk_does_not() {
         let own = SecretKey::generate();
         let peer = SecretKey::generate().public_key();
-        let table = PeerTable::empty(own);
+        let table = PeerTable::empty(Some(own));
         let (table, change) = table.apply(&upsert(peer, spec(Some(25), &["10.0.0.0/24"], None)));
         assert_eq!(change.added, vec![peer]);
         let first = table.peers[&peer].clone();

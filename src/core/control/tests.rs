@@ -528,20 +528,44 @@ fn keepalive_or_allowed_ips_changes_keep_the_session() {
 }
 
 #[test]
-fn uapi_refuses_removing_the_key_and_changes_nothing() {
+fn uapi_may_remove_the_key_and_set_it_again_like_wireguard_go() {
     let mut sim = Sim::new(BASE);
     let before = sim.log.len();
+    // What `wg setconf` of a file without PrivateKey sends.
     let update = DeviceUpdate {
         private_key: Some(None),
         listen_port: None,
         fwmark: None,
         replace_peers: true,
-        peers: vec![],
+        peers: vec![PeerUpdate::new(key(PEER_B))],
     };
-    assert!(sim.control.handle_device_update(&update, sim.now).is_err());
+    sim.control
+        .handle_device_update(&update, sim.now)
+        .expect("accepted, as by wireguard-go and the kernel");
     sim.drive();
-    assert_eq!(sim.log.len(), before);
-    assert_eq!(sim.sessions.len(), 1);
+    let removed = sim.log[before..]
+        .iter()
+        .any(|a| matches!(a, Action::UpdatePeers(c) if c.private_key == Some(None)));
+    assert!(removed, "the peer table is told the key is gone");
+    assert_eq!(
+        sim.sessions.keys().copied().collect::<Vec<_>>(),
+        vec![key(PEER_B)],
+        "the peers named stay"
+    );
+
+    let own = SecretKey([7; 32]);
+    let update = DeviceUpdate {
+        private_key: Some(Some(own.clone())),
+        ..DeviceUpdate::default()
+    };
+    sim.control
+        .handle_device_update(&update, sim.now)
+        .expect("key set");
+    sim.drive();
+    assert!(sim
+        .log
+        .iter()
+        .any(|a| matches!(a, Action::UpdatePeers(c) if c.private_key == Some(Some(own.clone())))));
 }
 
 #[test]
