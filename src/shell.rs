@@ -13,3 +13,4 @@ pub mod resolver;
 pub mod tun;
 pub mod udp;
 pub mod unix_socket;
+pub mod userspace;

@@ -414,3 +414,168 @@ fn wg_setconf_without_a_private_key_leaves_the_device_keyless_until_one_is_set()
     );
     assert!(ping(&b, A_TUN4), "and back");
 }
+
+// ---------------------------------------------------------------------------------------------
+// 5. `tunnelgate userspace` / `tunnelgate-wg`: the wireguard-go drop-in, under wg-quick
+// ---------------------------------------------------------------------------------------------
+
+/// A directory with `tunnelgate-wg` (a symlink to the tunnelgate binary), to put first in PATH.
+fn wg_symlink_dir() -> TempDir {
+    let dir = TempDir::new("tgwg");
+    std::os::unix::fs::symlink(tunnelgate_bin(), dir.path().join("tunnelgate-wg"))
+        .expect("symlink tunnelgate-wg");
+    dir
+}
+
+fn path_with(dir: &TempDir) -> String {
+    format!(
+        "{}:{}",
+        dir.path().display(),
+        std::env::var("PATH").unwrap_or_default()
+    )
+}
+
+#[test]
+#[ignore = "needs root"]
+fn wg_quick_up_and_down_with_tunnelgate_wg_as_the_userspace_implementation() {
+    require_root();
+    let (a, b, _v) = lan();
+    let wg = WgGo::start(&b, WG_PORT, &[&format!("{B_TUN4}/24")]);
+    let name = unique_name("tgd");
+    let key = Keypair::generate();
+    let bin = wg_symlink_dir();
+    let conf = bin.write_secret(
+        &format!("{name}.conf"),
+        &format!(
+            "[Interface]\nPrivateKey = {}\nAddress = {A_TUN4}/24\nListenPort = {TG_PORT}\n\n\
+             [Peer]\nPublicKey = {}\nAllowedIPs = {B_TUN4}/32, 10.88.0.0/16\nEndpoint = {B_LAN4}:{WG_PORT}\n",
+            key.private,
+            wg.public_key()
+        ),
+    );
+    wg.add_peer(
+        &Peer::new(&key.public, &[&format!("{A_TUN4}/32")])
+            .endpoint(&format!("{A_LAN4}:{TG_PORT}")),
+    );
+    let routes_before = a.exec(&["ip", "route", "show"]);
+    let path = path_with(&bin);
+    let conf_arg = conf.display().to_string();
+    let wg_quick = |verb: &str| {
+        let mut cmd = a.command(&["wg-quick", verb, &conf_arg]);
+        cmd.env("WG_QUICK_USERSPACE_IMPLEMENTATION", "tunnelgate-wg")
+            .env("PATH", &path)
+            .env_remove("WG_PROCESS_FOREGROUND");
+        output_of(cmd, None)
+    };
+
+    let started = std::time::Instant::now();
+    let up = wg_quick("up");
+    assert!(
+        up.success(),
+        "wg-quick up failed:\n{}\n{}",
+        up.stdout,
+        up.stderr
+    );
+    assert!(
+        up.stderr.contains("tunnelgate-wg"),
+        "wg-quick used tunnelgate-wg:\n{}",
+        up.stderr
+    );
+    eprintln!("wg-quick up took {:?}", started.elapsed());
+    let daemons = a.pids();
+    assert_eq!(
+        daemons.len(),
+        1,
+        "one background daemon in the namespace: {daemons:?}"
+    );
+    // wg-quick configured it through wg and ip: key, peer, address, routes.
+    let dump = wg_dump(&name);
+    assert_eq!(dump.public_key, key.public);
+    assert_eq!(dump.listen_port, TG_PORT);
+    assert!(dump.peer(wg.public_key()).is_some());
+    let addr = a.exec(&["ip", "-o", "addr", "show", "dev", &name]);
+    assert!(addr.contains(&format!("{A_TUN4}/24")), "{addr}");
+    let routes = a.exec(&["ip", "route", "show", "dev", &name]);
+    assert!(
+        routes.contains("10.88.0.0/16"),
+        "wg-quick's route: {routes}"
+    );
+    assert!(ping_until(&a, B_TUN4, SHORT), "tunnel to the peer");
+    assert!(ping(&b, A_TUN4), "tunnel from the peer");
+    wait_handshake(&name, wg.public_key(), SHORT);
+
+    let down = wg_quick("down");
+    assert!(
+        down.success(),
+        "wg-quick down failed:\n{}\n{}",
+        down.stdout,
+        down.stderr
+    );
+    assert!(
+        poll_until(SHORT, || a.pids().is_empty()),
+        "the daemon exits when wg-quick deletes the interface: {:?}",
+        a.pids()
+    );
+    assert!(!a.link_exists(&name), "interface gone");
+    assert!(!wg_socket(&name).exists(), "UAPI socket removed");
+    assert_eq!(
+        a.exec(&["ip", "route", "show"]),
+        routes_before,
+        "routes as before"
+    );
+}
+
+#[test]
+#[ignore = "needs root"]
+fn userspace_foreground_creates_a_bare_interface_and_sigterm_removes_it() {
+    require_root();
+    let ns = Netns::new();
+    let name = unique_name("tgd");
+    let dir = TempDir::new("tgus");
+    let mut proc = Proc::spawn(
+        ns.command(&[tunnelgate_bin(), "userspace", "-f", &name]),
+        "userspace",
+        dir.path(),
+    );
+    wait_until(SHORT, "UAPI socket", || wg_socket(&name).exists());
+    let dump = wg_dump(&name);
+    assert_eq!(
+        dump.private_key, "(none)",
+        "starts without a key, like wireguard-go"
+    );
+    assert!(dump.peers.is_empty());
+    let addr = ns.exec(&["ip", "-o", "addr", "show", "dev", &name]);
+    // (The kernel's own IPv6 link-local address may be there; nothing else.)
+    assert!(
+        !addr.contains("inet ") && !addr.contains("scope global"),
+        "no address installed: {addr}"
+    );
+    // Peers with allowed IPs get no routes: that is wg-quick's job in this mode.
+    let peer = Keypair::generate();
+    run(&[
+        "wg",
+        "set",
+        &name,
+        "peer",
+        &peer.public,
+        "allowed-ips",
+        "10.99.0.0/16,::/0",
+    ]);
+    let routes = ns.exec(&["ip", "route", "show", "table", "all"]);
+    assert!(
+        !routes.contains("10.99.0.0"),
+        "no route installed: {routes}"
+    );
+    assert!(
+        ns.exec(&["ip", "rule", "show"]).lines().count() <= 3,
+        "no policy rule"
+    );
+    let status = proc.sigterm(SHORT);
+    assert!(
+        status.success(),
+        "SIGTERM exits 0: {status:?}\n{}",
+        proc.stderr()
+    );
+    assert!(!ns.link_exists(&name), "interface removed");
+    assert!(!wg_socket(&name).exists(), "UAPI socket removed");
+}

@@ -57,9 +57,26 @@ enum Command {
     Genkey,
     /// Read a base64 private key on stdin, print its public key (like `wg pubkey`).
     Pubkey,
+    /// A drop-in for `wireguard-go IFNAME` (also run as `tunnelgate-wg`): create the
+    /// interface, serve UAPI, nothing else; go to the background once ready.
+    Userspace {
+        /// Stay in the foreground (also WG_PROCESS_FOREGROUND=1).
+        #[arg(short = 'f', long)]
+        foreground: bool,
+        /// The interface to create.
+        interface: String,
+    },
 }
 
 fn main() -> ExitCode {
+    // Run as `tunnelgate-wg` (wg-quick's WG_QUICK_USERSPACE_IMPLEMENTATION): wireguard-go's
+    // command line, `tunnelgate userspace` behaviour.
+    if std::env::args_os()
+        .next()
+        .is_some_and(|a| tunnelgate::shell::userspace::is_wg_name(&a))
+    {
+        return tunnelgate::shell::userspace::wg_main();
+    }
     let cli: Cli = match tunnelgate::cli::parse_or_exit() {
         Ok(cli) => cli,
         Err(code) => return code,
@@ -70,6 +87,10 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Pubkey => pubkey(),
+        Command::Userspace {
+            foreground,
+            interface,
+        } => tunnelgate::shell::userspace::run(foreground, &interface, cli.log_format),
         Command::Check { config } => match load_config(&config) {
             Ok(c) => check(&c),
             Err(e) => config_error(&e),

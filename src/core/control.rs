@@ -252,9 +252,22 @@ struct EndpointLookup {
     retry: Retry,
 }
 
+/// What the daemon manages besides the tunnel itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// `tunnelgate run`: the configuration's addresses, MTU, routes for every allowed IP,
+    /// firewall rules and forwarding.
+    Daemon,
+    /// `tunnelgate userspace` (a drop-in for wireguard-go): the TUN device and WireGuard only.
+    /// No addresses, routes or rules: wg-quick or the administrator installs them. The
+    /// device starts without a private key, as wireguard-go does.
+    Userspace,
+}
+
 /// The control core of one interface. See the module documentation for the call order.
 #[derive(Debug)]
 pub struct Control {
+    mode: Mode,
     config: Config,
     listen_port: u16,
     health_port: Option<u16>,
@@ -279,10 +292,24 @@ impl Control {
     /// The core for a daemon whose WireGuard socket is bound to `listen_port` and whose health
     /// endpoint (if any) listens on `health_port`. Its first actions bring everything up.
     pub fn new(config: Config, listen_port: u16, health_port: Option<u16>, now: Instant) -> Self {
+        Control::with_mode(Mode::Daemon, config, listen_port, health_port, now)
+    }
+
+    /// [`Control::new`] in `mode`. In [`Mode::Userspace`] the configuration only names the
+    /// interface (and its key is ignored: the device starts without one).
+    pub fn with_mode(
+        mode: Mode,
+        config: Config,
+        listen_port: u16,
+        health_port: Option<u16>,
+        now: Instant,
+    ) -> Self {
+        let userspace = mode == Mode::Userspace;
         let mut control = Control {
+            mode,
             listen_port,
             health_port,
-            private_key: Some(config.interface.private_key.clone()),
+            private_key: (!userspace).then(|| config.interface.private_key.clone()),
             fwmark: config.interface.fwmark,
             socket_mark: config.interface.fwmark,
             peers: BTreeMap::new(),
@@ -695,7 +722,7 @@ impl Control {
     // --- decisions -------------------------------------------------------------------------
 
     fn rules_needed(&self) -> bool {
-        firewall_needed(&self.config)
+        self.mode == Mode::Daemon && firewall_needed(&self.config)
     }
 
     fn desired_rules(&self) -> RuleSet {
@@ -712,6 +739,10 @@ impl Control {
     }
 
     fn desired_routes(&self) -> RoutePlan {
+        if self.mode == Mode::Userspace {
+            // wg-quick routes the allowed IPs itself (and sets the fwmark for a default route).
+            return routes::plan(&[], self.fwmark);
+        }
         let nets: Vec<IpNet> = self
             .peers
             .values()
@@ -732,7 +763,10 @@ impl Control {
     }
 
     fn step_addresses(&mut self, now: Instant) {
-        if self.addresses.in_flight.is_some() || !self.addresses.retry.may_try(now) {
+        if self.mode == Mode::Userspace
+            || self.addresses.in_flight.is_some()
+            || !self.addresses.retry.may_try(now)
+        {
             return;
         }
         let want: BTreeSet<IpNet> = self.config.interface.addresses.iter().copied().collect();

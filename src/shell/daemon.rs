@@ -4,7 +4,7 @@
 //! diffs, retries, DNS scheduling and readiness are the core's.
 
 use crate::config::{Config, FirewallMode};
-use crate::core::control::{Action, Control, Lookup, Reload, View};
+use crate::core::control::{Action, Control, Lookup, Mode, Reload, View};
 use crate::shell::datapath::{self, Datapath, Shared};
 use crate::shell::executor::Executor;
 use crate::shell::netlink::Netlink;
@@ -92,7 +92,8 @@ pub struct Daemon {
     control: Control,
     executor: Executor,
     commands: mpsc::Receiver<Command>,
-    config_path: PathBuf,
+    /// `None` in userspace mode: no file, nothing to reload.
+    config_path: Option<PathBuf>,
     /// The packet threads, once started; stopped and joined at teardown.
     datapath: Option<Datapath>,
 }
@@ -105,6 +106,32 @@ impl Daemon {
         config_path: PathBuf,
         health_port: Option<u16>,
     ) -> Result<Daemon> {
+        Daemon::start_in(Mode::Daemon, config, Some(config_path), health_port).await
+    }
+
+    /// The wireguard-go drop-in (`tunnelgate userspace IFNAME`): creates the TUN device and
+    /// the WireGuard socket (random port) and nothing else; the device has no key, no peers
+    /// and no addresses until `wg` and `ip` (or wg-quick) configure it.
+    pub async fn start_userspace(name: &str) -> Result<Daemon> {
+        // The configuration only names the device: its key and address are placeholders the
+        // core ignores in this mode (validation wants both).
+        let text = format!(
+            "[interface]\nname = {name:?}\nprivate_key = {:?}\naddresses = [\"100.64.0.1/32\"]\n\
+             [health]\nlisten = \"\"\n",
+            crate::config::SecretKey::generate().expose_base64()
+        );
+        let mut config = Config::parse(&text, Path::new("/"), &NoFiles)
+            .map_err(|e| anyhow::anyhow!("interface name {name:?}: {e}"))?;
+        config.interface.addresses.clear();
+        Daemon::start_in(Mode::Userspace, config, None, None).await
+    }
+
+    async fn start_in(
+        mode: Mode,
+        config: Config,
+        config_path: Option<PathBuf>,
+        health_port: Option<u16>,
+    ) -> Result<Daemon> {
         let iface = &config.interface;
         let tun = crate::shell::tun::create(&iface.name, iface.mtu)?;
         // From here on, dropping `tun` deletes the device and with it its addresses and routes.
@@ -113,10 +140,17 @@ impl Daemon {
         let socket = WgSocket::bind(iface.listen_port, iface.fwmark)
             .with_context(|| format!("cannot bind the WireGuard UDP port {}", iface.listen_port))?;
         let listen_port = socket.local_port()?;
-        let table = PeerTable::empty(Some(iface.private_key.clone()));
+        let key = (mode == Mode::Daemon).then(|| iface.private_key.clone());
+        let table = PeerTable::empty(key);
         let shared = Arc::new(Shared::new(table, tun, socket));
         let firewall_mode: FirewallMode = config.firewall.mode;
-        let control = Control::new(config.clone(), listen_port, health_port, Instant::now());
+        let control = Control::with_mode(
+            mode,
+            config.clone(),
+            listen_port,
+            health_port,
+            Instant::now(),
+        );
         let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
         let handle = Arc::new(Handle {
             shared: shared.clone(),
@@ -225,7 +259,10 @@ impl Daemon {
 
     /// Re-reads the config file; the core takes it or refuses it (then the old one runs on).
     async fn reload(&mut self, reason: &'static str) -> Result<Reload, String> {
-        let config = match crate::shell::config_file::load_config(&self.config_path) {
+        let Some(path) = &self.config_path else {
+            return Err("no configuration file to reload (userspace mode: use wg setconf)".into());
+        };
+        let config = match crate::shell::config_file::load_config(path) {
             Ok(c) => c,
             Err(e) => {
                 self.control.handle_config_invalid();
@@ -263,11 +300,14 @@ impl Daemon {
     }
 
     fn poll_config_file(&mut self, last_error: &mut String) {
-        match crate::shell::config_file::load_config(&self.config_path) {
+        let Some(path) = self.config_path.clone() else {
+            return;
+        };
+        match crate::shell::config_file::load_config(&path) {
             Ok(c) if c == *self.control.config() => last_error.clear(),
             Ok(c) => {
                 last_error.clear();
-                tracing::info!(path = %self.config_path.display(), "Config file changed");
+                tracing::info!(path = %path.display(), "Config file changed");
                 for warning in c.warnings() {
                     tracing::warn!(warning = %warning, "Configuration warning");
                 }
@@ -358,5 +398,17 @@ pub fn sd_notify(state: &str) {
         }
     } else {
         let _ = sock.send_to(state.as_bytes(), target);
+    }
+}
+
+/// Secret files for a configuration that names none.
+struct NoFiles;
+
+impl crate::config::SecretFiles for NoFiles {
+    fn read_secret(&self, path: &Path) -> Result<String, String> {
+        Err(format!(
+            "{}: no files are read in userspace mode",
+            path.display()
+        ))
     }
 }

@@ -658,3 +658,48 @@ fn teardown_restores_forwarding_for_every_family_it_needed() {
         "{undo:?}"
     );
 }
+
+#[test]
+fn userspace_mode_installs_no_addresses_routes_or_rules_and_starts_without_a_key() {
+    // A configuration that would install all of them in daemon mode.
+    let text = "[interface]\nname = \"tgsim\"\nprivate_key = \"AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=\"\n\
+                addresses = [\"100.64.0.1/32\"]\n\
+                [[peer]]\npublic_key = \"AgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgI=\"\n\
+                allowed_ips = [\"10.0.0.0/24\", \"0.0.0.0/0\"]\n\
+                [[ingress]]\ntarget = \"10.96.0.10\"\n";
+    let config = Config::parse(text, Path::new("/"), &NoFiles).expect("valid");
+    let now = Instant::now();
+    let mut daemon = Control::with_mode(Mode::Daemon, config.clone(), 51820, None, now);
+    let daemon_actions: Vec<Action> = std::iter::from_fn(|| daemon.poll_action()).collect();
+    assert!(
+        daemon_actions
+            .iter()
+            .any(|a| matches!(a, Action::ApplyRoutes(_))),
+        "daemon mode routes the allowed IPs: {daemon_actions:?}"
+    );
+
+    let mut user = Control::with_mode(Mode::Userspace, config, 51820, None, now);
+    let actions: Vec<Action> = std::iter::from_fn(|| user.poll_action()).collect();
+    for a in &actions {
+        assert!(
+            matches!(a, Action::UpdatePeers(_)),
+            "userspace mode only sets up peers, got {a:?}"
+        );
+    }
+    assert!(user.readiness().is_ok(), "{:?}", user.readiness());
+    // A UAPI set with peers and allowed IPs (what wg-quick's `wg setconf` does) routes nothing.
+    let mut peer = PeerUpdate::new(PublicKey([3; 32]));
+    peer.allowed_ips = vec![net("10.9.0.0/16"), net("::/0")];
+    let update = DeviceUpdate {
+        private_key: Some(Some(SecretKey([9; 32]))),
+        peers: vec![peer],
+        ..DeviceUpdate::default()
+    };
+    user.handle_device_update(&update, now).expect("set");
+    let actions: Vec<Action> = std::iter::from_fn(|| user.poll_action()).collect();
+    assert!(
+        actions.iter().all(|a| matches!(a, Action::UpdatePeers(_))),
+        "{actions:?}"
+    );
+    assert!(user.teardown().is_empty(), "nothing to undo");
+}

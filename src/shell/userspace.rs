@@ -1,0 +1,253 @@
+//! The wireguard-go drop-in: `tunnelgate userspace [-f] IFNAME`, or the binary run as
+//! `tunnelgate-wg [-f] IFNAME` (a symlink), which is what wg-quick calls through
+//! `WG_QUICK_USERSPACE_IMPLEMENTATION`. Creates the TUN device and serves UAPI, nothing else;
+//! goes to the background once both are ready (unless `-f` or `WG_PROCESS_FOREGROUND=1`), and
+//! exits when the interface is deleted, its UAPI socket is removed, or on SIGTERM/SIGINT.
+#![allow(unsafe_code)]
+
+use crate::shell::daemon::Daemon;
+use crate::telemetry::{init_logging, LogFormat};
+use crate::uapi::server::UapiServer;
+use anyhow::Context;
+use std::io::{Read, Write};
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+/// The name under which the binary behaves as `tunnelgate userspace`.
+pub const WG_NAME: &str = "tunnelgate-wg";
+
+/// What wireguard-go reads to stay in the foreground.
+const FOREGROUND_ENV: &str = "WG_PROCESS_FOREGROUND";
+
+/// `tunnelgate-wg` takes wireguard-go's arguments.
+#[derive(clap::Parser)]
+#[command(
+    name = WG_NAME,
+    version,
+    about = "A userspace WireGuard implementation, command-line compatible with wireguard-go"
+)]
+struct WgArgs {
+    /// Stay in the foreground (also WG_PROCESS_FOREGROUND=1).
+    #[arg(short = 'f', long)]
+    foreground: bool,
+    /// The interface to create.
+    interface: String,
+}
+
+/// Whether `argv0` (the program name it was run as) asks for wireguard-go's command line.
+pub fn is_wg_name(argv0: &std::ffi::OsStr) -> bool {
+    std::path::Path::new(argv0)
+        .file_name()
+        .is_some_and(|n| n == WG_NAME)
+}
+
+/// The binary's entry point when run as `tunnelgate-wg`.
+pub fn wg_main() -> ExitCode {
+    match crate::cli::parse_or_exit::<WgArgs>() {
+        Ok(args) => run(args.foreground, &args.interface, LogFormat::default()),
+        Err(code) => code,
+    }
+}
+
+/// Runs the drop-in for interface `name`. In the background (the default), returns in the
+/// parent once the child has the interface and the UAPI socket ready (exit 0), or has failed
+/// (exit 1, its error printed).
+pub fn run(foreground: bool, name: &str, log_format: LogFormat) -> ExitCode {
+    let foreground = foreground
+        || std::env::var(FOREGROUND_ENV)
+            .map(|v| v == "1")
+            .unwrap_or(false);
+    let ready = if foreground {
+        None
+    } else {
+        // Before any thread exists: fork copies only the calling thread.
+        match daemonize() {
+            Ok(Forked::Parent(code)) => return code,
+            Ok(Forked::Child(pipe)) => Some(Ready(pipe)),
+            Err(e) => {
+                eprintln!("{WG_NAME}: cannot go to the background: {e}");
+                return ExitCode::from(1);
+            }
+        }
+    };
+    init_logging(log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            let why = format!("cannot start the runtime: {e}");
+            if let Some(r) = ready {
+                r.failed(&why);
+            }
+            eprintln!("{WG_NAME}: {why}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(serve(name, ready)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %format!("{e:#}"), "{WG_NAME} failed");
+            eprintln!("{WG_NAME}: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+async fn serve(name: &str, mut ready: Option<Ready>) -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let result = start(name).await;
+    let (uapi, daemon) = match result {
+        Ok(started) => started,
+        Err(e) => {
+            if let Some(r) = ready.take() {
+                r.failed(&format!("{e:#}"));
+            }
+            return Err(e);
+        }
+    };
+    let mut term = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
+    let handler: Arc<dyn crate::uapi::UapiHandler> = daemon.handle();
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut uapi_task = tokio::spawn(async move {
+        let mut rx = stop_rx;
+        uapi.run(handler, async move {
+            let _ = rx.wait_for(|s| *s).await;
+        })
+        .await
+    });
+    let (loop_stop_tx, loop_stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let mut event_loop = tokio::spawn(daemon.run(async move {
+        let _ = loop_stop_rx.await;
+    }));
+    if let Some(r) = ready.take() {
+        r.ok();
+    }
+    tracing::info!(interface = name, "Interface and UAPI socket ready");
+    let mut ended = None;
+    let mut uapi_ended = false;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+        e = &mut event_loop => ended = Some(e),
+        e = &mut uapi_task => {
+            uapi_ended = true;
+            if let Ok(Err(e)) = e {
+                tracing::info!(error = %e, "UAPI socket gone; stopping");
+            }
+        }
+    }
+    let _ = loop_stop_tx.send(());
+    let _ = stop_tx.send(true);
+    let ended = match ended {
+        Some(e) => e,
+        None => event_loop.await,
+    };
+    if !uapi_ended {
+        let _ = uapi_task.await;
+    }
+    match ended {
+        // The interface was deleted (`ip link del`, `wg-quick down`): the normal way to stop.
+        Ok(Err(why)) => tracing::info!(reason = %why, "Interface gone; exiting"),
+        Err(e) => anyhow::bail!("the event loop failed: {e}"),
+        Ok(Ok(())) => {}
+    }
+    Ok(())
+}
+
+async fn start(name: &str) -> anyhow::Result<(UapiServer, Daemon)> {
+    // Claimed first: a name in use fails before a device is created.
+    let uapi = UapiServer::bind(name).with_context(|| format!("UAPI socket for {name}"))?;
+    let daemon = Daemon::start_userspace(name).await?;
+    Ok((uapi, daemon))
+}
+
+enum Forked {
+    /// In the parent: the exit code to return.
+    Parent(ExitCode),
+    /// In the child: the write end of the readiness pipe.
+    Child(OwnedFd),
+}
+
+/// The child's promise to tell the parent how the start went.
+struct Ready(OwnedFd);
+
+impl Ready {
+    fn ok(self) {
+        let mut f = std::fs::File::from(self.0);
+        let _ = f.write_all(b"1");
+    }
+
+    fn failed(self, why: &str) {
+        let mut f = std::fs::File::from(self.0);
+        let _ = f.write_all(format!("0{why}").as_bytes());
+    }
+}
+
+/// Forks; the child starts a new session with stdio on /dev/null; the parent waits on a pipe
+/// for the child's verdict ("1", or "0" and the error) and returns the exit code to use. A
+/// child that dies before answering closes the pipe: a failure.
+fn daemonize() -> std::io::Result<Forked> {
+    let mut fds = [0; 2];
+    // SAFETY: a two-element array for pipe2.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: pipe2 returned two fresh descriptors that nothing else owns.
+    let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    // SAFETY: no other thread exists yet (called before the runtime and logging start).
+    match unsafe { libc::fork() } {
+        -1 => Err(std::io::Error::last_os_error()),
+        0 => {
+            drop(read);
+            // SAFETY: plain system calls on descriptors this process owns.
+            unsafe {
+                libc::setsid();
+                let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+                if null >= 0 {
+                    for fd in 0..3 {
+                        libc::dup2(null, fd);
+                    }
+                    if null > 2 {
+                        libc::close(null);
+                    }
+                }
+            }
+            Ok(Forked::Child(write))
+        }
+        _child => {
+            drop(write);
+            let mut verdict = Vec::new();
+            let _ = std::fs::File::from(read).read_to_end(&mut verdict);
+            match verdict.split_first() {
+                Some((b'1', _)) => Ok(Forked::Parent(ExitCode::SUCCESS)),
+                Some((_, why)) => {
+                    eprintln!("{WG_NAME}: {}", String::from_utf8_lossy(why));
+                    Ok(Forked::Parent(ExitCode::from(1)))
+                }
+                None => {
+                    eprintln!("{WG_NAME}: the background process exited before it was ready");
+                    Ok(Forked::Parent(ExitCode::from(1)))
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_symlink_name_is_recognised_by_its_file_name() {
+        assert!(is_wg_name("tunnelgate-wg".as_ref()));
+        assert!(is_wg_name("/usr/local/bin/tunnelgate-wg".as_ref()));
+        assert!(!is_wg_name("tunnelgate".as_ref()));
+        assert!(!is_wg_name("/opt/tunnelgate-wg/tunnelgate".as_ref()));
+        assert!(!is_wg_name("tunnelgate-wg2".as_ref()));
+    }
+}
