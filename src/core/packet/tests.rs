@@ -231,7 +231,10 @@ fn a_packet_for_a_peer_without_endpoint_is_dropped_as_no_endpoint() {
     );
     // With an endpoint, the same first packet sends the initiation there.
     let mut s = setup();
-    let to = addr("192.0.2.7:51820");
+    let to = PeerPath {
+        remote: addr("192.0.2.7:51820"),
+        local: Some("192.0.2.1".parse().expect("ip")),
+    };
     assert_eq!(
         encapsulate(&mut s.local, Some(to), &packet, &mut out),
         Outbound::Send {
@@ -258,10 +261,10 @@ fn a_handshake_initiation_is_answered_and_data_is_delivered() {
     let mut out = vec![0u8; 2048];
     let packet = ipv4_packet(LOCAL_IP, REMOTE_IP, b"reply");
     assert_eq!(
-        encapsulate(&mut s.local, Some(from), &packet, &mut out),
+        encapsulate(&mut s.local, Some(PeerPath::to(from)), &packet, &mut out),
         Outbound::Send {
             len: packet.len() + wg::OVERHEAD,
-            to: from
+            to: PeerPath::to(from)
         }
     );
 }
@@ -435,8 +438,8 @@ fn a_removed_source_address_falls_back_other_errors_do_not() {
         "a full buffer is not the source's fault"
     );
     assert!(
-        !source_is_stale(libc::ENETUNREACH),
-        "no route is no route from any source"
+        source_is_stale(libc::ENETUNREACH),
+        "IPv4 reports a source that is not ours as no route"
     );
     assert!(!source_is_stale(libc::EMSGSIZE));
     assert!(
