@@ -1,0 +1,154 @@
+//! Everything that crosses the boundary between the control core and the shell: the actions
+//! the core asks for, what executors report back, and the view the shell publishes.
+
+use crate::config::{IpNet, PublicKey, SecretKey};
+use crate::core::routes::PlanDiff;
+use crate::rules::{Family, RuleSet};
+use std::collections::BTreeSet;
+use std::net::{IpAddr, SocketAddr};
+use std::time::Instant;
+
+/// What one peer is configured with (by the file or over UAPI). The live endpoint (roaming) and
+/// the session belong to the shell's peer table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerSpec {
+    pub preshared_key: Option<SecretKey>,
+    pub persistent_keepalive: Option<u16>,
+    pub allowed_ips: Vec<IpNet>,
+}
+
+/// A peer to add, or an existing one whose spec changed. The shell keeps the session of an
+/// existing peer unless its preshared key (or the interface key) changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerUpsert {
+    pub public_key: PublicKey,
+    pub spec: PeerSpec,
+    /// `Some`: set the endpoint; `None`: keep the current (possibly roamed) one.
+    pub endpoint: Option<SocketAddr>,
+}
+
+/// How the peer table must change.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PeerChanges {
+    /// `Some`: the interface's private key changed; `Some(None)`: it was removed (`wg setconf`
+    /// of a file without `PrivateKey`): the device has no identity until a key is set.
+    pub private_key: Option<Option<SecretKey>>,
+    pub upsert: Vec<PeerUpsert>,
+    pub remove: Vec<PublicKey>,
+}
+
+impl PeerChanges {
+    pub fn is_empty(&self) -> bool {
+        self.private_key.is_none() && self.upsert.is_empty() && self.remove.is_empty()
+    }
+}
+
+/// Something to look up in DNS.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Lookup {
+    /// A `target_fqdn`: every address is used.
+    Target(String),
+    /// A peer's `endpoint = "host:port"`: the first address is used.
+    Endpoint {
+        peer: PublicKey,
+        host: String,
+        port: u16,
+    },
+}
+
+/// What the shell must do next. Executors decide nothing: they do it and report the result
+/// through the matching `handle_*`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Add and remove tunnel addresses; report with [`Control::handle_addresses_applied`].
+    SetAddresses { add: Vec<IpNet>, remove: Vec<IpNet> },
+    /// Set the link's MTU (and bring it up); reported with the addresses.
+    SetMtu(u16),
+    /// Change the peer table; cannot fail.
+    UpdatePeers(PeerChanges),
+    /// Bind the WireGuard socket to a new port (0: any); report with [`Control::handle_rebound`].
+    Rebind { port: u16, fwmark: Option<u32> },
+    /// Put this mark on the WireGuard socket; `src_valid_mark`: let replies to marked IPv4
+    /// packets through reverse-path filtering (`net.ipv4.conf.all.src_valid_mark = 1`).
+    SetFwmark { mark: u32, src_valid_mark: bool },
+    /// Apply a route and policy-rule diff; report with [`Control::handle_routes_applied`].
+    ApplyRoutes(PlanDiff),
+    /// Resolve, giving up at `deadline`; report with [`Control::handle_resolved`].
+    Resolve { lookup: Lookup, deadline: Instant },
+    /// Turn forwarding on for these families unless already on, and record that this daemon
+    /// needs them (and which it changed) where every tunnelgate of the namespace sees it
+    /// ([`crate::core::forwarding`]). Nothing to report.
+    EnableForwarding(BTreeSet<Family>),
+    /// Replace our rules with this set in one transaction; report with
+    /// [`Control::handle_rules_applied`].
+    ApplyRules(RuleSet),
+    /// Read our installed rules back; report with [`Control::handle_rules_checked`].
+    CheckRules,
+    /// Remove every rule of ours (teardown).
+    RemoveRules,
+    /// Teardown of a daemon that needed forwarding for these families: put back to off each
+    /// one tunnelgate changed that no other running tunnelgate still needs
+    /// ([`crate::core::forwarding::on_stop`] decides, from the shared records).
+    RestoreForwarding(BTreeSet<Family>),
+}
+
+/// What an executor reports after applying rules.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RulesReport {
+    /// The installed rules as read back, normalized: compared on each drift check.
+    pub fingerprint: String,
+    pub rule_count: usize,
+    pub seconds: f64,
+    /// The applied text, for `tunnelgate status`.
+    pub text: String,
+}
+
+/// Why a configuration was not taken.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Refused(pub String);
+
+/// The result of a reload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reload {
+    Applied,
+    Unchanged,
+}
+
+/// A DNS-named target as status and readiness see it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NameView {
+    pub name: String,
+    pub addresses: Vec<IpAddr>,
+    pub last_resolved: Option<Instant>,
+    pub last_error: Option<String>,
+    pub resolutions: u64,
+    pub failures: u64,
+}
+
+/// Firewall figures for status and metrics.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RulesView {
+    pub needed: bool,
+    /// Whether the rules the current config and answers ask for are installed.
+    pub current: bool,
+    pub applies: u64,
+    pub failures: u64,
+    pub rule_count: usize,
+    pub last_error: Option<String>,
+    pub last_apply_seconds: f64,
+    pub text: String,
+}
+
+/// Everything the shell publishes for `/readyz`, `/metrics`, `status` and UAPI `get`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct View {
+    pub readiness: Result<(), String>,
+    pub rules: RulesView,
+    pub names: Vec<NameView>,
+    pub reloads: u64,
+    pub reload_failures: u64,
+    pub listen_port: u16,
+    /// The mark the WireGuard socket carries (configured, or chosen for a default route).
+    pub fwmark: Option<u32>,
+}

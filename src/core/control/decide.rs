@@ -1,0 +1,368 @@
+//! The control core's decisions: what is due now and not in flight (addresses, routes,
+//! lookups, rules), and how a new peer set becomes a diff. Called by every `handle_*`.
+
+use super::*;
+
+impl Control {
+    pub(super) fn rules_needed(&self) -> bool {
+        self.mode == Mode::Daemon && firewall_needed(&self.config)
+    }
+
+    pub(super) fn desired_rules(&self) -> RuleSet {
+        let facts = RuntimeFacts {
+            wg_port: self.listen_port,
+            health_port: self.health_port,
+        };
+        desired(&self.config, &facts, &self.dns.resolved())
+    }
+
+    /// The mark on the WireGuard socket: the configured one, else the one routes chose.
+    pub(super) fn effective_fwmark(&self) -> Option<u32> {
+        self.fwmark.or(self.routes.applied.fwmark)
+    }
+
+    pub(super) fn desired_routes(&self) -> RoutePlan {
+        if self.mode == Mode::Userspace {
+            // wg-quick routes the allowed IPs itself (and sets the fwmark for a default route).
+            return routes::plan(&[], self.fwmark);
+        }
+        let nets: Vec<IpNet> = self
+            .peers
+            .values()
+            .flat_map(|p| p.allowed_ips.iter().copied())
+            .collect();
+        routes::plan(&nets, self.fwmark)
+    }
+
+    /// Everything that is due now and not in flight: the one place that emits applies.
+    pub(super) fn step(&mut self, now: Instant) {
+        if self.stopping {
+            return;
+        }
+        self.step_addresses(now);
+        self.step_routes(now);
+        self.step_resolutions(now);
+        self.step_rules(now);
+    }
+
+    pub(super) fn step_addresses(&mut self, now: Instant) {
+        if self.mode == Mode::Userspace
+            || self.addresses.in_flight.is_some()
+            || !self.addresses.retry.may_try(now)
+        {
+            return;
+        }
+        let want: BTreeSet<IpNet> = self.config.interface.addresses.iter().copied().collect();
+        let mtu = self.config.interface.mtu;
+        if want == self.addresses.applied && Some(mtu) == self.addresses.mtu {
+            return;
+        }
+        if Some(mtu) != self.addresses.mtu {
+            self.actions.push_back(Action::SetMtu(mtu));
+        }
+        let add: Vec<IpNet> = want.difference(&self.addresses.applied).copied().collect();
+        let remove: Vec<IpNet> = self.addresses.applied.difference(&want).copied().collect();
+        self.actions.push_back(Action::SetAddresses { add, remove });
+        self.addresses.in_flight = Some((want, mtu));
+    }
+
+    pub(super) fn step_routes(&mut self, now: Instant) {
+        if self.routes.in_flight.is_some() || !self.routes.retry.may_try(now) {
+            return;
+        }
+        let want = self.desired_routes();
+        let diff = routes::diff(&self.routes.applied, &want);
+        let mark = want.fwmark;
+        if let Some(m) = mark.filter(|m| Some(*m) != self.socket_mark) {
+            self.socket_mark = Some(m);
+            self.actions.push_back(Action::SetFwmark {
+                mark: m,
+                src_valid_mark: want.rules.iter().any(|r| !r.v6),
+            });
+        }
+        if diff.is_empty() {
+            self.routes.applied.fwmark = want.fwmark;
+            return;
+        }
+        self.actions.push_back(Action::ApplyRoutes(diff));
+        self.routes.in_flight = Some(want);
+    }
+
+    pub(super) fn step_resolutions(&mut self, now: Instant) {
+        let in_flight =
+            self.dns.in_flight() + self.endpoints.values().filter(|e| e.in_flight).count();
+        let room = MAX_CONCURRENT_RESOLUTIONS.saturating_sub(in_flight);
+        let deadline = now + RESOLVE_TIMEOUT;
+        let mut started = 0;
+        for (peer, lookup) in self.endpoints.iter_mut() {
+            if started >= room {
+                break;
+            }
+            if !lookup.in_flight && lookup.retry.may_try(now) {
+                lookup.in_flight = true;
+                started += 1;
+                self.actions.push_back(Action::Resolve {
+                    lookup: Lookup::Endpoint {
+                        peer: *peer,
+                        host: lookup.host.clone(),
+                        port: lookup.port,
+                    },
+                    deadline,
+                });
+            }
+        }
+        for name in self.dns.start_due(now, room - started) {
+            self.actions.push_back(Action::Resolve {
+                lookup: Lookup::Target(name),
+                deadline,
+            });
+        }
+    }
+
+    pub(super) fn step_rules(&mut self, now: Instant) {
+        if !self.rules_needed() || self.rules.in_flight.is_some() || self.rules.checking {
+            return;
+        }
+        let want = self.desired_rules();
+        if self.rules.applied.as_ref() == Some(&want) {
+            return;
+        }
+        // The same set that just failed waits for its backoff; a different one (a reload,
+        // a new answer) may fix the failure, so it is tried at once.
+        if self.rules.failed.as_ref() == Some(&want) && !self.rules.retry.may_try(now) {
+            return;
+        }
+        let families = forwarding_families(&want);
+        if !families.is_subset(&self.rules.forwarding_requested) {
+            self.rules
+                .forwarding_requested
+                .extend(families.iter().copied());
+            self.actions.push_back(Action::EnableForwarding(families));
+        }
+        self.actions.push_back(Action::ApplyRules(want.clone()));
+        self.rules.in_flight = Some(want);
+    }
+
+    pub(super) fn track_names(&mut self, now: Instant) {
+        let names = self.config.fqdn_targets();
+        self.dns.set_names(&names, now);
+        self.names.retain(|n, _| names.contains(n));
+        for name in names {
+            self.names.entry(name.clone()).or_insert_with(|| NameView {
+                name,
+                ..NameView::default()
+            });
+        }
+    }
+
+    pub(super) fn target_resolved(
+        &mut self,
+        name: &str,
+        result: Result<Vec<IpAddr>, String>,
+        now: Instant,
+    ) {
+        let error = result.as_ref().err().cloned();
+        let outcome = self.dns.on_result(name, result, now);
+        let Some(view) = self.names.get_mut(name) else {
+            return; // the name left the configuration while it was being resolved
+        };
+        view.resolutions += 1;
+        match outcome {
+            Outcome::Changed { old, new } => {
+                tracing::info!(name, ?old, ?new, "Name re-resolved");
+            }
+            Outcome::Unchanged => {}
+            Outcome::Failed { retry_in } => {
+                view.failures += 1;
+                let error = error.as_deref().unwrap_or("no addresses in the answer");
+                tracing::warn!(
+                    name,
+                    error,
+                    retry_in_secs = retry_in.as_secs(),
+                    "Resolution failed; keeping the last good addresses"
+                );
+            }
+        }
+        if let Some(state) = self.dns.get(name) {
+            view.addresses = state.addresses.clone();
+            view.last_error = state.last_error.clone();
+            if state.failures == 0 {
+                view.last_resolved = Some(now);
+            }
+        }
+    }
+
+    pub(super) fn endpoint_resolved(
+        &mut self,
+        peer: PublicKey,
+        host: &str,
+        port: u16,
+        result: Result<Vec<IpAddr>, String>,
+        now: Instant,
+    ) {
+        let Some(lookup) = self.endpoints.get_mut(&peer) else {
+            return;
+        };
+        if lookup.host != host || lookup.port != port {
+            return; // the configured endpoint changed while this lookup ran
+        }
+        lookup.in_flight = false;
+        match result.map(|a| a.first().copied()) {
+            Ok(Some(ip)) => {
+                self.endpoints.remove(&peer);
+                if let Some(spec) = self.peers.get(&peer) {
+                    self.actions.push_back(Action::UpdatePeers(PeerChanges {
+                        private_key: None,
+                        upsert: vec![PeerUpsert {
+                            public_key: peer,
+                            spec: spec.clone(),
+                            endpoint: Some(SocketAddr::new(ip, port)),
+                        }],
+                        remove: Vec::new(),
+                    }));
+                }
+            }
+            Ok(None) => lookup
+                .retry
+                .failed("no addresses in the answer".into(), now),
+            Err(e) => {
+                tracing::warn!(host, error = %e, "Cannot resolve peer endpoint; retrying, and waiting for the peer to connect");
+                lookup.retry.failed(e, now);
+            }
+        }
+    }
+
+    /// The configuration's peers replace the current ones (the file wins, like `wg syncconf`).
+    /// A configured endpoint is set only where it differs from `previous`, so a reload keeps
+    /// where a peer roamed to.
+    pub(super) fn set_peers(
+        &mut self,
+        desired: BTreeMap<PublicKey, (PeerSpec, Option<Endpoint>)>,
+        key: Option<Option<SecretKey>>,
+        previous: &Config,
+        _now: Instant,
+    ) {
+        let first = self.peers.is_empty() && key.is_none();
+        let mut with_addrs = BTreeMap::new();
+        for (public_key, (spec, endpoint)) in desired {
+            let before = previous
+                .peers
+                .iter()
+                .find(|p| p.public_key == public_key)
+                .and_then(|p| p.endpoint.clone());
+            let changed = first || !self.peers.contains_key(&public_key) || before != endpoint;
+            let mut addr = None;
+            if changed {
+                self.endpoints.remove(&public_key);
+                match endpoint {
+                    Some(Endpoint::Addr(a)) => addr = Some(a),
+                    Some(Endpoint::Host { host, port }) => {
+                        self.endpoints.insert(
+                            public_key,
+                            EndpointLookup {
+                                host,
+                                port,
+                                in_flight: false,
+                                retry: Retry::new(ENDPOINT_RETRY_CAP),
+                            },
+                        );
+                    }
+                    None => {}
+                }
+            }
+            with_addrs.insert(public_key, (spec, addr));
+        }
+        self.endpoints.retain(|k, _| with_addrs.contains_key(k));
+        self.apply_peers(with_addrs, key);
+    }
+
+    /// Diffs `desired` against the current peers and queues the change.
+    pub(super) fn apply_peers(
+        &mut self,
+        desired: BTreeMap<PublicKey, (PeerSpec, Option<SocketAddr>)>,
+        key: Option<Option<SecretKey>>,
+    ) {
+        let mut changes = PeerChanges {
+            private_key: key.clone(),
+            ..PeerChanges::default()
+        };
+        for (public_key, (spec, endpoint)) in &desired {
+            let same = self.peers.get(public_key) == Some(spec);
+            if !same || endpoint.is_some() || key.is_some() {
+                changes.upsert.push(PeerUpsert {
+                    public_key: *public_key,
+                    spec: spec.clone(),
+                    endpoint: *endpoint,
+                });
+            }
+        }
+        changes.remove = self
+            .peers
+            .keys()
+            .filter(|k| !desired.contains_key(k))
+            .copied()
+            .collect();
+        if let Some(k) = key {
+            self.private_key = k;
+        }
+        self.peers = desired.into_iter().map(|(k, (s, _))| (k, s)).collect();
+        if !changes.is_empty() {
+            self.actions.push_back(Action::UpdatePeers(changes));
+        }
+    }
+
+    /// The device as UAPI sees it, from the core's side (no live endpoints or counters).
+    pub(super) fn device_model(&self) -> DeviceSnapshot {
+        DeviceSnapshot {
+            private_key: self.private_key.clone(),
+            listen_port: self.listen_port,
+            fwmark: self.effective_fwmark(),
+            peers: self
+                .peers
+                .iter()
+                .map(|(k, spec)| PeerSnapshot {
+                    preshared_key: spec.preshared_key.clone(),
+                    persistent_keepalive: spec.persistent_keepalive,
+                    allowed_ips: spec.allowed_ips.clone(),
+                    ..PeerSnapshot::new(*k)
+                })
+                .collect(),
+        }
+    }
+}
+
+/// The peers a configuration asks for, with their configured endpoints.
+pub(super) fn peers_of(config: &Config) -> BTreeMap<PublicKey, (PeerSpec, Option<Endpoint>)> {
+    config
+        .peers
+        .iter()
+        .map(|p| {
+            (
+                p.public_key,
+                (
+                    PeerSpec {
+                        preshared_key: p.preshared_key.clone(),
+                        persistent_keepalive: p.persistent_keepalive,
+                        allowed_ips: p.allowed_ips.clone(),
+                    },
+                    p.endpoint.clone(),
+                ),
+            )
+        })
+        .collect()
+}
+
+/// The families that need IP forwarding for `set`.
+pub(super) fn forwarding_families(set: &RuleSet) -> BTreeSet<Family> {
+    let mut out: BTreeSet<Family> = set
+        .ingress
+        .iter()
+        .map(|i| i.family)
+        .chain(set.egress.iter().map(|e| e.family))
+        .collect();
+    out.extend(set.router.networks.iter().map(Family::of_net));
+    if set.router.exit_node {
+        out.extend(Family::ALL);
+    }
+    out
+}
