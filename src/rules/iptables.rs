@@ -1,7 +1,7 @@
 //! RuleSet -> `iptables-restore --noflush` / `ip6tables-restore --noflush` input, and the
 //! parsers for `iptables-save` output that tell which of our jumps exist and what our chains
 //! hold. Pure. The daemon for interface `tg0` owns only the chains `TG-tg0-PRE`, `-POST`,
-//! `-FWD` and `-MSS` ([`chain_name`]) and one jump to each from its built-in chain; every other
+//! `-FWD`, `-MSS` and `-IN` ([`chain_name`]) and one jump to each from its built-in chain; every other
 //! chain and rule, another tunnelgate's chains for another interface included, is left as it is.
 
 use super::model::{lower, Chain, Match, Rule, Verdict};
@@ -28,7 +28,7 @@ pub struct OwnedChain {
 }
 
 /// Every chain we own, in the order they are rendered.
-pub const OWNED_CHAINS: [OwnedChain; 4] = [
+pub const OWNED_CHAINS: [OwnedChain; 5] = [
     OwnedChain {
         chain: Chain::Prerouting,
         table: "nat",
@@ -53,10 +53,16 @@ pub const OWNED_CHAINS: [OwnedChain; 4] = [
         builtin: "FORWARD",
         suffix: "MSS",
     },
+    OwnedChain {
+        chain: Chain::Input,
+        table: "filter",
+        builtin: "INPUT",
+        suffix: "IN",
+    },
 ];
 
 /// The name of our `chain` for the daemon of interface `tunnel`: `TG-<tunnel>-PRE`, `-POST`,
-/// `-FWD` or `-MSS`. The interface name is used as it is (iptables takes its characters), so
+/// `-FWD`, `-MSS` or `-IN`. The interface name is used as it is (iptables takes its characters), so
 /// two interfaces never share a chain.
 pub fn chain_name(tunnel: &str, chain: Chain) -> String {
     let suffix = OWNED_CHAINS
@@ -290,6 +296,12 @@ fn rule_lines(out: &mut String, chain: &str, rule: &Rule) {
                 orig_port = *orig_dport;
             }
             Match::CtEstablished => ct = Some("RELATED,ESTABLISHED"),
+            Match::Icmp => {
+                l4 = Some(match rule.family {
+                    Some(Family::V6) => "-p ipv6-icmp".to_string(),
+                    Some(Family::V4) | None => "-p icmp".to_string(),
+                })
+            }
         }
     }
     let comment = format!("-m comment --comment \"{}\"", rule.comment);
