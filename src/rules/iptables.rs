@@ -132,7 +132,7 @@ pub fn render(set: &RuleSet, family: Family, existing: &JumpState) -> String {
         for c in &owned {
             for rule in rules.iter().filter(|r| r.chain == c.chain) {
                 if rule.family.is_none_or(|f| f == family) {
-                    rule_lines(&mut out, &c.name(tunnel), rule);
+                    rule_lines(&mut out, &c.name(tunnel), rule, family);
                 }
             }
         }
@@ -265,7 +265,7 @@ fn is_jump(line: &str, c: &OwnedChain, tunnel: &str) -> bool {
 /// cross product); DNAT to several targets becomes the nth-counter cascade: with N targets,
 /// the line for target i (i = N..2) takes every i-th of the connections that reach it, and
 /// the last line takes the rest, so each target gets 1/N of the new connections.
-fn rule_lines(out: &mut String, chain: &str, rule: &Rule) {
+fn rule_lines(out: &mut String, chain: &str, rule: &Rule, family: Family) {
     let mut daddrs: Vec<Option<String>> = vec![None];
     let mut orig: Vec<Option<IpAddr>> = vec![None];
     let (mut iface, mut l4, mut modules) = (Vec::new(), None, Vec::new());
@@ -296,10 +296,11 @@ fn rule_lines(out: &mut String, chain: &str, rule: &Rule) {
                 orig_port = *orig_dport;
             }
             Match::CtEstablished => ct = Some("RELATED,ESTABLISHED"),
+            Match::L4(proto) => l4 = Some(format!("-p {proto}")),
             Match::Icmp => {
-                l4 = Some(match rule.family {
-                    Some(Family::V6) => "-p ipv6-icmp".to_string(),
-                    Some(Family::V4) | None => "-p icmp".to_string(),
+                l4 = Some(match family {
+                    Family::V6 => "-p ipv6-icmp".to_string(),
+                    Family::V4 => "-p icmp".to_string(),
                 })
             }
         }
@@ -322,7 +323,7 @@ fn rule_lines(out: &mut String, chain: &str, rule: &Rule) {
                 }
                 parts.push(c);
             }
-            for (stat, target) in targets(&rule.verdict) {
+            for (stat, target) in targets(&rule.verdict, family) {
                 let mut line = parts.clone();
                 line.extend(
                     stat.map(|n| format!("-m statistic --mode nth --every {n} --packet 0")),
@@ -334,12 +335,18 @@ fn rule_lines(out: &mut String, chain: &str, rule: &Rule) {
     }
 }
 
-/// The `-j` part of each line of a rule, with the nth divisor for the DNAT cascade.
-fn targets(v: &Verdict) -> Vec<(Option<usize>, String)> {
+/// The `-j` part of each line of a rule of `family`, with the nth divisor for the DNAT cascade.
+/// Spelled as `iptables-save` prints it back (drift is a textual comparison).
+fn targets(v: &Verdict, family: Family) -> Vec<(Option<usize>, String)> {
     let one = |t: &str| vec![(None, t.to_string())];
     match v {
         Verdict::Accept => one("ACCEPT"),
         Verdict::Drop => one("DROP"),
+        Verdict::Reject { tcp_reset: true } => one("REJECT --reject-with tcp-reset"),
+        Verdict::Reject { tcp_reset: false } => one(match family {
+            Family::V4 => "REJECT --reject-with icmp-port-unreachable",
+            Family::V6 => "REJECT --reject-with icmp6-port-unreachable",
+        }),
         Verdict::Return => one("RETURN"),
         Verdict::Masquerade => one("MASQUERADE"),
         Verdict::ClampMssToPmtu => one("TCPMSS --clamp-mss-to-pmtu"),

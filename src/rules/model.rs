@@ -55,6 +55,8 @@ pub enum Match {
     CtEstablished,
     /// A TCP segment with SYN set and RST clear.
     TcpSyn,
+    /// This layer-4 protocol, any port.
+    L4(Proto),
     /// ICMP of the rule's family (ICMPv6 for IPv6: neighbour discovery, path MTU, ping).
     Icmp,
 }
@@ -64,6 +66,11 @@ pub enum Match {
 pub enum Verdict {
     Accept,
     Drop,
+    /// Refuse: a TCP reset (`tcp_reset`, for TCP rules only) or an ICMP port unreachable,
+    /// so the sender fails at once instead of timing out.
+    Reject {
+        tcp_reset: bool,
+    },
     /// Stop evaluating this chain.
     Return,
     /// New connections spread round-robin over `targets` (never empty); `port` rewrites the
@@ -300,11 +307,17 @@ pub fn lower(set: &RuleSet) -> Vec<Rule> {
                 orig_daddr: r.tunnel_addrs.clone(),
                 orig_dport: r.port.map(|p| p.listen),
             });
-            let c = r.origin.to_string();
+            // Its own comment: the same matches as the forward accept, in another chain.
+            let c = format!("{} to this host", r.origin);
             push(Chain::Input, Some(r.family), m, Verdict::Accept, c);
         }
-        let c = COMMENT_INPUT_DROP.into();
-        push(Chain::Input, None, vec![iif()], Verdict::Drop, c);
+        // Refused rather than dropped: unreachable either way, and a peer that connects to
+        // an unlisted port of the tunnel address fails at once, as it did before the guard.
+        let m = vec![iif(), Match::L4(Proto::Tcp)];
+        let (c, reject) = (COMMENT_INPUT_DROP, Verdict::Reject { tcp_reset: true });
+        push(Chain::Input, None, m, reject, c.into());
+        let reject = Verdict::Reject { tcp_reset: false };
+        push(Chain::Input, None, vec![iif()], reject, c.into());
     }
 
     // MSS: exactly one rule per direction.

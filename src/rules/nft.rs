@@ -155,6 +155,7 @@ fn match_text(m: &Match, family: Option<Family>) -> String {
         }
         Match::CtEstablished => "ct state established,related".into(),
         Match::TcpSyn => "tcp flags & (syn | rst) == syn".into(),
+        Match::L4(proto) => format!("meta l4proto {proto}"),
         Match::Icmp => match family {
             Some(Family::V6) => "meta l4proto ipv6-icmp".into(),
             Some(Family::V4) | None => "meta l4proto icmp".into(),
@@ -166,6 +167,8 @@ fn verdict_text(v: &Verdict) -> String {
     match v {
         Verdict::Accept => "accept".into(),
         Verdict::Drop => "drop".into(),
+        Verdict::Reject { tcp_reset: true } => "reject with tcp reset".into(),
+        Verdict::Reject { tcp_reset: false } => "reject".into(),
         Verdict::Return => "return".into(),
         Verdict::Masquerade => "masquerade".into(),
         Verdict::ClampMssToPmtu => "tcp option maxseg size set rt mtu".into(),

@@ -399,13 +399,14 @@ fn the_input_guard_comes_with_any_rule_and_with_a_health_port_beyond_loopback() 
             .collect();
         assert_eq!(!input.is_empty(), guard, "{body}");
         if guard {
-            // The last word is the drop of everything else from the tunnel.
+            // The last word refuses everything else from the tunnel.
             let last = input.last().map(|r| (&r.matches, &r.verdict));
             let tunnel = Match::InIface {
                 name: "tg0".into(),
                 negate: false,
             };
-            assert_eq!(last, Some((&vec![tunnel], &Verdict::Drop)), "{body}");
+            let reject = Verdict::Reject { tcp_reset: false };
+            assert_eq!(last, Some((&vec![tunnel], &reject)), "{body}");
         }
     }
 }
