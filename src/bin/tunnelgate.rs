@@ -225,8 +225,7 @@ async fn serve(config: tunnelgate::config::Config, path: PathBuf) -> anyhow::Res
         .with_context(|| format!("status socket for {name}"))?;
     let health = match config.health.listen {
         Some(addr) => Some(
-            tokio::net::TcpListener::bind(addr)
-                .await
+            tunnelgate::telemetry::http::bind_health(addr)
                 .with_context(|| format!("health.listen {addr}"))?,
         ),
         None => None,

@@ -108,14 +108,37 @@ pub fn pick_eviction(open: impl Iterator<Item = (u64, Instant)>) -> Option<u64> 
     open.min_by_key(|(id, at)| (*at, *id)).map(|(id, _)| id)
 }
 
-/// Asks the connection idle longest to close (see [`pick_eviction`]).
-fn evict_longest_idle(open: &Mutex<Open>) {
+/// Asks the `n` connections idle longest to close (see [`pick_eviction`]). More than one at
+/// a time: under a flood of new connections each wait for a closing task is a round trip,
+/// and the accept loop must drain the backlog faster than an attacker fills it.
+fn evict_longest_idle(open: &Mutex<Open>, n: usize) {
     let mut o = open.lock();
-    let victim = pick_eviction(o.conns.iter().map(|(id, c)| (*id, *c.last_active.lock())));
-    if let Some(old) = victim.and_then(|id| o.conns.remove(&id)) {
+    for _ in 0..n {
+        let victim = pick_eviction(o.conns.iter().map(|(id, c)| (*id, *c.last_active.lock())));
+        let Some(old) = victim.and_then(|id| o.conns.remove(&id)) else {
+            break;
+        };
         // A stored permit: the task closes even if it is not waiting yet.
         old.close.notify_one();
     }
+}
+
+/// The listen backlog of the health port: a slowloris fills the accept queue while the
+/// accept loop makes room, and a full queue drops the probes' SYNs (the standard library's
+/// and mio's default is 128). The kernel caps it at `net.core.somaxconn` (4096 by default).
+pub const LISTEN_BACKLOG: u32 = 4096;
+
+/// Binds the health listener (the daemon does this before the tunnel comes up, so a busy
+/// address fails the start) with [`LISTEN_BACKLOG`].
+pub fn bind_health(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
 }
 
 /// Serves the health endpoint on `listener` until `shutdown` completes, then stops accepting,
@@ -161,7 +184,7 @@ pub async fn serve_health_with(
         let permit = match slots.clone().try_acquire_owned() {
             Ok(p) => p,
             Err(_) => {
-                evict_longest_idle(&open);
+                evict_longest_idle(&open, (limits.max_connections / 16).max(1));
                 tokio::select! {
                     () = &mut shutdown => break,
                     p = slots.clone().acquire_owned() => match p {
@@ -191,6 +214,10 @@ pub async fn serve_health_with(
         conns.spawn(serve_connection(
             stream, conn, registered, observe, stop, limits,
         ));
+        // Let the new connection read its request before the next accept: a probe sends it
+        // at once and is then the most recently active, last in line for eviction. Without
+        // this, a burst of accepts could evict it before its task ever ran.
+        tokio::task::yield_now().await;
     }
     drop(listener);
     let _ = stop_tx.send(true);
