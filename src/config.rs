@@ -110,6 +110,9 @@ pub struct Dns {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Health {
     pub listen: Option<SocketAddr>,
+    /// Let tunnel peers reach the health endpoint (and every other listener of this host):
+    /// no input guard is installed. Default false.
+    pub allow_from_tunnel: bool,
 }
 
 /// One problem with the configuration: which key, what it held, what was expected.

@@ -158,6 +158,9 @@ pub struct RuleSet {
     pub exemptions: Exemptions,
     pub router: RouterRules,
     pub mss_clamp: bool,
+    /// Drop what the tunnel sends to this host itself, except replies, ICMP and ingress
+    /// ([`model::Chain::Input`]).
+    pub input_guard: bool,
 }
 
 impl RuleSet {
@@ -170,6 +173,7 @@ impl RuleSet {
             exemptions: Exemptions::default(),
             router: RouterRules::default(),
             mss_clamp: false,
+            input_guard: false,
         }
     }
 }

@@ -9,6 +9,7 @@ pub mod forwarding;
 pub mod netlink;
 pub mod observe;
 pub mod peers;
+pub mod privilege;
 pub mod resolver;
 pub mod tun;
 pub mod udp;

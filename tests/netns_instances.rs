@@ -222,7 +222,7 @@ impl Lab {
         match self.backend {
             Backend::Nftables => self.proxy.nft_table_of(iface),
             _ => {
-                let ours: Vec<String> = ["PRE", "POST", "FWD", "MSS"]
+                let ours: Vec<String> = ["PRE", "POST", "FWD", "MSS", "IN"]
                     .iter()
                     .map(|s| format!("TG-{iface}-{s}"))
                     .collect();
@@ -264,7 +264,9 @@ impl Lab {
                     chains.sort();
                     let mut want: Vec<String> = ifaces
                         .iter()
-                        .flat_map(|i| ["FWD", "MSS", "POST", "PRE"].map(|s| format!("TG-{i}-{s}")))
+                        .flat_map(|i| {
+                            ["FWD", "IN", "MSS", "POST", "PRE"].map(|s| format!("TG-{i}-{s}"))
+                        })
                         .collect();
                     want.sort();
                     assert_eq!(

@@ -118,6 +118,20 @@ pub fn cases() -> Vec<(&'static str, RuleSet)> {
                 &[],
             ),
         ),
+        // No forwarding, but the health endpoint on every address: only the input guard
+        // (and the forward baseline) are installed.
+        (
+            "health_exposed",
+            rules("[health]\nlisten = \"0.0.0.0:9002\"\n", &[]),
+        ),
+        (
+            "allow_from_tunnel",
+            rules(
+                "[health]\nlisten = \"[::]:9002\"\nallow_from_tunnel = true\n\
+                 [[ingress]]\ntarget = \"10.96.0.10\"\nports = [\"80\"]\n",
+                &[],
+            ),
+        ),
     ]
 }
 

@@ -249,14 +249,25 @@ fn role_grants_only_the_one_secret_and_the_service() {
     find("ServiceAccount", sa.as_str().expect("service account"));
 }
 
+/// Issue 15: the proxy container drops every capability but the two the daemon may keep
+/// (it drops further itself), cannot gain privileges and runs under the runtime's seccomp
+/// profile.
+fn assert_least_privilege(proxy: &Value) {
+    let sc = &proxy["securityContext"];
+    let set =
+        |names: &[&str]| -> BTreeSet<String> { names.iter().map(|s| s.to_string()).collect() };
+    assert_eq!(strs(&sc["capabilities"]["drop"]), set(&["ALL"]), "{sc}");
+    let add = strs(&sc["capabilities"]["add"]);
+    assert_eq!(add, set(&["NET_ADMIN", "NET_RAW"]), "{sc}");
+    assert_eq!(sc["allowPrivilegeEscalation"], false, "{sc}");
+    assert_ne!(sc["privileged"], true, "{sc}");
+    assert_eq!(sc["seccompProfile"]["type"], "RuntimeDefault", "{sc}");
+}
+
 #[test]
 fn proxy_has_net_admin_the_secret_read_only_and_probes_on_the_health_port() {
     let proxy = container("proxy");
-    assert!(
-        strs(&proxy["securityContext"]["capabilities"]["add"]).contains("NET_ADMIN"),
-        "{proxy}"
-    );
-    assert_ne!(proxy["securityContext"]["privileged"], true);
+    assert_least_privilege(&proxy);
     let config = volume("config");
     assert_eq!(config["secret"]["defaultMode"], 0o400, "defaultMode 0400");
     let m = mount(&proxy, "config").expect("config mount");
@@ -637,7 +648,7 @@ fn group_pods_mount_every_replica_secret_and_run_their_own() {
     assert_eq!(group_pod()["automountServiceAccountToken"], false);
     assert!(mount(&sidecar, "kube-api-access").is_some());
     assert!(mount(&proxy, "kube-api-access").is_none());
-    assert!(strs(&proxy["securityContext"]["capabilities"]["add"]).contains("NET_ADMIN"));
+    assert_least_privilege(&proxy);
     assert_eq!(sidecar["securityContext"]["runAsNonRoot"], true);
     for (probe, path) in [
         ("startupProbe", "/healthz"),

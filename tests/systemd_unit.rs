@@ -393,6 +393,25 @@ fn started_like_the_unit(firewall: &str, env: &[(&str, &str)]) {
         bnd, "0000000000003000",
         "the daemon ran with the unit's bounding set"
     );
+    // Within it, the daemon keeps only what it uses: CAP_NET_RAW only for iptables-legacy.
+    // (Without CAP_SETPCAP it cannot shrink the bounding set further; no-new-privs keeps its
+    // children from gaining what it dropped.)
+    let field = |k: &str| {
+        caps_now
+            .lines()
+            .find_map(|l| l.strip_prefix(k))
+            .map(str::trim)
+            .unwrap_or_default()
+            .to_string()
+    };
+    let kept = if firewall.is_empty() {
+        "0000000000001000"
+    } else {
+        "0000000000003000"
+    };
+    assert_eq!(field("CapEff:"), kept, "effective capabilities");
+    assert_eq!(field("CapPrm:"), kept, "permitted capabilities");
+    assert_eq!(field("NoNewPrivs:"), "1");
 
     // ExecReload, as systemd runs it.
     let reload = service("ExecReload").replace("$MAINPID", &pid.to_string());

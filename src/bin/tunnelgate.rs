@@ -207,6 +207,11 @@ fn run(path: PathBuf) -> ExitCode {
     for w in config.warnings() {
         tracing::warn!("{w}");
     }
+    // Before the runtime: capabilities are per thread, so they are dropped while there is one.
+    if let Err(e) = tunnelgate::shell::privilege::drop_for(&config) {
+        eprintln!("tunnelgate: cannot drop privileges: {e}");
+        return ExitCode::from(1);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -241,8 +246,7 @@ async fn serve(config: tunnelgate::config::Config, path: PathBuf) -> anyhow::Res
         .with_context(|| format!("status socket for {name}"))?;
     let health = match config.health.listen {
         Some(addr) => Some(
-            tokio::net::TcpListener::bind(addr)
-                .await
+            tunnelgate::telemetry::http::bind_health(addr)
                 .with_context(|| format!("health.listen {addr}"))?,
         ),
         None => None,

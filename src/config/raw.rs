@@ -90,4 +90,6 @@ pub(super) struct RawDns {
 pub(super) struct RawHealth {
     /// host:port, or "" to disable the endpoint.
     pub listen: Option<String>,
+    /// true: tunnel peers may reach this host's listeners (no input guard).
+    pub allow_from_tunnel: Option<bool>,
 }

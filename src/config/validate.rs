@@ -440,7 +440,10 @@ fn health(raw: super::raw::RawHealth, errs: &mut Errors) -> Health {
             }
         },
     };
-    Health { listen }
+    Health {
+        listen,
+        allow_from_tunnel: raw.allow_from_tunnel.unwrap_or(false),
+    }
 }
 
 /// Reads a key given inline or as a file; exactly one of the two may be set.

@@ -94,6 +94,7 @@ pub fn desired(
             snat: config.router.snat,
         },
         mss_clamp: config.firewall.mss_clamp,
+        input_guard: firewall_needed(config) && !config.health.allow_from_tunnel,
     }
 }
 
@@ -158,11 +159,31 @@ fn outermost(nets: &[IpNet]) -> BTreeSet<IpNet> {
         .collect()
 }
 
-/// Whether a configuration asks for any forwarding, and so for firewall rules at all (a plain
-/// tunnel needs none, and runs on a host without nft or iptables).
+/// Whether a configuration needs firewall rules at all: when it forwards anything, or when
+/// the health endpoint listens beyond loopback (so a tunnel peer could reach it) and
+/// `health.allow_from_tunnel` does not allow that. A plain tunnel with the health endpoint
+/// on loopback, or off, needs none and runs on a host without nft or iptables. Whenever
+/// rules are installed, they include the input guard (unless `allow_from_tunnel`), so the
+/// tunnel reaches no listener of this host.
 pub fn firewall_needed(config: &Config) -> bool {
+    forwarding_configured(config)
+        || (health_beyond_loopback(config) && !config.health.allow_from_tunnel)
+}
+
+/// Whether `[[ingress]]`, `[[egress]]` or `[router]` forwards anything.
+pub fn forwarding_configured(config: &Config) -> bool {
     !config.ingress.is_empty()
         || !config.egress.is_empty()
         || !config.router.advertise_routes.is_empty()
         || config.router.exit_node
+}
+
+/// Whether the health endpoint listens on an address other than loopback (`0.0.0.0`, `::`
+/// or a specific address, which Linux answers on every interface, the tunnel included).
+/// Packets from the tunnel to a loopback address are dropped by the kernel as martians.
+pub fn health_beyond_loopback(config: &Config) -> bool {
+    config
+        .health
+        .listen
+        .is_some_and(|a| !a.ip().to_canonical().is_loopback())
 }

@@ -1,7 +1,7 @@
 //! RuleSet -> `iptables-restore --noflush` / `ip6tables-restore --noflush` input, and the
 //! parsers for `iptables-save` output that tell which of our jumps exist and what our chains
 //! hold. Pure. The daemon for interface `tg0` owns only the chains `TG-tg0-PRE`, `-POST`,
-//! `-FWD` and `-MSS` ([`chain_name`]) and one jump to each from its built-in chain; every other
+//! `-FWD`, `-MSS` and `-IN` ([`chain_name`]) and one jump to each from its built-in chain; every other
 //! chain and rule, another tunnelgate's chains for another interface included, is left as it is.
 
 use super::model::{lower, Chain, Match, Rule, Verdict};
@@ -28,7 +28,7 @@ pub struct OwnedChain {
 }
 
 /// Every chain we own, in the order they are rendered.
-pub const OWNED_CHAINS: [OwnedChain; 4] = [
+pub const OWNED_CHAINS: [OwnedChain; 5] = [
     OwnedChain {
         chain: Chain::Prerouting,
         table: "nat",
@@ -53,10 +53,16 @@ pub const OWNED_CHAINS: [OwnedChain; 4] = [
         builtin: "FORWARD",
         suffix: "MSS",
     },
+    OwnedChain {
+        chain: Chain::Input,
+        table: "filter",
+        builtin: "INPUT",
+        suffix: "IN",
+    },
 ];
 
 /// The name of our `chain` for the daemon of interface `tunnel`: `TG-<tunnel>-PRE`, `-POST`,
-/// `-FWD` or `-MSS`. The interface name is used as it is (iptables takes its characters), so
+/// `-FWD`, `-MSS` or `-IN`. The interface name is used as it is (iptables takes its characters), so
 /// two interfaces never share a chain.
 pub fn chain_name(tunnel: &str, chain: Chain) -> String {
     let suffix = OWNED_CHAINS
@@ -126,7 +132,7 @@ pub fn render(set: &RuleSet, family: Family, existing: &JumpState) -> String {
         for c in &owned {
             for rule in rules.iter().filter(|r| r.chain == c.chain) {
                 if rule.family.is_none_or(|f| f == family) {
-                    rule_lines(&mut out, &c.name(tunnel), rule);
+                    rule_lines(&mut out, &c.name(tunnel), rule, family);
                 }
             }
         }
@@ -259,7 +265,7 @@ fn is_jump(line: &str, c: &OwnedChain, tunnel: &str) -> bool {
 /// cross product); DNAT to several targets becomes the nth-counter cascade: with N targets,
 /// the line for target i (i = N..2) takes every i-th of the connections that reach it, and
 /// the last line takes the rest, so each target gets 1/N of the new connections.
-fn rule_lines(out: &mut String, chain: &str, rule: &Rule) {
+fn rule_lines(out: &mut String, chain: &str, rule: &Rule, family: Family) {
     let mut daddrs: Vec<Option<String>> = vec![None];
     let mut orig: Vec<Option<IpAddr>> = vec![None];
     let (mut iface, mut l4, mut modules) = (Vec::new(), None, Vec::new());
@@ -290,6 +296,13 @@ fn rule_lines(out: &mut String, chain: &str, rule: &Rule) {
                 orig_port = *orig_dport;
             }
             Match::CtEstablished => ct = Some("RELATED,ESTABLISHED"),
+            Match::L4(proto) => l4 = Some(format!("-p {proto}")),
+            Match::Icmp => {
+                l4 = Some(match family {
+                    Family::V6 => "-p ipv6-icmp".to_string(),
+                    Family::V4 => "-p icmp".to_string(),
+                })
+            }
         }
     }
     let comment = format!("-m comment --comment \"{}\"", rule.comment);
@@ -310,7 +323,7 @@ fn rule_lines(out: &mut String, chain: &str, rule: &Rule) {
                 }
                 parts.push(c);
             }
-            for (stat, target) in targets(&rule.verdict) {
+            for (stat, target) in targets(&rule.verdict, family) {
                 let mut line = parts.clone();
                 line.extend(
                     stat.map(|n| format!("-m statistic --mode nth --every {n} --packet 0")),
@@ -322,12 +335,18 @@ fn rule_lines(out: &mut String, chain: &str, rule: &Rule) {
     }
 }
 
-/// The `-j` part of each line of a rule, with the nth divisor for the DNAT cascade.
-fn targets(v: &Verdict) -> Vec<(Option<usize>, String)> {
+/// The `-j` part of each line of a rule of `family`, with the nth divisor for the DNAT cascade.
+/// Spelled as `iptables-save` prints it back (drift is a textual comparison).
+fn targets(v: &Verdict, family: Family) -> Vec<(Option<usize>, String)> {
     let one = |t: &str| vec![(None, t.to_string())];
     match v {
         Verdict::Accept => one("ACCEPT"),
         Verdict::Drop => one("DROP"),
+        Verdict::Reject { tcp_reset: true } => one("REJECT --reject-with tcp-reset"),
+        Verdict::Reject { tcp_reset: false } => one(match family {
+            Family::V4 => "REJECT --reject-with icmp-port-unreachable",
+            Family::V6 => "REJECT --reject-with icmp6-port-unreachable",
+        }),
         Verdict::Return => one("RETURN"),
         Verdict::Masquerade => one("MASQUERADE"),
         Verdict::ClampMssToPmtu => one("TCPMSS --clamp-mss-to-pmtu"),

@@ -6,7 +6,7 @@ use super::{Family, IpNet, Proto, RuleSet};
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-/// The four chains the daemon owns (one base chain per hook in nftables, one `TG-<iface>-*`
+/// The five chains the daemon owns (one base chain per hook in nftables, one `TG-<iface>-*`
 /// chain jumped to from the built-in chain in iptables).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Chain {
@@ -18,14 +18,17 @@ pub enum Chain {
     Forward,
     /// filter, forward, priority mangle: TCP MSS clamping, before any filter verdict.
     Mss,
+    /// filter, input: what the tunnel may reach on this host (the daemon's own listeners).
+    Input,
 }
 
 impl Chain {
-    pub const ALL: [Chain; 4] = [
+    pub const ALL: [Chain; 5] = [
         Chain::Prerouting,
         Chain::Postrouting,
         Chain::Forward,
         Chain::Mss,
+        Chain::Input,
     ];
 }
 
@@ -52,6 +55,10 @@ pub enum Match {
     CtEstablished,
     /// A TCP segment with SYN set and RST clear.
     TcpSyn,
+    /// This layer-4 protocol, any port.
+    L4(Proto),
+    /// ICMP of the rule's family (ICMPv6 for IPv6: neighbour discovery, path MTU, ping).
+    Icmp,
 }
 
 /// What happens to a matching packet.
@@ -59,6 +66,11 @@ pub enum Match {
 pub enum Verdict {
     Accept,
     Drop,
+    /// Refuse: a TCP reset (`tcp_reset`, for TCP rules only) or an ICMP port unreachable,
+    /// so the sender fails at once instead of timing out.
+    Reject {
+        tcp_reset: bool,
+    },
     /// Stop evaluating this chain.
     Return,
     /// New connections spread round-robin over `targets` (never empty); `port` rewrites the
@@ -93,6 +105,9 @@ pub const COMMENT_DROP: &str = "nothing else from the tunnel";
 pub const COMMENT_ROUTES: &str = "router.advertise_routes";
 pub const COMMENT_EXIT: &str = "router.exit_node";
 pub const COMMENT_MSS: &str = "firewall.mss_clamp";
+pub const COMMENT_INPUT_RETURN: &str = "input: replies to connections this host opened";
+pub const COMMENT_INPUT_ICMP: &str = "input: icmp";
+pub const COMMENT_INPUT_DROP: &str = "input: nothing else from the tunnel to this host";
 
 /// Every rule of `set`, grouped by chain in [`Chain::ALL`] order, each chain in evaluation order.
 pub fn lower(set: &RuleSet) -> Vec<Rule> {
@@ -266,6 +281,43 @@ pub fn lower(set: &RuleSet) -> Vec<Rule> {
     if !set.router.exit_node {
         let c = COMMENT_DROP.into();
         push(Chain::Forward, None, vec![iif()], Verdict::Drop, c);
+    }
+
+    // Input: the tunnel reaches no listener of this host (the health port, sshd, ...): only
+    // replies to connections the host opened, ICMP, and connections our ingress DNAT sent to
+    // a target that is a local address. Forwarded ingress never passes here.
+    if set.input_guard {
+        let m = vec![iif(), Match::CtEstablished];
+        let c = COMMENT_INPUT_RETURN.into();
+        push(Chain::Input, None, m, Verdict::Accept, c);
+        for f in Family::ALL {
+            let c = COMMENT_INPUT_ICMP.into();
+            push(
+                Chain::Input,
+                Some(f),
+                vec![iif(), Match::Icmp],
+                Verdict::Accept,
+                c,
+            );
+        }
+        for r in &set.ingress {
+            let mut m = vec![iif(), Match::Daddr(hosts(&r.targets))];
+            m.extend(r.port.map(|p| Match::Dport(p.proto, p.target)));
+            m.push(Match::CtDnat {
+                orig_daddr: r.tunnel_addrs.clone(),
+                orig_dport: r.port.map(|p| p.listen),
+            });
+            // Its own comment: the same matches as the forward accept, in another chain.
+            let c = format!("{} to this host", r.origin);
+            push(Chain::Input, Some(r.family), m, Verdict::Accept, c);
+        }
+        // Refused rather than dropped: unreachable either way, and a peer that connects to
+        // an unlisted port of the tunnel address fails at once, as it did before the guard.
+        let m = vec![iif(), Match::L4(Proto::Tcp)];
+        let (c, reject) = (COMMENT_INPUT_DROP, Verdict::Reject { tcp_reset: true });
+        push(Chain::Input, None, m, reject, c.into());
+        let reject = Verdict::Reject { tcp_reset: false };
+        push(Chain::Input, None, vec![iif()], reject, c.into());
     }
 
     // MSS: exactly one rule per direction.

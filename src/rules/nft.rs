@@ -89,14 +89,16 @@ fn header(chain: Chain) -> (&'static str, &'static str, &'static str, &'static s
         Chain::Postrouting => ("postrouting", "nat", "postrouting", "srcnat"),
         Chain::Forward => ("forward", "filter", "forward", "filter"),
         Chain::Mss => ("mss", "filter", "forward", "mangle"),
+        Chain::Input => ("input", "filter", "input", "filter"),
     }
 }
 
 fn rule_text(rule: &Rule) -> String {
     let mut parts: Vec<String> = Vec::new();
-    // In an inet table a NAT statement needs its family pinned by some match.
+    // In an inet table a NAT statement needs its family pinned by some match. `meta l4proto
+    // icmp` pins it too (nft lists such a rule back without the `meta nfproto`).
     let pinned = rule.matches.iter().any(|m| match m {
-        Match::Daddr(_) => true,
+        Match::Daddr(_) | Match::Icmp => true,
         Match::CtDnat { orig_daddr, .. } => !orig_daddr.is_empty(),
         _ => false,
     });
@@ -153,6 +155,11 @@ fn match_text(m: &Match, family: Option<Family>) -> String {
         }
         Match::CtEstablished => "ct state established,related".into(),
         Match::TcpSyn => "tcp flags & (syn | rst) == syn".into(),
+        Match::L4(proto) => format!("meta l4proto {proto}"),
+        Match::Icmp => match family {
+            Some(Family::V6) => "meta l4proto ipv6-icmp".into(),
+            Some(Family::V4) | None => "meta l4proto icmp".into(),
+        },
     }
 }
 
@@ -160,6 +167,8 @@ fn verdict_text(v: &Verdict) -> String {
     match v {
         Verdict::Accept => "accept".into(),
         Verdict::Drop => "drop".into(),
+        Verdict::Reject { tcp_reset: true } => "reject with tcp reset".into(),
+        Verdict::Reject { tcp_reset: false } => "reject".into(),
         Verdict::Return => "return".into(),
         Verdict::Masquerade => "masquerade".into(),
         Verdict::ClampMssToPmtu => "tcp option maxseg size set rt mtu".into(),

@@ -313,10 +313,11 @@ proptest! {
             }
             let again = iptables::render(&set, family, &state);
             prop_assert!(!again.contains("-I "), "a jump was inserted again");
-            prop_assert_eq!(again.matches("-D ").count(), 4 * extra);
+            let n = Chain::ALL.len();
+            prop_assert_eq!(again.matches("-D ").count(), n * extra);
             let delete = iptables::render_delete(&set.tunnel, &state, family);
-            prop_assert_eq!(delete.matches("-D ").count(), 4 * (1 + extra));
-            prop_assert_eq!(delete.matches("-X ").count(), 4);
+            prop_assert_eq!(delete.matches("-D ").count(), n * (1 + extra));
+            prop_assert_eq!(delete.matches("-X ").count(), n);
         }
     }
 }
@@ -353,6 +354,61 @@ fn rules_for(body: &str, resolved: &[(&str, Vec<IpAddr>)]) -> RuleSet {
         .map(|(n, v)| (n.to_string(), v.clone()))
         .collect();
     desired(&config, &facts(), &resolved)
+}
+
+#[test]
+fn the_input_guard_comes_with_any_rule_and_with_a_health_port_beyond_loopback() {
+    use crate::rules::desired::firewall_needed;
+    let ingress = "[[ingress]]\ntarget = \"10.96.0.10\"\n";
+    // (config after [interface], rules installed at all, input guard among them)
+    let cases = [
+        (String::new(), false, false), // health on 127.0.0.1:9002 by default
+        ("[health]\nlisten = \"\"\n".into(), false, false),
+        ("[health]\nlisten = \"[::1]:9002\"\n".into(), false, false),
+        ("[health]\nlisten = \"0.0.0.0:9002\"\n".into(), true, true),
+        ("[health]\nlisten = \"[::]:9002\"\n".into(), true, true),
+        (
+            "[health]\nlisten = \"100.64.0.1:9002\"\n".into(),
+            true,
+            true,
+        ),
+        (
+            "[health]\nlisten = \"0.0.0.0:9002\"\nallow_from_tunnel = true\n".into(),
+            false,
+            false,
+        ),
+        (ingress.to_string(), true, true),
+        ("[router]\nexit_node = true\n".into(), true, true),
+        (
+            format!("[health]\nlisten = \"[::]:9002\"\nallow_from_tunnel = true\n{ingress}"),
+            true,
+            false,
+        ),
+    ];
+    for (body, needed, guard) in cases {
+        let text = format!(
+            "[interface]\nprivate_key = \"{KEY}\"\naddresses = [\"100.64.0.1/32\"]\n{body}"
+        );
+        let config = Config::parse(&text, Path::new("/"), &NoFiles).expect("valid config");
+        assert_eq!(firewall_needed(&config), needed, "{body}");
+        let set = desired(&config, &facts(), &BTreeMap::new());
+        assert_eq!(set.input_guard, guard, "{body}");
+        let input: Vec<_> = lower(&set)
+            .into_iter()
+            .filter(|r| r.chain == Chain::Input)
+            .collect();
+        assert_eq!(!input.is_empty(), guard, "{body}");
+        if guard {
+            // The last word refuses everything else from the tunnel.
+            let last = input.last().map(|r| (&r.matches, &r.verdict));
+            let tunnel = Match::InIface {
+                name: "tg0".into(),
+                negate: false,
+            };
+            let reject = Verdict::Reject { tcp_reset: false };
+            assert_eq!(last, Some((&vec![tunnel], &reject)), "{body}");
+        }
+    }
 }
 
 #[test]
@@ -447,7 +503,7 @@ fn delete_scripts_name_only_what_we_own() {
         assert!(
             matches!(
                 name,
-                Some("TG-tg0-PRE" | "TG-tg0-POST" | "TG-tg0-FWD" | "TG-tg0-MSS")
+                Some("TG-tg0-PRE" | "TG-tg0-POST" | "TG-tg0-FWD" | "TG-tg0-MSS" | "TG-tg0-IN")
             ),
             "{line}"
         );

@@ -7,7 +7,18 @@
 //!
 //! `/readyz` asks [`Observe::readiness`]; `/metrics` renders [`Observe::snapshot`] with
 //! [`render_metrics`], which never emits keys or peer endpoints. Bodies are plain text.
+//!
+//! Hostile or broken clients (issue 15) cannot starve the probes:
+//! - every connection gets [`Limits::idle_timeout`] from its accept, or from its last request,
+//!   to deliver a complete request head and take the response; one that sends nothing, or
+//!   dribbles bytes, is closed then (hyper's own header timeout covers the head as well);
+//! - at most [`Limits::max_connections`] are open; a new connection at the cap closes the one
+//!   idle longest ([`pick_eviction`]) at once instead of waiting in the backlog, so a probe
+//!   always gets in and is the last to be evicted; at most one descriptor beyond the cap;
+//! - a `/metrics` body longer than [`Limits::max_metrics_bytes`] is cut at a line boundary
+//!   and ends with a `# tunnelgate: /metrics truncated ...` comment ([`bound_metrics`]).
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::pin;
@@ -19,9 +30,11 @@ use hyper::body::{Bytes, Incoming};
 use hyper::header::{HeaderValue, ACCEPT, ALLOW, CACHE_CONTROL, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
+use parking_lot::Mutex;
 use tokio::net::TcpListener;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 
 use super::{now_unix, render_metrics, Observe};
 
@@ -30,13 +43,103 @@ pub const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 /// OpenMetrics text, for scrapers that ask for it (the body is the same).
 pub const OPENMETRICS_TEXT: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 const PLAIN_TEXT: &str = "text/plain; charset=utf-8";
+/// The comment that starts the last line of a truncated `/metrics` body.
+pub const TRUNCATED_COMMENT: &str = "# tunnelgate: /metrics truncated";
 
-/// Connections served at once; more wait in the listen backlog.
-const MAX_CONNECTIONS: usize = 64;
-/// A client that has not sent a complete request head by then is dropped.
-const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long open connections get to finish once shutdown starts.
-const DRAIN_TIMEOUT: Duration = Duration::from_secs(1);
+/// How much the health endpoint gives each client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Connections open at once (each holds one file descriptor).
+    pub max_connections: usize,
+    /// From the accept, or from the last request, until a complete request head has arrived
+    /// and the response to it has been handed to the kernel.
+    pub idle_timeout: Duration,
+    /// The longest `/metrics` body.
+    pub max_metrics_bytes: usize,
+    /// How long open connections get to finish once shutdown starts.
+    pub drain_timeout: Duration,
+}
+
+impl Limits {
+    /// What the daemon uses. 256 connections is far more than any set of probes and scrapers,
+    /// and few enough descriptors for the default 1024 limit. 5 s covers a slow scraper on a
+    /// loaded node; the kubelet's probes time out after 1 s by default and send their request
+    /// at once. 4 MiB holds the metrics of thousands of peers.
+    pub const DEFAULT: Limits = Limits {
+        max_connections: 256,
+        idle_timeout: Duration::from_secs(5),
+        max_metrics_bytes: 4 * 1024 * 1024,
+        drain_timeout: Duration::from_secs(1),
+    };
+}
+
+/// One open connection, as the eviction decision sees it.
+struct Conn {
+    /// The accept, or the last request head that arrived.
+    last_active: Mutex<Instant>,
+    /// Notified when the connection is evicted.
+    close: Notify,
+}
+
+/// The open connections by id.
+#[derive(Default)]
+struct Open {
+    next_id: u64,
+    conns: HashMap<u64, Arc<Conn>>,
+}
+
+/// Removes a connection from [`Open`] and frees its slot when its task ends, however it ends.
+struct Registered {
+    open: Arc<Mutex<Open>>,
+    id: u64,
+    _slot: OwnedSemaphorePermit,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        self.open.lock().conns.remove(&self.id);
+    }
+}
+
+/// Which of the `open` connections (id, last activity) to close when a new one arrives at the
+/// cap: the one idle longest (ties: the older id). A probe is active the moment its request
+/// arrives, so silent and dribbling clients go first.
+pub fn pick_eviction(open: impl Iterator<Item = (u64, Instant)>) -> Option<u64> {
+    open.min_by_key(|(id, at)| (*at, *id)).map(|(id, _)| id)
+}
+
+/// Asks the `n` connections idle longest to close (see [`pick_eviction`]). More than one at
+/// a time: under a flood of new connections each wait for a closing task is a round trip,
+/// and the accept loop must drain the backlog faster than an attacker fills it.
+fn evict_longest_idle(open: &Mutex<Open>, n: usize) {
+    let mut o = open.lock();
+    for _ in 0..n {
+        let victim = pick_eviction(o.conns.iter().map(|(id, c)| (*id, *c.last_active.lock())));
+        let Some(old) = victim.and_then(|id| o.conns.remove(&id)) else {
+            break;
+        };
+        // A stored permit: the task closes even if it is not waiting yet.
+        old.close.notify_one();
+    }
+}
+
+/// The listen backlog of the health port: a slowloris fills the accept queue while the
+/// accept loop makes room, and a full queue drops the probes' SYNs (the standard library's
+/// and mio's default is 128). The kernel caps it at `net.core.somaxconn` (4096 by default).
+pub const LISTEN_BACKLOG: u32 = 4096;
+
+/// Binds the health listener (the daemon does this before the tunnel comes up, so a busy
+/// address fails the start) with [`LISTEN_BACKLOG`].
+pub fn bind_health(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
 
 /// Serves the health endpoint on `listener` until `shutdown` completes, then stops accepting,
 /// lets in-flight requests finish for up to a second and returns. The daemon binds the listener
@@ -46,20 +149,24 @@ pub async fn serve_health(
     observe: Arc<dyn Observe>,
     shutdown: impl Future<Output = ()>,
 ) {
+    serve_health_with(listener, observe, shutdown, Limits::DEFAULT).await;
+}
+
+/// [`serve_health`] with other [`Limits`] (tests use short timeouts).
+pub async fn serve_health_with(
+    listener: TcpListener,
+    observe: Arc<dyn Observe>,
+    shutdown: impl Future<Output = ()>,
+    limits: Limits,
+) {
     let mut shutdown = pin!(shutdown);
     let (stop_tx, stop_rx) = watch::channel(false);
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let open = Arc::new(Mutex::new(Open::default()));
+    let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let mut conns = JoinSet::new();
     loop {
         // Reap finished connection tasks so the set does not grow.
         while conns.try_join_next().is_some() {}
-        let permit = tokio::select! {
-            () = &mut shutdown => break,
-            p = slots.clone().acquire_owned() => match p {
-                Ok(p) => p,
-                Err(_) => break, // the semaphore is never closed
-            },
-        };
         let stream = tokio::select! {
             () = &mut shutdown => break,
             accepted = listener.accept() => match accepted {
@@ -72,38 +179,49 @@ pub async fn serve_health(
                 }
             },
         };
-        let observe = observe.clone();
-        let mut stop = stop_rx.clone();
-        conns.spawn(async move {
-            let _permit = permit;
-            let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-                let resp = route(&req, &*observe);
-                async move { Ok::<_, Infallible>(resp) }
-            });
-            let mut builder = hyper::server::conn::http1::Builder::new();
-            builder
-                .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_TIMEOUT)
-                .max_buf_size(16 * 1024);
-            let conn = builder.serve_connection(TokioIo::new(stream), service);
-            let mut conn = pin!(conn);
-            tokio::select! {
-                // Errors here are clients misbehaving (bad requests, resets, timeouts).
-                res = conn.as_mut() => {
-                    if let Err(e) = res {
-                        tracing::debug!(error = %e, "health endpoint: connection ended");
-                    }
-                }
-                _ = stop.changed() => {
-                    conn.as_mut().graceful_shutdown();
-                    let _ = conn.await;
+        // At the cap, the connection idle longest is closed to make room; its task ends at
+        // once and hands back its slot, so at most one descriptor beyond the cap is open.
+        let permit = match slots.clone().try_acquire_owned() {
+            Ok(p) => p,
+            Err(_) => {
+                evict_longest_idle(&open, (limits.max_connections / 16).max(1));
+                tokio::select! {
+                    () = &mut shutdown => break,
+                    p = slots.clone().acquire_owned() => match p {
+                        Ok(p) => p,
+                        Err(_) => break, // the semaphore is never closed
+                    },
                 }
             }
+        };
+        let conn = Arc::new(Conn {
+            last_active: Mutex::new(Instant::now()),
+            close: Notify::new(),
         });
+        let registered = {
+            let mut o = open.lock();
+            let id = o.next_id;
+            o.next_id += 1;
+            o.conns.insert(id, conn.clone());
+            Registered {
+                open: open.clone(),
+                id,
+                _slot: permit,
+            }
+        };
+        let observe = observe.clone();
+        let stop = stop_rx.clone();
+        conns.spawn(serve_connection(
+            stream, conn, registered, observe, stop, limits,
+        ));
+        // Let the new connection read its request before the next accept: a probe sends it
+        // at once and is then the most recently active, last in line for eviction. Without
+        // this, a burst of accepts could evict it before its task ever ran.
+        tokio::task::yield_now().await;
     }
     drop(listener);
     let _ = stop_tx.send(true);
-    let drained = tokio::time::timeout(DRAIN_TIMEOUT, async {
+    let drained = tokio::time::timeout(limits.drain_timeout, async {
         while conns.join_next().await.is_some() {}
     })
     .await;
@@ -112,8 +230,67 @@ pub async fn serve_health(
     }
 }
 
+/// One connection: HTTP/1.1 with keep-alive, until the client leaves, it idles past the
+/// limit, it is evicted, or shutdown starts.
+async fn serve_connection(
+    stream: tokio::net::TcpStream,
+    conn: Arc<Conn>,
+    _registered: Registered,
+    observe: Arc<dyn Observe>,
+    mut stop: watch::Receiver<bool>,
+    limits: Limits,
+) {
+    let service = {
+        let conn = conn.clone();
+        hyper::service::service_fn(move |req: Request<Incoming>| {
+            *conn.last_active.lock() = Instant::now();
+            let resp = route(&req, &*observe, limits.max_metrics_bytes);
+            async move { Ok::<_, Infallible>(resp) }
+        })
+    };
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.idle_timeout)
+        .max_buf_size(16 * 1024);
+    let http = builder.serve_connection(TokioIo::new(stream), service);
+    let mut http = pin!(http);
+    loop {
+        let deadline = *conn.last_active.lock() + limits.idle_timeout;
+        tokio::select! {
+            // Errors here are clients misbehaving (bad requests, resets, timeouts).
+            res = http.as_mut() => {
+                if let Err(e) = res {
+                    tracing::debug!(error = %e, "health endpoint: connection ended");
+                }
+                return;
+            }
+            () = conn.close.notified() => {
+                tracing::debug!("health endpoint: idle connection closed for a new one");
+                return;
+            }
+            () = tokio::time::sleep_until(deadline) => {
+                // A request in between moved the deadline: wait again.
+                if *conn.last_active.lock() + limits.idle_timeout <= Instant::now() {
+                    tracing::debug!("health endpoint: idle connection timed out");
+                    return;
+                }
+            }
+            _ = stop.changed() => {
+                http.as_mut().graceful_shutdown();
+                let _ = tokio::time::timeout(limits.drain_timeout, http.as_mut()).await;
+                return;
+            }
+        }
+    }
+}
+
 /// The response to one request. Only the method, path and `Accept` header matter.
-fn route<B>(req: &Request<B>, observe: &dyn Observe) -> Response<Full<Bytes>> {
+fn route<B>(
+    req: &Request<B>,
+    observe: &dyn Observe,
+    max_metrics_bytes: usize,
+) -> Response<Full<Bytes>> {
     let path = req.uri().path();
     let known = matches!(path, "/healthz" | "/readyz" | "/metrics");
     if !known {
@@ -141,7 +318,10 @@ fn route<B>(req: &Request<B>, observe: &dyn Observe) -> Response<Full<Bytes>> {
             ),
         },
         _ => {
-            let body = render_metrics(&observe.snapshot(), now_unix());
+            let body = bound_metrics(
+                render_metrics(&observe.snapshot(), now_unix()),
+                max_metrics_bytes,
+            );
             let openmetrics = req
                 .headers()
                 .get_all(ACCEPT)
@@ -159,6 +339,38 @@ fn route<B>(req: &Request<B>, observe: &dyn Observe) -> Response<Full<Bytes>> {
             r
         }
     }
+}
+
+/// `body` if it fits in `max` bytes; else its longest prefix of whole lines that leaves room
+/// for a comment line saying it was cut (and `# EOF`, which OpenMetrics parsers require).
+///
+/// Truncated rather than refused with a 503: the metrics render the process-wide series
+/// (`build_info`, `ready`) first, so a cut body still carries what alerts are built on, and
+/// the comment tells whoever reads it why peers are missing; a 503 would lose everything. The
+/// body only grows with the configured peers, rules and resolved names (64 addresses per
+/// name at most), so this is a guard against a mistake, not a normal state.
+pub fn bound_metrics(body: String, max: usize) -> String {
+    if body.len() <= max {
+        return body;
+    }
+    let note = format!(
+        "{TRUNCATED_COMMENT} at {max} bytes ({} rendered); `tunnelgate status --json` has everything\n# EOF\n",
+        body.len()
+    );
+    let room = max.saturating_sub(note.len());
+    // Bytes, not `str` slicing: a label value may hold multi-byte characters.
+    let cut = body.as_bytes()[..room]
+        .iter()
+        .rposition(|b| *b == b'\n')
+        .map_or(0, |i| i + 1);
+    tracing::warn!(
+        rendered = body.len(),
+        max,
+        "health endpoint: /metrics truncated"
+    );
+    let mut out = body[..cut].to_string();
+    out.push_str(&note);
+    out
 }
 
 /// Keeps a multi-line reason on one line, as probes and `curl` users expect.
@@ -374,5 +586,124 @@ mod tests {
         assert!(body.ends_with("ready\n"), "{body}");
         let _ = stop_tx.send(());
         server.await.expect("no panic");
+    }
+
+    /// The server with short limits on an ephemeral port; the sender stops it.
+    async fn start_with(
+        limits: Limits,
+    ) -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(serve_health_with(
+            listener,
+            Arc::new(FakeObserve::new()),
+            async move {
+                let _ = stop_rx.await;
+            },
+            limits,
+        ));
+        (addr, stop_tx)
+    }
+
+    /// Whether the server closed `s` within `within` (EOF or reset), reading whatever it sent.
+    fn closed_within(s: &mut std::net::TcpStream, within: Duration) -> bool {
+        s.set_read_timeout(Some(within)).expect("timeout");
+        let mut buf = [0u8; 512];
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) => return true,
+                Ok(_) => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return false,
+                Err(e) if e.kind() == std::io::ErrorKind::TimedOut => return false,
+                Err(_) => return true,
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn silent_and_dribbling_clients_are_closed_after_the_idle_timeout() {
+        let limits = Limits {
+            idle_timeout: Duration::from_millis(300),
+            ..Limits::DEFAULT
+        };
+        let (addr, _stop) = start_with(limits).await;
+        let (silent, dribbled) = call(move || {
+            let mut silent = std::net::TcpStream::connect(addr).expect("connect");
+            let mut dribbler = std::net::TcpStream::connect(addr).expect("connect");
+            let started = std::time::Instant::now();
+            // One byte every 50 ms: never a complete head.
+            let mut dribble_closed = false;
+            while started.elapsed() < Duration::from_secs(3) {
+                if dribbler.write_all(b"G").is_err() {
+                    dribble_closed = true;
+                    break;
+                }
+                if closed_within(&mut dribbler, Duration::from_millis(50)) {
+                    dribble_closed = true;
+                    break;
+                }
+            }
+            let dribbled = dribble_closed.then(|| started.elapsed());
+            (closed_within(&mut silent, Duration::from_secs(2)), dribbled)
+        })
+        .await;
+        assert!(silent, "a client that sends nothing is closed");
+        let dribbled = dribbled.expect("a client that dribbles bytes is closed");
+        assert!(dribbled < Duration::from_secs(2), "{dribbled:?}");
+    }
+
+    #[tokio::test]
+    async fn at_the_cap_the_longest_idle_connection_makes_room() {
+        let limits = Limits {
+            max_connections: 4,
+            ..Limits::DEFAULT
+        };
+        let (addr, _stop) = start_with(limits).await;
+        let r = call(move || {
+            let mut idle: Vec<std::net::TcpStream> = (0..4)
+                .map(|_| {
+                    let s = std::net::TcpStream::connect(addr).expect("connect");
+                    std::thread::sleep(Duration::from_millis(20));
+                    s
+                })
+                .collect();
+            // A fifth client is served at once, and the first idle one was closed for it.
+            let r = get(addr, "/readyz");
+            let first_closed = closed_within(&mut idle[0], Duration::from_secs(1));
+            let last_open = !closed_within(&mut idle[3], Duration::from_millis(200));
+            (r.status, first_closed, last_open)
+        })
+        .await;
+        assert_eq!(r, (200, true, true));
+    }
+
+    #[test]
+    fn eviction_picks_the_longest_idle() {
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let open = [(1, at(30)), (2, at(10)), (3, at(20))];
+        assert_eq!(pick_eviction(open.into_iter()), Some(2));
+        assert_eq!(pick_eviction([(7, at(5)), (3, at(5))].into_iter()), Some(3));
+        assert_eq!(pick_eviction(std::iter::empty()), None);
+    }
+
+    #[test]
+    fn metrics_are_cut_at_a_line_with_a_comment() {
+        let body = "a 1\nb 2\nc 3\n# EOF\n".to_string();
+        assert_eq!(bound_metrics(body.clone(), 100), body);
+        let long: String = (0..1000)
+            .map(|i| format!("m{{n=\"é{i}\"}} {i}\n"))
+            .collect();
+        let cut = bound_metrics(long.clone(), 2000);
+        assert!(cut.len() <= 2000, "{}", cut.len());
+        assert!(long.starts_with(cut.split(TRUNCATED_COMMENT).next().unwrap_or("")));
+        let lines: Vec<&str> = cut.lines().collect();
+        assert!(
+            lines[lines.len() - 2].starts_with(TRUNCATED_COMMENT),
+            "{cut}"
+        );
+        assert_eq!(lines[lines.len() - 1], "# EOF");
+        assert!(lines[..lines.len() - 2].iter().all(|l| l.starts_with('m')));
     }
 }

@@ -1,0 +1,158 @@
+//! Issue 15, least privilege: a running daemon keeps only `CAP_NET_ADMIN` (plus `CAP_NET_RAW`
+//! with iptables-legacy) in every thread's effective, permitted and bounding sets, nothing
+//! inheritable or ambient, and no-new-privs; and with only that, the `nft` /
+//! `iptables-restore` it runs still work: a reload that changes addresses and rules is
+//! applied, and SIGTERM removes everything.
+//!
+//! Run as root: `cargo test --all-features --test netns_privilege -- --ignored --test-threads=1`.
+
+mod common;
+
+use common::*;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+const CAP_NET_ADMIN: u64 = 1 << 12;
+const CAP_NET_RAW: u64 = 1 << 13;
+
+/// `Cap*` and `NoNewPrivs` of every thread of `pid`, by thread id.
+fn thread_privileges(pid: u32) -> BTreeMap<String, BTreeMap<String, String>> {
+    let mut out = BTreeMap::new();
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("/proc/<pid>/task");
+    for task in tasks.flatten() {
+        let Ok(status) = std::fs::read_to_string(task.path().join("status")) else {
+            continue; // the thread ended meanwhile
+        };
+        let fields: BTreeMap<String, String> = status
+            .lines()
+            .filter_map(|l| l.split_once(':'))
+            .filter(|(k, _)| k.starts_with("Cap") || *k == "NoNewPrivs" || *k == "Name")
+            .map(|(k, v)| (k.to_string(), v.trim().to_string()))
+            .collect();
+        out.insert(task.file_name().to_string_lossy().into_owned(), fields);
+    }
+    out
+}
+
+fn mask(v: u64) -> String {
+    format!("{v:016x}")
+}
+
+fn ingress(ports: &[&str]) -> String {
+    let ports: Vec<String> = ports.iter().map(|p| format!("{p:?}")).collect();
+    format!(
+        "[[ingress]]\ntarget = \"10.96.0.10\"\nports = [{}]\n",
+        ports.join(", ")
+    )
+}
+
+fn run(legacy: bool) {
+    require_root();
+    let ns = Netns::new();
+    let firewall = if legacy {
+        "[firewall]\nmode = \"iptables\"\n"
+    } else {
+        "[firewall]\nmode = \"nftables\"\n"
+    };
+    let env: &[(&str, &str)] = if legacy {
+        &[("TUNNELGATE_IPTABLES", "legacy")]
+    } else {
+        &[]
+    };
+    let mut cfg = TgConfig::new(0, &["100.64.0.1/32"]);
+    cfg.health = Some("0.0.0.0:9002".into());
+    cfg.extra = format!("{firewall}\n{}", ingress(&["80"]));
+    let mut tg = Tunnelgate::spawn_env(&ns, cfg.clone(), env);
+    if let Err(e) = tg.wait_ready(Duration::from_secs(15)) {
+        panic!("{e}");
+    }
+    let name = tg.name().to_string();
+
+    let want = if legacy {
+        CAP_NET_ADMIN | CAP_NET_RAW
+    } else {
+        CAP_NET_ADMIN
+    };
+    let threads = thread_privileges(tg.pid());
+    assert!(
+        threads.len() > 3,
+        "expected the runtime and packet threads: {threads:#?}"
+    );
+    for (tid, f) in &threads {
+        let get = |k: &str| f.get(k).map(String::as_str).unwrap_or("missing");
+        let what = format!("thread {tid} ({})", get("Name"));
+        assert_eq!(get("CapEff"), mask(want), "{what} CapEff");
+        assert_eq!(get("CapPrm"), mask(want), "{what} CapPrm");
+        assert_eq!(get("CapBnd"), mask(want), "{what} CapBnd");
+        assert_eq!(get("CapInh"), mask(0), "{what} CapInh");
+        assert_eq!(get("CapAmb"), mask(0), "{what} CapAmb");
+        assert_eq!(get("NoNewPrivs"), "1", "{what} NoNewPrivs");
+    }
+    assert!(
+        tg.stderr().contains("Capabilities dropped"),
+        "{}",
+        tg.stderr()
+    );
+
+    let rules = |ns: &Netns| {
+        if legacy {
+            ns.exec(&["iptables-legacy-save"])
+        } else {
+            ns.nft_tunnelgate_table()
+        }
+    };
+    let has_port = |text: &str, port: u16| {
+        text.contains(&format!("dport {port} ")) || text.contains(&format!("--dport {port} "))
+    };
+    assert!(has_port(&rules(&ns), 80), "{}", rules(&ns));
+    assert!(!has_port(&rules(&ns), 8080));
+
+    // A reload that needs the kept capabilities: a new address (netlink) and a new rule
+    // (nft or iptables-legacy-restore, run as children of the reduced process).
+    let mut next = cfg.clone();
+    next.name = name.clone();
+    next.addresses.push("100.64.0.3/32".into());
+    next.extra = format!("{firewall}\n{}", ingress(&["80", "8080"]));
+    tg.write_config(next);
+    tg.sighup();
+    let applied = poll_until(Duration::from_secs(15), || {
+        ns.exec(&["ip", "-o", "addr", "show", "dev", &name])
+            .contains("100.64.0.3/32")
+            && has_port(&rules(&ns), 8080)
+    });
+    assert!(
+        applied,
+        "the reload was not applied:\naddresses {}\nrules {}\n{}",
+        ns.exec(&["ip", "-o", "addr", "show", "dev", &name]),
+        rules(&ns),
+        tg.stderr()
+    );
+    assert!(
+        !tg.stderr().contains("rejected") && !tg.stderr().contains("Permission denied"),
+        "{}",
+        tg.stderr()
+    );
+    wait_until(
+        Duration::from_secs(10),
+        "/readyz 200 after the reload",
+        || tg.health_get("/readyz").map(|(s, _)| s) == Ok(200),
+    );
+
+    // Teardown also runs the tools: everything of ours goes.
+    let status = tg.sigterm();
+    assert!(status.success(), "exit {status:?}: {}", tg.stderr());
+    assert!(!has_port(&rules(&ns), 80), "rules left: {}", rules(&ns));
+    assert!(!ns.link_exists(&name), "the TUN device is left");
+}
+
+#[test]
+#[ignore = "needs root and network namespaces"]
+fn nftables_keeps_only_net_admin_and_reloads_still_work() {
+    run(false);
+}
+
+#[test]
+#[ignore = "needs root and network namespaces"]
+fn iptables_legacy_keeps_net_admin_and_net_raw_and_reloads_still_work() {
+    run(true);
+}
