@@ -193,6 +193,18 @@ impl Config {
     }
 }
 
+/// `interface.name` of a config file's text, read leniently: the rest of the file may be
+/// invalid (a reload must still find the daemon that runs it). `None` when the TOML itself
+/// cannot be read or names no interface.
+pub fn interface_name_of(text: &str) -> Option<String> {
+    let value: toml::Table = toml::from_str(text).ok()?;
+    value
+        .get("interface")?
+        .get("name")?
+        .as_str()
+        .map(str::to_string)
+}
+
 /// The dotted key (`interface.listen_port`, `peer[1].allowed_ips`) on the line of `offset`,
 /// under the nearest table header before it; `None` where no key can be read.
 fn key_at(text: &str, offset: usize) -> Option<String> {

@@ -1309,3 +1309,154 @@ fn handshake_is_logged_and_sigterm_is_quick_under_load() {
     );
     let _ = client.kill9();
 }
+
+// ---------------------------------------------------------------------------------------------
+// Issue 14: `tunnelgate reload` and `tunnelgate status` with no daemon named
+// ---------------------------------------------------------------------------------------------
+
+/// Peers' public keys in a status JSON object.
+fn status_peers(status: &Value) -> BTreeSet<String> {
+    status["peers"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|p| p["public_key"].as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+#[ignore = "needs root"]
+fn reload_cli_applies_a_good_change_and_refuses_a_broken_file() {
+    let a = Netns::new();
+    let first = Keypair::generate();
+    let second = Keypair::generate();
+    let cfg =
+        TgConfig::new(0, &["100.67.0.1/32"]).peer(Peer::new(&first.public, &["100.67.0.2/32"]));
+    let mut tg = start_tg(&a, cfg.clone(), &[], &[]);
+    let name = tg.name().to_string();
+    let config = tg.config_path().display().to_string();
+
+    // A good change: exit 0, and the daemon runs it when the command returns.
+    let added = cfg
+        .clone()
+        .peer(Peer::new(&second.public, &["100.67.0.3/32"]));
+    tg.write_config(added.clone());
+    let out = tunnelgate_cli(&["reload", "--config", &config], None);
+    assert_eq!(
+        out.code,
+        Some(0),
+        "reload of a good change: {out:?}\n{}",
+        tg.stderr()
+    );
+    let status = tunnelgate_status_json(&name).expect("status");
+    assert_eq!(
+        status_peers(&status),
+        BTreeSet::from([first.public.clone(), second.public.clone()]),
+        "{status}"
+    );
+
+    // Nothing changed: still 0.
+    let out = tunnelgate_cli(&["reload", "--interface", &name], None);
+    assert_eq!(out.code, Some(0), "{out:?}");
+
+    // A broken file: exit 1 naming the key, and the old configuration keeps running.
+    let broken = added
+        .render("private.key")
+        .replace("\"100.67.0.3/32\"", "\"100.67.0.300/32\"");
+    tg.write_config_text(&broken);
+    for args in [
+        ["reload", "--interface", name.as_str()],
+        ["reload", "--config", config.as_str()],
+    ] {
+        let out = tunnelgate_cli(&args, None);
+        assert_eq!(out.code, Some(1), "{args:?}: {out:?}");
+        assert!(
+            out.stderr.contains("peer[1].allowed_ips") && out.stderr.contains("100.67.0.300"),
+            "the refusal names the key and the value: {}",
+            out.stderr
+        );
+    }
+    assert!(tg.is_running(), "{}", tg.stderr());
+    let status = tunnelgate_status_json(&name).expect("status");
+    assert_eq!(
+        status_peers(&status).len(),
+        2,
+        "old config still served: {status}"
+    );
+
+    // Bad usage: 2.
+    let out = tunnelgate_cli(&["reload", "--interface", &name, "--config", &config], None);
+    assert_eq!(out.code, Some(2), "{out:?}");
+    // No such daemon: 1.
+    let out = tunnelgate_cli(&["reload", "--interface", &unique_name("tgt")], None);
+    assert_eq!(out.code, Some(1), "{out:?}");
+
+    // SIGHUP with nothing changed says so in one line.
+    tg.write_config(added);
+    let out = tunnelgate_cli(&["reload", "--interface", &name], None);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    tg.sighup();
+    wait_until(SHORT, "the SIGHUP reload is logged", || {
+        tg.stderr()
+            .lines()
+            .any(|l| l.contains("unchanged") && l.contains("SIGHUP"))
+    });
+    let lines: Vec<String> = tg
+        .stderr()
+        .lines()
+        .filter(|l| l.contains("SIGHUP"))
+        .map(String::from)
+        .collect();
+    assert_eq!(lines.len(), 1, "one line per SIGHUP: {lines:#?}");
+    assert!(tg.sigterm().success());
+}
+
+#[test]
+#[ignore = "needs root"]
+fn status_without_flags_lists_every_daemon_and_skips_stale_sockets() {
+    let a = Netns::new();
+    let b = Netns::new();
+    let mut one = TgConfig::new(0, &["100.68.0.1/32"]);
+    one.health = None;
+    let mut two = TgConfig::new(0, &["100.68.1.1/32"]);
+    two.health = None;
+    let tg1 = start_tg(&a, one, &[], &[]);
+    let tg2 = start_tg(&b, two, &[], &[]);
+    // A socket left behind by a killed daemon.
+    let stale_name = unique_name("tgt");
+    let stale = std::path::Path::new("/var/run/tunnelgate").join(format!("{stale_name}.sock"));
+    drop(std::os::unix::net::UnixListener::bind(&stale).expect("stale socket"));
+
+    let out = tunnelgate_cli(&["status", "--json"], None);
+    let _ = std::fs::remove_file(&stale);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let all: Value = serde_json::from_str(&out.stdout).expect("a JSON array");
+    let names: BTreeSet<String> = all
+        .as_array()
+        .expect("an array")
+        .iter()
+        .filter_map(|d| d["interface"]["name"].as_str().map(String::from))
+        .collect();
+    assert!(
+        names.contains(tg1.name()) && names.contains(tg2.name()),
+        "{names:?}"
+    );
+    assert!(!names.contains(&stale_name), "{names:?}");
+    for d in all.as_array().into_iter().flatten() {
+        if d["interface"]["name"] == tg1.name() {
+            assert_eq!(d["interface"]["addresses"][0], "100.68.0.1/32", "{d}");
+        }
+    }
+
+    let out = tunnelgate_cli(&["status"], None);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    for n in [tg1.name(), tg2.name()] {
+        assert!(
+            out.stdout.contains(&format!("interface: {n}\n")),
+            "{n} in:\n{}",
+            out.stdout
+        );
+    }
+}

@@ -114,10 +114,15 @@ fn unit_passes_systemd_analyze_verify() {
     let dir = TempDir::new("unit-verify");
     let copy = dir.write(
         "tunnelgate.service",
-        &unit_text().replace(
-            &format!("ExecStart={installed} "),
-            &format!("ExecStart={} ", tunnelgate_bin()),
-        ),
+        &unit_text()
+            .replace(
+                &format!("ExecStart={installed} "),
+                &format!("ExecStart={} ", tunnelgate_bin()),
+            )
+            .replace(
+                &format!("ExecReload={installed} "),
+                &format!("ExecReload={} ", tunnelgate_bin()),
+            ),
     );
     let mut cmd = Command::new("systemd-analyze");
     cmd.args(["verify", "--man=no"]).arg(&copy);
@@ -151,10 +156,15 @@ fn template_unit_passes_systemd_analyze_verify() {
     let dir = TempDir::new("unit-verify");
     dir.write(
         "tunnelgate@.service",
-        &text.replace(
-            "ExecStart=/usr/local/bin/tunnelgate ",
-            &format!("ExecStart={} ", tunnelgate_bin()),
-        ),
+        &text
+            .replace(
+                "ExecStart=/usr/local/bin/tunnelgate ",
+                &format!("ExecStart={} ", tunnelgate_bin()),
+            )
+            .replace(
+                "ExecReload=/usr/local/bin/tunnelgate ",
+                &format!("ExecReload={} ", tunnelgate_bin()),
+            ),
     );
     // An instance of the template, as `systemctl start tunnelgate@wg0` loads it.
     let mut cmd = Command::new("systemd-analyze");
@@ -185,12 +195,25 @@ fn template_unit_differs_from_the_plain_one_only_in_description_and_config() {
         text.lines()
             .map(str::trim)
             .filter(|l| !l.is_empty() && !l.starts_with('#'))
-            .filter(|l| !l.starts_with("Description=") && !l.starts_with("ExecStart="))
+            .filter(|l| {
+                !l.starts_with("Description=")
+                    && !l.starts_with("ExecStart=")
+                    && !l.starts_with("ExecReload=")
+            })
             .map(String::from)
             .collect()
     };
     let template = template_text();
     assert_eq!(settings(&template), settings(&unit_text()));
+    // Start and reload name the same file, the instance's.
+    let file = "/etc/tunnelgate/%i.toml";
+    for key in ["ExecStart", "ExecReload"] {
+        let v = unit_values_in(&template, "Service", key);
+        assert!(
+            v.len() == 1 && v[0].ends_with(&format!("--config {file}")),
+            "{key}: {v:?}"
+        );
+    }
     let description = unit_values_in(&template, "Unit", "Description");
     assert!(
         description.len() == 1 && description[0].contains("%i"),
@@ -205,7 +228,16 @@ fn unit_says_what_issue_5_asks_for() {
         service("ExecStart"),
         "/usr/local/bin/tunnelgate run --config /etc/tunnelgate/tunnelgate.toml"
     );
-    assert_eq!(service("ExecReload"), "/bin/kill -HUP $MAINPID");
+    // Reload waits for the outcome (and minimal images have no /bin/kill).
+    assert_eq!(
+        service("ExecReload"),
+        "/usr/local/bin/tunnelgate reload --config /etc/tunnelgate/tunnelgate.toml"
+    );
+    let docs = unit_values("Unit", "Documentation").join(" ");
+    assert!(
+        docs.contains("/usr/share/doc/tunnelgate/README.md"),
+        "Documentation= points at our docs: {docs}"
+    );
     assert_eq!(service("Restart"), "on-failure");
     assert_eq!(service("RestartPreventExitStatus"), "2");
     let mut caps = service_words("CapabilityBoundingSet");
@@ -394,13 +426,39 @@ fn started_like_the_unit(firewall: &str, env: &[(&str, &str)]) {
         "the daemon ran with the unit's bounding set"
     );
 
-    // ExecReload, as systemd runs it.
-    let reload = service("ExecReload").replace("$MAINPID", &pid.to_string());
-    let reload: Vec<&str> = reload.split_whitespace().collect();
-    run(&reload);
+    // ExecReload, as systemd runs it (binary and file are the test's): exit 0 around
+    // RELOADING=1 / READY=1; with a refused file, non-zero and the daemon runs on.
+    let reload = |config: &Path| -> CmdOutput {
+        let exec = service("ExecReload");
+        let mut argv: Vec<String> = exec.split_whitespace().map(String::from).collect();
+        assert_eq!(
+            argv[1..],
+            ["reload", "--config", "/etc/tunnelgate/tunnelgate.toml"]
+        );
+        argv[0] = tunnelgate_bin().to_string();
+        argv[3] = config.display().to_string();
+        let args: Vec<&str> = argv.iter().map(String::as_str).collect();
+        output_of(ns.command(&args), None)
+    };
+    let out = reload(&config);
+    assert_eq!(out.code, Some(0), "{out:?}");
     notify.expect("RELOADING=1", Duration::from_secs(10), stderr);
     notify.expect("READY=1", Duration::from_secs(10), stderr);
+    let good = std::fs::read_to_string(&config).expect("config");
+    std::fs::write(
+        &config,
+        good.replace("listen_port = 51820", "listen_port = \"x\""),
+    )
+    .expect("break the file");
+    let out = reload(&config);
+    assert_eq!(out.code, Some(1), "a refused reload fails: {out:?}");
+    assert!(
+        out.stderr.contains("interface.listen_port"),
+        "{}",
+        out.stderr
+    );
     assert!(daemon.is_running(), "still running after reload");
+    std::fs::write(&config, good).expect("restore the file");
 
     // systemctl stop: SIGTERM.
     daemon.signal(nix::sys::signal::Signal::SIGTERM);

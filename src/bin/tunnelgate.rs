@@ -42,16 +42,28 @@ enum Command {
         #[arg(long, env = "TUNNELGATE_CONFIG", default_value = DEFAULT_CONFIG)]
         config: PathBuf,
     },
-    /// Show the running daemon's interface, peers, rules and resolved names.
+    /// Show the running daemon's interface, peers, rules and resolved names. With neither
+    /// --interface nor --config (nor $TUNNELGATE_CONFIG): every tunnelgate on this host.
     Status {
-        #[arg(long, env = "TUNNELGATE_CONFIG", default_value = DEFAULT_CONFIG)]
-        config: PathBuf,
-        /// The interface to query (default: interface.name from the config file).
+        /// The daemon running this config file (its interface.name).
+        #[arg(long, env = "TUNNELGATE_CONFIG", conflicts_with = "interface")]
+        config: Option<PathBuf>,
+        /// The interface to query.
         #[arg(long)]
         interface: Option<String>,
-        /// Print JSON instead of text.
+        /// Print JSON instead of text (an array of daemons when every daemon is shown).
         #[arg(long)]
         json: bool,
+    },
+    /// Ask the running daemon to reload its config file and wait for the outcome: exit 0 when
+    /// applied or unchanged, 1 when refused (the old configuration keeps running).
+    Reload {
+        /// The daemon running this config file (its interface.name).
+        #[arg(long, env = "TUNNELGATE_CONFIG", conflicts_with = "interface")]
+        config: Option<PathBuf>,
+        /// The daemon of this interface. With neither flag: the only daemon running.
+        #[arg(long)]
+        interface: Option<String>,
     },
     /// Print a new base64 private key (like `wg genkey`).
     Genkey,
@@ -83,19 +95,136 @@ fn main() -> ExitCode {
             interface,
             json,
         } => status(config, interface, json),
+        Command::Reload { config, interface } => reload(config, interface),
     }
 }
 
-fn status(config: PathBuf, interface: Option<String>, json: bool) -> ExitCode {
-    let name = match interface {
-        Some(n) => n,
-        None => match load_config(&config) {
-            Ok(c) => c.interface.name,
-            Err(e) => {
-                eprintln!("tunnelgate status: {e} (or name the interface with --interface)");
+/// Which daemon a command means: `--interface`, else the interface.name of `--config` (read
+/// leniently: a reload must find the daemon even when the file it is asked to take is
+/// invalid), else `None` (every daemon).
+fn chosen_interface(
+    what: &str,
+    config: Option<PathBuf>,
+    interface: Option<String>,
+) -> Result<Option<String>, ExitCode> {
+    if let Some(n) = interface {
+        return Ok(Some(n));
+    }
+    let Some(path) = config else {
+        return Ok(None);
+    };
+    let text = std::fs::read_to_string(&path).map_err(|e| {
+        eprintln!(
+            "tunnelgate {what}: cannot read {}: {e} (or name the interface with --interface)",
+            path.display()
+        );
+        ExitCode::from(2)
+    })?;
+    match tunnelgate::config::interface_name_of(&text) {
+        Some(name) => Ok(Some(name)),
+        None => {
+            // Say what is wrong with the file, as `check` would.
+            match load_config(&path) {
+                Err(e) => eprintln!("tunnelgate {what}: {e}"),
+                Ok(_) => eprintln!("tunnelgate {what}: {}: no interface.name", path.display()),
+            }
+            eprintln!(
+                "tunnelgate {what}: cannot tell which daemon runs {}; name it with --interface",
+                path.display()
+            );
+            Err(ExitCode::from(1))
+        }
+    }
+}
+
+fn reload(config: Option<PathBuf>, interface: Option<String>) -> ExitCode {
+    use tunnelgate::telemetry::status::{request_reload, ReloadOutcome};
+    let name = match chosen_interface("reload", config, interface) {
+        Ok(Some(n)) => n,
+        Ok(None) => match live_daemons().as_slice() {
+            [(name, _)] => name.clone(),
+            [] => {
+                eprintln!(
+                    "tunnelgate reload: no tunnelgate daemon is running (no live socket in {})",
+                    tunnelgate::telemetry::status::run_dir().display()
+                );
+                return ExitCode::from(1);
+            }
+            several => {
+                let names: Vec<&str> = several.iter().map(|(n, _)| n.as_str()).collect();
+                eprintln!(
+                    "tunnelgate reload: several daemons run ({}); name one with --interface or --config",
+                    names.join(", ")
+                );
                 return ExitCode::from(2);
             }
         },
+        Err(code) => return code,
+    };
+    match request_reload(&status_socket_path(&name)) {
+        Ok(Ok(ReloadOutcome::Applied)) => {
+            println!("{name}: configuration reloaded");
+            ExitCode::SUCCESS
+        }
+        Ok(Ok(ReloadOutcome::Unchanged)) => {
+            println!("{name}: configuration unchanged");
+            ExitCode::SUCCESS
+        }
+        Ok(Err(why)) => {
+            eprintln!(
+                "tunnelgate reload: {name}: refused, the running configuration is kept: {why}"
+            );
+            ExitCode::from(1)
+        }
+        Err(e) => {
+            eprintln!("tunnelgate reload: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Every daemon that answers on its status socket, with its snapshot; stale sockets skipped.
+fn live_daemons() -> Vec<(String, tunnelgate::telemetry::Snapshot)> {
+    use tunnelgate::telemetry::status::{run_dir, status_sockets_in};
+    status_sockets_in(&run_dir())
+        .into_iter()
+        .filter_map(|path| match query_status(&path) {
+            Ok(snap) => Some((snap.interface.name.clone(), snap)),
+            Err(e) => {
+                tracing::debug!(error = %e, "skipping a status socket");
+                None
+            }
+        })
+        .collect()
+}
+
+/// `tunnelgate status` with no daemon named: every daemon, like `wg show`.
+fn status_all(json: bool) -> ExitCode {
+    let daemons: Vec<tunnelgate::telemetry::Snapshot> =
+        live_daemons().into_iter().map(|(_, s)| s).collect();
+    if json {
+        return match serde_json::to_string_pretty(&daemons) {
+            Ok(text) => {
+                println!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("tunnelgate status: {e}");
+                ExitCode::from(1)
+            }
+        };
+    }
+    let now = now_unix();
+    let texts: Vec<String> = daemons.iter().map(|s| render_status_text(s, now)).collect();
+    print!("{}", texts.join("\n"));
+    ExitCode::SUCCESS
+}
+
+fn status(config: Option<PathBuf>, interface: Option<String>, json: bool) -> ExitCode {
+    let name = match chosen_interface("status", config, interface) {
+        Ok(Some(n)) => n,
+        Ok(None) => return status_all(json),
+        Err(code) => return code,
     };
     match query_status(&status_socket_path(&name)) {
         Ok(snap) if json => match serde_json::to_string_pretty(&snap) {
@@ -251,8 +380,9 @@ async fn serve(config: tunnelgate::config::Config, path: PathBuf) -> anyhow::Res
     })];
     tasks.push(tokio::spawn({
         let (stop, observe) = (stopped(), observe.clone());
+        let reloader: Arc<dyn tunnelgate::telemetry::status::Reloader> = handle.clone();
         async move {
-            if let Err(e) = status_socket.serve(observe, stop).await {
+            if let Err(e) = status_socket.serve(observe, Some(reloader), stop).await {
                 tracing::error!(error = %e, "status socket failed");
             }
         }

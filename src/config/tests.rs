@@ -314,3 +314,14 @@ fn every_error_is_reported_at_once() {
         .0;
     assert!(errs.len() >= 4, "{errs:?}");
 }
+
+#[test]
+fn interface_name_is_read_from_an_otherwise_invalid_file() {
+    use crate::config::interface_name_of;
+    assert_eq!(
+        interface_name_of("[interface]\nname = \"wg7\"\nbogus = 1\n[[peer]]\npublic_key = \"x\"\n"),
+        Some("wg7".to_string())
+    );
+    assert_eq!(interface_name_of("[interface]\nlisten_port = 1\n"), None);
+    assert_eq!(interface_name_of("[interface\nname = \"wg7\""), None);
+}

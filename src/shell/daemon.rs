@@ -360,3 +360,29 @@ pub fn sd_notify(state: &str) {
         let _ = sock.send_to(state.as_bytes(), target);
     }
 }
+
+/// `tunnelgate reload` over the status socket: the same reload as SIGHUP, told to systemd the
+/// same way, with the outcome returned to the client.
+impl crate::telemetry::status::Reloader for Handle {
+    fn reload(
+        &self,
+    ) -> std::pin::Pin<
+        Box<
+            dyn std::future::Future<
+                    Output = Result<crate::telemetry::status::ReloadOutcome, String>,
+                > + Send
+                + '_,
+        >,
+    > {
+        use crate::telemetry::status::ReloadOutcome;
+        Box::pin(async move {
+            sd_notify("RELOADING=1");
+            let outcome = Handle::reload(self, "tunnelgate reload").await;
+            sd_notify("READY=1");
+            outcome.map(|r| match r {
+                Reload::Applied => ReloadOutcome::Applied,
+                Reload::Unchanged => ReloadOutcome::Unchanged,
+            })
+        })
+    }
+}
