@@ -473,3 +473,149 @@ fn started_like_the_unit(firewall: &str, env: &[(&str, &str)]) {
         .exec(&["iptables-legacy-save"])
         .contains("router.advertise_routes"));
 }
+
+/// Where the booted-systemd test keeps its Debian rootfs between runs (outside the repo):
+/// `$TUNNELGATE_TEST_ROOTFS`, else `/var/tmp/tunnelgate-test-rootfs`.
+fn rootfs_cache() -> PathBuf {
+    std::env::var_os("TUNNELGATE_TEST_ROOTFS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/tmp/tunnelgate-test-rootfs"))
+}
+
+/// The cached rootfs, built with debootstrap (a few minutes, once) if it is missing; `Err` says
+/// why it cannot be had.
+fn booting_rootfs() -> Result<PathBuf, String> {
+    let root = rootfs_cache();
+    if root.join("usr/lib/systemd/systemd").exists() {
+        return Ok(root);
+    }
+    for tool in ["systemd-nspawn", "debootstrap"] {
+        if !have(tool) {
+            return Err(format!(
+                "{tool} missing (apt-get install --no-install-recommends systemd-container debootstrap)"
+            ));
+        }
+    }
+    let partial = root.with_extension("partial");
+    let _ = std::fs::remove_dir_all(&partial);
+    let out = output_of(
+        {
+            let mut c = Command::new("debootstrap");
+            c.args([
+                "--variant=minbase",
+                "--include=systemd,systemd-sysv,dbus",
+                "bookworm",
+            ])
+            .arg(&partial)
+            .arg("http://deb.debian.org/debian");
+            c
+        },
+        None,
+    );
+    if !out.success() {
+        return Err(format!("debootstrap failed: {}", out.stderr.trim()));
+    }
+    std::fs::rename(&partial, &root).map_err(|e| format!("rename {}: {e}", partial.display()))?;
+    Ok(root)
+}
+
+/// The first child of `pid` (the container's PID 1 under systemd-nspawn).
+fn child_of(pid: u32) -> Option<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// `systemctl reload` under a real systemd (PID 1 of a systemd-nspawn container in a test
+/// namespace) runs the unit's ExecReload: 0 for a good file, non-zero for a refused one, and the
+/// service stays active on its old configuration.
+#[test]
+#[ignore = "needs root, systemd-nspawn and a Debian rootfs (built once with debootstrap)"]
+fn systemctl_reload_under_real_systemd_fails_on_a_refused_file() {
+    require_root();
+    let rootfs = match booting_rootfs() {
+        Ok(r) => r,
+        Err(why) => {
+            eprintln!("SKIPPED systemctl_reload_under_real_systemd_fails_on_a_refused_file: {why}");
+            return;
+        }
+    };
+    let ns = Netns::new();
+    let mut cfg = TgConfig::new(0, &["100.83.0.1/32"]);
+    cfg.health = None;
+    let etc = TempDir::new("nspawn-etc");
+    etc.write_secret("private.key", &cfg.key.private);
+    let good = cfg.render("private.key");
+    etc.write_secret("tunnelgate.toml", &good);
+    let mut cmd = Command::new("systemd-nspawn");
+    cmd.args([
+        "-b",
+        "--register=no",
+        "--keep-unit",
+        "--volatile=overlay",
+        "--console=passive",
+        "--capability=CAP_NET_ADMIN",
+        &format!("--network-namespace-path=/run/netns/{}", ns.name()),
+        "--bind=/dev/net/tun",
+        &format!("--bind-ro={}:/usr/local/bin/tunnelgate", tunnelgate_bin()),
+        &format!(
+            "--bind-ro={}:/etc/systemd/system/tunnelgate.service",
+            unit_path().display()
+        ),
+        &format!("--bind={}:/etc/tunnelgate", etc.path().display()),
+        "-D",
+    ])
+    .arg(&rootfs)
+    .arg("systemd.wants=tunnelgate.service");
+    let mut nspawn = Proc::spawn(cmd, "nspawn", etc.path());
+    let mut leader = None;
+    wait_until(Duration::from_secs(20), "the container's PID 1", || {
+        leader = child_of(nspawn.pid());
+        leader.is_some()
+    });
+    let leader = leader.map(|l| l.to_string()).unwrap_or_default();
+    let inside = |args: &[&str]| -> CmdOutput {
+        let mut c = Command::new("nsenter");
+        c.args(["-t", &leader, "-a", "--"]).args(args);
+        output_of(c, None)
+    };
+    let active = || inside(&["systemctl", "is-active", "tunnelgate.service"]).stdout;
+    let booted = poll_until(Duration::from_secs(60), || active().trim() == "active");
+    let journal = || inside(&["journalctl", "-u", "tunnelgate", "--no-pager"]).stdout;
+    assert!(
+        booted,
+        "tunnelgate.service active under systemd: {}\n{}\n{}",
+        active(),
+        journal(),
+        nspawn.stderr()
+    );
+
+    let out = inside(&["systemctl", "reload", "tunnelgate.service"]);
+    assert!(
+        out.success(),
+        "reload of an unchanged file: {out:?}\n{}",
+        journal()
+    );
+    etc.write_secret(
+        "tunnelgate.toml",
+        &good.replace("listen_port = 0", "listen_port = \"x\""),
+    );
+    let out = inside(&["systemctl", "reload", "tunnelgate.service"]);
+    assert!(
+        !out.success(),
+        "systemctl reload of a refused file fails: {out:?}"
+    );
+    assert_eq!(active().trim(), "active", "{}", journal());
+    let log = journal();
+    assert!(
+        log.contains("interface.listen_port"),
+        "the journal says why:\n{log}"
+    );
+    eprintln!("journal of tunnelgate.service:\n{log}");
+    let _ = inside(&["systemctl", "poweroff"]);
+    let stopped = nspawn.wait_timeout(Duration::from_secs(30));
+    assert!(stopped.is_some(), "container powered off");
+}
