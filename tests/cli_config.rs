@@ -762,3 +762,22 @@ fn check_of_a_config_without_rules_prints_no_firewall() {
         .stdout
         .contains(&format!("ip route add 10.0.0.0/24 dev {}", case.name)));
 }
+
+/// `--log-format` belongs to the subcommands that log: `run` takes it; the others refuse it as
+/// a usage error instead of silently ignoring it.
+#[test]
+fn log_format_is_only_on_run() {
+    let help = cli(&["run", "--help"], None);
+    assert_eq!(help.code, Some(0), "{help:?}");
+    assert!(help.stdout.contains("--log-format"), "{}", help.stdout);
+    for sub in ["check", "status", "reload", "genkey"] {
+        let out = cli(&[sub, "--log-format", "json"], None);
+        assert_eq!(out.code, Some(2), "{sub} --log-format: {out:?}");
+        let help = cli(&[sub, "--help"], None);
+        assert!(
+            !help.stdout.contains("--log-format"),
+            "{sub}: {}",
+            help.stdout
+        );
+    }
+}

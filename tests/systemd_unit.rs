@@ -615,6 +615,45 @@ fn systemctl_reload_under_real_systemd_fails_on_a_refused_file() {
         "the journal says why:\n{log}"
     );
     eprintln!("journal of tunnelgate.service:\n{log}");
+    // The daemon's own entries: a priority from the level, one entry for the multi-line
+    // refusal, and no second timestamp.
+    let entries: Vec<serde_json::Value> = inside(&[
+        "journalctl",
+        "-u",
+        "tunnelgate",
+        "-o",
+        "json",
+        "--no-pager",
+        "_COMM=tunnelgate",
+    ])
+    .stdout
+    .lines()
+    .filter_map(|l| serde_json::from_str(l).ok())
+    .collect();
+    let entry = |needle: &str| -> serde_json::Value {
+        entries
+            .iter()
+            .find(|e| e["MESSAGE"].as_str().is_some_and(|m| m.contains(needle)))
+            .cloned()
+            .unwrap_or_else(|| panic!("no journal entry with {needle:?}: {entries:#?}"))
+    };
+    let refused = entry("Reload rejected");
+    assert_eq!(refused["PRIORITY"], "3", "error priority: {refused}");
+    assert!(
+        refused["MESSAGE"]
+            .as_str()
+            .is_some_and(|m| m.contains("interface.listen_port")),
+        "the whole error in one entry: {refused}"
+    );
+    let up = entry("Tunnel up");
+    assert_eq!(up["PRIORITY"], "6", "info priority: {up}");
+    for e in &entries {
+        let m = e["MESSAGE"].as_str().unwrap_or_default();
+        assert!(
+            !m.starts_with("20") && !m.contains(" INFO ") && !m.starts_with('<'),
+            "no timestamp, level word or raw prefix in the message: {m:?}"
+        );
+    }
     let _ = inside(&["systemctl", "poweroff"]);
     let stopped = nspawn.wait_timeout(Duration::from_secs(30));
     assert!(stopped.is_some(), "container powered off");

@@ -23,11 +23,17 @@ const DEFAULT_CONFIG: &str = "/etc/tunnelgate/tunnelgate.toml";
     about = "WireGuard data-plane proxy: tunnel, ingress/egress NAT, subnet router, exit node"
 )]
 struct Cli {
-    /// Log format: human (default) or json. Level comes from RUST_LOG (default info).
-    #[arg(long, global = true, value_enum, env = tunnelgate::telemetry::logging::LOG_FORMAT_ENV, default_value_t)]
-    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+/// `--log-format`, on the subcommands that log (the others print their result and errors).
+#[derive(clap::Args)]
+struct LogArgs {
+    /// Log format: human (default; the journal's own format when stderr is the systemd
+    /// journal), json or journal. Level comes from RUST_LOG (default info).
+    #[arg(long, value_enum, env = tunnelgate::telemetry::logging::LOG_FORMAT_ENV, default_value_t)]
+    log_format: LogFormat,
 }
 
 #[derive(Subcommand)]
@@ -36,6 +42,8 @@ enum Command {
     Run {
         #[arg(long, env = "TUNNELGATE_CONFIG", default_value = DEFAULT_CONFIG)]
         config: PathBuf,
+        #[command(flatten)]
+        log: LogArgs,
     },
     /// Validate the configuration and print what would be installed, changing nothing.
     Check {
@@ -86,8 +94,8 @@ fn main() -> ExitCode {
             Ok(c) => check(&c),
             Err(e) => config_error(&e),
         },
-        Command::Run { config } => {
-            init_logging(cli.log_format);
+        Command::Run { config, log } => {
+            init_logging(log.log_format);
             run(config)
         }
         Command::Status {
