@@ -88,6 +88,8 @@ pub struct InterfaceStatus {
 pub struct PeerStatus {
     /// Base64 X25519 public key.
     pub public_key: String,
+    /// `peer[].name` from the configuration, if any.
+    pub name: Option<String>,
     /// `ip:port` currently used (status only; never in metrics).
     pub endpoint: Option<String>,
     /// CIDR strings.
@@ -206,7 +208,11 @@ fn render_peer_metrics(reg: &mut Registry, peers: &[PeerStatus], now_unix: u64) 
     let age = Family::<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
     let stamp = Family::<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
     for p in peers {
-        let l = label("peer", &p.public_key);
+        // `peer_name` is "" (the same as absent to Prometheus) for a peer without a name.
+        let l = vec![
+            ("peer".to_string(), p.public_key.clone()),
+            ("peer_name".to_string(), p.name.clone().unwrap_or_default()),
+        ];
         rx_bytes.get_or_create(&l).inc_by(p.rx_bytes);
         tx_bytes.get_or_create(&l).inc_by(p.tx_bytes);
         rx_packets.get_or_create(&l).inc_by(p.rx_packets);
@@ -370,7 +376,10 @@ fn write_status(out: &mut String, snap: &Snapshot, now: u64) -> std::fmt::Result
 
     for p in &snap.peers {
         writeln!(out)?;
-        writeln!(out, "peer: {}", p.public_key)?;
+        match &p.name {
+            Some(name) => writeln!(out, "peer: {} ({name})", p.public_key)?,
+            None => writeln!(out, "peer: {}", p.public_key)?,
+        }
         if let Some(e) = &p.endpoint {
             writeln!(out, "  endpoint: {e}")?;
         }

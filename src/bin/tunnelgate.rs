@@ -20,7 +20,9 @@ const DEFAULT_CONFIG: &str = "/etc/tunnelgate/tunnelgate.toml";
 #[command(
     name = "tunnelgate",
     version,
-    about = "WireGuard data-plane proxy: tunnel, ingress/egress NAT, subnet router, exit node"
+    about = "WireGuard data-plane proxy: tunnel, ingress/egress NAT, subnet router, exit node",
+    // Our own `help` subcommand, so that `tunnelgate help --help` works like every other one.
+    disable_help_subcommand = true
 )]
 struct Cli {
     #[command(subcommand)]
@@ -75,6 +77,11 @@ enum Command {
     },
     /// Print a new base64 private key (like `wg genkey`).
     Genkey,
+    /// Print this message or the help of the given subcommand.
+    Help {
+        /// The subcommand to explain.
+        command: Option<String>,
+    },
     /// Read a base64 private key on stdin, print its public key (like `wg pubkey`).
     Pubkey,
 }
@@ -90,8 +97,9 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Pubkey => pubkey(),
+        Command::Help { command } => help(command.as_deref()),
         Command::Check { config } => match load_config(&config) {
-            Ok(c) => check(&c),
+            Ok(c) => check(&config, &c),
             Err(e) => config_error(&e),
         },
         Command::Run { config, log } => {
@@ -257,9 +265,9 @@ fn status(config: Option<PathBuf>, interface: Option<String>, json: bool) -> Exi
 }
 
 /// Prints the plan: routes, sysctls and the exact firewall text for the chosen backend.
-fn check(config: &tunnelgate::config::Config) -> ExitCode {
+fn check(path: &std::path::Path, config: &tunnelgate::config::Config) -> ExitCode {
     use tunnelgate::rules::desired::firewall_needed;
-    for w in config.warnings() {
+    for w in tunnelgate::shell::config_file::warnings(path, config) {
         eprintln!("tunnelgate check: warning: {w}");
     }
     let firewall = if firewall_needed(config) {
@@ -287,6 +295,25 @@ fn check(config: &tunnelgate::config::Config) -> ExitCode {
     );
     let _ = std::io::stdout().write_all(plan.as_bytes());
     ExitCode::SUCCESS
+}
+
+fn help(command: Option<&str>) -> ExitCode {
+    use clap::CommandFactory;
+    let mut cli = Cli::command();
+    let printed = match command {
+        None => cli.print_help(),
+        Some(name) => match cli.find_subcommand_mut(name) {
+            Some(sub) => sub.print_help(),
+            None => {
+                eprintln!("tunnelgate help: no subcommand {name:?}");
+                return ExitCode::from(2);
+            }
+        },
+    };
+    match printed {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(_) => ExitCode::from(1),
+    }
 }
 
 fn pubkey() -> ExitCode {
@@ -320,7 +347,7 @@ fn run(path: PathBuf) -> ExitCode {
         Ok(c) => c,
         Err(e) => return config_error(&e),
     };
-    for w in config.warnings() {
+    for w in tunnelgate::shell::config_file::warnings(&path, &config) {
         tracing::warn!("{w}");
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()

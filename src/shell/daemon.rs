@@ -233,7 +233,7 @@ impl Daemon {
                 return Err(e.to_string());
             }
         };
-        for warning in config.warnings() {
+        for warning in crate::shell::config_file::warnings(&self.config_path, &config) {
             tracing::warn!(warning = %warning, "Configuration warning");
         }
         match self.control.handle_config_loaded(config, Instant::now()) {
@@ -268,7 +268,7 @@ impl Daemon {
             Ok(c) => {
                 last_error.clear();
                 tracing::info!(path = %self.config_path.display(), "Config file changed");
-                for warning in c.warnings() {
+                for warning in crate::shell::config_file::warnings(&self.config_path, &c) {
                     tracing::warn!(warning = %warning, "Configuration warning");
                 }
                 if let Err(refused) = self.control.handle_config_loaded(c, Instant::now()) {

@@ -24,6 +24,7 @@ pub(crate) fn sample_snapshot() -> Snapshot {
         peers: vec![
             PeerStatus {
                 public_key: PEER_A.into(),
+                name: Some("office".into()),
                 endpoint: Some(ENDPOINT_A.into()),
                 allowed_ips: vec!["100.64.0.2/32".into(), "10.0.0.0/24".into()],
                 latest_handshake_unix: Some(NOW - 65),
@@ -230,14 +231,17 @@ fn parse_sample(line: &str) -> Result<Sample, String> {
 }
 
 /// The value of the one sample called `name` with exactly `labels`.
+/// The value of the one sample of `name` whose labels include `labels` (`None` when there is
+/// no such sample, or more than one).
 pub(crate) fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    let want: BTreeMap<String, String> = labels
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
     let found: Vec<f64> = samples
         .iter()
-        .filter(|s| s.name == name && s.labels == want)
+        .filter(|s| {
+            s.name == name
+                && labels
+                    .iter()
+                    .all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v))
+        })
         .map(|s| s.value)
         .collect();
     match found.as_slice() {
@@ -263,6 +267,23 @@ fn metrics_parse_as_prometheus_text() {
 fn metrics_carry_the_snapshot_values() {
     let text = render_metrics(&sample_snapshot(), NOW);
     let s = parse_prometheus(&text).expect("parses");
+    // A named peer carries its name; an unnamed one an empty (absent) peer_name.
+    assert_eq!(
+        value(
+            &s,
+            "tunnelgate_peer_rx_bytes_total",
+            &[("peer", PEER_A), ("peer_name", "office")]
+        ),
+        Some(123_456.0)
+    );
+    assert_eq!(
+        value(
+            &s,
+            "tunnelgate_peer_rx_bytes_total",
+            &[("peer", PEER_B), ("peer_name", "")]
+        ),
+        Some(0.0)
+    );
     let a = [("peer", PEER_A)];
     let b = [("peer", PEER_B)];
     let v = |name: &str, labels: &[(&str, &str)]| {
@@ -413,7 +434,7 @@ fn status_text_reads_like_wg_show() {
         "  listening port: 51820",
         "  addresses: 100.64.0.1/32, fd7a:115c:a1e0::1/128",
         "  state: ready",
-        &format!("peer: {PEER_A}"),
+        &format!("peer: {PEER_A} (office)"),
         &format!("  endpoint: {ENDPOINT_A}"),
         "  allowed ips: 100.64.0.2/32, 10.0.0.0/24",
         "  latest handshake: 1 minute, 5 seconds ago",
