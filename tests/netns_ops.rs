@@ -123,16 +123,18 @@ struct Exposition {
 }
 
 impl Exposition {
-    /// The value of the one sample `name` with exactly `labels` (`None` if absent).
+    /// The value of the one sample `name` whose labels include `labels` (`None` if absent;
+    /// every sample also has `interface`, which [`scrape`] checks).
     fn value(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-        let want: BTreeMap<String, String> = labels
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
         let found: Vec<f64> = self
             .samples
             .iter()
-            .filter(|s| s.name == name && s.labels == want)
+            .filter(|s| {
+                s.name == name
+                    && labels
+                        .iter()
+                        .all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v))
+            })
             .map(|s| s.value)
             .collect();
         assert!(found.len() <= 1, "{name} {labels:?} appears twice");
@@ -147,8 +149,14 @@ impl Exposition {
 
     /// The family a sample name belongs to: itself, or `x` for `x_total` of a counter `x`.
     fn family_of(&self, sample: &str) -> Option<(String, String)> {
-        // A counter's samples are `x_total` (OpenMetrics); never the bare family name.
-        if let Some(t) = self.types.get(sample).filter(|t| *t != "counter") {
+        // A counter's samples are `x_total`, typed `# TYPE x_total counter` (the classic
+        // format, which types a sample by its own name) or `# TYPE x counter` (OpenMetrics);
+        // never the bare family name.
+        if let Some(t) = self
+            .types
+            .get(sample)
+            .filter(|t| *t != "counter" || sample.ends_with("_total"))
+        {
             return Some((sample.to_string(), t.clone()));
         }
         let base = sample.strip_suffix("_total")?;
@@ -347,11 +355,39 @@ fn parse_exposition(text: &str) -> Result<Exposition, String> {
     Ok(ex)
 }
 
-/// `GET /metrics`, parsed strictly (panics with the text if it does not parse).
+/// `GET /metrics`, parsed strictly (panics with the text if it does not parse). Every series
+/// carries the daemon's `interface` label, and the standard `process_*` metrics are there.
 fn scrape(tg: &Tunnelgate) -> (String, Exposition) {
     let text = tg.metrics().unwrap_or_else(|e| panic!("GET /metrics: {e}"));
     let ex = parse_exposition(&text)
         .unwrap_or_else(|e| panic!("/metrics is not valid Prometheus text: {e}\n{text}"));
+    for s in &ex.samples {
+        assert_eq!(
+            s.labels.get("interface").map(String::as_str),
+            Some(tg.name()),
+            "{} without the interface label",
+            s.name
+        );
+    }
+    for name in [
+        "process_resident_memory_bytes",
+        "process_cpu_seconds_total",
+        "process_open_fds",
+        "process_start_time_seconds",
+    ] {
+        assert!(ex.get(name, &[]) > 0.0, "{name} in\n{text}");
+    }
+    assert_eq!(
+        ex.types
+            .get("process_cpu_seconds_total")
+            .map(String::as_str),
+        Some("counter"),
+        "the classic body types a counter by its sample name"
+    );
+    assert!(
+        !text.contains("# EOF"),
+        "no OpenMetrics-only line in the classic body"
+    );
     (text, ex)
 }
 
@@ -500,8 +536,10 @@ fn metrics_move_with_traffic() {
     let (text0, m0) = scrape(&tg);
     // The families the issue asks for, with what this setup must show.
     assert!(
-        m0.samples.iter().all(|s| s.name.starts_with("tunnelgate_")),
-        "a sample that is not ours:\n{text0}"
+        m0.samples
+            .iter()
+            .all(|s| s.name.starts_with("tunnelgate_") || s.name.starts_with("process_")),
+        "a sample that is neither ours nor a standard process metric:\n{text0}"
     );
     assert_eq!(
         m0.types.len(),

@@ -70,6 +70,7 @@ impl Observe for Handle {
                 .and_then(|c| c.name.clone());
         }
         let mut snap = Snapshot {
+            process: crate::telemetry::process::read(),
             interface: InterfaceStatus {
                 name: config.interface.name.clone(),
                 public_key: table.public_key.to_base64(),
