@@ -1498,3 +1498,52 @@ fn status_without_flags_lists_every_daemon_and_skips_stale_sockets() {
         );
     }
 }
+
+/// What a `wg set` change is worth after a reload, as README says: it lasts until the next
+/// reload that changes the file; then the file wins (like `wg syncconf`).
+#[test]
+#[ignore = "needs root"]
+fn wg_set_changes_last_until_a_changed_file_is_reloaded() {
+    let a = Netns::new();
+    let first = Keypair::generate();
+    let by_hand = Keypair::generate();
+    let later = Keypair::generate();
+    let cfg =
+        TgConfig::new(0, &["100.69.0.1/32"]).peer(Peer::new(&first.public, &["100.69.0.2/32"]));
+    let mut tg = start_tg(&a, cfg.clone(), &[], &[]);
+    let name = tg.name().to_string();
+    run(&[
+        "wg",
+        "set",
+        &name,
+        "peer",
+        &by_hand.public,
+        "allowed-ips",
+        "100.69.0.3/32",
+    ]);
+    let peers = |tg: &Tunnelgate| status_peers(&tg.status_json().expect("status"));
+    assert!(peers(&tg).contains(&by_hand.public));
+
+    // An unchanged file: nothing is applied, the hand-made peer stays.
+    let out = tunnelgate_cli(&["reload", "--interface", &name], None);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let now = peers(&tg);
+    println!("after an unchanged reload: {now:?}");
+    let survived_unchanged = now.contains(&by_hand.public);
+
+    // A changed file: the file's peers, and only those.
+    tg.write_config(cfg.peer(Peer::new(&later.public, &["100.69.0.4/32"])));
+    let out = tunnelgate_cli(&["reload", "--interface", &name], None);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let now = peers(&tg);
+    println!("after a changed reload: {now:?}");
+    assert_eq!(
+        now,
+        BTreeSet::from([first.public.clone(), later.public.clone()]),
+        "the file wins on a reload that changes it"
+    );
+    assert!(
+        survived_unchanged,
+        "a reload of an unchanged file keeps wg set changes"
+    );
+}
