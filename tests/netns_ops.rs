@@ -1381,6 +1381,12 @@ fn reload_cli_applies_a_good_change_and_refuses_a_broken_file() {
         .clone()
         .peer(Peer::new(&second.public, &["100.67.0.3/32"]));
     tg.write_config(added.clone());
+    // The new peer has a name, for status and metrics.
+    let named = added.render("private.key").replace(
+        &format!("public_key = \"{}\"", second.public),
+        &format!("name = \"office\"\npublic_key = \"{}\"", second.public),
+    );
+    tg.write_config_text(&named);
     let out = tunnelgate_cli(&["reload", "--config", &config], None);
     assert_eq!(
         out.code,
@@ -1393,6 +1399,26 @@ fn reload_cli_applies_a_good_change_and_refuses_a_broken_file() {
         status_peers(&status),
         BTreeSet::from([first.public.clone(), second.public.clone()]),
         "{status}"
+    );
+    let office = status["peers"]
+        .as_array()
+        .and_then(|a| a.iter().find(|p| p["public_key"] == second.public.as_str()))
+        .map(|p| p["name"].clone());
+    assert_eq!(office, Some(Value::from("office")), "{status}");
+    let text = tunnelgate_cli(&["status", "--interface", &name], None).stdout;
+    assert!(
+        text.contains(&format!("peer: {} (office)", second.public)),
+        "{text}"
+    );
+    let (_, metrics) = scrape(&tg);
+    assert!(
+        metrics
+            .value(
+                "tunnelgate_peer_rx_bytes_total",
+                &[("peer", &second.public), ("peer_name", "office")]
+            )
+            .is_some(),
+        "peer_name label on the per-peer metrics"
     );
 
     // Nothing changed: still 0.

@@ -519,14 +519,25 @@ fn booting_rootfs() -> Result<PathBuf, String> {
     Ok(root)
 }
 
-/// The first child of `pid` (the container's PID 1 under systemd-nspawn).
-fn child_of(pid: u32) -> Option<u32> {
-    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
-        .ok()?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
+/// The container's PID 1: the `systemd` process among the descendants of `pid` (nspawn forks
+/// an intermediate child first, so the first child is not always it).
+fn container_init(pid: u32) -> Option<u32> {
+    let children = |p: u32| -> Vec<u32> {
+        std::fs::read_to_string(format!("/proc/{p}/task/{p}/children"))
+            .unwrap_or_default()
+            .split_whitespace()
+            .filter_map(|c| c.parse().ok())
+            .collect()
+    };
+    let mut todo = children(pid);
+    while let Some(p) = todo.pop() {
+        let comm = std::fs::read_to_string(format!("/proc/{p}/comm")).unwrap_or_default();
+        if comm.trim() == "systemd" {
+            return Some(p);
+        }
+        todo.extend(children(p));
+    }
+    None
 }
 
 /// `systemctl reload` under a real systemd (PID 1 of a systemd-nspawn container in a test
@@ -571,13 +582,14 @@ fn systemctl_reload_under_real_systemd_fails_on_a_refused_file() {
     .arg(&rootfs)
     .arg("systemd.wants=tunnelgate.service");
     let mut nspawn = Proc::spawn(cmd, "nspawn", etc.path());
-    let mut leader = None;
+    let nspawn_pid = nspawn.pid();
     wait_until(Duration::from_secs(20), "the container's PID 1", || {
-        leader = child_of(nspawn.pid());
-        leader.is_some()
+        container_init(nspawn_pid).is_some()
     });
-    let leader = leader.map(|l| l.to_string()).unwrap_or_default();
     let inside = |args: &[&str]| -> CmdOutput {
+        let leader = container_init(nspawn_pid)
+            .map(|l| l.to_string())
+            .unwrap_or_default();
         let mut c = Command::new("nsenter");
         c.args(["-t", &leader, "-a", "--"]).args(args);
         output_of(c, None)
