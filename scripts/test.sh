@@ -19,6 +19,10 @@ is_root() { [[ "$(id -u)" == "0" ]]; }
 source scripts/packages.sh
 install_missing wireguard-go wireguard-tools iperf3 nftables iptables dnsmasq iproute2 iputils-ping procps ||
     echo "warning: the netns suites need them" >&2
+# tests/systemd_unit.rs boots a real systemd in systemd-nspawn, on a Debian rootfs it debootstraps
+# once into /var/tmp/tunnelgate-test-rootfs (skipped with a message when it cannot).
+install_missing systemd-container debootstrap util-linux ||
+    echo "warning: the booted-systemd test will be skipped" >&2
 # The manifest suite validates containers/k8s against the real Kubernetes schemas, offline.
 if ! command -v kubernetes-validate >/dev/null 2>&1; then
     python3 -m pip install -q kubernetes-validate || echo "warning: the manifest schema check needs kubernetes-validate" >&2

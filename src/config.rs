@@ -49,6 +49,8 @@ pub struct Interface {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Peer {
+    /// A short label for status, logs and the `peer_name` metric label.
+    pub name: Option<String>,
     pub public_key: PublicKey,
     pub preshared_key: Option<SecretKey>,
     pub endpoint: Option<Endpoint>,
@@ -183,6 +185,23 @@ impl Config {
     /// logged at start, never fatal.
     pub fn warnings(&self) -> Vec<String> {
         let mut out = Vec::new();
+        for (i, p) in self.peers.iter().enumerate() {
+            let text = p.public_key.to_base64();
+            if key_looks_like_placeholder(&p.public_key.0, &text) {
+                out.push(format!(
+                    "peer[{i}].public_key: \"{text}\" looks like a placeholder: expected the peer's real public key (its `wg pubkey`)"
+                ));
+            }
+        }
+        if key_looks_like_placeholder(
+            &self.interface.private_key.0,
+            &self.interface.private_key.expose_base64(),
+        ) {
+            out.push(
+                "interface.private_key: looks like a placeholder: expected a key from `tunnelgate genkey`"
+                    .to_string(),
+            );
+        }
         if self.router.exit_node && !self.router.snat {
             out.push(
                 "router.snat: false with router.exit_node = true: forwarded traffic leaves with \
@@ -194,6 +213,72 @@ impl Config {
         }
         out
     }
+}
+
+/// True for keys that are clearly not real: every byte the same (`AAAA...=`, `AQEB...=`), or a
+/// base64 text spelling a word like `REPLACE+ME`, `CHANGEME`, `EXAMPLE`, `PLACEHOLDER`.
+pub fn key_looks_like_placeholder(bytes: &[u8; 32], base64: &str) -> bool {
+    if bytes.iter().all(|b| *b == bytes[0]) {
+        return true;
+    }
+    let lower = base64.to_ascii_lowercase();
+    [
+        "replace",
+        "changeme",
+        "example",
+        "placeholder",
+        "xxxxxx",
+        "yourkey",
+        "insert",
+    ]
+    .iter()
+    .any(|w| lower.contains(w))
+}
+
+/// The warning for secrets written inline in a config file that group or others can read
+/// (`mode` is its permission bits), if there is one to give. `text` is the file's TOML.
+pub fn inline_secret_warning(text: &str, mode: u32) -> Option<String> {
+    if mode & 0o077 == 0 {
+        return None;
+    }
+    let table: toml::Table = toml::from_str(text).ok()?;
+    let mut keys = Vec::new();
+    if table
+        .get("interface")
+        .and_then(|i| i.get("private_key"))
+        .is_some()
+    {
+        keys.push("interface.private_key".to_string());
+    }
+    if let Some(peers) = table.get("peer").and_then(toml::Value::as_array) {
+        for (i, p) in peers.iter().enumerate() {
+            if p.get("preshared_key").is_some() {
+                keys.push(format!("peer[{i}].preshared_key"));
+            }
+        }
+    }
+    if keys.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "{}: a secret written inline in a file readable by group or others (mode {:04o}): \
+         expected mode 0600 (chmod 600), or the key in a 0600 file (private_key_file, \
+         preshared_key_file)",
+        keys.join(", "),
+        mode & 0o777
+    ))
+}
+
+/// `interface.name` of a config file's text, read leniently: the rest of the file may be
+/// invalid (a reload must still find the daemon that runs it). `None` when the TOML itself
+/// cannot be read or names no interface.
+pub fn interface_name_of(text: &str) -> Option<String> {
+    let value: toml::Table = toml::from_str(text).ok()?;
+    value
+        .get("interface")?
+        .get("name")?
+        .as_str()
+        .map(str::to_string)
 }
 
 /// The dotted key (`interface.listen_port`, `peer[1].allowed_ips`) on the line of `offset`,

@@ -10,6 +10,7 @@
 
 pub mod http;
 pub mod logging;
+pub mod process;
 pub mod status;
 
 use std::fmt::Write as _;
@@ -61,6 +62,8 @@ pub struct Snapshot {
     pub not_ready_reason: Option<String>,
     /// The daemon's version (`CARGO_PKG_VERSION`).
     pub version: String,
+    /// The daemon process's memory, CPU and file descriptors (`None`: unknown).
+    pub process: Option<process::ProcessStats>,
 }
 
 impl Snapshot {
@@ -88,6 +91,8 @@ pub struct InterfaceStatus {
 pub struct PeerStatus {
     /// Base64 X25519 public key.
     pub public_key: String,
+    /// `peer[].name` from the configuration, if any.
+    pub name: Option<String>,
     /// `ip:port` currently used (status only; never in metrics).
     pub endpoint: Option<String>,
     /// CIDR strings.
@@ -137,8 +142,20 @@ pub struct NameStatus {
 /// version=0.0.4` parser also accepts: only counters and gauges). `now_unix` is the current
 /// Unix time, for "seconds since the last handshake". Never emits an endpoint or a key other
 /// than peers' public keys.
+///
+/// Every series carries `interface="<name>"`, so several daemons on one host can be scraped
+/// into one view; the samples of each family are sorted, so two scrapes list them in the same
+/// order. The text is OpenMetrics (`_total` samples under `# TYPE x counter`, `# EOF`); use
+/// [`classic_text`] for a scraper that does not ask for OpenMetrics.
 pub fn render_metrics(snap: &Snapshot, now_unix: u64) -> String {
-    let mut reg = Registry::with_prefix("tunnelgate");
+    let mut root = Registry::with_labels(std::iter::once((
+        std::borrow::Cow::Borrowed("interface"),
+        std::borrow::Cow::Owned(snap.interface.name.clone()),
+    )));
+    if let Some(p) = &snap.process {
+        render_process_metrics(&mut root, p);
+    }
+    let reg = root.sub_registry_with_prefix("tunnelgate");
 
     let build = Family::<Labels, Gauge>::default();
     build
@@ -158,7 +175,7 @@ pub fn render_metrics(snap: &Snapshot, now_unix: u64) -> String {
         ready,
     );
 
-    render_peer_metrics(&mut reg, &snap.peers, now_unix);
+    render_peer_metrics(reg, &snap.peers, now_unix);
 
     let dropped = Family::<Labels, Counter>::default();
     for (reason, n) in snap.drops.by_reason() {
@@ -166,8 +183,8 @@ pub fn render_metrics(snap: &Snapshot, now_unix: u64) -> String {
     }
     reg.register("packets_dropped", "Packets dropped, by reason", dropped);
 
-    render_rule_metrics(&mut reg, &snap.rules);
-    render_name_metrics(&mut reg, &snap.names);
+    render_rule_metrics(reg, &snap.rules);
+    render_name_metrics(reg, &snap.names);
 
     let reloads = Counter::<u64>::default();
     reloads.inc_by(snap.reloads);
@@ -182,7 +199,106 @@ pub fn render_metrics(snap: &Snapshot, now_unix: u64) -> String {
 
     let mut out = String::new();
     // Writing into a String cannot fail.
-    let _ = encode(&mut out, &reg);
+    let _ = encode(&mut out, &root);
+    sort_samples(&out)
+}
+
+/// The standard `process_*` metrics (no prefix: dashboards and alerts expect these names).
+fn render_process_metrics(reg: &mut Registry, p: &process::ProcessStats) {
+    use std::sync::atomic::AtomicU64;
+    let gauge = |v: f64| {
+        let g = Gauge::<f64, AtomicU64>::default();
+        g.set(v);
+        g
+    };
+    reg.register(
+        "process_resident_memory_bytes",
+        "Resident memory size in bytes",
+        gauge(p.resident_memory_bytes as f64),
+    );
+    reg.register(
+        "process_virtual_memory_bytes",
+        "Virtual memory size in bytes",
+        gauge(p.virtual_memory_bytes as f64),
+    );
+    let cpu = Counter::<f64, AtomicU64>::default();
+    cpu.inc_by(p.cpu_seconds);
+    reg.register(
+        "process_cpu_seconds",
+        "Total user and system CPU time spent in seconds",
+        cpu,
+    );
+    reg.register(
+        "process_open_fds",
+        "Number of open file descriptors",
+        gauge(p.open_fds as f64),
+    );
+    if p.max_fds > 0 {
+        reg.register(
+            "process_max_fds",
+            "Maximum number of open file descriptors",
+            gauge(p.max_fds as f64),
+        );
+    }
+    reg.register(
+        "process_start_time_seconds",
+        "Start time of the process since unix epoch in seconds",
+        gauge(p.start_time_seconds),
+    );
+}
+
+/// `text` with the sample lines of each family sorted (comment lines stay where they are).
+pub fn sort_samples(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut run: Vec<&str> = Vec::new();
+    let flush = |run: &mut Vec<&str>, out: &mut String| {
+        run.sort_unstable();
+        for l in run.drain(..) {
+            out.push_str(l);
+            out.push('\n');
+        }
+    };
+    for line in text.lines() {
+        if line.starts_with('#') {
+            flush(&mut run, &mut out);
+            out.push_str(line);
+            out.push('\n');
+        } else {
+            run.push(line);
+        }
+    }
+    flush(&mut run, &mut out);
+    out
+}
+
+/// The classic Prometheus text format (`text/plain; version=0.0.4`) of [`render_metrics`]'s
+/// OpenMetrics text: a counter's `# HELP`/`# TYPE` lines name its `_total` samples (the classic
+/// parsers type a sample by its exact name), and the OpenMetrics-only `# EOF` and `# UNIT`
+/// lines go.
+pub fn classic_text(openmetrics: &str) -> String {
+    let counters: std::collections::BTreeSet<&str> = openmetrics
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(openmetrics.len() + 64);
+    for line in openmetrics.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let renamed = ["# HELP ", "# TYPE "].iter().find_map(|kind| {
+            let rest = line.strip_prefix(kind)?;
+            let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+            counters
+                .contains(name)
+                .then(|| format!("{kind}{name}_total {tail}"))
+        });
+        match renamed {
+            Some(l) => out.push_str(l.trim_end()),
+            None => out.push_str(line),
+        }
+        out.push('\n');
+    }
     out
 }
 
@@ -206,7 +322,11 @@ fn render_peer_metrics(reg: &mut Registry, peers: &[PeerStatus], now_unix: u64) 
     let age = Family::<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
     let stamp = Family::<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
     for p in peers {
-        let l = label("peer", &p.public_key);
+        // `peer_name` is "" (the same as absent to Prometheus) for a peer without a name.
+        let l = vec![
+            ("peer".to_string(), p.public_key.clone()),
+            ("peer_name".to_string(), p.name.clone().unwrap_or_default()),
+        ];
         rx_bytes.get_or_create(&l).inc_by(p.rx_bytes);
         tx_bytes.get_or_create(&l).inc_by(p.tx_bytes);
         rx_packets.get_or_create(&l).inc_by(p.rx_packets);
@@ -370,7 +490,10 @@ fn write_status(out: &mut String, snap: &Snapshot, now: u64) -> std::fmt::Result
 
     for p in &snap.peers {
         writeln!(out)?;
-        writeln!(out, "peer: {}", p.public_key)?;
+        match &p.name {
+            Some(name) => writeln!(out, "peer: {} ({name})", p.public_key)?,
+            None => writeln!(out, "peer: {}", p.public_key)?,
+        }
         if let Some(e) = &p.endpoint {
             writeln!(out, "  endpoint: {e}")?;
         }

@@ -762,3 +762,104 @@ fn check_of_a_config_without_rules_prints_no_firewall() {
         .stdout
         .contains(&format!("ip route add 10.0.0.0/24 dev {}", case.name)));
 }
+
+/// `--log-format` belongs to the subcommands that log: `run` takes it; the others refuse it as
+/// a usage error instead of silently ignoring it.
+#[test]
+fn log_format_is_only_on_run() {
+    let help = cli(&["run", "--help"], None);
+    assert_eq!(help.code, Some(0), "{help:?}");
+    assert!(help.stdout.contains("--log-format"), "{}", help.stdout);
+    for sub in ["check", "status", "reload", "genkey"] {
+        let out = cli(&[sub, "--log-format", "json"], None);
+        assert_eq!(out.code, Some(2), "{sub} --log-format: {out:?}");
+        let help = cli(&[sub, "--help"], None);
+        assert!(
+            !help.stdout.contains("--log-format"),
+            "{sub}: {}",
+            help.stdout
+        );
+    }
+}
+
+/// Every file in `config/` passes `tunnelgate check` once the steps in its header comment are
+/// done: each key file it names is created by one of them (`tunnelgate genkey > .../NAME`).
+/// The placeholder peer keys they ship with are a warning, not an error.
+#[test]
+fn every_shipped_config_passes_check() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("config/")
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 4, "{files:?}");
+    for file in files {
+        let text = std::fs::read_to_string(&file).expect("read");
+        let tmp = TempDir::new("shipped");
+        let created: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with('#'))
+            .filter_map(|l| l.split_once("> /etc/tunnelgate/"))
+            .filter_map(|(_, rest)| rest.split([';', ' ']).next())
+            .collect();
+        for name in &created {
+            tmp.write_secret(name, &genkey());
+        }
+        let cfg = tmp.write_mode("tunnelgate.toml", &text, 0o600);
+        let out = cli(&["check", "--config", &cfg.display().to_string()], None);
+        assert_eq!(
+            out.code,
+            Some(0),
+            "{} after its header steps (created {created:?}): {}",
+            file.display(),
+            out.stderr
+        );
+        assert!(
+            out.stderr.contains("looks like a placeholder"),
+            "{}: its placeholder keys are pointed out: {}",
+            file.display(),
+            out.stderr
+        );
+    }
+}
+
+/// A secret written inline in a file others can read is a warning (the daemon still starts).
+#[test]
+fn inline_private_key_in_a_readable_file_is_a_warning() {
+    let tmp = TempDir::new("inline");
+    let text = format!(
+        "[interface]\nprivate_key = \"{}\"\naddresses = [\"100.64.0.1/32\"]\n",
+        genkey()
+    );
+    let cfg = tmp.write_mode("tunnelgate.toml", &text, 0o644);
+    let out = cli(&["check", "--config", &cfg.display().to_string()], None);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("warning: interface.private_key: a secret written inline")
+            && out.stderr.contains("0644"),
+        "{}",
+        out.stderr
+    );
+    let cfg = tmp.write_mode("tunnelgate.toml", &text, 0o600);
+    let out = cli(&["check", "--config", &cfg.display().to_string()], None);
+    assert!(!out.stderr.contains("inline"), "{}", out.stderr);
+}
+
+#[test]
+fn help_of_help_exits_0() {
+    for args in [
+        &["help", "--help"][..],
+        &["help"],
+        &["help", "reload"],
+        &["--help"],
+    ] {
+        let out = cli(args, None);
+        assert_eq!(out.code, Some(0), "{args:?}: {out:?}");
+        assert!(!out.stdout.is_empty(), "{args:?}");
+    }
+    assert_eq!(cli(&["help", "nosuch"], None).code, Some(2));
+}

@@ -501,3 +501,62 @@ fn readyz_is_200_only_once_the_answers_are_in_the_installed_rules() {
         "/readyz said 200 before the rules for {name} were installed:\n{installed}"
     );
 }
+
+/// Without `dns.nameservers`, a short name resolves the way getaddrinfo would resolve it in a
+/// pod: through resolv.conf's `search` domain (`ndots:5`). With the same server named in
+/// `dns.nameservers`, names stay absolute and the short name does not resolve. The resolv.conf
+/// is the test's own, via `TUNNELGATE_RESOLV_CONF` (the host's is left alone).
+#[test]
+#[ignore = "needs root"]
+fn short_name_resolves_through_the_resolv_conf_search_domain() {
+    let proxy = Netns::new();
+    let dns_ns = Netns::new();
+    veth(&proxy, &["10.54.0.2/24"], &dns_ns, &["10.54.0.1/24"]);
+    let _dnsmasq = Dnsmasq::start(
+        &dns_ns,
+        ip("10.54.0.1"),
+        "svc.cluster.test",
+        "10.50.0.31 db.prod.svc.cluster.test\n",
+    );
+    let dir = TempDir::new("resolvconf");
+    let resolv = dir.write(
+        "resolv.conf",
+        "nameserver 10.54.0.1\nsearch svc.cluster.test\noptions ndots:5\n",
+    );
+    let resolv = resolv.display().to_string();
+    let config = |dns: &str| {
+        let mut cfg = TgConfig::new(0, &["100.71.0.1/32"]);
+        cfg.health = None;
+        cfg.extra = format!(
+            "[[ingress]]\ntarget_fqdn = \"db.prod\"\nports = [\"8080\"]\n\n[dns]\nreresolve_interval = \"2s\"\n{dns}\n"
+        );
+        cfg
+    };
+    let system = Tunnelgate::spawn_env(&proxy, config(""), &[("TUNNELGATE_RESOLV_CONF", &resolv)]);
+    let explicit = Tunnelgate::spawn_env(
+        &proxy,
+        config("nameservers = [\"10.54.0.1\"]"),
+        &[("TUNNELGATE_RESOLV_CONF", &resolv)],
+    );
+    let resolved = poll_until(Duration::from_secs(15), || {
+        system.name_addresses("db.prod") == ["10.50.0.31"]
+    });
+    assert!(
+        resolved,
+        "db.prod via the search domain: {:?}\n{}",
+        system.name_status("db.prod"),
+        system.stderr()
+    );
+    // The explicit server answers the same question asked absolutely: no such name.
+    let failed = poll_until(Duration::from_secs(15), || {
+        explicit
+            .name_status("db.prod")
+            .is_some_and(|n| !n["last_error"].is_null())
+    });
+    assert!(
+        failed && explicit.name_addresses("db.prod").is_empty(),
+        "absolute with dns.nameservers: {:?}\n{}",
+        explicit.name_status("db.prod"),
+        explicit.stderr()
+    );
+}

@@ -277,8 +277,9 @@ fn exit_node_without_snat_warns_at_start() {
 // tunnelgate check: client side AllowedIPs, warnings, bad input (no root needed)
 // ---------------------------------------------------------------------------------------------
 
-const PEER_A: &str = "AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=";
-const PEER_B: &str = "AgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgI=";
+/// Real-looking keys: keys with every byte the same are warned about as placeholders.
+const PEER_A: &str = "CAUmPlG1riVwD8jHdCMMTdDgMvOKE9pSjJ32IWZ8Clc=";
+const PEER_B: &str = "E9wSGc7zAKeERRadtLAUf7lveHG76oKtTaLQEEiNVAs=";
 
 /// `tunnelgate check` of a config with two peers and the given `[router]` body.
 fn check_router(router: &str) -> CmdOutput {

@@ -114,10 +114,15 @@ fn unit_passes_systemd_analyze_verify() {
     let dir = TempDir::new("unit-verify");
     let copy = dir.write(
         "tunnelgate.service",
-        &unit_text().replace(
-            &format!("ExecStart={installed} "),
-            &format!("ExecStart={} ", tunnelgate_bin()),
-        ),
+        &unit_text()
+            .replace(
+                &format!("ExecStart={installed} "),
+                &format!("ExecStart={} ", tunnelgate_bin()),
+            )
+            .replace(
+                &format!("ExecReload={installed} "),
+                &format!("ExecReload={} ", tunnelgate_bin()),
+            ),
     );
     let mut cmd = Command::new("systemd-analyze");
     cmd.args(["verify", "--man=no"]).arg(&copy);
@@ -151,10 +156,15 @@ fn template_unit_passes_systemd_analyze_verify() {
     let dir = TempDir::new("unit-verify");
     dir.write(
         "tunnelgate@.service",
-        &text.replace(
-            "ExecStart=/usr/local/bin/tunnelgate ",
-            &format!("ExecStart={} ", tunnelgate_bin()),
-        ),
+        &text
+            .replace(
+                "ExecStart=/usr/local/bin/tunnelgate ",
+                &format!("ExecStart={} ", tunnelgate_bin()),
+            )
+            .replace(
+                "ExecReload=/usr/local/bin/tunnelgate ",
+                &format!("ExecReload={} ", tunnelgate_bin()),
+            ),
     );
     // An instance of the template, as `systemctl start tunnelgate@wg0` loads it.
     let mut cmd = Command::new("systemd-analyze");
@@ -185,12 +195,25 @@ fn template_unit_differs_from_the_plain_one_only_in_description_and_config() {
         text.lines()
             .map(str::trim)
             .filter(|l| !l.is_empty() && !l.starts_with('#'))
-            .filter(|l| !l.starts_with("Description=") && !l.starts_with("ExecStart="))
+            .filter(|l| {
+                !l.starts_with("Description=")
+                    && !l.starts_with("ExecStart=")
+                    && !l.starts_with("ExecReload=")
+            })
             .map(String::from)
             .collect()
     };
     let template = template_text();
     assert_eq!(settings(&template), settings(&unit_text()));
+    // Start and reload name the same file, the instance's.
+    let file = "/etc/tunnelgate/%i.toml";
+    for key in ["ExecStart", "ExecReload"] {
+        let v = unit_values_in(&template, "Service", key);
+        assert!(
+            v.len() == 1 && v[0].ends_with(&format!("--config {file}")),
+            "{key}: {v:?}"
+        );
+    }
     let description = unit_values_in(&template, "Unit", "Description");
     assert!(
         description.len() == 1 && description[0].contains("%i"),
@@ -205,7 +228,16 @@ fn unit_says_what_issue_5_asks_for() {
         service("ExecStart"),
         "/usr/local/bin/tunnelgate run --config /etc/tunnelgate/tunnelgate.toml"
     );
-    assert_eq!(service("ExecReload"), "/bin/kill -HUP $MAINPID");
+    // Reload waits for the outcome (and minimal images have no /bin/kill).
+    assert_eq!(
+        service("ExecReload"),
+        "/usr/local/bin/tunnelgate reload --config /etc/tunnelgate/tunnelgate.toml"
+    );
+    let docs = unit_values("Unit", "Documentation").join(" ");
+    assert!(
+        docs.contains("/usr/share/doc/tunnelgate/README.md"),
+        "Documentation= points at our docs: {docs}"
+    );
     assert_eq!(service("Restart"), "on-failure");
     assert_eq!(service("RestartPreventExitStatus"), "2");
     let mut caps = service_words("CapabilityBoundingSet");
@@ -413,13 +445,39 @@ fn started_like_the_unit(firewall: &str, env: &[(&str, &str)]) {
     assert_eq!(field("CapPrm:"), kept, "permitted capabilities");
     assert_eq!(field("NoNewPrivs:"), "1");
 
-    // ExecReload, as systemd runs it.
-    let reload = service("ExecReload").replace("$MAINPID", &pid.to_string());
-    let reload: Vec<&str> = reload.split_whitespace().collect();
-    run(&reload);
+    // ExecReload, as systemd runs it (binary and file are the test's): exit 0 around
+    // RELOADING=1 / READY=1; with a refused file, non-zero and the daemon runs on.
+    let reload = |config: &Path| -> CmdOutput {
+        let exec = service("ExecReload");
+        let mut argv: Vec<String> = exec.split_whitespace().map(String::from).collect();
+        assert_eq!(
+            argv[1..],
+            ["reload", "--config", "/etc/tunnelgate/tunnelgate.toml"]
+        );
+        argv[0] = tunnelgate_bin().to_string();
+        argv[3] = config.display().to_string();
+        let args: Vec<&str> = argv.iter().map(String::as_str).collect();
+        output_of(ns.command(&args), None)
+    };
+    let out = reload(&config);
+    assert_eq!(out.code, Some(0), "{out:?}");
     notify.expect("RELOADING=1", Duration::from_secs(10), stderr);
     notify.expect("READY=1", Duration::from_secs(10), stderr);
+    let good = std::fs::read_to_string(&config).expect("config");
+    std::fs::write(
+        &config,
+        good.replace("listen_port = 51820", "listen_port = \"x\""),
+    )
+    .expect("break the file");
+    let out = reload(&config);
+    assert_eq!(out.code, Some(1), "a refused reload fails: {out:?}");
+    assert!(
+        out.stderr.contains("interface.listen_port"),
+        "{}",
+        out.stderr
+    );
     assert!(daemon.is_running(), "still running after reload");
+    std::fs::write(&config, good).expect("restore the file");
 
     // systemctl stop: SIGTERM.
     daemon.signal(nix::sys::signal::Signal::SIGTERM);
@@ -433,4 +491,201 @@ fn started_like_the_unit(firewall: &str, env: &[(&str, &str)]) {
     assert!(!ns
         .exec(&["iptables-legacy-save"])
         .contains("router.advertise_routes"));
+}
+
+/// Where the booted-systemd test keeps its Debian rootfs between runs (outside the repo):
+/// `$TUNNELGATE_TEST_ROOTFS`, else `/var/tmp/tunnelgate-test-rootfs`.
+fn rootfs_cache() -> PathBuf {
+    std::env::var_os("TUNNELGATE_TEST_ROOTFS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/tmp/tunnelgate-test-rootfs"))
+}
+
+/// The cached rootfs, built with debootstrap (a few minutes, once) if it is missing; `Err` says
+/// why it cannot be had.
+fn booting_rootfs() -> Result<PathBuf, String> {
+    let root = rootfs_cache();
+    if root.join("usr/lib/systemd/systemd").exists() {
+        return Ok(root);
+    }
+    for tool in ["systemd-nspawn", "debootstrap"] {
+        if !have(tool) {
+            return Err(format!(
+                "{tool} missing (apt-get install --no-install-recommends systemd-container debootstrap)"
+            ));
+        }
+    }
+    let partial = root.with_extension("partial");
+    let _ = std::fs::remove_dir_all(&partial);
+    let out = output_of(
+        {
+            let mut c = Command::new("debootstrap");
+            c.args([
+                "--variant=minbase",
+                "--include=systemd,systemd-sysv,dbus",
+                "bookworm",
+            ])
+            .arg(&partial)
+            .arg("http://deb.debian.org/debian");
+            c
+        },
+        None,
+    );
+    if !out.success() {
+        return Err(format!("debootstrap failed: {}", out.stderr.trim()));
+    }
+    std::fs::rename(&partial, &root).map_err(|e| format!("rename {}: {e}", partial.display()))?;
+    Ok(root)
+}
+
+/// The container's PID 1: the `systemd` process among the descendants of `pid` (nspawn forks
+/// an intermediate child first, so the first child is not always it).
+fn container_init(pid: u32) -> Option<u32> {
+    let children = |p: u32| -> Vec<u32> {
+        std::fs::read_to_string(format!("/proc/{p}/task/{p}/children"))
+            .unwrap_or_default()
+            .split_whitespace()
+            .filter_map(|c| c.parse().ok())
+            .collect()
+    };
+    let mut todo = children(pid);
+    while let Some(p) = todo.pop() {
+        let comm = std::fs::read_to_string(format!("/proc/{p}/comm")).unwrap_or_default();
+        if comm.trim() == "systemd" {
+            return Some(p);
+        }
+        todo.extend(children(p));
+    }
+    None
+}
+
+/// `systemctl reload` under a real systemd (PID 1 of a systemd-nspawn container in a test
+/// namespace) runs the unit's ExecReload: 0 for a good file, non-zero for a refused one, and the
+/// service stays active on its old configuration.
+#[test]
+#[ignore = "needs root, systemd-nspawn and a Debian rootfs (built once with debootstrap)"]
+fn systemctl_reload_under_real_systemd_fails_on_a_refused_file() {
+    require_root();
+    let rootfs = match booting_rootfs() {
+        Ok(r) => r,
+        Err(why) => {
+            eprintln!("SKIPPED systemctl_reload_under_real_systemd_fails_on_a_refused_file: {why}");
+            return;
+        }
+    };
+    let ns = Netns::new();
+    let mut cfg = TgConfig::new(0, &["100.83.0.1/32"]);
+    cfg.health = None;
+    let etc = TempDir::new("nspawn-etc");
+    etc.write_secret("private.key", &cfg.key.private);
+    let good = cfg.render("private.key");
+    etc.write_secret("tunnelgate.toml", &good);
+    let mut cmd = Command::new("systemd-nspawn");
+    cmd.args([
+        "-b",
+        "--register=no",
+        "--keep-unit",
+        "--volatile=overlay",
+        "--console=passive",
+        "--capability=CAP_NET_ADMIN",
+        &format!("--network-namespace-path=/run/netns/{}", ns.name()),
+        "--bind=/dev/net/tun",
+        &format!("--bind-ro={}:/usr/local/bin/tunnelgate", tunnelgate_bin()),
+        &format!(
+            "--bind-ro={}:/etc/systemd/system/tunnelgate.service",
+            unit_path().display()
+        ),
+        &format!("--bind={}:/etc/tunnelgate", etc.path().display()),
+        "-D",
+    ])
+    .arg(&rootfs)
+    .arg("systemd.wants=tunnelgate.service");
+    let mut nspawn = Proc::spawn(cmd, "nspawn", etc.path());
+    let nspawn_pid = nspawn.pid();
+    wait_until(Duration::from_secs(20), "the container's PID 1", || {
+        container_init(nspawn_pid).is_some()
+    });
+    let inside = |args: &[&str]| -> CmdOutput {
+        let leader = container_init(nspawn_pid)
+            .map(|l| l.to_string())
+            .unwrap_or_default();
+        let mut c = Command::new("nsenter");
+        c.args(["-t", &leader, "-a", "--"]).args(args);
+        output_of(c, None)
+    };
+    let active = || inside(&["systemctl", "is-active", "tunnelgate.service"]).stdout;
+    let booted = poll_until(Duration::from_secs(60), || active().trim() == "active");
+    let journal = || inside(&["journalctl", "-u", "tunnelgate", "--no-pager"]).stdout;
+    assert!(
+        booted,
+        "tunnelgate.service active under systemd: {}\n{}\n{}",
+        active(),
+        journal(),
+        nspawn.stderr()
+    );
+
+    let out = inside(&["systemctl", "reload", "tunnelgate.service"]);
+    assert!(
+        out.success(),
+        "reload of an unchanged file: {out:?}\n{}",
+        journal()
+    );
+    etc.write_secret(
+        "tunnelgate.toml",
+        &good.replace("listen_port = 0", "listen_port = \"x\""),
+    );
+    let out = inside(&["systemctl", "reload", "tunnelgate.service"]);
+    assert!(
+        !out.success(),
+        "systemctl reload of a refused file fails: {out:?}"
+    );
+    assert_eq!(active().trim(), "active", "{}", journal());
+    let log = journal();
+    assert!(
+        log.contains("interface.listen_port"),
+        "the journal says why:\n{log}"
+    );
+    eprintln!("journal of tunnelgate.service:\n{log}");
+    // The daemon's own entries: a priority from the level, one entry for the multi-line
+    // refusal, and no second timestamp.
+    let entries: Vec<serde_json::Value> = inside(&[
+        "journalctl",
+        "-u",
+        "tunnelgate",
+        "-o",
+        "json",
+        "--no-pager",
+        "_COMM=tunnelgate",
+    ])
+    .stdout
+    .lines()
+    .filter_map(|l| serde_json::from_str(l).ok())
+    .collect();
+    let entry = |needle: &str| -> serde_json::Value {
+        entries
+            .iter()
+            .find(|e| e["MESSAGE"].as_str().is_some_and(|m| m.contains(needle)))
+            .cloned()
+            .unwrap_or_else(|| panic!("no journal entry with {needle:?}: {entries:#?}"))
+    };
+    let refused = entry("Reload rejected");
+    assert_eq!(refused["PRIORITY"], "3", "error priority: {refused}");
+    assert!(
+        refused["MESSAGE"]
+            .as_str()
+            .is_some_and(|m| m.contains("interface.listen_port")),
+        "the whole error in one entry: {refused}"
+    );
+    let up = entry("Tunnel up");
+    assert_eq!(up["PRIORITY"], "6", "info priority: {up}");
+    for e in &entries {
+        let m = e["MESSAGE"].as_str().unwrap_or_default();
+        assert!(
+            !m.starts_with("20") && !m.contains(" INFO ") && !m.starts_with('<'),
+            "no timestamp, level word or raw prefix in the message: {m:?}"
+        );
+    }
+    let _ = inside(&["systemctl", "poweroff"]);
+    let stopped = nspawn.wait_timeout(Duration::from_secs(30));
+    assert!(stopped.is_some(), "container powered off");
 }

@@ -580,6 +580,46 @@ def report(results: dict) -> str:
     return "\n".join(out)
 
 
+def svg_chart(results: dict) -> str:
+    """The table's throughput columns as an SVG bar chart (median TCP 1 and 4 streams, UDP),
+    one group of bars per setup; pure Python, no dependencies."""
+    series = [("tcp1", "TCP, 1 stream", "#1f77b4"), ("tcp4", "TCP, 4 streams", "#ff7f0e"), ("udp", "UDP, 1 Gbit/s offered", "#2ca02c")]
+    rows = []
+    for name, s in results["setups"].items():
+        if s.get("status") != "ok":
+            continue
+        meds = [statistics.median(v) / 1e9 if (v := values(s, test, "bps")) else None for test, _, _ in series]
+        rows.append((name, meds))
+    top = max([m for _, meds in rows for m in meds if m] + [1.0])
+    label_w, bar_h, gap, chart_w, head = 150, 14, 12, 520, 56
+    height = head + len(rows) * (len(series) * bar_h + gap) + 30
+    width = label_w + chart_w + 90
+    esc = lambda t: str(t).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    m = results.get("meta", {})
+    title = f"iperf3 through each setup: median Gbit/s ({m.get('rounds', '?')} rounds x {m.get('duration_s', '?')} s, {m.get('cpus', '?')} CPUs, commit {m.get('commit', '?')})"
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">',
+        f'<rect width="{width}" height="{height}" fill="white"/>',
+        f'<text x="10" y="20" font-size="14" font-weight="bold">{esc(title)}</text>',
+    ]
+    for i, (_, label, color) in enumerate(series):
+        x = label_w + i * 170
+        out.append(f'<rect x="{x}" y="32" width="12" height="12" fill="{color}"/><text x="{x + 16}" y="43">{esc(label)}</text>')
+    y = head
+    for name, meds in rows:
+        out.append(f'<text x="{label_w - 8}" y="{y + len(series) * bar_h / 2 + 4:.0f}" text-anchor="end">{esc(name)}</text>')
+        for (test, _, color), med in zip(series, meds):
+            if med is not None:
+                w = chart_w * med / top
+                out.append(f'<rect x="{label_w}" y="{y}" width="{w:.1f}" height="{bar_h - 2}" fill="{color}"><title>{esc(name)} {test}: {med:.2f} Gbit/s</title></rect>')
+                out.append(f'<text x="{label_w + w + 4:.1f}" y="{y + bar_h - 4}" font-size="10">{med:.2f}</text>')
+            y += bar_h
+        y += gap
+    out.append(f'<line x1="{label_w}" y1="{head - 4}" x2="{label_w}" y2="{y}" stroke="black"/>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
 # --------------------------------------------------------------------------------------------------
 # Main
 # --------------------------------------------------------------------------------------------------
@@ -606,7 +646,14 @@ def main() -> int:
     ap.add_argument("--tunnelgate", help="tunnelgate binary (default target/release/tunnelgate, built first)")
     ap.add_argument("--boringtun", help="boringtun-cli binary (default: PATH, else cargo install into the cache)")
     ap.add_argument("--keep-logs", action="store_true", help="keep the daemons' logs and configs")
+    ap.add_argument("--svg-from", metavar="JSON", help="only write the SVG chart of an earlier run's JSON (next to it) and exit")
     args = ap.parse_args()
+    if args.svg_from:
+        src = Path(args.svg_from)
+        svg = src.with_suffix(".svg")
+        svg.write_text(svg_chart(json.loads(src.read_text())))
+        print(f"chart: {svg}")
+        return 0
     if args.quick:
         args.rounds, args.duration = 1, 5
     names = [s.strip() for s in args.setups.split(",") if s.strip()]
@@ -734,6 +781,7 @@ def main() -> int:
         out = out.with_name(out.stem + ".partial.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")
+    out.with_suffix(".svg").write_text(svg_chart(results))
     m = results["meta"]
     print(f"\niperf3 benchmark: {m['rounds']} round(s) x {m['duration_s']} s, commit {m['commit']}, {m['cpus']} CPUs ({m['cpu_model']}), kernel {m['kernel']}, MTU {MTU}")
     print("medians (min–max); CPU = daemon user+sys seconds per GB received, both sides; a = client side\n")

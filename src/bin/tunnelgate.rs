@@ -20,14 +20,22 @@ const DEFAULT_CONFIG: &str = "/etc/tunnelgate/tunnelgate.toml";
 #[command(
     name = "tunnelgate",
     version,
-    about = "WireGuard data-plane proxy: tunnel, ingress/egress NAT, subnet router, exit node"
+    about = "WireGuard data-plane proxy: tunnel, ingress/egress NAT, subnet router, exit node",
+    // Our own `help` subcommand, so that `tunnelgate help --help` works like every other one.
+    disable_help_subcommand = true
 )]
 struct Cli {
-    /// Log format: human (default) or json. Level comes from RUST_LOG (default info).
-    #[arg(long, global = true, value_enum, env = tunnelgate::telemetry::logging::LOG_FORMAT_ENV, default_value_t)]
-    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+/// `--log-format`, on the subcommands that log (the others print their result and errors).
+#[derive(clap::Args)]
+struct LogArgs {
+    /// Log format: human (default; the journal's own format when stderr is the systemd
+    /// journal), json or journal. Level comes from RUST_LOG (default info).
+    #[arg(long, value_enum, env = tunnelgate::telemetry::logging::LOG_FORMAT_ENV, default_value_t)]
+    log_format: LogFormat,
 }
 
 #[derive(Subcommand)]
@@ -36,25 +44,44 @@ enum Command {
     Run {
         #[arg(long, env = "TUNNELGATE_CONFIG", default_value = DEFAULT_CONFIG)]
         config: PathBuf,
+        #[command(flatten)]
+        log: LogArgs,
     },
     /// Validate the configuration and print what would be installed, changing nothing.
     Check {
         #[arg(long, env = "TUNNELGATE_CONFIG", default_value = DEFAULT_CONFIG)]
         config: PathBuf,
     },
-    /// Show the running daemon's interface, peers, rules and resolved names.
+    /// Show the running daemon's interface, peers, rules and resolved names. With neither
+    /// --interface nor --config (nor $TUNNELGATE_CONFIG): every tunnelgate on this host.
     Status {
-        #[arg(long, env = "TUNNELGATE_CONFIG", default_value = DEFAULT_CONFIG)]
-        config: PathBuf,
-        /// The interface to query (default: interface.name from the config file).
+        /// The daemon running this config file (its interface.name).
+        #[arg(long, env = "TUNNELGATE_CONFIG", conflicts_with = "interface")]
+        config: Option<PathBuf>,
+        /// The interface to query.
         #[arg(long)]
         interface: Option<String>,
-        /// Print JSON instead of text.
+        /// Print JSON instead of text (an array of daemons when every daemon is shown).
         #[arg(long)]
         json: bool,
     },
+    /// Ask the running daemon to reload its config file and wait for the outcome: exit 0 when
+    /// applied or unchanged, 1 when refused (the old configuration keeps running).
+    Reload {
+        /// The daemon running this config file (its interface.name).
+        #[arg(long, env = "TUNNELGATE_CONFIG", conflicts_with = "interface")]
+        config: Option<PathBuf>,
+        /// The daemon of this interface. With neither flag: the only daemon running.
+        #[arg(long)]
+        interface: Option<String>,
+    },
     /// Print a new base64 private key (like `wg genkey`).
     Genkey,
+    /// Print this message or the help of the given subcommand.
+    Help {
+        /// The subcommand to explain.
+        command: Option<String>,
+    },
     /// Read a base64 private key on stdin, print its public key (like `wg pubkey`).
     Pubkey,
     /// A drop-in for `wireguard-go IFNAME` (also run as `tunnelgate-wg`): create the
@@ -65,6 +92,8 @@ enum Command {
         foreground: bool,
         /// The interface to create.
         interface: String,
+        #[command(flatten)]
+        log: LogArgs,
     },
 }
 
@@ -90,13 +119,15 @@ fn main() -> ExitCode {
         Command::Userspace {
             foreground,
             interface,
-        } => tunnelgate::shell::userspace::run(foreground, &interface, cli.log_format),
+            log,
+        } => tunnelgate::shell::userspace::run(foreground, &interface, log.log_format),
+        Command::Help { command } => help(command.as_deref()),
         Command::Check { config } => match load_config(&config) {
-            Ok(c) => check(&c),
+            Ok(c) => check(&config, &c),
             Err(e) => config_error(&e),
         },
-        Command::Run { config } => {
-            init_logging(cli.log_format);
+        Command::Run { config, log } => {
+            init_logging(log.log_format);
             run(config)
         }
         Command::Status {
@@ -104,19 +135,136 @@ fn main() -> ExitCode {
             interface,
             json,
         } => status(config, interface, json),
+        Command::Reload { config, interface } => reload(config, interface),
     }
 }
 
-fn status(config: PathBuf, interface: Option<String>, json: bool) -> ExitCode {
-    let name = match interface {
-        Some(n) => n,
-        None => match load_config(&config) {
-            Ok(c) => c.interface.name,
-            Err(e) => {
-                eprintln!("tunnelgate status: {e} (or name the interface with --interface)");
+/// Which daemon a command means: `--interface`, else the interface.name of `--config` (read
+/// leniently: a reload must find the daemon even when the file it is asked to take is
+/// invalid), else `None` (every daemon).
+fn chosen_interface(
+    what: &str,
+    config: Option<PathBuf>,
+    interface: Option<String>,
+) -> Result<Option<String>, ExitCode> {
+    if let Some(n) = interface {
+        return Ok(Some(n));
+    }
+    let Some(path) = config else {
+        return Ok(None);
+    };
+    let text = std::fs::read_to_string(&path).map_err(|e| {
+        eprintln!(
+            "tunnelgate {what}: cannot read {}: {e} (or name the interface with --interface)",
+            path.display()
+        );
+        ExitCode::from(2)
+    })?;
+    match tunnelgate::config::interface_name_of(&text) {
+        Some(name) => Ok(Some(name)),
+        None => {
+            // Say what is wrong with the file, as `check` would.
+            match load_config(&path) {
+                Err(e) => eprintln!("tunnelgate {what}: {e}"),
+                Ok(_) => eprintln!("tunnelgate {what}: {}: no interface.name", path.display()),
+            }
+            eprintln!(
+                "tunnelgate {what}: cannot tell which daemon runs {}; name it with --interface",
+                path.display()
+            );
+            Err(ExitCode::from(1))
+        }
+    }
+}
+
+fn reload(config: Option<PathBuf>, interface: Option<String>) -> ExitCode {
+    use tunnelgate::telemetry::status::{request_reload, ReloadOutcome};
+    let name = match chosen_interface("reload", config, interface) {
+        Ok(Some(n)) => n,
+        Ok(None) => match live_daemons().as_slice() {
+            [(name, _)] => name.clone(),
+            [] => {
+                eprintln!(
+                    "tunnelgate reload: no tunnelgate daemon is running (no live socket in {})",
+                    tunnelgate::telemetry::status::run_dir().display()
+                );
+                return ExitCode::from(1);
+            }
+            several => {
+                let names: Vec<&str> = several.iter().map(|(n, _)| n.as_str()).collect();
+                eprintln!(
+                    "tunnelgate reload: several daemons run ({}); name one with --interface or --config",
+                    names.join(", ")
+                );
                 return ExitCode::from(2);
             }
         },
+        Err(code) => return code,
+    };
+    match request_reload(&status_socket_path(&name)) {
+        Ok(Ok(ReloadOutcome::Applied)) => {
+            println!("{name}: configuration reloaded");
+            ExitCode::SUCCESS
+        }
+        Ok(Ok(ReloadOutcome::Unchanged)) => {
+            println!("{name}: configuration unchanged");
+            ExitCode::SUCCESS
+        }
+        Ok(Err(why)) => {
+            eprintln!(
+                "tunnelgate reload: {name}: refused, the running configuration is kept: {why}"
+            );
+            ExitCode::from(1)
+        }
+        Err(e) => {
+            eprintln!("tunnelgate reload: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Every daemon that answers on its status socket, with its snapshot; stale sockets skipped.
+fn live_daemons() -> Vec<(String, tunnelgate::telemetry::Snapshot)> {
+    use tunnelgate::telemetry::status::{run_dir, status_sockets_in};
+    status_sockets_in(&run_dir())
+        .into_iter()
+        .filter_map(|path| match query_status(&path) {
+            Ok(snap) => Some((snap.interface.name.clone(), snap)),
+            Err(e) => {
+                tracing::debug!(error = %e, "skipping a status socket");
+                None
+            }
+        })
+        .collect()
+}
+
+/// `tunnelgate status` with no daemon named: every daemon, like `wg show`.
+fn status_all(json: bool) -> ExitCode {
+    let daemons: Vec<tunnelgate::telemetry::Snapshot> =
+        live_daemons().into_iter().map(|(_, s)| s).collect();
+    if json {
+        return match serde_json::to_string_pretty(&daemons) {
+            Ok(text) => {
+                println!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("tunnelgate status: {e}");
+                ExitCode::from(1)
+            }
+        };
+    }
+    let now = now_unix();
+    let texts: Vec<String> = daemons.iter().map(|s| render_status_text(s, now)).collect();
+    print!("{}", texts.join("\n"));
+    ExitCode::SUCCESS
+}
+
+fn status(config: Option<PathBuf>, interface: Option<String>, json: bool) -> ExitCode {
+    let name = match chosen_interface("status", config, interface) {
+        Ok(Some(n)) => n,
+        Ok(None) => return status_all(json),
+        Err(code) => return code,
     };
     match query_status(&status_socket_path(&name)) {
         Ok(snap) if json => match serde_json::to_string_pretty(&snap) {
@@ -141,9 +289,9 @@ fn status(config: PathBuf, interface: Option<String>, json: bool) -> ExitCode {
 }
 
 /// Prints the plan: routes, sysctls and the exact firewall text for the chosen backend.
-fn check(config: &tunnelgate::config::Config) -> ExitCode {
+fn check(path: &std::path::Path, config: &tunnelgate::config::Config) -> ExitCode {
     use tunnelgate::rules::desired::firewall_needed;
-    for w in config.warnings() {
+    for w in tunnelgate::shell::config_file::warnings(path, config) {
         eprintln!("tunnelgate check: warning: {w}");
     }
     let firewall = if firewall_needed(config) {
@@ -171,6 +319,25 @@ fn check(config: &tunnelgate::config::Config) -> ExitCode {
     );
     let _ = std::io::stdout().write_all(plan.as_bytes());
     ExitCode::SUCCESS
+}
+
+fn help(command: Option<&str>) -> ExitCode {
+    use clap::CommandFactory;
+    let mut cli = Cli::command();
+    let printed = match command {
+        None => cli.print_help(),
+        Some(name) => match cli.find_subcommand_mut(name) {
+            Some(sub) => sub.print_help(),
+            None => {
+                eprintln!("tunnelgate help: no subcommand {name:?}");
+                return ExitCode::from(2);
+            }
+        },
+    };
+    match printed {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(_) => ExitCode::from(1),
+    }
 }
 
 fn pubkey() -> ExitCode {
@@ -204,7 +371,7 @@ fn run(path: PathBuf) -> ExitCode {
         Ok(c) => c,
         Err(e) => return config_error(&e),
     };
-    for w in config.warnings() {
+    for w in tunnelgate::shell::config_file::warnings(&path, &config) {
         tracing::warn!("{w}");
     }
     // Before the runtime: capabilities are per thread, so they are dropped while there is one.
@@ -276,8 +443,9 @@ async fn serve(config: tunnelgate::config::Config, path: PathBuf) -> anyhow::Res
     })];
     tasks.push(tokio::spawn({
         let (stop, observe) = (stopped(), observe.clone());
+        let reloader: Arc<dyn tunnelgate::telemetry::status::Reloader> = handle.clone();
         async move {
-            if let Err(e) = status_socket.serve(observe, stop).await {
+            if let Err(e) = status_socket.serve(observe, Some(reloader), stop).await {
                 tracing::error!(error = %e, "status socket failed");
             }
         }

@@ -42,6 +42,7 @@ pub(super) struct RawInterface {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawPeer {
+    pub name: Option<String>,
     pub public_key: Option<String>,
     pub preshared_key: Option<String>,
     pub preshared_key_file: Option<String>,

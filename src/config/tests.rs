@@ -314,3 +314,76 @@ fn every_error_is_reported_at_once() {
         .0;
     assert!(errs.len() >= 4, "{errs:?}");
 }
+
+#[test]
+fn interface_name_is_read_from_an_otherwise_invalid_file() {
+    use crate::config::interface_name_of;
+    assert_eq!(
+        interface_name_of("[interface]\nname = \"wg7\"\nbogus = 1\n[[peer]]\npublic_key = \"x\"\n"),
+        Some("wg7".to_string())
+    );
+    assert_eq!(interface_name_of("[interface]\nlisten_port = 1\n"), None);
+    assert_eq!(interface_name_of("[interface\nname = \"wg7\""), None);
+}
+
+#[test]
+fn peer_names_are_short_printable_and_unique() {
+    let key_a = "AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=";
+    let key_b = "AgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgI=";
+    let two = |a: &str, b: &str| {
+        minimal(&format!(
+            "[[peer]]\nname = {a}\npublic_key = \"{key_a}\"\nallowed_ips = [\"100.64.9.1/32\"]\n\n\
+             [[peer]]\nname = {b}\npublic_key = \"{key_b}\"\nallowed_ips = [\"100.64.9.2/32\"]\n"
+        ))
+    };
+    let c = parse(&two("\"office\"", "\"laptop of Ann\"")).expect("valid names");
+    let names: Vec<Option<&str>> = c.peers.iter().map(|p| p.name.as_deref()).collect();
+    assert!(
+        names.ends_with(&[Some("office"), Some("laptop of Ann")]),
+        "{names:?}"
+    );
+    assert_error(
+        &two("\"a\"", "\"a\""),
+        "peer[1].name",
+        &["already the name of peer["],
+    );
+    assert_error(&two("\"\"", "\"b\""), "peer[0].name", &["expected 1 to 32"]);
+    assert_error(
+        &two(&format!("\"{}\"", "x".repeat(33)), "\"b\""),
+        "peer[0].name",
+        &["33 characters"],
+    );
+    assert_error(
+        &two("\"a\\nb\"", "\"b\""),
+        "peer[0].name",
+        &["control character"],
+    );
+    assert_error(&two("\" a\"", "\"b\""), "peer[0].name", &["space"]);
+}
+
+#[test]
+fn placeholder_keys_are_recognised() {
+    use crate::config::{decode_key, key_looks_like_placeholder};
+    for text in [
+        "AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=",
+        "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=",
+        "REPLACE+ME+WITH+THE+PEERS+PUBLIC+KEY+AAAAAA=",
+        "CHANGEMEAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=",
+    ] {
+        let bytes = decode_key(text).expect("valid base64 key");
+        assert!(key_looks_like_placeholder(&bytes, text), "{text}");
+    }
+    let real = "xTIBA5rboUvnH4htodjb6e697QjLERt1NAB4mZqp8Dg=";
+    let bytes = decode_key(real).expect("key");
+    assert!(!key_looks_like_placeholder(&bytes, real));
+    let c = parse(&minimal(
+        "[[peer]]\npublic_key = \"REPLACE+ME+WITH+THE+PEERS+PUBLIC+KEY+AAAAAA=\"\nallowed_ips = [\"100.64.9.1/32\"]\n",
+    ))
+    .expect("a placeholder is valid");
+    let w = c.warnings();
+    assert!(
+        w.iter()
+            .any(|w| w.starts_with("peer[0].public_key:") && w.contains("placeholder")),
+        "{w:?}"
+    );
+}

@@ -132,6 +132,7 @@ fn peers(
     let own_public = interface.private_key.public_key();
     let mut seen_keys: BTreeMap<PublicKey, usize> = BTreeMap::new();
     let mut seen_nets: BTreeMap<IpNet, usize> = BTreeMap::new();
+    let mut seen_names: BTreeMap<String, usize> = BTreeMap::new();
     let mut peers = Vec::new();
     for (i, raw) in raws.into_iter().enumerate() {
         let key = format!("peer[{i}]");
@@ -209,7 +210,25 @@ fn peers(
             0,
             errs,
         ) as u16;
+        let name = raw.name.and_then(|n| match peer_name_problem(&n) {
+            None => {
+                if let Some(first) = seen_names.insert(n.clone(), i) {
+                    errs.push(
+                        format!("{key}.name"),
+                        format!(
+                            "{n:?} is already the name of peer[{first}]: expected unique names"
+                        ),
+                    );
+                }
+                Some(n)
+            }
+            Some(problem) => {
+                errs.push(format!("{key}.name"), format!("{n:?} {problem}"));
+                None
+            }
+        });
         peers.push(Peer {
+            name,
             public_key,
             preshared_key,
             endpoint,
@@ -218,6 +237,27 @@ fn peers(
         });
     }
     peers
+}
+
+/// The longest `peer[].name`, in characters (it is a metric label and a status column).
+pub(super) const PEER_NAME_MAX: usize = 32;
+
+/// What is wrong with a peer name, if anything: it must be 1 to [`PEER_NAME_MAX`] printable
+/// characters, without leading or trailing spaces.
+pub(super) fn peer_name_problem(name: &str) -> Option<String> {
+    let chars = name.chars().count();
+    if chars == 0 || chars > PEER_NAME_MAX {
+        return Some(format!(
+            "has {chars} characters: expected 1 to {PEER_NAME_MAX}"
+        ));
+    }
+    if name.chars().any(char::is_control) {
+        return Some("contains a control character: expected printable text".into());
+    }
+    if name.trim() != name {
+        return Some("starts or ends with a space: expected none".into());
+    }
+    None
 }
 
 fn firewall(raw: super::raw::RawFirewall, errs: &mut Errors) -> Firewall {

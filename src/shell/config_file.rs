@@ -32,6 +32,17 @@ pub enum LoadError {
     Invalid { path: PathBuf, errors: ConfigErrors },
 }
 
+/// Everything worth a warning about the configuration at `path` (already loaded as `config`):
+/// [`Config::warnings`] and secrets inline in a file others can read. Never fatal.
+pub fn warnings(path: &Path, config: &Config) -> Vec<String> {
+    let mut out = config.warnings();
+    if let (Ok(meta), Ok(text)) = (std::fs::metadata(path), std::fs::read_to_string(path)) {
+        let mode = meta.permissions().mode();
+        out.extend(crate::config::inline_secret_warning(&text, mode));
+    }
+    out
+}
+
 /// Reads and validates the configuration at `path`.
 pub fn load_config(path: &Path) -> Result<Config, LoadError> {
     let text = std::fs::read_to_string(path).map_err(|source| LoadError::Read {

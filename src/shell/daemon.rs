@@ -259,10 +259,10 @@ impl Daemon {
 
     /// Re-reads the config file; the core takes it or refuses it (then the old one runs on).
     async fn reload(&mut self, reason: &'static str) -> Result<Reload, String> {
-        let Some(path) = &self.config_path else {
+        let Some(path) = self.config_path.clone() else {
             return Err("no configuration file to reload (userspace mode: use wg setconf)".into());
         };
-        let config = match crate::shell::config_file::load_config(path) {
+        let config = match crate::shell::config_file::load_config(&path) {
             Ok(c) => c,
             Err(e) => {
                 self.control.handle_config_invalid();
@@ -270,7 +270,7 @@ impl Daemon {
                 return Err(e.to_string());
             }
         };
-        for warning in config.warnings() {
+        for warning in crate::shell::config_file::warnings(&path, &config) {
             tracing::warn!(warning = %warning, "Configuration warning");
         }
         match self.control.handle_config_loaded(config, Instant::now()) {
@@ -308,7 +308,7 @@ impl Daemon {
             Ok(c) => {
                 last_error.clear();
                 tracing::info!(path = %path.display(), "Config file changed");
-                for warning in c.warnings() {
+                for warning in crate::shell::config_file::warnings(&path, &c) {
                     tracing::warn!(warning = %warning, "Configuration warning");
                 }
                 if let Err(refused) = self.control.handle_config_loaded(c, Instant::now()) {
@@ -410,5 +410,31 @@ impl crate::config::SecretFiles for NoFiles {
             "{}: no files are read in userspace mode",
             path.display()
         ))
+    }
+}
+
+/// `tunnelgate reload` over the status socket: the same reload as SIGHUP, told to systemd the
+/// same way, with the outcome returned to the client.
+impl crate::telemetry::status::Reloader for Handle {
+    fn reload(
+        &self,
+    ) -> std::pin::Pin<
+        Box<
+            dyn std::future::Future<
+                    Output = Result<crate::telemetry::status::ReloadOutcome, String>,
+                > + Send
+                + '_,
+        >,
+    > {
+        use crate::telemetry::status::ReloadOutcome;
+        Box::pin(async move {
+            sd_notify("RELOADING=1");
+            let outcome = Handle::reload(self, "tunnelgate reload").await;
+            sd_notify("READY=1");
+            outcome.map(|r| match r {
+                Reload::Applied => ReloadOutcome::Applied,
+                Reload::Unchanged => ReloadOutcome::Unchanged,
+            })
+        })
     }
 }

@@ -1,6 +1,12 @@
 //! The one resolver of the daemon, for `target_fqdn` names and peer endpoints alike: hickory
 //! (A and AAAA), with no cache so every scheduled lookup asks the name server, and the deadline
 //! the control core gives each lookup so a dead server cannot stall anything.
+//!
+//! Without `dns.nameservers` it resolves like the system's getaddrinfo: `/etc/hosts` first,
+//! then resolv.conf's name servers with its `search` domains and `ndots` (so `db.prod.svc`
+//! resolves inside a Kubernetes pod). With explicit `dns.nameservers` every name is absolute
+//! and the hosts file is not read. The resolv.conf path can be moved with
+//! [`RESOLV_CONF_ENV`], for tests that cannot touch the host's file.
 
 use hickory_resolver::config::{
     ConnectionConfig, LookupIpStrategy, NameServerConfig, ResolveHosts, ResolverConfig,
@@ -11,15 +17,39 @@ use hickory_resolver::TokioResolver;
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
-pub struct Resolver(TokioResolver);
+/// Overrides `/etc/resolv.conf` (tests; documented in the README).
+pub const RESOLV_CONF_ENV: &str = "TUNNELGATE_RESOLV_CONF";
+
+pub struct Resolver {
+    inner: TokioResolver,
+    /// Names are looked up as given, fully qualified (explicit name servers).
+    absolute: bool,
+}
+
+/// What a lookup asks the resolver for: `name.` when names are absolute, else `name` as the
+/// user wrote it, for the search list and ndots to apply.
+pub fn query_name(name: &str, absolute: bool) -> String {
+    if absolute && !name.ends_with('.') {
+        format!("{name}.")
+    } else {
+        name.to_string()
+    }
+}
 
 impl Resolver {
     /// Uses `nameservers`, or the system's resolv.conf when empty. hickory's default config
     /// has no servers at all, so one of the two is always given explicitly.
     pub fn new(nameservers: &[SocketAddr]) -> Result<Resolver, String> {
+        let absolute = !nameservers.is_empty();
         let (config, mut opts) = if nameservers.is_empty() {
-            hickory_resolver::system_conf::read_system_conf()
-                .map_err(|e| format!("cannot read /etc/resolv.conf: {e}"))?
+            let path = std::env::var_os(RESOLV_CONF_ENV)
+                .filter(|p| !p.is_empty())
+                .map(std::path::PathBuf::from)
+                .unwrap_or_else(|| "/etc/resolv.conf".into());
+            let text =
+                std::fs::read(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            hickory_resolver::system_conf::parse_resolv_conf(text)
+                .map_err(|e| format!("cannot use {}: {e}", path.display()))?
         } else {
             let servers = nameservers
                 .iter()
@@ -40,20 +70,27 @@ impl Resolver {
         opts.ip_strategy = LookupIpStrategy::Ipv4AndIpv6;
         opts.timeout = Duration::from_secs(2);
         opts.attempts = 2;
-        opts.use_hosts_file = ResolveHosts::Never;
+        opts.use_hosts_file = if absolute {
+            ResolveHosts::Never
+        } else {
+            ResolveHosts::Always
+        };
         let resolver = TokioResolver::builder_with_config(config, TokioRuntimeProvider::default())
             .with_options(opts)
             .build()
             .map_err(|e| format!("cannot build the resolver: {e}"))?;
-        Ok(Resolver(resolver))
+        Ok(Resolver {
+            inner: resolver,
+            absolute,
+        })
     }
 
-    /// Every A and AAAA address of `name` (fully qualified: no search domains), or an error
-    /// once `deadline` passes.
+    /// Every A and AAAA address of `name` (see the module doc for search domains), or an
+    /// error once `deadline` passes.
     pub async fn resolve(&self, name: &str, deadline: Instant) -> Result<Vec<IpAddr>, String> {
-        let fqdn = format!("{name}.");
+        let query = query_name(name, self.absolute);
         let started = Instant::now();
-        match tokio::time::timeout_at(deadline.into(), self.0.lookup_ip(fqdn.as_str())).await {
+        match tokio::time::timeout_at(deadline.into(), self.inner.lookup_ip(query.as_str())).await {
             Ok(Ok(lookup)) => Ok(lookup.iter().collect()),
             Ok(Err(e)) => Err(e.to_string()),
             Err(_) => Err(format!(
@@ -61,5 +98,24 @@ impl Resolver {
                 started.elapsed().as_secs_f64()
             )),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_absolute_only_with_explicit_servers() {
+        assert_eq!(
+            query_name("db.example.internal", true),
+            "db.example.internal."
+        );
+        assert_eq!(
+            query_name("db.example.internal.", true),
+            "db.example.internal."
+        );
+        assert_eq!(query_name("db.prod.svc", false), "db.prod.svc");
+        assert_eq!(query_name("db.", false), "db.");
     }
 }

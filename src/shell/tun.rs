@@ -10,12 +10,10 @@ use tun_rs::{DeviceBuilder, SyncDevice};
 pub enum TunError {
     #[error("interface {0} already exists: choose another interface.name, or stop what owns it")]
     Exists(String),
-    #[error("cannot create TUN device {name}: {source} (is /dev/net/tun present and CAP_NET_ADMIN held?)")]
-    Create {
-        name: String,
-        #[source]
-        source: io::Error,
-    },
+    /// The cause is in the message and deliberately not a `source`: the daemon prints the
+    /// whole error chain, which would say it twice.
+    #[error("cannot create TUN device {name}: {cause} (is /dev/net/tun present and CAP_NET_ADMIN held?)")]
+    Create { name: String, cause: io::Error },
 }
 
 /// Packets the kernel queues for us before dropping (Linux's TUN default is 500). A 1 Gbit/s
@@ -36,9 +34,9 @@ pub fn create(name: &str, mtu: u16) -> Result<SyncDevice, TunError> {
         .offload(true)
         .tx_queue_len(TX_QUEUE_PACKETS)
         .build_sync()
-        .map_err(|source| TunError::Create {
+        .map_err(|cause| TunError::Create {
             name: name.into(),
-            source,
+            cause,
         })
 }
 
@@ -60,4 +58,21 @@ pub fn wait_readable(device: &SyncDevice, timeout: Duration) -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_create_error_says_its_cause_once() {
+        let e = anyhow::Error::new(TunError::Create {
+            name: "tg0".into(),
+            cause: io::Error::from_raw_os_error(libc::EPERM),
+        })
+        .context("starting");
+        let text = format!("{e:#}");
+        assert_eq!(text.matches("Operation not permitted").count(), 1, "{text}");
+        assert!(text.contains("cannot create TUN device tg0"), "{text}");
+    }
 }

@@ -40,7 +40,8 @@ use super::{now_unix, render_metrics, Observe};
 
 /// The classic Prometheus text format.
 pub const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
-/// OpenMetrics text, for scrapers that ask for it (the body is the same).
+/// OpenMetrics text, for scrapers that ask for it (the classic body is
+/// [`super::classic_text`] of it).
 pub const OPENMETRICS_TEXT: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 const PLAIN_TEXT: &str = "text/plain; charset=utf-8";
 /// The comment that starts the last line of a truncated `/metrics` body.
@@ -328,12 +329,12 @@ fn route<B>(
                 .iter()
                 .filter_map(|v| v.to_str().ok())
                 .any(|v| v.contains("application/openmetrics-text"));
-            let mut r = text(StatusCode::OK, body);
-            let ct = if openmetrics {
-                OPENMETRICS_TEXT
+            let (body, ct) = if openmetrics {
+                (body, OPENMETRICS_TEXT)
             } else {
-                PROMETHEUS_TEXT
+                (super::classic_text(&body), PROMETHEUS_TEXT)
             };
+            let mut r = text(StatusCode::OK, body);
             r.headers_mut()
                 .insert(CONTENT_TYPE, HeaderValue::from_static(ct));
             r

@@ -1,5 +1,10 @@
 //! Logging setup: tracing to stderr, human-readable or JSON, level from `RUST_LOG`.
 //!
+//! When stderr is the systemd journal (`JOURNAL_STREAM` names stderr's device and inode) the
+//! human format becomes the journal's: each event is one line with the sd-daemon `<N>` priority
+//! prefix from its level, no timestamp (the journal has its own), and the newlines inside a
+//! message written as `\n` so a multi-line error stays one entry. JSON stays JSON.
+//!
 //! The format comes from `--log-format` or the environment variable [`LOG_FORMAT_ENV`]
 //! (declare the flag with `#[arg(long, value_enum, env = LOG_FORMAT_ENV, default_value_t)]`,
 //! or call [`LogFormat::from_env`]). What is logged is the callers' business: one line per
@@ -23,6 +28,8 @@ pub enum LogFormat {
     Human,
     /// One JSON object per line, for log collectors.
     Json,
+    /// Lines for the systemd journal (chosen by itself under systemd; see the module doc).
+    Journal,
 }
 
 /// A log format name that is neither `human` nor `json`.
@@ -36,6 +43,7 @@ impl FromStr for LogFormat {
         match s.trim().to_ascii_lowercase().as_str() {
             "human" | "text" => Ok(LogFormat::Human),
             "json" => Ok(LogFormat::Json),
+            "journal" => Ok(LogFormat::Journal),
             _ => Err(UnknownLogFormat(s.to_string())),
         }
     }
@@ -46,6 +54,7 @@ impl fmt::Display for LogFormat {
         f.write_str(match self {
             LogFormat::Human => "human",
             LogFormat::Json => "json",
+            LogFormat::Journal => "journal",
         })
     }
 }
@@ -61,6 +70,89 @@ impl LogFormat {
     }
 }
 
+/// True when `journal_stream` (the value of `JOURNAL_STREAM`, `DEV:INODE` in decimal) names the
+/// file whose device and inode are `dev` and `ino`: systemd connected it to the journal.
+pub fn is_journal_stream(journal_stream: Option<&str>, dev: u64, ino: u64) -> bool {
+    let Some((d, i)) = journal_stream.and_then(|v| v.trim().split_once(':')) else {
+        return false;
+    };
+    d.parse() == Ok(dev) && i.parse() == Ok(ino)
+}
+
+/// Whether this process's stderr is the journal.
+fn stderr_is_journal() -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    let Ok(value) = std::env::var("JOURNAL_STREAM") else {
+        return false;
+    };
+    let Ok(meta) = std::fs::metadata("/proc/self/fd/2") else {
+        return false;
+    };
+    is_journal_stream(Some(&value), meta.dev(), meta.ino())
+}
+
+/// The sd-daemon priority of a level (`<3>` error ... `<7>` debug).
+pub fn journal_priority(level: tracing::Level) -> u8 {
+    match level {
+        tracing::Level::ERROR => 3,
+        tracing::Level::WARN => 4,
+        tracing::Level::INFO => 6,
+        _ => 7,
+    }
+}
+
+/// One journal line: `<N>` and the event's text with its inner newlines written as `\n`.
+pub fn journal_line(level: tracing::Level, text: &str) -> String {
+    let body = text.trim_end_matches('\n').replace('\n', "\\n");
+    format!("<{}>{body}\n", journal_priority(level))
+}
+
+/// Collects one event's text and writes it to stderr as one [`journal_line`] when dropped.
+pub struct JournalWriter {
+    level: tracing::Level,
+    buf: Vec<u8>,
+}
+
+impl std::io::Write for JournalWriter {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        self.buf.extend_from_slice(data);
+        Ok(data.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for JournalWriter {
+    fn drop(&mut self) {
+        if self.buf.is_empty() {
+            return;
+        }
+        let line = journal_line(self.level, &String::from_utf8_lossy(&self.buf));
+        // One write per entry, so entries of concurrent threads do not interleave.
+        let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
+    }
+}
+
+/// The [`tracing_subscriber::fmt::MakeWriter`] of the journal format.
+struct JournalMakeWriter;
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for JournalMakeWriter {
+    type Writer = JournalWriter;
+    fn make_writer(&'a self) -> JournalWriter {
+        JournalWriter {
+            level: tracing::Level::INFO,
+            buf: Vec::new(),
+        }
+    }
+    fn make_writer_for(&'a self, meta: &tracing::Metadata<'_>) -> JournalWriter {
+        JournalWriter {
+            level: *meta.level(),
+            buf: Vec::new(),
+        }
+    }
+}
+
 /// Installs the global tracing subscriber: `format` lines on stderr, filtered by `RUST_LOG`
 /// (default `info`). An invalid `RUST_LOG` falls back to `info` with a warning. Calling it
 /// again (tests) leaves the first subscriber in place.
@@ -72,10 +164,21 @@ pub fn init_logging(format: LogFormat) {
         },
         _ => (EnvFilter::new("info"), None),
     };
+    let format = match format {
+        LogFormat::Human if stderr_is_journal() => LogFormat::Journal,
+        f => f,
+    };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
     let installed = match format {
+        LogFormat::Journal => builder
+            .with_writer(JournalMakeWriter)
+            .with_ansi(false)
+            .without_time()
+            .with_level(false)
+            .with_target(false)
+            .try_init(),
         LogFormat::Human => builder
             .with_ansi(std::io::stderr().is_terminal())
             .try_init(),
@@ -139,6 +242,32 @@ mod tests {
         let cli = Cli::try_parse_from(["x"]).expect("parses");
         assert_eq!(cli.log_format, LogFormat::Human);
         assert!(Cli::try_parse_from(["x", "--log-format", "xml"]).is_err());
+    }
+
+    #[test]
+    fn journal_lines_carry_the_priority_and_stay_one_entry() {
+        use tracing::Level;
+        assert_eq!(
+            journal_line(
+                Level::ERROR,
+                "Reload rejected error=invalid configuration:\n  interface.listen_port: bad\n"
+            ),
+            "<3>Reload rejected error=invalid configuration:\\n  interface.listen_port: bad\n"
+        );
+        assert_eq!(journal_line(Level::WARN, "w\n"), "<4>w\n");
+        assert_eq!(journal_line(Level::INFO, "Tunnel up"), "<6>Tunnel up\n");
+        assert_eq!(journal_line(Level::DEBUG, "d"), "<7>d\n");
+        assert_eq!(journal_line(Level::TRACE, "t"), "<7>t\n");
+        assert_eq!(journal_line(Level::INFO, "a\nb\nc").lines().count(), 1);
+    }
+
+    #[test]
+    fn journal_stream_must_name_stderr_itself() {
+        assert!(is_journal_stream(Some("8:12345"), 8, 12345));
+        assert!(!is_journal_stream(Some("8:12345"), 8, 12346));
+        assert!(!is_journal_stream(Some("9:12345"), 8, 12345));
+        assert!(!is_journal_stream(Some("garbage"), 8, 12345));
+        assert!(!is_journal_stream(None, 8, 12345));
     }
 
     #[test]

@@ -2,18 +2,22 @@
 //! per connection at `/var/run/tunnelgate/<interface>.sock` (mode 0600, so root only, like the
 //! WireGuard UAPI socket), and [`query_status`] reads it.
 //!
-//! The protocol is deliberately trivial: connect, read to end of stream, parse JSON. The client
-//! sends nothing.
+//! The protocol is deliberately trivial: connect, optionally send one request line, read to end
+//! of stream, parse JSON. The request is `status` (the default: a client that sends nothing, or
+//! closes its side, or says nothing within [`REQUEST_WAIT`], gets the snapshot as before) or
+//! `reload`: the daemon re-reads its config file and answers one JSON [`ReloadAnswer`] once the
+//! outcome is known. The socket is root only, so asking for a reload needs no other check.
 
 use std::future::Future;
 use std::io::{ErrorKind, Read as _};
 use std::os::unix::net::{UnixListener as StdUnixListener, UnixStream as StdUnixStream};
 use std::path::{Path, PathBuf};
-use std::pin::pin;
+use std::pin::{pin, Pin};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::AsyncWriteExt as _;
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
 use tokio::net::UnixListener;
 use tokio::task::JoinSet;
 
@@ -27,6 +31,80 @@ pub const RUN_DIR_ENV: &str = "TUNNELGATE_RUN_DIR";
 
 /// How long either side waits for the other.
 const IO_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long the daemon waits for a request line before answering with the snapshot (clients
+/// older than the request line send nothing and keep their side open).
+pub const REQUEST_WAIT: Duration = Duration::from_millis(300);
+/// How long `tunnelgate reload` waits for the outcome (rules, routes and peers are applied
+/// before the daemon answers).
+const RELOAD_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What a client asks for, as its first line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Request {
+    Status,
+    Reload,
+}
+
+/// The request a client's first line (without its newline) names. An empty line, or none at
+/// all, is a status request.
+pub fn parse_request(line: &str) -> Result<Request, String> {
+    match line.trim() {
+        "" | "status" => Ok(Request::Status),
+        "reload" => Ok(Request::Reload),
+        other => Err(format!(
+            "unknown request {other:?} (expected \"status\" or \"reload\")"
+        )),
+    }
+}
+
+/// How a reload ended, when it was taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReloadOutcome {
+    /// The new configuration is running.
+    Applied,
+    /// The file says what already runs.
+    Unchanged,
+}
+
+/// The daemon's answer to `reload`: exactly one of the two is set.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ReloadAnswer {
+    pub outcome: Option<ReloadOutcome>,
+    /// Why the reload was refused (the old configuration keeps running).
+    pub error: Option<String>,
+}
+
+impl ReloadAnswer {
+    fn from_result(r: Result<ReloadOutcome, String>) -> ReloadAnswer {
+        match r {
+            Ok(o) => ReloadAnswer {
+                outcome: Some(o),
+                error: None,
+            },
+            Err(e) => ReloadAnswer {
+                outcome: None,
+                error: Some(e),
+            },
+        }
+    }
+
+    /// The outcome, or the refusal's reason.
+    pub fn into_result(self) -> Result<ReloadOutcome, String> {
+        match (self.outcome, self.error) {
+            (_, Some(e)) => Err(e),
+            (Some(o), None) => Ok(o),
+            (None, None) => Err("the daemon's answer names no outcome".into()),
+        }
+    }
+}
+
+/// What the status socket calls to reload the daemon's configuration.
+pub trait Reloader: Send + Sync + 'static {
+    /// Re-reads the config file, applies the difference and returns once done.
+    fn reload(&self) -> Pin<Box<dyn Future<Output = Result<ReloadOutcome, String>> + Send + '_>>;
+}
 
 /// Why the status socket could not be served or queried. Messages are complete sentences for
 /// the user.
@@ -44,6 +122,8 @@ pub enum StatusError {
     NotASocket { path: PathBuf },
     #[error("the daemon did not answer on {} within {} s", .path.display(), IO_TIMEOUT.as_secs())]
     Timeout { path: PathBuf },
+    #[error("the daemon on {} does not take reload requests (is it older than this client?)", .path.display())]
+    Unsupported { path: PathBuf },
     #[error("bad answer from the daemon on {}: {source}", .path.display())]
     Decode {
         path: PathBuf,
@@ -61,11 +141,7 @@ pub enum StatusError {
 
 /// `/var/run/tunnelgate/<interface>.sock`, or under `$TUNNELGATE_RUN_DIR` when set.
 pub fn status_socket_path(interface: &str) -> PathBuf {
-    let dir = std::env::var_os(RUN_DIR_ENV)
-        .filter(|d| !d.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(DEFAULT_RUN_DIR));
-    status_socket_path_in(&dir, interface)
+    status_socket_path_in(&run_dir(), interface)
 }
 
 /// `<dir>/<interface>.sock`.
@@ -111,11 +187,13 @@ impl StatusSocket {
         self.guard.path()
     }
 
-    /// Answers every connection with one JSON [`Snapshot`] until `shutdown` completes, then
-    /// removes the socket file. Must run on a tokio runtime.
+    /// Answers every connection's request (a JSON [`Snapshot`], or a reload through
+    /// `reloader` and its [`ReloadAnswer`]) until `shutdown` completes, then removes the
+    /// socket file. Must run on a tokio runtime.
     pub async fn serve(
         self,
         observe: Arc<dyn Observe>,
+        reloader: Option<Arc<dyn Reloader>>,
         shutdown: impl Future<Output = ()>,
     ) -> Result<(), StatusError> {
         let StatusSocket { listener, guard } = self;
@@ -139,19 +217,35 @@ impl StatusSocket {
                     }
                 },
             };
-            let observe = observe.clone();
+            let (observe, reloader) = (observe.clone(), reloader.clone());
             conns.spawn(async move {
-                let mut body = match serde_json::to_vec(&observe.snapshot()) {
+                let (read, mut write) = stream.split();
+                let mut line = String::new();
+                let mut reader = tokio::io::BufReader::new(read);
+                // Nothing within REQUEST_WAIT, or EOF, is a status request (older clients).
+                let _ = tokio::time::timeout(REQUEST_WAIT, reader.read_line(&mut line)).await;
+                let body = match parse_request(&line) {
+                    Ok(Request::Status) => serde_json::to_vec(&observe.snapshot()),
+                    Ok(Request::Reload) => {
+                        let answer = match &reloader {
+                            Some(r) => r.reload().await,
+                            None => Err("this daemon cannot reload".to_string()),
+                        };
+                        serde_json::to_vec(&ReloadAnswer::from_result(answer))
+                    }
+                    Err(e) => serde_json::to_vec(&ReloadAnswer::from_result(Err(e))),
+                };
+                let mut body = match body {
                     Ok(b) => b,
                     Err(e) => {
-                        tracing::warn!(error = %e, "status socket: cannot encode the snapshot");
+                        tracing::warn!(error = %e, "status socket: cannot encode the answer");
                         return;
                     }
                 };
                 body.push(b'\n');
                 let sent = tokio::time::timeout(IO_TIMEOUT, async {
-                    stream.write_all(&body).await?;
-                    stream.shutdown().await
+                    write.write_all(&body).await?;
+                    write.shutdown().await
                 })
                 .await;
                 if !matches!(sent, Ok(Ok(()))) {
@@ -173,11 +267,69 @@ pub async fn serve_status(
     observe: Arc<dyn Observe>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), StatusError> {
-    StatusSocket::bind(path)?.serve(observe, shutdown).await
+    StatusSocket::bind(path)?
+        .serve(observe, None, shutdown)
+        .await
 }
 
 /// Asks the daemon serving `path` for its [`Snapshot`] (blocking, at most a few seconds).
 pub fn query_status(path: &Path) -> Result<Snapshot, StatusError> {
+    let buf = exchange(path, Request::Status, IO_TIMEOUT)?;
+    serde_json::from_slice(&buf).map_err(|source| StatusError::Decode {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Asks the daemon serving `path` to reload its config file and waits for the outcome
+/// (blocking, at most a minute). The outer error is the exchange's; the inner one is the
+/// daemon's refusal, for the user.
+pub fn request_reload(path: &Path) -> Result<Result<ReloadOutcome, String>, StatusError> {
+    let buf = exchange(path, Request::Reload, RELOAD_TIMEOUT)?;
+    // A daemon that predates the request line answers a snapshot instead.
+    let value: serde_json::Value =
+        serde_json::from_slice(&buf).map_err(|source| StatusError::Decode {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    if value.get("interface").is_some() && value.get("outcome").is_none() {
+        return Err(StatusError::Unsupported {
+            path: path.to_path_buf(),
+        });
+    }
+    let answer: ReloadAnswer =
+        serde_json::from_value(value).map_err(|source| StatusError::Decode {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    Ok(answer.into_result())
+}
+
+/// Every status socket in `dir` (`*.sock`), sorted by name; none when `dir` does not exist.
+pub fn status_sockets_in(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut out: Vec<PathBuf> = entries
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "sock"))
+        .collect();
+    out.sort();
+    out
+}
+
+/// The run directory: `$TUNNELGATE_RUN_DIR`, else [`DEFAULT_RUN_DIR`].
+pub fn run_dir() -> PathBuf {
+    std::env::var_os(RUN_DIR_ENV)
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_RUN_DIR))
+}
+
+/// Sends `request`, closes our side, reads the answer to its end.
+fn exchange(path: &Path, request: Request, timeout: Duration) -> Result<Vec<u8>, StatusError> {
+    use std::io::Write as _;
     let mut stream = StdUnixStream::connect(path).map_err(|e| match e.kind() {
         ErrorKind::NotFound => StatusError::NotRunning {
             interface: interface_of(path),
@@ -209,13 +361,26 @@ pub fn query_status(path: &Path) -> Result<Snapshot, StatusError> {
             }
         }
     };
-    stream.set_read_timeout(Some(IO_TIMEOUT)).map_err(io)?;
+    stream.set_read_timeout(Some(timeout)).map_err(io)?;
+    stream.set_write_timeout(Some(IO_TIMEOUT)).map_err(io)?;
+    // A status request is no line at all, only the end of our side: a daemon older than the
+    // request line never reads, and a Unix socket closed with unread data resets its peer.
+    if request == Request::Reload {
+        // A daemon that answers without reading may already have closed its side.
+        let _ = stream.write_all(b"reload\n");
+    }
+    let _ = stream.shutdown(std::net::Shutdown::Write);
     let mut buf = Vec::new();
-    stream.read_to_end(&mut buf).map_err(io)?;
-    serde_json::from_slice(&buf).map_err(|source| StatusError::Decode {
-        path: path.to_path_buf(),
-        source,
-    })
+    match stream.read_to_end(&mut buf) {
+        Ok(_) => Ok(buf),
+        // An older daemon answered a snapshot and closed with our request unread.
+        Err(e) if request == Request::Reload && e.kind() == ErrorKind::ConnectionReset => {
+            Err(StatusError::Unsupported {
+                path: path.to_path_buf(),
+            })
+        }
+        Err(e) => Err(io(e)),
+    }
 }
 
 #[cfg(test)]
@@ -283,7 +448,7 @@ mod tests {
         );
 
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(socket.serve(fake.clone(), async move {
+        let server = tokio::spawn(socket.serve(fake.clone(), None, async move {
             let _ = stop_rx.await;
         }));
 
@@ -332,9 +497,11 @@ mod tests {
 
         let socket = StatusSocket::bind(&path).expect("replaces stale socket");
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(socket.serve(Arc::new(FakeObserve::new()), async move {
-            let _ = stop_rx.await;
-        }));
+        let server = tokio::spawn(
+            socket.serve(Arc::new(FakeObserve::new()), None, async move {
+                let _ = stop_rx.await;
+            }),
+        );
         let p = path.clone();
         let snap = tokio::task::spawn_blocking(move || query_status(&p))
             .await
@@ -384,5 +551,145 @@ mod tests {
         let err = query_status(&path).expect_err("garbage");
         assert!(matches!(err, StatusError::Decode { .. }), "{err}");
         server.join().expect("server");
+    }
+
+    /// Answers every reload with the next of its results and counts the calls.
+    struct FakeReloader {
+        answers: parking_lot::Mutex<Vec<Result<ReloadOutcome, String>>>,
+        calls: AtomicUsize,
+    }
+    impl Reloader for FakeReloader {
+        fn reload(
+            &self,
+        ) -> Pin<Box<dyn Future<Output = Result<ReloadOutcome, String>> + Send + '_>> {
+            self.calls.fetch_add(1, Ordering::Relaxed);
+            let next = self.answers.lock().remove(0);
+            Box::pin(async move {
+                // The client waits for the outcome, not just for the request to be queued.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                next
+            })
+        }
+    }
+
+    #[test]
+    fn request_lines() {
+        assert_eq!(parse_request(""), Ok(Request::Status));
+        assert_eq!(parse_request("status\n"), Ok(Request::Status));
+        assert_eq!(parse_request("reload\n"), Ok(Request::Reload));
+        let err = parse_request("restart\n").expect_err("unknown");
+        assert!(err.contains("\"restart\""), "{err}");
+    }
+
+    #[tokio::test]
+    async fn reload_requests_get_the_outcome_and_old_clients_the_snapshot() {
+        let dir = TempDir::new();
+        let path = status_socket_path_in(&dir.0, "tg5");
+        let socket = StatusSocket::bind(&path).expect("bind");
+        let reloader = Arc::new(FakeReloader {
+            answers: parking_lot::Mutex::new(vec![
+                Ok(ReloadOutcome::Applied),
+                Err("peer[0].public_key: not base64".into()),
+                Ok(ReloadOutcome::Unchanged),
+            ]),
+            calls: AtomicUsize::new(0),
+        });
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(socket.serve(
+            Arc::new(FakeObserve::new()),
+            Some(reloader.clone()),
+            async move {
+                let _ = stop_rx.await;
+            },
+        ));
+        let ask = |p: PathBuf| tokio::task::spawn_blocking(move || request_reload(&p));
+        assert_eq!(
+            ask(path.clone()).await.expect("client").expect("exchange"),
+            Ok(ReloadOutcome::Applied)
+        );
+        assert_eq!(
+            ask(path.clone()).await.expect("client").expect("exchange"),
+            Err("peer[0].public_key: not base64".to_string())
+        );
+        assert_eq!(
+            ask(path.clone()).await.expect("client").expect("exchange"),
+            Ok(ReloadOutcome::Unchanged)
+        );
+        assert_eq!(reloader.calls.load(Ordering::Relaxed), 3);
+
+        // A client that sends nothing and keeps its side open (the old protocol) still gets
+        // the snapshot, after REQUEST_WAIT.
+        let p = path.clone();
+        let old = tokio::task::spawn_blocking(move || {
+            let mut s = StdUnixStream::connect(&p).expect("connect");
+            s.set_read_timeout(Some(IO_TIMEOUT)).expect("timeout");
+            let mut buf = Vec::new();
+            s.read_to_end(&mut buf).expect("read");
+            serde_json::from_slice::<Snapshot>(&buf).expect("snapshot")
+        })
+        .await
+        .expect("client");
+        assert_eq!(old, sample_snapshot());
+        // Status requests never reload.
+        let p = path.clone();
+        tokio::task::spawn_blocking(move || query_status(&p))
+            .await
+            .expect("client")
+            .expect("status");
+        assert_eq!(reloader.calls.load(Ordering::Relaxed), 3);
+        let _ = stop_tx.send(());
+        server.await.expect("no panic").expect("served");
+    }
+
+    #[tokio::test]
+    async fn a_daemon_without_reload_refuses_it() {
+        let dir = TempDir::new();
+        let path = status_socket_path_in(&dir.0, "tg6");
+        let socket = StatusSocket::bind(&path).expect("bind");
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(
+            socket.serve(Arc::new(FakeObserve::new()), None, async move {
+                let _ = stop_rx.await;
+            }),
+        );
+        let p = path.clone();
+        let answer = tokio::task::spawn_blocking(move || request_reload(&p))
+            .await
+            .expect("client")
+            .expect("exchange");
+        assert_eq!(answer, Err("this daemon cannot reload".to_string()));
+        let _ = stop_tx.send(());
+        server.await.expect("no panic").expect("served");
+    }
+
+    #[test]
+    fn an_old_daemon_answering_a_snapshot_to_reload_is_unsupported() {
+        let dir = TempDir::new();
+        std::fs::create_dir_all(&dir.0).expect("dir");
+        let path = status_socket_path_in(&dir.0, "tg7");
+        let listener = StdUnixListener::bind(&path).expect("bind");
+        let server = std::thread::spawn(move || {
+            use std::io::Write as _;
+            let (mut s, _) = listener.accept().expect("accept");
+            let snap = serde_json::to_vec(&sample_snapshot()).expect("json");
+            s.write_all(&snap).expect("write");
+        });
+        let err = request_reload(&path).expect_err("old daemon");
+        assert!(matches!(err, StatusError::Unsupported { .. }), "{err}");
+        server.join().expect("server");
+    }
+
+    #[test]
+    fn lists_the_sockets_of_a_run_dir() {
+        let dir = TempDir::new();
+        assert!(status_sockets_in(&dir.0).is_empty());
+        std::fs::create_dir_all(&dir.0).expect("dir");
+        for f in ["wg1.sock", "wg0.sock", "forwarding-wg0.json"] {
+            std::fs::write(dir.0.join(f), "").expect("write");
+        }
+        assert_eq!(
+            status_sockets_in(&dir.0),
+            [dir.0.join("wg0.sock"), dir.0.join("wg1.sock")]
+        );
     }
 }

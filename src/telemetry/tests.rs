@@ -24,6 +24,7 @@ pub(crate) fn sample_snapshot() -> Snapshot {
         peers: vec![
             PeerStatus {
                 public_key: PEER_A.into(),
+                name: Some("office".into()),
                 endpoint: Some(ENDPOINT_A.into()),
                 allowed_ips: vec!["100.64.0.2/32".into(), "10.0.0.0/24".into()],
                 latest_handshake_unix: Some(NOW - 65),
@@ -71,6 +72,14 @@ pub(crate) fn sample_snapshot() -> Snapshot {
         ready: true,
         not_ready_reason: None,
         version: "0.1.0".into(),
+        process: Some(crate::telemetry::process::ProcessStats {
+            resident_memory_bytes: 12_582_912,
+            virtual_memory_bytes: 104_857_600,
+            cpu_seconds: 3.5,
+            open_fds: 17,
+            max_fds: 1024,
+            start_time_seconds: 1_763_900_000.0,
+        }),
     }
 }
 
@@ -150,8 +159,9 @@ pub(crate) fn parse_prometheus(text: &str) -> Result<Vec<Sample>, String> {
             continue;
         }
         let sample = parse_sample(line).map_err(|e| format!("line {n}: {e}: {line}"))?;
+        // OpenMetrics: `# TYPE x counter` owns `x_total`; classic: `# TYPE x_total counter`.
         let family_ok = match types.get(&sample.name) {
-            Some(t) => t != "counter",
+            Some(t) => t != "counter" || sample.name.ends_with("_total"),
             None => sample
                 .name
                 .strip_suffix("_total")
@@ -230,14 +240,17 @@ fn parse_sample(line: &str) -> Result<Sample, String> {
 }
 
 /// The value of the one sample called `name` with exactly `labels`.
+/// The value of the one sample of `name` whose labels include `labels` (`None` when there is
+/// no such sample, or more than one).
 pub(crate) fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    let want: BTreeMap<String, String> = labels
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
     let found: Vec<f64> = samples
         .iter()
-        .filter(|s| s.name == name && s.labels == want)
+        .filter(|s| {
+            s.name == name
+                && labels
+                    .iter()
+                    .all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v))
+        })
         .map(|s| s.value)
         .collect();
     match found.as_slice() {
@@ -255,14 +268,33 @@ fn metrics_parse_as_prometheus_text() {
     let helps = text.lines().filter(|l| l.starts_with("# HELP ")).count();
     let types = text.lines().filter(|l| l.starts_with("# TYPE ")).count();
     assert_eq!(helps, types);
-    // Every metric is ours.
-    assert!(samples.iter().all(|s| s.name.starts_with("tunnelgate_")));
+    // Every metric is ours, or one of the standard process metrics.
+    assert!(samples
+        .iter()
+        .all(|s| s.name.starts_with("tunnelgate_") || s.name.starts_with("process_")));
 }
 
 #[test]
 fn metrics_carry_the_snapshot_values() {
     let text = render_metrics(&sample_snapshot(), NOW);
     let s = parse_prometheus(&text).expect("parses");
+    // A named peer carries its name; an unnamed one an empty (absent) peer_name.
+    assert_eq!(
+        value(
+            &s,
+            "tunnelgate_peer_rx_bytes_total",
+            &[("peer", PEER_A), ("peer_name", "office")]
+        ),
+        Some(123_456.0)
+    );
+    assert_eq!(
+        value(
+            &s,
+            "tunnelgate_peer_rx_bytes_total",
+            &[("peer", PEER_B), ("peer_name", "")]
+        ),
+        Some(0.0)
+    );
     let a = [("peer", PEER_A)];
     let b = [("peer", PEER_B)];
     let v = |name: &str, labels: &[(&str, &str)]| {
@@ -413,7 +445,7 @@ fn status_text_reads_like_wg_show() {
         "  listening port: 51820",
         "  addresses: 100.64.0.1/32, fd7a:115c:a1e0::1/128",
         "  state: ready",
-        &format!("peer: {PEER_A}"),
+        &format!("peer: {PEER_A} (office)"),
         &format!("  endpoint: {ENDPOINT_A}"),
         "  allowed ips: 100.64.0.2/32, 10.0.0.0/24",
         "  latest handshake: 1 minute, 5 seconds ago",
@@ -489,4 +521,98 @@ fn snapshot_json_round_trips_and_holds_no_secret_fields() {
         serde_json::from_str(r#"{"version":"9","ready":true,"future_field":1}"#).expect("parses");
     assert_eq!(partial.version, "9");
     assert!(partial.ready);
+}
+
+#[test]
+fn every_series_has_the_interface_label_and_process_metrics_are_there() {
+    let text = render_metrics(&sample_snapshot(), NOW);
+    let s = parse_prometheus(&text).expect("parses");
+    for sample in &s {
+        assert_eq!(
+            sample.labels.get("interface").map(String::as_str),
+            Some("tg0"),
+            "{} has no interface label",
+            sample.name
+        );
+    }
+    for (name, want) in [
+        ("process_resident_memory_bytes", 12_582_912.0),
+        ("process_virtual_memory_bytes", 104_857_600.0),
+        ("process_cpu_seconds_total", 3.5),
+        ("process_open_fds", 17.0),
+        ("process_max_fds", 1024.0),
+        ("process_start_time_seconds", 1_763_900_000.0),
+    ] {
+        assert_eq!(
+            value(&s, name, &[("interface", "tg0")]),
+            Some(want),
+            "{name}\n{text}"
+        );
+    }
+    // Every other family is ours.
+    assert!(s
+        .iter()
+        .all(|x| x.name.starts_with("tunnelgate_") || x.name.starts_with("process_")));
+}
+
+#[test]
+fn sample_order_does_not_depend_on_the_order_of_the_snapshot() {
+    let snap = sample_snapshot();
+    let mut reversed = snap.clone();
+    reversed.peers.reverse();
+    let first = render_metrics(&snap, NOW);
+    for _ in 0..5 {
+        assert_eq!(render_metrics(&reversed, NOW), first);
+    }
+    // Within a family, samples are sorted (drop reasons included).
+    let drops: Vec<&str> = first
+        .lines()
+        .filter(|l| l.starts_with("tunnelgate_packets_dropped_total{"))
+        .collect();
+    let mut sorted = drops.clone();
+    sorted.sort_unstable();
+    assert!(drops.len() > 1);
+    assert_eq!(drops, sorted);
+}
+
+/// The classic (0.0.4) body: a parser that types each sample by its exact name finds a
+/// `# TYPE` for every one, counters included, and no OpenMetrics-only line.
+#[test]
+fn classic_text_types_every_sample_by_its_own_name() {
+    let om = render_metrics(&sample_snapshot(), NOW);
+    assert!(om.ends_with("# EOF\n"), "OpenMetrics ends with # EOF");
+    let classic = crate::telemetry::classic_text(&om);
+    assert!(!classic.contains("# EOF") && !classic.contains("# UNIT"));
+    let mut types: BTreeMap<&str, &str> = BTreeMap::new();
+    for line in classic.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, ty) = rest.split_once(' ').expect("TYPE line");
+            types.insert(name, ty);
+        } else if !line.starts_with('#') {
+            let name = &line[..line.find(['{', ' ']).expect("sample")];
+            let ty = types.get(name).copied();
+            assert!(
+                ty.is_some(),
+                "{name} has no # TYPE of its own name in\n{classic}"
+            );
+            if name.ends_with("_total") {
+                assert_eq!(ty, Some("counter"), "{name}");
+            }
+        }
+    }
+    assert_eq!(
+        types.get("tunnelgate_peer_rx_bytes_total"),
+        Some(&"counter")
+    );
+    assert!(classic.contains("# HELP tunnelgate_peer_rx_bytes_total "));
+    // The same samples either way.
+    let a = parse_prometheus(&om).expect("OpenMetrics body");
+    let samples = |t: &str| -> Vec<String> {
+        t.lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(String::from)
+            .collect()
+    };
+    assert_eq!(samples(&om), samples(&classic));
+    assert!(a.len() > 20);
 }

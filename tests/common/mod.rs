@@ -2400,11 +2400,25 @@ fn prometheus_sample(line: &str) -> Option<(&str, &str, f64)> {
 
 /// The value of one Prometheus sample: `name` with exactly `labels` as the daemon writes them
 /// (e.g. `name="a.b"`; "" for none) in exposition text.
+/// (Every series also has the daemon's `interface="..."` label first; `labels` leaves it out.)
 pub fn metric(text: &str, name: &str, labels: &str) -> Option<f64> {
     text.lines()
         .filter_map(prometheus_sample)
-        .find(|(n, l, _)| *n == name && *l == labels)
+        .find(|(n, l, _)| *n == name && without_interface(l) == labels)
         .map(|(_, _, v)| v)
+}
+
+/// Label text without a leading `interface="..."` label.
+fn without_interface(labels: &str) -> &str {
+    let Some(rest) = labels.strip_prefix("interface=\"") else {
+        return labels;
+    };
+    match rest.find('"') {
+        Some(end) => rest[end + 1..]
+            .strip_prefix(',')
+            .unwrap_or(&rest[end + 1..]),
+        None => labels,
+    }
 }
 
 /// The sum of every sample of `name`, whatever its labels (0 when there is none).

@@ -1,0 +1,182 @@
+//! The pictures: `contrib/grafana/tunnelgate.json` only queries metrics a real daemon's
+//! `/metrics` has (with the labels it groups by), and `benches/iperf/results/latest.svg` is the
+//! chart `bench.py` draws from the committed `latest.json`.
+//!
+//! The dashboard test needs root (a daemon in a namespace):
+//! `cargo test --all-features --test pictures -- --include-ignored --test-threads=1`.
+
+mod common;
+
+use common::*;
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::time::Duration;
+
+fn repo(path: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+/// Every `expr` of every panel.
+fn dashboard_exprs() -> Vec<String> {
+    let text = std::fs::read_to_string(repo("contrib/grafana/tunnelgate.json")).expect("dashboard");
+    let dash: serde_json::Value = serde_json::from_str(&text).expect("the dashboard is JSON");
+    let panels = dash["panels"].as_array().expect("panels");
+    assert!(panels.len() >= 8, "{} panels", panels.len());
+    panels
+        .iter()
+        .flat_map(|p| p["targets"].as_array().cloned().unwrap_or_default())
+        .filter_map(|t| t["expr"].as_str().map(String::from))
+        .collect()
+}
+
+/// Metric names in a PromQL expression (ours and the process ones).
+fn metric_names(expr: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let bytes = expr.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        let word_start = i == 0 || !(bytes[i - 1].is_ascii_alphanumeric() || bytes[i - 1] == b'_');
+        let rest = &expr[i..];
+        if word_start && (rest.starts_with("tunnelgate_") || rest.starts_with("process_")) {
+            let end = rest
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(rest.len());
+            out.insert(rest[..end].to_string());
+            i += end;
+        } else {
+            i += 1;
+        }
+    }
+    out
+}
+
+/// The labels of `by (...)` clauses.
+fn grouped_labels(expr: &str) -> BTreeSet<String> {
+    expr.match_indices("by (")
+        .filter_map(|(i, m)| {
+            let rest = &expr[i + m.len()..];
+            rest.find(')').map(|end| rest[..end].to_string())
+        })
+        .flat_map(|l| {
+            l.split(',')
+                .map(|s| s.trim().to_string())
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+#[test]
+fn the_query_readers_find_names_and_labels() {
+    let e = "sum by (interface, reason) (rate(tunnelgate_packets_dropped_total{x=\"1\"}[5m])) + process_open_fds";
+    assert_eq!(
+        metric_names(e),
+        BTreeSet::from([
+            "tunnelgate_packets_dropped_total".to_string(),
+            "process_open_fds".to_string()
+        ])
+    );
+    assert_eq!(
+        grouped_labels(e),
+        BTreeSet::from(["interface".to_string(), "reason".to_string()])
+    );
+}
+
+#[test]
+#[ignore = "needs root"]
+fn every_metric_the_dashboard_queries_is_in_a_real_scrape() {
+    let ns = Netns::new();
+    let peer = Keypair::generate();
+    let mut cfg =
+        TgConfig::new(0, &["100.84.0.1/32"]).peer(Peer::new(&peer.public, &["100.84.0.2/32"]));
+    // A DNS-named target, so the dns_* families exist (nothing answers: they count failures).
+    cfg.extra = "[[ingress]]\ntarget_fqdn = \"db.example.internal\"\nports = [\"8080\"]\n\n\
+                 [dns]\nnameservers = [\"127.0.0.1:5399\"]\n"
+        .to_string();
+    let tg = Tunnelgate::spawn(&ns, cfg);
+    let mut text = String::new();
+    let scraped = poll_until(Duration::from_secs(15), || {
+        text = tg.metrics().unwrap_or_default();
+        text.contains("tunnelgate_dns_resolution_failures_total{")
+            && text.contains("tunnelgate_rule_applies_total{")
+    });
+    assert!(scraped, "no full scrape:\n{text}\n{}", tg.stderr());
+    let samples: Vec<(String, String)> = text
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let end = l.find(['{', ' '])?;
+            let labels = l[end..].strip_prefix('{').and_then(|r| r.split_once('}'));
+            Some((
+                l[..end].to_string(),
+                labels.map(|(x, _)| x.to_string()).unwrap_or_default(),
+            ))
+        })
+        .collect();
+    let exprs = dashboard_exprs();
+    let mut checked = 0;
+    for expr in &exprs {
+        let names = metric_names(expr);
+        assert!(!names.is_empty(), "a query without a metric: {expr}");
+        for name in names {
+            let series: Vec<&String> = samples
+                .iter()
+                .filter(|(n, _)| *n == name)
+                .map(|(_, l)| l)
+                .collect();
+            assert!(
+                !series.is_empty(),
+                "{name} (in {expr}) is not in /metrics:\n{text}"
+            );
+            for label in grouped_labels(expr) {
+                assert!(
+                    series.iter().all(|l| l.contains(&format!("{label}=\""))),
+                    "{name} has no label {label} (grouped by in {expr})"
+                );
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked >= 15, "{checked} metric uses checked");
+}
+
+/// `bench.py --svg-from latest.json` draws the committed `latest.svg`: one group of bars per
+/// setup that ran, with its median single-stream TCP figure.
+#[test]
+fn the_iperf_chart_is_drawn_from_the_committed_results() {
+    let tmp = TempDir::new("svg");
+    let json = tmp.path().join("latest.json");
+    std::fs::copy(repo("benches/iperf/results/latest.json"), &json).expect("copy");
+    let out = std::process::Command::new("python3")
+        .arg(repo("benches/iperf/bench.py"))
+        .arg("--svg-from")
+        .arg(&json)
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let drawn = std::fs::read_to_string(tmp.path().join("latest.svg")).expect("svg written");
+    let committed =
+        std::fs::read_to_string(repo("benches/iperf/results/latest.svg")).expect("latest.svg");
+    assert_eq!(
+        drawn, committed,
+        "regenerate: python3 benches/iperf/bench.py --svg-from benches/iperf/results/latest.json"
+    );
+    assert!(drawn.starts_with("<svg ") && drawn.trim_end().ends_with("</svg>"));
+    let results: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("json");
+    for (name, setup) in results["setups"].as_object().expect("setups") {
+        if setup["status"] == "ok" {
+            assert!(
+                drawn.contains(&format!(">{name}</text>")),
+                "{name} in the chart"
+            );
+        }
+    }
+    assert!(
+        drawn.contains("tunnelgate tcp1: "),
+        "the tunnelgate single-stream bar"
+    );
+}
