@@ -225,6 +225,7 @@ fn nft_failing_mid_run_keeps_old_rules_and_recovers_with_backoff() {
     // Retries back off: 1 s, 2 s, 4 s ... (each gap at least ~1.5x the one before).
     let fails = shim.failed_applies();
     let gaps: Vec<f64> = fails.windows(2).map(|w| w[1] - w[0]).collect();
+    eprintln!("failed nft applies: {}, gaps {gaps:.2?} s", fails.len());
     assert!(
         (3..=5).contains(&fails.len()),
         "3 to 5 failed applies in 8 s (1+2+4), got {} (gaps {gaps:?})",
@@ -289,6 +290,7 @@ fn unreachable_endpoint_retries_handshakes_without_busy_looping() {
     let cpu = (t1 - t0) as f64 / hz;
     let share = cpu / wall;
     let _ = ping.wait_timeout(Duration::from_secs(10));
+    eprintln!("unreachable endpoint: {cpu:.2} s CPU in {wall:.1} s wall");
     assert!(
         share < 0.03,
         "daemon used {cpu:.2} s CPU in {wall:.1} s ({:.1} %): a busy loop",
