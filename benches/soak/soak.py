@@ -22,6 +22,7 @@ import datetime as dt
 import json
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
@@ -122,6 +123,7 @@ def main() -> int:
         run(["cargo", "build", "--release", "--bin", "tunnelgate"], cwd=REPO, timeout=1800)
     seconds = int(args.minutes * 60)
     work = Path(tempfile.mkdtemp(prefix="tunnelgate-soak-"))
+    log(f"==> logs in {work} (removed after a successful run)")
     roles = ("client", "proxy", "backend", "dns")
     ns = {r: ns_name(r) for r in roles}
     procs: list[subprocess.Popen] = []
@@ -237,6 +239,7 @@ def main() -> int:
         out_path.write_text(json.dumps(result, indent=2) + "\n")
         log(f"==> start {start}\n==> end   {end}\n==> Gbit/s per 10 s: {per10} (mean {total})\n==> {delta}")
         log(f"==> wrote {out_path}")
+        shutil.rmtree(work, ignore_errors=True)  # kept only when the run fails, for its logs
         return 0
     finally:
         for p in procs:
