@@ -16,6 +16,8 @@
 pub mod cli;
 pub mod config;
 pub mod core;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod rules;
 pub mod shell;
 #[cfg(feature = "sidecar")]

@@ -1,0 +1,337 @@
+//! The bodies of the fuzz targets: bytes in, every pure parser and packet decision exercised.
+//!
+//! Not an API. Each `fuzz/fuzz_targets/*.rs` is one line around a function here, and
+//! `tests/fuzz_smoke.rs` feeds the same functions a seeded, mutated corpus on stable Rust, so
+//! CI runs the same bodies with or without cargo-fuzz. A body panics only on a bug: every
+//! input, however malformed, must be answered with an error or a result.
+
+use crate::config::{Config, PortMap, PublicKey, SecretFiles, SecretKey, Target};
+use crate::core::allowed_ips::AllowedIps;
+use crate::core::offload::{self, Coalescer, VNET_HDR_LEN};
+use crate::core::packet::{self, PeerLookup, Sender};
+use crate::core::wg::{Limiter, Outcome, Tunnel, MIN_OUTPUT};
+use crate::rules::desired::{desired, RuntimeFacts};
+use crate::rules::{iptables, nft, Family};
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::path::Path;
+use std::sync::OnceLock;
+
+/// The daemon's key in every receive-path input; the known peer's key.
+const OWN_KEY: [u8; 32] = [0x11; 32];
+const PEER_KEY: [u8; 32] = [0x22; 32];
+const PEER_INDEX: u32 = 5;
+
+/// Key files: any path reads as one fixed key, so a config naming a file validates.
+struct OneKeyFile;
+
+impl SecretFiles for OneKeyFile {
+    fn read_secret(&self, _: &Path) -> Result<String, String> {
+        Ok(SecretKey(OWN_KEY).expose_base64())
+    }
+}
+
+/// Config text -> `Config::parse`; a valid config also goes through the rule model and both
+/// renderers, with two answers for every DNS-named target.
+pub fn config(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let Ok(config) = Config::parse(text, Path::new("/etc/tunnelgate"), &OneKeyFile) else {
+        return;
+    };
+    let resolved: BTreeMap<String, Vec<IpAddr>> = config
+        .ingress
+        .iter()
+        .chain(&config.egress)
+        .filter_map(|f| match &f.target {
+            Target::Fqdn(name) => Some((
+                name.clone(),
+                vec![
+                    IpAddr::V4(Ipv4Addr::new(192, 0, 2, 10)),
+                    IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 10)),
+                ],
+            )),
+            Target::Ip(_) => None,
+        })
+        .collect();
+    let facts = RuntimeFacts {
+        wg_port: config.interface.listen_port,
+        health_port: config.health.listen.map(|a| a.port()),
+    };
+    let set = desired(&config, &facts, &resolved);
+    let _ = nft::render(&set);
+    for family in [Family::V4, Family::V6] {
+        let _ = iptables::render(&set, family, &Default::default());
+    }
+}
+
+/// A UAPI request -> `uapi::parse_request`.
+pub fn uapi(data: &[u8]) {
+    if let Ok(text) = std::str::from_utf8(data) {
+        let _ = crate::uapi::parse_request(text);
+    }
+}
+
+/// A port spec -> `PortMap`; a parsed spec must print as text that parses back to itself.
+pub fn ports(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    if let Ok(map) = text.parse::<PortMap>() {
+        let again: Result<PortMap, _> = map.to_string().parse();
+        assert_eq!(again, Ok(map), "{text:?} does not survive a round trip");
+    }
+}
+
+/// One known peer, as the shell's peer table would answer.
+struct OnePeer {
+    key: PublicKey,
+    routes: AllowedIps<usize>,
+}
+
+impl PeerLookup for OnePeer {
+    type Peer = usize;
+    fn by_key(&self, key: &PublicKey) -> Option<&usize> {
+        (*key == self.key).then_some(&0)
+    }
+    fn by_index(&self, index: u32) -> Option<&usize> {
+        (index == PEER_INDEX).then_some(&0)
+    }
+    fn by_address(&self, addr: IpAddr) -> Option<&usize> {
+        self.routes.lookup(addr)
+    }
+    fn same(a: &usize, b: &usize) -> bool {
+        a == b
+    }
+}
+
+/// A handshake initiation from the known peer to the daemon (valid mac1), made once.
+fn valid_initiation() -> &'static [u8] {
+    static INIT: OnceLock<Vec<u8>> = OnceLock::new();
+    INIT.get_or_init(|| {
+        let peer = SecretKey(PEER_KEY);
+        let own_public = SecretKey(OWN_KEY).public_key();
+        let limiter = Limiter::new(&peer.public_key());
+        let mut tunnel = Tunnel::new(&peer, &own_public, None, None, 9, &limiter);
+        let mut buf = vec![0u8; MIN_OUTPUT];
+        match tunnel.initiate(&mut buf) {
+            Outcome::Network(m) => m.to_vec(),
+            _ => Vec::new(),
+        }
+    })
+}
+
+/// A datagram from the network -> `packet::identify` (`wg::classify`) and, for the known peer,
+/// `packet::decapsulate` on a fresh session. The first byte picks the datagram: odd = the
+/// bytes after it; even = a valid handshake initiation with the rest XOR-ed in as
+/// (offset, value) pairs, truncated when bit 1 is set, so the fuzzer gets past mac1.
+pub fn receive(data: &[u8]) {
+    let Some((&mode, rest)) = data.split_first() else {
+        return;
+    };
+    let datagram = if mode & 1 == 1 {
+        rest.to_vec()
+    } else {
+        let mut d = valid_initiation().to_vec();
+        if d.is_empty() {
+            return;
+        }
+        for pair in rest.chunks_exact(2) {
+            let at = usize::from(pair[0]) % d.len();
+            d[at] ^= pair[1];
+        }
+        if mode & 2 != 0 {
+            d.truncate(rest.len() % (d.len() + 1));
+        }
+        d
+    };
+    let own_private = SecretKey(OWN_KEY);
+    let own_public = own_private.public_key();
+    let peer_public = SecretKey(PEER_KEY).public_key();
+    let limiter = Limiter::new(&own_public);
+    let mut routes = AllowedIps::default();
+    if let Ok(net) = "10.9.0.2/32".parse() {
+        routes.insert(net, 0);
+    }
+    let peers = OnePeer {
+        key: peer_public,
+        routes,
+    };
+    let from = SocketAddr::from(([192, 0, 2, 1], 51820));
+    let mut cookie = [0u8; MIN_OUTPUT];
+    match packet::identify(
+        &peers,
+        &limiter,
+        &own_private,
+        &own_public,
+        from,
+        &datagram,
+        &mut cookie,
+    ) {
+        Ok(Sender::Peer(_)) => {}
+        Ok(Sender::Cookie(len)) => {
+            assert!(len <= cookie.len());
+            return;
+        }
+        Err(_) => return,
+    }
+    let mut tunnel = Tunnel::new(&own_private, &peer_public, None, None, PEER_INDEX, &limiter);
+    let mut landing = vec![0u8; datagram.len().max(MIN_OUTPUT)];
+    let received = packet::decapsulate(&peers, &0, &mut tunnel, from, &datagram, &mut landing);
+    if let packet::Inbound::Deliver(len) | packet::Inbound::Reply(len) = received.action {
+        assert!(len <= landing.len());
+    }
+}
+
+/// Offload: the first byte picks split (even) or coalesce (odd).
+///
+/// Split: the rest is one TUN read (virtio header, then a packet): every planned segment must
+/// lie inside the read. Coalesce: the rest is a list of `[len_hi, len_lo, flags, bytes..]`
+/// packets landed as decrypted datagrams (each fixed up, as boringtun guarantees, so its IP
+/// length field matches its length); every drained super-packet must split back.
+pub fn offload(data: &[u8]) {
+    let Some((&mode, rest)) = data.split_first() else {
+        return;
+    };
+    if mode & 1 == 0 {
+        let mut read = rest.to_vec();
+        split_all(&mut read);
+    } else {
+        coalesce(mode & 2 != 0, rest);
+    }
+}
+
+fn split_all(read: &mut [u8]) -> usize {
+    let Ok(plan) = offload::plan_split(read) else {
+        return 0;
+    };
+    let count = plan.count();
+    for i in 0..count {
+        let range = plan.segment(read, i);
+        assert!(range.start <= range.end && range.end <= read.len());
+    }
+    count
+}
+
+/// Sets the length fields boringtun checks on a decrypted packet; `false` for what it drops.
+fn fix_ip_length(packet: &mut [u8]) -> bool {
+    let len = packet.len();
+    match packet.first().map(|b| b >> 4) {
+        Some(4) if len >= 20 => {
+            packet[2..4].copy_from_slice(&(len as u16).to_be_bytes());
+            true
+        }
+        Some(6) if len >= 40 => {
+            packet[4..6].copy_from_slice(&((len - 40) as u16).to_be_bytes());
+            true
+        }
+        _ => false,
+    }
+}
+
+fn coalesce(udp: bool, mut rest: &[u8]) {
+    let mut coalescer = Coalescer::new(3, udp);
+    let mut written = 0usize;
+    let mut check = |super_packet: &[u8]| {
+        let mut read = super_packet.to_vec();
+        assert!(read.len() >= VNET_HDR_LEN);
+        assert!(
+            split_all(&mut read) >= 1,
+            "a drained super-packet must split"
+        );
+        written += 1;
+    };
+    while rest.len() >= 3 {
+        let want = usize::from(u16::from_be_bytes([rest[0], rest[1]]));
+        let flags = rest[2];
+        rest = &rest[3..];
+        let len = want.min(rest.len()).min(u16::MAX as usize);
+        let (bytes, tail) = rest.split_at(len);
+        rest = tail;
+        if coalescer.needs_drain() {
+            coalescer.drain(&mut check);
+        }
+        // A datagram is the packet plus WireGuard's 32 bytes of overhead.
+        let landing = coalescer.landing(len + 32);
+        if landing.len() < len {
+            coalescer.abandon();
+            continue;
+        }
+        landing[..len].copy_from_slice(bytes);
+        if flags & 1 == 0 && fix_ip_length(&mut landing[..len]) {
+            coalescer.commit(len);
+        } else {
+            coalescer.abandon();
+        }
+    }
+    coalescer.drain(&mut check);
+}
+
+/// The sidecar's renderer: the input is lines `type`, `cluster IPs` (comma-separated),
+/// `annotations` (`k=v;k=v`), `ports` (`name,port,target,proto;..`, a non-numeric target is a
+/// named port), then the base config text. A rendered config must be one the daemon accepts.
+#[cfg(feature = "sidecar")]
+pub fn sidecar(data: &[u8]) {
+    use crate::sidecar::{render, ServiceInfo, ServicePort, TargetPort, KEY_CONFIG};
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let mut lines = text.splitn(5, '\n');
+    let mut next = || lines.next().unwrap_or("");
+    let type_ = Some(next().to_string()).filter(|t| !t.is_empty());
+    let cluster_ips = next()
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(String::from)
+        .collect();
+    let annotations = next()
+        .split(';')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let ports = next()
+        .split(';')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let mut f = p.split(',');
+            let name = f.next().filter(|s| !s.is_empty()).map(String::from);
+            let port = f.next().and_then(|s| s.parse().ok()).unwrap_or(0);
+            let target_port = f.next().filter(|s| !s.is_empty()).map(|t| match t.parse() {
+                Ok(n) => TargetPort::Number(n),
+                Err(_) => TargetPort::Name(t.to_string()),
+            });
+            let protocol = f.next().filter(|s| !s.is_empty()).map(String::from);
+            ServicePort {
+                name,
+                port,
+                target_port,
+                protocol,
+            }
+        })
+        .collect();
+    let base = next();
+    let svc = ServiceInfo {
+        namespace: "default".into(),
+        name: "web".into(),
+        type_,
+        cluster_ips,
+        external_name: Some("web.example.com".into()),
+        load_balancer_class: None,
+        annotations,
+        ports,
+        created: None,
+    };
+    let Ok(rendered) = render(&svc, base, &BTreeMap::new(), || SecretKey(OWN_KEY)) else {
+        return;
+    };
+    let config = rendered
+        .data
+        .get(KEY_CONFIG)
+        .map(|c| String::from_utf8_lossy(c));
+    if let Some(config) = config {
+        if let Err(e) = Config::parse(&config, Path::new("/etc/tunnelgate"), &OneKeyFile) {
+            panic!("the sidecar rendered a config the daemon rejects: {e}\n{config}");
+        }
+    }
+}
