@@ -2,7 +2,7 @@
 //! Secret, writing the Secret with server-side apply, and recording Events. I/O only: what to
 //! write is decided by the pure [`crate::sidecar::render`].
 
-use super::{ServiceInfo, ServicePort, TargetPort};
+use super::{Backoff, ServiceInfo, ServicePort, TargetPort};
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference, Secret, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -10,6 +10,7 @@ use k8s_openapi::ByteString;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client, Config};
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 /// The field manager of every write: the sidecar is the only writer of the config Secret.
 pub const FIELD_MANAGER: &str = "tunnelgate-sidecar";
@@ -198,6 +199,18 @@ pub fn is_transient(e: &kube::Error) -> bool {
         kube::Error::Api(status) => status.code == 409 || status.code == 429 || status.code >= 500,
         _ => true,
     }
+}
+
+/// After a failed Secret write: logs why (a refusal names the Role's missing verbs) and returns
+/// how long to wait before the next attempt. Both sidecar modes retry this way.
+pub fn secret_write_failed(e: &kube::Error, secret: &ObjRef, backoff: &mut Backoff) -> Duration {
+    let delay = backoff.next_delay();
+    if is_transient(e) {
+        tracing::warn!(error = %e, secret = %secret, retry_in = ?delay, "Updating the Secret failed: retrying");
+    } else {
+        tracing::error!(error = %e, secret = %secret, retry_in = ?delay, "Updating the Secret was refused: retrying (check the Role: get and patch on this Secret; a Secret that does not exist yet needs create too, or create it beforehand)");
+    }
+    delay
 }
 
 fn truncate(text: &str, max: usize) -> String {

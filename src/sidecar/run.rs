@@ -4,7 +4,7 @@
 //! reports bad input once per distinct problem as a log line and a Warning Event on the Service,
 //! keeping the last good Secret.
 
-use super::api::{is_transient, record_warning, service_info, ObjRef, SecretStore};
+use super::api::{secret_write_failed, record_warning, service_info, ObjRef, SecretStore};
 use super::{changed_keys, render, Backoff, Rejected, ServiceInfo};
 use crate::config::SecretKey;
 use futures::StreamExt as _;
@@ -182,15 +182,11 @@ impl Loop {
                 self.report(r).await;
                 None
             }
-            Err(Failure::Api(e)) => {
-                let delay = self.backoff.next_delay();
-                if is_transient(&e) {
-                    tracing::warn!(error = %e, secret = %self.settings.secret, retry_in = ?delay, "Updating the Secret failed: retrying");
-                } else {
-                    tracing::error!(error = %e, secret = %self.settings.secret, retry_in = ?delay, "Updating the Secret was refused (check the Role: get and patch on this Secret): retrying");
-                }
-                Some(delay)
-            }
+            Err(Failure::Api(e)) => Some(secret_write_failed(
+                &e,
+                &self.settings.secret,
+                &mut self.backoff,
+            )),
         }
     }
 

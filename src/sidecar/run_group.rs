@@ -5,7 +5,7 @@
 //! What to render is decided by the pure [`super::group::render_group`].
 
 use super::api::{
-    is_transient, record_warning, record_warning_on, service_info, ObjRef, SecretStore,
+    secret_write_failed, record_warning, record_warning_on, service_info, ObjRef, SecretStore,
 };
 use super::group::{is_member, render_group, Replica};
 use super::run::{
@@ -268,15 +268,11 @@ impl GroupLoop {
                 self.report_replica(r).await;
                 None
             }
-            Err(Failure::Api(e)) => {
-                let delay = self.backoff.next_delay();
-                if is_transient(&e) {
-                    tracing::warn!(error = %e, secret = %self.settings.secret, retry_in = ?delay, "Updating the Secret failed: retrying");
-                } else {
-                    tracing::error!(error = %e, secret = %self.settings.secret, retry_in = ?delay, "Updating the Secret was refused: retrying (check the Role: get and patch on this Secret; a Secret that does not exist yet needs create too, or create it beforehand)");
-                }
-                Some(delay)
-            }
+            Err(Failure::Api(e)) => Some(secret_write_failed(
+                &e,
+                &self.settings.secret,
+                &mut self.backoff,
+            )),
         }
     }
 
