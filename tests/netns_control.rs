@@ -69,7 +69,8 @@ fn a_keepalive_only_change_keeps_the_session() {
     let cfg = TgConfig::new(TG_PORT, &["100.64.8.1/32"]).peer(
         Peer::new(wg.public_key(), &["100.64.8.2/32"])
             .endpoint(&format!("{B_LAN4}:{WG_PORT}"))
-            .keepalive(25),
+            .keepalive(25)
+            .name("lab"),
     );
     wg.add_peer(
         &Peer::new(cfg.public_key(), &["100.64.8.1/32"]).endpoint(&format!("{A_LAN4}:{TG_PORT}")),
@@ -79,6 +80,12 @@ fn a_keepalive_only_change_keeps_the_session() {
         ping_until(&a, "100.64.8.2", SHORT),
         "no ping through the tunnel"
     );
+    // The peer's configured name is in the handshake's log line.
+    wait_until(SHORT, "the handshake log line", || {
+        tg.stderr()
+            .lines()
+            .any(|l| l.contains("Handshake completed") && l.contains("peer_name=\"lab\""))
+    });
     // wg show counts handshakes in whole seconds: a new one must land in a later second.
     std::thread::sleep(Duration::from_millis(2100));
     let before = tg.dump();

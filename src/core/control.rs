@@ -503,6 +503,8 @@ impl Control {
                     preshared_key: p.preshared_key.clone(),
                     persistent_keepalive: p.persistent_keepalive.filter(|s| *s > 0),
                     allowed_ips: p.allowed_ips.iter().map(IpNet::trunc).collect(),
+                    // UAPI has no names: a peer keeps the one its config gave it.
+                    name: self.peers.get(&p.public_key).and_then(|s| s.name.clone()),
                 };
                 (p.public_key, (spec, explicit.get(&p.public_key).copied()))
             })

@@ -607,6 +607,7 @@ fn log_handshake(peer: &Peer, since: Option<Duration>) {
             .endpoint()
             .map(|e| e.to_string())
             .unwrap_or_else(|| "none".into());
-        tracing::info!(peer = %peer.public_key, %endpoint, "Handshake completed");
+        let name = peer.settings.name.as_deref().unwrap_or("");
+        tracing::info!(peer = %peer.public_key, peer_name = name, %endpoint, "Handshake completed");
     }
 }

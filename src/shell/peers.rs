@@ -248,6 +248,7 @@ mod tests {
 
     fn spec(keepalive: Option<u16>, nets: &[&str], psk: Option<SecretKey>) -> PeerSpec {
         PeerSpec {
+            name: None,
             preshared_key: psk,
             persistent_keepalive: keepalive,
             allowed_ips: nets

@@ -751,6 +751,8 @@ pub struct Peer {
     pub keepalive: Option<u16>,
     /// base64
     pub preshared_key: Option<String>,
+    /// `peer[].name` (tunnelgate configs only; `wg` has no names).
+    pub name: Option<String>,
 }
 
 impl Peer {
@@ -774,6 +776,11 @@ impl Peer {
 
     pub fn preshared_key(mut self, psk: &str) -> Peer {
         self.preshared_key = Some(psk.to_string());
+        self
+    }
+
+    pub fn name(mut self, name: &str) -> Peer {
+        self.name = Some(name.to_string());
         self
     }
 }
@@ -1140,6 +1147,9 @@ impl TgConfig {
         for p in &self.peers {
             let _ = writeln!(t, "\n[[peer]]");
             let _ = writeln!(t, "public_key = {:?}", p.public_key);
+            if let Some(name) = &p.name {
+                let _ = writeln!(t, "name = {name:?}");
+            }
             if let Some(psk) = &p.preshared_key {
                 let _ = writeln!(t, "preshared_key = {psk:?}");
             }

@@ -15,6 +15,8 @@ pub struct PeerSpec {
     pub preshared_key: Option<SecretKey>,
     pub persistent_keepalive: Option<u16>,
     pub allowed_ips: Vec<IpNet>,
+    /// `peer[].name`, for logs (status and metrics read it from the config).
+    pub name: Option<String>,
 }
 
 /// A peer to add, or an existing one whose spec changed. The shell keeps the session of an

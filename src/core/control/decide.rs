@@ -344,6 +344,7 @@ pub(super) fn peers_of(config: &Config) -> BTreeMap<PublicKey, (PeerSpec, Option
                         preshared_key: p.preshared_key.clone(),
                         persistent_keepalive: p.persistent_keepalive,
                         allowed_ips: p.allowed_ips.clone(),
+                        name: p.name.clone(),
                     },
                     p.endpoint.clone(),
                 ),
