@@ -89,15 +89,17 @@ def main() -> int:
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         time.sleep(1)
         log(f"==> iperf3 {args.seconds} s through the tunnel, sampling handshakes every second")
+        # To a file, not a pipe: the JSON report comes at the end and is larger than a pipe holds.
+        report_file = work / "iperf3.json"
         client = subprocess.Popen(["ip", "netns", "exec", NS_A, "iperf3", "-c", B_TUN, "-t", str(args.seconds), "-i", "1", "-b", args.rate, "--json"],
-                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                                  stdout=open(report_file, "w"), stderr=subprocess.DEVNULL)
         samples = []
         start = time.time()
         while client.poll() is None:
             samples.append({"t": round(time.time() - start, 1), "tunnelgate": handshake(NS_A, TG_IF),
                             "wireguard_go": handshake(NS_B, WG_IF)})
             time.sleep(1)
-        report = json.loads(client.stdout.read() or "{}")
+        report = json.loads(report_file.read_text() or "{}")
         intervals = [i["sum"]["bits_per_second"] / 1e9 for i in report.get("intervals", [])]
         distinct = sorted({s["tunnelgate"] for s in samples if s["tunnelgate"]})
         result = {
