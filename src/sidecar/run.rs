@@ -4,7 +4,7 @@
 //! reports bad input once per distinct problem as a log line and a Warning Event on the Service,
 //! keeping the last good Secret.
 
-use super::api::{secret_write_failed, record_warning, service_info, ObjRef, SecretStore};
+use super::api::{record_warning, secret_write_failed, service_info, ObjRef, SecretStore};
 use super::{changed_keys, render, Backoff, Rejected, ServiceInfo};
 use crate::config::SecretKey;
 use futures::StreamExt as _;

@@ -5,7 +5,7 @@
 //! What to render is decided by the pure [`super::group::render_group`].
 
 use super::api::{
-    secret_write_failed, record_warning, record_warning_on, service_info, ObjRef, SecretStore,
+    record_warning, record_warning_on, secret_write_failed, service_info, ObjRef, SecretStore,
 };
 use super::group::{is_member, render_group, Replica};
 use super::run::{
