@@ -23,4 +23,6 @@ pub mod shell;
 #[cfg(feature = "sidecar")]
 pub mod sidecar;
 pub mod telemetry;
+#[cfg(test)]
+mod test_util;
 pub mod uapi;

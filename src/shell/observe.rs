@@ -37,7 +37,7 @@ impl Observe for Handle {
                 let c = &p.counters;
                 PeerStatus {
                     public_key: p.public_key.to_base64(),
-                    name: None,
+                    name: p.settings.name.clone(),
                     endpoint: p.endpoint().map(|e| e.to_string()),
                     allowed_ips: p
                         .settings
@@ -61,14 +61,6 @@ impl Observe for Handle {
         let drops = self.shared.drops.snapshot();
         let published = self.published.lock();
         let (view, config) = (&published.view, &published.config);
-        let mut peers: Vec<PeerStatus> = peers;
-        for p in &mut peers {
-            p.name = config
-                .peers
-                .iter()
-                .find(|c| c.public_key.to_base64() == p.public_key)
-                .and_then(|c| c.name.clone());
-        }
         let mut snap = Snapshot {
             process: crate::telemetry::process::read(),
             interface: InterfaceStatus {

@@ -228,27 +228,8 @@ impl Drop for Staging {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::AtomicUsize;
 
-    /// A fresh directory under the system temp dir, removed on drop.
-    struct TempDir(PathBuf);
-    impl TempDir {
-        fn new() -> TempDir {
-            static N: AtomicUsize = AtomicUsize::new(0);
-            let p = std::env::temp_dir().join(format!(
-                "tg-claim-{}-{}",
-                std::process::id(),
-                N.fetch_add(1, Ordering::Relaxed)
-            ));
-            let _ = fs::remove_dir_all(&p);
-            TempDir(p)
-        }
-    }
-    impl Drop for TempDir {
-        fn drop(&mut self) {
-            let _ = fs::remove_dir_all(&self.0);
-        }
-    }
+    use crate::test_util::TempDir;
 
     fn mode(path: &Path) -> u32 {
         fs::symlink_metadata(path)
@@ -260,7 +241,7 @@ mod tests {
 
     #[test]
     fn creates_the_dir_0755_and_a_0600_socket_and_nothing_else() {
-        let tmp = TempDir::new();
+        let tmp = TempDir::new("claim");
         let dir = tmp.0.join("run/deeper");
         let path = dir.join("tg0.sock");
         let (_listener, claimed) = claim(&path).expect("claim");
@@ -280,7 +261,7 @@ mod tests {
 
     #[test]
     fn a_stale_socket_is_replaced() {
-        let tmp = TempDir::new();
+        let tmp = TempDir::new("claim");
         fs::create_dir_all(&tmp.0).expect("dir");
         let path = tmp.0.join("tg1.sock");
         // A socket file nobody listens on, as a killed daemon leaves behind.
@@ -294,7 +275,7 @@ mod tests {
 
     #[test]
     fn a_live_socket_is_refused_and_kept() {
-        let tmp = TempDir::new();
+        let tmp = TempDir::new("claim");
         let path = tmp.0.join("tg2.sock");
         let (_listener, first) = claim(&path).expect("first");
         let err = claim(&path).expect_err("second claim");
@@ -306,7 +287,7 @@ mod tests {
 
     #[test]
     fn a_regular_file_is_refused_and_kept() {
-        let tmp = TempDir::new();
+        let tmp = TempDir::new("claim");
         fs::create_dir_all(&tmp.0).expect("dir");
         let path = tmp.0.join("tg3.sock");
         fs::write(&path, "precious").expect("write");
@@ -317,7 +298,7 @@ mod tests {
 
     #[test]
     fn a_file_as_the_directory_is_refused() {
-        let tmp = TempDir::new();
+        let tmp = TempDir::new("claim");
         fs::create_dir_all(&tmp.0).expect("dir");
         fs::write(tmp.0.join("run"), "x").expect("write");
         let err = claim(&tmp.0.join("run/tg4.sock")).expect_err("dir is a file");
@@ -327,7 +308,7 @@ mod tests {
     #[test]
     fn losing_the_race_does_not_replace_the_winner() {
         // The winner published between our stale check and our link: link(2) must fail.
-        let tmp = TempDir::new();
+        let tmp = TempDir::new("claim");
         fs::create_dir_all(&tmp.0).expect("dir");
         let path = tmp.0.join("tg5.sock");
         let _winner = UnixListener::bind(&path).expect("winner");
@@ -344,7 +325,7 @@ mod tests {
 
     #[test]
     fn drop_removes_the_socket_only_while_it_is_ours() {
-        let tmp = TempDir::new();
+        let tmp = TempDir::new("claim");
         let path = tmp.0.join("tg6.sock");
         let (listener, claimed) = claim(&path).expect("claim");
         drop(listener);

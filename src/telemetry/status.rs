@@ -391,25 +391,7 @@ mod tests {
     use super::*;
     use crate::telemetry::tests::{sample_snapshot, FakeObserve};
 
-    /// A fresh directory under the system temp dir, removed on drop.
-    struct TempDir(PathBuf);
-    impl TempDir {
-        fn new() -> TempDir {
-            static N: AtomicUsize = AtomicUsize::new(0);
-            let p = std::env::temp_dir().join(format!(
-                "tg-status-{}-{}",
-                std::process::id(),
-                N.fetch_add(1, Ordering::Relaxed)
-            ));
-            let _ = std::fs::remove_dir_all(&p);
-            TempDir(p)
-        }
-    }
-    impl Drop for TempDir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
+    use crate::test_util::TempDir;
 
     #[test]
     fn path_layout() {
@@ -427,7 +409,7 @@ mod tests {
 
     #[tokio::test]
     async fn round_trip_and_cleanup() {
-        let dir = TempDir::new();
+        let dir = TempDir::new("status");
         let path = status_socket_path_in(&dir.0.join("run"), "tg0");
         let fake = Arc::new(FakeObserve::new());
         fake.set_not_ready(Some("dns: db.example.internal not resolved yet"));
@@ -487,7 +469,7 @@ mod tests {
 
     #[tokio::test]
     async fn replaces_a_stale_socket() {
-        let dir = TempDir::new();
+        let dir = TempDir::new("status");
         std::fs::create_dir_all(&dir.0).expect("dir");
         let path = status_socket_path_in(&dir.0, "tg1");
         // A socket file nobody listens on, as a killed daemon leaves behind.
@@ -514,7 +496,7 @@ mod tests {
 
     #[test]
     fn refuses_to_replace_a_regular_file() {
-        let dir = TempDir::new();
+        let dir = TempDir::new("status");
         std::fs::create_dir_all(&dir.0).expect("dir");
         let path = status_socket_path_in(&dir.0, "tg2");
         std::fs::write(&path, "precious").expect("write");
@@ -527,7 +509,7 @@ mod tests {
 
     #[test]
     fn dropping_the_socket_leaves_a_replacement_alone() {
-        let dir = TempDir::new();
+        let dir = TempDir::new("status");
         let path = status_socket_path_in(&dir.0, "tg3");
         let socket = StatusSocket::bind(&path).expect("bind");
         // Someone else took the path over (e.g. a newer daemon after removing ours).
@@ -539,7 +521,7 @@ mod tests {
 
     #[test]
     fn garbage_answer_is_a_decode_error() {
-        let dir = TempDir::new();
+        let dir = TempDir::new("status");
         std::fs::create_dir_all(&dir.0).expect("dir");
         let path = status_socket_path_in(&dir.0, "tg4");
         let listener = StdUnixListener::bind(&path).expect("bind");
@@ -583,7 +565,7 @@ mod tests {
 
     #[tokio::test]
     async fn reload_requests_get_the_outcome_and_old_clients_the_snapshot() {
-        let dir = TempDir::new();
+        let dir = TempDir::new("status");
         let path = status_socket_path_in(&dir.0, "tg5");
         let socket = StatusSocket::bind(&path).expect("bind");
         let reloader = Arc::new(FakeReloader {
@@ -643,7 +625,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_daemon_without_reload_refuses_it() {
-        let dir = TempDir::new();
+        let dir = TempDir::new("status");
         let path = status_socket_path_in(&dir.0, "tg6");
         let socket = StatusSocket::bind(&path).expect("bind");
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -664,7 +646,7 @@ mod tests {
 
     #[test]
     fn an_old_daemon_answering_a_snapshot_to_reload_is_unsupported() {
-        let dir = TempDir::new();
+        let dir = TempDir::new("status");
         std::fs::create_dir_all(&dir.0).expect("dir");
         let path = status_socket_path_in(&dir.0, "tg7");
         let listener = StdUnixListener::bind(&path).expect("bind");
@@ -681,7 +663,7 @@ mod tests {
 
     #[test]
     fn lists_the_sockets_of_a_run_dir() {
-        let dir = TempDir::new();
+        let dir = TempDir::new("status");
         assert!(status_sockets_in(&dir.0).is_empty());
         std::fs::create_dir_all(&dir.0).expect("dir");
         for f in ["wg1.sock", "wg0.sock", "forwarding-wg0.json"] {

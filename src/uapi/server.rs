@@ -412,29 +412,10 @@ mod tests {
     use parking_lot::Mutex;
     use std::fs;
     use std::os::unix::fs::{FileTypeExt, PermissionsExt};
-    use std::sync::atomic::{AtomicU64, Ordering};
+
     use tokio::sync::oneshot;
 
-    /// A temporary directory removed on drop (no tempfile dependency).
-    struct TempDir(PathBuf);
-    impl TempDir {
-        fn new(tag: &str) -> TempDir {
-            static N: AtomicU64 = AtomicU64::new(0);
-            let path = std::env::temp_dir().join(format!(
-                "tg-uapi-{tag}-{}-{}",
-                std::process::id(),
-                N.fetch_add(1, Ordering::Relaxed)
-            ));
-            let _ = fs::remove_dir_all(&path);
-            fs::create_dir_all(&path).expect("temp dir");
-            TempDir(path)
-        }
-    }
-    impl Drop for TempDir {
-        fn drop(&mut self) {
-            let _ = fs::remove_dir_all(&self.0);
-        }
-    }
+    use crate::test_util::TempDir;
 
     #[derive(Default)]
     struct Fake {
@@ -499,7 +480,7 @@ mod tests {
 
     #[tokio::test]
     async fn bind_creates_dir_and_0600_socket_and_removes_it() {
-        let tmp = TempDir::new("bind");
+        let tmp = TempDir::created("bind");
         let dir = tmp.0.join("nested/wireguard");
         let fake = Arc::new(Fake::default());
         let server = start(&dir, "tg0", fake);
@@ -522,7 +503,7 @@ mod tests {
 
     #[tokio::test]
     async fn drop_without_run_removes_socket() {
-        let tmp = TempDir::new("drop");
+        let tmp = TempDir::created("drop");
         let server = UapiServer::bind_in(&tmp.0, "tg0").expect("bind");
         let path = server.socket_path().to_path_buf();
         assert!(path.exists());
@@ -532,7 +513,7 @@ mod tests {
 
     #[tokio::test]
     async fn stale_socket_is_replaced_live_one_is_refused() {
-        let tmp = TempDir::new("stale");
+        let tmp = TempDir::created("stale");
         let path = tmp.0.join("tg0.sock");
         drop(StdUnixListener::bind(&path).expect("stale bind"));
         assert!(path.exists());
@@ -549,7 +530,7 @@ mod tests {
 
     #[tokio::test]
     async fn non_socket_is_not_removed() {
-        let tmp = TempDir::new("file");
+        let tmp = TempDir::created("file");
         let path = tmp.0.join("tg0.sock");
         fs::write(&path, "precious").expect("write");
         let err = UapiServer::bind_in(&tmp.0, "tg0").expect_err("must refuse");
@@ -559,7 +540,7 @@ mod tests {
 
     #[test]
     fn names_are_validated() {
-        let tmp = TempDir::new("names");
+        let tmp = TempDir::created("names");
         for bad in [
             "",
             ".",
@@ -581,7 +562,7 @@ mod tests {
 
     #[tokio::test]
     async fn get_and_set_many_requests_on_one_connection() {
-        let tmp = TempDir::new("conn");
+        let tmp = TempDir::created("conn");
         let fake = Arc::new(Fake::default());
         let pk = PublicKey([7; 32]);
         {
@@ -629,7 +610,7 @@ mod tests {
 
     #[tokio::test]
     async fn bad_requests_get_errno_and_the_connection_keeps_working() {
-        let tmp = TempDir::new("bad");
+        let tmp = TempDir::created("bad");
         let fake = Arc::new(Fake::default());
         let server = start(&tmp.0, "tg2", fake.clone());
         let mut s = UnixStream::connect(&server.path).await.expect("connect");
@@ -664,7 +645,7 @@ mod tests {
 
     #[tokio::test]
     async fn cut_short_request_gets_eproto_then_close() {
-        let tmp = TempDir::new("eof");
+        let tmp = TempDir::created("eof");
         let server = start(&tmp.0, "tg3", Arc::new(Fake::default()));
         let mut s = UnixStream::connect(&server.path).await.expect("connect");
         s.write_all(b"set=1\nlisten_port=1\n").await.expect("write");
@@ -677,7 +658,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_large_request_is_served_whole() {
-        let tmp = TempDir::new("large");
+        let tmp = TempDir::created("large");
         let fake = Arc::new(Fake::default());
         let server = start(&tmp.0, "tg8", fake.clone());
         let mut s = UnixStream::connect(&server.path).await.expect("connect");
@@ -696,7 +677,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_overlong_line_is_refused_and_server_survives() {
-        let tmp = TempDir::new("big");
+        let tmp = TempDir::created("big");
         let server = start(&tmp.0, "tg4", Arc::new(Fake::default()));
         let mut s = UnixStream::connect(&server.path).await.expect("connect");
         // Lines are bounded, not the request: one line of 1 MB without a newline.
@@ -715,7 +696,7 @@ mod tests {
 
     #[tokio::test]
     async fn client_round_trip() {
-        let tmp = TempDir::new("client");
+        let tmp = TempDir::created("client");
         let fake = Arc::new(Fake::default());
         let server = start(&tmp.0, "tg5", fake.clone());
         let mut peer = PeerUpdate::new(PublicKey([3; 32]));
@@ -743,7 +724,7 @@ mod tests {
 
     #[tokio::test]
     async fn shutdown_closes_open_connections() {
-        let tmp = TempDir::new("idle");
+        let tmp = TempDir::created("idle");
         let server = start(&tmp.0, "tg6", Arc::new(Fake::default()));
         let mut s = UnixStream::connect(&server.path).await.expect("connect");
         s.write_all(b"get=1\n").await.expect("write half a request");
@@ -760,7 +741,7 @@ mod tests {
 
     #[tokio::test]
     async fn deleting_the_socket_stops_the_server_and_spares_a_successor() {
-        let tmp = TempDir::new("deleted");
+        let tmp = TempDir::created("deleted");
         let server = start(&tmp.0, "tg7", Arc::new(Fake::default()));
         fs::remove_file(&server.path).expect("rm");
         // A successor takes the name before the old server notices.
