@@ -23,15 +23,7 @@ const SHORT: Duration = Duration::from_secs(10);
 
 /// Two namespaces joined by a veth pair with v4 and v6 underlay addresses.
 fn lan() -> (Netns, Netns, Veth) {
-    let a = Netns::new();
-    let b = Netns::new();
-    let v = veth(
-        &a,
-        &[&format!("{A_LAN4}/24"), &format!("{A_LAN6}/64")],
-        &b,
-        &[&format!("{B_LAN4}/24"), &format!("{B_LAN6}/64")],
-    );
-    (a, b, v)
+    lan_pair(A_LAN4, A_LAN6, B_LAN4, B_LAN6)
 }
 
 /// `tunnelgate_packets_dropped_total{reason="REASON"}`.

@@ -62,14 +62,7 @@ fn endpoint(v6: bool, lan4: &str, lan6: &str, port: u16) -> String {
 
 fn run_cell(cell: Cell) {
     let label = format!("{cell:?}");
-    let a = Netns::new();
-    let b = Netns::new();
-    veth(
-        &a,
-        &[&format!("{A_LAN4}/24"), &format!("{A_LAN6}/64")],
-        &b,
-        &[&format!("{B_LAN4}/24"), &format!("{B_LAN6}/64")],
-    );
+    let (a, b, _veth) = lan_pair(A_LAN4, A_LAN6, B_LAN4, B_LAN6);
     let psk = cell.psk.then(wg_genpsk);
     let a_endpoint = endpoint(cell.outer_v6, A_LAN4, A_LAN6, A_PORT);
     let b_endpoint = endpoint(cell.outer_v6, B_LAN4, B_LAN6, B_PORT);

@@ -48,15 +48,7 @@ fn lan() -> (Netns, Netns) {
 
 /// [`lan`], and the veth pair (its `a_name` end is in `a`).
 fn lan_veth() -> (Netns, Netns, Veth) {
-    let a = Netns::new();
-    let b = Netns::new();
-    let v = veth(
-        &a,
-        &[&format!("{A_LAN4}/24"), &format!("{A_LAN6}/64")],
-        &b,
-        &[&format!("{B_LAN4}/24"), &format!("{B_LAN6}/64")],
-    );
-    (a, b, v)
+    lan_pair(A_LAN4, A_LAN6, B_LAN4, B_LAN6)
 }
 
 fn cidr(ip: &str) -> String {

@@ -48,14 +48,7 @@ const SHORT: Duration = Duration::from_secs(10);
 
 /// Two namespaces joined by a veth pair with v4 and v6 underlay addresses.
 fn lan() -> (Netns, Netns) {
-    let a = Netns::new();
-    let b = Netns::new();
-    veth(
-        &a,
-        &[&format!("{A_LAN4}/24"), &format!("{A_LAN6}/64")],
-        &b,
-        &[&format!("{B_LAN4}/24"), &format!("{B_LAN6}/64")],
-    );
+    let (a, b, _) = lan_pair(A_LAN4, A_LAN6, B_LAN4, B_LAN6);
     (a, b)
 }
 

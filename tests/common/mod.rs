@@ -689,6 +689,20 @@ pub fn veth(a: &Netns, a_addrs: &[&str], b: &Netns, b_addrs: &[&str]) -> Veth {
     Veth { a_name, b_name }
 }
 
+/// Two fresh namespaces joined by a veth pair: `a` gets `a4/24` and `a6/64`, `b` gets `b4/24` and
+/// `b6/64` (the underlay most suites need).
+pub fn lan_pair(a4: &str, a6: &str, b4: &str, b6: &str) -> (Netns, Netns, Veth) {
+    let a = Netns::new();
+    let b = Netns::new();
+    let v = veth(
+        &a,
+        &[&format!("{a4}/24"), &format!("{a6}/64")],
+        &b,
+        &[&format!("{b4}/24"), &format!("{b6}/64")],
+    );
+    (a, b, v)
+}
+
 /// `ip addr add ADDR dev DEV` (with `nodad` for IPv6).
 pub fn add_addr(ns: &Netns, dev: &str, addr: &str) {
     if addr.contains(':') {
