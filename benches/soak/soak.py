@@ -113,6 +113,9 @@ def metrics(ns: str) -> dict[str, float]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--minutes", type=float, default=10.0, help="soak length (default 10)")
+    ap.add_argument("--rate", default="",
+                    help="iperf3 -b target, e.g. 200M (default: unlimited). A long soak hunts leaks, "
+                         "not speed; a capped rate leaves the machine usable meanwhile")
     ap.add_argument("--no-build", action="store_true", help="do not run cargo build --release")
     ap.add_argument("--tunnelgate", default=str(REPO / "target" / "release" / "tunnelgate"))
     add_output_args(ap, "soak")
@@ -183,7 +186,8 @@ def main() -> int:
         m0 = metrics(ns["proxy"])
         log(f"==> soak {seconds} s: start {start}")
         iperf = subprocess.Popen(["ip", "netns", "exec", ns["client"], "iperf3", "-c", "100.80.0.1", "-p", str(PORT),
-                                  "-t", str(seconds), "-i", "10", "-J"],
+                                  "-t", str(seconds), "-i", "10", "-J",
+                                  *(["-b", args.rate] if args.rate else [])],
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         samples = [start]
         t0 = time.monotonic()
@@ -225,6 +229,7 @@ def main() -> int:
             "commit": git_commit(),
             "machine": {"cpus": os.cpu_count(), "kernel": platform.release()},
             "seconds": seconds,
+            "iperf3_rate": args.rate or "unlimited",
             "reloads_sent": reloads,
             "dns_changes": tick // 10,
             "start": start,
