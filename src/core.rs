@@ -12,4 +12,5 @@ pub mod liveness;
 pub mod offload;
 pub mod packet;
 pub mod routes;
+pub mod seccomp;
 pub mod wg;

@@ -11,6 +11,7 @@ pub mod observe;
 pub mod peers;
 pub mod privilege;
 pub mod resolver;
+pub mod seccomp;
 pub mod tun;
 pub mod udp;
 pub mod unix_socket;

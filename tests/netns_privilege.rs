@@ -2,7 +2,8 @@
 //! with iptables-legacy) in every thread's effective, permitted and bounding sets, nothing
 //! inheritable or ambient, and no-new-privs; and with only that, the `nft` /
 //! `iptables-restore` it runs still work: a reload that changes addresses and rules is
-//! applied, and SIGTERM removes everything.
+//! applied, and SIGTERM removes everything. The packet threads, and only they, run under the
+//! seccomp allow-list (mode 2, one filter) unless `--seccomp off`.
 //!
 //! Run as root: `cargo test --all-features --test netns_privilege -- --ignored --test-threads=1`.
 
@@ -15,7 +16,10 @@ use std::time::Duration;
 const CAP_NET_ADMIN: u64 = 1 << 12;
 const CAP_NET_RAW: u64 = 1 << 13;
 
-/// `Cap*` and `NoNewPrivs` of every thread of `pid`, by thread id.
+/// The packet threads' names (`core::liveness::PacketThread`).
+const PACKET_THREADS: [&str; 3] = ["tg-tun-rx", "tg-udp-rx", "tg-timers"];
+
+/// `Cap*`, `Seccomp*` and `NoNewPrivs` of every thread of `pid`, by thread id.
 fn thread_privileges(pid: u32) -> BTreeMap<String, BTreeMap<String, String>> {
     let mut out = BTreeMap::new();
     let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("/proc/<pid>/task");
@@ -26,7 +30,12 @@ fn thread_privileges(pid: u32) -> BTreeMap<String, BTreeMap<String, String>> {
         let fields: BTreeMap<String, String> = status
             .lines()
             .filter_map(|l| l.split_once(':'))
-            .filter(|(k, _)| k.starts_with("Cap") || *k == "NoNewPrivs" || *k == "Name")
+            .filter(|(k, _)| {
+                k.starts_with("Cap")
+                    || k.starts_with("Seccomp")
+                    || *k == "NoNewPrivs"
+                    || *k == "Name"
+            })
             .map(|(k, v)| (k.to_string(), v.trim().to_string()))
             .collect();
         out.insert(task.file_name().to_string_lossy().into_owned(), fields);
@@ -87,7 +96,31 @@ fn run(legacy: bool) {
         assert_eq!(get("CapInh"), mask(0), "{what} CapInh");
         assert_eq!(get("CapAmb"), mask(0), "{what} CapAmb");
         assert_eq!(get("NoNewPrivs"), "1", "{what} NoNewPrivs");
+        // 2 = SECCOMP_MODE_FILTER, with our one filter; the other threads (runtime, netlink)
+        // must keep every call they need for reloads.
+        let (mode, filters) = if PACKET_THREADS.contains(&get("Name")) {
+            ("2", "1")
+        } else {
+            ("0", "0")
+        };
+        assert_eq!(get("Seccomp"), mode, "{what} Seccomp");
+        assert_eq!(get("Seccomp_filters"), filters, "{what} Seccomp_filters");
     }
+    let names: Vec<&str> = threads
+        .values()
+        .filter_map(|f| f.get("Name").map(String::as_str))
+        .collect();
+    for packet_thread in PACKET_THREADS {
+        assert!(
+            names.contains(&packet_thread),
+            "no {packet_thread}: {names:?}"
+        );
+    }
+    assert!(
+        tg.stderr().contains("Packet threads confined by seccomp"),
+        "{}",
+        tg.stderr()
+    );
     assert!(
         tg.stderr().contains("Capabilities dropped"),
         "{}",
@@ -155,4 +188,27 @@ fn nftables_keeps_only_net_admin_and_reloads_still_work() {
 #[ignore = "needs root and network namespaces"]
 fn iptables_legacy_keeps_net_admin_and_net_raw_and_reloads_still_work() {
     run(true);
+}
+
+#[test]
+#[ignore = "needs root and network namespaces"]
+fn seccomp_off_leaves_every_thread_unfiltered_and_says_so() {
+    require_root();
+    let ns = Netns::new();
+    let cfg = TgConfig::new(0, &["100.64.0.1/32"]);
+    let mut tg = Tunnelgate::spawn_env(&ns, cfg, &[("TUNNELGATE_SECCOMP", "off")]);
+    if let Err(e) = tg.wait_ready(Duration::from_secs(15)) {
+        panic!("{e}");
+    }
+    let threads = thread_privileges(tg.pid());
+    for (tid, f) in &threads {
+        assert_eq!(
+            f.get("Seccomp").map(String::as_str),
+            Some("0"),
+            "thread {tid} {f:?}"
+        );
+    }
+    assert!(tg.stderr().contains("seccomp is off"), "{}", tg.stderr());
+    let status = tg.sigterm();
+    assert!(status.success(), "exit {status:?}: {}", tg.stderr());
 }

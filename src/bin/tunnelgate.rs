@@ -38,6 +38,16 @@ struct LogArgs {
     log_format: LogFormat,
 }
 
+/// `--seccomp`, on the subcommands that run packet threads.
+#[derive(clap::Args)]
+struct SeccompArgs {
+    /// What the packet threads' seccomp allow-list does with a system call outside it:
+    /// enforce (kill the process; the kernel logs the call), log (allow it and let the kernel
+    /// log it), or off.
+    #[arg(long, env = tunnelgate::shell::seccomp::POLICY_ENV, default_value_t)]
+    seccomp: tunnelgate::core::seccomp::Policy,
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Run the daemon in the foreground.
@@ -46,6 +56,8 @@ enum Command {
         config: PathBuf,
         #[command(flatten)]
         log: LogArgs,
+        #[command(flatten)]
+        seccomp: SeccompArgs,
     },
     /// Validate the configuration and print what would be installed, changing nothing.
     Check {
@@ -94,6 +106,8 @@ enum Command {
         interface: String,
         #[command(flatten)]
         log: LogArgs,
+        #[command(flatten)]
+        seccomp: SeccompArgs,
     },
 }
 
@@ -104,6 +118,14 @@ fn main() -> ExitCode {
         .next()
         .is_some_and(|a| tunnelgate::shell::userspace::is_wg_name(&a))
     {
+        // wireguard-go's command line has no room for flags: the environment only.
+        match tunnelgate::shell::seccomp::policy_from_env() {
+            Ok(policy) => tunnelgate::shell::seccomp::set_policy(policy),
+            Err(e) => {
+                eprintln!("tunnelgate-wg: {e}");
+                return ExitCode::from(2);
+            }
+        }
         return tunnelgate::shell::userspace::wg_main();
     }
     let cli: Cli = match tunnelgate::cli::parse_or_exit() {
@@ -120,14 +142,23 @@ fn main() -> ExitCode {
             foreground,
             interface,
             log,
-        } => tunnelgate::shell::userspace::run(foreground, &interface, log.log_format),
+            seccomp,
+        } => {
+            tunnelgate::shell::seccomp::set_policy(seccomp.seccomp);
+            tunnelgate::shell::userspace::run(foreground, &interface, log.log_format)
+        }
         Command::Help { command } => help(command.as_deref()),
         Command::Check { config } => match load_config(&config) {
             Ok(c) => check(&config, &c),
             Err(e) => config_error(&e),
         },
-        Command::Run { config, log } => {
+        Command::Run {
+            config,
+            log,
+            seccomp,
+        } => {
             init_logging(log.log_format);
+            tunnelgate::shell::seccomp::set_policy(seccomp.seccomp);
             run(config)
         }
         Command::Status {

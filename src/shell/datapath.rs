@@ -12,6 +12,7 @@ use crate::core::packet::{
 };
 use crate::core::wg::{self, Outcome, TunnelError};
 use crate::shell::peers::{Peer, PeerTable};
+use crate::shell::seccomp::{self, Confinement};
 use crate::shell::tun;
 use crate::shell::udp::{RecvBatch, SendBatch, WgSocket, MAX_DATAGRAM};
 use parking_lot::{Mutex, RwLock};
@@ -248,6 +249,33 @@ pub fn start_udp_reader(shared: Arc<Shared>) -> std::io::Result<()> {
     })
 }
 
+/// Confines the calling packet thread, once its setup is done, to the seccomp allow-list
+/// (`core::seccomp`). The outcome is logged once per process; a thread that could not be
+/// confined logs why and runs on without the filter (the packet path matters more).
+fn confine(thread: PacketThread) {
+    static LOGGED: std::sync::Once = std::sync::Once::new();
+    match seccomp::confine_current_thread() {
+        Ok(Confinement::Filtered(policy)) => LOGGED.call_once(|| {
+            tracing::info!(
+                policy = %policy,
+                allowed = crate::core::seccomp::allowed_names().len(),
+                "Packet threads confined by seccomp"
+            )
+        }),
+        Ok(Confinement::Off) => LOGGED.call_once(|| {
+            tracing::warn!("Packet threads not confined: seccomp is off (--seccomp off)")
+        }),
+        Ok(Confinement::Unsupported) => LOGGED.call_once(|| {
+            tracing::warn!("Packet threads not confined: no seccomp list for this architecture")
+        }),
+        Err(e) => tracing::warn!(
+            thread = thread.name(),
+            error = %e,
+            "Packet thread not confined: the seccomp filter could not be installed"
+        ),
+    }
+}
+
 /// Errors of a TUN read that no retry can fix: the device was deleted (`ip link del`) or its
 /// descriptor is unusable.
 fn tun_is_gone(e: &std::io::Error) -> bool {
@@ -267,6 +295,7 @@ fn tun_loop(shared: &Shared) {
     if let Err(e) = shared.tun.set_nonblocking(true) {
         tracing::warn!(error = %e, "TUN device stays blocking: one send per read");
     }
+    confine(PacketThread::TunReader);
     shared.beat(PacketThread::TunReader);
     while !shared.stop.load(Ordering::Relaxed) {
         let n = match shared.tun.recv(&mut read) {
@@ -380,6 +409,7 @@ fn udp_loop(shared: &Shared, socket: &WgSocket) {
     if let Err(e) = socket.set_receive_timeout(IDLE_WAKE) {
         tracing::warn!(error = %e, "UDP receive timeout not set: an idle reader looks stuck");
     }
+    confine(PacketThread::UdpReader);
     shared.beat(PacketThread::UdpReader);
     while !shared.stop.load(Ordering::Relaxed) {
         let received = socket.recv_batch(&mut batch);
@@ -527,6 +557,7 @@ fn receive(
 
 fn timer_loop(shared: &Shared) {
     let mut buf = vec![0u8; wg::MIN_OUTPUT.max(2048)];
+    confine(PacketThread::Timers);
     let mut last_reset = Instant::now();
     while !shared.stop.load(Ordering::Relaxed) {
         shared.beat(PacketThread::Timers);

@@ -1377,6 +1377,19 @@ impl Drop for Tunnelgate {
     fn drop(&mut self) {
         self.proc.stop_quietly(Duration::from_secs(5));
         let _ = fs::remove_file(wg_socket(&self.cfg.name));
+        // Every suite runs the daemon under the packet threads' seccomp filter: a call missing
+        // from its list kills the daemon with SIGSYS, maybe only on the way out, where the
+        // test itself may not look. That must fail the test.
+        use std::os::unix::process::ExitStatusExt;
+        let sigsys = self.proc.status.and_then(|s| s.signal()) == Some(libc::SIGSYS);
+        if sigsys && !std::thread::panicking() {
+            panic!(
+                "{} was killed by its seccomp filter (SIGSYS): a packet thread made a call \
+                 that is not on the list (dmesg: type=1326 names it); stderr:\n{}",
+                self.proc.label,
+                self.proc.stderr()
+            );
+        }
     }
 }
 
