@@ -530,6 +530,27 @@ fn userspace_foreground_creates_a_bare_interface_and_sigterm_removes_it() {
         dir.path(),
     );
     wait_until(SHORT, "UAPI socket", || wg_socket(&name).exists());
+    // Least privilege as in `run`: CAP_NET_ADMIN (TUN, fwmark) and CAP_NET_BIND_SERVICE (a
+    // listen-port below 1024) in every thread, no-new-privs, the packet threads under seccomp.
+    let want = format!("{:016x}", (1u64 << 12) | (1u64 << 10));
+    let threads = thread_privileges(proc.pid());
+    for (tid, f) in &threads {
+        let get = |k: &str| f.get(k).map(String::as_str).unwrap_or("missing");
+        let what = format!("thread {tid} ({})", get("Name"));
+        assert_eq!(get("CapEff"), want, "{what} CapEff");
+        assert_eq!(get("CapBnd"), want, "{what} CapBnd");
+        assert_eq!(get("NoNewPrivs"), "1", "{what} NoNewPrivs");
+        let filtered = PACKET_THREADS.contains(&get("Name"));
+        assert_eq!(get("Seccomp"), if filtered { "2" } else { "0" }, "{what}");
+    }
+    for packet_thread in PACKET_THREADS {
+        assert!(
+            threads
+                .values()
+                .any(|f| f.get("Name").map(String::as_str) == Some(packet_thread)),
+            "no {packet_thread}: {threads:?}"
+        );
+    }
     let dump = wg_dump(&name);
     assert_eq!(
         dump.private_key, "(none)",

@@ -10,38 +10,10 @@
 mod common;
 
 use common::*;
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 const CAP_NET_ADMIN: u64 = 1 << 12;
 const CAP_NET_RAW: u64 = 1 << 13;
-
-/// The packet threads' names (`core::liveness::PacketThread`).
-const PACKET_THREADS: [&str; 3] = ["tg-tun-rx", "tg-udp-rx", "tg-timers"];
-
-/// `Cap*`, `Seccomp*` and `NoNewPrivs` of every thread of `pid`, by thread id.
-fn thread_privileges(pid: u32) -> BTreeMap<String, BTreeMap<String, String>> {
-    let mut out = BTreeMap::new();
-    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("/proc/<pid>/task");
-    for task in tasks.flatten() {
-        let Ok(status) = std::fs::read_to_string(task.path().join("status")) else {
-            continue; // the thread ended meanwhile
-        };
-        let fields: BTreeMap<String, String> = status
-            .lines()
-            .filter_map(|l| l.split_once(':'))
-            .filter(|(k, _)| {
-                k.starts_with("Cap")
-                    || k.starts_with("Seccomp")
-                    || *k == "NoNewPrivs"
-                    || *k == "Name"
-            })
-            .map(|(k, v)| (k.to_string(), v.trim().to_string()))
-            .collect();
-        out.insert(task.file_name().to_string_lossy().into_owned(), fields);
-    }
-    out
-}
 
 fn mask(v: u64) -> String {
     format!("{v:016x}")

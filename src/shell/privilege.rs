@@ -91,6 +91,15 @@ pub fn needed(config: &Config, legacy_iptables: bool) -> Caps {
     caps
 }
 
+/// What `tunnelgate userspace` (and `tunnelgate-wg`) needs once running: `CAP_NET_ADMIN` for
+/// the TUN device and for `wg set fwmark` (`SO_MARK`), and `CAP_NET_BIND_SERVICE` because
+/// `wg set listen-port` may move the socket below 1024 at any time. It runs no firewall tool.
+pub fn needed_userspace() -> Caps {
+    Caps::default()
+        .with(CAP_NET_ADMIN)
+        .with(CAP_NET_BIND_SERVICE)
+}
+
 /// Whether the daemon will use iptables-legacy: the same choice its executor makes on the
 /// first apply ([`firewall::choose`]), made now while the legacy tools can still be read
 /// (without `CAP_NET_RAW`, `iptables-legacy-save` fails and `auto` would never see legacy
@@ -186,6 +195,13 @@ pub fn drop_for(config: &Config) -> Result<Dropped, PrivilegeError> {
             "Without CAP_SETPCAP these stay in the bounding set (no-new-privs still keeps children from gaining them)"
         );
     }
+    Ok(dropped)
+}
+
+/// [`drop_to`] [`needed_userspace`], logged like [`drop_for`].
+pub fn drop_for_userspace() -> Result<Dropped, PrivilegeError> {
+    let dropped = drop_to(needed_userspace())?;
+    tracing::info!(kept = %dropped.kept, "Capabilities dropped to what the interface needs");
     Ok(dropped)
 }
 
@@ -334,6 +350,13 @@ mod tests {
              addresses = [\"100.64.0.1/32\"]\n{body}"
         );
         Config::parse(&text, Path::new("/"), &NoFiles).expect("valid config")
+    }
+
+    #[test]
+    fn userspace_keeps_net_admin_and_net_bind_service_only() {
+        let kept = needed_userspace();
+        assert_eq!(kept.to_string(), "CAP_NET_BIND_SERVICE CAP_NET_ADMIN");
+        assert!(!kept.has(CAP_NET_RAW));
     }
 
     #[test]

@@ -72,6 +72,15 @@ pub fn run(foreground: bool, name: &str, log_format: LogFormat) -> ExitCode {
         }
     };
     init_logging(log_format);
+    // Before the runtime, like `tunnelgate run`: capabilities are per thread.
+    if let Err(e) = crate::shell::privilege::drop_for_userspace() {
+        let why = format!("cannot drop privileges: {e}");
+        if let Some(r) = ready {
+            r.failed(&why);
+        }
+        eprintln!("{WG_NAME}: {why}");
+        return ExitCode::from(1);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
