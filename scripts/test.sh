@@ -60,36 +60,10 @@ step "cargo clippy" "$LOG_DIR/clippy.log" cargo clippy --all-targets --all-featu
 step "cargo clippy (daemon only)" "$LOG_DIR/clippy-daemon.log" cargo clippy --all-targets -- -D warnings
 step "daemon build has no Kubernetes crates" "$LOG_DIR/tree.log" scripts/check-daemon-deps.sh
 step "cargo test (unit, golden)" "$LOG_DIR/test.log" cargo test --all-features --no-fail-fast
-# Fuzz smoke: every cargo-fuzz target (fuzz/) for a few seconds on nightly, when asked with
-# TUNNELGATE_FUZZ=1. The same target bodies always run on stable in the step above
-# (tests/fuzz_smoke.rs: seeds plus a seeded mutated corpus, 5 s per target), which is the smoke
-# CI relies on: the nightly sanitizer build of the targets alone takes 6 to 10 minutes on this
-# 2-core machine, and cargo-fuzz costs 4 more to install. TUNNELGATE_FUZZ_SECS sets the time
-# per target (default 10).
-FUZZ_TARGETS=(config uapi ports receive offload sidecar)
-fuzz_smoke() {
-    cargo +nightly fuzz build --features sidecar || return 1
-    local t
-    for t in "${FUZZ_TARGETS[@]}"; do
-        echo "--- fuzz $t (${TUNNELGATE_FUZZ_SECS:-10}s)"
-        cargo +nightly fuzz run --features sidecar "$t" -- \
-            -max_total_time="${TUNNELGATE_FUZZ_SECS:-10}" -rss_limit_mb=2048 -print_final_stats=1 || return 1
-    done
-}
-if [[ "${TUNNELGATE_FUZZ:-0}" != "1" ]]; then
-    RESULTS+=("SKIP   cargo-fuzz smoke: set TUNNELGATE_FUZZ=1 (bodies ran on stable in fuzz_smoke)")
-elif ! rustup run nightly rustc --version >/dev/null 2>&1; then
-    RESULTS+=("SKIP   cargo-fuzz smoke: no nightly toolchain (bodies ran on stable in fuzz_smoke)")
-else
-    if ! cargo fuzz --version >/dev/null 2>&1; then
-        cargo install --locked cargo-fuzz || echo "warning: cargo-fuzz could not be installed" >&2
-    fi
-    if cargo fuzz --version >/dev/null 2>&1; then
-        step "cargo-fuzz smoke (nightly)" "$LOG_DIR/fuzz.log" fuzz_smoke
-    else
-        RESULTS+=("SKIP   cargo-fuzz smoke: no cargo-fuzz (bodies ran on stable in fuzz_smoke)")
-    fi
-fi
+# Fuzz smoke: every cargo-fuzz target in fuzz/, built with libFuzzer's coverage instrumentation on
+# stable (scripts/fuzz-smoke.sh says how, and what an ASan run on nightly adds), 5 s each.
+# TUNNELGATE_FUZZ_SECS sets the time per target.
+step "cargo-fuzz targets (stable, coverage-guided)" "$LOG_DIR/fuzz.log" scripts/fuzz-smoke.sh
 if is_root; then
     step "cargo test --ignored (netns suites)" "$LOG_DIR/netns.log" \
         cargo test --all-features --no-fail-fast -- --ignored --test-threads=1
