@@ -14,6 +14,6 @@ if [[ "$(id -u)" != "0" ]]; then
 fi
 
 source scripts/packages.sh
-install_missing iperf3 wireguard-go wireguard-tools iproute2 nftables dnsmasq curl python3 || true
+install_missing iperf3 wireguard-go wireguard-tools iproute2 iputils-ping nftables dnsmasq curl python3 || true
 
 exec python3 benches/soak/soak.py "$@"
