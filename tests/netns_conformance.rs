@@ -538,7 +538,10 @@ fn userspace_foreground_creates_a_bare_interface_and_sigterm_removes_it() {
         let get = |k: &str| f.get(k).map(String::as_str).unwrap_or("missing");
         let what = format!("thread {tid} ({})", get("Name"));
         assert_eq!(get("CapEff"), want, "{what} CapEff");
+        assert_eq!(get("CapPrm"), want, "{what} CapPrm");
         assert_eq!(get("CapBnd"), want, "{what} CapBnd");
+        assert_eq!(get("CapInh"), "0000000000000000", "{what} CapInh");
+        assert_eq!(get("CapAmb"), "0000000000000000", "{what} CapAmb");
         assert_eq!(get("NoNewPrivs"), "1", "{what} NoNewPrivs");
         let filtered = PACKET_THREADS.contains(&get("Name"));
         assert_eq!(get("Seccomp"), if filtered { "2" } else { "0" }, "{what}");
@@ -589,6 +592,33 @@ fn userspace_foreground_creates_a_bare_interface_and_sigterm_removes_it() {
         "SIGTERM exits 0: {status:?}\n{}",
         proc.stderr()
     );
+    assert!(!ns.link_exists(&name), "interface removed");
+    assert!(!wg_socket(&name).exists(), "UAPI socket removed");
+}
+
+/// `WG_PROCESS_FOREGROUND=1` keeps `tunnelgate userspace` in the foreground without `-f`, as it
+/// does wireguard-go: the process started is the one serving the interface, until SIGTERM.
+#[test]
+#[ignore = "needs root"]
+fn userspace_honours_wg_process_foreground() {
+    require_root();
+    let ns = Netns::new();
+    let name = unique_name("tgd");
+    let dir = TempDir::new("tgusf");
+    let mut cmd = ns.command(&[tunnelgate_bin(), "userspace", &name]);
+    cmd.env("WG_PROCESS_FOREGROUND", "1");
+    let mut proc = Proc::spawn(cmd, "userspace", dir.path());
+    wait_until(SHORT, "UAPI socket", || wg_socket(&name).exists());
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        proc.is_running(),
+        "went to the background despite WG_PROCESS_FOREGROUND=1: {:?}\n{}",
+        proc.try_wait(),
+        proc.stderr()
+    );
+    assert_eq!(wg_dump(&name).private_key, "(none)", "it serves UAPI");
+    let status = proc.sigterm(SHORT);
+    assert!(status.success(), "SIGTERM exits 0: {status:?}");
     assert!(!ns.link_exists(&name), "interface removed");
     assert!(!wg_socket(&name).exists(), "UAPI socket removed");
 }

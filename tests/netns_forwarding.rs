@@ -1344,7 +1344,7 @@ fn readiness_follows_rule_failures(backend: Backend) {
         bin.path().display(),
         std::env::var("PATH").unwrap_or_else(|_| "/usr/sbin:/usr/bin:/sbin:/bin".into())
     );
-    let tg = t.start_env(
+    let mut tg = t.start_env(
         backend,
         t.config(format!(
             "{}\n{}",
@@ -1429,6 +1429,51 @@ fn readiness_follows_rule_failures(backend: Backend) {
         metric_sum(&m, "tunnelgate_rules_applied"),
         1.0,
         "rules_applied:\n{m}"
+    );
+
+    // A reload while the backend fails: the running rules stay exactly as they are and keep
+    // carrying traffic, readiness names the failure, and the new rule arrives once the tool
+    // works again.
+    let _https = TcpEcho::start(&t.cluster, sa(BACKEND_V4, 8443));
+    let _alt = TcpEcho::start(&t.cluster, sa(BACKEND_V4, 9443));
+    t.connect_client(&tg, &[]);
+    echo_ok(&t.client, sa(TG_V4, 443), "443 before the failing reload");
+    std::fs::write(&flag, "").expect("flag file");
+    let mut changed = tg.cfg.clone();
+    changed.extra = format!(
+        "{}\n{}",
+        backend.firewall_toml("1s"),
+        ingress_toml(&["443:8443", "9443"])
+    );
+    tg.write_config(changed);
+    tg.sighup();
+    let mut last = None;
+    let refused = poll_until(Duration::from_secs(10), || {
+        let r = tg.health_get("/readyz");
+        let down = matches!(&r, Ok((503, body)) if body.contains("injected failure"));
+        last = Some(r);
+        down
+    });
+    assert!(refused, "/readyz during the failing reload: {last:?}");
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        owned_rules(&t.proxy, backend),
+        fresh,
+        "the rules running before the failing reload are untouched"
+    );
+    echo_ok(&t.client, sa(TG_V4, 443), "443 while the backend fails");
+    tcp_blocked(&t.client, sa(TG_V4, 9443), "9443 before it is applied");
+    std::fs::remove_file(&flag).expect("remove flag");
+    let back = poll_until(Duration::from_secs(35), || {
+        matches!(tg.health_get("/readyz"), Ok((200, _)))
+    });
+    assert!(back, "/readyz after the backend works again");
+    assert_ne!(owned_rules(&t.proxy, backend), fresh, "the reload's rules");
+    echo_ok(&t.client, sa(TG_V4, 443), "443 after recovery");
+    echo_ok(
+        &t.client,
+        sa(TG_V4, 9443),
+        "9443, the reloaded rule, after recovery",
     );
     drop(tg);
 }

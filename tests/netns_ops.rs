@@ -1520,11 +1520,18 @@ fn status_without_flags_lists_every_daemon_and_skips_stale_sockets() {
 
     let out = tunnelgate_cli(&["status"], None);
     assert_eq!(out.code, Some(0), "{out:?}");
-    for n in [tg1.name(), tg2.name()] {
+    // `wg show`-like: one block per daemon, its own key and port under its name.
+    for tg in [&tg1, &tg2] {
+        let n = tg.name();
+        let block = out
+            .stdout
+            .split("interface: ")
+            .find(|b| b.starts_with(&format!("{n}\n")))
+            .unwrap_or_else(|| panic!("no `interface: {n}` block in:\n{}", out.stdout));
         assert!(
-            out.stdout.contains(&format!("interface: {n}\n")),
-            "{n} in:\n{}",
-            out.stdout
+            block.contains(&format!("\n  public key: {}\n", tg.public_key()))
+                && block.contains("\n  listening port: "),
+            "{n}'s block:\n{block}"
         );
     }
 }
