@@ -264,6 +264,57 @@ fn assert_least_privilege(proxy: &Value) {
     assert_eq!(sc["seccompProfile"]["type"], "RuntimeDefault", "{sc}");
 }
 
+/// The one privileged container in either StatefulSet is the init container that turns
+/// forwarding on (`/proc/sys` is read-only otherwise): it runs before the daemon, writes the two
+/// forwarding sysctls and nothing else, and gets no service-account token.
+fn assert_only_the_sysctl_init_container_is_privileged(pod: &Value) {
+    let init = pod["initContainers"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let containers = pod["containers"].as_array().cloned().unwrap_or_default();
+    for c in &containers {
+        assert_ne!(c["securityContext"]["privileged"], true, "{}", c["name"]);
+    }
+    let privileged: Vec<&Value> = init
+        .iter()
+        .filter(|c| c["securityContext"]["privileged"] == true)
+        .collect();
+    assert_eq!(
+        privileged.len(),
+        1,
+        "one privileged init container: {init:?}"
+    );
+    let sysctls = privileged[0];
+    assert_eq!(sysctls["name"], "sysctls");
+    let script = sysctls["command"]
+        .as_array()
+        .and_then(|c| c.last())
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let writes: BTreeSet<&str> = script.split("&&").map(str::trim).collect();
+    assert_eq!(
+        writes,
+        BTreeSet::from([
+            "echo 1 > /proc/sys/net/ipv4/ip_forward",
+            "echo 1 > /proc/sys/net/ipv6/conf/all/forwarding",
+        ]),
+        "the init container does only the forwarding sysctls: {script}"
+    );
+    assert!(sysctls["volumeMounts"].is_null(), "no volumes: {sysctls}");
+    assert!(sysctls["env"].is_null(), "no environment: {sysctls}");
+    assert_eq!(
+        pod["automountServiceAccountToken"], false,
+        "no token by default"
+    );
+}
+
+#[test]
+fn only_the_forwarding_init_container_is_privileged() {
+    assert_only_the_sysctl_init_container_is_privileged(&pod());
+    assert_only_the_sysctl_init_container_is_privileged(&group_pod());
+}
+
 #[test]
 fn proxy_has_net_admin_the_secret_read_only_and_probes_on_the_health_port() {
     let proxy = container("proxy");
