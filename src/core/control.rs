@@ -29,7 +29,7 @@ use decide::peers_of;
 
 pub use boundary::{
     Action, Lookup, NameView, PeerChanges, PeerSpec, PeerUpsert, Refused, Reload, RulesReport,
-    RulesView, View,
+    RulesView, SessionEffect, View,
 };
 
 /// First retry after a failed apply of rules, routes or addresses; doubles per failure.

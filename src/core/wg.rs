@@ -144,7 +144,9 @@ pub struct Tunnel {
     /// Persistent keepalive, kept here rather than in boringtun (whose `Tunn` fixes it at
     /// creation) so that changing it keeps the session, as the kernel and wireguard-go do.
     keepalive_secs: Option<u16>,
-    last_keepalive: Instant,
+    /// When the last keepalive went (or the interval started); `None` until the first timer
+    /// tick, which starts the interval. Time comes from the caller.
+    last_keepalive: Option<Instant>,
 }
 
 enum State {
@@ -205,7 +207,7 @@ impl Tunnel {
                 limiter: limiter.0.clone(),
             })),
             keepalive_secs: keepalive_secs.filter(|s| *s > 0),
-            last_keepalive: Instant::now(),
+            last_keepalive: None,
         }
     }
 
@@ -264,13 +266,14 @@ impl Tunnel {
 
     /// Handshake retries, rekeys and keepalives; call every ~100 ms. A dormant tunnel has
     /// none: nothing was ever sent or queued.
-    pub fn update_timers<'a>(&mut self, dst: &'a mut [u8]) -> Outcome<'a> {
-        let keepalive_due = self.keepalive_secs.is_some_and(|secs| {
-            self.last_keepalive.elapsed() >= Duration::from_secs(u64::from(secs))
-        });
+    pub fn update_timers<'a>(&mut self, now: Instant, dst: &'a mut [u8]) -> Outcome<'a> {
+        let since = *self.last_keepalive.get_or_insert(now);
+        let keepalive_due = self
+            .keepalive_secs
+            .is_some_and(|secs| now.duration_since(since) >= Duration::from_secs(u64::from(secs)));
         match &mut self.state {
             State::Active(tunn) if keepalive_due => {
-                self.last_keepalive = Instant::now();
+                self.last_keepalive = Some(now);
                 // An empty data message is a keepalive; without a session it starts a
                 // handshake, which is what a persistent keepalive is for.
                 tunn.encapsulate(&[], dst).into()
@@ -280,10 +283,11 @@ impl Tunnel {
         }
     }
 
-    /// Changes the persistent keepalive (`None` or 0: off) and keeps the session.
+    /// Changes the persistent keepalive (`None` or 0: off) and keeps the session; the next
+    /// interval starts at the next timer tick.
     pub fn set_persistent_keepalive(&mut self, secs: Option<u16>) {
         self.keepalive_secs = secs.filter(|s| *s > 0);
-        self.last_keepalive = Instant::now();
+        self.last_keepalive = None;
     }
 
     pub fn set_private_key(&mut self, own_private: &SecretKey, limiter: &Limiter) {
@@ -395,6 +399,45 @@ mod tests {
         assert!(matches!(
             tb.decapsulate(src, &data, &mut out),
             Outcome::Error(TunnelError::Rejected(_))
+        ));
+    }
+
+    #[test]
+    fn persistent_keepalive_follows_the_time_it_is_given() {
+        let (mut ta, mut tb, ..) = pair();
+        let src: IpAddr = "192.0.2.1".parse().expect("ip");
+        let (mut buf, mut out) = (vec![0u8; 2048], vec![0u8; 2048]);
+        let init = match ta.initiate(&mut buf) {
+            Outcome::Network(m) => m.to_vec(),
+            other => panic!("expected initiation, got {other:?}"),
+        };
+        let resp = match tb.decapsulate(src, &init, &mut out) {
+            Outcome::Network(m) => m.to_vec(),
+            other => panic!("expected response, got {other:?}"),
+        };
+        let _ = ta.decapsulate(src, &resp, &mut out);
+        let t0 = Instant::now();
+        // Off: no keepalive however much time passes.
+        assert!(!matches!(
+            ta.update_timers(t0 + Duration::from_secs(60), &mut buf),
+            Outcome::Network(m) if m.len() == 32
+        ));
+        ta.set_persistent_keepalive(Some(5));
+        // The interval starts at the first tick after it was set, and a keepalive (an empty
+        // data message: 32 bytes) goes once 5 s have passed, then 5 s later again.
+        let is_keepalive = |o: Outcome<'_>| matches!(o, Outcome::Network(m) if m.len() == 32);
+        assert!(!is_keepalive(ta.update_timers(t0, &mut buf)));
+        assert!(!is_keepalive(
+            ta.update_timers(t0 + Duration::from_millis(4900), &mut buf)
+        ));
+        assert!(is_keepalive(
+            ta.update_timers(t0 + Duration::from_secs(5), &mut buf)
+        ));
+        assert!(!is_keepalive(
+            ta.update_timers(t0 + Duration::from_secs(6), &mut buf)
+        ));
+        assert!(is_keepalive(
+            ta.update_timers(t0 + Duration::from_secs(10), &mut buf)
         ));
     }
 

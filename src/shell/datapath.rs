@@ -571,6 +571,7 @@ fn timer_loop(shared: &Shared) {
         if table.private_key.is_none() {
             continue; // no key: no handshakes, no keepalives
         }
+        let now = Instant::now();
         for peer in table.peers.values() {
             let endpoint = peer.path();
             let mut tunnel = peer.tunnel.lock();
@@ -591,7 +592,7 @@ fn timer_loop(shared: &Shared) {
                     }
                 }
             }
-            match tunnel.update_timers(&mut buf) {
+            match tunnel.update_timers(now, &mut buf) {
                 Outcome::Network(m) => {
                     let Some(ep) = endpoint else { continue };
                     if m.len() == 148 {

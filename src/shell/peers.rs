@@ -3,7 +3,7 @@
 
 use crate::config::{PublicKey, SecretKey};
 use crate::core::allowed_ips::AllowedIps;
-use crate::core::control::{PeerChanges, PeerSpec, PeerUpsert};
+use crate::core::control::{PeerChanges, PeerSpec, PeerUpsert, SessionEffect};
 use crate::core::packet::PeerPath;
 use crate::core::wg::{Limiter, Tunnel};
 use parking_lot::{Mutex, RwLock};
@@ -153,17 +153,23 @@ impl PeerTable {
             next.insert(old.clone());
         }
         for (key, upsert) in upserts {
-            let peer = match self.peers.get(&key) {
-                Some(old) if old.settings.preshared_key == upsert.spec.preshared_key => {
+            let existing = self.peers.get(&key);
+            let update = existing.map(|old| old.settings.update_to(&upsert.spec));
+            let peer = match (existing, update) {
+                (Some(old), Some(SessionEffect::Unchanged | SessionEffect::KeepSession { .. })) => {
                     if key_changed {
                         old.tunnel
                             .lock()
                             .set_private_key(private_key, &next.limiter);
                         change.reset.push(key);
-                    } else if old.settings != upsert.spec {
+                    } else if update != Some(SessionEffect::Unchanged) {
                         change.updated.push(key);
                     }
-                    if old.settings.persistent_keepalive != upsert.spec.persistent_keepalive {
+                    if update
+                        == Some(SessionEffect::KeepSession {
+                            keepalive_changed: true,
+                        })
+                    {
                         old.tunnel
                             .lock()
                             .set_persistent_keepalive(upsert.spec.persistent_keepalive);
@@ -180,7 +186,7 @@ impl PeerTable {
                         counters: old.counters.clone(),
                     })
                 }
-                old => {
+                (old, _) => {
                     if old.is_some() {
                         change.reset.push(key);
                     } else {

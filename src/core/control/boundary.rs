@@ -19,8 +19,35 @@ pub struct PeerSpec {
     pub name: Option<String>,
 }
 
-/// A peer to add, or an existing one whose spec changed. The shell keeps the session of an
-/// existing peer unless its preshared key (or the interface key) changed.
+impl PeerSpec {
+    /// What changing an existing peer from `self` to `new` does to its WireGuard session. As in
+    /// the kernel and wireguard-go, allowed IPs, keepalive and name are plain fields: the session,
+    /// its counters and the roamed endpoint stay. A different preshared key changes the
+    /// handshake's keys, so it takes a new session.
+    pub fn update_to(&self, new: &PeerSpec) -> SessionEffect {
+        if self.preshared_key != new.preshared_key {
+            SessionEffect::NewSession
+        } else if self == new {
+            SessionEffect::Unchanged
+        } else {
+            SessionEffect::KeepSession {
+                keepalive_changed: self.persistent_keepalive != new.persistent_keepalive,
+            }
+        }
+    }
+}
+
+/// See [`PeerSpec::update_to`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionEffect {
+    Unchanged,
+    KeepSession { keepalive_changed: bool },
+    NewSession,
+}
+
+/// A peer to add, or an existing one whose spec changed: [`PeerSpec::update_to`] says whether
+/// its session survives. A new interface key ([`PeerChanges::private_key`]) resets every
+/// session.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PeerUpsert {
     pub public_key: PublicKey,

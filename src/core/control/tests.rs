@@ -116,7 +116,7 @@ impl Sim {
                     let keep = self
                         .sessions
                         .get(&u.public_key)
-                        .filter(|(old, _)| old.preshared_key == u.spec.preshared_key)
+                        .filter(|(old, _)| old.update_to(&u.spec) != SessionEffect::NewSession)
                         .map(|(_, s)| *s);
                     let session = keep.unwrap_or_else(|| {
                         self.next_session += 1;
@@ -702,4 +702,45 @@ fn userspace_mode_installs_no_addresses_routes_or_rules_and_starts_without_a_key
         "{actions:?}"
     );
     assert!(user.teardown().is_empty(), "nothing to undo");
+}
+
+#[test]
+fn only_a_new_preshared_key_takes_a_new_session() {
+    let base = PeerSpec {
+        preshared_key: None,
+        persistent_keepalive: None,
+        allowed_ips: vec!["100.64.0.2/32".parse().expect("net")],
+        name: None,
+    };
+    assert_eq!(base.update_to(&base.clone()), SessionEffect::Unchanged);
+    let keepalive = PeerSpec {
+        persistent_keepalive: Some(25),
+        ..base.clone()
+    };
+    assert_eq!(
+        base.update_to(&keepalive),
+        SessionEffect::KeepSession {
+            keepalive_changed: true
+        }
+    );
+    let more_ips = PeerSpec {
+        allowed_ips: vec![
+            "100.64.0.2/32".parse().expect("net"),
+            "10.0.0.0/24".parse().expect("net"),
+        ],
+        name: Some("office".into()),
+        ..base.clone()
+    };
+    assert_eq!(
+        base.update_to(&more_ips),
+        SessionEffect::KeepSession {
+            keepalive_changed: false
+        }
+    );
+    let psk = PeerSpec {
+        preshared_key: Some(SecretKey::generate()),
+        ..base.clone()
+    };
+    assert_eq!(base.update_to(&psk), SessionEffect::NewSession);
+    assert_eq!(psk.update_to(&base), SessionEffect::NewSession);
 }
