@@ -25,7 +25,6 @@ use std::time::{Duration, Instant};
 
 mod boundary;
 mod decide;
-use decide::peers_of;
 
 pub use boundary::{
     Action, Lookup, NameView, PeerChanges, PeerSpec, PeerUpsert, Refused, Reload, RulesReport,
@@ -212,7 +211,7 @@ impl Control {
             stopping: false,
             config: config.clone(),
         };
-        let peers = peers_of(&config);
+        let peers = PeerSpec::all_of(&config);
         control.set_peers(peers, None, &config, now);
         control.track_names(now);
         control.step(now);
@@ -314,7 +313,7 @@ impl Control {
         self.fwmark = new.interface.fwmark;
         let key = (Some(&new.interface.private_key) != self.private_key.as_ref())
             .then(|| Some(new.interface.private_key.clone()));
-        self.set_peers(peers_of(&new), key, &old, now);
+        self.set_peers(PeerSpec::all_of(&new), key, &old, now);
         self.dns.set_interval(new.dns.reresolve_interval);
         self.track_names(now);
         if new.firewall.repair_interval != old.firewall.repair_interval {

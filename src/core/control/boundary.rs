@@ -1,10 +1,10 @@
 //! Everything that crosses the boundary between the control core and the shell: the actions
 //! the core asks for, what executors report back, and the view the shell publishes.
 
-use crate::config::{IpNet, PublicKey, SecretKey};
+use crate::config::{Config, Endpoint, IpNet, PublicKey, SecretKey};
 use crate::core::routes::PlanDiff;
 use crate::rules::{Family, RuleSet};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 use std::time::Instant;
 
@@ -20,6 +20,23 @@ pub struct PeerSpec {
 }
 
 impl PeerSpec {
+    /// The peers a configuration asks for, with their configured endpoints.
+    pub(super) fn all_of(config: &Config) -> BTreeMap<PublicKey, (PeerSpec, Option<Endpoint>)> {
+        config
+            .peers
+            .iter()
+            .map(|p| {
+                let spec = PeerSpec {
+                    preshared_key: p.preshared_key.clone(),
+                    persistent_keepalive: p.persistent_keepalive,
+                    allowed_ips: p.allowed_ips.clone(),
+                    name: p.name.clone(),
+                };
+                (p.public_key, (spec, p.endpoint.clone()))
+            })
+            .collect()
+    }
+
     /// What changing an existing peer from `self` to `new` does to its WireGuard session. As in
     /// the kernel and wireguard-go, allowed IPs, keepalive and name are plain fields: the session,
     /// its counters and the roamed endpoint stay. A different preshared key changes the

@@ -331,28 +331,6 @@ impl Control {
     }
 }
 
-/// The peers a configuration asks for, with their configured endpoints.
-pub(super) fn peers_of(config: &Config) -> BTreeMap<PublicKey, (PeerSpec, Option<Endpoint>)> {
-    config
-        .peers
-        .iter()
-        .map(|p| {
-            (
-                p.public_key,
-                (
-                    PeerSpec {
-                        preshared_key: p.preshared_key.clone(),
-                        persistent_keepalive: p.persistent_keepalive,
-                        allowed_ips: p.allowed_ips.clone(),
-                        name: p.name.clone(),
-                    },
-                    p.endpoint.clone(),
-                ),
-            )
-        })
-        .collect()
-}
-
 /// The families that need IP forwarding for `set`.
 pub(super) fn forwarding_families(set: &RuleSet) -> BTreeSet<Family> {
     let mut out: BTreeSet<Family> = set
