@@ -98,14 +98,6 @@ fn must_ping(from: &Netns, to: &str, what: &str) {
 // A strict reader of the Prometheus text exposition format
 // ---------------------------------------------------------------------------------------------
 
-/// One sample line.
-#[derive(Debug, Clone)]
-struct Sample {
-    name: String,
-    labels: BTreeMap<String, String>,
-    value: f64,
-}
-
 /// A parsed exposition: every sample, and the declared type and help of every family.
 #[derive(Debug, Default)]
 struct Exposition {
@@ -157,103 +149,6 @@ impl Exposition {
             _ => None,
         }
     }
-}
-
-fn valid_metric_name(s: &str) -> bool {
-    let mut chars = s.chars();
-    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_' || c == ':')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
-}
-
-fn valid_label_name(s: &str) -> bool {
-    let mut chars = s.chars();
-    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
-}
-
-/// A sample value: a Go-style float (`1`, `-2.5e3`, `+Inf`, `-Inf`, `NaN`).
-fn parse_value(v: &str) -> Result<f64, String> {
-    match v {
-        "+Inf" | "Inf" => Ok(f64::INFINITY),
-        "-Inf" => Ok(f64::NEG_INFINITY),
-        "NaN" => Ok(f64::NAN),
-        // Rust also accepts "inf", "infinity" and "nan" in any case: the format does not.
-        _ if v
-            .chars()
-            .any(|c| c.is_ascii_alphabetic() && c != 'e' && c != 'E') =>
-        {
-            Err(format!("bad value {v:?}"))
-        }
-        _ => v.parse().map_err(|_| format!("bad value {v:?}")),
-    }
-}
-
-/// `name{k="v",...} value [timestamp]`.
-fn parse_sample_line(line: &str) -> Result<Sample, String> {
-    let end = line.find(['{', ' ']).ok_or("no value")?;
-    let (name, mut rest) = line.split_at(end);
-    if !valid_metric_name(name) {
-        return Err(format!("bad metric name {name:?}"));
-    }
-    let mut labels = BTreeMap::new();
-    if let Some(body) = rest.strip_prefix('{') {
-        let mut chars = body.chars();
-        loop {
-            let remaining = chars.as_str();
-            if let Some(after) = remaining.strip_prefix('}') {
-                rest = after;
-                break;
-            }
-            let eq = remaining.find('=').ok_or("label without =")?;
-            let key = &remaining[..eq];
-            if !valid_label_name(key) {
-                return Err(format!("bad label name {key:?}"));
-            }
-            chars = remaining[eq + 1..]
-                .strip_prefix('"')
-                .ok_or_else(|| format!("label {key} is not quoted"))?
-                .chars();
-            let mut value = String::new();
-            loop {
-                match chars.next().ok_or("unterminated label value")? {
-                    '"' => break,
-                    '\\' => match chars.next().ok_or("dangling escape")? {
-                        'n' => value.push('\n'),
-                        c @ ('\\' | '"') => value.push(c),
-                        c => return Err(format!("bad escape \\{c}")),
-                    },
-                    '\n' => return Err("raw newline in a label value".into()),
-                    c => value.push(c),
-                }
-            }
-            if labels.insert(key.to_string(), value).is_some() {
-                return Err(format!("label {key} given twice"));
-            }
-            let after = chars.as_str();
-            if let Some(more) = after.strip_prefix(',') {
-                chars = more.chars();
-            } else if !after.starts_with('}') {
-                return Err("expected , or } after a label".into());
-            }
-        }
-    }
-    let rest = rest
-        .strip_prefix(' ')
-        .ok_or("no single space before the value")?;
-    let mut fields = rest.split(' ');
-    let value = parse_value(fields.next().unwrap_or(""))?;
-    if let Some(ts) = fields.next() {
-        ts.parse::<i64>()
-            .map_err(|_| format!("bad timestamp {ts:?}"))?;
-    }
-    if fields.next().is_some() {
-        return Err("trailing fields".into());
-    }
-    Ok(Sample {
-        name: name.to_string(),
-        labels,
-        value,
-    })
 }
 
 /// Parses Prometheus text strictly: only `# HELP`, `# TYPE` (types the classic parser knows),

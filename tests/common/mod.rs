@@ -2398,72 +2398,142 @@ pub fn tunnelgate_status_json(iface: &str) -> Result<serde_json::Value, String> 
     serde_json::from_str(&out.stdout).map_err(|e| format!("status JSON: {e}: {}", out.stdout))
 }
 
-/// One sample line of Prometheus text split into its name, the raw text between its braces
-/// ("" for none) and its value. `None` for comments, blank lines and lines that do not parse.
-/// The one reader of `/metrics` for the suites; `netns_ops` validates the format strictly.
-fn prometheus_sample(line: &str) -> Option<(&str, &str, f64)> {
-    if line.starts_with('#') {
-        return None;
-    }
-    let end = line.find(['{', ' '])?;
-    let (name, rest) = line.split_at(end);
-    let (labels, rest) = match rest.strip_prefix('{') {
-        Some(body) => {
-            // The closing brace is the first one outside a quoted label value.
-            let (mut quoted, mut escaped) = (false, false);
-            let close = body.char_indices().find_map(|(i, c)| {
-                match c {
-                    _ if escaped => escaped = false,
-                    '\\' if quoted => escaped = true,
-                    '"' => quoted = !quoted,
-                    '}' if !quoted => return Some(i),
-                    _ => {}
-                }
-                None
-            })?;
-            (&body[..close], &body[close + 1..])
+/// One Prometheus sample line, parsed.
+#[derive(Debug, Clone)]
+pub struct Sample {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub value: f64,
+}
+
+// The one Prometheus text parser of the suites: `metric`/`metric_sum` read samples with it, and
+// `netns_ops` builds its strict whole-exposition check (families, types, order) on it.
+
+pub fn valid_metric_name(s: &str) -> bool {
+    let mut chars = s.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_' || c == ':')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+}
+
+fn valid_label_name(s: &str) -> bool {
+    let mut chars = s.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// A sample value: a Go-style float (`1`, `-2.5e3`, `+Inf`, `-Inf`, `NaN`).
+fn parse_value(v: &str) -> Result<f64, String> {
+    match v {
+        "+Inf" | "Inf" => Ok(f64::INFINITY),
+        "-Inf" => Ok(f64::NEG_INFINITY),
+        "NaN" => Ok(f64::NAN),
+        // Rust also accepts "inf", "infinity" and "nan" in any case: the format does not.
+        _ if v
+            .chars()
+            .any(|c| c.is_ascii_alphabetic() && c != 'e' && c != 'E') =>
+        {
+            Err(format!("bad value {v:?}"))
         }
-        None => ("", rest),
-    };
-    // An optional timestamp may follow the value.
-    let value = rest.strip_prefix(' ')?.split(' ').next()?;
-    let value = match value {
-        "+Inf" => f64::INFINITY,
-        "-Inf" => f64::NEG_INFINITY,
-        v => v.parse().ok()?,
-    };
-    Some((name, labels, value))
+        _ => v.parse().map_err(|_| format!("bad value {v:?}")),
+    }
+}
+
+/// `name{k="v",...} value [timestamp]`.
+pub fn parse_sample_line(line: &str) -> Result<Sample, String> {
+    let end = line.find(['{', ' ']).ok_or("no value")?;
+    let (name, mut rest) = line.split_at(end);
+    if !valid_metric_name(name) {
+        return Err(format!("bad metric name {name:?}"));
+    }
+    let mut labels = BTreeMap::new();
+    if let Some(body) = rest.strip_prefix('{') {
+        let mut chars = body.chars();
+        loop {
+            let remaining = chars.as_str();
+            if let Some(after) = remaining.strip_prefix('}') {
+                rest = after;
+                break;
+            }
+            let eq = remaining.find('=').ok_or("label without =")?;
+            let key = &remaining[..eq];
+            if !valid_label_name(key) {
+                return Err(format!("bad label name {key:?}"));
+            }
+            chars = remaining[eq + 1..]
+                .strip_prefix('"')
+                .ok_or_else(|| format!("label {key} is not quoted"))?
+                .chars();
+            let mut value = String::new();
+            loop {
+                match chars.next().ok_or("unterminated label value")? {
+                    '"' => break,
+                    '\\' => match chars.next().ok_or("dangling escape")? {
+                        'n' => value.push('\n'),
+                        c @ ('\\' | '"') => value.push(c),
+                        c => return Err(format!("bad escape \\{c}")),
+                    },
+                    '\n' => return Err("raw newline in a label value".into()),
+                    c => value.push(c),
+                }
+            }
+            if labels.insert(key.to_string(), value).is_some() {
+                return Err(format!("label {key} given twice"));
+            }
+            let after = chars.as_str();
+            if let Some(more) = after.strip_prefix(',') {
+                chars = more.chars();
+            } else if !after.starts_with('}') {
+                return Err("expected , or } after a label".into());
+            }
+        }
+    }
+    let rest = rest
+        .strip_prefix(' ')
+        .ok_or("no single space before the value")?;
+    let mut fields = rest.split(' ');
+    let value = parse_value(fields.next().unwrap_or(""))?;
+    if let Some(ts) = fields.next() {
+        ts.parse::<i64>()
+            .map_err(|_| format!("bad timestamp {ts:?}"))?;
+    }
+    if fields.next().is_some() {
+        return Err("trailing fields".into());
+    }
+    Ok(Sample {
+        name: name.to_string(),
+        labels,
+        value,
+    })
+}
+
+/// The samples of an exposition, comments and lines that do not parse skipped.
+fn samples(text: &str) -> impl Iterator<Item = Sample> + '_ {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| parse_sample_line(l).ok())
 }
 
 /// The value of one Prometheus sample: `name` with exactly `labels` as the daemon writes them
 /// (e.g. `name="a.b"`; "" for none) in exposition text.
 /// (Every series also has the daemon's `interface="..."` label first; `labels` leaves it out.)
 pub fn metric(text: &str, name: &str, labels: &str) -> Option<f64> {
-    text.lines()
-        .filter_map(prometheus_sample)
-        .find(|(n, l, _)| *n == name && without_interface(l) == labels)
-        .map(|(_, _, v)| v)
-}
-
-/// Label text without a leading `interface="..."` label.
-fn without_interface(labels: &str) -> &str {
-    let Some(rest) = labels.strip_prefix("interface=\"") else {
-        return labels;
-    };
-    match rest.find('"') {
-        Some(end) => rest[end + 1..]
-            .strip_prefix(',')
-            .unwrap_or(&rest[end + 1..]),
-        None => labels,
-    }
+    let want = parse_sample_line(&format!("x{{{labels}}} 0"))
+        .unwrap_or_else(|e| panic!("bad label text {labels:?}: {e}"))
+        .labels;
+    samples(text)
+        .find(|s| {
+            let mut have = s.labels.clone();
+            have.remove("interface");
+            s.name == name && have == want
+        })
+        .map(|s| s.value)
 }
 
 /// The sum of every sample of `name`, whatever its labels (0 when there is none).
 pub fn metric_sum(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter_map(prometheus_sample)
-        .filter(|(n, _, _)| *n == name)
-        .map(|(_, _, v)| v)
+    samples(text)
+        .filter(|s| s.name == name)
+        .map(|s| s.value)
         .sum()
 }
 
