@@ -1810,6 +1810,72 @@ async fn group_in_listed_namespaces_only_watches_those() {
     r0.stop();
 }
 
+/// `--secret NS/NAME` names the replica's Secret instead of `$POD_NAMESPACE/$POD_NAME`; a problem
+/// of the replica itself (here a broken `private.key` in that Secret) is a Warning Event on its
+/// Pod, said once, and nothing is written until it is fixed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_secret_flag_and_a_replica_problem_warned_on_its_pod() {
+    let mut secrets = BTreeMap::new();
+    secrets.insert(
+        key(NS, "custom-0"),
+        BTreeMap::from([("private.key".to_string(), b"not a key".to_vec())]),
+    );
+    let fake = Fake::start_many(group_cluster(), secrets).await;
+    let inputs = Inputs::new(&fake, "group-secret-flag");
+    let secret_flag = format!("{NS}/custom-0");
+    let r0 = Sidecar::start_with(
+        &inputs,
+        "secret-flag",
+        &["--proxy-group", GROUP, "--secret", &secret_flag],
+        &[
+            ("POD_NAME", "tgp-0"),
+            ("POD_NAMESPACE", NS),
+            ("TUNNELGATE_ADDRESS_POOLS", POOL),
+        ],
+    );
+    let pod_warning = |fake: &Fake| {
+        events(fake).into_iter().find(|e| {
+            e["involvedObject"]["kind"] == "Pod" && e["involvedObject"]["name"] == "tgp-0"
+        })
+    };
+    wait_for(&r0, "a Warning Event on the pod", || {
+        pod_warning(&fake).is_some()
+    })
+    .await;
+    let e = pod_warning(&fake).expect("event");
+    assert_eq!(e["type"], "Warning", "{e}");
+    assert_eq!(e["involvedObject"]["namespace"], NS, "{e}");
+    let message = e["message"].as_str().unwrap_or_default();
+    assert!(message.contains("private.key"), "{message}");
+    assert_eq!(fake.count(is_patch_of("custom-0")), 0, "nothing written");
+
+    // Fixed (the key deleted, so one is generated): the named Secret is written, and never
+    // the pod-named one.
+    fake.lock()
+        .secrets
+        .insert(key(NS, "custom-0"), BTreeMap::new());
+    // (The sidecar reads the Secret on its next pass: a Service event here, else its 5-minute
+    // resync.)
+    fake.add(group_ingress("blog", "api", 20, 443), false);
+    wait_for(&r0, "the write to custom-0", || {
+        fake.count(is_patch_of("custom-0")) == 1
+    })
+    .await;
+    let written = fake.secret_of(NS, "custom-0");
+    assert_eq!(daemon_config(&written).interface.addresses.len(), 1);
+    assert_eq!(
+        fake.count(is_patch_of("tgp-0")),
+        0,
+        "the pod-named Secret untouched"
+    );
+    let pod_events = events(&fake)
+        .into_iter()
+        .filter(|e| e["involvedObject"]["kind"] == "Pod")
+        .count();
+    assert_eq!(pod_events, 1, "the problem was said once");
+    r0.stop();
+}
+
 #[test]
 fn group_bad_usage_exits_2() {
     let run = |args: &[&str], env: &[(&str, &str)]| {
