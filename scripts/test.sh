@@ -23,6 +23,11 @@ install_missing wireguard-go wireguard-tools iperf3 nftables iptables dnsmasq ip
 # once into /var/tmp/tunnelgate-test-rootfs (skipped with a message when it cannot).
 install_missing systemd-container debootstrap util-linux ||
     echo "warning: the booted-systemd test will be skipped" >&2
+# The manifest and fake-API suites run `kubectl kustomize` and `kubectl apply` (Debian's
+# kubernetes-client when no kubectl is installed).
+if ! command -v kubectl >/dev/null 2>&1; then
+    install_missing kubernetes-client || echo "warning: the kubectl checks need kubectl" >&2
+fi
 # The manifest suite validates containers/k8s against the real Kubernetes schemas, offline.
 if ! command -v kubernetes-validate >/dev/null 2>&1; then
     python3 -m pip install -q kubernetes-validate || echo "warning: the manifest schema check needs kubernetes-validate" >&2
