@@ -99,6 +99,9 @@ pub struct Forward {
 pub struct Router {
     pub advertise_routes: Vec<IpNet>,
     pub exit_node: bool,
+    /// With `exit_node`: whether "anywhere" includes the private networks (the host's LAN,
+    /// RFC 1918, link-local, ULA). `false` keeps peers to the advertised routes there.
+    pub exit_node_lan: bool,
     pub snat: bool,
 }
 

@@ -143,6 +143,9 @@ pub struct RouterRules {
     pub networks: BTreeSet<IpNet>,
     /// Forward tunnel traffic to anywhere.
     pub exit_node: bool,
+    /// With `exit_node`: "anywhere" includes the private networks ([`model::PRIVATE_NETWORKS`])
+    /// beyond the advertised ones.
+    pub exit_node_lan: bool,
     /// Masquerade forwarded tunnel traffic leaving on another interface.
     pub snat: bool,
 }

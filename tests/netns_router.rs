@@ -257,6 +257,38 @@ fn exit_node_carries_the_default_route_to_the_internet() {
     assert_eq!(stats.bytes, 4 * 1024 * 1024);
 }
 
+/// `exit_node_lan = false`: the exit node still carries the internet and its advertised LAN,
+/// but no other private network behind it. A reload back to the default opens them: the
+/// refused connections were real ones.
+#[test]
+#[ignore = "needs root"]
+fn exit_node_kept_off_the_private_networks_it_does_not_advertise() {
+    let lab = Lab::new();
+    let mut tg = Tunnelgate::start(
+        &lab.router,
+        lab.config(
+            "exit_node = true\nexit_node_lan = false\nadvertise_routes = [\"10.40.0.0/24\", \"fd40::/64\"]",
+        ),
+    );
+    lab.connect(&tg, &["100.81.0.1/32", "fd81::1/128", "0.0.0.0/0", "::/0"]);
+    assert!(ping_until(&lab.client, INET_V4, Duration::from_secs(5)));
+    assert_eq!(lab.seen_from_client(INET_V4), Ok(ip("198.51.100.2")));
+    assert_eq!(lab.seen_from_client(INET_V6), Ok(ip("2001:db8:ff::2")));
+    assert_eq!(lab.seen_from_client(LAN_V4), Ok(ip("10.40.0.1")));
+    assert_eq!(lab.seen_from_client(LAN_V6), Ok(ip("fd40::1")));
+    lab.assert_other_unreachable();
+
+    let mut cfg = tg.cfg.clone();
+    cfg.extra = "[router]\nexit_node = true\n".into();
+    tg.write_config(cfg);
+    tg.sighup();
+    let opened = poll_until(Duration::from_secs(10), || {
+        lab.seen_from_client(OTHER_V4).is_ok()
+    });
+    assert!(opened, "the default exit node reaches {OTHER_V4}");
+    assert_eq!(lab.seen_from_client(OTHER_V6), Ok(ip("fd41::1")));
+}
+
 #[test]
 #[ignore = "needs root"]
 fn exit_node_without_snat_warns_at_start() {

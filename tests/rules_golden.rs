@@ -111,6 +111,14 @@ pub fn cases() -> Vec<(&'static str, RuleSet)> {
             ),
         ),
         ("exit_node", rules("[router]\nexit_node = true\n", &[])),
+        // An exit node kept off the private networks, except the one LAN it advertises.
+        (
+            "exit_node_no_lan",
+            rules(
+                "[router]\nexit_node = true\nexit_node_lan = false\nadvertise_routes = [\"192.168.1.0/24\"]\n",
+                &[],
+            ),
+        ),
         (
             "mss_clamp_off",
             rules(

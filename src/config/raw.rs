@@ -75,6 +75,7 @@ pub(super) struct RawRouter {
     #[serde(default)]
     pub advertise_routes: Vec<String>,
     pub exit_node: Option<bool>,
+    pub exit_node_lan: Option<bool>,
     pub snat: Option<bool>,
 }
 

@@ -269,6 +269,18 @@ fn forwarding_rules_are_checked() {
 #[test]
 fn router_dns_health_and_firewall_are_checked() {
     assert_error(
+        &minimal("[router]\nexit_node_lan = false"),
+        "router.exit_node_lan",
+        &["exit_node = true"],
+    );
+    let c = parse(&minimal(
+        "[router]\nexit_node = true\nexit_node_lan = false",
+    ))
+    .expect("valid");
+    assert!(c.router.exit_node && !c.router.exit_node_lan);
+    let c = parse(&minimal("[router]\nexit_node = true")).expect("valid");
+    assert!(c.router.exit_node_lan, "the LAN stays reachable by default");
+    assert_error(
         &minimal("[router]\nadvertise_routes = [\"10.0.0.1/8\"]"),
         "router.advertise_routes[0]",
         &["10.0.0.0/8"],

@@ -429,9 +429,17 @@ fn router(raw: super::raw::RawRouter, interface: &Interface, errs: &mut Errors) 
             }
         }
     }
+    let exit_node = raw.exit_node.unwrap_or(false);
+    if raw.exit_node_lan == Some(false) && !exit_node {
+        errs.push(
+            "router.exit_node_lan",
+            "false without router.exit_node = true: expected it only on an exit node (a subnet router forwards to its advertised routes only)".to_string(),
+        );
+    }
     Router {
         advertise_routes: routes,
-        exit_node: raw.exit_node.unwrap_or(false),
+        exit_node,
+        exit_node_lan: raw.exit_node_lan.unwrap_or(true),
         snat: raw.snat.unwrap_or(true),
     }
 }

@@ -91,6 +91,7 @@ pub fn desired(
         router: RouterRules {
             networks: outermost(&config.router.advertise_routes),
             exit_node: config.router.exit_node,
+            exit_node_lan: config.router.exit_node_lan,
             snat: config.router.snat,
         },
         mss_clamp: config.firewall.mss_clamp,

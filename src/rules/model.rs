@@ -104,6 +104,19 @@ pub const COMMENT_RETURN: &str = "return traffic";
 pub const COMMENT_DROP: &str = "nothing else from the tunnel";
 pub const COMMENT_ROUTES: &str = "router.advertise_routes";
 pub const COMMENT_EXIT: &str = "router.exit_node";
+pub const COMMENT_EXIT_LAN: &str = "router.exit_node_lan = false";
+
+/// What `router.exit_node_lan = false` keeps an exit node's peers out of: the private and
+/// link-local ranges a host's LAN, its router's admin page and its neighbours live in. The
+/// shared range 100.64.0.0/10 (CGNAT, and many tunnels' own addresses) is not among them.
+pub const PRIVATE_NETWORKS: [&str; 6] = [
+    "10.0.0.0/8",
+    "172.16.0.0/12",
+    "192.168.0.0/16",
+    "169.254.0.0/16",
+    "fc00::/7",
+    "fe80::/10",
+];
 pub const COMMENT_MSS: &str = "firewall.mss_clamp";
 pub const COMMENT_INPUT_RETURN: &str = "input: replies to connections this host opened";
 pub const COMMENT_INPUT_ICMP: &str = "input: icmp";
@@ -234,7 +247,14 @@ pub fn lower(set: &RuleSet) -> Vec<Rule> {
         );
     }
     if set.router.snat {
-        for (family, dst, comment) in router_scopes(set) {
+        // What is dropped never reaches postrouting: one masquerade per scope granted, and
+        // an exit node's one covers its advertised networks too.
+        let scopes = if set.router.exit_node {
+            vec![(None, None, COMMENT_EXIT.to_string())]
+        } else {
+            router_scopes(set)
+        };
+        for (family, dst, comment) in scopes {
             let mut m = vec![iif(), not_oif()];
             m.extend(dst);
             push(Chain::Postrouting, family, m, Verdict::Masquerade, comment);
@@ -274,6 +294,19 @@ pub fn lower(set: &RuleSet) -> Vec<Rule> {
         push(Chain::Forward, Some(r.family), m, Verdict::Accept, c);
     }
     for (family, dst, comment) in router_scopes(set) {
+        if dst.is_none() && !set.router.exit_node_lan {
+            // Before "anywhere", after the advertised networks: the private ranges.
+            for f in Family::ALL {
+                let m = vec![iif(), Match::Daddr(private_networks(f))];
+                push(
+                    Chain::Forward,
+                    Some(f),
+                    m,
+                    Verdict::Drop,
+                    COMMENT_EXIT_LAN.into(),
+                );
+            }
+        }
         let mut m = vec![iif()];
         m.extend(dst);
         push(Chain::Forward, family, m, Verdict::Accept, comment);
@@ -336,12 +369,30 @@ pub fn lower(set: &RuleSet) -> Vec<Rule> {
     out
 }
 
+fn private_networks(family: Family) -> BTreeSet<IpNet> {
+    PRIVATE_NETWORKS
+        .iter()
+        .filter_map(|n| n.parse::<IpNet>().ok())
+        .filter(|n| Family::of_net(n) == family)
+        .collect()
+}
+
 /// Where `[router]` lets tunnel traffic go: anywhere (exit node), or the advertised networks
-/// of each family (one destination match per family).
+/// of each family (one destination match per family). An exit node kept off the private
+/// networks lists its advertised ones first, since those stay reachable.
 fn router_scopes(set: &RuleSet) -> Vec<(Option<Family>, Option<Match>, String)> {
-    if set.router.exit_node {
-        return vec![(None, None, COMMENT_EXIT.into())];
+    let exit = (None, None, COMMENT_EXIT.into());
+    if set.router.exit_node && set.router.exit_node_lan {
+        return vec![exit];
     }
+    let mut scopes = advertised_scopes(set);
+    if set.router.exit_node {
+        scopes.push(exit);
+    }
+    scopes
+}
+
+fn advertised_scopes(set: &RuleSet) -> Vec<(Option<Family>, Option<Match>, String)> {
     Family::ALL
         .into_iter()
         .filter_map(|f| {
