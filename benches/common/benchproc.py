@@ -87,6 +87,14 @@ def tail(path: Path, n: int = 15) -> str:
         return ""
 
 
+def add_ns(ns: str) -> str:
+    """Creates network namespace `ns` with its loopback up (the benchmarks' one way to make
+    one; kill_ns removes it)."""
+    run(["ip", "netns", "add", ns])
+    nsx(ns, "ip", "link", "set", "lo", "up")
+    return ns
+
+
 def ns_pids(ns: str) -> list[int]:
     p = run(["ip", "netns", "pids", ns], check=False)
     return [int(x) for x in p.stdout.split() if x.isdigit() and int(x) != PID]

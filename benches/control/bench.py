@@ -53,7 +53,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))
 from benchproc import CommandFailed as Failed  # noqa: E402
-from benchproc import add_output_args, results_path, log, run, nsx, wait_for, pid_alive, cpu_ticks, tail, kill_ns, genkey, git_commit, med_spread  # noqa: E402
+from benchproc import add_ns, add_output_args, results_path, log, run, nsx, wait_for, pid_alive, cpu_ticks, tail, kill_ns, genkey, git_commit, med_spread  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 WG_SOCKET_DIR = Path("/var/run/wireguard")
@@ -130,9 +130,8 @@ class Registry:
 
     def add_ns(self, seq: int, role: str) -> str:
         ns = self.name(seq, role)
-        run(["ip", "netns", "add", ns])
+        add_ns(ns)
         self.namespaces.append(ns)
-        nsx(ns, "ip", "link", "set", "lo", "up")
         return ns
 
     def del_ns(self, ns: str) -> None:

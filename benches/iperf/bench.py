@@ -42,7 +42,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))
 from benchproc import CommandFailed as SetupFailed  # noqa: E402
-from benchproc import add_output_args, results_path, log, run, nsx, pid_alive, cpu_ticks, status_kib, wait_for, tail, kill_ns, genkey, git_commit, med_spread  # noqa: E402
+from benchproc import add_ns, add_output_args, results_path, log, run, nsx, pid_alive, cpu_ticks, status_kib, wait_for, tail, kill_ns, genkey, git_commit, med_spread  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tunnelgate-bench"
@@ -302,9 +302,8 @@ class Setup:
 
     def start(self) -> None:
         for s in "ab":
-            run(["ip", "netns", "add", self.ns[s]])
+            add_ns(self.ns[s])
             self.created_ns.append(self.ns[s])
-            nsx(self.ns[s], "ip", "link", "set", "lo", "up")
         va, vb = f"{IF_PREFIX}{PID}s{self.index}va", f"{IF_PREFIX}{PID}s{self.index}vb"
         run(["ip", "link", "add", va, "netns", self.ns["a"], "type", "veth", "peer", "name", vb, "netns", self.ns["b"]])
         for s, dev in (("a", va), ("b", vb)):

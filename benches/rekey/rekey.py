@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))
-from benchproc import add_output_args, results_path, log, run, nsx, wait_for, kill_ns, genkey, git_commit  # noqa: E402
+from benchproc import add_ns, add_output_args, results_path, log, run, nsx, wait_for, kill_ns, genkey, git_commit  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 PID = os.getpid()
@@ -50,8 +50,7 @@ def main() -> int:
     procs: list[subprocess.Popen] = []
     try:
         for ns in (NS_A, NS_B):
-            run(["ip", "netns", "add", ns])
-            nsx(ns, "ip", "link", "set", "lo", "up")
+            add_ns(ns)
         run(["ip", "link", "add", "vrk0a", "netns", NS_A, "type", "veth", "peer", "vrk0b", "netns", NS_B])
         nsx(NS_A, "ip", "addr", "add", f"{A_LAN}/24", "dev", "vrk0a")
         nsx(NS_B, "ip", "addr", "add", f"{B_LAN}/24", "dev", "vrk0b")

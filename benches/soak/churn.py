@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))
-from benchproc import genkey, git_commit, kill_ns, log, nsx, run, status_kib, wait_for  # noqa: E402
+from benchproc import add_ns, genkey, git_commit, kill_ns, log, nsx, run, status_kib, wait_for  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 IFACE = f"tgch{os.getpid() % 100000}"
@@ -80,10 +80,9 @@ def main() -> int:
     keyfile.chmod(0o600)
     cfg = work / "tg.toml"
     cfg.write_text(config(keyfile, peer_pub, False))
-    run(["ip", "netns", "add", NS])
+    add_ns(NS)
     proc = None
     try:
-        nsx(NS, "ip", "link", "set", "lo", "up")
         with open(work / "tg.log", "w") as out:
             proc = subprocess.Popen(["ip", "netns", "exec", NS, args.tunnelgate, "run", "--config", str(cfg)],
                                     stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "RUST_LOG": "warn"})

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))
-from benchproc import CommandFailed, add_output_args, results_path, log, run, nsx, wait_for, pid_alive, status_kib, tail, kill_ns, genkey, git_commit  # noqa: E402
+from benchproc import CommandFailed, add_ns, add_output_args, results_path, log, run, nsx, wait_for, pid_alive, status_kib, tail, kill_ns, genkey, git_commit  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 NAME = "svc.soak.internal"
@@ -132,8 +132,7 @@ def main() -> int:
     procs: list[subprocess.Popen] = []
     try:
         for n in ns.values():
-            run(["ip", "netns", "add", n])
-            nsx(n, "ip", "link", "set", "lo", "up")
+            add_ns(n)
         veth(ns["proxy"], "192.168.80.1/24", ns["client"], ["192.168.80.2/24"], "c")
         veth(ns["proxy"], "10.80.0.1/24", ns["backend"], [f"{b}/24" for b in BACKENDS], "b")
         veth(ns["proxy"], "10.83.0.2/24", ns["dns"], ["10.83.0.1/24"], "d")
