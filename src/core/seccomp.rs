@@ -18,7 +18,8 @@
 //! Why a hand-written program and not a crate: it is about forty instructions, and a tiny
 //! evaluator in the tests checks it instruction by instruction.
 //!
-//! Cost: only `mmap` and `mprotect` look at an argument. Every other entry's answer depends on
+//! Cost: only `mmap`, `mprotect` and `fcntl` (`F_GETFD` only, for debug builds' std) look at
+//! an argument. Every other entry's answer depends on
 //! the system call number alone, so the kernel (5.11+) caches it per thread and skips the
 //! program on the hot path (`read`, `write`, `recvmmsg`, `sendmmsg`, `poll`).
 
@@ -213,11 +214,22 @@ const ALLOWED_NOT_EXECUTABLE: &[(&str, libc::c_long)] =
 #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 const ALLOWED_NOT_EXECUTABLE: &[(&str, libc::c_long)] = &[];
 
+/// `fcntl`, allowed only as `F_GETFD`: with debug assertions (every `cargo test` build), std
+/// checks that a descriptor is open before it closes one (`OwnedFd`'s drop), and a packet
+/// thread may drop the last handle of a replaced socket. Release builds never call it; reading
+/// a descriptor's close-on-exec flag gives nothing away.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+const ALLOWED_FCNTL_GETFD: Option<(&str, libc::c_long)> = Some(("fcntl", libc::SYS_fcntl));
+
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+const ALLOWED_FCNTL_GETFD: Option<(&str, libc::c_long)> = None;
+
 /// The names on the list, for the log line and the docs.
 pub fn allowed_names() -> Vec<&'static str> {
     ALLOWED
         .iter()
         .chain(ALLOWED_NOT_EXECUTABLE)
+        .chain(ALLOWED_FCNTL_GETFD.iter())
         .map(|(name, _)| *name)
         .collect()
 }
@@ -269,6 +281,13 @@ fn build(arch: u32, deny: u32, refuse: u32) -> Option<Vec<Instruction>> {
         p.push(jump(BPF_JMP | BPF_JEQ | BPF_K, nr(*n)?, 0, 4));
         p.push(stmt(BPF_LD | BPF_W | BPF_ABS, offset_arg_low(2)));
         p.push(jump(BPF_JMP | BPF_JSET | BPF_K, PROT_EXEC, 0, 1));
+        p.push(stmt(BPF_RET | BPF_K, deny));
+        p.push(stmt(BPF_RET | BPF_K, RET_ALLOW));
+    }
+    if let Some((_, n)) = ALLOWED_FCNTL_GETFD {
+        p.push(jump(BPF_JMP | BPF_JEQ | BPF_K, nr(n)?, 0, 4));
+        p.push(stmt(BPF_LD | BPF_W | BPF_ABS, offset_arg_low(1)));
+        p.push(jump(BPF_JMP | BPF_JEQ | BPF_K, libc::F_GETFD as u32, 1, 0));
         p.push(stmt(BPF_RET | BPF_K, deny));
         p.push(stmt(BPF_RET | BPF_K, RET_ALLOW));
     }
@@ -414,6 +433,24 @@ mod tests {
                 "{name} executable, high bits"
             );
         }
+    }
+
+    #[test]
+    fn fcntl_may_only_read_the_close_on_exec_flag() {
+        let p = enforce();
+        let Some((_, nr)) = ALLOWED_FCNTL_GETFD else {
+            return;
+        };
+        let mut call = Call::new(nr);
+        call.args[1] = libc::F_GETFD as u64;
+        assert_eq!(run(&p, &call), RET_ALLOW, "F_GETFD");
+        for cmd in [libc::F_SETFD, libc::F_SETFL, libc::F_DUPFD, libc::F_SETOWN] {
+            call.args[1] = cmd as u64;
+            assert_eq!(run(&p, &call), RET_KILL_PROCESS, "fcntl command {cmd}");
+        }
+        // The high half of the argument does not make another command pass.
+        call.args[1] = (1u64 << 40) | libc::F_GETFD as u64;
+        assert_eq!(run(&p, &call), RET_ALLOW, "the kernel reads an int");
     }
 
     #[test]
