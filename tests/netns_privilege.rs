@@ -54,7 +54,7 @@ fn run(legacy: bool) {
     } else {
         CAP_NET_ADMIN
     };
-    let threads = thread_privileges(tg.pid());
+    let threads = thread_privileges_once_confined(tg.pid());
     assert!(
         threads.len() > 3,
         "expected the runtime and packet threads: {threads:#?}"

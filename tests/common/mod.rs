@@ -2654,6 +2654,21 @@ impl Tunnelgate {
 /// The packet threads' names (`core::liveness::PacketThread`): the ones under seccomp.
 pub const PACKET_THREADS: [&str; 3] = ["tg-tun-rx", "tg-udp-rx", "tg-timers"];
 
+/// [`thread_privileges`] once every packet thread runs under its seccomp filter (or after 5 s):
+/// each confines itself when its own setup is done, which may be a moment after the daemon
+/// says it is ready or serves UAPI.
+pub fn thread_privileges_once_confined(pid: u32) -> BTreeMap<String, BTreeMap<String, String>> {
+    let mut threads = thread_privileges(pid);
+    poll_until(Duration::from_secs(5), || {
+        threads = thread_privileges(pid);
+        threads.values().all(|f| {
+            let name = f.get("Name").map(String::as_str).unwrap_or_default();
+            !PACKET_THREADS.contains(&name) || f.get("Seccomp").map(String::as_str) == Some("2")
+        })
+    });
+    threads
+}
+
 /// `Cap*`, `Seccomp*` and `NoNewPrivs` of every thread of `pid`, by thread id.
 pub fn thread_privileges(pid: u32) -> BTreeMap<String, BTreeMap<String, String>> {
     let mut out = BTreeMap::new();
