@@ -68,6 +68,9 @@ SETUPS = {
     "boringtun-t1": ("boringtun-t1", "boringtun-t1"),
     "tunnelgate-wggo": ("tunnelgate", "wireguard-go"),
 }
+# With --baseline BIN: the same tunnelgate setup run by an earlier build, in the same run, to
+# show a change kept the packet path's speed on this very machine.
+BASELINE_SETUP = "tunnelgate-baseline"
 TESTS = ("tcp1", "tcp4", "udp", "ping")
 
 
@@ -207,11 +210,16 @@ class Tunnelgate(Daemon):
     binary = ""
     unavailable = ""
 
-    def __init__(self, ns, ifname, workdir, seccomp: str = "enforce"):
+    baseline = ""
+
+    def __init__(self, ns, ifname, workdir, seccomp: str = "enforce", baseline: bool = False):
         super().__init__(ns, ifname, workdir)
         self.seccomp = seccomp
+        self.use_baseline = baseline
         if seccomp == "off":
             self.kind = "tunnelgate-noseccomp"
+        if baseline:
+            self.kind = BASELINE_SETUP
 
     def start(self, side, peer_pub, peer_port):
         if Tunnelgate.unavailable:
@@ -239,8 +247,10 @@ allowed_ips = ["{TUNNEL[other][0]}/32", "{TUNNEL[other][1]}/128"]
 listen = ""
 """
         )
-        self.spawn([Tunnelgate.binary, "run", "--config", str(config), "--seccomp", self.seccomp],
-                   {"RUST_LOG": os.environ.get("RUST_LOG", "warn")})
+        # An earlier build may predate --seccomp: it runs with its own defaults.
+        command = ([Tunnelgate.baseline, "run", "--config", str(config)] if self.use_baseline
+                   else [Tunnelgate.binary, "run", "--config", str(config), "--seccomp", self.seccomp])
+        self.spawn(command, {"RUST_LOG": os.environ.get("RUST_LOG", "warn")})
 
         def ready() -> bool:
             if not self.alive() or not self.sock().exists():
@@ -298,6 +308,8 @@ class Setup:
             return Tunnelgate(ns, ifname, self.workdir)
         if kind == "tunnelgate-noseccomp":
             return Tunnelgate(ns, ifname, self.workdir, seccomp="off")
+        if kind == BASELINE_SETUP:
+            return Tunnelgate(ns, ifname, self.workdir, baseline=True)
         raise ValueError(kind)
 
     def start(self) -> None:
@@ -653,6 +665,7 @@ def main() -> int:
     ap.add_argument("--setups", default=",".join(SETUPS), help=f"comma-separated subset of: {', '.join(SETUPS)}")
     add_output_args(ap, "iperf")
     ap.add_argument("--no-build", action="store_true", help="do not run cargo build --release")
+    ap.add_argument("--baseline", metavar="BIN", help=f"an earlier tunnelgate binary: adds setup {BASELINE_SETUP} (tunnelgate <-> tunnelgate with it)")
     ap.add_argument("--tunnelgate", help="tunnelgate binary (default target/release/tunnelgate, built first)")
     ap.add_argument("--boringtun", help="boringtun-cli binary (default: PATH, else cargo install into the cache)")
     ap.add_argument("--keep-logs", action="store_true", help="keep the daemons' logs and configs")
@@ -666,6 +679,13 @@ def main() -> int:
         return 0
     if args.quick:
         args.rounds, args.duration = 1, 5
+    if args.baseline:
+        if not os.access(args.baseline, os.X_OK):
+            ap.error(f"--baseline {args.baseline}: not an executable")
+        Tunnelgate.baseline = os.path.abspath(args.baseline)
+        SETUPS[BASELINE_SETUP] = (BASELINE_SETUP, BASELINE_SETUP)
+        if BASELINE_SETUP not in args.setups:
+            args.setups += f",{BASELINE_SETUP}"
     names = [s.strip() for s in args.setups.split(",") if s.strip()]
     unknown = [n for n in names if n not in SETUPS]
     if unknown:
@@ -719,6 +739,7 @@ def main() -> int:
             "wireguard-go": version_of(["wireguard-go", "--version"]),
             "boringtun-cli": version_of([Boringtun.binary, "--version"]) if Boringtun.binary else None,
             "tunnelgate": Tunnelgate.binary or None,
+            BASELINE_SETUP: Tunnelgate.baseline or None,
         }
         for s in setups:
             log(f"==> starting {s.name}")
