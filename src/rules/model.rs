@@ -247,14 +247,7 @@ pub fn lower(set: &RuleSet) -> Vec<Rule> {
         );
     }
     if set.router.snat {
-        // What is dropped never reaches postrouting: one masquerade per scope granted, and
-        // an exit node's one covers its advertised networks too.
-        let scopes = if set.router.exit_node {
-            vec![(None, None, COMMENT_EXIT.to_string())]
-        } else {
-            router_scopes(set)
-        };
-        for (family, dst, comment) in scopes {
+        for (family, dst, comment) in router_scopes(set) {
             let mut m = vec![iif(), not_oif()];
             m.extend(dst);
             push(Chain::Postrouting, family, m, Verdict::Masquerade, comment);
@@ -293,20 +286,21 @@ pub fn lower(set: &RuleSet) -> Vec<Rule> {
         let c = r.origin.to_string();
         push(Chain::Forward, Some(r.family), m, Verdict::Accept, c);
     }
-    for (family, dst, comment) in router_scopes(set) {
-        if dst.is_none() && !set.router.exit_node_lan {
-            // Before "anywhere", after the advertised networks: the private ranges.
-            for f in Family::ALL {
-                let m = vec![iif(), Match::Daddr(private_networks(f))];
-                push(
-                    Chain::Forward,
-                    Some(f),
-                    m,
-                    Verdict::Drop,
-                    COMMENT_EXIT_LAN.into(),
-                );
-            }
+    if set.router.exit_node && !set.router.exit_node_lan {
+        // Before the exit node's "anywhere": its advertised networks stay reachable, the other
+        // private ranges do not.
+        for (family, dst, comment) in advertised_scopes(set) {
+            let mut m = vec![iif()];
+            m.extend(dst);
+            push(Chain::Forward, family, m, Verdict::Accept, comment);
         }
+        for f in Family::ALL {
+            let m = vec![iif(), Match::Daddr(private_networks(f))];
+            let c = COMMENT_EXIT_LAN.into();
+            push(Chain::Forward, Some(f), m, Verdict::Drop, c);
+        }
+    }
+    for (family, dst, comment) in router_scopes(set) {
         let mut m = vec![iif()];
         m.extend(dst);
         push(Chain::Forward, family, m, Verdict::Accept, comment);
@@ -378,18 +372,12 @@ fn private_networks(family: Family) -> BTreeSet<IpNet> {
 }
 
 /// Where `[router]` lets tunnel traffic go: anywhere (exit node), or the advertised networks
-/// of each family (one destination match per family). An exit node kept off the private
-/// networks lists its advertised ones first, since those stay reachable.
+/// of each family (one destination match per family).
 fn router_scopes(set: &RuleSet) -> Vec<(Option<Family>, Option<Match>, String)> {
-    let exit = (None, None, COMMENT_EXIT.into());
-    if set.router.exit_node && set.router.exit_node_lan {
-        return vec![exit];
-    }
-    let mut scopes = advertised_scopes(set);
     if set.router.exit_node {
-        scopes.push(exit);
+        return vec![(None, None, COMMENT_EXIT.into())];
     }
-    scopes
+    advertised_scopes(set)
 }
 
 fn advertised_scopes(set: &RuleSet) -> Vec<(Option<Family>, Option<Match>, String)> {

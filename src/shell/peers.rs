@@ -154,19 +154,21 @@ impl PeerTable {
         }
         for (key, upsert) in upserts {
             let existing = self.peers.get(&key);
-            let update = existing.map(|old| old.settings.update_to(&upsert.spec));
-            let peer = match (existing, update) {
-                (Some(old), Some(SessionEffect::Unchanged | SessionEffect::KeepSession { .. })) => {
+            let kept = existing
+                .map(|old| (old, old.settings.update_to(&upsert.spec)))
+                .filter(|(_, effect)| *effect != SessionEffect::NewSession);
+            let peer = match kept {
+                Some((old, effect)) => {
                     if key_changed {
                         old.tunnel
                             .lock()
                             .set_private_key(private_key, &next.limiter);
                         change.reset.push(key);
-                    } else if update != Some(SessionEffect::Unchanged) {
+                    } else if effect != SessionEffect::Unchanged {
                         change.updated.push(key);
                     }
-                    if update
-                        == Some(SessionEffect::KeepSession {
+                    if effect
+                        == (SessionEffect::KeepSession {
                             keepalive_changed: true,
                         })
                     {
@@ -186,13 +188,13 @@ impl PeerTable {
                         counters: old.counters.clone(),
                     })
                 }
-                (old, _) => {
-                    if old.is_some() {
+                None => {
+                    if existing.is_some() {
                         change.reset.push(key);
                     } else {
                         change.added.push(key);
                     }
-                    let roamed = old.and_then(|o| o.path());
+                    let roamed = existing.and_then(|o| o.path());
                     new_peer(
                         &key,
                         &upsert.spec,
