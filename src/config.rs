@@ -45,6 +45,9 @@ pub struct Interface {
     pub mtu: u16,
     /// Mark on the WireGuard socket; `None` = choose one when a default route needs it.
     pub fwmark: Option<u32>,
+    /// Packet workers (`interface.workers`); `None` = the CPUs this process may use (its
+    /// affinity and cgroup quota). Fixed for the life of the daemon.
+    pub workers: Option<u16>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -12,6 +12,7 @@ pub mod forwarding;
 pub mod liveness;
 pub mod offload;
 pub mod packet;
+pub mod peer;
 pub mod routes;
 pub mod seccomp;
 pub mod wg;

@@ -2,13 +2,12 @@
 
 pub mod config_file;
 pub mod daemon;
-pub mod datapath;
+pub mod dataplane;
 pub mod executor;
 pub mod firewall;
 pub mod forwarding;
 pub mod netlink;
 pub mod observe;
-pub mod peers;
 pub mod privilege;
 pub mod resolver;
 pub mod seccomp;

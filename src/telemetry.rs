@@ -103,7 +103,10 @@ pub struct PeerStatus {
     pub tx_bytes: u64,
     pub rx_packets: u64,
     pub tx_packets: u64,
+    /// Handshakes this side initiated (first contact, rekeys, retries).
     pub handshake_attempts: u64,
+    /// Handshakes the peer initiated and this side answered.
+    pub handshakes_answered: u64,
     pub handshake_failures: u64,
     /// Seconds.
     pub persistent_keepalive: Option<u16>,
@@ -318,6 +321,7 @@ fn render_peer_metrics(reg: &mut Registry, peers: &[PeerStatus], now_unix: u64) 
     let rx_packets = Family::<Labels, Counter>::default();
     let tx_packets = Family::<Labels, Counter>::default();
     let attempts = Family::<Labels, Counter>::default();
+    let answered = Family::<Labels, Counter>::default();
     let failures = Family::<Labels, Counter>::default();
     let age = Family::<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
     let stamp = Family::<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
@@ -332,6 +336,7 @@ fn render_peer_metrics(reg: &mut Registry, peers: &[PeerStatus], now_unix: u64) 
         rx_packets.get_or_create(&l).inc_by(p.rx_packets);
         tx_packets.get_or_create(&l).inc_by(p.tx_packets);
         attempts.get_or_create(&l).inc_by(p.handshake_attempts);
+        answered.get_or_create(&l).inc_by(p.handshakes_answered);
         failures.get_or_create(&l).inc_by(p.handshake_failures);
         if let Some(t) = p.latest_handshake_unix {
             // A handshake "in the future" (clock stepped back) counts as just now.
@@ -359,6 +364,11 @@ fn render_peer_metrics(reg: &mut Registry, peers: &[PeerStatus], now_unix: u64) 
         "peer_handshake_attempts",
         "Handshakes initiated with the peer",
         attempts,
+    );
+    reg.register(
+        "peer_handshakes_answered",
+        "Handshakes the peer initiated and this side answered",
+        answered,
     );
     reg.register(
         "peer_handshake_failures",
@@ -515,8 +525,8 @@ fn write_status(out: &mut String, snap: &Snapshot, now: u64) -> std::fmt::Result
         )?;
         writeln!(
             out,
-            "  handshakes: {} attempted, {} failed",
-            p.handshake_attempts, p.handshake_failures
+            "  handshakes: {} initiated, {} answered, {} failed",
+            p.handshake_attempts, p.handshakes_answered, p.handshake_failures
         )?;
         if let Some(k) = p.persistent_keepalive.filter(|k| *k > 0) {
             writeln!(

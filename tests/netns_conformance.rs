@@ -543,7 +543,7 @@ fn userspace_foreground_creates_a_bare_interface_and_sigterm_removes_it() {
         assert_eq!(get("CapInh"), "0000000000000000", "{what} CapInh");
         assert_eq!(get("CapAmb"), "0000000000000000", "{what} CapAmb");
         assert_eq!(get("NoNewPrivs"), "1", "{what} NoNewPrivs");
-        let filtered = PACKET_THREADS.contains(&get("Name"));
+        let filtered = is_packet_thread(get("Name"));
         assert_eq!(get("Seccomp"), if filtered { "2" } else { "0" }, "{what}");
     }
     for packet_thread in PACKET_THREADS {

@@ -1,7 +1,8 @@
 //! Issue 12, the packet threads' lifecycle in network namespaces: `/healthz` names a packet
 //! thread that is really wedged (the daemon running, one thread frozen from outside); a deleted
-//! TUN device ends the daemon (exit 1, one log line, its rules and sockets removed); and `Datapath::stop`
-//! ends every packet thread of an in-process data path on a real TUN device.
+//! TUN device ends the daemon (exit 1, one log line, its rules and sockets removed); and
+//! `Dataplane::stop` ends every packet thread (every worker's) of an in-process data plane on a
+//! real multi-queue TUN device.
 //!
 //! Run as root: `cargo test --test netns_datapath -- --ignored --test-threads=1`.
 #![allow(unsafe_code)] // ptrace(2), to freeze one thread of the daemon.
@@ -9,12 +10,10 @@
 mod common;
 
 use common::*;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tunnelgate::config::SecretKey;
 use tunnelgate::core::liveness::STALL_LIMIT;
-use tunnelgate::shell::datapath::{self, Shared};
-use tunnelgate::shell::peers::PeerTable;
+use tunnelgate::shell::dataplane::Dataplane;
 use tunnelgate::shell::udp::WgSocket;
 
 /// Time for the health endpoint to notice: the stall limit plus a probe's slack.
@@ -102,7 +101,9 @@ fn healthz_until(
 }
 
 fn daemon(ns: &Netns) -> Tunnelgate {
-    Tunnelgate::start(ns, TgConfig::new(0, &["100.64.9.1/24"]))
+    let mut cfg = TgConfig::new(0, &["100.64.9.1/24"]);
+    cfg.workers = Some(2);
+    Tunnelgate::start(ns, cfg)
 }
 
 #[test]
@@ -118,7 +119,8 @@ fn healthz_fails_naming_a_wedged_packet_thread_and_recovers_when_it_runs_again()
         (200, "ok\n".into())
     );
 
-    for name in ["tg-tun-rx", "tg-udp-rx", "tg-timers"] {
+    // A thread of each kind, of either worker.
+    for name in ["tg-tun-rx-0", "tg-udp-rx-1", "tg-timers"] {
         let tids = threads_named(tg.pid(), name);
         assert_eq!(tids.len(), 1, "threads named {name}: {tids:?}");
         let frozen = FrozenThread::freeze(tids[0]);
@@ -177,35 +179,144 @@ fn stopping_the_data_path_ends_every_packet_thread() {
     let iface = unique_name("tgt");
     let pid = std::process::id();
     let started = |name| !threads_named(pid, name).is_empty();
+    let threads = [
+        "tg-tun-rx-0",
+        "tg-udp-rx-0",
+        "tg-tun-rx-1",
+        "tg-udp-rx-1",
+        "tg-timers",
+    ];
     ns.in_ns(|| {
-        let tun = tunnelgate::shell::tun::create(&iface, 1420).expect("TUN device");
-        let socket = WgSocket::bind(0, None).expect("UDP socket");
-        let table = PeerTable::empty(Some(SecretKey::generate()));
-        let shared = Arc::new(Shared::new(table, tun, socket));
-        let running = datapath::start(shared.clone()).expect("start");
+        let queues = tunnelgate::shell::tun::create_queues(&iface, 1420, 2).expect("TUN queues");
+        let sockets = WgSocket::bind_group(0, None, 2).expect("UDP sockets");
+        let dataplane =
+            Dataplane::new(queues, sockets, Some(SecretKey::generate())).expect("data plane");
+        dataplane.start().expect("start");
         assert!(
-            poll_until(Duration::from_secs(5), || {
-                ["tg-tun-rx", "tg-udp-rx", "tg-timers"]
-                    .iter()
-                    .all(|n| started(n))
-            }),
+            poll_until(Duration::from_secs(5), || threads
+                .iter()
+                .all(|n| started(n))),
             "packet threads did not start"
         );
-        assert_eq!(shared.liveness(), Ok(()));
-        // A socket replacement starts a second UDP reader; stop must join it too.
-        datapath::start_udp_reader(shared.clone()).expect("second reader");
+        assert_eq!(dataplane.liveness(), Ok(()));
+        // A socket replacement starts new UDP readers; stop must join them too.
+        dataplane.rebind(0, None).expect("rebind");
 
         let t = Instant::now();
-        running.stop().expect("every thread ends");
+        dataplane.stop().expect("every thread ends");
         assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
-        for name in ["tg-tun-rx", "tg-udp-rx", "tg-timers"] {
+        for name in threads {
             assert!(!started(name), "{name} still running after stop()");
         }
-        // The threads held the device: with them and `shared` gone, it is deleted.
-        drop(shared);
+        // The threads held the device: with them and the data plane gone, it is deleted.
+        drop(dataplane);
     });
     assert!(
         !ns.link_exists(&iface),
         "the TUN device outlived the data path"
     );
+}
+
+/// User + system CPU ticks of every thread of `pid` whose name starts with `prefix`, by name.
+fn thread_ticks(pid: u32, prefix: &str) -> std::collections::BTreeMap<String, u64> {
+    let mut out = std::collections::BTreeMap::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return out;
+    };
+    for task in tasks.flatten() {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+            continue;
+        };
+        let Some((head, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let name = head.split_once('(').map_or("", |(_, n)| n);
+        if !name.starts_with(prefix) {
+            continue;
+        }
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let ticks = f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+            + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        *out.entry(name.to_string()).or_default() += ticks;
+    }
+    out
+}
+
+#[test]
+#[ignore = "needs root"]
+fn two_peers_are_decrypted_on_two_workers_and_their_streams_arrive_whole() {
+    require_root();
+    let gw = Netns::new();
+    let clients = [Netns::new(), Netns::new()];
+    let lans = [
+        ("192.168.71.1", "192.168.71.2"),
+        ("192.168.72.1", "192.168.72.2"),
+    ];
+    let _veths: Vec<Veth> = clients
+        .iter()
+        .zip(lans)
+        .map(|(c, (g_ip, c_ip))| veth(&gw, &[&format!("{g_ip}/24")], c, &[&format!("{c_ip}/24")]))
+        .collect();
+    let wgs: Vec<WgGo> = clients
+        .iter()
+        .enumerate()
+        .map(|(i, c)| WgGo::start(c, 0, &[&format!("100.64.70.{}/24", i + 2)]))
+        .collect();
+    let mut cfg = TgConfig::new(51870, &["100.64.70.1/24"]);
+    cfg.workers = Some(2);
+    for (i, wg) in wgs.iter().enumerate() {
+        cfg = cfg.peer(Peer::new(
+            wg.public_key(),
+            &[&format!("100.64.70.{}/32", i + 2)],
+        ));
+    }
+    let tg = Tunnelgate::start(&gw, cfg);
+    for (wg, (g_ip, _)) in wgs.iter().zip(lans) {
+        wg.add_peer(
+            &Peer::new(tg.public_key(), &["100.64.70.0/24"]).endpoint(&format!("{g_ip}:51870")),
+        );
+    }
+    for c in &clients {
+        assert!(
+            ping_until(c, "100.64.70.1", Duration::from_secs(10)),
+            "no tunnel"
+        );
+    }
+    let before = thread_ticks(tg.pid(), "tg-udp-rx-");
+    let ports = [5311u16, 5312];
+    let _servers: Vec<Proc> = ports
+        .iter()
+        .map(|p| gw.spawn(&["iperf3", "-s", "-1", "-p", &p.to_string()]))
+        .collect();
+    for p in ports {
+        wait_until(Duration::from_secs(5), "iperf3 listens", || {
+            gw.exec(&["ss", "-ltn"]).contains(&format!(":{p}"))
+        });
+    }
+    // Both peers upload at once: the gateway decrypts both streams.
+    let mut first =
+        clients[0].spawn(&["iperf3", "-c", "100.64.70.1", "-p", "5311", "-t", "4", "-J"]);
+    let second = clients[1].exec(&["iperf3", "-c", "100.64.70.1", "-p", "5312", "-t", "4", "-J"]);
+    let status = first
+        .wait_timeout(Duration::from_secs(20))
+        .expect("first client ends");
+    assert!(status.success(), "first client: {}", first.stderr());
+    for report in [first.stdout(), second] {
+        let v: serde_json::Value = serde_json::from_str(&report).expect("iperf3 JSON");
+        let received = v["end"]["sum_received"]["bytes"].as_f64().unwrap_or(0.0);
+        assert!(received > 1e6, "a stream did not arrive: {report}");
+    }
+    let after = thread_ticks(tg.pid(), "tg-udp-rx-");
+    let used: Vec<(String, u64)> = after
+        .iter()
+        .map(|(name, t)| (name.clone(), t - before.get(name).copied().unwrap_or(0)))
+        .collect();
+    let total: u64 = used.iter().map(|(_, t)| t).sum();
+    assert_eq!(used.len(), 2, "two UDP readers: {used:?}");
+    for (name, ticks) in &used {
+        assert!(
+            *ticks * 5 >= total,
+            "{name} did {ticks} of {total} ticks: each peer's datagrams should have their own worker ({used:?})"
+        );
+    }
 }

@@ -70,7 +70,7 @@ fn run(legacy: bool) {
         assert_eq!(get("NoNewPrivs"), "1", "{what} NoNewPrivs");
         // 2 = SECCOMP_MODE_FILTER, with our one filter; the other threads (runtime, netlink)
         // must keep every call they need for reloads.
-        let (mode, filters) = if PACKET_THREADS.contains(&get("Name")) {
+        let (mode, filters) = if is_packet_thread(get("Name")) {
             ("2", "1")
         } else {
             ("0", "0")

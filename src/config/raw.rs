@@ -37,6 +37,8 @@ pub(super) struct RawInterface {
     pub mtu: Option<i64>,
     /// Firewall mark set on the WireGuard socket (like wg-quick's FwMark); 0 = automatic.
     pub fwmark: Option<i64>,
+    /// Packet workers; 0 or absent = the CPUs this process may use.
+    pub workers: Option<i64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

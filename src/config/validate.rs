@@ -112,6 +112,17 @@ fn interface(
         0 => None,
         m => Some(m as u32),
     };
+    let workers = match int_in(
+        "interface.workers",
+        raw.workers,
+        0,
+        MAX_WORKERS.into(),
+        0,
+        errs,
+    ) {
+        0 => None,
+        n => Some(n as u16),
+    };
     Interface {
         name,
         private_key,
@@ -119,6 +130,7 @@ fn interface(
         addresses,
         mtu,
         fwmark,
+        workers,
     }
 }
 
@@ -568,6 +580,9 @@ fn network(key: &str, text: &str, errs: &mut Errors) -> Option<IpNet> {
         },
     }
 }
+
+/// Most packet workers a configuration may ask for: more than any node has cores to spare.
+const MAX_WORKERS: u16 = 256;
 
 fn int_in(
     key: &str,

@@ -303,6 +303,14 @@ impl Control {
                 self.config.interface.name, new.interface.name
             )));
         }
+        if new.interface.workers != self.config.interface.workers {
+            self.reload_failures += 1;
+            return Err(Refused(format!(
+                "interface.workers cannot change on reload ({} -> {}): restart the daemon",
+                workers_text(self.config.interface.workers),
+                workers_text(new.interface.workers)
+            )));
+        }
         let old = std::mem::replace(&mut self.config, new.clone());
         if new.interface.listen_port != old.interface.listen_port {
             self.actions.push_back(Action::Rebind {
@@ -583,6 +591,11 @@ impl Control {
         }
         at.into_iter().min()
     }
+}
+
+/// `interface.workers` as a user wrote it.
+fn workers_text(workers: Option<u16>) -> String {
+    workers.map_or_else(|| "automatic".into(), |n| n.to_string())
 }
 
 #[cfg(test)]

@@ -3,11 +3,11 @@
 //! tells whether the sender's endpoint roams. Also the one drop-reason vocabulary and its
 //! counters, from the packet loops to `/metrics`.
 //!
-//! The shell (`shell::datapath`) owns threads, batches, buffers and locks; it calls these per
+//! The shell (`shell::dataplane`) owns threads, batches, buffers and locks; it calls these per
 //! packet, so they allocate nothing, take no lock and stay `#[inline]`.
 
 use crate::config::{PublicKey, SecretKey};
-use crate::core::wg::{self, Incoming, Limiter, Outcome, Tunnel};
+use crate::core::wg::{self, Incoming, Limiter, Outcome, Session};
 use serde::{Deserialize, Serialize};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -215,7 +215,7 @@ pub enum Outbound {
 /// Encrypts one segment for a peer whose endpoint is `endpoint` into `out`.
 #[inline]
 pub fn encapsulate(
-    tunnel: &mut Tunnel,
+    tunnel: &mut impl Session,
     endpoint: Option<PeerPath>,
     segment: &[u8],
     out: &mut [u8],
@@ -272,7 +272,7 @@ pub enum Inbound {
     /// Write the first `len` bytes of the landing buffer to the TUN device.
     Deliver(usize),
     /// Send the first `len` bytes of the landing buffer back to the sender (a handshake
-    /// response), then flush the session's queue ([`Tunnel::flush`]) to the same address.
+    /// response), then flush the session's queue ([`Session::flush`]) to the same address.
     Reply(usize),
     /// Authenticated, nothing to deliver (a keepalive, a handshake response we asked for).
     Nothing,
@@ -294,7 +294,7 @@ pub struct Received {
 pub fn decapsulate<T: PeerLookup>(
     peers: &T,
     peer: &T::Peer,
-    tunnel: &mut Tunnel,
+    tunnel: &mut impl Session,
     from: SocketAddr,
     datagram: &[u8],
     landing: &mut [u8],
@@ -330,6 +330,35 @@ pub fn decapsulate<T: PeerLookup>(
 #[inline]
 pub fn roam(current: Option<PeerPath>, from: PeerPath, authenticated: bool) -> Option<PeerPath> {
     (authenticated && current != Some(from)).then_some(from)
+}
+
+/// Which packet worker receives a datagram: every datagram of a session goes to the worker that
+/// owns its peer, so one peer's datagrams stay in order and peers spread over the workers.
+pub mod steering {
+    pub const INITIATION_TYPE: u8 = 1;
+    /// An initiation's sender index is the peer's random number: its low byte spreads them.
+    pub const INITIATION_SPREAD_BYTE: usize = 4;
+    /// Our session index (the receiver index of responses, cookies and data; little-endian at 4..8)
+    /// is the peer's table index shifted left by 8 (`core::wg`): its second byte is the low byte
+    /// of the peer's index.
+    pub const PEER_INDEX_BYTE: usize = 5;
+
+    /// The worker of `workers` whose socket receives `datagram` (what the shell's reuse-port steering
+    /// program decides in the kernel): the owner of the peer whose session it names, any worker for an initiation.
+    /// A datagram too short to say goes to worker 0.
+    pub fn owning_worker(datagram: &[u8], workers: usize) -> usize {
+        let byte = match datagram.first() {
+            Some(&INITIATION_TYPE) => datagram.get(INITIATION_SPREAD_BYTE),
+            Some(_) => datagram.get(PEER_INDEX_BYTE),
+            None => None,
+        };
+        byte.map_or(0, |b| usize::from(*b) % workers.max(1))
+    }
+
+    /// The worker that owns the peer with table index `peer_index`: where its datagrams arrive.
+    pub fn worker_of_peer(peer_index: u32, workers: usize) -> usize {
+        (peer_index & 0xff) as usize % workers.max(1)
+    }
 }
 
 #[cfg(test)]

@@ -181,6 +181,26 @@ const TUNN_KEEPALIVE: Option<u16> = None;
 
 /// WireGuard message type of a handshake initiation (the first byte, little-endian u32).
 const MESSAGE_INITIATION: u8 = 1;
+const MESSAGE_RESPONSE: u8 = 2;
+
+/// Which handshake message a datagram is, by its type byte (the first of every message).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handshake {
+    Initiation,
+    Response,
+}
+
+impl Handshake {
+    /// `Some` for a handshake initiation or response, `None` for data, cookies and garbage.
+    #[inline]
+    pub fn of(message: &[u8]) -> Option<Handshake> {
+        match message.first() {
+            Some(&MESSAGE_INITIATION) => Some(Handshake::Initiation),
+            Some(&MESSAGE_RESPONSE) => Some(Handshake::Response),
+            _ => None,
+        }
+    }
+}
 
 /// Traffic and handshake figures of one tunnel.
 #[derive(Debug, Clone, Copy, Default)]
@@ -318,6 +338,52 @@ impl Tunnel {
 }
 
 /// The destination address of an IP packet, if it is one.
+/// What the packet decisions ask of a WireGuard session. [`Tunnel`] is the real one (boringtun);
+/// unit tests script their own to drive what boringtun decides on its own clock (rekeys,
+/// expiry, giving up).
+pub trait Session {
+    fn encapsulate<'a>(&mut self, src: &[u8], dst: &'a mut [u8]) -> Outcome<'a>;
+    fn decapsulate<'a>(&mut self, src: IpAddr, datagram: &[u8], dst: &'a mut [u8]) -> Outcome<'a>;
+    /// The next packet queued while a handshake was under way.
+    fn flush<'a>(&mut self, dst: &'a mut [u8]) -> Outcome<'a>;
+    /// A handshake initiation, now.
+    fn initiate<'a>(&mut self, dst: &'a mut [u8]) -> Outcome<'a>;
+    /// Timers at `now`: handshake retries, rekeys, keepalives, expiry.
+    fn update_timers<'a>(&mut self, now: Instant, dst: &'a mut [u8]) -> Outcome<'a>;
+    fn set_persistent_keepalive(&mut self, secs: Option<u16>);
+    fn set_private_key(&mut self, own_private: &SecretKey, limiter: &Limiter);
+    fn since_last_handshake(&self) -> Option<Duration>;
+}
+
+impl Session for Tunnel {
+    #[inline]
+    fn encapsulate<'a>(&mut self, src: &[u8], dst: &'a mut [u8]) -> Outcome<'a> {
+        Tunnel::encapsulate(self, src, dst)
+    }
+    #[inline]
+    fn decapsulate<'a>(&mut self, src: IpAddr, datagram: &[u8], dst: &'a mut [u8]) -> Outcome<'a> {
+        Tunnel::decapsulate(self, src, datagram, dst)
+    }
+    fn flush<'a>(&mut self, dst: &'a mut [u8]) -> Outcome<'a> {
+        Tunnel::flush(self, dst)
+    }
+    fn initiate<'a>(&mut self, dst: &'a mut [u8]) -> Outcome<'a> {
+        Tunnel::initiate(self, dst)
+    }
+    fn update_timers<'a>(&mut self, now: Instant, dst: &'a mut [u8]) -> Outcome<'a> {
+        Tunnel::update_timers(self, now, dst)
+    }
+    fn set_persistent_keepalive(&mut self, secs: Option<u16>) {
+        Tunnel::set_persistent_keepalive(self, secs)
+    }
+    fn set_private_key(&mut self, own_private: &SecretKey, limiter: &Limiter) {
+        Tunnel::set_private_key(self, own_private, limiter)
+    }
+    fn since_last_handshake(&self) -> Option<Duration> {
+        self.stats().since_last_handshake
+    }
+}
+
 #[inline]
 pub fn packet_destination(packet: &[u8]) -> Option<IpAddr> {
     match packet.first()? >> 4 {

@@ -5,10 +5,9 @@
 
 use crate::config::{Config, FirewallMode};
 use crate::core::control::{Action, Control, Lookup, Mode, Reload, View};
-use crate::shell::datapath::{self, Datapath, Shared};
+use crate::shell::dataplane::{self, Dataplane};
 use crate::shell::executor::Executor;
 use crate::shell::netlink::Netlink;
-use crate::shell::peers::PeerTable;
 use crate::shell::udp::WgSocket;
 use crate::uapi::{DeviceUpdate, UapiError};
 use anyhow::{Context, Result};
@@ -46,9 +45,9 @@ pub(crate) struct Published {
 }
 
 /// The daemon as the UAPI server, the status socket and the health endpoint see it: the
-/// packet loops' shared state, the last published view, and a way to send commands.
+/// data plane, the last published view, and a way to send commands.
 pub struct Handle {
-    pub(crate) shared: Arc<Shared>,
+    pub(crate) dataplane: Arc<Dataplane>,
     pub(crate) published: Mutex<Published>,
     commands: mpsc::Sender<Command>,
 }
@@ -82,7 +81,7 @@ impl Handle {
     }
 
     pub fn listen_port(&self) -> u16 {
-        self.shared.socket.read().local_port().unwrap_or(0)
+        self.dataplane.listen_port()
     }
 }
 
@@ -94,8 +93,6 @@ pub struct Daemon {
     commands: mpsc::Receiver<Command>,
     /// `None` in userspace mode: no file, nothing to reload.
     config_path: Option<PathBuf>,
-    /// The packet threads, once started; stopped and joined at teardown.
-    datapath: Option<Datapath>,
 }
 
 impl Daemon {
@@ -133,16 +130,18 @@ impl Daemon {
         health_port: Option<u16>,
     ) -> Result<Daemon> {
         let iface = &config.interface;
-        let tun = crate::shell::tun::create(&iface.name, iface.mtu)?;
-        // From here on, dropping `tun` deletes the device and with it its addresses and routes.
+        let workers = iface
+            .workers
+            .map_or_else(dataplane::default_workers, usize::from);
+        let queues = crate::shell::tun::create_queues(&iface.name, iface.mtu, workers)?;
+        // From here on, dropping `queues` deletes the device and with it its addresses and routes.
         let netlink = Netlink::connect()?;
         let link_index = netlink.link_index(&iface.name).await?;
-        let socket = WgSocket::bind(iface.listen_port, iface.fwmark)
+        let sockets = WgSocket::bind_group(iface.listen_port, iface.fwmark, workers)
             .with_context(|| format!("cannot bind the WireGuard UDP port {}", iface.listen_port))?;
-        let listen_port = socket.local_port()?;
+        let listen_port = sockets[0].local_port()?;
         let key = (mode == Mode::Daemon).then(|| iface.private_key.clone());
-        let table = PeerTable::empty(key);
-        let shared = Arc::new(Shared::new(table, tun, socket));
+        let dataplane = Arc::new(Dataplane::new(queues, sockets, key)?);
         let firewall_mode: FirewallMode = config.firewall.mode;
         let control = Control::with_mode(
             mode,
@@ -153,7 +152,7 @@ impl Daemon {
         );
         let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
         let handle = Arc::new(Handle {
-            shared: shared.clone(),
+            dataplane: dataplane.clone(),
             published: Mutex::new(Published {
                 view: control.view(),
                 config,
@@ -162,12 +161,11 @@ impl Daemon {
             commands: tx,
         });
         let mut daemon = Daemon {
-            executor: Executor::new(shared.clone(), netlink, link_index, firewall_mode),
+            executor: Executor::new(dataplane.clone(), netlink, link_index, firewall_mode),
             handle,
             control,
             commands: rx,
             config_path,
-            datapath: None,
         };
         // Failures are in the core, which says below whether the start must be abandoned.
         let _ = daemon.drain().await;
@@ -175,15 +173,12 @@ impl Daemon {
             daemon.teardown().await;
             anyhow::bail!("{why}");
         }
-        match datapath::start(shared) {
-            Ok(d) => daemon.datapath = Some(d),
-            Err(e) => {
-                daemon.teardown().await;
-                return Err(anyhow::Error::new(e).context("starting the packet loops"));
-            }
+        if let Err(e) = dataplane.start() {
+            daemon.teardown().await;
+            return Err(anyhow::Error::new(e).context("starting the packet loops"));
         }
         daemon.publish();
-        tracing::info!(interface = %daemon.handle.name(), listen_port, "Tunnel up");
+        tracing::info!(interface = %daemon.handle.name(), listen_port, workers, "Tunnel up");
         Ok(daemon)
     }
 
@@ -203,8 +198,8 @@ impl Daemon {
         let mut config_poll = tokio::time::interval(CONFIG_POLL);
         config_poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_file_error = String::new();
-        let shared = self.handle.shared.clone();
-        let mut fatal = std::pin::pin!(shared.fatal_error());
+        let dataplane = self.handle.dataplane.clone();
+        let mut fatal = std::pin::pin!(dataplane.fatal_error());
         let mut outcome = Ok(());
         loop {
             // Executors report failures to the core, which retries them on its timer.
@@ -359,19 +354,13 @@ impl Daemon {
     /// Undoes what the core says was installed (collecting, not stopping at, errors); the TUN
     /// device goes when the process exits.
     async fn teardown(&mut self) {
-        self.handle
-            .shared
-            .stop
-            .store(true, std::sync::atomic::Ordering::Relaxed);
+        // Joining waits up to a second for the loops' next wake: off the runtime.
+        let dataplane = self.handle.dataplane.clone();
+        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || dataplane.stop()).await {
+            tracing::warn!(error = %e, "Packet threads did not stop");
+        }
         for action in self.control.teardown() {
             let _ = self.executor.execute(&mut self.control, action).await;
-        }
-        self.handle.shared.socket.read().shutdown();
-        if let Some(datapath) = self.datapath.take() {
-            // Joining waits up to a second for the loops' next wake: off the runtime.
-            if let Ok(Err(e)) = tokio::task::spawn_blocking(move || datapath.stop()).await {
-                tracing::warn!(error = %e, "Packet threads did not stop");
-            }
         }
         let leftover: Vec<Action> = std::iter::from_fn(|| self.control.poll_action()).collect();
         if !leftover.is_empty() {

@@ -5,12 +5,11 @@
 use crate::config::FirewallMode;
 use crate::core::control::{Action, Control, Lookup, PeerChanges, RulesReport};
 use crate::rules::{Family, RuleSet};
-use crate::shell::datapath::{self, Shared};
+use crate::shell::dataplane::Dataplane;
 use crate::shell::firewall::{self, Backend};
 use crate::shell::forwarding::SharedForwarding;
 use crate::shell::netlink::Netlink;
 use crate::shell::resolver::Resolver;
-use crate::shell::udp::WgSocket;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Instant;
@@ -19,7 +18,7 @@ use tokio::task::JoinSet;
 type LookupResult = (Lookup, Result<Vec<IpAddr>, String>);
 
 pub(crate) struct Executor {
-    shared: Arc<Shared>,
+    dataplane: Arc<Dataplane>,
     netlink: Netlink,
     link_index: u32,
     firewall_mode: FirewallMode,
@@ -34,13 +33,13 @@ pub(crate) struct Executor {
 
 impl Executor {
     pub(crate) fn new(
-        shared: Arc<Shared>,
+        dataplane: Arc<Dataplane>,
         netlink: Netlink,
         link_index: u32,
         firewall_mode: FirewallMode,
     ) -> Executor {
         Executor {
-            shared,
+            dataplane,
             netlink,
             link_index,
             firewall_mode,
@@ -106,7 +105,7 @@ impl Executor {
                 mark,
                 src_valid_mark,
             } => {
-                if let Err(e) = self.shared.socket.read().set_mark(mark) {
+                if let Err(e) = self.dataplane.set_mark(mark) {
                     tracing::error!(error = %e, mark, "Cannot mark the WireGuard socket");
                 }
                 if src_valid_mark {
@@ -215,9 +214,7 @@ impl Executor {
     }
 
     fn update_peers(&mut self, changes: &PeerChanges) {
-        let table = self.shared.snapshot();
-        let (next, change) = table.apply(changes);
-        *self.shared.table.write() = Arc::new(next);
+        let change = self.dataplane.apply_peers(changes);
         tracing::info!(
             added = change.added.len(),
             removed = change.removed.len(),
@@ -227,14 +224,12 @@ impl Executor {
         );
     }
 
-    /// Replaces the UDP socket (new listen port); the old reader thread ends with its socket.
+    /// Replaces the UDP sockets (new listen port); the old reader threads end with them.
     fn rebind(&mut self, port: u16, fwmark: Option<u32>) -> Result<u16, String> {
-        let socket = WgSocket::bind(port, fwmark)
+        let bound = self
+            .dataplane
+            .rebind(port, fwmark)
             .map_err(|e| format!("cannot bind UDP port {port}: {e}"))?;
-        let bound = socket.local_port().map_err(|e| e.to_string())?;
-        let old = std::mem::replace(&mut *self.shared.socket.write(), Arc::new(socket));
-        old.shutdown();
-        datapath::start_udp_reader(self.shared.clone()).map_err(|e| e.to_string())?;
         tracing::info!(listen_port = bound, "WireGuard socket rebound");
         Ok(bound)
     }

@@ -5,7 +5,6 @@
 use crate::shell::daemon::Handle;
 use crate::telemetry::{InterfaceStatus, NameStatus, Observe, PeerStatus, RulesStatus, Snapshot};
 use crate::uapi::{DeviceSnapshot, DeviceUpdate, PeerSnapshot, UapiError, UapiHandler};
-use std::sync::atomic::Ordering;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 fn unix_secs(t: SystemTime) -> Option<u64> {
@@ -19,7 +18,7 @@ fn wall_time_of(at: Instant) -> SystemTime {
 
 impl Observe for Handle {
     fn liveness(&self) -> Result<(), String> {
-        self.shared.liveness()
+        self.dataplane.liveness()
     }
 
     fn readiness(&self) -> Result<(), String> {
@@ -27,45 +26,43 @@ impl Observe for Handle {
     }
 
     fn snapshot(&self) -> Snapshot {
-        let table = self.shared.snapshot();
+        let identity = self.dataplane.identity();
         let now = SystemTime::now();
-        let peers = table
-            .peers
-            .values()
+        let peers = self
+            .dataplane
+            .peers()
+            .into_iter()
             .map(|p| {
-                let since = p.tunnel.lock().stats().since_last_handshake;
-                let c = &p.counters;
+                let c = p.stats.counters;
                 PeerStatus {
                     public_key: p.public_key.to_base64(),
-                    name: p.settings.name.clone(),
-                    endpoint: p.endpoint().map(|e| e.to_string()),
-                    allowed_ips: p
-                        .settings
-                        .allowed_ips
-                        .iter()
-                        .map(ToString::to_string)
-                        .collect(),
-                    latest_handshake_unix: since
+                    name: p.spec.name,
+                    endpoint: p.stats.path.map(|e| e.remote.to_string()),
+                    allowed_ips: p.spec.allowed_ips.iter().map(ToString::to_string).collect(),
+                    latest_handshake_unix: p
+                        .stats
+                        .since_last_handshake
                         .and_then(|d| now.checked_sub(d))
                         .and_then(unix_secs),
-                    rx_bytes: c.rx_bytes.load(Ordering::Relaxed),
-                    tx_bytes: c.tx_bytes.load(Ordering::Relaxed),
-                    rx_packets: c.rx_packets.load(Ordering::Relaxed),
-                    tx_packets: c.tx_packets.load(Ordering::Relaxed),
-                    handshake_attempts: c.handshakes_sent.load(Ordering::Relaxed),
-                    handshake_failures: c.handshake_failures.load(Ordering::Relaxed),
-                    persistent_keepalive: p.settings.persistent_keepalive,
+                    rx_bytes: c.rx_bytes,
+                    tx_bytes: c.tx_bytes,
+                    rx_packets: c.rx_packets,
+                    tx_packets: c.tx_packets,
+                    handshake_attempts: c.handshakes_initiated,
+                    handshakes_answered: c.handshakes_answered,
+                    handshake_failures: c.handshake_failures,
+                    persistent_keepalive: p.spec.persistent_keepalive,
                 }
             })
             .collect();
-        let drops = self.shared.drops.snapshot();
+        let drops = self.dataplane.drops();
         let published = self.published.lock();
         let (view, config) = (&published.view, &published.config);
         let mut snap = Snapshot {
             process: crate::telemetry::process::read(),
             interface: InterfaceStatus {
                 name: config.interface.name.clone(),
-                public_key: table.public_key.to_base64(),
+                public_key: identity.public_key.to_base64(),
                 listen_port: self.listen_port(),
                 addresses: config
                     .interface
@@ -112,28 +109,29 @@ impl Observe for Handle {
 
 impl UapiHandler for Handle {
     fn get(&self) -> DeviceSnapshot {
-        let table = self.shared.snapshot();
+        let identity = self.dataplane.identity();
         let now = SystemTime::now();
         let fwmark = self.published.lock().view.fwmark;
         DeviceSnapshot {
-            private_key: table.private_key.clone(),
+            private_key: identity.private_key,
             listen_port: self.listen_port(),
             fwmark,
-            peers: table
-                .peers
-                .values()
-                .map(|p| {
-                    let stats = p.tunnel.lock().stats();
-                    PeerSnapshot {
-                        public_key: p.public_key,
-                        preshared_key: p.settings.preshared_key.clone(),
-                        endpoint: p.endpoint(),
-                        last_handshake: stats.since_last_handshake.and_then(|d| now.checked_sub(d)),
-                        tx_bytes: p.counters.tx_bytes.load(Ordering::Relaxed),
-                        rx_bytes: p.counters.rx_bytes.load(Ordering::Relaxed),
-                        persistent_keepalive: p.settings.persistent_keepalive,
-                        allowed_ips: p.settings.allowed_ips.clone(),
-                    }
+            peers: self
+                .dataplane
+                .peers()
+                .into_iter()
+                .map(|p| PeerSnapshot {
+                    public_key: p.public_key,
+                    preshared_key: p.spec.preshared_key,
+                    endpoint: p.stats.path.map(|e| e.remote),
+                    last_handshake: p
+                        .stats
+                        .since_last_handshake
+                        .and_then(|d| now.checked_sub(d)),
+                    tx_bytes: p.stats.counters.tx_bytes,
+                    rx_bytes: p.stats.counters.rx_bytes,
+                    persistent_keepalive: p.spec.persistent_keepalive,
+                    allowed_ips: p.spec.allowed_ips,
                 })
                 .collect(),
         }

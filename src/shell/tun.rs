@@ -22,22 +22,41 @@ pub enum TunError {
 /// Senders' socket buffers still bound what can pile up here.
 const TX_QUEUE_PACKETS: u32 = 4096;
 
-/// Creates `name`. Refuses to take over an existing interface: a second daemon with the same
-/// name must not silently share (and on exit delete) the first one's device.
+/// Creates `name` with one queue. Refuses to take over an existing interface: a second daemon
+/// with the same name must not silently share (and on exit delete) the first one's device.
 pub fn create(name: &str, mtu: u16) -> Result<SyncDevice, TunError> {
+    let mut queues = create_queues(name, mtu, 1)?;
+    queues.pop().ok_or_else(|| TunError::Create {
+        name: name.into(),
+        cause: io::Error::other("no queue"),
+    })
+}
+
+/// Creates `name` with `queues` queues (`IFF_MULTI_QUEUE` when more than one): one per packet
+/// worker. The kernel keeps each flow on one queue, and moves a flow to the queue that last
+/// wrote its other direction, so a flow's packets stay in order.
+pub fn create_queues(name: &str, mtu: u16, queues: usize) -> Result<Vec<SyncDevice>, TunError> {
     if Path::new("/sys/class/net").join(name).exists() {
         return Err(TunError::Exists(name.into()));
     }
-    DeviceBuilder::new()
+    let failed = |cause| TunError::Create {
+        name: name.into(),
+        cause,
+    };
+    let first = DeviceBuilder::new()
         .name(name)
         .mtu(mtu)
         .offload(true)
+        .multi_queue(queues > 1)
         .tx_queue_len(TX_QUEUE_PACKETS)
         .build_sync()
-        .map_err(|cause| TunError::Create {
-            name: name.into(),
-            cause,
-        })
+        .map_err(failed)?;
+    let mut all = Vec::with_capacity(queues);
+    for _ in 1..queues {
+        all.push(first.try_clone().map_err(failed)?);
+    }
+    all.insert(0, first);
+    Ok(all)
 }
 
 /// Waits until the (non-blocking) device has a packet to read, or an error to report, or

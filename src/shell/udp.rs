@@ -9,7 +9,7 @@
 //! buffers allocated once per batch, so this costs no allocation and no system call.
 #![allow(unsafe_code)]
 
-use crate::core::packet::{source_is_stale, PeerPath};
+use crate::core::packet::{source_is_stale, steering, PeerPath};
 
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use std::io;
@@ -52,10 +52,55 @@ pub struct WgSocket {
 impl WgSocket {
     /// Binds `[::]:port` accepting IPv4 too, or `0.0.0.0:port` where IPv6 is disabled.
     pub fn bind(port: u16, fwmark: Option<u32>) -> io::Result<WgSocket> {
+        WgSocket::bind_with(port, fwmark, false)
+    }
+
+    /// One socket per packet worker, all on `port` (`SO_REUSEPORT`), with a steering program
+    /// that hands every datagram of a session to the worker that owns its peer (see
+    /// [`steering_program`]): a peer's datagrams stay in order on one worker, and peers spread
+    /// over all of them. One worker gets one plain socket.
+    pub fn bind_group(port: u16, fwmark: Option<u32>, workers: usize) -> io::Result<Vec<WgSocket>> {
+        if workers <= 1 {
+            return Ok(vec![WgSocket::bind(port, fwmark)?]);
+        }
+        // A plain bind first: a port another process holds is refused here, instead of this
+        // group joining (as the same user may) an existing reuse-port group on it.
+        let port = WgSocket::bind(port, None)?.local_port()?;
+        let group = (0..workers)
+            .map(|_| WgSocket::bind_with(port, fwmark, true))
+            .collect::<io::Result<Vec<WgSocket>>>()?;
+        let workers = u32::try_from(workers).map_err(io::Error::other)?;
+        let mut program = steering_program(workers);
+        let prog = libc::sock_fprog {
+            len: program.len() as u16,
+            filter: program.as_mut_ptr(),
+        };
+        // SAFETY: a valid fd and a program that outlives the call (the kernel copies it).
+        let r = unsafe {
+            libc::setsockopt(
+                group[0].socket.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_ATTACH_REUSEPORT_CBPF,
+                (&prog as *const libc::sock_fprog).cast(),
+                size_of::<libc::sock_fprog>() as libc::socklen_t,
+            )
+        };
+        if r < 0 {
+            // Without it the kernel spreads by a hash of the addresses: still one peer per
+            // socket, only not evenly by peer.
+            tracing::warn!(error = %io::Error::last_os_error(), "UDP steering program refused; the kernel spreads peers by address hash");
+        }
+        Ok(group)
+    }
+
+    fn bind_with(port: u16, fwmark: Option<u32>, reuse_port: bool) -> io::Result<WgSocket> {
         let (socket, dual_stack) = match Socket::new(Domain::IPV6, Type::DGRAM, Some(Protocol::UDP))
         {
             Ok(s) => {
                 s.set_only_v6(false)?;
+                if reuse_port {
+                    s.set_reuse_port(true)?;
+                }
                 s.bind(&SockAddr::from(SocketAddr::new(
                     IpAddr::V6(Ipv6Addr::UNSPECIFIED),
                     port,
@@ -64,6 +109,9 @@ impl WgSocket {
             }
             Err(_) => {
                 let s = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
+                if reuse_port {
+                    s.set_reuse_port(true)?;
+                }
                 s.bind(&SockAddr::from(SocketAddr::from(([0, 0, 0, 0], port))))?;
                 (s, false)
             }
@@ -315,6 +363,27 @@ impl WgSocket {
         batch.clear();
         dropped
     }
+}
+
+/// The classic BPF program of a reuse-port group of `workers` sockets: it returns the index of
+/// the socket that gets a datagram, the same choice as [`steering::owning_worker`]. The kernel runs it
+/// on the UDP payload.
+fn steering_program(workers: u32) -> Vec<libc::sock_filter> {
+    const LD_B_ABS: u16 = 0x00 | 0x10 | 0x20; // BPF_LD | BPF_B | BPF_ABS
+    const JEQ_K: u16 = 0x05 | 0x10; // BPF_JMP | BPF_JEQ | BPF_K
+    const JA: u16 = 0x05; // BPF_JMP | BPF_JA
+    const MOD_K: u16 = 0x04 | 0x90; // BPF_ALU | BPF_MOD | BPF_K
+    const RET_A: u16 = 0x06 | 0x10; // BPF_RET | BPF_A
+    let op = |code, jt, jf, k| libc::sock_filter { code, jt, jf, k };
+    vec![
+        op(LD_B_ABS, 0, 0, 0),                                 // A = message type
+        op(JEQ_K, 0, 2, u32::from(steering::INITIATION_TYPE)), // an initiation names no session of ours
+        op(LD_B_ABS, 0, 0, steering::INITIATION_SPREAD_BYTE as u32),
+        op(JA, 0, 0, 1),
+        op(LD_B_ABS, 0, 0, steering::PEER_INDEX_BYTE as u32),
+        op(MOD_K, 0, 0, workers),
+        op(RET_A, 0, 0, 0),
+    ]
 }
 
 fn gso_supported(socket: &Socket) -> bool {

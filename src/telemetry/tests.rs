@@ -33,6 +33,7 @@ pub(crate) fn sample_snapshot() -> Snapshot {
                 rx_packets: 100,
                 tx_packets: 7,
                 handshake_attempts: 3,
+                handshakes_answered: 2,
                 handshake_failures: 1,
                 persistent_keepalive: Some(25),
             },

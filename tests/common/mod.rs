@@ -1110,6 +1110,8 @@ pub struct TgConfig {
     pub health: Option<String>,
     /// Raw TOML appended verbatim (`[firewall]`, `[[ingress]]`, `[router]`, ...).
     pub extra: String,
+    /// `interface.workers`; `None` leaves it to the daemon (the CPUs it may use).
+    pub workers: Option<u16>,
 }
 
 impl TgConfig {
@@ -1124,6 +1126,7 @@ impl TgConfig {
             peers: vec![],
             health: Some("127.0.0.1:9002".into()),
             extra: String::new(),
+            workers: None,
         }
     }
 
@@ -1157,6 +1160,9 @@ impl TgConfig {
         let _ = writeln!(t, "addresses = [{}]", q(&self.addresses));
         if let Some(mtu) = self.mtu {
             let _ = writeln!(t, "mtu = {mtu}");
+        }
+        if let Some(workers) = self.workers {
+            let _ = writeln!(t, "workers = {workers}");
         }
         for p in &self.peers {
             let _ = writeln!(t, "\n[[peer]]");
@@ -2651,8 +2657,18 @@ impl Tunnelgate {
     }
 }
 
-/// The packet threads' names (`core::liveness::PacketThread`): the ones under seccomp.
-pub const PACKET_THREADS: [&str; 3] = ["tg-tun-rx", "tg-udp-rx", "tg-timers"];
+/// The packet threads every daemon has (`core::liveness::PacketThread`): the first worker's two
+/// readers and the timer thread. More workers add `tg-tun-rx-N` and `tg-udp-rx-N`.
+pub const PACKET_THREADS: [&str; 3] = ["tg-tun-rx-0", "tg-udp-rx-0", "tg-timers"];
+
+/// Whether a thread of the daemon is a packet thread (the ones under seccomp), of any worker.
+pub fn is_packet_thread(name: &str) -> bool {
+    let worker = |prefix: &str| {
+        name.strip_prefix(prefix)
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    };
+    worker("tg-tun-rx-") || worker("tg-udp-rx-") || name == "tg-timers"
+}
 
 /// [`thread_privileges`] once every packet thread runs under its seccomp filter (or after 5 s):
 /// each confines itself when its own setup is done, which may be a moment after the daemon
@@ -2663,7 +2679,7 @@ pub fn thread_privileges_once_confined(pid: u32) -> BTreeMap<String, BTreeMap<St
         threads = thread_privileges(pid);
         threads.values().all(|f| {
             let name = f.get("Name").map(String::as_str).unwrap_or_default();
-            !PACKET_THREADS.contains(&name) || f.get("Seccomp").map(String::as_str) == Some("2")
+            !is_packet_thread(name) || f.get("Seccomp").map(String::as_str) == Some("2")
         })
     });
     threads

@@ -305,6 +305,22 @@ fn a_renamed_interface_is_refused_and_changes_nothing() {
     assert_eq!(sim.control.view().reload_failures, 1);
 }
 
+#[test]
+fn a_reload_that_changes_the_worker_count_is_refused_and_changes_nothing() {
+    let mut sim = Sim::new(BASE);
+    sim.drive();
+    let before = sim.log.len();
+    let mut more = config(BASE);
+    more.interface.workers = Some(4);
+    let r = sim.control.handle_config_loaded(more, sim.now);
+    assert!(r
+        .is_err_and(|e| e.0
+            == "interface.workers cannot change on reload (automatic -> 4): restart the daemon"));
+    sim.drive();
+    assert_eq!(sim.log.len(), before, "a refused reload asks for nothing");
+    assert_eq!(sim.control.config().interface.workers, None);
+}
+
 const FQDN: &str = r#"addresses = ["100.64.0.1/32"]
 [dns]
 reresolve_interval = "60s"

@@ -4,6 +4,7 @@
 use super::*;
 use crate::config::IpNet;
 use crate::core::allowed_ips::AllowedIps;
+use crate::core::wg::Tunnel;
 
 /// Our side of the tunnel ("local", the daemon) and one remote peer, with real keys.
 struct Setup {

@@ -1,81 +1,49 @@
-//! The live peer table the packet loops read: an immutable snapshot swapped whole when peers
-//! change, so a batch takes one `Arc` clone and no lock; unchanged peers keep their sessions.
+//! The peer table the packet workers read: an immutable snapshot swapped whole when peers
+//! change, so a batch takes one `Arc` clone and no table lock; unchanged peers keep their
+//! sessions. Each peer's live state (`core::peer::Peer`) sits behind its own lock, taken for
+//! one call and never across a system call.
 
 use crate::config::{PublicKey, SecretKey};
 use crate::core::allowed_ips::AllowedIps;
 use crate::core::control::{PeerChanges, PeerSpec, PeerUpsert, SessionEffect};
-use crate::core::packet::PeerPath;
-use crate::core::wg::{Limiter, Tunnel};
-use parking_lot::{Mutex, RwLock};
+use crate::core::packet::{PeerLookup, PeerPath};
+use crate::core::peer::Peer;
+use crate::core::wg::Limiter;
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::{BTreeMap, HashMap};
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
-/// Traffic counters of one peer, in WireGuard datagram bytes (what `wg show` reports).
-#[derive(Debug, Default)]
-pub struct PeerCounters {
-    pub rx_bytes: AtomicU64,
-    pub tx_bytes: AtomicU64,
-    pub rx_packets: AtomicU64,
-    pub tx_packets: AtomicU64,
-    pub handshakes_sent: AtomicU64,
-    pub handshake_failures: AtomicU64,
-    /// Unix milliseconds of the last handshake that was logged (0 = none yet).
-    pub handshake_logged_ms: AtomicU64,
-    /// Whether the first handshake was started for a peer with persistent keepalive.
-    pub initiated: std::sync::atomic::AtomicBool,
-}
-
-/// The settings of a peer, as configured or set over UAPI (decided by the control core).
-pub type PeerSettings = PeerSpec;
-
 /// One peer of one table generation. A peer whose settings change but whose session stays
-/// (allowed IPs, keepalive) gets a new `Peer` sharing the old one's session, endpoint and
-/// counters, so a packet loop holding the previous table keeps working on the same session.
-pub struct Peer {
-    pub public_key: PublicKey,
-    pub index: u32,
-    pub settings: PeerSettings,
-    pub tunnel: Arc<Mutex<Tunnel>>,
-    /// Where the peer is reached, and the local address replies leave from.
-    pub endpoint: Arc<RwLock<Option<PeerPath>>>,
-    pub counters: Arc<PeerCounters>,
+/// (allowed IPs, keepalive) gets a new slot sharing the old one's state, so a worker holding
+/// the previous table keeps working on the same session.
+pub(super) struct PeerSlot {
+    public_key: PublicKey,
+    index: u32,
+    spec: PeerSpec,
+    state: Arc<Mutex<Peer>>,
 }
 
-impl Peer {
-    /// The peer's address (what `wg show` calls its endpoint).
-    pub fn endpoint(&self) -> Option<SocketAddr> {
-        self.endpoint.read().map(|p| p.remote)
+impl PeerSlot {
+    pub(super) fn public_key(&self) -> &PublicKey {
+        &self.public_key
     }
 
-    /// Its address and the local address replies leave from.
-    pub fn path(&self) -> Option<PeerPath> {
-        *self.endpoint.read()
+    /// The table index: its low byte picks the worker its datagrams arrive on.
+    pub(super) fn index(&self) -> u32 {
+        self.index
     }
 
-    /// Forgets the local source `gone` (removed from this host) if this peer replies from it.
-    pub fn forget_source(&self, gone: std::net::IpAddr) {
-        let mut path = self.endpoint.write();
-        if let Some(p) = path.as_mut().filter(|p| p.local == Some(gone)) {
-            p.local = None;
-        }
+    pub(super) fn spec(&self) -> &PeerSpec {
+        &self.spec
     }
-}
 
-/// One consistent view of the interface's identity and peers.
-pub struct PeerTable {
-    /// `None`: the key was removed over UAPI; the packet loops then drop everything, as a
-    /// key-less wireguard-go does, and the peers wait for a key.
-    pub private_key: Option<SecretKey>,
-    /// The key the peers' tunnels are built with: the private key, or a throwaway one while
-    /// there is none (never used: nothing is processed without a key).
-    tunnel_key: SecretKey,
-    pub public_key: PublicKey,
-    pub limiter: Arc<Limiter>,
-    pub peers: BTreeMap<PublicKey, Arc<Peer>>,
-    pub by_index: HashMap<u32, Arc<Peer>>,
-    pub routes: AllowedIps<Arc<Peer>>,
+    /// The peer's live state. Bind the guard to a name and drop it before any system call.
+    #[inline]
+    pub(super) fn lock(&self) -> MutexGuard<'_, Peer> {
+        self.state.lock()
+    }
 }
 
 /// What a change to the table did, for logs.
@@ -89,12 +57,19 @@ pub struct TableChange {
     pub updated: Vec<PublicKey>,
 }
 
-impl PeerCounters {
-    /// One datagram of `len` bytes sent to the peer (data, handshake or keepalive alike).
-    pub fn sent(&self, len: usize) {
-        self.tx_bytes.fetch_add(len as u64, Ordering::Relaxed);
-        self.tx_packets.fetch_add(1, Ordering::Relaxed);
-    }
+/// One consistent view of the interface's identity and peers.
+pub(super) struct PeerTable {
+    /// `None`: the key was removed over UAPI; the workers then drop everything, as a key-less
+    /// wireguard-go does, and the peers wait for a key.
+    private_key: Option<SecretKey>,
+    /// The key the peers' sessions are built with: the private key, or a throwaway one while
+    /// there is none (never used: nothing is processed without a key).
+    tunnel_key: SecretKey,
+    public_key: PublicKey,
+    limiter: Arc<Limiter>,
+    peers: BTreeMap<PublicKey, Arc<PeerSlot>>,
+    by_index: HashMap<u32, Arc<PeerSlot>>,
+    routes: AllowedIps<Arc<PeerSlot>>,
 }
 
 static NEXT_INDEX: AtomicU32 = AtomicU32::new(1);
@@ -105,7 +80,7 @@ fn next_index() -> u32 {
 }
 
 impl PeerTable {
-    pub fn empty(private_key: Option<SecretKey>) -> PeerTable {
+    pub(super) fn empty(private_key: Option<SecretKey>) -> PeerTable {
         let tunnel_key = private_key.clone().unwrap_or_else(SecretKey::generate);
         let public_key = tunnel_key.public_key();
         PeerTable {
@@ -119,10 +94,26 @@ impl PeerTable {
         }
     }
 
-    /// The next table generation after `changes`. Peers not named keep their `Arc`; an
+    pub(super) fn private_key(&self) -> Option<&SecretKey> {
+        self.private_key.as_ref()
+    }
+
+    pub(super) fn public_key(&self) -> &PublicKey {
+        &self.public_key
+    }
+
+    pub(super) fn limiter(&self) -> &Limiter {
+        &self.limiter
+    }
+
+    pub(super) fn peers(&self) -> impl Iterator<Item = &Arc<PeerSlot>> {
+        self.peers.values()
+    }
+
+    /// The next table generation after `changes`. Peers not named keep their slot; an
     /// upserted peer keeps its session unless its preshared key changed; a changed interface
     /// key re-keys every kept session (boringtun keeps the session state).
-    pub fn apply(&self, changes: &PeerChanges) -> (PeerTable, TableChange) {
+    pub(super) fn apply(&self, changes: &PeerChanges) -> (PeerTable, TableChange) {
         let key_changed = changes.private_key.is_some();
         let mut next = match &changes.private_key {
             Some(key) => PeerTable::empty(key.clone()),
@@ -136,7 +127,7 @@ impl PeerTable {
                 routes: AllowedIps::default(),
             },
         };
-        let private_key = &next.tunnel_key.clone();
+        let tunnel_key = next.tunnel_key.clone();
         let mut change = TableChange::default();
         let upserts: BTreeMap<PublicKey, &PeerUpsert> =
             changes.upsert.iter().map(|u| (u.public_key, u)).collect();
@@ -145,9 +136,7 @@ impl PeerTable {
                 continue;
             }
             if key_changed {
-                old.tunnel
-                    .lock()
-                    .set_private_key(private_key, &next.limiter);
+                old.lock().set_private_key(&tunnel_key, &next.limiter);
                 change.reset.push(*key);
             }
             next.insert(old.clone());
@@ -155,37 +144,32 @@ impl PeerTable {
         for (key, upsert) in upserts {
             let existing = self.peers.get(&key);
             let kept = existing
-                .map(|old| (old, old.settings.update_to(&upsert.spec)))
+                .map(|old| (old, old.spec.update_to(&upsert.spec)))
                 .filter(|(_, effect)| *effect != SessionEffect::NewSession);
-            let peer = match kept {
+            let slot = match kept {
                 Some((old, effect)) => {
+                    let mut state = old.lock();
                     if key_changed {
-                        old.tunnel
-                            .lock()
-                            .set_private_key(private_key, &next.limiter);
+                        state.set_private_key(&tunnel_key, &next.limiter);
                         change.reset.push(key);
                     } else if effect != SessionEffect::Unchanged {
                         change.updated.push(key);
                     }
-                    if effect
-                        == (SessionEffect::KeepSession {
-                            keepalive_changed: true,
-                        })
+                    if let SessionEffect::KeepSession {
+                        keepalive_changed: true,
+                    } = effect
                     {
-                        old.tunnel
-                            .lock()
-                            .set_persistent_keepalive(upsert.spec.persistent_keepalive);
+                        state.set_keepalive(upsert.spec.persistent_keepalive);
                     }
-                    if upsert.endpoint.is_some() {
-                        *old.endpoint.write() = upsert.endpoint.map(PeerPath::to);
+                    if let Some(endpoint) = upsert.endpoint {
+                        state.set_endpoint(PeerPath::to(endpoint));
                     }
-                    Arc::new(Peer {
+                    drop(state);
+                    Arc::new(PeerSlot {
                         public_key: key,
                         index: old.index,
-                        settings: upsert.spec.clone(),
-                        tunnel: old.tunnel.clone(),
-                        endpoint: old.endpoint.clone(),
-                        counters: old.counters.clone(),
+                        spec: upsert.spec.clone(),
+                        state: old.state.clone(),
                     })
                 }
                 None => {
@@ -194,17 +178,25 @@ impl PeerTable {
                     } else {
                         change.added.push(key);
                     }
-                    let roamed = existing.and_then(|o| o.path());
-                    new_peer(
+                    let roamed = existing.and_then(|o| o.lock().path());
+                    let index = next_index();
+                    let peer = Peer::new(
+                        &tunnel_key,
                         &key,
                         &upsert.spec,
-                        upsert.endpoint.map(PeerPath::to).or(roamed),
-                        private_key,
+                        index,
                         &next.limiter,
-                    )
+                        upsert.endpoint.map(PeerPath::to).or(roamed),
+                    );
+                    Arc::new(PeerSlot {
+                        public_key: key,
+                        index,
+                        spec: upsert.spec.clone(),
+                        state: Arc::new(Mutex::new(peer)),
+                    })
                 }
             };
-            next.insert(peer);
+            next.insert(slot);
         }
         change.removed = changes
             .remove
@@ -215,38 +207,34 @@ impl PeerTable {
         (next, change)
     }
 
-    fn insert(&mut self, peer: Arc<Peer>) {
-        for net in &peer.settings.allowed_ips {
-            self.routes.insert(*net, peer.clone());
+    fn insert(&mut self, slot: Arc<PeerSlot>) {
+        for net in &slot.spec.allowed_ips {
+            self.routes.insert(*net, slot.clone());
         }
-        self.by_index.insert(peer.index, peer.clone());
-        self.peers.insert(peer.public_key, peer);
+        self.by_index.insert(slot.index, slot.clone());
+        self.peers.insert(slot.public_key, slot);
     }
 }
 
-fn new_peer(
-    key: &PublicKey,
-    spec: &PeerSpec,
-    endpoint: Option<PeerPath>,
-    private_key: &SecretKey,
-    limiter: &Arc<Limiter>,
-) -> Arc<Peer> {
-    let index = next_index();
-    Arc::new(Peer {
-        public_key: *key,
-        index,
-        tunnel: Arc::new(Mutex::new(Tunnel::new(
-            private_key,
-            key,
-            spec.preshared_key.as_ref(),
-            spec.persistent_keepalive,
-            index,
-            limiter,
-        ))),
-        endpoint: Arc::new(RwLock::new(endpoint)),
-        settings: spec.clone(),
-        counters: Arc::new(PeerCounters::default()),
-    })
+/// The peer table as the packet decisions look peers up.
+impl PeerLookup for PeerTable {
+    type Peer = Arc<PeerSlot>;
+    #[inline]
+    fn by_key(&self, key: &PublicKey) -> Option<&Arc<PeerSlot>> {
+        self.peers.get(key)
+    }
+    #[inline]
+    fn by_index(&self, index: u32) -> Option<&Arc<PeerSlot>> {
+        self.by_index.get(&index)
+    }
+    #[inline]
+    fn by_address(&self, addr: IpAddr) -> Option<&Arc<PeerSlot>> {
+        self.routes.lookup(addr)
+    }
+    #[inline]
+    fn same(a: &Arc<PeerSlot>, b: &Arc<PeerSlot>) -> bool {
+        Arc::ptr_eq(a, b)
+    }
 }
 
 #[cfg(test)]
@@ -286,20 +274,20 @@ mod tests {
         let (table, change) = table.apply(&upsert(peer, spec(Some(25), &["10.0.0.0/24"], None)));
         assert_eq!(change.added, vec![peer]);
         let first = table.peers[&peer].clone();
-        *first.endpoint.write() = Some(PeerPath {
+        let roamed = PeerPath {
             remote: "192.0.2.1:51820".parse().expect("addr"),
             local: Some("192.0.2.200".parse().expect("ip")),
-        });
+        };
+        first.lock().set_endpoint(roamed);
 
         let (table, change) = table.apply(&upsert(peer, spec(Some(5), &["10.0.1.0/24"], None)));
         assert_eq!(change.updated, vec![peer]);
         let second = table.peers[&peer].clone();
-        assert!(Arc::ptr_eq(&first.tunnel, &second.tunnel), "same session");
-        assert!(Arc::ptr_eq(&first.counters, &second.counters));
+        assert!(Arc::ptr_eq(&first.state, &second.state), "same session");
         assert_eq!(second.index, first.index);
         assert_eq!(
-            second.path(),
-            first.path(),
+            second.lock().path(),
+            Some(roamed),
             "roamed endpoint and source kept"
         );
         let looked_up = table.routes.lookup("10.0.1.7".parse().expect("ip"));
@@ -312,7 +300,13 @@ mod tests {
         let psk = Some(SecretKey::generate());
         let (table, change) = table.apply(&upsert(peer, spec(Some(5), &["10.0.1.0/24"], psk)));
         assert_eq!(change.reset, vec![peer]);
-        assert!(!Arc::ptr_eq(&table.peers[&peer].tunnel, &second.tunnel));
+        let third = table.peers[&peer].clone();
+        assert!(!Arc::ptr_eq(&third.state, &second.state));
+        assert_eq!(
+            third.lock().path(),
+            Some(roamed),
+            "a new session keeps the path"
+        );
 
         let (table, change) = table.apply(&PeerChanges {
             remove: vec![peer],

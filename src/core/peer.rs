@@ -1,0 +1,273 @@
+//! One WireGuard peer as a sans-IO value: its session (through `core::wg`), the path it is
+//! reached by, its counters and its timer bookkeeping (the first handshake of a keepalive peer,
+//! expiry, which completed handshake was logged). `encapsulate`, `decapsulate` and `on_tick`
+//! say what to send, what to deliver and what to drop; the shell's data plane does the I/O.
+//! Time is an argument: nothing here reads the clock (boringtun, inside `core::wg`, does for
+//! its own handshake timers).
+
+use crate::config::{PublicKey, SecretKey};
+use crate::core::control::PeerSpec;
+use crate::core::packet::{self, DropReason, Inbound, Outbound, PeerLookup, PeerPath};
+use crate::core::wg::{Handshake, Limiter, Outcome, Session, Tunnel, TunnelError};
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+/// A completed handshake seen again within this of the logged one is the same handshake: the
+/// session reports its age, and `now - age` moves a little from tick to tick.
+const SAME_HANDSHAKE: Duration = Duration::from_secs(1);
+
+/// How often the shared handshake rate limiter forgets its count (boringtun expects about once
+/// a second).
+pub const LIMITER_RESET_EVERY: Duration = Duration::from_secs(1);
+
+/// What one peer has moved, in WireGuard datagram bytes (what `wg show` reports).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PeerCounters {
+    pub rx_bytes: u64,
+    pub tx_bytes: u64,
+    pub rx_packets: u64,
+    pub tx_packets: u64,
+    /// Handshake initiations this side sent (first contact, rekeys, retries).
+    pub handshakes_initiated: u64,
+    /// Handshake initiations of the peer this side answered.
+    pub handshakes_answered: u64,
+    /// Timer errors other than an expired session (the handshake gave up).
+    pub handshake_failures: u64,
+}
+
+impl PeerCounters {
+    fn sent(&mut self, message: &[u8]) {
+        self.tx_bytes += message.len() as u64;
+        self.tx_packets += 1;
+        match Handshake::of(message) {
+            Some(Handshake::Initiation) => self.handshakes_initiated += 1,
+            Some(Handshake::Response) => self.handshakes_answered += 1,
+            None => {}
+        }
+    }
+}
+
+/// A copy of what status, metrics and UAPI `get` show of a peer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PeerStats {
+    pub counters: PeerCounters,
+    pub path: Option<PeerPath>,
+    pub since_last_handshake: Option<Duration>,
+}
+
+/// What a timer tick asks for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tick {
+    /// Send the first `len` bytes of the output buffer on `path`.
+    pub send: Option<(usize, PeerPath)>,
+    /// A handshake completed since the last one reported: log it once.
+    pub handshake_completed: bool,
+}
+
+/// One peer's live state. The data plane keeps one per peer behind a lock, takes it for one
+/// call, and does the I/O after letting go. `S` is the WireGuard session: boringtun's
+/// ([`Tunnel`]) in the daemon, a scripted one in tests.
+pub struct Peer<S = Tunnel> {
+    tunnel: S,
+    path: Option<PeerPath>,
+    counters: PeerCounters,
+    keepalive: bool,
+    /// A peer with persistent keepalive starts its first handshake from the timer, once.
+    keepalive_started: bool,
+    /// When the last logged handshake completed, on the caller's clock.
+    logged_handshake: Option<Instant>,
+}
+
+impl Peer<Tunnel> {
+    /// A peer with no session yet (boringtun's state is built at the first message).
+    pub fn new(
+        own_private: &SecretKey,
+        public_key: &PublicKey,
+        spec: &PeerSpec,
+        index: u32,
+        limiter: &Limiter,
+        path: Option<PeerPath>,
+    ) -> Peer {
+        let tunnel = Tunnel::new(
+            own_private,
+            public_key,
+            spec.preshared_key.as_ref(),
+            spec.persistent_keepalive,
+            index,
+            limiter,
+        );
+        Peer::with_session(tunnel, spec.persistent_keepalive, path)
+    }
+}
+
+impl<S: Session> Peer<S> {
+    /// A peer around `session`, with persistent keepalive every `keepalive` seconds.
+    pub fn with_session(session: S, keepalive: Option<u16>, path: Option<PeerPath>) -> Peer<S> {
+        Peer {
+            tunnel: session,
+            path,
+            counters: PeerCounters::default(),
+            keepalive: keepalive.is_some_and(|s| s > 0),
+            keepalive_started: false,
+            logged_handshake: None,
+        }
+    }
+
+    /// Encrypts one TUN segment into `out`: data, or the handshake initiation it started
+    /// while it waits in the session's queue.
+    #[inline]
+    pub fn encapsulate(&mut self, segment: &[u8], out: &mut [u8]) -> Outbound {
+        let decision = packet::encapsulate(&mut self.tunnel, self.path, segment, out);
+        if let Outbound::Send { len, .. } = decision {
+            self.counters.sent(&out[..len]);
+        }
+        decision
+    }
+
+    /// Decrypts a datagram that `from` sent to this peer (`me` in `peers`) into `landing`,
+    /// checks its inner source, counts it, and roams to `from` if it authenticated. A
+    /// [`Inbound::Reply`] is counted as sent; the caller then calls [`Peer::flush_queued`].
+    #[inline]
+    pub fn decapsulate<T: PeerLookup>(
+        &mut self,
+        peers: &T,
+        me: &T::Peer,
+        from: PeerPath,
+        datagram: &[u8],
+        landing: &mut [u8],
+    ) -> Inbound {
+        let received =
+            packet::decapsulate(peers, me, &mut self.tunnel, from.remote, datagram, landing);
+        if received.authenticated {
+            self.counters.rx_bytes += datagram.len() as u64;
+            self.counters.rx_packets += 1;
+            if let Some(path) = packet::roam(self.path, from, true) {
+                self.path = Some(path);
+            }
+        }
+        if let Inbound::Reply(len) = received.action {
+            self.counters.sent(&landing[..len]);
+        }
+        received.action
+    }
+
+    /// The next packet that waited in the session's queue for a handshake, encrypted into
+    /// `out`: its length, counted as sent. `None` when the queue is empty.
+    #[inline]
+    pub fn flush_queued(&mut self, out: &mut [u8]) -> Option<usize> {
+        match self.tunnel.flush(out) {
+            Outcome::Network(m) => {
+                let len = m.len();
+                self.counters.sent(&out[..len]);
+                Some(len)
+            }
+            _ => None,
+        }
+    }
+
+    /// WireGuard's timers at `now`: handshake retries and rekeys, keepalives, the first
+    /// handshake of a keepalive peer, expiry; and whether a newly completed handshake should
+    /// be logged. At most one message per tick.
+    pub fn on_tick(&mut self, now: Instant, out: &mut [u8]) -> Tick {
+        let since = self.tunnel.since_last_handshake();
+        let mut tick = Tick {
+            handshake_completed: self.note_handshake(since, now),
+            send: None,
+        };
+        let Some(path) = self.path else {
+            // Nowhere to send: timers still run so the session expires on time.
+            let _ = self.tunnel.update_timers(now, out);
+            return tick;
+        };
+        let first = self.keepalive && !std::mem::replace(&mut self.keepalive_started, true);
+        if packet::keepalive_handshake(self.keepalive, !first, since.is_some()) {
+            if let Outcome::Network(m) = self.tunnel.initiate(out) {
+                let len = m.len();
+                self.counters.sent(&out[..len]);
+                tick.send = Some((len, path));
+                return tick;
+            }
+        }
+        match self.tunnel.update_timers(now, out) {
+            Outcome::Network(m) => {
+                let len = m.len();
+                self.counters.sent(&out[..len]);
+                tick.send = Some((len, path));
+            }
+            Outcome::Error(TunnelError::Expired) => {}
+            Outcome::Error(_) => self.counters.handshake_failures += 1,
+            Outcome::Done | Outcome::Tunnel(..) => {}
+        }
+        tick
+    }
+
+    /// Whether the handshake that completed `since` ago is one not yet reported.
+    fn note_handshake(&mut self, since: Option<Duration>, now: Instant) -> bool {
+        let Some(at) = since.and_then(|s| now.checked_sub(s)) else {
+            return false;
+        };
+        let new = self
+            .logged_handshake
+            .is_none_or(|logged| at > logged + SAME_HANDSHAKE);
+        if new {
+            self.logged_handshake = Some(at);
+        }
+        new
+    }
+
+    /// Forgets the local source `gone` (removed from this host) if replies leave from it.
+    pub fn forget_source(&mut self, gone: IpAddr) {
+        if let Some(p) = self.path.as_mut().filter(|p| p.local == Some(gone)) {
+            p.local = None;
+        }
+    }
+
+    /// Sets where the peer is reached (configured, or `wg set endpoint`).
+    pub fn set_endpoint(&mut self, path: PeerPath) {
+        self.path = Some(path);
+    }
+
+    /// A new persistent keepalive interval for a live session.
+    pub fn set_keepalive(&mut self, secs: Option<u16>) {
+        self.keepalive = secs.is_some_and(|s| s > 0);
+        self.tunnel.set_persistent_keepalive(secs);
+    }
+
+    /// The interface's key changed: the session keeps its state under the new identity.
+    pub fn set_private_key(&mut self, own_private: &SecretKey, limiter: &Limiter) {
+        self.tunnel.set_private_key(own_private, limiter);
+    }
+
+    pub fn path(&self) -> Option<PeerPath> {
+        self.path
+    }
+
+    pub fn stats(&self) -> PeerStats {
+        PeerStats {
+            counters: self.counters,
+            path: self.path,
+            since_last_handshake: self.tunnel.since_last_handshake(),
+        }
+    }
+}
+
+/// When the shared handshake rate limiter is due to forget its count.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LimiterReset {
+    last: Option<Instant>,
+}
+
+impl LimiterReset {
+    /// Whether to reset at `now` (the first call only starts the interval).
+    pub fn due(&mut self, now: Instant) -> bool {
+        let last = *self.last.get_or_insert(now);
+        let due = now.duration_since(last) >= LIMITER_RESET_EVERY;
+        if due {
+            self.last = Some(now);
+        }
+        due
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,432 @@
+//! The sans-IO peer without threads or root: real boringtun sessions for handshakes, data,
+//! keepalives and drops; a scripted session for what boringtun decides on its own clock
+//! (rekeys, expiry, giving up).
+
+use super::*;
+use crate::config::IpNet;
+use crate::core::allowed_ips::AllowedIps;
+use crate::core::wg::Limiter;
+use std::net::SocketAddr;
+
+/// The peer table as the decisions see it: peer 0 is the remote, owning `10.0.0.2/32`.
+struct OnePeer(AllowedIps<usize>);
+
+impl PeerLookup for OnePeer {
+    type Peer = usize;
+    fn by_key(&self, _: &PublicKey) -> Option<&usize> {
+        None
+    }
+    fn by_index(&self, _: u32) -> Option<&usize> {
+        None
+    }
+    fn by_address(&self, addr: IpAddr) -> Option<&usize> {
+        self.0.lookup(addr)
+    }
+    fn same(a: &usize, b: &usize) -> bool {
+        a == b
+    }
+}
+
+fn table() -> OnePeer {
+    let mut routes = AllowedIps::default();
+    routes.insert("10.0.0.2/32".parse::<IpNet>().expect("net"), 0usize);
+    OnePeer(routes)
+}
+
+fn path(s: &str) -> PeerPath {
+    PeerPath::to(s.parse::<SocketAddr>().expect("socket address"))
+}
+
+fn spec(keepalive: Option<u16>) -> PeerSpec {
+    PeerSpec {
+        preshared_key: None,
+        persistent_keepalive: keepalive,
+        allowed_ips: Vec::new(),
+        name: None,
+    }
+}
+
+fn ipv4(src: [u8; 4], dst: [u8; 4], payload: &[u8]) -> Vec<u8> {
+    let mut p = vec![0u8; 20];
+    p[0] = 0x45;
+    let len = u16::try_from(20 + payload.len()).expect("small packet");
+    p[2..4].copy_from_slice(&len.to_be_bytes());
+    p[8] = 64;
+    p[9] = 17;
+    p[12..16].copy_from_slice(&src);
+    p[16..20].copy_from_slice(&dst);
+    p.extend_from_slice(payload);
+    p
+}
+
+/// The daemon's peer (`local`, reached at REMOTE) and the remote's own peer for us.
+struct Pair {
+    local: Peer,
+    remote: Peer,
+    _limiters: (Limiter, Limiter),
+}
+
+const REMOTE: &str = "192.0.2.2:51820";
+const LOCAL: &str = "192.0.2.1:51820";
+
+fn pair(local_keepalive: Option<u16>, local_path: Option<PeerPath>) -> Pair {
+    let (a, b) = (SecretKey::generate(), SecretKey::generate());
+    let (la, lb) = (Limiter::new(&a.public_key()), Limiter::new(&b.public_key()));
+    let local = Peer::new(
+        &a,
+        &b.public_key(),
+        &spec(local_keepalive),
+        1,
+        &la,
+        local_path,
+    );
+    let remote = Peer::new(&b, &a.public_key(), &spec(None), 2, &lb, Some(path(LOCAL)));
+    Pair {
+        local,
+        remote,
+        _limiters: (la, lb),
+    }
+}
+
+/// Runs one handshake the remote starts; returns the local peer's decision on the initiation.
+fn remote_initiates(p: &mut Pair, buf: &mut [u8], landing: &mut [u8]) -> Inbound {
+    let init = match p
+        .remote
+        .encapsulate(&ipv4([10, 0, 0, 2], [10, 0, 0, 1], b"hi"), buf)
+    {
+        Outbound::Send { len, .. } => buf[..len].to_vec(),
+        other => panic!("expected an initiation, got {other:?}"),
+    };
+    p.local
+        .decapsulate(&table(), &0, path(REMOTE), &init, landing)
+}
+
+/// A whole handshake the remote starts, confirmed by its first data message.
+fn establish(p: &mut Pair, buf: &mut [u8], landing: &mut [u8]) {
+    let Inbound::Reply(len) = remote_initiates(p, buf, landing) else {
+        panic!("expected a response");
+    };
+    let response = landing[..len].to_vec();
+    let _ = p
+        .remote
+        .decapsulate(&table(), &0, path(LOCAL), &response, landing);
+    let queued = p.remote.flush_queued(buf).expect("the queued packet");
+    let data = buf[..queued].to_vec();
+    let delivered = p
+        .local
+        .decapsulate(&table(), &0, path(REMOTE), &data, landing);
+    assert!(matches!(delivered, Inbound::Deliver(_)), "{delivered:?}");
+}
+
+#[test]
+fn a_handshake_the_peer_initiated_is_answered_counted_and_roams_to_its_sender() {
+    let mut p = pair(None, None);
+    let (mut buf, mut landing) = (vec![0u8; 2048], vec![0u8; 2048]);
+    let reply = remote_initiates(&mut p, &mut buf, &mut landing);
+    let Inbound::Reply(len) = reply else {
+        panic!("expected a handshake response, got {reply:?}");
+    };
+    assert_eq!(Handshake::of(&landing[..len]), Some(Handshake::Response));
+    let stats = p.local.stats();
+    assert_eq!(stats.counters.handshakes_answered, 1);
+    assert_eq!(stats.counters.handshakes_initiated, 0);
+    assert_eq!(
+        (stats.counters.rx_packets, stats.counters.tx_packets),
+        (1, 1)
+    );
+    assert_eq!(stats.counters.tx_bytes, len as u64);
+    assert_eq!(
+        stats.path,
+        Some(path(REMOTE)),
+        "authenticated: roams to the sender"
+    );
+
+    // The response completes the remote's handshake and releases its queued packet, which
+    // the local peer delivers.
+    let response = landing[..len].to_vec();
+    let _ = p
+        .remote
+        .decapsulate(&table(), &0, path(LOCAL), &response, &mut landing);
+    let queued = p.remote.flush_queued(&mut buf).expect("the queued packet");
+    let delivered = p
+        .local
+        .decapsulate(&table(), &0, path(REMOTE), &buf[..queued], &mut landing);
+    assert!(
+        matches!(delivered, Inbound::Deliver(n) if &landing[..n] == ipv4([10, 0, 0, 2], [10, 0, 0, 1], b"hi"))
+    );
+    assert!(
+        p.local.flush_queued(&mut buf).is_none(),
+        "nothing was queued locally"
+    );
+}
+
+#[test]
+fn a_keepalive_peer_starts_its_first_handshake_from_the_timer_once() {
+    let mut p = pair(Some(25), Some(path(REMOTE)));
+    let mut buf = vec![0u8; 2048];
+    let t0 = Instant::now();
+    let tick = p.local.on_tick(t0, &mut buf);
+    let (len, to) = tick.send.expect("a handshake initiation");
+    assert_eq!(Handshake::of(&buf[..len]), Some(Handshake::Initiation));
+    assert_eq!(to, path(REMOTE));
+    assert_eq!(p.local.stats().counters.handshakes_initiated, 1);
+    // The next tick does not start another one (boringtun retries on its own schedule).
+    let again = p.local.on_tick(t0 + Duration::from_millis(100), &mut buf);
+    assert_eq!(again.send, None);
+    assert_eq!(p.local.stats().counters.handshakes_initiated, 1);
+}
+
+#[test]
+fn a_peer_without_keepalive_or_endpoint_sends_nothing_from_its_timer() {
+    let mut p = pair(Some(25), None);
+    let mut buf = vec![0u8; 2048];
+    let tick = p.local.on_tick(Instant::now(), &mut buf);
+    assert_eq!(tick, Tick::default());
+    let mut p = pair(None, Some(path(REMOTE)));
+    assert_eq!(p.local.on_tick(Instant::now(), &mut buf), Tick::default());
+}
+
+#[test]
+fn keepalives_follow_the_time_given_and_a_completed_handshake_is_reported_once() {
+    let mut p = pair(None, None);
+    let (mut buf, mut landing) = (vec![0u8; 2048], vec![0u8; 2048]);
+    establish(&mut p, &mut buf, &mut landing);
+    let t0 = Instant::now();
+    assert!(p.local.on_tick(t0, &mut buf).handshake_completed);
+    assert!(
+        !p.local
+            .on_tick(t0 + Duration::from_millis(100), &mut buf)
+            .handshake_completed
+    );
+
+    p.local.set_keepalive(Some(5));
+    let keepalive = |tick: Tick| tick.send.is_some_and(|(len, _)| len == 32);
+    assert!(!keepalive(p.local.on_tick(t0, &mut buf)));
+    assert!(!keepalive(
+        p.local.on_tick(t0 + Duration::from_millis(4900), &mut buf)
+    ));
+    assert!(keepalive(
+        p.local.on_tick(t0 + Duration::from_secs(5), &mut buf)
+    ));
+    assert!(!keepalive(
+        p.local.on_tick(t0 + Duration::from_secs(6), &mut buf)
+    ));
+    assert!(keepalive(
+        p.local.on_tick(t0 + Duration::from_secs(10), &mut buf)
+    ));
+    let c = p.local.stats().counters;
+    assert_eq!(c.handshakes_initiated, 0, "keepalives are not handshakes");
+    assert_eq!(c.tx_packets, 3, "the response and two keepalives");
+}
+
+#[test]
+fn garbage_is_invalid_and_neither_counted_nor_roamed() {
+    let mut p = pair(None, Some(path(REMOTE)));
+    let mut landing = vec![0u8; 2048];
+    let mut garbage = vec![4u8; 64];
+    garbage[1..4].fill(0);
+    let decision =
+        p.local
+            .decapsulate(&table(), &0, path("198.51.100.9:1"), &garbage, &mut landing);
+    assert_eq!(decision, Inbound::Drop(DropReason::Invalid));
+    let stats = p.local.stats();
+    assert_eq!(stats.counters, PeerCounters::default());
+    assert_eq!(stats.path, Some(path(REMOTE)));
+}
+
+#[test]
+fn an_inner_source_outside_the_allowed_ips_is_dropped_but_authenticated() {
+    let mut p = pair(None, None);
+    let (mut buf, mut landing) = (vec![0u8; 2048], vec![0u8; 2048]);
+    let Inbound::Reply(len) = remote_initiates(&mut p, &mut buf, &mut landing) else {
+        panic!("expected a response");
+    };
+    let response = landing[..len].to_vec();
+    let _ = p
+        .remote
+        .decapsulate(&table(), &0, path(LOCAL), &response, &mut landing);
+    let _ = p.remote.flush_queued(&mut buf);
+    let spoofed = ipv4([10, 0, 0, 99], [10, 0, 0, 1], b"not yours");
+    let Outbound::Send { len, .. } = p.remote.encapsulate(&spoofed, &mut buf) else {
+        panic!("expected data");
+    };
+    let roamed = path("192.0.2.77:4000");
+    let before = p.local.stats().counters.rx_packets;
+    let decision = p
+        .local
+        .decapsulate(&table(), &0, roamed, &buf[..len], &mut landing);
+    assert_eq!(decision, Inbound::Drop(DropReason::BadSource));
+    assert_eq!(p.local.stats().counters.rx_packets, before + 1);
+    assert_eq!(
+        p.local.path(),
+        Some(roamed),
+        "the key made it: the peer roams"
+    );
+}
+
+/// A session that answers as scripted, for what boringtun decides on its own clock.
+#[derive(Default)]
+struct Scripted {
+    timer: Option<Result<Vec<u8>, TunnelError>>,
+    encapsulated: Option<Vec<u8>>,
+}
+
+impl Session for Scripted {
+    fn encapsulate<'a>(&mut self, _: &[u8], dst: &'a mut [u8]) -> Outcome<'a> {
+        match &self.encapsulated {
+            Some(m) => {
+                dst[..m.len()].copy_from_slice(m);
+                Outcome::Network(&mut dst[..m.len()])
+            }
+            None => Outcome::Done,
+        }
+    }
+    fn decapsulate<'a>(&mut self, _: IpAddr, _: &[u8], _: &'a mut [u8]) -> Outcome<'a> {
+        Outcome::Done
+    }
+    fn flush<'a>(&mut self, _: &'a mut [u8]) -> Outcome<'a> {
+        Outcome::Done
+    }
+    fn initiate<'a>(&mut self, _: &'a mut [u8]) -> Outcome<'a> {
+        Outcome::Done
+    }
+    fn update_timers<'a>(&mut self, _: Instant, dst: &'a mut [u8]) -> Outcome<'a> {
+        match self.timer.take() {
+            Some(Ok(m)) => {
+                dst[..m.len()].copy_from_slice(&m);
+                Outcome::Network(&mut dst[..m.len()])
+            }
+            Some(Err(e)) => Outcome::Error(e),
+            None => Outcome::Done,
+        }
+    }
+    fn set_persistent_keepalive(&mut self, _: Option<u16>) {}
+    fn set_private_key(&mut self, _: &SecretKey, _: &Limiter) {}
+    fn since_last_handshake(&self) -> Option<Duration> {
+        Some(Duration::from_secs(130))
+    }
+}
+
+fn initiation() -> Vec<u8> {
+    let mut m = vec![0u8; 148];
+    m[0] = 1;
+    m
+}
+
+#[test]
+fn a_rekey_is_sent_to_the_peer_and_counted_as_initiated() {
+    let session = Scripted {
+        timer: Some(Ok(initiation())),
+        ..Scripted::default()
+    };
+    let mut peer = Peer::with_session(session, None, Some(path(REMOTE)));
+    let mut buf = vec![0u8; 2048];
+    let tick = peer.on_tick(Instant::now(), &mut buf);
+    assert_eq!(tick.send, Some((148, path(REMOTE))));
+    let c = peer.stats().counters;
+    assert_eq!(
+        (c.handshakes_initiated, c.tx_packets, c.tx_bytes),
+        (1, 1, 148)
+    );
+}
+
+#[test]
+fn a_rekey_without_an_endpoint_goes_nowhere_and_is_not_counted() {
+    let session = Scripted {
+        timer: Some(Ok(initiation())),
+        ..Scripted::default()
+    };
+    let mut peer = Peer::with_session(session, None, None);
+    let tick = peer.on_tick(Instant::now(), &mut vec![0u8; 2048]);
+    assert_eq!(tick.send, None);
+    assert_eq!(peer.stats().counters, PeerCounters::default());
+}
+
+#[test]
+fn an_expired_session_is_not_a_failure_and_giving_up_is() {
+    let mut buf = vec![0u8; 2048];
+    let expired = Scripted {
+        timer: Some(Err(TunnelError::Expired)),
+        ..Scripted::default()
+    };
+    let mut peer = Peer::with_session(expired, None, Some(path(REMOTE)));
+    assert_eq!(peer.on_tick(Instant::now(), &mut buf).send, None);
+    assert_eq!(peer.stats().counters.handshake_failures, 0);
+
+    let gave_up = Scripted {
+        timer: Some(Err(TunnelError::Rejected("handshake timed out"))),
+        ..Scripted::default()
+    };
+    let mut peer = Peer::with_session(gave_up, None, Some(path(REMOTE)));
+    assert_eq!(peer.on_tick(Instant::now(), &mut buf).send, None);
+    assert_eq!(peer.stats().counters.handshake_failures, 1);
+}
+
+#[test]
+fn data_for_a_peer_without_an_endpoint_is_dropped_uncounted() {
+    let session = Scripted {
+        encapsulated: Some(vec![4u8; 60]),
+        ..Scripted::default()
+    };
+    let mut peer = Peer::with_session(session, None, None);
+    let decision = peer.encapsulate(&[0x45; 40], &mut vec![0u8; 2048]);
+    assert_eq!(decision, Outbound::Drop(DropReason::NoEndpoint));
+    assert_eq!(peer.stats().counters, PeerCounters::default());
+    peer.set_endpoint(path(REMOTE));
+    let decision = peer.encapsulate(&[0x45; 40], &mut vec![0u8; 2048]);
+    assert_eq!(
+        decision,
+        Outbound::Send {
+            len: 60,
+            to: path(REMOTE)
+        }
+    );
+    assert_eq!(peer.stats().counters.tx_bytes, 60);
+}
+
+#[test]
+fn a_removed_local_source_is_forgotten_only_by_peers_that_used_it() {
+    let gone: IpAddr = "192.0.2.1".parse().expect("ip");
+    let mut via_gone = path(REMOTE);
+    via_gone.local = Some(gone);
+    let mut peer = Peer::with_session(Scripted::default(), None, Some(via_gone));
+    peer.forget_source("192.0.2.50".parse().expect("ip"));
+    assert_eq!(peer.path(), Some(via_gone));
+    peer.forget_source(gone);
+    assert_eq!(peer.path(), Some(path(REMOTE)));
+}
+
+#[test]
+fn the_limiter_resets_once_a_second_of_the_time_given() {
+    let mut reset = LimiterReset::default();
+    let t0 = Instant::now();
+    assert!(!reset.due(t0), "the first call starts the interval");
+    assert!(!reset.due(t0 + Duration::from_millis(900)));
+    assert!(reset.due(t0 + Duration::from_secs(1)));
+    assert!(!reset.due(t0 + Duration::from_millis(1500)));
+    assert!(reset.due(t0 + Duration::from_millis(2100)));
+}
+
+#[test]
+fn every_message_of_a_session_is_steered_to_the_worker_that_owns_its_peer() {
+    use crate::core::packet::steering::{owning_worker, worker_of_peer};
+    let mut p = pair(None, None);
+    let (mut buf, mut landing) = (vec![0u8; 2048], vec![0u8; 2048]);
+    let Inbound::Reply(len) = remote_initiates(&mut p, &mut buf, &mut landing) else {
+        panic!("expected a response");
+    };
+    let response = landing[..len].to_vec();
+    let _ = p
+        .remote
+        .decapsulate(&table(), &0, path(LOCAL), &response, &mut landing);
+    let data = p.remote.flush_queued(&mut buf).expect("queued data");
+    // The local peer was made with table index 1: its session index is 1 << 8 (+ a counter).
+    for workers in [1usize, 2, 3, 8] {
+        assert_eq!(
+            owning_worker(&buf[..data], workers),
+            worker_of_peer(1, workers),
+            "{workers} workers"
+        );
+    }
+    assert_eq!(owning_worker(&[], 4), 0, "too short to say: worker 0");
+}

@@ -1,0 +1,355 @@
+//! The data plane's one owner: the TUN queues, the WireGuard sockets, the peer table, the
+//! packet workers and the timer thread, behind a small API (apply peers, rebind, set mark,
+//! stats, liveness, stop). Its fields are private; what each packet means is decided by
+//! `core::packet` and `core::peer`; the loops live in [`workers`].
+//!
+//! Threads: each of N workers has a TUN reader (its own TUN queue: read, split, encrypt, send)
+//! and a UDP reader (its own socket of a reuse-port group: receive, decrypt, write to its TUN
+//! queue); one timer thread drives every peer's handshakes and keepalives. The kernel keeps a
+//! flow on one TUN queue and the steering program sends a peer's datagrams to one socket, so a
+//! flow's packets stay in order. No lock guard lives across a system call: a peer's lock is
+//! taken for one encrypt or decrypt into a batch slot, and the batch is sent after.
+
+mod table;
+mod workers;
+
+pub use table::TableChange;
+
+use crate::config::{PublicKey, SecretKey};
+use crate::core::control::{PeerChanges, PeerSpec};
+use crate::core::liveness::{Heartbeats, PacketThread, STALL_LIMIT};
+use crate::core::packet::{DropCounters, DropStats};
+use crate::core::peer::PeerStats;
+use crate::shell::udp::WgSocket;
+use parking_lot::{Mutex, RwLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use table::PeerTable;
+use tokio::sync::watch;
+use tun_rs::SyncDevice;
+
+/// How long [`Dataplane::stop`] waits for the threads: one idle wake plus a loaded machine's
+/// scheduling delay. A thread still running then is wedged; waiting longer would wedge the
+/// caller too.
+const STOP_WAIT: Duration = Duration::from_secs(3);
+
+/// Most packet workers the default picks, whatever the machine: past this, more threads on one
+/// TUN device only contend.
+const MAX_DEFAULT_WORKERS: usize = 16;
+
+/// The workers a data plane gets when the configuration does not say: the CPUs this process
+/// may use (its affinity mask and cgroup quota, so a pod limited to `cpu: 2` gets 2).
+pub fn default_workers() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(MAX_DEFAULT_WORKERS)
+}
+
+/// One peer as status, metrics and UAPI `get` see it.
+#[derive(Debug, Clone)]
+pub struct PeerView {
+    pub public_key: PublicKey,
+    pub spec: PeerSpec,
+    pub stats: PeerStats,
+}
+
+/// The interface's identity as the data plane runs it.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    /// `None` after UAPI removed the key.
+    pub private_key: Option<SecretKey>,
+    pub public_key: PublicKey,
+}
+
+/// Packet threads that did not end within [`STOP_WAIT`] of a stop request; they are left
+/// detached.
+#[derive(Debug, thiserror::Error)]
+#[error("packet threads still running after {STOP_WAIT:?}: {}", .0.join(", "))]
+pub struct StillRunning(pub Vec<String>);
+
+/// The data plane. Made with its devices and sockets, it moves packets from [`Dataplane::start`]
+/// until [`Dataplane::stop`] (or drop).
+pub struct Dataplane {
+    inner: Arc<Inner>,
+    stopped: AtomicBool,
+}
+
+/// What the threads share. Private to the data plane: the workers read it, the owner changes it.
+struct Inner {
+    table: RwLock<Arc<PeerTable>>,
+    /// One TUN queue per worker.
+    queues: Vec<SyncDevice>,
+    /// One socket per worker (a reuse-port group), replaced whole on rebind.
+    sockets: RwLock<Arc<Vec<WgSocket>>>,
+    drops: DropCounters,
+    stop: AtomicBool,
+    /// Milliseconds since `epoch` at which each packet thread last woke.
+    heartbeats: Heartbeats,
+    epoch: Instant,
+    /// Every packet thread started (UDP readers of replaced sockets included), for the join.
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    /// Set once when the data path cannot go on (the TUN device is gone).
+    fatal: watch::Sender<Option<String>>,
+}
+
+impl Dataplane {
+    /// A data plane over `queues` (one TUN queue per worker) and `sockets` (one per worker,
+    /// from [`WgSocket::bind_group`]), with no peers yet. Nothing moves until
+    /// [`Dataplane::start`].
+    pub fn new(
+        queues: Vec<SyncDevice>,
+        sockets: Vec<WgSocket>,
+        private_key: Option<SecretKey>,
+    ) -> std::io::Result<Dataplane> {
+        if queues.is_empty() || queues.len() != sockets.len() {
+            return Err(std::io::Error::other(format!(
+                "{} TUN queues for {} sockets: one of each per worker",
+                queues.len(),
+                sockets.len()
+            )));
+        }
+        let workers = queues.len();
+        Ok(Dataplane {
+            inner: Arc::new(Inner {
+                table: RwLock::new(Arc::new(PeerTable::empty(private_key))),
+                queues,
+                sockets: RwLock::new(Arc::new(sockets)),
+                drops: DropCounters::default(),
+                stop: AtomicBool::new(false),
+                heartbeats: Heartbeats::new(workers),
+                epoch: Instant::now(),
+                threads: Mutex::new(Vec::new()),
+                fatal: watch::Sender::new(None),
+            }),
+            stopped: AtomicBool::new(false),
+        })
+    }
+
+    /// Starts every worker's TUN and UDP readers and the timer thread. If one cannot be
+    /// started, the ones already running are stopped before the error is returned.
+    pub fn start(&self) -> std::io::Result<()> {
+        let started = (|| {
+            for worker in 0..self.workers() {
+                self.inner
+                    .spawn(PacketThread::TunReader(worker), move |inner| {
+                        workers::tun_loop(inner, worker)
+                    })?;
+            }
+            self.inner
+                .spawn(PacketThread::Timers, workers::timer_loop)?;
+            Inner::start_udp_readers(&self.inner)
+        })();
+        if started.is_err() {
+            let _ = self.stop();
+        }
+        started
+    }
+
+    pub fn workers(&self) -> usize {
+        self.inner.queues.len()
+    }
+
+    /// Carries out a peer change from the control core.
+    pub fn apply_peers(&self, changes: &PeerChanges) -> TableChange {
+        let current = self.inner.snapshot();
+        let (next, change) = current.apply(changes);
+        *self.inner.table.write() = Arc::new(next);
+        change
+    }
+
+    /// Replaces the sockets with a new group on `port` (0: any); the old readers end with their
+    /// sockets. Returns the port bound.
+    pub fn rebind(&self, port: u16, fwmark: Option<u32>) -> std::io::Result<u16> {
+        let group = WgSocket::bind_group(port, fwmark, self.workers())?;
+        let bound = group[0].local_port()?;
+        let old = std::mem::replace(&mut *self.inner.sockets.write(), Arc::new(group));
+        for socket in old.iter() {
+            socket.shutdown();
+        }
+        Inner::start_udp_readers(&self.inner)?;
+        Ok(bound)
+    }
+
+    /// Marks every WireGuard socket (policy routing of the tunnel's own traffic).
+    pub fn set_mark(&self, mark: u32) -> std::io::Result<()> {
+        self.inner
+            .sockets()
+            .iter()
+            .try_for_each(|s| s.set_mark(mark))
+    }
+
+    pub fn listen_port(&self) -> u16 {
+        self.inner
+            .sockets()
+            .first()
+            .and_then(|s| s.local_port().ok())
+            .unwrap_or(0)
+    }
+
+    /// Whether segmentation and coalescing offloads are in use, for the startup log.
+    pub fn offloads(&self) -> (bool, bool) {
+        self.inner
+            .sockets()
+            .first()
+            .map_or((false, false), |s| s.offloads())
+    }
+
+    pub fn identity(&self) -> Identity {
+        let table = self.inner.snapshot();
+        Identity {
+            private_key: table.private_key().cloned(),
+            public_key: *table.public_key(),
+        }
+    }
+
+    /// Every peer with a copy of its counters and path.
+    pub fn peers(&self) -> Vec<PeerView> {
+        let table = self.inner.snapshot();
+        table
+            .peers()
+            .map(|slot| {
+                let stats = slot.lock().stats();
+                PeerView {
+                    public_key: *slot.public_key(),
+                    spec: slot.spec().clone(),
+                    stats,
+                }
+            })
+            .collect()
+    }
+
+    pub fn drops(&self) -> DropStats {
+        self.inner.drops.snapshot()
+    }
+
+    /// Ok while every packet thread wakes within [`STALL_LIMIT`] and the data path has not
+    /// failed; otherwise why not (a thread's name, or the fatal error). Cheap: what `/healthz`
+    /// asks on every probe.
+    pub fn liveness(&self) -> Result<(), String> {
+        if let Some(why) = self.inner.fatal.borrow().as_ref() {
+            return Err(why.clone());
+        }
+        self.inner
+            .heartbeats
+            .check(self.inner.now_ms(), STALL_LIMIT)
+    }
+
+    /// The fatal error, once there is one.
+    pub fn fatal(&self) -> Option<String> {
+        self.inner.fatal.borrow().clone()
+    }
+
+    /// Completes when the data path has failed for good (the TUN device was deleted), with the
+    /// reason; the daemon should then exit non-zero. Pending forever otherwise.
+    pub async fn fatal_error(&self) -> String {
+        let mut rx = self.inner.fatal.subscribe();
+        let why = match rx.wait_for(Option::is_some).await {
+            Ok(why) => why.clone(),
+            // The sender lives in `self`, so it cannot be gone while we borrow it.
+            Err(_) => None,
+        };
+        match why {
+            Some(why) => why,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Stops every packet thread (UDP readers of replaced sockets too) and waits up to
+    /// [`STOP_WAIT`] for them to end. Later calls do nothing.
+    pub fn stop(&self) -> Result<(), StillRunning> {
+        if self.stopped.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        self.inner.stop.store(true, Ordering::Relaxed);
+        // Wakes the UDP readers now rather than at their next receive timeout.
+        for socket in self.inner.sockets().iter() {
+            socket.shutdown();
+        }
+        let deadline = Instant::now() + STOP_WAIT;
+        let threads = std::mem::take(&mut *self.inner.threads.lock());
+        while Instant::now() < deadline && !threads.iter().all(JoinHandle::is_finished) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let mut running = Vec::new();
+        for t in threads {
+            if t.is_finished() {
+                let _ = t.join();
+            } else {
+                running.push(t.thread().name().unwrap_or("unnamed").to_string());
+            }
+        }
+        if running.is_empty() {
+            Ok(())
+        } else {
+            Err(StillRunning(running))
+        }
+    }
+}
+
+impl Drop for Dataplane {
+    fn drop(&mut self) {
+        if let Err(e) = self.stop() {
+            tracing::warn!(error = %e, "Packet threads did not stop");
+        }
+    }
+}
+
+impl Inner {
+    fn snapshot(&self) -> Arc<PeerTable> {
+        self.table.read().clone()
+    }
+
+    fn sockets(&self) -> Arc<Vec<WgSocket>> {
+        self.sockets.read().clone()
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn beat(&self, thread: PacketThread) {
+        self.heartbeats.beat(thread, self.now_ms());
+    }
+
+    fn raise_fatal(&self, why: String) {
+        tracing::error!(error = %why, "Data path stopped");
+        self.fatal.send_if_modified(|slot| {
+            let first = slot.is_none();
+            if first {
+                *slot = Some(why);
+            }
+            first
+        });
+    }
+
+    /// One UDP reader per socket of the current group. The group of now, not of when the
+    /// threads first run: after two quick replacements, two readers on the newest socket would
+    /// reorder its flows.
+    fn start_udp_readers(inner: &Arc<Inner>) -> std::io::Result<()> {
+        let group = inner.sockets();
+        for worker in 0..group.len() {
+            let group = group.clone();
+            inner.spawn(PacketThread::UdpReader(worker), move |inner| {
+                workers::udp_loop(inner, worker, &group[worker])
+            })?;
+        }
+        Ok(())
+    }
+
+    fn spawn(
+        self: &Arc<Self>,
+        thread: PacketThread,
+        body: impl FnOnce(&Inner) + Send + 'static,
+    ) -> std::io::Result<()> {
+        let inner = self.clone();
+        let handle = std::thread::Builder::new()
+            .name(thread.name())
+            .spawn(move || body(&inner))?;
+        let mut threads = self.threads.lock();
+        threads.retain(|t| !t.is_finished());
+        threads.push(handle);
+        Ok(())
+    }
+}

@@ -1,0 +1,376 @@
+//! The packet loops of one worker (TUN queue -> encrypt -> UDP, UDP -> decrypt -> TUN queue)
+//! and the timer thread. Buffers are allocated once per thread; a batch takes one snapshot of
+//! the peer table; a peer's lock is held for one call into `core::peer` and released before
+//! any send or write; nothing here logs per packet.
+
+use super::table::{PeerSlot, PeerTable};
+use super::Inner;
+use crate::core::liveness::{PacketThread, IDLE_WAKE};
+use crate::core::offload::{self, Coalescer, VNET_HDR_LEN};
+use crate::core::packet::{self, steering, DropReason, Inbound, Outbound, PeerPath, Sender};
+use crate::core::peer::LimiterReset;
+use crate::core::wg;
+use crate::shell::seccomp::{self, Confinement};
+use crate::shell::tun;
+use crate::shell::udp::{RecvBatch, SendBatch, WgSocket, MAX_DATAGRAM};
+use std::net::IpAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How often WireGuard's handshake, rekey and keepalive timers are driven (boringtun expects
+/// about every 100 ms; its own device uses 250 ms).
+const TIMER_TICK: Duration = Duration::from_millis(100);
+/// Largest packet the TUN device hands us in one read with offloads on.
+const TUN_READ_BYTES: usize = VNET_HDR_LEN + 65535;
+/// Super-packets assembled per batch of TUN writes on the receive path.
+const COALESCE_SLOTS: usize = 16;
+/// A busy TUN reader may never see an empty queue (and so never an idle wake): it also stamps
+/// its heartbeat every this many reads, which keeps the clock read off the per-packet path.
+const HEARTBEAT_EVERY_READS: u32 = 64;
+
+/// Confines the calling packet thread, once its setup is done, to the seccomp allow-list
+/// (`core::seccomp`). The outcome is logged once per process; a thread that could not be
+/// confined logs why and runs on without the filter (the packet path matters more).
+fn confine(thread: PacketThread) {
+    static LOGGED: std::sync::Once = std::sync::Once::new();
+    match seccomp::confine_current_thread() {
+        Ok(Confinement::Filtered(policy)) => LOGGED.call_once(|| {
+            tracing::info!(
+                policy = %policy,
+                allowed = crate::core::seccomp::allowed_names().len(),
+                "Packet threads confined by seccomp"
+            )
+        }),
+        Ok(Confinement::Off) => LOGGED.call_once(|| {
+            tracing::warn!("Packet threads not confined: seccomp is off (--seccomp off)")
+        }),
+        Ok(Confinement::Unsupported) => LOGGED.call_once(|| {
+            tracing::warn!("Packet threads not confined: no seccomp list for this architecture")
+        }),
+        Err(e) => tracing::warn!(
+            thread = %thread.name(),
+            error = %e,
+            "Packet thread not confined: the seccomp filter could not be installed"
+        ),
+    }
+}
+
+/// Errors of a TUN read that no retry can fix: the device was deleted (`ip link del`) or its
+/// descriptor is unusable.
+fn tun_is_gone(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EBADFD | libc::ENODEV | libc::ENXIO | libc::EBADF)
+    )
+}
+
+pub(super) fn tun_loop(inner: &Inner, worker: usize) {
+    let thread = PacketThread::TunReader(worker);
+    let tun = &inner.queues[worker];
+    let mut read = vec![0u8; TUN_READ_BYTES];
+    let mut out = SendBatch::new(MAX_DATAGRAM);
+    let mut reads_since_beat = 0u32;
+    // Non-blocking reads drain whatever the kernel queued before one batched send: small
+    // packets (UDP, ACKs) cost one system call per packet otherwise, and the TUN queue
+    // overflows at high packet rates.
+    if let Err(e) = tun.set_nonblocking(true) {
+        tracing::warn!(error = %e, "TUN device stays blocking: one send per read");
+    }
+    confine(thread);
+    inner.beat(thread);
+    while !inner.stop.load(Ordering::Relaxed) {
+        let n = match tun.recv(&mut read) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                flush(inner, &inner.sockets()[worker], &mut out);
+                // Bounded, so an idle reader still stamps its heartbeat and sees `stop`.
+                if let Err(e) = tun::wait_readable(tun, IDLE_WAKE) {
+                    if e.kind() != std::io::ErrorKind::Interrupted {
+                        tracing::warn!(error = %e, "TUN poll failed");
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                }
+                inner.beat(thread);
+                reads_since_beat = 0;
+                continue;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                if inner.stop.load(Ordering::Relaxed) {
+                    return;
+                }
+                if tun_is_gone(&e) {
+                    inner.raise_fatal(format!("TUN device is gone: {e}"));
+                    return;
+                }
+                tracing::warn!(error = %e, "TUN read failed");
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+        };
+        reads_since_beat += 1;
+        if reads_since_beat == HEARTBEAT_EVERY_READS {
+            inner.beat(thread);
+            reads_since_beat = 0;
+        }
+        let read = &mut read[..n];
+        let plan = match offload::plan_split(read) {
+            Ok(plan) => plan,
+            Err(e) => {
+                inner.drops.add(DropReason::TunRead, 1);
+                tracing::debug!(error = %e, "TUN read dropped");
+                continue;
+            }
+        };
+        let table = inner.snapshot();
+        let count = plan.count();
+        if table.private_key().is_none() {
+            // No key, no identity: nothing can be sent (wireguard-go drops it too).
+            inner.drops.add(DropReason::NoPeer, count as u64);
+            continue;
+        }
+        let sockets = inner.sockets();
+        let socket = &sockets[worker];
+        // Every segment of one read goes to the same destination: one lookup per read.
+        let mut read_peer = None;
+        for i in 0..count {
+            let range = plan.segment(read, i);
+            let segment = &read[range];
+            let slot = match read_peer {
+                Some(slot) => slot,
+                None => match packet::route_read(&*table, segment) {
+                    Ok(slot) => *read_peer.insert(slot),
+                    Err(reason) => {
+                        inner.drops.add(reason, count as u64);
+                        break;
+                    }
+                },
+            };
+            let decision = {
+                let mut peer = slot.lock();
+                peer.encapsulate(segment, out.slot())
+            };
+            match decision {
+                Outbound::Send { len, to } => {
+                    out.push(len, to);
+                    if out.is_full() {
+                        flush(inner, socket, &mut out);
+                    }
+                }
+                Outbound::Drop(reason) => inner.drops.add(reason, 1),
+                Outbound::Nothing => {}
+            }
+        }
+    }
+}
+
+/// Sends what `out` holds. Called with no peer lock held.
+fn flush(inner: &Inner, socket: &WgSocket, out: &mut SendBatch) {
+    if !out.is_empty() {
+        let dropped = socket.send_batch(out);
+        if dropped > 0 {
+            inner.drops.add(DropReason::UdpSend, dropped as u64);
+        }
+        if let Some(gone) = out.take_stale_source() {
+            forget_source(inner, gone);
+        }
+    }
+}
+
+/// A local address peers replied from is gone: they fall back to the kernel's choice of
+/// source until they send to another address of ours (rare: a walk over the table).
+fn forget_source(inner: &Inner, gone: IpAddr) {
+    tracing::info!(address = %gone, "Local address gone; replying from the kernel's choice");
+    for slot in inner.snapshot().peers() {
+        slot.lock().forget_source(gone);
+    }
+}
+
+pub(super) fn udp_loop(inner: &Inner, worker: usize, socket: &WgSocket) {
+    let thread = PacketThread::UdpReader(worker);
+    let tun = &inner.queues[worker];
+    let mut batch = RecvBatch::default();
+    let mut replies = SendBatch::new(MAX_DATAGRAM);
+    let mut coalescer = Coalescer::new(COALESCE_SLOTS, tun.udp_gso());
+    let mut cookie = [0u8; 64];
+    if let Err(e) = socket.set_receive_timeout(IDLE_WAKE) {
+        tracing::warn!(error = %e, "UDP receive timeout not set: an idle reader looks stuck");
+    }
+    confine(thread);
+    inner.beat(thread);
+    while !inner.stop.load(Ordering::Relaxed) {
+        let received = socket.recv_batch(&mut batch);
+        inner.beat(thread);
+        match received {
+            Ok(0) => return, // shut down: this socket was replaced or the daemon stops
+            Ok(_) => {}
+            // The receive timeout: an idle wake.
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(e) => {
+                if inner.stop.load(Ordering::Relaxed) {
+                    return;
+                }
+                tracing::warn!(error = %e, "UDP receive failed");
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+        }
+        let table = inner.snapshot();
+        let Some(private_key) = table.private_key() else {
+            // No key: no handshake can be answered and no session is kept.
+            inner
+                .drops
+                .add(DropReason::UnknownPeer, batch.datagrams().count() as u64);
+            continue;
+        };
+        for (from, datagram) in batch.datagrams() {
+            let identified = packet::identify(
+                &*table,
+                table.limiter(),
+                private_key,
+                table.public_key(),
+                from.remote,
+                datagram,
+                &mut cookie,
+            );
+            let slot = match identified {
+                Ok(Sender::Peer(slot)) => slot,
+                Ok(Sender::Cookie(len)) => {
+                    replies.slot()[..len].copy_from_slice(&cookie[..len]);
+                    replies.push(len, from);
+                    // A GRO batch holds more datagrams than a reply batch has room for.
+                    if replies.is_full() {
+                        flush(inner, socket, &mut replies);
+                    }
+                    continue;
+                }
+                Err(reason) => {
+                    inner.drops.add(reason, 1);
+                    continue;
+                }
+            };
+            if coalescer.needs_drain() {
+                write_tun(inner, tun, &mut coalescer);
+            }
+            let received = Received {
+                table: &table,
+                slot,
+                from,
+                datagram,
+            };
+            received.carry_out(inner, socket, &mut coalescer, &mut replies);
+            if replies.is_full() {
+                flush(inner, socket, &mut replies);
+            }
+        }
+        flush(inner, socket, &mut replies);
+        write_tun(inner, tun, &mut coalescer);
+    }
+}
+
+/// Writes the decrypted packets to the TUN queue: one write per coalesced super-packet.
+fn write_tun(inner: &Inner, tun: &tun_rs::SyncDevice, coalescer: &mut Coalescer) {
+    coalescer.drain(|bytes| {
+        if let Err(e) = tun.send(bytes) {
+            inner.drops.add(DropReason::TunWrite, 1);
+            tracing::debug!(error = %e, "TUN write failed");
+        }
+    });
+}
+
+/// One datagram of a known peer, about to be decrypted.
+struct Received<'a> {
+    table: &'a PeerTable,
+    slot: &'a Arc<PeerSlot>,
+    from: PeerPath,
+    datagram: &'a [u8],
+}
+
+impl Received<'_> {
+    /// Decrypts into the coalescer and carries out the peer's decision: deliver, answer (then
+    /// send what queued up during the handshake), or drop.
+    #[inline]
+    fn carry_out(
+        self,
+        inner: &Inner,
+        socket: &WgSocket,
+        coalescer: &mut Coalescer,
+        replies: &mut SendBatch,
+    ) {
+        let landing = coalescer.landing(self.datagram.len());
+        let decision = {
+            let mut peer = self.slot.lock();
+            peer.decapsulate(self.table, self.slot, self.from, self.datagram, landing)
+        };
+        match decision {
+            Inbound::Deliver(len) => coalescer.commit(len),
+            Inbound::Reply(len) => {
+                replies.slot()[..len].copy_from_slice(&landing[..len]);
+                replies.push(len, self.from);
+                coalescer.abandon();
+                loop {
+                    if replies.is_full() {
+                        flush(inner, socket, replies);
+                    }
+                    let queued = {
+                        let mut peer = self.slot.lock();
+                        peer.flush_queued(replies.slot())
+                    };
+                    let Some(len) = queued else { break };
+                    replies.push(len, self.from);
+                }
+            }
+            Inbound::Nothing => coalescer.abandon(),
+            Inbound::Drop(reason) => {
+                coalescer.abandon();
+                inner.drops.add(reason, 1);
+            }
+        }
+    }
+}
+
+pub(super) fn timer_loop(inner: &Inner) {
+    let mut buf = vec![0u8; wg::MIN_OUTPUT.max(2048)];
+    confine(PacketThread::Timers);
+    let mut limiter_reset = LimiterReset::default();
+    while !inner.stop.load(Ordering::Relaxed) {
+        inner.beat(PacketThread::Timers);
+        std::thread::sleep(TIMER_TICK);
+        let now = Instant::now();
+        let table = inner.snapshot();
+        if limiter_reset.due(now) {
+            table.limiter().reset_count();
+        }
+        if table.private_key().is_none() {
+            continue; // no key: no handshakes, no keepalives
+        }
+        let sockets = inner.sockets();
+        for slot in table.peers() {
+            let tick = {
+                let mut peer = slot.lock();
+                peer.on_tick(now, &mut buf)
+            };
+            if tick.handshake_completed {
+                log_handshake(slot);
+            }
+            let Some((len, to)) = tick.send else { continue };
+            let socket = &sockets[steering::worker_of_peer(slot.index(), sockets.len())];
+            match socket.send_one(&buf[..len], to) {
+                Ok(false) => {}
+                Ok(true) => forget_source(inner, to.local.unwrap_or(to.remote.ip())),
+                Err(e) => {
+                    inner.drops.add(DropReason::UdpSend, 1);
+                    tracing::debug!(error = %e, "timer send failed");
+                }
+            }
+        }
+    }
+}
+
+fn log_handshake(slot: &PeerSlot) {
+    let endpoint = slot.lock().path();
+    let endpoint = endpoint.map_or_else(|| "none".into(), |p| p.remote.to_string());
+    let name = slot.spec().name.as_deref().unwrap_or("");
+    tracing::info!(peer = %slot.public_key(), peer_name = name, %endpoint, "Handshake completed");
+}
