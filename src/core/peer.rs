@@ -7,7 +7,7 @@
 
 use crate::config::{PublicKey, SecretKey};
 use crate::core::control::PeerSpec;
-use crate::core::packet::{self, DropReason, Inbound, Outbound, PeerLookup, PeerPath};
+use crate::core::packet::{self, Inbound, Outbound, PeerLookup, PeerPath};
 use crate::core::wg::{Handshake, Limiter, Outcome, Session, Tunnel, TunnelError};
 use std::net::IpAddr;
 use std::time::{Duration, Instant};

@@ -313,11 +313,13 @@ impl Inner {
         self.heartbeats.beat(thread, self.now_ms());
     }
 
+    /// Records why the data path cannot go on; only the first reason counts (every worker's
+    /// TUN reader sees the device go).
     fn raise_fatal(&self, why: String) {
-        tracing::error!(error = %why, "Data path stopped");
         self.fatal.send_if_modified(|slot| {
             let first = slot.is_none();
             if first {
+                tracing::error!(error = %why, "Data path stopped");
                 *slot = Some(why);
             }
             first

@@ -5,6 +5,7 @@
 use super::*;
 use crate::config::IpNet;
 use crate::core::allowed_ips::AllowedIps;
+use crate::core::packet::DropReason;
 use crate::core::wg::Limiter;
 use std::net::SocketAddr;
 
