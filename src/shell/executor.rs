@@ -178,7 +178,7 @@ impl Executor {
                 let interface = &control.config().interface.name;
                 self.forwarding
                     .get_or_insert_with(|| SharedForwarding::new(interface))
-                    .restore();
+                    .release(&Family::ALL.into());
                 Ok(())
             }
         }
