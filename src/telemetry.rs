@@ -112,12 +112,17 @@ pub struct PeerStatus {
     pub persistent_keepalive: Option<u16>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct RulesStatus {
     /// `nftables` or `iptables` (empty before one is chosen).
     pub backend: String,
-    /// Whether the desired rules are installed right now.
+    /// Whether the configuration asks for any rule. `false`: a plain tunnel, nothing to
+    /// forward; status says "none needed", not "0 applied". A daemon too old to send it needed
+    /// rules whenever it showed any, so it defaults to `true`.
+    pub needed: bool,
+    /// Whether the desired rules are installed right now (with none needed: whether none of
+    /// ours is left installed).
     pub applied: bool,
     pub rule_count: usize,
     pub applies: u64,
@@ -126,6 +131,22 @@ pub struct RulesStatus {
     pub last_apply_seconds: f64,
     /// The installed rule text (nft script or iptables-restore input).
     pub text: String,
+}
+
+impl Default for RulesStatus {
+    fn default() -> Self {
+        RulesStatus {
+            backend: String::new(),
+            needed: true,
+            applied: false,
+            rule_count: 0,
+            applies: 0,
+            failures: 0,
+            last_error: None,
+            last_apply_seconds: 0.0,
+            text: String::new(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -415,11 +436,19 @@ fn render_rule_metrics(reg: &mut Registry, rules: &RulesStatus) {
         duration,
     );
 
+    let needed = Family::<Labels, Gauge>::default();
+    needed.get_or_create(&l).set(i64::from(rules.needed));
+    reg.register(
+        "rules_needed",
+        "1 when the configuration asks for firewall rules; 0 for a plain tunnel",
+        needed,
+    );
+
     let applied = Family::<Labels, Gauge>::default();
     applied.get_or_create(&l).set(i64::from(rules.applied));
     reg.register(
         "rules_applied",
-        "1 when the desired rules are installed",
+        "1 when the desired rules are installed (with none needed: when none is left installed)",
         applied,
     );
 
@@ -537,29 +566,8 @@ fn write_status(out: &mut String, snap: &Snapshot, now: u64) -> std::fmt::Result
         }
     }
 
-    let r = &snap.rules;
     writeln!(out)?;
-    let backend = if r.backend.is_empty() {
-        "(none chosen)"
-    } else {
-        &r.backend
-    };
-    writeln!(out, "rules: {backend}")?;
-    writeln!(
-        out,
-        "  installed: {} {}{}",
-        r.rule_count,
-        if r.rule_count == 1 { "rule" } else { "rules" },
-        if r.applied { "" } else { " (not applied)" }
-    )?;
-    writeln!(
-        out,
-        "  applies: {} ({} failed), last took {:.3} s",
-        r.applies, r.failures, r.last_apply_seconds
-    )?;
-    if let Some(e) = &r.last_error {
-        writeln!(out, "  last error: {e}")?;
-    }
+    write_rules(out, &snap.rules)?;
 
     let dropped: Vec<String> = snap
         .drops
@@ -591,6 +599,54 @@ fn write_status(out: &mut String, snap: &Snapshot, now: u64) -> std::fmt::Result
                 writeln!(out, "    last error: {e}")?;
             }
         }
+    }
+    Ok(())
+}
+
+/// The rules block of the status text. A tunnel that needs no rules says so, instead of
+/// "0 rules (not applied)" and a backend it never chose.
+fn write_rules(out: &mut String, r: &RulesStatus) -> std::fmt::Result {
+    let rules = |n: usize| if n == 1 { "rule" } else { "rules" };
+    if !r.needed {
+        writeln!(out, "rules: none needed")?;
+        if !r.applied {
+            // Rules of an earlier configuration that could not be removed yet.
+            writeln!(
+                out,
+                "  still installed: {} {} (being removed)",
+                r.rule_count,
+                rules(r.rule_count)
+            )?;
+        }
+        if let Some(e) = &r.last_error {
+            writeln!(out, "  last error: {e}")?;
+        }
+        return Ok(());
+    }
+    let backend = if r.backend.is_empty() {
+        "(none chosen)"
+    } else {
+        &r.backend
+    };
+    writeln!(out, "rules: {backend}")?;
+    writeln!(
+        out,
+        "  installed: {} {}{}",
+        r.rule_count,
+        rules(r.rule_count),
+        if r.applied { "" } else { " (not applied)" }
+    )?;
+    if r.applies == 0 {
+        writeln!(out, "  applies: none yet")?;
+    } else {
+        writeln!(
+            out,
+            "  applies: {} ({} failed), last took {:.3} s",
+            r.applies, r.failures, r.last_apply_seconds
+        )?;
+    }
+    if let Some(e) = &r.last_error {
+        writeln!(out, "  last error: {e}")?;
     }
     Ok(())
 }

@@ -5,6 +5,12 @@
 //! adds a peer and an ingress rule: both take effect, and the stream neither stalls nor
 //! re-handshakes. A broken config swapped in the same way is refused and the running one stays.
 //!
+//!
+//! Issue 23, once per firewall backend (nftables, iptables-nft, iptables-legacy): a reload to a
+//! config without its last `[[ingress]]` removes our table or chains, the peer no longer
+//! reaches the target, `ip_forward` goes back to its value before the start, and `/readyz`
+//! stays 200; a reload back to the ingress serves it again.
+//!
 //! Run as root: `cargo test --test netns_reload -- --ignored --test-threads=1`.
 
 mod common;
@@ -278,4 +284,225 @@ fn secret_style_symlink_swap_reloads_without_disturbing_a_running_stream() {
     );
     let status = daemon.sigterm(Duration::from_secs(10));
     assert!(status.success(), "{status:?}\n{}", daemon.stderr());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Issue 23: a reload to a config with no forwarding rules removes the old ones
+// ---------------------------------------------------------------------------------------------
+
+/// Underlay between the wireguard-go client and the proxy, and the proxy's cluster link.
+const RZ_CLIENT_LAN: &str = "192.168.65.1";
+const RZ_PROXY_LAN: &str = "192.168.65.2";
+const RZ_PROXY_CLUSTER: &str = "10.97.0.1";
+const RZ_TARGET: &str = "10.97.0.10";
+const RZ_TG_TUN: &str = "100.67.0.1";
+const RZ_PEER_TUN: &str = "100.67.0.2";
+const IP_FORWARD: &str = "net.ipv4.ip_forward";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Backend {
+    Nftables,
+    IptablesNft,
+    IptablesLegacy,
+}
+
+impl Backend {
+    fn firewall_toml(self) -> &'static str {
+        match self {
+            Backend::Nftables => "[firewall]\nmode = \"nftables\"\n",
+            _ => "[firewall]\nmode = \"iptables\"\n",
+        }
+    }
+
+    fn env(self) -> Vec<(&'static str, &'static str)> {
+        match self {
+            Backend::Nftables => vec![],
+            Backend::IptablesNft => vec![("TUNNELGATE_IPTABLES", "nft")],
+            Backend::IptablesLegacy => vec![("TUNNELGATE_IPTABLES", "legacy")],
+        }
+    }
+
+    /// Everything of the daemon for `iface` the backend shows: its nft table, or the lines of
+    /// both families' `iptables-save` that name its `TG-<iface>-` chains ("" when none).
+    fn ours(self, ns: &Netns, iface: &str) -> String {
+        let saves: &[&str] = match self {
+            Backend::Nftables => {
+                let ruleset = ns.exec(&["nft", "list", "ruleset"]);
+                let table = format!("tunnelgate_{iface}");
+                return if ruleset.contains(&table) {
+                    ruleset
+                } else {
+                    String::new()
+                };
+            }
+            Backend::IptablesNft => &["iptables-save", "ip6tables-save"],
+            Backend::IptablesLegacy => &["iptables-legacy-save", "ip6tables-legacy-save"],
+        };
+        let chain = format!("TG-{iface}-");
+        saves
+            .iter()
+            .flat_map(|save| {
+                ns.exec(&[save])
+                    .lines()
+                    .filter(|l| l.contains(&chain))
+                    .map(|l| format!("{save}: {l}\n"))
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+}
+
+macro_rules! per_backend {
+    ($($name:ident),* $(,)?) => {
+        mod nftables {
+            $(#[test] #[ignore = "needs root"] fn $name() { super::$name(super::Backend::Nftables) })*
+        }
+        mod iptables_nft {
+            $(#[test] #[ignore = "needs root"] fn $name() { super::$name(super::Backend::IptablesNft) })*
+        }
+        mod iptables_legacy {
+            $(#[test] #[ignore = "needs root"] fn $name() { super::$name(super::Backend::IptablesLegacy) })*
+        }
+    };
+}
+
+per_backend!(reload_without_the_last_ingress_removes_its_rules);
+
+/// `tunnelgate reload --interface NAME`, run in the daemon's namespace; it must exit 0.
+fn reload_cli(ns: &Netns, iface: &str, tg: &Tunnelgate) {
+    let out = ns.output(&[tunnelgate_bin(), "reload", "--interface", iface]);
+    assert!(
+        out.success(),
+        "tunnelgate reload: {:?}\n{}{}\ndaemon:\n{}",
+        out.code,
+        out.stdout,
+        out.stderr,
+        tg.stderr()
+    );
+}
+
+fn readyz(tg: &Tunnelgate) -> Result<(u16, String), String> {
+    tg.health_get("/readyz")
+}
+
+fn reload_without_the_last_ingress_removes_its_rules(backend: Backend) {
+    require_root();
+    let client = Netns::new();
+    let proxy = Netns::new();
+    let cluster = Netns::new();
+    veth(
+        &client,
+        &[&format!("{RZ_CLIENT_LAN}/24")],
+        &proxy,
+        &[&format!("{RZ_PROXY_LAN}/24")],
+    );
+    veth(
+        &proxy,
+        &[&format!("{RZ_PROXY_CLUSTER}/24")],
+        &cluster,
+        &[&format!("{RZ_TARGET}/24")],
+    );
+    let forward_before = proxy.sysctl_get(IP_FORWARD);
+    assert_eq!(forward_before, "0", "a fresh namespace does not forward");
+    let echo = TcpEcho::start(
+        &cluster,
+        format!("{RZ_TARGET}:{ECHO_PORT}").parse().expect("addr"),
+    );
+    let wg = WgGo::start(&client, WG_PORT, &[&cidr(RZ_PEER_TUN)]);
+
+    let plain = {
+        let mut c = TgConfig::new(TG_PORT, &[&cidr(RZ_TG_TUN)]).peer(
+            Peer::new(wg.public_key(), &[&cidr(RZ_PEER_TUN)])
+                .endpoint(&format!("{RZ_CLIENT_LAN}:{WG_PORT}")),
+        );
+        c.extra = backend.firewall_toml().to_string();
+        c
+    };
+    let mut with_ingress = plain.clone();
+    with_ingress.extra += &format!(
+        "[[ingress]]\ntarget = \"{RZ_TARGET}\"\nports = [\"{INGRESS_PORT}:{ECHO_PORT}\"]\n"
+    );
+    let iface = plain.name.clone();
+    let mut tg = Tunnelgate::spawn_env(&proxy, with_ingress.clone(), &backend.env());
+    if let Err(e) = tg.wait_ready(Duration::from_secs(15)) {
+        panic!("{e}");
+    }
+    wg.add_peer(
+        &Peer::new(tg.public_key(), &[&cidr(RZ_TG_TUN)])
+            .endpoint(&format!("{RZ_PROXY_LAN}:{TG_PORT}")),
+    );
+    assert!(
+        ping_until(&client, RZ_TG_TUN, Duration::from_secs(10)),
+        "tunnel up; stderr:\n{}",
+        tg.stderr()
+    );
+    let ingress: SocketAddr = format!("{RZ_TG_TUN}:{INGRESS_PORT}").parse().expect("addr");
+    let reaches = |what: &[u8]| {
+        tcp_roundtrip(&client, ingress, what, Duration::from_secs(2)).as_deref() == Ok(what)
+    };
+    wait_until(
+        Duration::from_secs(8),
+        "the peer reaching the target",
+        || reaches(b"before"),
+    );
+    assert!(!backend.ours(&proxy, &iface).is_empty(), "rules installed");
+    assert_eq!(
+        proxy.sysctl_get(IP_FORWARD),
+        "1",
+        "turned on for the ingress"
+    );
+
+    // The last ingress leaves the file.
+    tg.write_config(plain);
+    reload_cli(&proxy, &iface, &tg);
+    let left = backend.ours(&proxy, &iface);
+    assert!(
+        left.is_empty(),
+        "rules left after the reload:\n{left}\ndaemon:\n{}",
+        tg.stderr()
+    );
+    let blocked = tcp_roundtrip(&client, ingress, b"after", Duration::from_millis(1500));
+    assert!(blocked.is_err(), "still forwarded: {blocked:?}");
+    assert_eq!(
+        proxy.sysctl_get(IP_FORWARD),
+        forward_before,
+        "ip_forward back to its value before the start; daemon:\n{}",
+        tg.stderr()
+    );
+    let ready = readyz(&tg);
+    assert!(matches!(ready, Ok((200, _))), "/readyz: {ready:?}");
+    let status = tg.status_json().unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(status["rules"]["needed"], false, "{status}");
+    assert_eq!(status["rules"]["rule_count"], 0, "{status}");
+    let metrics = tg.metrics().unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        metrics.contains("\ntunnelgate_rules_needed{"),
+        "no rules_needed metric:\n{metrics}"
+    );
+    assert_eq!(metric_sum(&metrics, "tunnelgate_rules_needed"), 0.0);
+    assert_eq!(
+        metric_sum(&metrics, "tunnelgate_rules_applied"),
+        1.0,
+        "nothing needed, nothing left: not a failure"
+    );
+    assert!(ping(&client, RZ_TG_TUN), "the tunnel itself still works");
+
+    // And back: the ingress works again, forwarding is on again.
+    tg.write_config(with_ingress);
+    reload_cli(&proxy, &iface, &tg);
+    wait_until(
+        Duration::from_secs(8),
+        "the peer reaching the target again",
+        || reaches(b"again"),
+    );
+    assert_eq!(proxy.sysctl_get(IP_FORWARD), "1");
+    assert!(!echo.seen().is_empty());
+
+    let status = tg.sigterm();
+    assert!(status.success(), "{status:?}\n{}", tg.stderr());
+    assert!(
+        backend.ours(&proxy, &iface).is_empty(),
+        "rules left at stop"
+    );
+    assert_eq!(proxy.sysctl_get(IP_FORWARD), forward_before);
 }

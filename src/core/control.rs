@@ -80,6 +80,11 @@ struct Rules {
     in_flight: Option<RuleSet>,
     /// The set of the last failed attempt: the same set waits for the backoff, a new one not.
     failed: Option<RuleSet>,
+    /// A [`Action::RemoveRules`] is in flight (the configuration needs no rules any more).
+    removing: bool,
+    /// The last removal failed: whatever is installed is unknown, and the removal is retried
+    /// after the backoff.
+    removal_failed: bool,
     checking: bool,
     retry: Retry,
     next_check: Option<Instant>,
@@ -88,8 +93,12 @@ struct Rules {
     rule_count: usize,
     last_apply_seconds: f64,
     text: String,
-    /// Families this daemon needs forwarding for (asked for with EnableForwarding).
+    /// Families this daemon needs forwarding for (asked for with EnableForwarding, given up
+    /// with RestoreForwarding).
     forwarding_requested: BTreeSet<Family>,
+    /// Whether this run ever asked for forwarding: its record may exist even when it needs no
+    /// family any more, so the stop still reads the records.
+    forwarding_recorded: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -193,6 +202,8 @@ impl Control {
                 fingerprint: String::new(),
                 in_flight: None,
                 failed: None,
+                removing: false,
+                removal_failed: false,
                 checking: false,
                 retry: Retry::new(APPLY_RETRY_CAP),
                 next_check: config.firewall.repair_interval.map(|every| now + every),
@@ -202,6 +213,7 @@ impl Control {
                 last_apply_seconds: 0.0,
                 text: String::new(),
                 forwarding_requested: BTreeSet::new(),
+                forwarding_recorded: false,
             },
             dns: Schedule::new(config.dns.reresolve_interval),
             names: BTreeMap::new(),
@@ -240,6 +252,12 @@ impl Control {
             if self.rules.applied.is_none() {
                 return Err("rules: not applied yet".into());
             }
+        } else if self.rules_installed() {
+            // The old rules still forward what the configuration no longer allows.
+            return Err(match &self.rules.retry.error {
+                Some(e) => format!("rules: removing the rules no longer needed failed: {e}"),
+                None => "rules: the rules no longer needed are not removed yet".into(),
+            });
         }
         if let Some(n) = self.names.values().find(|n| n.last_resolved.is_none()) {
             let why = n.last_error.as_deref().unwrap_or("not resolved yet");
@@ -252,8 +270,12 @@ impl Control {
     }
 
     pub fn view(&self) -> View {
-        let rules_current =
-            self.rules_needed() && self.rules.applied.as_ref() == Some(&self.desired_rules());
+        // With no rules needed, "current" means none of ours is installed.
+        let rules_current = if self.rules_needed() {
+            self.rules.applied.as_ref() == Some(&self.desired_rules())
+        } else {
+            !self.rules_installed()
+        };
         View {
             readiness: self.readiness(),
             rules: RulesView {
@@ -418,6 +440,7 @@ impl Control {
                 );
                 self.rules.applied = Some(set);
                 self.rules.failed = None;
+                self.rules.removal_failed = false;
                 self.rules.fingerprint = report.fingerprint;
                 self.rules.rule_count = report.rule_count;
                 self.rules.last_apply_seconds = report.seconds;
@@ -434,6 +457,39 @@ impl Control {
         self.step(now);
     }
 
+    /// The outcome of an [`Action::RemoveRules`] asked for because the configuration needs no
+    /// rules any more. Success forgets what was applied; a failure is retried with backoff.
+    /// (The removal at [`Control::teardown`] is not tracked: nothing follows a stop.)
+    pub fn handle_rules_removed(&mut self, result: Result<(), String>, now: Instant) {
+        if !self.rules.removing {
+            return;
+        }
+        self.rules.removing = false;
+        self.rules.applies += 1;
+        match result {
+            Ok(()) => {
+                tracing::info!("Rules removed: the configuration needs none");
+                self.rules.applied = None;
+                self.rules.failed = None;
+                self.rules.removal_failed = false;
+                self.rules.fingerprint.clear();
+                self.rules.text.clear();
+                self.rules.rule_count = 0;
+                self.rules.retry.succeeded();
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "Removing the rules no longer needed failed; retrying");
+                self.rules.failures += 1;
+                // Partly removed, maybe: what is installed is unknown until a removal (or, after
+                // a reload back to rules, an apply) succeeds.
+                self.rules.applied = None;
+                self.rules.removal_failed = true;
+                self.rules.retry.failed(e, now);
+            }
+        }
+        self.step(now);
+    }
+
     /// The outcome of an [`Action::CheckRules`]: what is installed now, normalized.
     pub fn handle_rules_checked(&mut self, result: Result<String, String>, now: Instant) {
         if !self.rules.checking {
@@ -442,11 +498,14 @@ impl Control {
         self.rules.checking = false;
         match result {
             Ok(installed) if installed == self.rules.fingerprint => {}
-            Ok(_) => {
+            Ok(_) if self.rules_needed() => {
                 tracing::warn!("Installed rules drifted from the applied ones; repairing");
                 // Forget what was applied: the next step applies the desired set again.
                 self.rules.applied = None;
             }
+            // A reload to a config without rules while the check ran: the next step removes
+            // them whatever they look like now.
+            Ok(_) => {}
             Err(e) => {
                 self.rules.failures += 1;
                 tracing::error!(error = %e, "Cannot read the installed rules back");
@@ -534,18 +593,14 @@ impl Control {
         self.stopping = true;
         self.actions.clear();
         let mut out = Vec::new();
-        if self.rules.applied.is_some()
-            || self.rules.failed.is_some()
-            || self.rules.in_flight.is_some()
-        {
+        if self.rules_installed() {
             out.push(Action::RemoveRules);
         }
-        // Also when this run changed nothing: another daemon that stopped earlier may have
-        // left a change for the last one to put back.
-        if !self.rules.forwarding_requested.is_empty() {
-            out.push(Action::RestoreForwarding(
-                self.rules.forwarding_requested.clone(),
-            ));
+        // Every family, also those this run changed nothing for: another daemon that stopped
+        // earlier, or an earlier run killed with -9, may have left a change for the last one
+        // to put back.
+        if self.rules.forwarding_recorded {
+            out.push(Action::RestoreForwarding(Family::ALL.into()));
         }
         let mut applied = self.routes.applied.clone();
         if let Some(in_flight) = &self.routes.in_flight {
@@ -577,7 +632,12 @@ impl Control {
         }
         let mut at: Vec<Instant> = Vec::new();
         at.extend(self.dns.next_deadline());
-        at.extend(self.rules.retry.at.filter(|_| self.rules.failed.is_some()));
+        at.extend(
+            self.rules
+                .retry
+                .at
+                .filter(|_| self.rules.failed.is_some() || self.rules.removal_failed),
+        );
         at.extend(self.routes.retry.at);
         at.extend(self.addresses.retry.at);
         at.extend(

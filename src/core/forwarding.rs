@@ -47,7 +47,7 @@ pub struct OtherRecord {
     pub alive: bool,
 }
 
-/// What a stopping daemon does.
+/// What a stopping daemon (or one giving up some families, [`on_release`]) does.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StopPlan {
     /// Families to put back to off.
@@ -103,17 +103,32 @@ pub fn restore_family(family: Family, own: &ForwardingRecord, others: &[OtherRec
     changed && !still_needed
 }
 
-/// What the daemon whose record is `own` does when it stops, given every other record.
-/// Records of other namespaces are left alone.
+/// What the daemon whose record is `own` does when it stops, given every other record: it
+/// gives up every family. Records of other namespaces are left alone.
 pub fn on_stop(own: &ForwardingRecord, others: &[OtherRecord]) -> StopPlan {
-    let restore: BTreeSet<Family> = Family::ALL
-        .into_iter()
-        .filter(|f| restore_family(*f, own, others))
+    on_release(own, &Family::ALL.into(), others)
+}
+
+/// What the daemon whose record is `own` does when it no longer needs the families in
+/// `released` but keeps running (a reload to a config with fewer or no forwarding rules): the
+/// same as a stop for those families, so a reload leaves the sysctls as a fresh start of the new
+/// configuration would. Families it still needs are neither put back nor dropped from its
+/// record. Records of other namespaces are left alone.
+pub fn on_release(
+    own: &ForwardingRecord,
+    released: &BTreeSet<Family>,
+    others: &[OtherRecord],
+) -> StopPlan {
+    let still_needed: BTreeSet<Family> = own.needed.difference(released).copied().collect();
+    let restore: BTreeSet<Family> = released
+        .iter()
+        .copied()
+        .filter(|f| !still_needed.contains(f) && restore_family(*f, own, others))
         .collect();
     let kept: BTreeSet<Family> = own.changed.difference(&restore).copied().collect();
-    let own_after = (!kept.is_empty()).then(|| ForwardingRecord {
+    let own_after = (!kept.is_empty() || !still_needed.is_empty()).then(|| ForwardingRecord {
         writer: own.writer.clone(),
-        needed: BTreeSet::new(),
+        needed: still_needed,
         changed: kept,
     });
     let mut rewrite = BTreeMap::new();

@@ -158,29 +158,37 @@ impl Executor {
                 Ok(())
             }
             Action::RemoveRules => {
-                let Some(backend) = self.backend else {
-                    return Ok(());
-                };
-                let tunnel = control.config().interface.name.clone();
-                let result = blocking(move || backend.remove(&tunnel)).await;
-                match &result {
-                    Ok(()) => tracing::info!(backend = %backend, "Rules removed"),
-                    Err(e) => {
-                        tracing::error!(backend = %backend, error = %e, "Could not remove rules")
-                    }
-                }
+                let result = self.remove_rules(&control.config().interface.name).await;
+                control.handle_rules_removed(result.clone(), Instant::now());
                 result
             }
-            Action::RestoreForwarding(_) => {
+            Action::RestoreForwarding(families) => {
                 // A previous run killed with -9 may have left a change for this interface, so
                 // the records are read even when this run enabled nothing itself.
                 let interface = &control.config().interface.name;
                 self.forwarding
                     .get_or_insert_with(|| SharedForwarding::new(interface))
-                    .restore();
+                    .release(&families);
                 Ok(())
             }
         }
+    }
+
+    /// Removes every rule of ours; nothing to do when no backend was ever chosen (this run
+    /// installed nothing).
+    async fn remove_rules(&self, tunnel: &str) -> Result<(), String> {
+        let Some(backend) = self.backend else {
+            return Ok(());
+        };
+        let tunnel = tunnel.to_string();
+        let result = blocking(move || backend.remove(&tunnel)).await;
+        match &result {
+            Ok(()) => tracing::info!(backend = %backend, "Rules removed"),
+            Err(e) => {
+                tracing::error!(backend = %backend, error = %e, "Could not remove rules")
+            }
+        }
+        result.map_err(|e| format!("{backend}: {e}"))
     }
 
     async fn set_addresses(

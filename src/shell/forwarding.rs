@@ -64,9 +64,10 @@ impl SharedForwarding {
         changed
     }
 
-    /// At stop: puts back each forwarding sysctl tunnelgate changed that no other running
-    /// daemon of this namespace needs, and updates the records.
-    pub fn restore(&mut self) {
+    /// Gives up `families` (at stop: every family; on a reload: those the new configuration no
+    /// longer needs): puts back each of them tunnelgate changed that no other running daemon of
+    /// this namespace needs, and updates the records ([`forwarding::on_release`] decides).
+    pub fn release(&mut self, families: &BTreeSet<Family>) {
         let lock = self.lock();
         let own = self
             .read_other(&self.interface)
@@ -81,7 +82,7 @@ impl SharedForwarding {
             .filter(|name| *name != self.interface)
             .filter_map(|name| self.read_other(&name))
             .collect();
-        let plan = forwarding::on_stop(&own, &others);
+        let plan = forwarding::on_release(&own, families, &others);
         for family in &plan.restore {
             match disable_sysctl(*family) {
                 Ok(()) => tracing::info!(%family, "Put IP forwarding back to off"),
@@ -92,7 +93,7 @@ impl SharedForwarding {
         }
         let kept: Vec<String> = Family::ALL
             .iter()
-            .filter(|f| own.needed.contains(f) && !plan.restore.contains(f))
+            .filter(|f| families.contains(f) && own.needed.contains(f) && !plan.restore.contains(f))
             .map(|f| f.to_string())
             .collect();
         if !kept.is_empty() {
@@ -105,6 +106,7 @@ impl SharedForwarding {
             Some(record) => self.write(&self.interface, record),
             None => self.remove(&self.interface),
         }
+        self.written = plan.own;
         for (name, record) in &plan.others {
             match record {
                 Some(r) => self.write(name, r),

@@ -76,7 +76,8 @@ impl Observe for Handle {
             drops,
             rules: RulesStatus {
                 backend: published.backend.clone(),
-                applied: view.rules.needed && view.rules.last_error.is_none() && view.rules.current,
+                needed: view.rules.needed,
+                applied: view.rules.last_error.is_none() && view.rules.current,
                 rule_count: view.rules.rule_count,
                 applies: view.rules.applies,
                 failures: view.rules.failures,

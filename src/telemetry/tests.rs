@@ -52,6 +52,7 @@ pub(crate) fn sample_snapshot() -> Snapshot {
         },
         rules: RulesStatus {
             backend: "nftables".into(),
+            needed: true,
             applied: true,
             rule_count: 12,
             applies: 5,
@@ -340,6 +341,7 @@ fn metrics_carry_the_snapshot_values() {
         v("tunnelgate_rule_last_apply_duration_seconds", &nft),
         0.0125
     );
+    assert_eq!(v("tunnelgate_rules_needed", &nft), 1.0);
     assert_eq!(v("tunnelgate_rules_applied", &nft), 1.0);
     assert_eq!(v("tunnelgate_rules_installed", &nft), 12.0);
     let db = [("name", "db.example.internal")];
@@ -490,6 +492,56 @@ fn status_text_shows_why_not_ready() {
     );
     assert!(text.contains("rules: (none chosen)"), "{text}");
     assert!(text.contains("(not applied)"), "{text}");
+}
+
+/// Issue 23: a plain tunnel (or one reloaded to a config without rules) is not "0 rules, not
+/// applied" with a backend "(none chosen)": it needs none, and metrics say so without a
+/// rules_applied 0 that an alert would take for a failure.
+#[test]
+fn a_tunnel_that_needs_no_rules_says_so_in_status_and_metrics() {
+    let mut snap = sample_snapshot();
+    snap.rules = RulesStatus {
+        needed: false,
+        applied: true,
+        ..RulesStatus::default()
+    };
+    let text = render_status_text(&snap, NOW);
+    assert!(text.contains("\nrules: none needed\n"), "{text}");
+    for wrong in ["(none chosen)", "not applied", "installed:", "last took"] {
+        assert!(!text.contains(wrong), "{wrong:?} in\n{text}");
+    }
+    let s = parse_prometheus(&render_metrics(&snap, NOW)).expect("parses");
+    let none = [("backend", "none")];
+    assert_eq!(value(&s, "tunnelgate_rules_needed", &none), Some(0.0));
+    assert_eq!(value(&s, "tunnelgate_rules_applied", &none), Some(1.0));
+    assert_eq!(value(&s, "tunnelgate_rules_installed", &none), Some(0.0));
+
+    // The old configuration's rules could not be removed yet: that is shown, not hidden.
+    snap.rules.backend = "nftables".into();
+    snap.rules.applied = false;
+    snap.rules.rule_count = 31;
+    snap.rules.last_error = Some("nftables: exit status 1".into());
+    let text = render_status_text(&snap, NOW);
+    assert!(
+        text.contains("  still installed: 31 rules (being removed)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("  last error: nftables: exit status 1"),
+        "{text}"
+    );
+    let s = parse_prometheus(&render_metrics(&snap, NOW)).expect("parses");
+    let nft = [("backend", "nftables")];
+    assert_eq!(value(&s, "tunnelgate_rules_applied", &nft), Some(0.0));
+    assert_eq!(value(&s, "tunnelgate_rules_installed", &nft), Some(31.0));
+}
+
+#[test]
+fn status_json_of_a_daemon_that_does_not_send_needed_reads_as_needing_rules() {
+    let old = r#"{"rules":{"backend":"nftables","applied":true,"rule_count":3}}"#;
+    let snap: Snapshot = serde_json::from_str(old).expect("parses");
+    assert!(snap.rules.needed);
+    assert!(render_status_text(&snap, NOW).contains("  installed: 3 rules\n"));
 }
 
 #[test]

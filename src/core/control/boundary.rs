@@ -130,11 +130,13 @@ pub enum Action {
     ApplyRules(RuleSet),
     /// Read our installed rules back; report with [`Control::handle_rules_checked`].
     CheckRules,
-    /// Remove every rule of ours (teardown).
+    /// Remove every rule of ours: at teardown, or when a reload leaves no rule needed; report
+    /// with [`Control::handle_rules_removed`].
     RemoveRules,
-    /// Teardown of a daemon that needed forwarding for these families: put back to off each
-    /// one tunnelgate changed that no other running tunnelgate still needs
-    /// ([`crate::core::forwarding::on_stop`] decides, from the shared records).
+    /// This daemon no longer needs forwarding for these families (a reload that needs fewer,
+    /// or every family at teardown): put back to off each of them tunnelgate changed that no
+    /// other running tunnelgate still needs, and update the shared records
+    /// ([`crate::core::forwarding::on_release`] decides). Nothing to report.
     RestoreForwarding(BTreeSet<Family>),
 }
 
@@ -175,8 +177,10 @@ pub struct NameView {
 /// Firewall figures for status and metrics.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct RulesView {
+    /// Whether the configuration asks for any rule (forwarding, or the health port's guard).
     pub needed: bool,
-    /// Whether the rules the current config and answers ask for are installed.
+    /// Whether the rules the current config and answers ask for are installed; with none
+    /// needed, whether none of ours is installed.
     pub current: bool,
     pub applies: u64,
     pub failures: u64,

@@ -8,6 +8,16 @@ impl Control {
         self.mode == Mode::Daemon && firewall_needed(&self.config)
     }
 
+    /// Whether any rule of ours may be installed: applied, being applied, left by a failed
+    /// apply (iptables applies each family on its own) or by a failed removal.
+    pub(super) fn rules_installed(&self) -> bool {
+        self.rules.applied.is_some()
+            || self.rules.failed.is_some()
+            || self.rules.in_flight.is_some()
+            || self.rules.removing
+            || self.rules.removal_failed
+    }
+
     pub(super) fn desired_rules(&self) -> RuleSet {
         let facts = RuntimeFacts {
             wg_port: self.listen_port,
@@ -119,12 +129,21 @@ impl Control {
         }
     }
 
+    /// Rules follow the configuration both ways: a set to apply, or (a reload to a config
+    /// that needs none) the old ones to remove. Forwarding is asked for before the rules that
+    /// need it, and given up once the rules that needed it are gone, so a reload ends where a
+    /// fresh start of the new configuration would.
     pub(super) fn step_rules(&mut self, now: Instant) {
-        if !self.rules_needed() || self.rules.in_flight.is_some() || self.rules.checking {
+        if self.rules.in_flight.is_some() || self.rules.removing || self.rules.checking {
+            return;
+        }
+        if !self.rules_needed() {
+            self.step_rule_removal(now);
             return;
         }
         let want = self.desired_rules();
         if self.rules.applied.as_ref() == Some(&want) {
+            self.release_forwarding(&forwarding_families(&want));
             return;
         }
         // The same set that just failed waits for its backoff; a different one (a reload,
@@ -137,10 +156,42 @@ impl Control {
             self.rules
                 .forwarding_requested
                 .extend(families.iter().copied());
+            self.rules.forwarding_recorded = true;
             self.actions.push_back(Action::EnableForwarding(families));
         }
         self.actions.push_back(Action::ApplyRules(want.clone()));
         self.rules.in_flight = Some(want);
+    }
+
+    /// No rules needed: remove whatever of ours may be installed (a failed removal waits for
+    /// its backoff), then give up every forwarding family.
+    fn step_rule_removal(&mut self, now: Instant) {
+        if !self.rules_installed() {
+            self.release_forwarding(&BTreeSet::new());
+            return;
+        }
+        if self.rules.removal_failed && !self.rules.retry.may_try(now) {
+            return;
+        }
+        self.rules.removing = true;
+        self.actions.push_back(Action::RemoveRules);
+    }
+
+    /// Gives up the forwarding families asked for earlier that `needed` no longer has.
+    fn release_forwarding(&mut self, needed: &BTreeSet<Family>) {
+        let unneeded: BTreeSet<Family> = self
+            .rules
+            .forwarding_requested
+            .difference(needed)
+            .copied()
+            .collect();
+        if unneeded.is_empty() {
+            return;
+        }
+        self.rules
+            .forwarding_requested
+            .retain(|f| needed.contains(f));
+        self.actions.push_back(Action::RestoreForwarding(unneeded));
     }
 
     pub(super) fn track_names(&mut self, now: Instant) {

@@ -45,7 +45,11 @@ struct Sim {
     now: Instant,
     addresses: BTreeSet<IpNet>,
     routes: BTreeSet<routes::Route>,
+    policy_rules: BTreeSet<routes::PolicyRule>,
     rules: Option<RuleSet>,
+    /// The families this daemon has asked forwarding for and not given up (what its shared
+    /// record says it needs).
+    forwarding: BTreeSet<Family>,
     /// What the "kernel" has installed; differs from `rules` after a hand edit.
     installed_fingerprint: String,
     /// Peer sessions: a new number each time a peer is (re)created with a new session.
@@ -54,25 +58,38 @@ struct Sim {
     endpoints: BTreeMap<PublicKey, SocketAddr>,
     lookups: Vec<(Lookup, Instant)>,
     rules_fail: bool,
+    remove_fail: bool,
     routes_fail: bool,
     log: Vec<Action>,
 }
 
 impl Sim {
     fn new(text: &str) -> Sim {
+        Sim::with_config(config(text))
+    }
+
+    fn with_config(config: Config) -> Sim {
         let now = Instant::now();
+        // The port the shell would have bound (a random one for 0: here always 51820).
+        let port = match config.interface.listen_port {
+            0 => 51820,
+            p => p,
+        };
         let mut sim = Sim {
-            control: Control::new(config(text), 51820, Some(9002), now),
+            control: Control::new(config, port, Some(9002), now),
             now,
             addresses: BTreeSet::new(),
             routes: BTreeSet::new(),
+            policy_rules: BTreeSet::new(),
             rules: None,
+            forwarding: BTreeSet::new(),
             installed_fingerprint: String::new(),
             sessions: BTreeMap::new(),
             next_session: 0,
             endpoints: BTreeMap::new(),
             lookups: Vec::new(),
             rules_fail: false,
+            remove_fail: false,
             routes_fail: false,
             log: Vec::new(),
         };
@@ -138,11 +155,15 @@ impl Sim {
                 for r in &diff.remove_routes {
                     self.routes.remove(r);
                 }
+                for r in &diff.remove_rules {
+                    self.policy_rules.remove(r);
+                }
                 self.routes.extend(diff.add_routes.iter().copied());
+                self.policy_rules.extend(diff.add_rules.iter().copied());
                 self.control.handle_routes_applied(Ok(()), now);
             }
             Action::Resolve { lookup, deadline } => self.lookups.push((lookup, deadline)),
-            Action::EnableForwarding(_) => {}
+            Action::EnableForwarding(families) => self.forwarding.extend(families),
             Action::ApplyRules(set) => {
                 if self.rules_fail {
                     self.control
@@ -164,8 +185,19 @@ impl Sim {
                 let installed = self.installed_fingerprint.clone();
                 self.control.handle_rules_checked(Ok(installed), now);
             }
-            Action::RemoveRules => self.rules = None,
-            Action::RestoreForwarding(_) => {}
+            Action::RemoveRules => {
+                if self.remove_fail {
+                    self.control
+                        .handle_rules_removed(Err("nft: Operation not permitted".into()), now);
+                    return;
+                }
+                self.rules = None;
+                self.installed_fingerprint.clear();
+                self.control.handle_rules_removed(Ok(()), now);
+            }
+            Action::RestoreForwarding(families) => {
+                self.forwarding.retain(|f| !families.contains(f));
+            }
         }
     }
 
@@ -657,11 +689,12 @@ allowed_ips = ["100.64.0.2/32"]
     assert_eq!(sim.control.poll_timeout(), None, "nothing left to do");
 }
 
-/// The shared forwarding records decide what goes back, so teardown names the families this
-/// daemon needed even though the simulated executor reports no change of its own: another
-/// daemon may have left a change for the last one to put back.
+/// The shared forwarding records decide what goes back, so teardown gives up every family, not
+/// only the one this daemon needed and even though the simulated executor reports no change of
+/// its own: another daemon (or an earlier run killed with -9) may have left a change of either
+/// family for the last one to put back.
 #[test]
-fn teardown_restores_forwarding_for_every_family_it_needed() {
+fn teardown_gives_up_every_forwarding_family() {
     let mut sim = Sim::new(BASE);
     assert!(sim
         .log
@@ -670,10 +703,174 @@ fn teardown_restores_forwarding_for_every_family_it_needed() {
     let undo = sim.control.teardown();
     assert_eq!(undo.first(), Some(&Action::RemoveRules));
     assert!(
-        undo.contains(&Action::RestoreForwarding([Family::V4].into())),
+        undo.contains(&Action::RestoreForwarding(Family::ALL.into())),
         "{undo:?}"
     );
 }
+
+/// A daemon that never forwarded has no record to read at stop.
+#[test]
+fn teardown_of_a_plain_tunnel_touches_no_forwarding() {
+    let mut sim = Sim::new(NO_RULES);
+    assert!(sim.forwarding.is_empty());
+    let undo = sim.control.teardown();
+    assert!(
+        !undo
+            .iter()
+            .any(|a| matches!(a, Action::RemoveRules | Action::RestoreForwarding(_))),
+        "{undo:?}"
+    );
+}
+
+/// BASE without its ingress: a plain tunnel, no rule needed.
+const NO_RULES: &str = r#"addresses = ["100.64.0.1/32", "fd7a::1/128"]
+
+[[peer]]
+public_key = "AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE="
+allowed_ips = ["100.64.0.2/32", "10.0.0.0/24"]
+persistent_keepalive = 25
+"#;
+
+/// Issue 23: deleting the last `[[ingress]]` and reloading removes its rules and gives up the
+/// forwarding it needed, as a fresh start of the new file would have neither.
+#[test]
+fn a_reload_to_no_rules_removes_them_and_gives_up_forwarding() {
+    let mut sim = Sim::new(BASE);
+    assert!(sim.rules.is_some());
+    assert_eq!(sim.forwarding, [Family::V4].into());
+    let before = sim.log.len();
+
+    assert_eq!(sim.reload(NO_RULES), Ok(Reload::Applied));
+    assert_eq!(sim.rules, None, "the ingress rule is gone");
+    assert!(sim.forwarding.is_empty(), "forwarding given up");
+    let asked = &sim.log[before..];
+    let removed = asked.iter().position(|a| *a == Action::RemoveRules);
+    let restored = asked
+        .iter()
+        .position(|a| *a == Action::RestoreForwarding([Family::V4].into()));
+    assert!(
+        matches!((removed, restored), (Some(r), Some(f)) if r < f),
+        "rules removed, then forwarding given up: {asked:?}"
+    );
+    assert_eq!(sim.control.readiness(), Ok(()));
+    let view = sim.control.view().rules;
+    assert!(!view.needed && view.current, "{view:?}");
+    assert_eq!(view.rule_count, 0);
+    assert!(view.text.is_empty() && view.last_error.is_none());
+    assert_eq!(
+        sim.control.poll_timeout(),
+        None,
+        "no drift check of rules that are not there"
+    );
+    // Nothing is left for the stop either.
+    let undo = sim.control.teardown();
+    assert!(!undo.contains(&Action::RemoveRules), "{undo:?}");
+}
+
+#[test]
+fn a_failed_removal_keeps_readiness_down_and_is_retried_with_backoff() {
+    let mut sim = Sim::new(BASE);
+    sim.remove_fail = true;
+    assert_eq!(sim.reload(NO_RULES), Ok(Reload::Applied));
+    assert!(sim.rules.is_some(), "the simulated removal failed");
+    let why = sim
+        .control
+        .readiness()
+        .expect_err("the old rules still forward");
+    assert!(
+        why.starts_with("rules: removing") && why.contains("Operation not permitted"),
+        "{why}"
+    );
+    assert!(
+        !sim.log
+            .iter()
+            .any(|a| matches!(a, Action::RestoreForwarding(_))),
+        "forwarding stays while the rules that need it stay"
+    );
+    assert!(!sim.control.view().rules.current);
+    let mut waits = Vec::new();
+    for _ in 0..3 {
+        let next = sim.control.poll_timeout().expect("retry scheduled");
+        waits.push((next - sim.now).as_secs());
+        sim.advance(next - sim.now);
+    }
+    assert_eq!(waits, vec![1, 2, 4]);
+    let removals = sim
+        .log
+        .iter()
+        .filter(|a| **a == Action::RemoveRules)
+        .count();
+    assert_eq!(removals, 4, "the first try and three retries");
+    assert_eq!(sim.control.view().rules.failures, 4);
+
+    sim.remove_fail = false;
+    let next = sim.control.poll_timeout().expect("retry scheduled");
+    sim.advance(next - sim.now);
+    assert_eq!(sim.rules, None);
+    assert!(sim.forwarding.is_empty());
+    assert_eq!(sim.control.readiness(), Ok(()));
+    assert_eq!(sim.control.poll_timeout(), None, "no more retries");
+}
+
+#[test]
+fn a_reload_back_to_rules_applies_them_again() {
+    let mut sim = Sim::new(BASE);
+    sim.reload(NO_RULES).expect("reload");
+    assert_eq!(sim.rules, None);
+    sim.reload(BASE).expect("reload");
+    assert_eq!(sim.targets_in_rules(), [ip("10.96.0.10")].into());
+    assert_eq!(sim.forwarding, [Family::V4].into());
+    assert_eq!(sim.control.readiness(), Ok(()));
+    let view = sim.control.view().rules;
+    assert!(view.needed && view.current);
+    assert_eq!(view.rule_count, 1);
+
+    // Also after a removal that failed: whatever it left is replaced by the new set.
+    sim.remove_fail = true;
+    sim.reload(NO_RULES).expect("reload");
+    assert!(sim.control.readiness().is_err());
+    sim.remove_fail = false;
+    sim.reload(BASE).expect("reload");
+    assert_eq!(sim.targets_in_rules(), [ip("10.96.0.10")].into());
+    assert_eq!(sim.control.readiness(), Ok(()));
+    assert_eq!(
+        sim.control.poll_timeout(),
+        Some(sim.now + Duration::from_secs(30)),
+        "the drift check, no removal retry"
+    );
+}
+
+/// A reload that drops every IPv6 rule gives up IPv6 forwarding only once the new rules are in.
+#[test]
+fn a_reload_to_fewer_families_gives_up_only_those() {
+    let both = format!(
+        "{BASE}
+[[ingress]]
+target = \"fd96::10\"\nports = [\"80\"]\n"
+    );
+    let mut sim = Sim::new(&both);
+    assert_eq!(sim.forwarding, Family::ALL.into());
+    let before = sim.log.len();
+    sim.reload(BASE).expect("reload");
+    assert_eq!(sim.forwarding, [Family::V4].into());
+    let asked = &sim.log[before..];
+    let applied = asked
+        .iter()
+        .position(|a| matches!(a, Action::ApplyRules(_)));
+    let restored = asked
+        .iter()
+        .position(|a| *a == Action::RestoreForwarding([Family::V6].into()));
+    assert!(
+        matches!((applied, restored), (Some(a), Some(r)) if a < r),
+        "{asked:?}"
+    );
+    assert!(
+        !asked.contains(&Action::RemoveRules),
+        "rules replaced in one go"
+    );
+}
+
+mod reload_equivalence;
 
 #[test]
 fn userspace_mode_installs_no_addresses_routes_or_rules_and_starts_without_a_key() {

@@ -78,6 +78,36 @@ fn families_are_decided_separately() {
 }
 
 #[test]
+fn a_family_given_up_on_reload_goes_back_as_at_stop_and_the_rest_stays() {
+    let plan = on_release(&record(1, &[V4, V6], &[V4, V6]), &set(&[V6]), &[]);
+    assert_eq!(plan.restore, set(&[V6]), "ipv6 is no longer needed");
+    assert_eq!(
+        plan.own,
+        Some(record(1, &[V4], &[V4])),
+        "ipv4 is still needed: on, and still ours to put back at stop"
+    );
+
+    // Giving up everything is a stop.
+    let own = record(1, &[V4, V6], &[V4]);
+    let b = other("tg-b", record(2, &[V4], &[]), true);
+    let released = on_release(&own, &set(&[V4, V6]), std::slice::from_ref(&b));
+    assert_eq!(released, on_stop(&own, &[b]));
+    assert_eq!(
+        released.own,
+        Some(record(1, &[], &[V4])),
+        "tg-b still needs ipv4"
+    );
+}
+
+#[test]
+fn releasing_a_family_it_neither_needed_nor_changed_changes_nothing() {
+    let own = record(1, &[V4], &[V4]);
+    let plan = on_release(&own, &set(&[V6]), &[]);
+    assert!(plan.restore.is_empty());
+    assert_eq!(plan.own, Some(own));
+}
+
+#[test]
 fn dead_daemons_need_nothing_and_their_records_are_cleaned() {
     let stale = other("tg-old", record(7, &[V4], &[]), false);
     let plan = on_stop(&record(1, &[V4], &[V4]), &[stale]);
@@ -179,10 +209,12 @@ fn the_file_text_round_trips_and_bad_text_is_named() {
 }
 
 /// One step of the simulation: daemon `i` (of three interfaces) starts needing these
-/// families, stops cleanly, or is killed with -9.
+/// families, reloads to a config that needs these (maybe none), stops cleanly, or is killed
+/// with -9.
 #[derive(Debug, Clone)]
 enum Step {
     Start(usize, BTreeSet<Family>),
+    Reload(usize, BTreeSet<Family>),
     Stop(usize),
     Kill(usize),
 }
@@ -191,7 +223,12 @@ fn step() -> impl Strategy<Value = Step> {
     let families = proptest::sample::subsequence(vec![V4, V6], 1..=2)
         .prop_map(|v| v.into_iter().collect::<BTreeSet<_>>());
     prop_oneof![
-        (0..3usize, families).prop_map(|(i, f)| Step::Start(i, f)),
+        (0..3usize, families.clone()).prop_map(|(i, f)| Step::Start(i, f)),
+        (
+            0..3usize,
+            proptest::sample::subsequence(vec![V4, V6], 0..=2)
+        )
+            .prop_map(|(i, f)| Step::Reload(i, f.into_iter().collect())),
         (0..3usize).prop_map(Step::Stop),
         (0..3usize).prop_map(Step::Kill),
     ]
@@ -241,12 +278,36 @@ impl World {
         self.running.insert(i, (me, needed));
     }
 
-    fn stop(&mut self, i: usize) {
-        let Some(own) = self.files.get(&Self::name(i)).cloned() else {
-            self.running.remove(&i);
+    /// What the executor does on a reload: `EnableForwarding` of the new set when it needs a
+    /// family more, then `RestoreForwarding` of the families it no longer needs.
+    fn reload(&mut self, i: usize, needed: BTreeSet<Family>) {
+        let Some((me, old)) = self.running.get(&i).cloned() else {
             return;
         };
-        let plan = on_stop(&own, &self.others(i));
+        if !needed.is_subset(&old) {
+            let mut changed = BTreeSet::new();
+            for f in &needed {
+                if !self.sysctl[f] {
+                    self.sysctl.insert(*f, true);
+                    changed.insert(*f);
+                }
+            }
+            let previous = self
+                .files
+                .get(&Self::name(i))
+                .map(|r| other(&Self::name(i), r.clone(), true));
+            let rec = on_enable(&me, previous.as_ref(), &needed, &changed);
+            self.files.insert(Self::name(i), rec);
+        }
+        let released: BTreeSet<Family> = old.difference(&needed).copied().collect();
+        if let (false, Some(own)) = (released.is_empty(), self.files.get(&Self::name(i))) {
+            let plan = on_release(own, &released, &self.others(i));
+            self.apply(i, plan);
+        }
+        self.running.insert(i, (me, needed));
+    }
+
+    fn apply(&mut self, i: usize, plan: StopPlan) {
         for f in &plan.restore {
             self.sysctl.insert(*f, false);
         }
@@ -260,6 +321,15 @@ impl World {
                 None => self.files.remove(&n),
             };
         }
+    }
+
+    fn stop(&mut self, i: usize) {
+        let Some(own) = self.files.get(&Self::name(i)).cloned() else {
+            self.running.remove(&i);
+            return;
+        };
+        let plan = on_stop(&own, &self.others(i));
+        self.apply(i, plan);
         self.running.remove(&i);
     }
 }
@@ -281,6 +351,7 @@ proptest! {
                     w.start(*i, f.clone());
                     killed.remove(i);
                 }
+                Step::Reload(i, f) => w.reload(*i, f.clone()),
                 Step::Stop(i) if w.running.contains_key(i) => w.stop(*i),
                 Step::Kill(i) => {
                     if let Some((_, needed)) = w.running.remove(i) {
