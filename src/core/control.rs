@@ -27,8 +27,8 @@ mod boundary;
 mod decide;
 
 pub use boundary::{
-    Action, Lookup, NameView, PeerChanges, PeerSpec, PeerUpsert, Refused, Reload, RulesReport,
-    RulesView, SessionEffect, View,
+    Action, Executed, Lookup, NameView, PeerChanges, PeerSpec, PeerUpsert, Refused, Reload,
+    RulesReport, RulesView, SessionEffect, View,
 };
 
 /// First retry after a failed apply of rules, routes or addresses; doubles per failure.
@@ -373,6 +373,18 @@ impl Control {
             }
         }
         self.step(now);
+    }
+
+    /// What an executor reported, handed to the matching `handle_*` below.
+    pub fn handle_executed(&mut self, executed: Executed, now: Instant) {
+        match executed {
+            Executed::Addresses(r) => self.handle_addresses_applied(r, now),
+            Executed::Rebound(r) => self.handle_rebound(r, now),
+            Executed::Routes(r) => self.handle_routes_applied(r, now),
+            Executed::RulesApplied(r) => self.handle_rules_applied(r, now),
+            Executed::RulesChecked(r) => self.handle_rules_checked(r, now),
+            Executed::RulesRemoved(r) => self.handle_rules_removed(r, now),
+        }
     }
 
     /// The outcome of an [`Action::SetAddresses`] (and the [`Action::SetMtu`] before it).

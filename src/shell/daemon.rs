@@ -321,16 +321,17 @@ impl Daemon {
         }
     }
 
-    /// Runs every action the core has queued, feeding each result back. Returns the first
-    /// error an executor reported (the core has it too, and retries).
+    /// Runs every action the core has queued, handing each outcome back to it. Returns the
+    /// first error an executor reported (the core has it too, and retries).
     async fn drain(&mut self) -> Result<(), String> {
         let mut first_error = Ok(());
         while let Some(action) = self.control.poll_action() {
-            if let Err(e) = self.executor.execute(&mut self.control, action).await {
-                if first_error.is_ok() {
-                    first_error = Err(e);
-                }
+            let executed = self.executor.execute(action, self.control.config()).await;
+            let Some(executed) = executed else { continue };
+            if let (Some(e), Ok(())) = (executed.error(), &first_error) {
+                first_error = Err(e.to_string());
             }
+            self.control.handle_executed(executed, Instant::now());
         }
         first_error
     }
@@ -360,7 +361,10 @@ impl Daemon {
             tracing::warn!(error = %e, "Packet threads did not stop");
         }
         for action in self.control.teardown() {
-            let _ = self.executor.execute(&mut self.control, action).await;
+            let executed = self.executor.execute(action, self.control.config()).await;
+            if let Some(executed) = executed {
+                self.control.handle_executed(executed, Instant::now());
+            }
         }
         let leftover: Vec<Action> = std::iter::from_fn(|| self.control.poll_action()).collect();
         if !leftover.is_empty() {

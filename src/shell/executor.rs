@@ -1,9 +1,11 @@
 //! Executes the control core's actions against the system (netlink, the peer table, the UDP
-//! socket, `nft`/`iptables-restore`, sysctls, DNS) and reports each result back to the core.
-//! Decides nothing: what to do, when, and what a failure means are the core's.
+//! socket, `nft`/`iptables-restore`, sysctls, DNS) and returns each outcome ([`Executed`]) for
+//! the daemon to hand to the core; it never holds the core. Decides nothing: what to do, when,
+//! and what a failure means are the core's.
 
+use crate::config::Config;
 use crate::config::FirewallMode;
-use crate::core::control::{Action, Control, Lookup, PeerChanges, RulesReport};
+use crate::core::control::{Action, Executed, Lookup, PeerChanges, RulesReport};
 use crate::rules::{Family, RuleSet};
 use crate::shell::dataplane::Dataplane;
 use crate::shell::firewall::{self, Backend};
@@ -70,13 +72,9 @@ impl Executor {
         }
     }
 
-    /// Runs `action` and reports its outcome to `control`. The error is returned too, for a
-    /// caller that waits on the outcome (a reload, a UAPI set).
-    pub(crate) async fn execute(
-        &mut self,
-        control: &mut Control,
-        action: Action,
-    ) -> Result<(), String> {
+    /// Runs `action` for the running `config` and returns what the core must hear of it
+    /// (`None` for actions that cannot fail). Decides nothing.
+    pub(crate) async fn execute(&mut self, action: Action, config: &Config) -> Option<Executed> {
         match action {
             Action::SetMtu(mtu) => {
                 self.mtu_error = self
@@ -85,22 +83,16 @@ impl Executor {
                     .await
                     .err()
                     .map(|e| e.to_string());
-                Ok(())
+                None
             }
             Action::SetAddresses { add, remove } => {
-                let result = self.set_addresses(&add, &remove).await;
-                control.handle_addresses_applied(result.clone(), Instant::now());
-                result
+                Some(Executed::Addresses(self.set_addresses(&add, &remove).await))
             }
             Action::UpdatePeers(changes) => {
                 self.update_peers(&changes);
-                Ok(())
+                None
             }
-            Action::Rebind { port, fwmark } => {
-                let result = self.rebind(port, fwmark);
-                control.handle_rebound(result.clone(), Instant::now());
-                result.map(|_| ())
-            }
+            Action::Rebind { port, fwmark } => Some(Executed::Rebound(self.rebind(port, fwmark))),
             Action::SetFwmark {
                 mark,
                 src_valid_mark,
@@ -113,15 +105,11 @@ impl Executor {
                     // does this too).
                     let _ = std::fs::write("/proc/sys/net/ipv4/conf/all/src_valid_mark", "1");
                 }
-                Ok(())
+                None
             }
-            Action::ApplyRoutes(diff) => {
-                let result = self.apply_routes(&diff).await;
-                control.handle_routes_applied(result.clone(), Instant::now());
-                result
-            }
+            Action::ApplyRoutes(diff) => Some(Executed::Routes(self.apply_routes(&diff).await)),
             Action::Resolve { lookup, deadline } => {
-                let resolver = self.resolver(&control.config().dns.nameservers);
+                let resolver = self.resolver(&config.dns.nameservers);
                 self.lookups.spawn(async move {
                     let name = match &lookup {
                         Lookup::Target(name) => name.clone(),
@@ -133,43 +121,35 @@ impl Executor {
                     };
                     (lookup, result)
                 });
-                Ok(())
+                None
             }
             Action::EnableForwarding(families) => {
-                let interface = &control.config().interface.name;
+                let interface = &config.interface.name;
                 self.forwarding
                     .get_or_insert_with(|| SharedForwarding::new(interface))
                     .enable(&families);
-                Ok(())
+                None
             }
-            Action::ApplyRules(set) => {
-                let result = self.apply_rules(set).await;
-                let error = result.as_ref().err().cloned();
-                control.handle_rules_applied(result, Instant::now());
-                error.map_or(Ok(()), Err)
-            }
+            Action::ApplyRules(set) => Some(Executed::RulesApplied(self.apply_rules(set).await)),
             Action::CheckRules => {
-                let tunnel = control.config().interface.name.clone();
+                let tunnel = config.interface.name.clone();
                 let result = match self.backend {
                     Some(backend) => blocking(move || backend.installed(&tunnel)).await,
                     None => Ok(String::new()),
                 };
-                control.handle_rules_checked(result, Instant::now());
-                Ok(())
+                Some(Executed::RulesChecked(result))
             }
-            Action::RemoveRules => {
-                let result = self.remove_rules(&control.config().interface.name).await;
-                control.handle_rules_removed(result.clone(), Instant::now());
-                result
-            }
+            Action::RemoveRules => Some(Executed::RulesRemoved(
+                self.remove_rules(&config.interface.name).await,
+            )),
             Action::RestoreForwarding(families) => {
                 // A previous run killed with -9 may have left a change for this interface, so
                 // the records are read even when this run enabled nothing itself.
-                let interface = &control.config().interface.name;
+                let interface = &config.interface.name;
                 self.forwarding
                     .get_or_insert_with(|| SharedForwarding::new(interface))
                     .release(&families);
-                Ok(())
+                None
             }
         }
     }

@@ -151,6 +151,41 @@ pub struct RulesReport {
     pub text: String,
 }
 
+/// What an executor reports after an action that can fail: the daemon hands it to
+/// [`Control::handle_executed`], so executors never hold the core.
+///
+/// [`Control::handle_executed`]: super::Control::handle_executed
+#[derive(Debug, Clone, PartialEq)]
+pub enum Executed {
+    /// [`Action::SetAddresses`] (and the [`Action::SetMtu`] before it).
+    Addresses(Result<(), String>),
+    /// [`Action::Rebind`]: the port bound.
+    Rebound(Result<u16, String>),
+    /// [`Action::ApplyRoutes`].
+    Routes(Result<(), String>),
+    /// [`Action::ApplyRules`].
+    RulesApplied(Result<RulesReport, String>),
+    /// [`Action::CheckRules`]: what is installed now, normalized.
+    RulesChecked(Result<String, String>),
+    /// [`Action::RemoveRules`].
+    RulesRemoved(Result<(), String>),
+}
+
+impl Executed {
+    /// The failure a caller waiting on this action (a reload, a UAPI `set`) is told about. A
+    /// drift check that could not read the rules back fails nothing the caller asked for.
+    pub fn error(&self) -> Option<&str> {
+        match self {
+            Executed::Addresses(Err(e))
+            | Executed::Rebound(Err(e))
+            | Executed::Routes(Err(e))
+            | Executed::RulesApplied(Err(e))
+            | Executed::RulesRemoved(Err(e)) => Some(e),
+            _ => None,
+        }
+    }
+}
+
 /// Why a configuration was not taken.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
