@@ -632,7 +632,7 @@ mod tests {
         let (silent, dribbled) = call(move || {
             let mut silent = std::net::TcpStream::connect(addr).expect("connect");
             let mut dribbler = std::net::TcpStream::connect(addr).expect("connect");
-            let started = std::time::Instant::now();
+            let started = crate::clock::now();
             // One byte every 50 ms: never a complete head.
             let mut dribble_closed = false;
             while started.elapsed() < Duration::from_secs(3) {
