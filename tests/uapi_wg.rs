@@ -35,7 +35,8 @@ impl UapiHandler for FakeDevice {
     }
 
     fn set(&self, update: DeviceUpdate) -> Result<(), UapiError> {
-        if let Some(errno) = *self.refuse.lock().expect("lock") {
+        let refused = *self.refuse.lock().expect("lock");
+        if let Some(errno) = refused {
             return Err(UapiError::new(errno, "refused by the test"));
         }
         self.state.lock().expect("lock").apply(&update);

@@ -428,7 +428,8 @@ mod tests {
             self.device.lock().clone()
         }
         fn set(&self, update: DeviceUpdate) -> Result<(), UapiError> {
-            if let Some(errno) = *self.refuse.lock() {
+            let refused = *self.refuse.lock();
+            if let Some(errno) = refused {
                 return Err(UapiError::new(errno, "refused by test"));
             }
             self.device.lock().apply(&update);
