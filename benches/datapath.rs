@@ -78,6 +78,12 @@ fn crypto(c: &mut Criterion) {
         });
     }
     group.finish();
+}
+
+/// `classify` of a data message: the check every received datagram passes before any
+/// decryption.
+fn classify_data_message(c: &mut Criterion) {
+    let src: IpAddr = "192.0.2.1".parse().expect("ip");
     let key = SecretKey::generate();
     let limiter = Limiter::new(&key.public_key());
     let data = {
@@ -128,5 +134,5 @@ fn lookup(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, crypto, lookup);
+criterion_group!(benches, crypto, classify_data_message, lookup);
 criterion_main!(benches);

@@ -11,7 +11,7 @@ use parking_lot::Mutex;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tunnelgate::config::{PublicKey, SecretKey};
 use tunnelgate::core::control::PeerSpec;
 use tunnelgate::core::packet::steering::worker_of_peer;
@@ -156,7 +156,7 @@ fn measure(pairs: &Arc<Vec<Pair>>, workers: usize, duration: Duration) -> f64 {
             })
         })
         .collect();
-    let started = Instant::now();
+    let started = tunnelgate::clock::now();
     std::thread::sleep(duration);
     stop.store(true, Ordering::Relaxed);
     for t in threads {

@@ -7,6 +7,9 @@
 //! - [`shell`]: I/O: TUN, UDP, packet loops, netlink, firewall commands.
 //! - [`uapi`]: the WireGuard cross-platform userspace API (`wg show` / `wg set`).
 //! - [`telemetry`]: health endpoint, Prometheus metrics, `tunnelgate status`, logging.
+//! - [`clock`]: the only reader of the system clocks (`clippy.toml` disallows them elsewhere).
+//! - [`local_socket`]: claiming the path of a local Unix-socket server (I/O), shared by the UAPI
+//!   server and the status socket.
 //! - [`cli`]: exit statuses for command-line parse failures, shared by both binaries.
 //! - [`sidecar`]: the Kubernetes sidecar: Service + base config -> the config Secret (pure), and
 //!   its kube I/O (`tunnelgate-sidecar` only, built with `--features sidecar`; the daemon
@@ -14,10 +17,12 @@
 #![deny(unsafe_code)]
 
 pub mod cli;
+pub mod clock;
 pub mod config;
 pub mod core;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod local_socket;
 pub mod rules;
 pub mod shell;
 #[cfg(feature = "sidecar")]

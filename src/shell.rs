@@ -13,5 +13,4 @@ pub mod resolver;
 pub mod seccomp;
 pub mod tun;
 pub mod udp;
-pub mod unix_socket;
 pub mod userspace;

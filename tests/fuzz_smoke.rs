@@ -5,7 +5,8 @@
 //! and extend a run. A failing input is printed as hex before the panic is re-raised.
 
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tunnelgate::clock;
 use tunnelgate::fuzzing;
 
 /// Each target stops after this many inputs or this long, whichever comes first.
@@ -114,7 +115,7 @@ fn run(name: &str, body: fn(&[u8]), seeds: Vec<Vec<u8>>) {
         TIME_LIMIT
     };
     let mut rng = Rng(seed | 1);
-    let start = Instant::now();
+    let start = clock::now();
     let mut tried = 0;
     let try_one = |input: &[u8]| {
         if let Err(panic) = catch_unwind(AssertUnwindSafe(|| body(input))) {

@@ -9,7 +9,8 @@
 mod common;
 
 use common::*;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, UNIX_EPOCH};
+use tunnelgate::clock;
 
 const A_LAN4: &str = "192.168.61.1";
 const B_LAN4: &str = "192.168.61.2";
@@ -38,7 +39,7 @@ fn dropped(tg: &Tunnelgate, reason: &str) -> u64 {
 /// Sleeps until just past the next whole second of the wall clock (`wg show` has second
 /// resolution: a new handshake in the same second as the old one would look the same).
 fn sleep_past_second_boundary() {
-    let now = SystemTime::now()
+    let now = clock::wall_now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default();
     let rest = Duration::from_secs(1) - Duration::from_nanos(u64::from(now.subsec_nanos()));
@@ -328,7 +329,7 @@ fn wg_setconf_with_130k_allowed_ips_applies_and_wg_show_lists_them_all() {
     );
     let file = tg.dir().write_secret("big.conf", &conf);
     let (rss_before, _) = memory_kib(tg.pid());
-    let started = std::time::Instant::now();
+    let started = clock::now();
     run(&["wg", "setconf", tg.name(), &file.display().to_string()]);
     let took = started.elapsed();
     let (rss_after, hwm) = memory_kib(tg.pid());
@@ -460,7 +461,7 @@ fn wg_quick_up_and_down_with_tunnelgate_wg_as_the_userspace_implementation() {
         output_of(cmd, None)
     };
 
-    let started = std::time::Instant::now();
+    let started = clock::now();
     let up = wg_quick("up");
     assert!(
         up.success(),

@@ -10,7 +10,8 @@
 mod common;
 
 use common::*;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tunnelgate::clock;
 use tunnelgate::config::SecretKey;
 use tunnelgate::core::liveness::STALL_LIMIT;
 use tunnelgate::shell::dataplane::Dataplane;
@@ -88,12 +89,12 @@ fn healthz_until(
     timeout: Duration,
     accept: impl Fn(u16, &str) -> bool,
 ) -> (u16, String) {
-    let deadline = Instant::now() + timeout;
+    let deadline = clock::now() + timeout;
     loop {
         let got = tg
             .health_get("/healthz")
             .unwrap_or_else(|e| (0, format!("no answer: {e}")));
-        if accept(got.0, &got.1) || Instant::now() > deadline {
+        if accept(got.0, &got.1) || clock::now() > deadline {
             return got;
         }
         std::thread::sleep(Duration::from_millis(200));
@@ -202,7 +203,7 @@ fn stopping_the_data_path_ends_every_packet_thread() {
         // A socket replacement starts new UDP readers; stop must join them too.
         dataplane.rebind(0, None).expect("rebind");
 
-        let t = Instant::now();
+        let t = clock::now();
         dataplane.stop().expect("every thread ends");
         assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
         for name in threads {

@@ -23,7 +23,8 @@ mod common;
 use common::*;
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tunnelgate::clock;
 
 const DOMAIN: &str = "test.internal";
 const PORT: u16 = 8080;
@@ -169,7 +170,7 @@ fn changed_answer_moves_new_connections_and_leaves_no_stale_rule() {
     // the new address.
     lab.dnsmasq
         .set_hosts(&format!("10.50.0.12 {name}\n"), &name, &[ip("10.50.0.12")]);
-    let changed = Instant::now();
+    let changed = clock::now();
     let mut last = String::new();
     let moved = poll_until(INTERVAL * 3, || match lab.landing(ip(TUNNEL_V4)) {
         Ok(a) if a == ip("10.50.0.12") => true,
@@ -451,7 +452,7 @@ fn readyz_waits_for_a_slow_first_answer() {
          nft add rule inet blackhole input udp dport 53 drop && \
          nft add rule inet blackhole input tcp dport 53 drop");
     let tg = Tunnelgate::spawn(&lab.proxy, lab.config(&[(&name, PORT)], ""));
-    let start = Instant::now();
+    let start = clock::now();
     let mut codes = Vec::new();
     while start.elapsed() < Duration::from_secs(4) {
         if let Ok((code, body)) = tg.health_get("/readyz") {
@@ -486,7 +487,7 @@ fn readyz_is_200_only_once_the_answers_are_in_the_installed_rules() {
     let tg = Tunnelgate::spawn(&lab.proxy, lab.config(&[(&name, PORT)], &extra));
     // Poll fast: the first answer used to be applied an apply's time after /readyz said 200.
     let mut first_ready = None;
-    let start = Instant::now();
+    let start = clock::now();
     while first_ready.is_none() && start.elapsed() < Duration::from_secs(15) {
         if let Ok((200, _)) = tg.health_get("/readyz") {
             // What the kernel has right now, not what the daemon says.

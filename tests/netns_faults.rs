@@ -20,7 +20,8 @@ mod common;
 use common::*;
 use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tunnelgate::clock;
 use tunnelgate::rules::desired::MAX_ADDRESSES_PER_TARGET;
 use tunnelgate::rules::nft::normalize_listing;
 
@@ -200,7 +201,7 @@ fn nft_failing_mid_run_keeps_old_rules_and_recovers_with_backoff() {
 
     // nft breaks; a reload asks for a second port.
     shim.set_failing(true);
-    let broke = Instant::now();
+    let broke = clock::now();
     let mut cfg = tg.cfg.clone();
     cfg.extra = ingress(&[8080, 9090]);
     tg.write_config(cfg);
@@ -295,7 +296,7 @@ fn unreachable_endpoint_retries_handshakes_without_busy_looping() {
         .trim()
         .parse::<f64>()
         .unwrap_or(100.0);
-    let (t0, w0) = (ticks(tg.pid()), Instant::now());
+    let (t0, w0) = (ticks(tg.pid()), clock::now());
     std::thread::sleep(Duration::from_secs(10));
     let (t1, wall) = (ticks(tg.pid()), w0.elapsed().as_secs_f64());
     let cpu = (t1 - t0) as f64 / hz;
@@ -371,7 +372,7 @@ fn silent_dns_server_never_stalls_the_data_path() {
 
     // The server goes silent: queries time out instead of failing fast.
     black_hole(&dns_ns);
-    let start = Instant::now();
+    let start = clock::now();
     let (mut sent, mut answered) = (0, 0);
     while start.elapsed() < Duration::from_secs(10) {
         sent += 1;
@@ -429,7 +430,7 @@ fn five_hundred_a_records_give_bounded_rules() {
         "the lowest addresses are kept"
     );
     // The data path keeps working while the big answer is re-resolved every second.
-    let start = Instant::now();
+    let start = clock::now();
     while start.elapsed() < Duration::from_secs(4) {
         assert!(ping(&lab.client, TUNNEL), "ping through the tunnel");
         std::thread::sleep(Duration::from_millis(250));

@@ -19,7 +19,8 @@ use common::*;
 use serde_json::Value;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tunnelgate::clock;
 
 const MB: u64 = 1024 * 1024;
 const TG_PORT: u16 = 51820;
@@ -851,7 +852,7 @@ fn ingress_mapped_ports(backend: Backend) {
     all_from(&dns4.seen(), PROXY_CLUSTER_V4, "v4 backend udp 53");
     all_from(&dns6.seen(), PROXY_CLUSTER_V6, "v6 backend udp 53");
 
-    let started = Instant::now();
+    let started = clock::now();
     tcp_blocked(&t.client, sa(TG_V4, 80), "unlisted v4 port 80");
     tcp_blocked(&t.client, sa(TG_V6, 80), "unlisted v6 port 80");
     tcp_blocked(

@@ -12,7 +12,8 @@ use std::io::{ErrorKind, Read as _, Write as _};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tunnelgate::clock;
 
 /// Connections the attacker keeps open.
 const SLOW_CONNECTIONS: usize = 1000;
@@ -103,7 +104,7 @@ fn readyz_answers_within_a_second_under_a_thousand_slow_connections() {
     let mut max_fds = 0;
     let mut slowest = Duration::ZERO;
     for i in 0..20 {
-        let started = Instant::now();
+        let started = clock::now();
         let r = http_get_in(ns.name(), addr, "/readyz", Duration::from_secs(1));
         let took = started.elapsed();
         assert_eq!(

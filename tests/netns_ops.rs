@@ -15,7 +15,8 @@ use base64::Engine as _;
 use common::*;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tunnelgate::clock;
 
 const MB: u64 = 1024 * 1024;
 
@@ -1019,7 +1020,7 @@ fn assert_status_matches_wg_show(iface: &str, what: &str) -> (Value, WgDump) {
             })
             .collect()
     };
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = clock::now() + Duration::from_secs(30);
     let mut last = Vec::new();
     loop {
         let before = wg_dump(iface);
@@ -1033,7 +1034,7 @@ fn assert_status_matches_wg_show(iface: &str, what: &str) -> (Value, WgDump) {
             last = diffs;
         }
         assert!(
-            Instant::now() < deadline,
+            clock::now() < deadline,
             "{what}: `tunnelgate status --json` and `wg show {iface} dump` never agreed: {last:#?}"
         );
         std::thread::sleep(Duration::from_millis(500));
@@ -1168,7 +1169,7 @@ fn handshake_is_logged_and_sigterm_is_quick_under_load() {
     wait_until(SHORT, "iperf3 listens", || tcp_listening(&a, IPERF_PORT));
     let (_, m0) = scrape(&tg);
     let [rx0, tx0, rxp0, txp0] = peer_counters(&m0, wg.public_key());
-    let started = Instant::now();
+    let started = clock::now();
     let mut client = b.spawn(&[
         "iperf3",
         "-c",
@@ -1207,7 +1208,7 @@ fn handshake_is_logged_and_sigterm_is_quick_under_load() {
     let [_, _, rxp1, txp1] = peer_counters(&m1, wg.public_key());
     let packets = (rxp1 - rxp0) + (txp1 - txp0);
 
-    let t0 = Instant::now();
+    let t0 = clock::now();
     let status = tg.sigterm();
     let took = t0.elapsed();
     let log = tg.stderr();

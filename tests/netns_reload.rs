@@ -19,7 +19,8 @@ use common::*;
 use std::net::SocketAddr;
 use std::os::unix::fs::{symlink, DirBuilderExt as _};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tunnelgate::clock;
 
 const A_LAN4: &str = "192.168.63.1";
 const B_LAN4: &str = "192.168.63.2";
@@ -183,7 +184,7 @@ fn secret_style_symlink_swap_reloads_without_disturbing_a_running_stream() {
         a.try_sh(&format!("ss -ltn 'sport = :{IPERF_PORT}' | grep -q LISTEN"))
             .is_ok()
     });
-    let started = Instant::now();
+    let started = clock::now();
     let mut client = b.spawn(&[
         "iperf3",
         "-c",

@@ -16,7 +16,8 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, UdpSocket};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tunnelgate::clock;
 
 const MB: u64 = 1024 * 1024;
 
@@ -358,7 +359,7 @@ fn wg_show_showconf_and_set_work_against_tunnelgate() {
     let p = dump.peer(wg.public_key()).expect("dump lists the peer");
     assert_eq!(p.endpoint.as_deref(), Some(&*format!("{B_LAN4}:{WG_PORT}")));
     assert_eq!(p.allowed_ips, vec![cidr(B_TUN4), cidr(B_TUN6)]);
-    let now = std::time::SystemTime::now()
+    let now = clock::wall_now()
         .duration_since(std::time::UNIX_EPOCH)
         .expect("clock")
         .as_secs();
@@ -575,9 +576,9 @@ fn unknown_key_gets_no_handshake_and_spoofed_source_is_dropped() {
         }
     });
     let mut seen = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(3);
+    let deadline = clock::now() + Duration::from_secs(3);
     let mut buf = [0u8; 64];
-    while Instant::now() < deadline && seen.len() < 5 {
+    while clock::now() < deadline && seen.len() < 5 {
         if let Ok((n, from)) = rx.recv_from(&mut buf) {
             seen.push((buf[..n].to_vec(), from.ip()));
         }
@@ -830,8 +831,8 @@ impl Capture {
     ) -> Vec<Vec<u8>> {
         let mut out = Vec::new();
         let mut buf = vec![0u8; 65536];
-        let deadline = Instant::now() + timeout;
-        while Instant::now() < deadline && !enough(&out) {
+        let deadline = clock::now() + timeout;
+        while clock::now() < deadline && !enough(&out) {
             let n = match self.sock.read(&mut buf) {
                 Ok(n) => n,
                 Err(_) => continue,
@@ -937,13 +938,13 @@ fn garbage_truncated_and_replayed_udp_is_dropped_and_counted() {
     assert!(sent >= 1000, "sent {sent} datagrams");
 
     // Wait until the daemon has worked through them all (the count stops moving).
-    let deadline = Instant::now() + SHORT;
-    let mut last = (counted(&tg), Instant::now());
-    while counted(&tg) - before < sent && Instant::now() < deadline {
+    let deadline = clock::now() + SHORT;
+    let mut last = (counted(&tg), clock::now());
+    while counted(&tg) - before < sent && clock::now() < deadline {
         std::thread::sleep(POLL);
         let c = counted(&tg);
         if c != last.0 {
-            last = (c, Instant::now());
+            last = (c, clock::now());
         } else if last.1.elapsed() > Duration::from_millis(500) {
             break;
         }

@@ -39,6 +39,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
+use tunnelgate::clock;
 use tunnelgate::config::{Config, SecretFiles, SecretKey};
 
 const NS: &str = "tg";
@@ -1012,8 +1013,8 @@ impl Sidecar {
 }
 
 fn wait_child(child: &mut Child, timeout: Duration) -> Option<i32> {
-    let deadline = std::time::Instant::now() + timeout;
-    while std::time::Instant::now() < deadline {
+    let deadline = clock::now() + timeout;
+    while clock::now() < deadline {
         if let Ok(Some(st)) = child.try_wait() {
             return st.code();
         }

@@ -13,7 +13,8 @@ use common::*;
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tunnelgate::clock;
 
 fn unit_path() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("systemd/tunnelgate.service")
@@ -296,9 +297,9 @@ impl NotifySocket {
 
     /// Waits for a datagram with the line `want` (e.g. `READY=1`); returns the datagram.
     fn expect(&mut self, want: &str, timeout: Duration, stderr: impl Fn() -> String) -> String {
-        let deadline = Instant::now() + timeout;
+        let deadline = clock::now() + timeout;
         let mut buf = [0u8; 4096];
-        while Instant::now() < deadline {
+        while clock::now() < deadline {
             if let Ok(n) = self.sock.recv(&mut buf) {
                 let msg = String::from_utf8_lossy(&buf[..n]).into_owned();
                 self.log.push(msg.clone());

@@ -4,10 +4,11 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, UNIX_EPOCH};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 use tokio::sync::oneshot;
+use tunnelgate::clock;
 use tunnelgate::config::{IpNet, SecretKey};
 use tunnelgate::uapi::server::{ServerError, UapiServer, DEFAULT_SOCKET_DIR};
 use tunnelgate::uapi::{DeviceSnapshot, DeviceUpdate, Errno, PeerSnapshot, UapiError, UapiHandler};
@@ -34,7 +35,8 @@ impl UapiHandler for FakeDevice {
     }
 
     fn set(&self, update: DeviceUpdate) -> Result<(), UapiError> {
-        if let Some(errno) = *self.refuse.lock().expect("lock") {
+        let refused = *self.refuse.lock().expect("lock");
+        if let Some(errno) = refused {
             return Err(UapiError::new(errno, "refused by the test"));
         }
         self.state.lock().expect("lock").apply(&update);
@@ -176,7 +178,7 @@ async fn real_wg_show_showconf_and_set() {
     let peer_a_psk = SecretKey([0x22; 32]);
     let peer_a = SecretKey([0x33; 32]).public_key();
     let peer_b = SecretKey([0x44; 32]).public_key();
-    let handshake = SystemTime::now() - Duration::from_secs(30);
+    let handshake = clock::wall_now() - Duration::from_secs(30);
     let device = Arc::new(FakeDevice::default());
     *device.state.lock().expect("lock") = DeviceSnapshot {
         private_key: Some(private.clone()),

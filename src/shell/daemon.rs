@@ -15,7 +15,7 @@ use parking_lot::Mutex;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
 /// How often the config file is compared with the running configuration. Polling (not
@@ -148,7 +148,7 @@ impl Daemon {
             config.clone(),
             listen_port,
             health_port,
-            Instant::now(),
+            crate::clock::now(),
         );
         let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
         let handle = Arc::new(Handle {
@@ -208,7 +208,7 @@ impl Daemon {
             let wake = self
                 .control
                 .poll_timeout()
-                .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
+                .unwrap_or_else(|| crate::clock::now() + Duration::from_secs(3600));
             tokio::select! {
                 () = &mut shutdown => break,
                 why = &mut fatal => {
@@ -217,11 +217,11 @@ impl Daemon {
                     break;
                 }
                 () = tokio::time::sleep_until(wake.into()) => {
-                    self.control.handle_timeout(Instant::now());
+                    self.control.handle_timeout(crate::clock::now());
                 }
                 Some(done) = self.executor.next_lookup() => {
                     let (lookup, result): (Lookup, Result<Vec<IpAddr>, String>) = done;
-                    self.control.handle_resolved(lookup, result, Instant::now());
+                    self.control.handle_resolved(lookup, result, crate::clock::now());
                 }
                 Some(command) = self.commands.recv() => self.command(command).await,
                 _ = config_poll.tick() => self.poll_config_file(&mut last_file_error),
@@ -238,7 +238,9 @@ impl Daemon {
                 let _ = reply.send(outcome);
             }
             Command::Uapi { update, reply } => {
-                let outcome = self.control.handle_device_update(&update, Instant::now());
+                let outcome = self
+                    .control
+                    .handle_device_update(&update, crate::clock::now());
                 let outcome = match outcome {
                     Ok(()) => self
                         .drain()
@@ -268,7 +270,10 @@ impl Daemon {
         for warning in crate::shell::config_file::warnings(&path, &config) {
             tracing::warn!(warning = %warning, "Configuration warning");
         }
-        match self.control.handle_config_loaded(config, Instant::now()) {
+        match self
+            .control
+            .handle_config_loaded(config, crate::clock::now())
+        {
             Ok(Reload::Unchanged) => {
                 tracing::info!(reason, "Reload: the configuration is unchanged");
                 Ok(Reload::Unchanged)
@@ -306,7 +311,7 @@ impl Daemon {
                 for warning in crate::shell::config_file::warnings(&path, &c) {
                     tracing::warn!(warning = %warning, "Configuration warning");
                 }
-                if let Err(refused) = self.control.handle_config_loaded(c, Instant::now()) {
+                if let Err(refused) = self.control.handle_config_loaded(c, crate::clock::now()) {
                     tracing::error!(error = %refused, "Reload refused: keeping the running configuration");
                 }
             }
@@ -331,7 +336,7 @@ impl Daemon {
             if let (Some(e), Ok(())) = (executed.error(), &first_error) {
                 first_error = Err(e.to_string());
             }
-            self.control.handle_executed(executed, Instant::now());
+            self.control.handle_executed(executed, crate::clock::now());
         }
         first_error
     }
@@ -363,7 +368,7 @@ impl Daemon {
         for action in self.control.teardown() {
             let executed = self.executor.execute(action, self.control.config()).await;
             if let Some(executed) = executed {
-                self.control.handle_executed(executed, Instant::now());
+                self.control.handle_executed(executed, crate::clock::now());
             }
         }
         let leftover: Vec<Action> = std::iter::from_fn(|| self.control.poll_action()).collect();

@@ -119,7 +119,7 @@ impl Dataplane {
                 drops: DropCounters::default(),
                 stop: AtomicBool::new(false),
                 heartbeats: Heartbeats::new(workers),
-                epoch: Instant::now(),
+                epoch: crate::clock::now(),
                 threads: Mutex::new(Vec::new()),
                 fatal: watch::Sender::new(None),
             }),
@@ -267,9 +267,9 @@ impl Dataplane {
         for socket in self.inner.sockets().iter() {
             socket.shutdown();
         }
-        let deadline = Instant::now() + STOP_WAIT;
+        let deadline = crate::clock::now() + STOP_WAIT;
         let threads = std::mem::take(&mut *self.inner.threads.lock());
-        while Instant::now() < deadline && !threads.iter().all(JoinHandle::is_finished) {
+        while crate::clock::now() < deadline && !threads.iter().all(JoinHandle::is_finished) {
             std::thread::sleep(Duration::from_millis(10));
         }
         let mut running = Vec::new();
@@ -349,9 +349,11 @@ impl Inner {
         let handle = std::thread::Builder::new()
             .name(thread.name())
             .spawn(move || body(&inner))?;
-        let mut threads = self.threads.lock();
-        threads.retain(|t| !t.is_finished());
-        threads.push(handle);
+        {
+            let mut threads = self.threads.lock();
+            threads.retain(|t| !t.is_finished());
+            threads.push(handle);
+        }
         Ok(())
     }
 }

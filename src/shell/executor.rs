@@ -14,7 +14,6 @@ use crate::shell::netlink::Netlink;
 use crate::shell::resolver::Resolver;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::time::Instant;
 use tokio::task::JoinSet;
 
 type LookupResult = (Lookup, Result<Vec<IpAddr>, String>);
@@ -259,7 +258,7 @@ impl Executor {
                 chosen
             }
         };
-        let started = Instant::now();
+        let started = crate::clock::now();
         blocking(move || {
             let fingerprint = backend.apply(&set)?;
             Ok::<_, firewall::FirewallError>(RulesReport {

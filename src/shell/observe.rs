@@ -13,7 +13,7 @@ fn unix_secs(t: SystemTime) -> Option<u64> {
 
 /// The wall-clock time of a monotonic instant in the past.
 fn wall_time_of(at: Instant) -> SystemTime {
-    SystemTime::now() - at.elapsed()
+    crate::clock::wall_now() - at.elapsed()
 }
 
 impl Observe for Handle {
@@ -27,7 +27,7 @@ impl Observe for Handle {
 
     fn snapshot(&self) -> Snapshot {
         let identity = self.dataplane.identity();
-        let now = SystemTime::now();
+        let now = crate::clock::wall_now();
         let peers = self
             .dataplane
             .peers()
@@ -56,14 +56,17 @@ impl Observe for Handle {
             })
             .collect();
         let drops = self.dataplane.drops();
+        // System calls first: the published view's lock is held for copying only.
+        let process = crate::telemetry::process::read();
+        let listen_port = self.listen_port();
         let published = self.published.lock();
         let (view, config) = (&published.view, &published.config);
         let mut snap = Snapshot {
-            process: crate::telemetry::process::read(),
+            process,
             interface: InterfaceStatus {
                 name: config.interface.name.clone(),
                 public_key: identity.public_key.to_base64(),
-                listen_port: self.listen_port(),
+                listen_port,
                 addresses: config
                     .interface
                     .addresses
@@ -103,7 +106,9 @@ impl Observe for Handle {
             not_ready_reason: None,
             version: env!("CARGO_PKG_VERSION").to_string(),
         };
-        snap.set_readiness(view.readiness.clone());
+        let readiness = view.readiness.clone();
+        drop(published);
+        snap.set_readiness(readiness);
         snap
     }
 }
@@ -111,7 +116,7 @@ impl Observe for Handle {
 impl UapiHandler for Handle {
     fn get(&self) -> DeviceSnapshot {
         let identity = self.dataplane.identity();
-        let now = SystemTime::now();
+        let now = crate::clock::wall_now();
         let fwmark = self.published.lock().view.fwmark;
         DeviceSnapshot {
             private_key: identity.private_key,

@@ -17,6 +17,8 @@ use hickory_resolver::TokioResolver;
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
+use crate::clock;
+
 /// Overrides `/etc/resolv.conf` (tests; documented in the README).
 pub const RESOLV_CONF_ENV: &str = "TUNNELGATE_RESOLV_CONF";
 
@@ -89,7 +91,7 @@ impl Resolver {
     /// error once `deadline` passes.
     pub async fn resolve(&self, name: &str, deadline: Instant) -> Result<Vec<IpAddr>, String> {
         let query = query_name(name, self.absolute);
-        let started = Instant::now();
+        let started = clock::now();
         match tokio::time::timeout_at(deadline.into(), self.inner.lookup_ip(query.as_str())).await {
             Ok(Ok(lookup)) => Ok(lookup.iter().collect()),
             Ok(Err(e)) => Err(e.to_string()),

@@ -369,7 +369,7 @@ impl WgSocket {
 /// the socket that gets a datagram, the same choice as [`steering::owning_worker`]. The kernel runs it
 /// on the UDP payload.
 fn steering_program(workers: u32) -> Vec<libc::sock_filter> {
-    const LD_B_ABS: u16 = 0x00 | 0x10 | 0x20; // BPF_LD | BPF_B | BPF_ABS
+    const LD_B_ABS: u16 = 0x10 | 0x20; // BPF_LD (0) | BPF_B | BPF_ABS
     const JEQ_K: u16 = 0x05 | 0x10; // BPF_JMP | BPF_JEQ | BPF_K
     const JA: u16 = 0x05; // BPF_JMP | BPF_JA
     const MOD_K: u16 = 0x04 | 0x90; // BPF_ALU | BPF_MOD | BPF_K

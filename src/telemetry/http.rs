@@ -114,11 +114,17 @@ pub fn pick_eviction(open: impl Iterator<Item = (u64, Instant)>) -> Option<u64> 
 /// and the accept loop must drain the backlog faster than an attacker fills it.
 fn evict_longest_idle(open: &Mutex<Open>, n: usize) {
     let mut o = open.lock();
+    let mut evicted = Vec::with_capacity(n);
     for _ in 0..n {
         let victim = pick_eviction(o.conns.iter().map(|(id, c)| (*id, *c.last_active.lock())));
         let Some(old) = victim.and_then(|id| o.conns.remove(&id)) else {
             break;
         };
+        evicted.push(old);
+    }
+    // Notify after releasing the lock: a woken task ends by taking it (`Registered`'s drop).
+    drop(o);
+    for old in evicted {
         // A stored permit: the task closes even if it is not waiting yet.
         old.close.notify_one();
     }
@@ -199,21 +205,24 @@ pub async fn serve_health_with(
             last_active: Mutex::new(Instant::now()),
             close: Notify::new(),
         });
-        let registered = {
+        let id = {
             let mut o = open.lock();
             let id = o.next_id;
             o.next_id += 1;
             o.conns.insert(id, conn.clone());
+            id
+        };
+        conns.spawn(serve_connection(
+            stream,
+            conn,
             Registered {
                 open: open.clone(),
                 id,
                 _slot: permit,
-            }
-        };
-        let observe = observe.clone();
-        let stop = stop_rx.clone();
-        conns.spawn(serve_connection(
-            stream, conn, registered, observe, stop, limits,
+            },
+            observe.clone(),
+            stop_rx.clone(),
+            limits,
         ));
         // Let the new connection read its request before the next accept: a probe sends it
         // at once and is then the most recently active, last in line for eviction. Without
@@ -632,7 +641,7 @@ mod tests {
         let (silent, dribbled) = call(move || {
             let mut silent = std::net::TcpStream::connect(addr).expect("connect");
             let mut dribbler = std::net::TcpStream::connect(addr).expect("connect");
-            let started = std::time::Instant::now();
+            let started = crate::clock::now();
             // One byte every 50 ms: never a complete head.
             let mut dribble_closed = false;
             while started.elapsed() < Duration::from_secs(3) {

@@ -22,7 +22,7 @@ use tokio::net::UnixListener;
 use tokio::task::JoinSet;
 
 use super::{Observe, Snapshot};
-use crate::shell::unix_socket::{self, ClaimError, ClaimedPath};
+use crate::local_socket::{self, ClaimError, ClaimedPath};
 
 /// Where status sockets live unless [`RUN_DIR_ENV`] says otherwise.
 pub const DEFAULT_RUN_DIR: &str = "/var/run/tunnelgate";
@@ -165,13 +165,13 @@ pub struct StatusSocket {
 }
 
 impl StatusSocket {
-    /// Binds `path` with mode 0600 ([`unix_socket::claim`]), creating its directory (0755) if
+    /// Binds `path` with mode 0600 ([`local_socket::claim`]), creating its directory (0755) if
     /// needed. A stale socket left by a dead daemon is replaced; a live one (something answers
     /// a connect) is not, nor is anything that is not a socket. Needs no runtime, so the daemon can call it before it
     /// reports ready and fail the start on an error.
     pub fn bind(path: &Path) -> Result<StatusSocket, StatusError> {
         let io = |what, path, source| StatusError::Io { what, path, source };
-        let (listener, guard) = unix_socket::claim(path).map_err(|e| match e {
+        let (listener, guard) = local_socket::claim(path).map_err(|e| match e {
             ClaimError::CreateDir { path, source } => io("cannot create directory", path, source),
             ClaimError::NotASocket { path } => StatusError::NotASocket { path },
             ClaimError::InUse { path } => StatusError::InUse { path },

@@ -1,11 +1,11 @@
 //! The UAPI Unix socket (`/var/run/wireguard/<name>.sock`): claiming it (through
-//! [`crate::shell::unix_socket`]), serving `get`/`set` to a [`UapiHandler`], removing it on
+//! [`crate::local_socket`]), serving `get`/`set` to a [`UapiHandler`], removing it on
 //! shutdown; plus a small client for the same socket. Thin I/O: every byte of protocol is
 //! parsed and formatted by [`crate::uapi`].
 
 use super::{format_errno, format_get, format_set, parse_get_response, parse_request};
 use super::{DeviceSnapshot, DeviceUpdate, Errno, Request, UapiHandler};
-use crate::shell::unix_socket::{self, ClaimError, ClaimedPath};
+use crate::local_socket::{self, ClaimError, ClaimedPath};
 use std::future::Future;
 use std::io;
 use std::os::unix::net::UnixListener as StdUnixListener;
@@ -88,14 +88,14 @@ impl UapiServer {
         UapiServer::bind_in(Path::new(DEFAULT_SOCKET_DIR), interface_name)
     }
 
-    /// Claims `<dir>/<interface_name>.sock` with [`unix_socket::claim`]: creates `dir` (mode
+    /// Claims `<dir>/<interface_name>.sock` with [`local_socket::claim`]: creates `dir` (mode
     /// 0755) if missing, removes a stale socket file that nothing answers on, refuses if a live
     /// process answers, and publishes the socket with mode 0600 (it never exists under that
     /// name with other modes).
     pub fn bind_in(dir: &Path, interface_name: &str) -> Result<UapiServer, ServerError> {
         validate_name(interface_name)?;
         let path = socket_path_in(dir, interface_name);
-        let (listener, file) = unix_socket::claim(&path).map_err(|e| match e {
+        let (listener, file) = local_socket::claim(&path).map_err(|e| match e {
             ClaimError::CreateDir { path, source } => ServerError::CreateDir { path, source },
             ClaimError::NotASocket { path } => ServerError::NotASocket { path },
             ClaimError::InUse { path } => ServerError::InUse {
@@ -428,7 +428,8 @@ mod tests {
             self.device.lock().clone()
         }
         fn set(&self, update: DeviceUpdate) -> Result<(), UapiError> {
-            if let Some(errno) = *self.refuse.lock() {
+            let refused = *self.refuse.lock();
+            if let Some(errno) = refused {
                 return Err(UapiError::new(errno, "refused by test"));
             }
             self.device.lock().apply(&update);

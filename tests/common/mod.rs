@@ -34,6 +34,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, Once};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+use tunnelgate::clock;
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -118,12 +119,12 @@ fn sweep_stale() {
 
 /// Polls `f` every [`POLL`] until it is true or `timeout` passes; returns whether it became true.
 pub fn poll_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
+    let deadline = clock::now() + timeout;
     loop {
         if f() {
             return true;
         }
-        if Instant::now() >= deadline {
+        if clock::now() >= deadline {
             return false;
         }
         std::thread::sleep(POLL);
@@ -1250,7 +1251,7 @@ impl Tunnelgate {
     /// Waits until the TUN device is up, the UAPI socket exists and (if health is enabled)
     /// `GET /readyz` answers 200. `Err` (with the daemon's stderr) on exit or timeout.
     pub fn wait_ready(&self, timeout: Duration) -> Result<(), String> {
-        let deadline = Instant::now() + timeout;
+        let deadline = clock::now() + timeout;
         let sock = wg_socket(&self.cfg.name);
         let ns = NsRef(&self.ns);
         let mut last = String::from("nothing checked yet");
@@ -1288,7 +1289,7 @@ impl Tunnelgate {
             if ready {
                 return Ok(());
             }
-            if Instant::now() >= deadline {
+            if clock::now() >= deadline {
                 return Err(format!(
                     "tunnelgate {} not ready after {timeout:?} ({last}); stderr:\n{}\nstdout:\n{}",
                     self.cfg.name,
@@ -1759,9 +1760,9 @@ pub fn udp_roundtrip(
         };
         let s = UdpSocket::bind(bind).ok()?;
         s.set_read_timeout(Some(Duration::from_millis(200))).ok()?;
-        let deadline = Instant::now() + timeout;
+        let deadline = clock::now() + timeout;
         let mut buf = vec![0u8; 65536];
-        while Instant::now() < deadline {
+        while clock::now() < deadline {
             let _ = s.send_to(payload, to);
             if let Ok((n, from)) = s.recv_from(&mut buf) {
                 if from == to {
@@ -1901,7 +1902,7 @@ pub fn tcp_transfer_via(
 ) -> Result<(TransferStats, SocketAddr), String> {
     const SEED: u64 = 0x7475_6e6e_656c_6761; // "tunnelga"
     const CHUNK: usize = 64 * 1024;
-    let deadline = Instant::now() + timeout;
+    let deadline = clock::now() + timeout;
     let io_timeout = timeout.min(Duration::from_secs(10));
 
     fn send(s: &mut TcpStream, bytes: u64) -> Result<u64, String> {
@@ -1927,7 +1928,7 @@ pub fn tcp_transfer_via(
         let mut want = vec![0u8; CHUNK];
         let mut got: u64 = 0;
         loop {
-            if Instant::now() >= deadline {
+            if clock::now() >= deadline {
                 return Err(format!("receiver: only {got} of {bytes} bytes in time"));
             }
             let n = match s.read(&mut buf) {
@@ -1963,7 +1964,7 @@ pub fn tcp_transfer_via(
             match listener.accept() {
                 Ok(c) => break c,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    if Instant::now() >= deadline {
+                    if clock::now() >= deadline {
                         return Err(format!("no connection to {listen} within {timeout:?}"));
                     }
                     std::thread::sleep(Duration::from_millis(10));
@@ -2000,7 +2001,7 @@ pub fn tcp_transfer_via(
         }
     });
 
-    let start = Instant::now();
+    let start = clock::now();
     let client_side = client.in_ns(|| -> Result<TransferSide, String> {
         let mut s = TcpStream::connect_timeout(&connect, io_timeout)
             .map_err(|e| format!("client: connect {connect} from {}: {e}", client.name))?;

@@ -69,7 +69,7 @@ impl Sim {
     }
 
     fn with_config(config: Config) -> Sim {
-        let now = Instant::now();
+        let now = crate::clock::now();
         // The port the shell would have bound (a random one for 0: here always 51820).
         let port = match config.interface.listen_port {
             0 => 51820,
@@ -465,7 +465,7 @@ fn readiness_goes_back_to_not_ready_and_recovers_on_drift() {
 
 #[test]
 fn failed_routes_drop_readiness_and_fail_a_start() {
-    let now = Instant::now();
+    let now = crate::clock::now();
     let mut control = Control::new(config(BASE), 51820, None, now);
     while let Some(a) = control.poll_action() {
         match a {
@@ -881,7 +881,7 @@ fn userspace_mode_installs_no_addresses_routes_or_rules_and_starts_without_a_key
                 allowed_ips = [\"10.0.0.0/24\", \"0.0.0.0/0\"]\n\
                 [[ingress]]\ntarget = \"10.96.0.10\"\n";
     let config = Config::parse(text, Path::new("/"), &NoFiles).expect("valid");
-    let now = Instant::now();
+    let now = crate::clock::now();
     let mut daemon = Control::with_mode(Mode::Daemon, config.clone(), 51820, None, now);
     let daemon_actions: Vec<Action> = std::iter::from_fn(|| daemon.poll_action()).collect();
     assert!(

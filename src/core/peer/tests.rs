@@ -153,7 +153,7 @@ fn a_handshake_the_peer_initiated_is_answered_counted_and_roams_to_its_sender() 
         .local
         .decapsulate(&table(), &0, path(REMOTE), &buf[..queued], &mut landing);
     assert!(
-        matches!(delivered, Inbound::Deliver(n) if &landing[..n] == ipv4([10, 0, 0, 2], [10, 0, 0, 1], b"hi"))
+        matches!(delivered, Inbound::Deliver(n) if landing[..n] == ipv4([10, 0, 0, 2], [10, 0, 0, 1], b"hi"))
     );
     assert!(
         p.local.flush_queued(&mut buf).is_none(),
@@ -165,7 +165,7 @@ fn a_handshake_the_peer_initiated_is_answered_counted_and_roams_to_its_sender() 
 fn a_keepalive_peer_starts_its_first_handshake_from_the_timer_once() {
     let mut p = pair(Some(25), Some(path(REMOTE)));
     let mut buf = vec![0u8; 2048];
-    let t0 = Instant::now();
+    let t0 = crate::clock::now();
     let tick = p.local.on_tick(t0, &mut buf);
     let (len, to) = tick.send.expect("a handshake initiation");
     assert_eq!(Handshake::of(&buf[..len]), Some(Handshake::Initiation));
@@ -181,10 +181,13 @@ fn a_keepalive_peer_starts_its_first_handshake_from_the_timer_once() {
 fn a_peer_without_keepalive_or_endpoint_sends_nothing_from_its_timer() {
     let mut p = pair(Some(25), None);
     let mut buf = vec![0u8; 2048];
-    let tick = p.local.on_tick(Instant::now(), &mut buf);
+    let tick = p.local.on_tick(crate::clock::now(), &mut buf);
     assert_eq!(tick, Tick::default());
     let mut p = pair(None, Some(path(REMOTE)));
-    assert_eq!(p.local.on_tick(Instant::now(), &mut buf), Tick::default());
+    assert_eq!(
+        p.local.on_tick(crate::clock::now(), &mut buf),
+        Tick::default()
+    );
 }
 
 #[test]
@@ -192,7 +195,7 @@ fn keepalives_follow_the_time_given_and_a_completed_handshake_is_reported_once()
     let mut p = pair(None, None);
     let (mut buf, mut landing) = (vec![0u8; 2048], vec![0u8; 2048]);
     establish(&mut p, &mut buf, &mut landing);
-    let t0 = Instant::now();
+    let t0 = crate::clock::now();
     assert!(p.local.on_tick(t0, &mut buf).handshake_completed);
     assert!(
         !p.local
@@ -322,7 +325,7 @@ fn a_rekey_is_sent_to_the_peer_and_counted_as_initiated() {
     };
     let mut peer = Peer::with_session(session, None, Some(path(REMOTE)));
     let mut buf = vec![0u8; 2048];
-    let tick = peer.on_tick(Instant::now(), &mut buf);
+    let tick = peer.on_tick(crate::clock::now(), &mut buf);
     assert_eq!(tick.send, Some((148, path(REMOTE))));
     let c = peer.stats().counters;
     assert_eq!(
@@ -338,7 +341,7 @@ fn a_rekey_without_an_endpoint_goes_nowhere_and_is_not_counted() {
         ..Scripted::default()
     };
     let mut peer = Peer::with_session(session, None, None);
-    let tick = peer.on_tick(Instant::now(), &mut vec![0u8; 2048]);
+    let tick = peer.on_tick(crate::clock::now(), &mut vec![0u8; 2048]);
     assert_eq!(tick.send, None);
     assert_eq!(peer.stats().counters, PeerCounters::default());
 }
@@ -351,7 +354,7 @@ fn an_expired_session_is_not_a_failure_and_giving_up_is() {
         ..Scripted::default()
     };
     let mut peer = Peer::with_session(expired, None, Some(path(REMOTE)));
-    assert_eq!(peer.on_tick(Instant::now(), &mut buf).send, None);
+    assert_eq!(peer.on_tick(crate::clock::now(), &mut buf).send, None);
     assert_eq!(peer.stats().counters.handshake_failures, 0);
 
     let gave_up = Scripted {
@@ -359,7 +362,7 @@ fn an_expired_session_is_not_a_failure_and_giving_up_is() {
         ..Scripted::default()
     };
     let mut peer = Peer::with_session(gave_up, None, Some(path(REMOTE)));
-    assert_eq!(peer.on_tick(Instant::now(), &mut buf).send, None);
+    assert_eq!(peer.on_tick(crate::clock::now(), &mut buf).send, None);
     assert_eq!(peer.stats().counters.handshake_failures, 1);
 }
 
@@ -400,7 +403,7 @@ fn a_removed_local_source_is_forgotten_only_by_peers_that_used_it() {
 #[test]
 fn the_limiter_resets_once_a_second_of_the_time_given() {
     let mut reset = LimiterReset::default();
-    let t0 = Instant::now();
+    let t0 = crate::clock::now();
     assert!(!reset.due(t0), "the first call starts the interval");
     assert!(!reset.due(t0 + Duration::from_millis(900)));
     assert!(reset.due(t0 + Duration::from_secs(1)));

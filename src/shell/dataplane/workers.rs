@@ -16,7 +16,7 @@ use crate::shell::udp::{RecvBatch, SendBatch, WgSocket, MAX_DATAGRAM};
 use std::net::IpAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// How often WireGuard's handshake, rekey and keepalive timers are driven (boringtun expects
 /// about every 100 ms; its own device uses 250 ms).
@@ -337,7 +337,7 @@ pub(super) fn timer_loop(inner: &Inner) {
     while !inner.stop.load(Ordering::Relaxed) {
         inner.beat(PacketThread::Timers);
         std::thread::sleep(TIMER_TICK);
-        let now = Instant::now();
+        let now = crate::clock::now();
         let table = inner.snapshot();
         if limiter_reset.due(now) {
             table.limiter().reset_count();
