@@ -6,7 +6,7 @@
 //!
 //! The rendered `tunnelgate.toml` is the base configuration (a TOML table) with
 //! `interface.private_key_file = "private.key"` and the `[[ingress]]` / `[[egress]]` rules the
-//! Service asks for appended, and it is checked with [`Config::parse`] before it is offered for
+//! Service asks for appended (each labelled `service = "NS/NAME"`), and it is checked with [`Config::parse`] before it is offered for
 //! writing, so the sidecar never writes a configuration the daemon would refuse.
 
 pub mod api;
@@ -360,7 +360,9 @@ fn forwards(
     notes: &mut Vec<String>,
 ) -> Rules {
     let mut rules = Rules::default();
-    let who = format!("Service {}/{}", svc.namespace, svc.name);
+    let label = format!("{}/{}", svc.namespace, svc.name);
+    let who = format!("Service {label}");
+    let rule = |key: &str, target: &str, ports: &[String]| rule_table(key, target, ports, &label);
     let annotation = |k: &str| svc.annotations.get(k).map(|v| v.trim());
     let expose_annotation = match annotation(ANNOTATION_EXPOSE) {
         None | Some("false") => false,
@@ -522,7 +524,9 @@ fn proto_of(
     }
 }
 
-fn rule(key: &str, target: &str, ports: &[String]) -> toml::Table {
+/// One `[[ingress]]` / `[[egress]]` table, labelled with the Service (`NS/NAME`) it serves so
+/// that the daemon's status, metrics and per-service readiness can name it.
+fn rule_table(key: &str, target: &str, ports: &[String], service: &str) -> toml::Table {
     let mut t = toml::Table::new();
     t.insert(key.into(), toml::Value::String(target.into()));
     if !ports.is_empty() {
@@ -531,6 +535,7 @@ fn rule(key: &str, target: &str, ports: &[String]) -> toml::Table {
             toml::Value::Array(ports.iter().cloned().map(toml::Value::String).collect()),
         );
     }
+    t.insert("service".into(), toml::Value::String(service.into()));
     t
 }
 

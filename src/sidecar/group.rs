@@ -41,6 +41,9 @@ pub struct GroupRendered {
     /// `NS/NAME` of every Service the configuration serves, oldest first.
     pub served: Vec<String>,
     pub refused: Vec<Refusal>,
+    /// The `target_fqdn` names each served Service's rules use (`NS/NAME` -> names), for the
+    /// check that warns on a Service whose name does not resolve.
+    pub names: BTreeMap<String, Vec<String>>,
 }
 
 /// Whether `svc` is annotated as a member of `group`.
@@ -113,8 +116,10 @@ pub fn render_group(
     new_key: impl FnOnce() -> SecretKey,
 ) -> Result<GroupRendered, Rejected> {
     let mut prepared = prepare(base, current, new_key);
+    let mut notes = Vec::new();
     if let Some(table) = &mut prepared.table {
         set_pool_addresses(table, replica, &mut prepared.problems);
+        set_per_service_readiness(table, &mut notes);
     }
     let Some(table) = prepared.table.take() else {
         return Err(Rejected(prepared.problems));
@@ -133,7 +138,6 @@ pub fn render_group(
         (a.created, &a.namespace, &a.name).cmp(&(b.created, &b.namespace, &b.name))
     });
 
-    let mut notes = Vec::new();
     let mut refused = Vec::new();
     let mut candidates: Vec<(&ServiceInfo, Rules)> = Vec::new();
     // (listen port, protocol) -> the Service that claimed it, per direction.
@@ -249,6 +253,18 @@ pub fn render_group(
         (served, text)
     };
     let rendered = finish(text, &prepared, current, notes)?;
+    let mut names = BTreeMap::new();
+    for (svc, rules) in &candidates {
+        if served
+            .iter()
+            .any(|s| (&s.namespace, &s.name) == (&svc.namespace, &svc.name))
+        {
+            let fqdns = fqdn_targets(rules);
+            if !fqdns.is_empty() {
+                names.insert(format!("{}/{}", svc.namespace, svc.name), fqdns);
+            }
+        }
+    }
     Ok(GroupRendered {
         rendered,
         served: served
@@ -256,7 +272,43 @@ pub fn render_group(
             .map(|s| format!("{}/{}", s.namespace, s.name))
             .collect(),
         refused,
+        names,
     })
+}
+
+/// The `target_fqdn` names of one Service's rules, as the daemon resolves them (lower case,
+/// without a trailing dot), sorted.
+fn fqdn_targets(rules: &Rules) -> Vec<String> {
+    let mut names: Vec<String> = rules
+        .ingress
+        .iter()
+        .chain(&rules.egress)
+        .filter_map(|r| r.get("target_fqdn")?.as_str())
+        .map(|n| n.trim_end_matches('.').to_ascii_lowercase())
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// `health.readiness = "per-service"`: a replica serves many Services, and one whose name does
+/// not resolve must not take the others off it (the contract's group readiness). The base
+/// config cannot opt out: a different value is replaced, with a note saying so.
+fn set_per_service_readiness(table: &mut toml::Table, notes: &mut Vec<String>) {
+    const PER_SERVICE: &str = "per-service";
+    let health = table
+        .entry("health")
+        .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+    // Not a table: the daemon's check of the rendering names the problem.
+    let Some(health) = health.as_table_mut() else {
+        return;
+    };
+    let old = health.insert("readiness".into(), toml::Value::String(PER_SERVICE.into()));
+    if let Some(old) = old.filter(|v| v.as_str() != Some(PER_SERVICE)) {
+        notes.push(format!(
+            "base config: health.readiness = {old} replaced by \"{PER_SERVICE}\": in a proxy group one Service's unresolved name must not make the replica NotReady"
+        ));
+    }
 }
 
 /// With pools, `interface.addresses` is this replica's host of each pool.
