@@ -129,7 +129,7 @@ pub fn render(
         svc.namespace, svc.name
     );
     let text = config_text(&table, [&rules], &header)?;
-    finish(text, &prepared, current, notes)
+    finish(text, &prepared, current, notes).map(|(rendered, _)| rendered)
 }
 
 /// The base configuration parsed, with the sidecar's key file set, and the private key.
@@ -204,13 +204,14 @@ fn daemon_check(text: &str, key: &SecretKey) -> Result<Config, Vec<String>> {
         .map_err(|e| e.0.iter().map(ToString::to_string).collect())
 }
 
-/// The Secret data for a configuration text, once the daemon would accept it.
+/// The Secret data for a configuration text, once the daemon would accept it, and the
+/// configuration as the daemon will load it.
 fn finish(
     text: String,
     prepared: &Prepared,
     current: &BTreeMap<String, Vec<u8>>,
     notes: Vec<String>,
-) -> Result<Rendered, Rejected> {
+) -> Result<(Rendered, Config), Rejected> {
     let key = &prepared.key;
     let config = daemon_check(&text, key).map_err(|e| {
         Rejected(
@@ -239,11 +240,12 @@ fn finish(
         ),
         (KEY_DEVICE_IPS.to_string(), device_ips.into_bytes()),
     ]);
-    Ok(Rendered {
+    let rendered = Rendered {
         data,
         generated_key: prepared.generated_key,
         notes,
-    })
+    };
+    Ok((rendered, config))
 }
 
 /// The keys of `desired` whose value is absent from or different in `current`; empty means the

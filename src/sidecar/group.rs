@@ -41,9 +41,13 @@ pub struct GroupRendered {
     /// `NS/NAME` of every Service the configuration serves, oldest first.
     pub served: Vec<String>,
     pub refused: Vec<Refusal>,
-    /// The `target_fqdn` names each served Service's rules use (`NS/NAME` -> names), for the
-    /// check that warns on a Service whose name does not resolve.
+    /// The `target_fqdn` names each served Service's rules use (`NS/NAME` -> names, as the
+    /// daemon resolves them), for the check that warns on a Service whose name does not resolve.
     pub names: BTreeMap<String, Vec<String>>,
+    /// `dns.nameservers` of the rendered config: the check asks what the daemon asks.
+    pub nameservers: Vec<std::net::SocketAddr>,
+    /// `dns.reresolve_interval`: the check runs again as often as the daemon resolves.
+    pub reresolve_interval: std::time::Duration,
 }
 
 /// Whether `svc` is annotated as a member of `group`.
@@ -252,17 +256,13 @@ pub fn render_group(
         let text = config_text(&table, kept.iter().map(|(_, r)| r), &header(&served))?;
         (served, text)
     };
-    let rendered = finish(text, &prepared, current, notes)?;
-    let mut names = BTreeMap::new();
-    for (svc, rules) in &candidates {
-        if served
-            .iter()
-            .any(|s| (&s.namespace, &s.name) == (&svc.namespace, &svc.name))
-        {
-            let fqdns = fqdn_targets(rules);
-            if !fqdns.is_empty() {
-                names.insert(format!("{}/{}", svc.namespace, svc.name), fqdns);
-            }
+    let (rendered, config) = finish(text, &prepared, current, notes)?;
+    // Only the Services' own rules: a name of the base config is the replica's problem, and
+    // the daemon's readiness reports that one.
+    let mut names: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (name, users) in config.fqdn_users() {
+        for service in users.services {
+            names.entry(service).or_default().push(name.clone());
         }
     }
     Ok(GroupRendered {
@@ -273,22 +273,30 @@ pub fn render_group(
             .collect(),
         refused,
         names,
+        nameservers: config.dns.nameservers,
+        reresolve_interval: config.dns.reresolve_interval,
     })
 }
 
-/// The `target_fqdn` names of one Service's rules, as the daemon resolves them (lower case,
-/// without a trailing dot), sorted.
-fn fqdn_targets(rules: &Rules) -> Vec<String> {
-    let mut names: Vec<String> = rules
-        .ingress
-        .iter()
-        .chain(&rules.egress)
-        .filter_map(|r| r.get("target_fqdn")?.as_str())
-        .map(|n| n.trim_end_matches('.').to_ascii_lowercase())
-        .collect();
-    names.sort();
-    names.dedup();
+/// The served Services whose names do not resolve, each with its names and their errors, from
+/// the answers of one check (`name` -> Ok, or why not). A name without an answer is skipped.
+pub fn unresolved_services(
+    names: &BTreeMap<String, Vec<String>>,
+    answers: &BTreeMap<String, Result<(), String>>,
+) -> BTreeMap<String, Vec<(String, String)>> {
     names
+        .iter()
+        .filter_map(|(service, names)| {
+            let failed: Vec<(String, String)> = names
+                .iter()
+                .filter_map(|n| match answers.get(n)? {
+                    Ok(()) => None,
+                    Err(e) => Some((n.clone(), e.clone())),
+                })
+                .collect();
+            (!failed.is_empty()).then(|| (service.clone(), failed))
+        })
+        .collect()
 }
 
 /// `health.readiness = "per-service"`: a replica serves many Services, and one whose name does

@@ -536,3 +536,27 @@ fn a_base_config_asking_for_readiness_all_is_overridden_with_a_note() {
         crate::config::Readiness::PerService
     );
 }
+
+#[test]
+fn a_service_is_unresolved_when_any_of_its_names_fails() {
+    let names = BTreeMap::from([
+        ("apps/web".to_string(), vec!["web.example".to_string()]),
+        (
+            "apps/two".into(),
+            vec!["web.example".into(), "gone.example".into()],
+        ),
+        ("apps/later".into(), vec!["unasked.example".into()]),
+    ]);
+    let answers = BTreeMap::from([
+        ("web.example".to_string(), Ok(())),
+        ("gone.example".into(), Err("NXDOMAIN".to_string())),
+    ]);
+    assert_eq!(
+        unresolved_services(&names, &answers),
+        BTreeMap::from([(
+            "apps/two".to_string(),
+            vec![("gone.example".to_string(), "NXDOMAIN".to_string())]
+        )]),
+        "a name without an answer is not reported"
+    );
+}
