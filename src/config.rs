@@ -6,6 +6,7 @@ mod ports;
 mod raw;
 mod validate;
 
+use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 use std::time::Duration;
@@ -96,6 +97,9 @@ pub struct Forward {
     pub target: Target,
     /// Empty: every port and protocol.
     pub ports: Vec<PortMap>,
+    /// `service`: what this rule serves (the sidecar writes the Kubernetes Service's
+    /// `NAMESPACE/NAME`), for status, metrics and [`Readiness::PerService`].
+    pub service: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -121,6 +125,41 @@ pub struct Health {
     /// Let tunnel peers reach the health endpoint (and every other listener of this host):
     /// no input guard is installed. Default false.
     pub allow_from_tunnel: bool,
+    /// What an unresolved `target_fqdn` does to `/readyz`.
+    pub readiness: Readiness,
+}
+
+/// `health.readiness`: whose problem a `target_fqdn` that does not resolve is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Readiness {
+    /// `"all"` (default): every name must have resolved before `/readyz` answers 200, as must
+    /// every rule, address and route. Right for a daemon that serves one thing.
+    #[default]
+    All,
+    /// `"per-service"`: a name that only rules with a `service` label use is that service's
+    /// problem: it is reported per service (status, metrics) and never holds `/readyz` back,
+    /// so one service's bad name does not take the others off this host (a proxy group).
+    /// Names of unlabelled rules, and everything else, still count.
+    PerService,
+}
+
+impl Readiness {
+    /// The key's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Readiness::All => "all",
+            Readiness::PerService => "per-service",
+        }
+    }
+}
+
+/// Who needs one `target_fqdn` (see [`Config::fqdn_users`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NameUsers {
+    /// The `service` labels of the rules that use it, sorted.
+    pub services: Vec<String>,
+    /// Whether `/readyz` waits for it to resolve.
+    pub holds_readiness: bool,
 }
 
 /// One problem with the configuration: which key, what it held, what was expected.
@@ -169,6 +208,34 @@ impl Config {
             .iter()
             .map(IpNet::addr)
             .find(|a| a.is_ipv6() == v6)
+    }
+
+    /// Every name that must be resolved for the forwarding rules, with who needs it: the
+    /// `service` labels of the rules that use it, and whether it holds readiness (an unlabelled
+    /// rule uses it, or `health.readiness` is `all`).
+    pub fn fqdn_users(&self) -> BTreeMap<String, NameUsers> {
+        let mut users: BTreeMap<String, NameUsers> = BTreeMap::new();
+        for fwd in self.ingress.iter().chain(&self.egress) {
+            let Target::Fqdn(name) = &fwd.target else {
+                continue;
+            };
+            let entry = users.entry(name.clone()).or_default();
+            match &fwd.service {
+                Some(service) => {
+                    if !entry.services.contains(service) {
+                        entry.services.push(service.clone());
+                    }
+                }
+                None => entry.holds_readiness = true,
+            }
+            if self.health.readiness == Readiness::All {
+                entry.holds_readiness = true;
+            }
+        }
+        for u in users.values_mut() {
+            u.services.sort();
+        }
+        users
     }
 
     /// Every name that must be resolved for the forwarding rules.

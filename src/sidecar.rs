@@ -6,7 +6,7 @@
 //!
 //! The rendered `tunnelgate.toml` is the base configuration (a TOML table) with
 //! `interface.private_key_file = "private.key"` and the `[[ingress]]` / `[[egress]]` rules the
-//! Service asks for appended, and it is checked with [`Config::parse`] before it is offered for
+//! Service asks for appended (each labelled `service = "NS/NAME"`), and it is checked with [`Config::parse`] before it is offered for
 //! writing, so the sidecar never writes a configuration the daemon would refuse.
 
 pub mod api;
@@ -129,7 +129,7 @@ pub fn render(
         svc.namespace, svc.name
     );
     let text = config_text(&table, [&rules], &header)?;
-    finish(text, &prepared, current, notes)
+    finish(text, &prepared, current, notes).map(|(rendered, _)| rendered)
 }
 
 /// The base configuration parsed, with the sidecar's key file set, and the private key.
@@ -204,13 +204,14 @@ fn daemon_check(text: &str, key: &SecretKey) -> Result<Config, Vec<String>> {
         .map_err(|e| e.0.iter().map(ToString::to_string).collect())
 }
 
-/// The Secret data for a configuration text, once the daemon would accept it.
+/// The Secret data for a configuration text, once the daemon would accept it, and the
+/// configuration as the daemon will load it.
 fn finish(
     text: String,
     prepared: &Prepared,
     current: &BTreeMap<String, Vec<u8>>,
     notes: Vec<String>,
-) -> Result<Rendered, Rejected> {
+) -> Result<(Rendered, Config), Rejected> {
     let key = &prepared.key;
     let config = daemon_check(&text, key).map_err(|e| {
         Rejected(
@@ -239,11 +240,12 @@ fn finish(
         ),
         (KEY_DEVICE_IPS.to_string(), device_ips.into_bytes()),
     ]);
-    Ok(Rendered {
+    let rendered = Rendered {
         data,
         generated_key: prepared.generated_key,
         notes,
-    })
+    };
+    Ok((rendered, config))
 }
 
 /// The keys of `desired` whose value is absent from or different in `current`; empty means the
@@ -360,7 +362,9 @@ fn forwards(
     notes: &mut Vec<String>,
 ) -> Rules {
     let mut rules = Rules::default();
-    let who = format!("Service {}/{}", svc.namespace, svc.name);
+    let label = format!("{}/{}", svc.namespace, svc.name);
+    let who = format!("Service {label}");
+    let rule = |key: &str, target: &str, ports: &[String]| rule_table(key, target, ports, &label);
     let annotation = |k: &str| svc.annotations.get(k).map(|v| v.trim());
     let expose_annotation = match annotation(ANNOTATION_EXPOSE) {
         None | Some("false") => false,
@@ -522,7 +526,9 @@ fn proto_of(
     }
 }
 
-fn rule(key: &str, target: &str, ports: &[String]) -> toml::Table {
+/// One `[[ingress]]` / `[[egress]]` table, labelled with the Service (`NS/NAME`) it serves so
+/// that the daemon's status, metrics and per-service readiness can name it.
+fn rule_table(key: &str, target: &str, ports: &[String], service: &str) -> toml::Table {
     let mut t = toml::Table::new();
     t.insert(key.into(), toml::Value::String(target.into()));
     if !ports.is_empty() {
@@ -531,6 +537,7 @@ fn rule(key: &str, target: &str, ports: &[String]) -> toml::Table {
             toml::Value::Array(ports.iter().cloned().map(toml::Value::String).collect()),
         );
     }
+    t.insert("service".into(), toml::Value::String(service.into()));
     t
 }
 

@@ -53,6 +53,8 @@ pub struct Snapshot {
     pub drops: DropStats,
     pub rules: RulesStatus,
     pub names: Vec<NameStatus>,
+    /// Every `service` label of the forwarding rules, and which of its names do not resolve.
+    pub services: Vec<ServiceStatus>,
     /// Configuration reloads applied (SIGHUP or a change of the file).
     pub reloads: u64,
     /// Reloads refused (invalid configuration) or failed to apply.
@@ -160,6 +162,23 @@ pub struct NameStatus {
     pub last_error: Option<String>,
     pub resolutions: u64,
     pub failures: u64,
+    /// The `service` labels of the rules that use the name.
+    pub services: Vec<String>,
+    /// True when not resolving does not hold `/readyz` back (`health.readiness =
+    /// "per-service"` and only labelled rules use it): it is those services' problem.
+    pub per_service: bool,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ServiceStatus {
+    /// A rule's `service` label (`NAMESPACE/NAME` when the Kubernetes sidecar wrote it).
+    pub service: String,
+    /// The `target_fqdn` names of its rules.
+    pub names: Vec<String>,
+    /// Those that have not resolved since they were configured: their rules are not
+    /// installed, so the service is not served here.
+    pub unresolved_names: Vec<String>,
 }
 
 /// Renders `snap` as Prometheus text (the OpenMetrics subset the classic `text/plain;
@@ -195,7 +214,7 @@ pub fn render_metrics(snap: &Snapshot, now_unix: u64) -> String {
     ready.set(i64::from(snap.ready));
     reg.register(
         "ready",
-        "1 when /readyz answers 200: tunnel up, rules applied, every name resolved",
+        "1 when /readyz answers 200: tunnel up, rules applied, every name resolved (with health.readiness = per-service: every name not only a service's)",
         ready,
     );
 
@@ -209,6 +228,7 @@ pub fn render_metrics(snap: &Snapshot, now_unix: u64) -> String {
 
     render_rule_metrics(reg, &snap.rules);
     render_name_metrics(reg, &snap.names);
+    render_service_metrics(reg, &snap.services);
 
     let reloads = Counter::<u64>::default();
     reloads.inc_by(snap.reloads);
@@ -497,6 +517,22 @@ fn render_name_metrics(reg: &mut Registry, names: &[NameStatus]) {
     );
 }
 
+/// One series per `service` label: how many of its names do not resolve (0: every rule of
+/// it is installed). Alert on `> 0`: that Service is not served, while `/readyz` may be 200.
+fn render_service_metrics(reg: &mut Registry, services: &[ServiceStatus]) {
+    let unresolved = Family::<Labels, Gauge>::default();
+    for s in services {
+        unresolved
+            .get_or_create(&label("service", &s.service))
+            .set(i64::try_from(s.unresolved_names.len()).unwrap_or(i64::MAX));
+    }
+    reg.register(
+        "service_unresolved_names",
+        "Target names of a service's rules that have not resolved (its rules wait for them)",
+        unresolved,
+    );
+}
+
 /// Renders `snap` for people, like `wg show`: the interface, each peer, then the rules and the
 /// resolved names. `now_unix` is the current Unix time, for "N seconds ago".
 pub fn render_status_text(snap: &Snapshot, now_unix: u64) -> String {
@@ -597,6 +633,35 @@ fn write_status(out: &mut String, snap: &Snapshot, now: u64) -> std::fmt::Result
             )?;
             if let Some(e) = &n.last_error {
                 writeln!(out, "    last error: {e}")?;
+            }
+            if !n.services.is_empty() {
+                writeln!(
+                    out,
+                    "    services: {}{}",
+                    n.services.join(", "),
+                    if n.per_service {
+                        " (readiness does not wait for it)"
+                    } else {
+                        ""
+                    }
+                )?;
+            }
+        }
+    }
+
+    if !snap.services.is_empty() {
+        writeln!(out)?;
+        writeln!(out, "services:")?;
+        for s in &snap.services {
+            match (s.names.is_empty(), s.unresolved_names.is_empty()) {
+                (true, _) => writeln!(out, "  {}: no names to resolve", s.service)?,
+                (false, true) => writeln!(out, "  {}: names resolved", s.service)?,
+                (false, false) => writeln!(
+                    out,
+                    "  {}: unresolved {} (its rules wait for it)",
+                    s.service,
+                    s.unresolved_names.join(", ")
+                )?,
             }
         }
     }

@@ -441,6 +441,124 @@ fn nxdomain_name_keeps_readyz_503_and_shows_in_status() {
     assert_eq!(lab.landing(ip(TUNNEL_V4)), Ok(ip("10.50.0.11")));
 }
 
+/// A proxy-group replica as the sidecar renders it (every rule labelled with its Service,
+/// `health.readiness = "per-service"`): one Service's name is NXDOMAIN. The replica stays
+/// Ready, serves the other Service through the tunnel, and shows the name on its Service in
+/// `tunnelgate status` (human and JSON) and `/metrics`. (Without the policy the same name
+/// keeps `/readyz` at 503: `nxdomain_name_keeps_readyz_503_and_shows_in_status`.)
+#[test]
+#[ignore = "needs root"]
+fn unresolved_service_name_keeps_the_replica_ready_and_is_reported_per_service() {
+    let good = format!("web.{DOMAIN}");
+    let missing = format!("gone.{DOMAIN}");
+    let lab = Lab::new(&format!("10.50.0.11 {good}\n"));
+    let rules = format!(
+        "[[ingress]]\ntarget_fqdn = \"{good}\"\nports = [\"{PORT}\"]\nservice = \"apps/web\"\n\n\
+         [[ingress]]\ntarget_fqdn = \"{missing}\"\nports = [\"9090\"]\nservice = \"apps/gone\"\n"
+    );
+    let mut cfg = lab.config(&[], &rules);
+    // The harness writes `[health] listen` right before `extra`: a leading key lands in [health].
+    cfg.extra = format!("readiness = \"per-service\"\n\n{}", cfg.extra);
+    let tg = Tunnelgate::start(&lab.proxy, cfg);
+    wait_resolved(&tg, &good, &["10.50.0.11"]);
+    wait_until(
+        Duration::from_secs(15),
+        "two failed resolutions of the missing name",
+        || {
+            tg.name_status(&missing)
+                .is_some_and(|n| n["failures"].as_u64() >= Some(2))
+        },
+    );
+
+    // Ready, and nothing about the name in the answer.
+    let (code, body) = tg.health_get("/readyz").expect("readyz");
+    assert_eq!(code, 200, "{body}; stderr:\n{}", tg.stderr());
+    assert!(!body.contains(&missing), "{body}");
+
+    // The other Service is served: bytes cross the tunnel from the wireguard-go peer.
+    lab.connect(&tg);
+    for _ in 0..3 {
+        assert_eq!(lab.landing(ip(TUNNEL_V4)), Ok(ip("10.50.0.11")));
+    }
+    assert_eq!(lab.server.seen().len(), 3);
+
+    // Status (JSON): per Service, and the name says readiness does not wait for it.
+    let status = tg.status_json().expect("status --json");
+    assert_eq!(status["ready"], true, "{status}");
+    let services = status["services"].as_array().cloned().unwrap_or_default();
+    let of = |svc: &str| {
+        services
+            .iter()
+            .find(|s| s["service"] == svc)
+            .cloned()
+            .unwrap_or_else(|| panic!("{svc} not in {status}"))
+    };
+    assert_eq!(
+        of("apps/gone")["unresolved_names"],
+        serde_json::json!([missing])
+    );
+    assert_eq!(of("apps/web")["unresolved_names"], serde_json::json!([]));
+    assert_eq!(of("apps/web")["names"], serde_json::json!([good]));
+    let n = tg.name_status(&missing).expect("missing name in status");
+    assert_eq!(n["services"], serde_json::json!(["apps/gone"]), "{n}");
+    assert_eq!(n["per_service"], true, "{n}");
+    assert!(
+        n["last_error"].as_str().is_some_and(|e| !e.is_empty()),
+        "{n}"
+    );
+
+    // Status (human).
+    let text = tunnelgate_cli(&["status", "--interface", tg.name()], None);
+    assert!(text.success(), "{}", text.stderr);
+    for line in [
+        "  state: ready".to_string(),
+        "services:".to_string(),
+        format!("  apps/gone: unresolved {missing} (its rules wait for it)"),
+        "  apps/web: names resolved".to_string(),
+        "    services: apps/gone (readiness does not wait for it)".to_string(),
+    ] {
+        assert!(
+            text.stdout.lines().any(|l| l == line),
+            "{line:?} not in:\n{}",
+            text.stdout
+        );
+    }
+
+    // Metrics.
+    let m = tg.metrics().expect("metrics");
+    assert_eq!(metric(&m, "tunnelgate_ready", ""), Some(1.0), "{m}");
+    assert_eq!(
+        metric(
+            &m,
+            "tunnelgate_service_unresolved_names",
+            "service=\"apps/gone\""
+        ),
+        Some(1.0),
+        "{m}"
+    );
+    assert_eq!(
+        metric(
+            &m,
+            "tunnelgate_service_unresolved_names",
+            "service=\"apps/web\""
+        ),
+        Some(0.0),
+        "{m}"
+    );
+    assert!(
+        metric(
+            &m,
+            "tunnelgate_dns_resolution_failures_total",
+            &format!("name=\"{missing}\"")
+        )
+        .is_some_and(|f| f >= 2.0),
+        "{m}"
+    );
+    // No rule for the missing name: nothing listens on its port.
+    assert!(!lab.proxy.nft_tunnelgate_table().contains("9090"));
+    let _ = (&lab.dns_ns, &lab.backend);
+}
+
 #[test]
 #[ignore = "needs root"]
 fn readyz_waits_for_a_slow_first_answer() {

@@ -1786,6 +1786,115 @@ async fn group_secret_that_does_not_exist_needs_create() {
     r0.stop();
 }
 
+/// An exposed ExternalName Service of the group: ingress to `external_name` on `port`.
+fn group_external(ns: &str, name: &str, created: u32, external_name: &str, port: u16) -> Value {
+    let mut s = group_ingress(ns, name, created, port);
+    s["spec"] = json!({
+        "type": "ExternalName",
+        "externalName": external_name,
+        "ports": [{"name": "http", "port": port, "protocol": "TCP"}],
+    });
+    s
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_service_whose_name_does_not_resolve_gets_a_warning_event() {
+    let services = vec![
+        group_ingress("apps", "web", 10, 80),
+        group_external("apps", "gone", 11, "gone.invalid", 81),
+        group_external("apps", "local", 12, "localhost", 82),
+    ];
+    let fake = Fake::start_many(services, replica_secrets(1)).await;
+    let inputs = Inputs::new(&fake, "group-dns");
+    // The pod's DNS: /etc/hosts answers `localhost`; the name server (nothing listens on
+    // 127.0.0.1:53) answers nothing else.
+    let resolv = inputs.dir.join("resolv.conf");
+    std::fs::write(&resolv, "nameserver 127.0.0.1\n").expect("resolv.conf");
+    let resolv = resolv.display().to_string();
+    let pod = format!("{GROUP}-0");
+    let r0 = Sidecar::start_with(
+        &inputs,
+        "tgp-0-dns",
+        &["--proxy-group", GROUP],
+        &[
+            ("POD_NAME", pod.as_str()),
+            ("POD_NAMESPACE", NS),
+            ("TUNNELGATE_ADDRESS_POOLS", POOL),
+            ("TUNNELGATE_RESOLV_CONF", resolv.as_str()),
+        ],
+    );
+    let name_events = || -> Vec<Value> {
+        events(&fake)
+            .into_iter()
+            .filter(|e| e["reason"] == "TunnelgateNameUnresolved")
+            .collect()
+    };
+    wait_for(&r0, "the Warning Event on apps/gone", || {
+        !name_events().is_empty()
+    })
+    .await;
+
+    // The Secret serves all three, and the daemon is told the name is that Service's problem.
+    let c = daemon_config(&replica_secret(&fake, 0));
+    assert_eq!(
+        rule_lines(&c.ingress),
+        [
+            "10.96.0.10 80/tcp",
+            "gone.invalid 81/tcp",
+            "localhost 82/tcp"
+        ]
+    );
+    let labels: Vec<Option<&str>> = c.ingress.iter().map(|f| f.service.as_deref()).collect();
+    assert_eq!(
+        labels,
+        [Some("apps/web"), Some("apps/gone"), Some("apps/local")]
+    );
+    assert_eq!(
+        c.health.readiness,
+        tunnelgate::config::Readiness::PerService
+    );
+
+    let e = &name_events()[0];
+    assert_eq!(e["type"], "Warning");
+    assert_eq!(e["involvedObject"]["kind"], "Service");
+    assert_eq!(e["involvedObject"]["namespace"], "apps");
+    assert_eq!(e["involvedObject"]["name"], "gone");
+    assert_eq!(e["involvedObject"]["uid"], "uid-apps-gone");
+    let m = e["message"].as_str().unwrap_or_default();
+    assert!(
+        m.contains("target name gone.invalid (") && m.contains("replica 0 of proxy group tgp"),
+        "{m}"
+    );
+    // After the Secret write, never before it.
+    let order: Vec<bool> = fake
+        .requests()
+        .into_iter()
+        .filter(|r| is_patch_of(&pod)(r) || r.is_event())
+        .map(|r| r.is_event())
+        .collect();
+    assert_eq!(
+        order.first(),
+        Some(&false),
+        "the write comes first: {order:?}"
+    );
+
+    // Another Service joins, with a name of its own: a new write and a new check, and the
+    // persisting problem is not reported again.
+    let checks = || r0.log().matches("Services' names checked").count();
+    let before = checks();
+    fake.add(group_external("apps", "local2", 13, "localhost", 83), false);
+    wait_for(&r0, "the second write", || replica_patches(&fake, 0) == 2).await;
+    wait_for(&r0, "the next check", || checks() > before).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let all = events(&fake);
+    assert_eq!(
+        all.len(),
+        1,
+        "one Event, on apps/gone only (localhost resolves, apps/web has no name): {all:?}"
+    );
+    r0.stop();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn group_in_listed_namespaces_only_watches_those() {
     let fake = Fake::start_many(group_cluster(), replica_secrets(1)).await;

@@ -69,6 +69,8 @@ pub(super) struct RawForward {
     pub target: Option<String>,
     pub target_fqdn: Option<String>,
     pub ports: Option<Vec<String>>,
+    /// What the rule serves, e.g. a Kubernetes Service `NAMESPACE/NAME`.
+    pub service: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -96,4 +98,6 @@ pub(super) struct RawHealth {
     pub listen: Option<String>,
     /// true: tunnel peers may reach this host's listeners (no input guard).
     pub allow_from_tunnel: Option<bool>,
+    /// "all" (default) or "per-service".
+    pub readiness: Option<String>,
 }

@@ -399,3 +399,62 @@ fn placeholder_keys_are_recognised() {
         "{w:?}"
     );
 }
+
+#[test]
+fn rules_carry_a_service_label_and_readiness_chooses_who_waits_for_names() {
+    let c = parse(&minimal(
+        "[[ingress]]\ntarget_fqdn = \"web.example\"\nports = [\"80\"]\nservice = \"apps/web\"\n\
+         [[egress]]\ntarget_fqdn = \"web.example\"\nports = [\"8080\"]\nservice = \"apps/web-out\"\n\
+         [[egress]]\ntarget_fqdn = \"db.example\"\nports = [\"5432\"]\n",
+    ))
+    .expect("valid");
+    assert_eq!(c.ingress[0].service.as_deref(), Some("apps/web"));
+    assert_eq!(c.egress[1].service, None, "the label is optional");
+    assert_eq!(c.health.readiness, Readiness::All, "the default");
+    let users = c.fqdn_users();
+    assert_eq!(users["web.example"].services, ["apps/web", "apps/web-out"]);
+    assert!(
+        users["web.example"].holds_readiness,
+        "with readiness = all every name holds /readyz"
+    );
+
+    let c = parse(&minimal(
+        "[[ingress]]\ntarget_fqdn = \"web.example\"\nports = [\"80\"]\nservice = \"apps/web\"\n\
+         [[egress]]\ntarget_fqdn = \"db.example\"\nports = [\"5432\"]\n\
+         [[egress]]\ntarget_fqdn = \"db.example\"\nports = [\"5433\"]\nservice = \"apps/db\"\n\
+         [health]\nreadiness = \"per-service\"\n",
+    ))
+    .expect("valid");
+    assert_eq!(c.health.readiness, Readiness::PerService);
+    let users = c.fqdn_users();
+    assert!(
+        !users["web.example"].holds_readiness,
+        "only labelled rules use it: that service's problem"
+    );
+    assert!(
+        users["db.example"].holds_readiness,
+        "an unlabelled rule uses it too: the host's own problem"
+    );
+    assert_eq!(users["db.example"].services, ["apps/db"]);
+
+    assert_error(
+        &minimal("[health]\nreadiness = \"some\""),
+        "health.readiness",
+        &["\"some\"", "\"all\"", "\"per-service\""],
+    );
+    assert_error(
+        &minimal("[[ingress]]\ntarget = \"10.0.0.1\"\nservice = \"\""),
+        "ingress[0].service",
+        &["\"\"", "expected 1 to 253"],
+    );
+    assert_error(
+        &minimal("[[egress]]\ntarget = \"100.64.0.2\"\nports = [\"80\"]\nservice = \" apps/db\""),
+        "egress[0].service",
+        &["\" apps/db\"", "space"],
+    );
+    assert_error(
+        &minimal("[[egress]]\ntarget = \"100.64.0.2\"\nports = [\"80\"]\nservice = 7"),
+        "egress[0].service",
+        &["string"],
+    );
+}

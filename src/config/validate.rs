@@ -254,14 +254,22 @@ fn peers(
 /// The longest `peer[].name`, in characters (it is a metric label and a status column).
 pub(super) const PEER_NAME_MAX: usize = 32;
 
+/// The longest `service` label of a rule, in characters: room for any Kubernetes
+/// `NAMESPACE/NAME` (63 + 1 + 63) and for a label of one's own.
+pub(super) const SERVICE_LABEL_MAX: usize = 253;
+
 /// What is wrong with a peer name, if anything: it must be 1 to [`PEER_NAME_MAX`] printable
 /// characters, without leading or trailing spaces.
 pub(super) fn peer_name_problem(name: &str) -> Option<String> {
+    label_problem(name, PEER_NAME_MAX)
+}
+
+/// What is wrong with a label shown in status and as a metric label (a peer's name, a rule's
+/// service), if anything: 1 to `max` printable characters, without leading or trailing spaces.
+fn label_problem(name: &str, max: usize) -> Option<String> {
     let chars = name.chars().count();
-    if chars == 0 || chars > PEER_NAME_MAX {
-        return Some(format!(
-            "has {chars} characters: expected 1 to {PEER_NAME_MAX}"
-        ));
+    if chars == 0 || chars > max {
+        return Some(format!("has {chars} characters: expected 1 to {max}"));
     }
     if name.chars().any(char::is_control) {
         return Some("contains a control character: expected printable text".into());
@@ -389,7 +397,25 @@ fn forwards(
                 "is empty: expected at least one port, or no ports key for every port",
             );
         }
-        let fwd = Forward { target, ports };
+        let service =
+            raw.service
+                .and_then(|label| match label_problem(&label, SERVICE_LABEL_MAX) {
+                    None => Some(label),
+                    Some(problem) => {
+                        errs.push(
+                            format!("{key}.service"),
+                            format!(
+                                "{label:?} {problem} (like \"apps/web\", the Service it serves)"
+                            ),
+                        );
+                        None
+                    }
+                });
+        let fwd = Forward {
+            target,
+            ports,
+            service,
+        };
         for (j, other) in &out {
             if families_meet(&fwd.target, &other.target) && overlap(&fwd.ports, &other.ports) {
                 errs.push(
@@ -500,9 +526,21 @@ fn health(raw: super::raw::RawHealth, errs: &mut Errors) -> Health {
             }
         },
     };
+    let readiness = match raw.readiness.as_deref() {
+        None | Some("all") => Readiness::All,
+        Some("per-service") => Readiness::PerService,
+        Some(other) => {
+            errs.push(
+                "health.readiness",
+                format!("\"{other}\" is not a readiness policy: expected \"all\" (every name must resolve) or \"per-service\" (a name only rules with a service label use does not hold /readyz back)"),
+            );
+            Readiness::All
+        }
+    };
     Health {
         listen,
         allow_from_tunnel: raw.allow_from_tunnel.unwrap_or(false),
+        readiness,
     }
 }
 

@@ -28,7 +28,7 @@ mod decide;
 
 pub use boundary::{
     Action, Executed, Lookup, NameView, PeerChanges, PeerSpec, PeerUpsert, Refused, Reload,
-    RulesReport, RulesView, SessionEffect, View,
+    RulesReport, RulesView, ServiceView, SessionEffect, View,
 };
 
 /// First retry after a failed apply of rules, routes or addresses; doubles per failure.
@@ -237,7 +237,9 @@ impl Control {
         &self.config
     }
 
-    /// Ok when everything the configuration asks for is installed and every name resolved.
+    /// Ok when everything the configuration asks for is installed and every name resolved,
+    /// except names that only a service's rules use under `health.readiness = "per-service"`:
+    /// those are that service's problem ([`View::services`]), not this host's.
     pub fn readiness(&self) -> Result<(), String> {
         if let Some(e) = &self.addresses.retry.error {
             return Err(format!("addresses: {e}"));
@@ -259,7 +261,11 @@ impl Control {
                 None => "rules: the rules no longer needed are not removed yet".into(),
             });
         }
-        if let Some(n) = self.names.values().find(|n| n.last_resolved.is_none()) {
+        if let Some(n) = self
+            .names
+            .values()
+            .find(|n| n.holds_readiness && n.last_resolved.is_none())
+        {
             let why = n.last_error.as_deref().unwrap_or("not resolved yet");
             return Err(format!("dns: {}: {why}", n.name));
         }
@@ -289,11 +295,36 @@ impl Control {
                 text: self.rules.text.clone(),
             },
             names: self.names.values().cloned().collect(),
+            services: self.service_views(),
             reloads: self.reloads,
             reload_failures: self.reload_failures,
             listen_port: self.listen_port,
             fwmark: self.effective_fwmark(),
         }
+    }
+
+    /// Every `service` label of the rules with its names, and which of them never resolved.
+    fn service_views(&self) -> Vec<ServiceView> {
+        let mut services: BTreeMap<&str, ServiceView> = BTreeMap::new();
+        for fwd in self.config.ingress.iter().chain(&self.config.egress) {
+            if let Some(label) = &fwd.service {
+                services.entry(label).or_insert_with(|| ServiceView {
+                    service: label.clone(),
+                    ..ServiceView::default()
+                });
+            }
+        }
+        for n in self.names.values() {
+            for label in &n.services {
+                if let Some(view) = services.get_mut(label.as_str()) {
+                    view.names.push(n.name.clone());
+                    if n.last_resolved.is_none() {
+                        view.unresolved.push(n.name.clone());
+                    }
+                }
+            }
+        }
+        services.into_values().collect()
     }
 
     /// Why the start must be abandoned: an address, route or rule apply failed while bringing

@@ -3,7 +3,9 @@
 //! published and the live counters; never waits on I/O.
 
 use crate::shell::daemon::Handle;
-use crate::telemetry::{InterfaceStatus, NameStatus, Observe, PeerStatus, RulesStatus, Snapshot};
+use crate::telemetry::{
+    InterfaceStatus, NameStatus, Observe, PeerStatus, RulesStatus, ServiceStatus, Snapshot,
+};
 use crate::uapi::{DeviceSnapshot, DeviceUpdate, PeerSnapshot, UapiError, UapiHandler};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -98,6 +100,17 @@ impl Observe for Handle {
                     last_error: n.last_error.clone(),
                     resolutions: n.resolutions,
                     failures: n.failures,
+                    services: n.services.clone(),
+                    per_service: !n.holds_readiness,
+                })
+                .collect(),
+            services: view
+                .services
+                .iter()
+                .map(|s| ServiceStatus {
+                    service: s.service.clone(),
+                    names: s.names.clone(),
+                    unresolved_names: s.unresolved.clone(),
                 })
                 .collect(),
             reloads: view.reloads,

@@ -41,6 +41,13 @@ pub struct GroupRendered {
     /// `NS/NAME` of every Service the configuration serves, oldest first.
     pub served: Vec<String>,
     pub refused: Vec<Refusal>,
+    /// The `target_fqdn` names each served Service's rules use (`NS/NAME` -> names, as the
+    /// daemon resolves them), for the check that warns on a Service whose name does not resolve.
+    pub names: BTreeMap<String, Vec<String>>,
+    /// `dns.nameservers` of the rendered config: the check asks what the daemon asks.
+    pub nameservers: Vec<std::net::SocketAddr>,
+    /// `dns.reresolve_interval`: the check runs again as often as the daemon resolves.
+    pub reresolve_interval: std::time::Duration,
 }
 
 /// Whether `svc` is annotated as a member of `group`.
@@ -113,8 +120,10 @@ pub fn render_group(
     new_key: impl FnOnce() -> SecretKey,
 ) -> Result<GroupRendered, Rejected> {
     let mut prepared = prepare(base, current, new_key);
+    let mut notes = Vec::new();
     if let Some(table) = &mut prepared.table {
         set_pool_addresses(table, replica, &mut prepared.problems);
+        set_per_service_readiness(table, &mut notes);
     }
     let Some(table) = prepared.table.take() else {
         return Err(Rejected(prepared.problems));
@@ -133,7 +142,6 @@ pub fn render_group(
         (a.created, &a.namespace, &a.name).cmp(&(b.created, &b.namespace, &b.name))
     });
 
-    let mut notes = Vec::new();
     let mut refused = Vec::new();
     let mut candidates: Vec<(&ServiceInfo, Rules)> = Vec::new();
     // (listen port, protocol) -> the Service that claimed it, per direction.
@@ -248,7 +256,15 @@ pub fn render_group(
         let text = config_text(&table, kept.iter().map(|(_, r)| r), &header(&served))?;
         (served, text)
     };
-    let rendered = finish(text, &prepared, current, notes)?;
+    let (rendered, config) = finish(text, &prepared, current, notes)?;
+    // Only the Services' own rules: a name of the base config is the replica's problem, and
+    // the daemon's readiness reports that one.
+    let mut names: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (name, users) in config.fqdn_users() {
+        for service in users.services {
+            names.entry(service).or_default().push(name.clone());
+        }
+    }
     Ok(GroupRendered {
         rendered,
         served: served
@@ -256,7 +272,51 @@ pub fn render_group(
             .map(|s| format!("{}/{}", s.namespace, s.name))
             .collect(),
         refused,
+        names,
+        nameservers: config.dns.nameservers,
+        reresolve_interval: config.dns.reresolve_interval,
     })
+}
+
+/// The served Services whose names do not resolve, each with its names and their errors, from
+/// the answers of one check (`name` -> Ok, or why not). A name without an answer is skipped.
+pub fn unresolved_services(
+    names: &BTreeMap<String, Vec<String>>,
+    answers: &BTreeMap<String, Result<(), String>>,
+) -> BTreeMap<String, Vec<(String, String)>> {
+    names
+        .iter()
+        .filter_map(|(service, names)| {
+            let failed: Vec<(String, String)> = names
+                .iter()
+                .filter_map(|n| match answers.get(n)? {
+                    Ok(()) => None,
+                    Err(e) => Some((n.clone(), e.clone())),
+                })
+                .collect();
+            (!failed.is_empty()).then(|| (service.clone(), failed))
+        })
+        .collect()
+}
+
+/// `health.readiness = "per-service"`: a replica serves many Services, and one whose name does
+/// not resolve must not take the others off it (the contract's group readiness). The base
+/// config cannot opt out: a different value is replaced, with a note saying so.
+fn set_per_service_readiness(table: &mut toml::Table, notes: &mut Vec<String>) {
+    const PER_SERVICE: &str = "per-service";
+    let health = table
+        .entry("health")
+        .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+    // Not a table: the daemon's check of the rendering names the problem.
+    let Some(health) = health.as_table_mut() else {
+        return;
+    };
+    let old = health.insert("readiness".into(), toml::Value::String(PER_SERVICE.into()));
+    if let Some(old) = old.filter(|v| v.as_str() != Some(PER_SERVICE)) {
+        notes.push(format!(
+            "base config: health.readiness = {old} replaced by \"{PER_SERVICE}\": in a proxy group one Service's unresolved name must not make the replica NotReady"
+        ));
+    }
 }
 
 /// With pools, `interface.addresses` is this replica's host of each pool.

@@ -3,6 +3,12 @@
 //! replica's own Secret up to date when the rendering changes. Writes only on change; a Service
 //! that cannot be served gets one Warning Event per distinct problem and never blocks the others.
 //! What to render is decided by the pure [`super::group::render_group`].
+//!
+//! After each write, the served Services' target names are looked up in the background, in the
+//! pod's DNS with the daemon's own resolver settings (the daemon's state is not visible from
+//! here), and each Service whose names do not resolve gets a Warning Event: the daemon keeps the
+//! replica Ready for the others (`health.readiness = "per-service"`), so the Event and the
+//! daemon's status and metrics are where it shows.
 
 use super::api::{
     record_warning, record_warning_on, secret_write_failed, service_info, ObjRef, SecretStore,
@@ -13,12 +19,15 @@ use super::run::{
 };
 use super::{changed_keys, Backoff, Rejected, ServiceInfo};
 use crate::config::SecretKey;
+use crate::core::dns::{MAX_CONCURRENT_RESOLUTIONS, RESOLVE_TIMEOUT};
+use crate::shell::resolver::Resolver;
 use futures::{Stream, StreamExt as _};
 use k8s_openapi::api::core::v1::Service;
 use kube::runtime::{watcher, WatchStreamExt as _};
 use kube::{Api, Client};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::time::Duration;
@@ -26,6 +35,8 @@ use tokio::time::{Instant, MissedTickBehavior};
 
 /// Event reason for a Service of the group that this replica leaves out.
 pub const REASON_LEFT_OUT: &str = "TunnelgateServiceLeftOut";
+/// Event reason for a Service of the group whose target name does not resolve.
+pub const REASON_NAME_UNRESOLVED: &str = "TunnelgateNameUnresolved";
 
 /// What a replica of a proxy group works on.
 #[derive(Debug, Clone)]
@@ -70,6 +81,64 @@ struct GroupLoop {
     /// A problem of the replica itself last reported.
     reported_replica: Option<String>,
     backoff: Backoff,
+    checks: NameChecks,
+}
+
+/// The background check of the served Services' target names.
+#[derive(Debug, Default)]
+struct NameChecks {
+    /// From the last rendering written (or found up to date): `NS/NAME` -> its names.
+    names: BTreeMap<String, Vec<String>>,
+    nameservers: Vec<SocketAddr>,
+    every: Duration,
+    /// When the next check starts (once the running one, if any, is done); `None` with
+    /// nothing to check, or while one runs and nothing changed since it started.
+    next: Option<Instant>,
+    running: bool,
+    /// Per Service (`NS/NAME`): the unresolved names its last Event named.
+    reported: BTreeMap<String, Vec<String>>,
+}
+
+/// What one check looked at, and each name's answer.
+struct Checked {
+    names: BTreeMap<String, Vec<String>>,
+    answers: BTreeMap<String, Result<(), String>>,
+}
+
+impl NameChecks {
+    /// Takes a new rendering's names; a change is checked at once, else on the schedule.
+    fn rendered(
+        &mut self,
+        names: BTreeMap<String, Vec<String>>,
+        nameservers: Vec<SocketAddr>,
+        every: Duration,
+    ) {
+        let changed = names != self.names || nameservers != self.nameservers;
+        self.names = names;
+        self.nameservers = nameservers;
+        self.every = every;
+        // A Service no longer served is no longer reported on.
+        self.reported
+            .retain(|service, _| self.names.contains_key(service));
+        if self.names.is_empty() {
+            self.next = None;
+        } else if changed || (self.next.is_none() && !self.running) {
+            self.next = Some(Instant::now());
+        }
+    }
+
+    fn started(&mut self) {
+        self.running = true;
+        self.next = None;
+    }
+
+    /// The next check: one asked for while this one ran, else one interval from now.
+    fn finished(&mut self) {
+        self.running = false;
+        if !self.names.is_empty() {
+            self.next = self.next.or(Some(Instant::now() + self.every));
+        }
+    }
 }
 
 /// Runs until `shutdown` completes; errors only if a watch stream ends, which it never should.
@@ -109,6 +178,7 @@ pub async fn run_group(
         reported: BTreeMap::new(),
         reported_replica: None,
         backoff: Backoff::new(RETRY_MIN, RETRY_MAX),
+        checks: NameChecks::default(),
     };
     tracing::info!(
         proxy_group = %this.settings.replica.group,
@@ -126,6 +196,8 @@ pub async fn run_group(
     }
     let mut dirty = false;
     let mut retry_at: Option<Instant> = None;
+    // The running name check: a task of its own, so a slow name server never delays a write.
+    let mut check: Option<tokio::task::JoinHandle<Checked>> = None;
     tokio::pin!(shutdown);
     loop {
         let synced = scopes.iter().all(|s| this.synced.contains(s));
@@ -138,6 +210,19 @@ pub async fn run_group(
         let retry = async {
             match retry_at {
                 Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        let check_at = this.checks.next.filter(|_| check.is_none());
+        let check_due = async {
+            match check_at {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        let checked = async {
+            match check.as_mut() {
+                Some(task) => task.await,
                 None => std::future::pending().await,
             }
         };
@@ -169,8 +254,58 @@ pub async fn run_group(
                 retry_at = None;
                 dirty = true;
             }
+            () = check_due => {
+                this.checks.started();
+                check = Some(tokio::spawn(check_names(
+                    this.checks.names.clone(),
+                    this.checks.nameservers.clone(),
+                )));
+            }
+            done = checked => {
+                check = None;
+                this.checks.finished();
+                match done {
+                    Ok(done) => this.names_checked(done),
+                    Err(e) => tracing::warn!(error = %e, "The check of the Services' names failed"),
+                }
+            }
         }
     }
+}
+
+/// Looks up every name of `names` in the pod's DNS, as the daemon does (its resolver, its
+/// `dns.nameservers`, its deadline per lookup, at most as many at once).
+async fn check_names(
+    names: BTreeMap<String, Vec<String>>,
+    nameservers: Vec<SocketAddr>,
+) -> Checked {
+    let unique: BTreeSet<String> = names.values().flatten().cloned().collect();
+    let resolver = match Resolver::new(&nameservers) {
+        Ok(r) => r,
+        Err(e) => {
+            // Not one Service's problem: the daemon cannot resolve either, and says so.
+            tracing::error!(error = %e, "Cannot check the Services' names: no resolver");
+            return Checked {
+                names,
+                answers: BTreeMap::new(),
+            };
+        }
+    };
+    let resolver = &resolver;
+    let answers = futures::stream::iter(unique)
+        .map(|name| async move {
+            let deadline = crate::clock::now() + RESOLVE_TIMEOUT;
+            let answer = match resolver.resolve(&name, deadline).await {
+                Ok(addrs) if addrs.is_empty() => Err("no addresses in the answer".to_string()),
+                Ok(_) => Ok(()),
+                Err(e) => Err(e),
+            };
+            (name, answer)
+        })
+        .buffer_unordered(MAX_CONCURRENT_RESOLUTIONS)
+        .collect()
+        .await;
+    Checked { names, answers }
 }
 
 impl GroupLoop {
@@ -248,6 +383,7 @@ impl GroupLoop {
         for k in self.members.keys().filter(|k| !next.contains_key(*k)) {
             tracing::info!(service = %format!("{}/{}", k.0, k.1), "Service left the proxy group");
             self.reported.remove(k);
+            self.checks.reported.remove(&format!("{}/{}", k.0, k.1));
         }
         self.members = next;
         true
@@ -302,12 +438,16 @@ impl GroupLoop {
         let changed = changed_keys(&out.rendered.data, &current);
         if changed.is_empty() {
             tracing::debug!(secret = %self.settings.secret, "Secret is up to date");
+            self.checks
+                .rendered(out.names, out.nameservers, out.reresolve_interval);
             return Ok(());
         }
         self.secret
             .apply(&out.rendered.data)
             .await
             .map_err(|e| Failure::Api(Box::new(e)))?;
+        self.checks
+            .rendered(out.names, out.nameservers, out.reresolve_interval);
         tracing::info!(
             secret = %self.settings.secret,
             keys = %changed.join(","),
@@ -345,6 +485,64 @@ impl GroupLoop {
                 tracing::warn!(error = %e, "Recording the Event failed");
             }
             self.reported.insert(k, reason.to_string());
+        }
+    }
+
+    /// After a check: a Warning Event on each served Service whose names do not resolve, once
+    /// per distinct set of names. Recorded in the background: an Event never delays a write.
+    fn names_checked(&mut self, checked: Checked) {
+        let unresolved = super::group::unresolved_services(&checked.names, &checked.answers);
+        tracing::debug!(
+            services = checked.names.len(),
+            unresolved = unresolved.len(),
+            "Services' names checked"
+        );
+        let checks = &mut self.checks;
+        checks.reported.retain(|service, _| {
+            let still = unresolved.contains_key(service) || !checked.names.contains_key(service);
+            if !still {
+                tracing::info!(service = %service, "The Service's names resolve again");
+            }
+            still
+        });
+        for (service, failed) in unresolved {
+            // A Service that left while the check ran is not reported on.
+            if !checks.names.contains_key(&service) {
+                continue;
+            }
+            let names: Vec<String> = failed.iter().map(|(n, _)| n.clone()).collect();
+            if checks.reported.get(&service) == Some(&names) {
+                continue;
+            }
+            let problems: Vec<String> = failed.iter().map(|(n, e)| format!("{n} ({e})")).collect();
+            tracing::warn!(service = %service, names = %problems.join(", "), "A Service's target name does not resolve");
+            checks.reported.insert(service.clone(), names);
+            let Some((ns, name)) = service.split_once('/') else {
+                continue; // a label of the base config's own, not a Service
+            };
+            let key = (ns.to_string(), name.to_string());
+            let Some(member) = self.members.get(&key) else {
+                continue;
+            };
+            let text = format!(
+                "target name {} does not resolve in the DNS of {} (replica {} of proxy group {}): this Service's rules wait for it (the proxy retries); the replica stays Ready for the group's other Services",
+                problems.join(", "),
+                self.settings.secret,
+                self.settings.replica.ordinal,
+                self.settings.replica.group
+            );
+            let obj = ObjRef {
+                namespace: key.0,
+                name: key.1,
+            };
+            let (client, uid) = (self.client.clone(), member.uid.clone());
+            tokio::spawn(async move {
+                if let Err(e) =
+                    record_warning(client, &obj, uid, REASON_NAME_UNRESOLVED, &text).await
+                {
+                    tracing::warn!(error = %e, "Recording the Event failed");
+                }
+            });
         }
     }
 

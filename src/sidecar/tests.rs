@@ -104,6 +104,7 @@ fn daemon_view(r: &Rendered) -> Config {
     Config::parse(&text(r, KEY_CONFIG), Path::new(MOUNT_DIR), &files).expect("daemon accepts it")
 }
 
+/// A rule of Service `apps/web` (every rule the sidecar renders names its Service).
 fn fwd(target: Target, ports: &[&str]) -> Forward {
     Forward {
         target,
@@ -111,6 +112,7 @@ fn fwd(target: Target, ports: &[&str]) -> Forward {
             .iter()
             .map(|p| p.parse::<PortMap>().expect("port"))
             .collect(),
+        service: Some("apps/web".into()),
     }
 }
 
@@ -128,6 +130,11 @@ fn clusterip_ingress_with_the_service_ports() {
         vec![fwd(ip("10.96.0.10"), &["80/tcp", "53/udp"])]
     );
     assert!(c.egress.is_empty());
+    assert_eq!(
+        c.health.readiness,
+        crate::config::Readiness::All,
+        "a single-Service proxy whose one Service is not served stays NotReady"
+    );
     assert_eq!(c.interface.private_key, fixed_key());
     assert_eq!(c.peers.len(), 1);
     assert!(text(&r, KEY_CONFIG).contains("private_key_file = \"private.key\""));

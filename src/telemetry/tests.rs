@@ -61,14 +61,45 @@ pub(crate) fn sample_snapshot() -> Snapshot {
             last_apply_seconds: 0.0125,
             text: "table inet tunnelgate_tg0 {\n}\n".into(),
         },
-        names: vec![NameStatus {
-            name: "db.example.internal".into(),
-            addresses: vec!["10.1.2.3".into(), "10.1.2.4".into()],
-            last_resolved_unix: Some(NOW - 30),
-            last_error: None,
-            resolutions: 9,
-            failures: 2,
-        }],
+        names: vec![
+            NameStatus {
+                name: "db.example.internal".into(),
+                addresses: vec!["10.1.2.3".into(), "10.1.2.4".into()],
+                last_resolved_unix: Some(NOW - 30),
+                last_error: None,
+                resolutions: 9,
+                failures: 2,
+                services: vec!["apps/db".into()],
+                per_service: true,
+            },
+            NameStatus {
+                name: "gone.example".into(),
+                addresses: vec![],
+                last_resolved_unix: None,
+                last_error: Some("no record found for Query { name: gone.example. }".into()),
+                resolutions: 4,
+                failures: 4,
+                services: vec!["apps/gone".into()],
+                per_service: true,
+            },
+        ],
+        services: vec![
+            ServiceStatus {
+                service: "apps/db".into(),
+                names: vec!["db.example.internal".into()],
+                unresolved_names: vec![],
+            },
+            ServiceStatus {
+                service: "apps/gone".into(),
+                names: vec!["gone.example".into()],
+                unresolved_names: vec!["gone.example".into()],
+            },
+            ServiceStatus {
+                service: "apps/web".into(),
+                names: vec![],
+                unresolved_names: vec![],
+            },
+        ],
         reloads: 3,
         reload_failures: 1,
         ready: true,
@@ -352,6 +383,20 @@ fn metrics_carry_the_snapshot_values() {
         v("tunnelgate_dns_last_resolved_timestamp_seconds", &db),
         (NOW - 30) as f64
     );
+    assert_eq!(
+        v("tunnelgate_dns_addresses", &[("name", "gone.example")]),
+        0.0
+    );
+    for (service, unresolved) in [("apps/db", 0.0), ("apps/gone", 1.0), ("apps/web", 0.0)] {
+        assert_eq!(
+            v(
+                "tunnelgate_service_unresolved_names",
+                &[("service", service)]
+            ),
+            unresolved,
+            "{service}"
+        );
+    }
     assert_eq!(v("tunnelgate_config_reloads_total", &[]), 3.0);
     assert_eq!(v("tunnelgate_config_reload_failures_total", &[]), 1.0);
 }
@@ -465,6 +510,14 @@ fn status_text_reads_like_wg_show() {
         "names:",
         "  db.example.internal -> 10.1.2.3, 10.1.2.4",
         "    resolved: 30 seconds ago (9 resolutions, 2 failed)",
+        "    services: apps/db (readiness does not wait for it)",
+        "  gone.example -> (none)",
+        "    resolved: never (4 resolutions, 4 failed)",
+        "    last error: no record found for Query { name: gone.example. }",
+        "services:",
+        "  apps/db: names resolved",
+        "  apps/gone: unresolved gone.example (its rules wait for it)",
+        "  apps/web: no names to resolve",
     ];
     let lines: BTreeSet<&str> = text.lines().collect();
     for want in expected_lines {
@@ -476,6 +529,12 @@ fn status_text_reads_like_wg_show() {
     assert!(pos(PEER_A) < pos(PEER_B));
     assert!(pos(PEER_B) < pos("rules:"));
     assert!(pos("rules:") < pos("names:"));
+    assert!(pos("names:") < pos("services:"));
+    // A name the replica itself waits for says nothing about readiness.
+    let mut own = sample_snapshot();
+    own.names[0].per_service = false;
+    let text = render_status_text(&own, NOW);
+    assert!(text.lines().any(|l| l == "    services: apps/db"), "{text}");
 }
 
 #[test]

@@ -207,6 +207,22 @@ pub struct NameView {
     pub last_error: Option<String>,
     pub resolutions: u64,
     pub failures: u64,
+    /// The `service` labels of the rules that use the name, sorted.
+    pub services: Vec<String>,
+    /// Whether `/readyz` waits for it to resolve (`health.readiness`).
+    pub holds_readiness: bool,
+}
+
+/// One `service` label of the forwarding rules, as status and metrics see it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ServiceView {
+    /// The label (`NAMESPACE/NAME` when the sidecar wrote it).
+    pub service: String,
+    /// The `target_fqdn` names of its rules.
+    pub names: Vec<String>,
+    /// Those names that have not resolved since they were configured: their rules are not
+    /// installed, so this service is not served (whatever `/readyz` says).
+    pub unresolved: Vec<String>,
 }
 
 /// Firewall figures for status and metrics.
@@ -231,6 +247,8 @@ pub struct View {
     pub readiness: Result<(), String>,
     pub rules: RulesView,
     pub names: Vec<NameView>,
+    /// Every `service` label of the rules, sorted.
+    pub services: Vec<ServiceView>,
     pub reloads: u64,
     pub reload_failures: u64,
     pub listen_port: u16,

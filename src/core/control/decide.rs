@@ -195,14 +195,18 @@ impl Control {
     }
 
     pub(super) fn track_names(&mut self, now: Instant) {
-        let names = self.config.fqdn_targets();
+        let users = self.config.fqdn_users();
+        let names: Vec<String> = users.keys().cloned().collect();
         self.dns.set_names(&names, now);
-        self.names.retain(|n, _| names.contains(n));
-        for name in names {
-            self.names.entry(name.clone()).or_insert_with(|| NameView {
+        self.names.retain(|n, _| users.contains_key(n));
+        for (name, who) in users {
+            let view = self.names.entry(name.clone()).or_insert_with(|| NameView {
                 name,
                 ..NameView::default()
             });
+            // A reload may move a name between services or change the readiness policy.
+            view.services = who.services;
+            view.holds_readiness = who.holds_readiness;
         }
     }
 

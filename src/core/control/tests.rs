@@ -957,3 +957,136 @@ fn only_a_new_preshared_key_takes_a_new_session() {
     assert_eq!(base.update_to(&psk), SessionEffect::NewSession);
     assert_eq!(psk.update_to(&base), SessionEffect::NewSession);
 }
+
+/// A proxy-group replica: two Services' rules, each labelled, and readiness per service.
+const GROUP: &str = r#"addresses = ["100.64.0.1/32"]
+[[ingress]]
+target_fqdn = "web.example"
+ports = ["80"]
+service = "apps/web"
+[[ingress]]
+target_fqdn = "gone.example"
+ports = ["81"]
+service = "apps/gone"
+[health]
+readiness = "per-service"
+"#;
+
+#[test]
+fn per_service_readiness_reports_a_services_unresolved_name_and_stays_ready() {
+    let mut sim = Sim::new(GROUP);
+    sim.answer("web.example", Ok(vec!["10.0.0.1"]));
+    sim.answer("gone.example", Err("NXDOMAIN"));
+    assert_eq!(
+        sim.control.readiness(),
+        Ok(()),
+        "one Service's name is not the replica's problem"
+    );
+    assert_eq!(
+        sim.targets_in_rules(),
+        [ip("10.0.0.1")].into(),
+        "the other Service is served"
+    );
+    let view = sim.control.view();
+    assert_eq!(view.readiness, Ok(()));
+    let services: Vec<(&str, Vec<&str>, Vec<&str>)> = view
+        .services
+        .iter()
+        .map(|s| {
+            (
+                s.service.as_str(),
+                s.names.iter().map(String::as_str).collect(),
+                s.unresolved.iter().map(String::as_str).collect(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        services,
+        [
+            ("apps/gone", vec!["gone.example"], vec!["gone.example"]),
+            ("apps/web", vec!["web.example"], vec![]),
+        ]
+    );
+    let gone = view
+        .names
+        .iter()
+        .find(|n| n.name == "gone.example")
+        .expect("tracked");
+    assert_eq!(gone.services, ["apps/gone"]);
+    assert!(!gone.holds_readiness);
+    assert_eq!(gone.last_error.as_deref(), Some("NXDOMAIN"));
+
+    // It is still retried, and once it resolves its rule follows.
+    let next = sim.control.poll_timeout().expect("a retry is scheduled");
+    sim.advance(next - sim.now);
+    sim.answer("gone.example", Ok(vec!["10.0.0.2"]));
+    assert_eq!(
+        sim.targets_in_rules(),
+        [ip("10.0.0.1"), ip("10.0.0.2")].into()
+    );
+    assert!(sim
+        .control
+        .view()
+        .services
+        .iter()
+        .all(|s| s.unresolved.is_empty()));
+}
+
+#[test]
+fn per_service_readiness_is_still_honest_about_rules_and_unlabelled_names() {
+    // The replica's own rule (no service label) still holds readiness.
+    let own = format!("{GROUP}[[egress]]\ntarget_fqdn = \"own.example\"\nports = [\"5432\"]\n");
+    let mut sim = Sim::new(&own);
+    sim.answer("web.example", Ok(vec!["10.0.0.1"]));
+    sim.answer("gone.example", Err("NXDOMAIN"));
+    sim.answer("own.example", Err("NXDOMAIN"));
+    assert!(
+        sim.control
+            .readiness()
+            .is_err_and(|e| e.contains("own.example") && e.contains("NXDOMAIN")),
+        "{:?}",
+        sim.control.readiness()
+    );
+    // A name both a labelled and an unlabelled rule use is the replica's too.
+    let shared = format!("{GROUP}[[egress]]\ntarget_fqdn = \"gone.example\"\nports = [\"5432\"]\n");
+    assert_eq!(sim.reload(&shared), Ok(Reload::Applied));
+    assert!(sim
+        .control
+        .readiness()
+        .is_err_and(|e| e.contains("gone.example")));
+
+    // A failing rule apply makes it NotReady whatever the names do.
+    let mut sim = Sim::new(GROUP);
+    sim.answer("web.example", Ok(vec!["10.0.0.1"]));
+    sim.answer("gone.example", Err("NXDOMAIN"));
+    assert_eq!(sim.control.readiness(), Ok(()));
+    sim.rules_fail = true;
+    let _ = sim.reload(&GROUP.replace("\"80\"", "\"8080\""));
+    assert!(sim
+        .control
+        .readiness()
+        .is_err_and(|e| e.starts_with("rules:")));
+}
+
+#[test]
+fn without_per_service_readiness_one_unresolved_name_is_not_ready() {
+    // A single-Service proxy (the sidecar labels its rules but keeps readiness = "all"): its
+    // one Service not resolving means it serves nothing, and /readyz says so.
+    let single = GROUP.replace("readiness = \"per-service\"", "readiness = \"all\"");
+    let mut sim = Sim::new(&single);
+    sim.answer("web.example", Ok(vec!["10.0.0.1"]));
+    sim.answer("gone.example", Err("NXDOMAIN"));
+    assert!(sim
+        .control
+        .readiness()
+        .is_err_and(|e| e.contains("gone.example") && e.contains("NXDOMAIN")));
+    assert_eq!(sim.control.view().services[0].unresolved, ["gone.example"]);
+    // A reload to the per-service policy takes the name's weight off readiness at once.
+    assert_eq!(sim.reload(GROUP), Ok(Reload::Applied));
+    assert_eq!(sim.control.readiness(), Ok(()));
+    assert_eq!(
+        sim.control.view().services[0].unresolved,
+        ["gone.example"],
+        "the reload kept what is known about the name"
+    );
+}

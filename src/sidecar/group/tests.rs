@@ -433,3 +433,130 @@ fn the_existing_key_is_kept_and_a_second_rendering_is_identical() {
     assert!(!again.rendered.generated_key);
     assert!(crate::sidecar::changed_keys(&again.rendered.data, &first.rendered.data).is_empty());
 }
+
+/// An ExternalName Service of the group, exposed: ingress to `external`.
+fn external(ns: &str, name: &str, created: i64, external: &str, port80: u16) -> ServiceInfo {
+    let mut s = service(ns, name, created, &[(ANNOTATION_EXPOSE, "true")]);
+    s.type_ = Some("ExternalName".into());
+    s.cluster_ips.clear();
+    s.external_name = Some(external.into());
+    s.ports = vec![port(i32::from(port80), None, "TCP")];
+    s
+}
+
+#[test]
+fn every_rule_names_its_service_and_a_replica_is_ready_per_service() {
+    let services = [
+        ingress("apps", "web", 1, "10.96.0.10", vec![port(80, None, "TCP")]),
+        external("apps", "gone", 2, "Gone.Example.", 81),
+        egress(
+            "apps",
+            "db",
+            3,
+            "100.64.0.2",
+            vec![port(5432, Some(15432), "TCP")],
+        ),
+        external("shop", "api", 4, "api.example", 82),
+    ];
+    let r = render(&replica(0), &services);
+    let c = daemon_view(&r);
+    let labels = |fwds: &[crate::config::Forward]| -> Vec<(String, Option<String>)> {
+        fwds.iter()
+            .map(|f| (rules(std::slice::from_ref(f)).remove(0), f.service.clone()))
+            .collect()
+    };
+    assert_eq!(
+        labels(&c.ingress),
+        [
+            (
+                "10.96.0.10 80/tcp".to_string(),
+                Some("apps/web".to_string())
+            ),
+            ("gone.example 81/tcp".into(), Some("apps/gone".into())),
+            ("api.example 82/tcp".into(), Some("shop/api".into())),
+        ]
+    );
+    assert_eq!(
+        labels(&c.egress),
+        [(
+            "100.64.0.2 15432:5432/tcp".to_string(),
+            Some("apps/db".to_string())
+        )]
+    );
+    assert_eq!(
+        c.health.readiness,
+        crate::config::Readiness::PerService,
+        "one Service's name must not make the replica NotReady"
+    );
+    assert_eq!(
+        c.health.listen,
+        Some("0.0.0.0:9002".parse().expect("addr")),
+        "the base config's other health keys stay"
+    );
+    assert_eq!(
+        r.names,
+        BTreeMap::from([
+            ("apps/gone".to_string(), vec!["gone.example".to_string()]),
+            ("shop/api".into(), vec!["api.example".into()]),
+        ]),
+        "the names to check, as the daemon resolves them"
+    );
+    assert!(
+        r.rendered.notes.is_empty(),
+        "nothing overridden: {:?}",
+        r.rendered.notes
+    );
+}
+
+#[test]
+fn a_base_config_asking_for_readiness_all_is_overridden_with_a_note() {
+    let base = format!("{}readiness = \"all\"\n", base());
+    let r = render_group(&replica(0), &[], &base, &BTreeMap::new(), || key(40)).expect("renders");
+    assert_eq!(
+        daemon_view(&r).health.readiness,
+        crate::config::Readiness::PerService
+    );
+    assert!(
+        r.rendered
+            .notes
+            .iter()
+            .any(|n| n.contains("health.readiness") && n.contains("\"all\"")),
+        "{:?}",
+        r.rendered.notes
+    );
+    // A base config without [health] gets one.
+    let bare = base.replace(
+        "[health]\nlisten = \"0.0.0.0:9002\"\nreadiness = \"all\"\n",
+        "",
+    );
+    assert!(!bare.contains("[health]"), "{bare}");
+    let r = render_group(&replica(0), &[], &bare, &BTreeMap::new(), || key(40)).expect("renders");
+    assert_eq!(
+        daemon_view(&r).health.readiness,
+        crate::config::Readiness::PerService
+    );
+}
+
+#[test]
+fn a_service_is_unresolved_when_any_of_its_names_fails() {
+    let names = BTreeMap::from([
+        ("apps/web".to_string(), vec!["web.example".to_string()]),
+        (
+            "apps/two".into(),
+            vec!["web.example".into(), "gone.example".into()],
+        ),
+        ("apps/later".into(), vec!["unasked.example".into()]),
+    ]);
+    let answers = BTreeMap::from([
+        ("web.example".to_string(), Ok(())),
+        ("gone.example".into(), Err("NXDOMAIN".to_string())),
+    ]);
+    assert_eq!(
+        unresolved_services(&names, &answers),
+        BTreeMap::from([(
+            "apps/two".to_string(),
+            vec![("gone.example".to_string(), "NXDOMAIN".to_string())]
+        )]),
+        "a name without an answer is not reported"
+    );
+}
