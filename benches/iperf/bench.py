@@ -42,11 +42,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))
 from benchproc import CommandFailed as SetupFailed  # noqa: E402
-from benchproc import add_ns, add_output_args, results_path, log, run, nsx, pid_alive, cpu_ticks, status_kib, wait_for, tail, kill_ns, genkey, git_commit, med_spread  # noqa: E402
+from benchproc import CLK_TCK, Daemon, add_ns, add_output_args, results_path, log, run, nsx, cpu_ticks, status_kib, tail, wait_for, kill_ns, genkey, git_commit, med_spread  # noqa: E402
+from benchproc import build_release_tunnelgate, iperf3_server, raise_on_signals, stop_process, sweep_stale  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tunnelgate-bench"
-WG_SOCKET_DIR = Path("/var/run/wireguard")
 PID = os.getpid()
 NS_PREFIX = "tgbench"  # namespaces: tgbench<pid>s<i><a|b>
 IF_PREFIX = "tb"  # interfaces: tb<pid>s<i><a|b> (<= 15 chars; the UAPI folder is shared)
@@ -55,7 +55,6 @@ UNDERLAY = {"a": ("10.99.0.1", "fd00:99::1"), "b": ("10.99.0.2", "fd00:99::2")}
 TUNNEL = {"a": ("10.100.0.1", "fd00:100::1"), "b": ("10.100.0.2", "fd00:100::2")}
 MTU = 1420
 IPERF_PORT = 5201
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 # name -> (daemon kind on side a, daemon kind on side b); None = plain veth
 SETUPS = {
@@ -79,18 +78,9 @@ TESTS = ("tcp1", "tcp4", "udp", "ping")
 # --------------------------------------------------------------------------------------------------
 
 
-def sweep_stale() -> None:
+def sweep_stale_runs() -> None:
     """Removes namespaces and sockets that an earlier, killed benchmark run left behind."""
-    for line in run(["ip", "netns", "list"], check=False).stdout.splitlines():
-        name = line.split()[0] if line.split() else ""
-        m = re.fullmatch(NS_PREFIX + r"(\d+)s\d+[ab]", name)
-        if m and not pid_alive(int(m.group(1))):
-            kill_ns(name)
-    if WG_SOCKET_DIR.is_dir():
-        for sock in WG_SOCKET_DIR.glob(IF_PREFIX + "*.sock"):
-            m = re.fullmatch(IF_PREFIX + r"(\d+)s\d+[ab]\.sock", sock.name)
-            if m and not pid_alive(int(m.group(1))):
-                sock.unlink(missing_ok=True)
+    sweep_stale(NS_PREFIX + r"(\d+)s\d+[ab]", IF_PREFIX + r"(\d+)s\d+[ab]\.sock")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -98,81 +88,20 @@ def sweep_stale() -> None:
 # --------------------------------------------------------------------------------------------------
 
 
-class Daemon:
-    """One tunnel endpoint process in a namespace."""
-
-    kind = "?"
-
-    def __init__(self, ns: str, ifname: str, workdir: Path):
-        self.ns, self.ifname, self.workdir = ns, ifname, workdir
-        self.proc: subprocess.Popen | None = None
-        self.logfile = workdir / f"{ifname}.log"
-        self.key = self.pub = ""
-        self.port = 0
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def spawn(self, args: list[str], env: dict[str, str] | None = None) -> None:
-        e = dict(os.environ)
-        e.update(env or {})
-        with open(self.logfile, "w") as out:
-            # `ip netns exec NS cmd` execs cmd itself: proc.pid is the daemon.
-            self.proc = subprocess.Popen(
-                ["ip", "netns", "exec", self.ns, *args],
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=e,
-                start_new_session=True,  # Ctrl-C goes to us; we stop the daemon ourselves
-            )
-
-    def sock(self) -> Path:
-        return WG_SOCKET_DIR / f"{self.ifname}.sock"
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def wait_socket(self, timeout: float = 10) -> None:
-        if not wait_for(lambda: self.sock().exists() or not self.alive(), timeout) or not self.alive():
-            code = self.proc.poll() if self.proc else None
-            raise SetupFailed(
-                f"{self.kind} did not create {self.sock()} "
-                f"({'exited ' + str(code) if code is not None else 'timeout'}): {tail(self.logfile)}"
-            )
+class WgStyle(Daemon):
+    """wireguard-go and boringtun-cli: an empty interface, configured with `wg set` and `ip`."""
 
     def start(self, side: str, peer_pub: str, peer_port: int) -> None:
         raise NotImplementedError
 
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.sock().unlink(missing_ok=True)
-
-
-class WgStyle(Daemon):
-    """wireguard-go and boringtun-cli: an empty interface, configured with `wg set` and `ip`."""
-
     def configure(self, side: str, peer_pub: str, peer_port: int) -> None:
         other = "b" if side == "a" else "a"
-        keyfile = self.workdir / f"{self.ifname}.key"
-        keyfile.write_text(self.key + "\n")
-        keyfile.chmod(0o600)
-        nsx(
-            self.ns, "wg", "set", self.ifname, "private-key", str(keyfile), "listen-port", str(self.port),
-            "peer", peer_pub, "allowed-ips", f"{TUNNEL[other][0]}/32,{TUNNEL[other][1]}/128",
-            "endpoint", f"{UNDERLAY[other][0]}:{peer_port}",
-        )  # fmt: skip
-        nsx(self.ns, "ip", "addr", "add", f"{TUNNEL[side][0]}/24", "dev", self.ifname)
-        nsx(self.ns, "ip", "-6", "addr", "add", f"{TUNNEL[side][1]}/64", "dev", self.ifname, "nodad")
-        nsx(self.ns, "ip", "link", "set", "dev", self.ifname, "mtu", str(MTU), "up")
+        self.configure_wg(
+            [(peer_pub, [f"{TUNNEL[other][0]}/32", f"{TUNNEL[other][1]}/128"], f"{UNDERLAY[other][0]}:{peer_port}")],
+            [f"{TUNNEL[side][0]}/24", f"{TUNNEL[side][1]}/64"],
+            [],
+            MTU,
+        )
 
 
 class WireguardGo(WgStyle):
@@ -252,19 +181,7 @@ listen = ""
                    else [Tunnelgate.binary, "run", "--config", str(config), "--seccomp", self.seccomp])
         self.spawn(command, {"RUST_LOG": os.environ.get("RUST_LOG", "warn")})
 
-        def ready() -> bool:
-            if not self.alive() or not self.sock().exists():
-                return False
-            p = nsx(self.ns, "ip", "-o", "link", "show", "dev", self.ifname, check=False)
-            m = re.search(r"<([^>]*)>", p.stdout)
-            return p.returncode == 0 and m is not None and "UP" in m.group(1).split(",")
-
-        if not wait_for(lambda: ready() or not self.alive(), 10) or not self.alive():
-            code = self.proc.poll() if self.proc else None
-            raise SetupFailed(
-                f"tunnelgate not ready ({'exited ' + str(code) if code is not None else 'timeout after 10 s'}): "
-                f"{tail(self.logfile) or '(no output)'}"
-            )
+        self.wait_configured()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -405,21 +322,11 @@ def udp_counters(ns: str, port: int) -> tuple[int, int]:
 
 
 def iperf(setup: Setup, test: str, duration: int, udp_window: str) -> dict:
-    server = subprocess.Popen(
-        ["ip", "netns", "exec", setup.ns["b"], "iperf3", "-s", "-1", "-p", str(IPERF_PORT)],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
     try:
-        listening = wait_for(
-            lambda: str(IPERF_PORT)
-            in nsx(setup.ns["b"], "ss", "-Hltn", f"sport = :{IPERF_PORT}", check=False).stdout,
-            5,
-        )
-        if not listening:
-            return {"error": "iperf3 server did not start"}
+        server = iperf3_server(setup.ns["b"], IPERF_PORT)
+    except SetupFailed as e:
+        return {"error": str(e)}
+    try:
         args = ["iperf3", "-c", setup.target(), "-p", str(IPERF_PORT), "-t", str(duration), "-J"]
         args += ["--connect-timeout", "5000"]
         if test == "tcp4":
@@ -479,9 +386,7 @@ def iperf(setup: Setup, test: str, duration: int, udp_window: str) -> dict:
             r["cpu_s_per_gb"] = round(sum(cpu.values()) / (r["bytes"] / 1e9), 3)
         return r
     finally:
-        if server.poll() is None:
-            server.kill()
-        server.wait()
+        stop_process(server)
 
 
 def ping_rtt(setup: Setup) -> dict:
@@ -518,12 +423,10 @@ def prepare_tunnelgate(args) -> None:
     else:
         Tunnelgate.binary = str(REPO / "target" / "release" / "tunnelgate")
         if not args.no_build:
-            log("==> cargo build --release")
-            buildlog = Path(args.workdir) / "cargo-build.log"
-            with open(buildlog, "w") as out:
-                rc = subprocess.call(["cargo", "build", "--release", "--bin", "tunnelgate"], cwd=REPO, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-            if rc != 0:
-                Tunnelgate.unavailable = f"cargo build --release failed ({rc}): {tail(buildlog, 8)}"
+            try:
+                build_release_tunnelgate(Path(args.workdir) / "cargo-build.log")
+            except SetupFailed as e:
+                Tunnelgate.unavailable = str(e)
                 log(Tunnelgate.unavailable)
                 return
     if not os.access(Tunnelgate.binary, os.X_OK):
@@ -647,10 +550,6 @@ def svg_chart(results: dict) -> str:
 # --------------------------------------------------------------------------------------------------
 
 
-def on_signal(signum, _frame):
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=3, help="rounds, interleaved across setups (default 3)")
@@ -700,10 +599,7 @@ def main() -> int:
     except SetupFailed as e:
         ap.error(str(e))
 
-    # Explicitly: a shell starts background jobs with SIGINT ignored, and Python keeps that.
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGHUP, on_signal)
+    raise_on_signals()
     args.workdir = tempfile.mkdtemp(prefix="tunnelgate-bench-")
     workdir = Path(args.workdir)
     setups = [Setup(i, n, workdir) for i, n in enumerate(names)]
@@ -729,7 +625,7 @@ def main() -> int:
     if load1 > 0.5 * (os.cpu_count() or 1):
         log(f"warning: load average {load1} before the benchmark: other work will skew the figures")
     try:
-        sweep_stale()
+        sweep_stale_runs()
         if any("tunnelgate" in SETUPS[n] for n in names):
             prepare_tunnelgate(args)
         if any(k and k.startswith("boringtun") for n in names for k in SETUPS[n]):
@@ -789,7 +685,7 @@ def main() -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         for s in setups:
             s.teardown()
-        sweep_stale()
+        sweep_stale_runs()
         signal.signal(signal.SIGINT, signal.default_int_handler)
         if not args.keep_logs:
             shutil.rmtree(workdir, ignore_errors=True)
