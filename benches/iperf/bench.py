@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""iperf3 benchmark of tunnelgate against plain veth, wireguard-go and boringtun-cli.
+"""iperf3 benchmark of tunnelgate against plain veth, wireguard-go, boringtun-cli and gotatun.
 
 Every setup gets its own pair of network namespaces joined by a veth pair (underlay 10.99.0.1/.2,
 fd00:99::1/2); the tunnel between them uses 10.100.0.1/.2 and fd00:100::1/2, MTU 1420. In each round,
@@ -17,8 +17,9 @@ A setup that cannot start (say, tunnelgate is not built yet) is reported as fail
 the others still run. Everything the benchmark creates (namespaces, daemons, sockets) is removed at
 the end, also on Ctrl-C, SIGTERM or an error.
 
-Needs root, iperf3, wireguard-go, wireguard-tools, iproute2, iputils-ping; boringtun-cli is installed
-with `cargo install boringtun-cli --locked` into a cache directory if it is not on PATH.
+Needs root, iperf3, wireguard-go, wireguard-tools, iproute2, iputils-ping; boringtun-cli and gotatun
+(Mullvad's fork of boringtun, crate gotatun-cli) are installed with `cargo install CRATE --locked`
+into a cache directory when they are not on PATH.
 Usage: benches/iperf/run.sh [--quick] [--rounds N] [--duration S] [--setups a,b] [--out FILE | --publish]
 """
 
@@ -65,6 +66,8 @@ SETUPS = {
     "wireguard-go": ("wireguard-go", "wireguard-go"),
     "boringtun": ("boringtun", "boringtun"),
     "boringtun-t1": ("boringtun-t1", "boringtun-t1"),
+    # Mullvad's fork of boringtun (gotatun-cli 0.10 has no --threads option).
+    "gotatun": ("gotatun", "gotatun"),
     "tunnelgate-wggo": ("tunnelgate", "wireguard-go"),
 }
 # With --baseline BIN: the same tunnelgate setup run by an earlier build, in the same run, to
@@ -89,7 +92,7 @@ def sweep_stale_runs() -> None:
 
 
 class WgStyle(Daemon):
-    """wireguard-go and boringtun-cli: an empty interface, configured with `wg set` and `ip`."""
+    """wireguard-go, boringtun-cli and gotatun: an empty interface, configured with `wg set` and `ip`."""
 
     def start(self, side: str, peer_pub: str, peer_port: int) -> None:
         raise NotImplementedError
@@ -114,24 +117,34 @@ class WireguardGo(WgStyle):
 
 
 class Boringtun(WgStyle):
+    """boringtun-cli; its fork gotatun (below) takes the same flags."""
+
     kind = "boringtun"
-    binary = ""
+    crate, command = "boringtun-cli", "boringtun-cli"
+    binary = ""  # set by prepare_cargo_tool, per class
 
     def __init__(self, ns, ifname, workdir, threads: int | None):
         super().__init__(ns, ifname, workdir)
         self.threads = threads
         if threads:
-            self.kind = f"boringtun-t{threads}"
+            self.kind = f"{type(self).kind}-t{threads}"
 
     def start(self, side, peer_pub, peer_port):
-        if not Boringtun.binary:
-            raise SetupFailed("boringtun-cli is not available (see the install error above)")
-        args = [Boringtun.binary, "--foreground", "--disable-drop-privileges", "--log", str(self.logfile)]
+        binary = type(self).binary
+        if not binary:
+            raise SetupFailed(f"{self.command} is not available (see the install error above)")
+        args = [binary, "--foreground", "--disable-drop-privileges", "--log", str(self.logfile)]
         if self.threads:
             args += ["--threads", str(self.threads)]
         self.spawn(args + [self.ifname], {"WG_SUDO": "1"})
         self.wait_socket()
         self.configure(side, peer_pub, peer_port)
+
+
+class Gotatun(Boringtun):
+    kind = "gotatun"
+    crate, command = "gotatun-cli", "gotatun"
+    binary = ""
 
 
 class Tunnelgate(Daemon):
@@ -221,6 +234,8 @@ class Setup:
             return Boringtun(ns, ifname, self.workdir, None)
         if kind == "boringtun-t1":
             return Boringtun(ns, ifname, self.workdir, 1)
+        if kind == "gotatun":
+            return Gotatun(ns, ifname, self.workdir, None)
         if kind == "tunnelgate":
             return Tunnelgate(ns, ifname, self.workdir)
         if kind == "tunnelgate-noseccomp":
@@ -433,16 +448,20 @@ def prepare_tunnelgate(args) -> None:
         Tunnelgate.unavailable = f"no tunnelgate binary at {Tunnelgate.binary}"
 
 
-def prepare_boringtun(args) -> None:
-    found = args.boringtun or shutil.which("boringtun-cli") or (str(CACHE / "bin" / "boringtun-cli") if (CACHE / "bin" / "boringtun-cli").exists() else "")
+def prepare_cargo_tool(cls: type[Boringtun], override: str | None) -> None:
+    """Finds `cls.command`: the path given, else PATH, else the cache; when it is nowhere,
+    `cargo install cls.crate --locked` into the cache. A failed install leaves `cls.binary` empty
+    and its setups fail with the reason; the others still run."""
+    cached = CACHE / "bin" / cls.command
+    found = override or shutil.which(cls.command) or (str(cached) if cached.exists() else "")
     if not found:
-        log(f"==> cargo install boringtun-cli --locked --root {CACHE}")
-        p = subprocess.run(["cargo", "install", "boringtun-cli", "--locked", "--root", str(CACHE)], capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        log(f"==> cargo install {cls.crate} --locked --root {CACHE}")
+        p = subprocess.run(["cargo", "install", cls.crate, "--locked", "--root", str(CACHE)], capture_output=True, text=True, stdin=subprocess.DEVNULL)
         if p.returncode != 0:
-            log(f"boringtun-cli install failed: {p.stderr.strip()[-500:]}")
+            log(f"{cls.crate} install failed: {p.stderr.strip()[-500:]}")
             return
-        found = str(CACHE / "bin" / "boringtun-cli")
-    Boringtun.binary = found
+        found = str(cached)
+    cls.binary = found
 
 
 def version_of(args: list[str]) -> str:
@@ -567,6 +586,7 @@ def main() -> int:
     ap.add_argument("--baseline", metavar="BIN", help=f"an earlier tunnelgate binary: adds setup {BASELINE_SETUP} (tunnelgate <-> tunnelgate with it)")
     ap.add_argument("--tunnelgate", help="tunnelgate binary (default target/release/tunnelgate, built first)")
     ap.add_argument("--boringtun", help="boringtun-cli binary (default: PATH, else cargo install into the cache)")
+    ap.add_argument("--gotatun", help="gotatun binary (default: PATH, else cargo install gotatun-cli into the cache)")
     ap.add_argument("--keep-logs", action="store_true", help="keep the daemons' logs and configs")
     ap.add_argument("--svg-from", metavar="JSON", help="only write the SVG chart of an earlier run's JSON (next to it) and exit")
     args = ap.parse_args()
@@ -628,12 +648,14 @@ def main() -> int:
         sweep_stale_runs()
         if any("tunnelgate" in SETUPS[n] for n in names):
             prepare_tunnelgate(args)
-        if any(k and k.startswith("boringtun") for n in names for k in SETUPS[n]):
-            prepare_boringtun(args)
+        for cls, override in ((Boringtun, args.boringtun), (Gotatun, args.gotatun)):
+            if any(k and k.startswith(cls.kind) for n in names for k in SETUPS[n]):
+                prepare_cargo_tool(cls, override)
         results["meta"]["versions"] = {
             "iperf3": version_of(["iperf3", "--version"]),
             "wireguard-go": version_of(["wireguard-go", "--version"]),
             "boringtun-cli": version_of([Boringtun.binary, "--version"]) if Boringtun.binary else None,
+            "gotatun": version_of([Gotatun.binary, "--version"]) if Gotatun.binary else None,
             "tunnelgate": Tunnelgate.binary or None,
             BASELINE_SETUP: Tunnelgate.baseline or None,
         }
