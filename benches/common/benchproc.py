@@ -1,6 +1,6 @@
-"""Process, namespace and /proc helpers shared by the benchmarks (benches/iperf, benches/control,
-benches/rekey, benches/soak, ...): running commands in namespaces, tunnel daemons as child processes, CPU
-accounting, iperf3 servers, cleanup of what an earlier killed run left behind, result paths."""
+"""Process, namespace and /proc helpers shared by the benchmarks (benches/iperf, benches/peers,
+benches/control, ...): running commands in namespaces, tunnel daemons as child processes, per-thread
+CPU accounting, iperf3 servers, cleanup of what an earlier killed run left behind, result paths."""
 
 from __future__ import annotations
 
@@ -73,6 +73,40 @@ def cpu_ticks(pid: int) -> int | None:
         return int(fields[11]) + int(fields[12])
     except (OSError, IndexError, ValueError):
         return None
+
+
+def thread_cpu_ticks(pid: int) -> dict[int, tuple[str, int]]:
+    """Every thread of `pid`: tid -> (thread name, utime + stime in clock ticks), from
+    /proc/PID/task/*/stat. A thread that ends while this reads is left out."""
+    threads: dict[int, tuple[str, int]] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return threads
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                head, rest = f.read().rsplit(")", 1)
+            fields = rest.split()
+            threads[int(tid)] = (head.split("(", 1)[1], int(fields[11]) + int(fields[12]))
+        except (OSError, IndexError, ValueError):
+            continue
+    return threads
+
+
+def thread_cpu_delta(before: dict[int, tuple[str, int]], after: dict[int, tuple[str, int]]) -> dict[int, tuple[str, int]]:
+    """CPU ticks each thread used between two `thread_cpu_ticks` snapshots; a thread born in
+    between counts from zero, one that ended in between is lost (its ticks are not in `after`)."""
+    return {tid: (name, ticks - before.get(tid, (name, 0))[1]) for tid, (name, ticks) in after.items()}
+
+
+def machine_busy_ticks() -> tuple[int, int]:
+    """(busy, total) clock ticks of all CPUs since boot, from /proc/stat: how loaded the whole
+    machine was over an interval, the benchmark's own processes included."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields[:8]) - idle, sum(fields[:8])
 
 
 def status_kib(pid: int, key: str) -> int | None:
