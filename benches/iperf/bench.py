@@ -515,10 +515,11 @@ def report(results: dict) -> str:
     tg1 = values(tg, "tcp1", "bps") if tg.get("status") == "ok" else []
     if tg1:
         out.append("TCP single-stream, median ratio tunnelgate / other:")
+        width = max(len(name) for name in results["setups"])
         for name, s in results["setups"].items():
             other = values(s, "tcp1", "bps") if s["status"] == "ok" else []
             if name != "tunnelgate" and other:
-                out.append(f"  tunnelgate / {name:<16} {statistics.median(tg1) / statistics.median(other):6.2f}x")
+                out.append(f"  tunnelgate / {name:<{width}} {statistics.median(tg1) / statistics.median(other):6.2f}x")
     else:
         out.append("TCP single-stream ratios: no tunnelgate figures (the tunnelgate setup did not run).")
     return "\n".join(out)
