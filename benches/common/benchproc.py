@@ -1,9 +1,12 @@
-"""Process, namespace and /proc helpers shared by the benchmarks (benches/iperf, benches/control)."""
+"""Process, namespace and /proc helpers shared by the benchmarks (benches/iperf, benches/peers,
+benches/control, ...): running commands in namespaces, tunnel daemons as child processes, per-thread
+CPU accounting, iperf3 servers, cleanup of what an earlier killed run left behind, result paths."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import stat
 import statistics
@@ -17,6 +20,9 @@ PID = os.getpid()
 # Where results go by default: outside the tree, so a run leaves `git status` clean.
 OUT_ENV = "TUNNELGATE_BENCH_OUT"
 DEFAULT_OUT_ROOT = Path("/tmp/tunnelgate-bench")
+# The UAPI socket folder: shared by every network namespace, so interface names must be unique.
+WG_SOCKET_DIR = Path("/var/run/wireguard")
+CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 class CommandFailed(Exception):
@@ -69,6 +75,40 @@ def cpu_ticks(pid: int) -> int | None:
         return None
 
 
+def thread_cpu_ticks(pid: int) -> dict[int, tuple[str, int]]:
+    """Every thread of `pid`: tid -> (thread name, utime + stime in clock ticks), from
+    /proc/PID/task/*/stat. A thread that ends while this reads is left out."""
+    threads: dict[int, tuple[str, int]] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return threads
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                head, rest = f.read().rsplit(")", 1)
+            fields = rest.split()
+            threads[int(tid)] = (head.split("(", 1)[1], int(fields[11]) + int(fields[12]))
+        except (OSError, IndexError, ValueError):
+            continue
+    return threads
+
+
+def thread_cpu_delta(before: dict[int, tuple[str, int]], after: dict[int, tuple[str, int]]) -> dict[int, tuple[str, int]]:
+    """CPU ticks each thread used between two `thread_cpu_ticks` snapshots; a thread born in
+    between counts from zero, one that ended in between is lost (its ticks are not in `after`)."""
+    return {tid: (name, ticks - before.get(tid, (name, 0))[1]) for tid, (name, ticks) in after.items()}
+
+
+def machine_busy_ticks() -> tuple[int, int]:
+    """(busy, total) clock ticks of all CPUs since boot, from /proc/stat: how loaded the whole
+    machine was over an interval, the benchmark's own processes included."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields[:8]) - idle, sum(fields[:8])
+
+
 def status_kib(pid: int, key: str) -> int | None:
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -95,6 +135,33 @@ def add_ns(ns: str) -> str:
     return ns
 
 
+def sweep_stale(ns_pattern: str, sock_pattern: str | None = None) -> None:
+    """Removes the namespaces (and UAPI sockets) an earlier, killed run left behind: those whose
+    name fully matches the pattern and whose first group, the pid of the run that made them, is
+    no longer alive."""
+    for line in run(["ip", "netns", "list"], check=False).stdout.splitlines():
+        name = line.split()[0] if line.split() else ""
+        m = re.fullmatch(ns_pattern, name)
+        if m and not pid_alive(int(m.group(1))):
+            kill_ns(name)
+    if sock_pattern and WG_SOCKET_DIR.is_dir():
+        for sock in WG_SOCKET_DIR.glob("*.sock"):
+            m = re.fullmatch(sock_pattern, sock.name)
+            if m and not pid_alive(int(m.group(1))):
+                sock.unlink(missing_ok=True)
+
+
+def raise_on_signals() -> None:
+    """Turns SIGINT, SIGTERM and SIGHUP into KeyboardInterrupt, so a benchmark's `finally` cleans up.
+    Explicitly for SIGINT too: a shell starts background jobs with SIGINT ignored, and Python keeps that."""
+
+    def on_signal(signum, _frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+
+
 def ns_pids(ns: str) -> list[int]:
     p = run(["ip", "netns", "pids", ns], check=False)
     return [int(x) for x in p.stdout.split() if x.isdigit() and int(x) != PID]
@@ -113,6 +180,127 @@ def kill_ns(ns: str) -> None:
             break
         pids = ns_pids(ns)
     run(["ip", "netns", "del", ns], check=False)
+
+
+class Daemon:
+    """One tunnel endpoint process (tunnelgate, wireguard-go, boringtun-cli, ...) in a namespace,
+    with its output in `workdir/<ifname>.log`. Subclasses say how to start and configure it."""
+
+    kind = "?"
+
+    def __init__(self, ns: str, ifname: str, workdir: Path):
+        self.ns, self.ifname, self.workdir = ns, ifname, workdir
+        self.proc: subprocess.Popen | None = None
+        self.logfile = workdir / f"{ifname}.log"
+        self.key = self.pub = ""
+        self.port = 0
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def spawn(self, args: list[str], env: dict[str, str] | None = None) -> None:
+        e = dict(os.environ)
+        e.update(env or {})
+        with open(self.logfile, "w") as out:
+            # `ip netns exec NS cmd` execs cmd itself: proc.pid is the daemon.
+            self.proc = subprocess.Popen(
+                ["ip", "netns", "exec", self.ns, *args],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=e,
+                start_new_session=True,  # Ctrl-C goes to us; we stop the daemon ourselves
+            )
+
+    def sock(self) -> Path:
+        return WG_SOCKET_DIR / f"{self.ifname}.sock"
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def exit_note(self, timeout: float) -> str:
+        code = self.proc.poll() if self.proc else None
+        return f"exited {code}" if code is not None else f"timeout after {timeout:g} s"
+
+    def wait_socket(self, timeout: float = 10) -> None:
+        if not wait_for(lambda: self.sock().exists() or not self.alive(), timeout) or not self.alive():
+            raise CommandFailed(f"{self.kind} did not create {self.sock()} ({self.exit_note(timeout)}): {tail(self.logfile)}")
+
+    def link_up(self) -> bool:
+        p = nsx(self.ns, "ip", "-o", "link", "show", "dev", self.ifname, check=False)
+        m = re.search(r"<([^>]*)>", p.stdout)
+        return p.returncode == 0 and m is not None and "UP" in m.group(1).split(",")
+
+    def wait_configured(self, timeout: float = 10) -> None:
+        """For `tunnelgate run`, which configures its interface itself: ready once the UAPI socket
+        exists and the interface is up."""
+        ready = lambda: self.alive() and self.sock().exists() and self.link_up()  # noqa: E731
+        if not wait_for(lambda: ready() or not self.alive(), timeout) or not self.alive():
+            raise CommandFailed(f"{self.kind} not ready ({self.exit_note(timeout)}): {tail(self.logfile) or '(no output)'}")
+
+    def configure_wg(self, peers: list[tuple[str, list[str], str | None]], addresses: list[str], routes: list[str], mtu: int) -> None:
+        """For a bare interface (wireguard-go, boringtun-cli, `tunnelgate userspace`): the key,
+        port and peers (public key, allowed IPs, endpoint or None) with `wg set`, then addresses,
+        extra routes and MTU with `ip`."""
+        keyfile = self.workdir / f"{self.ifname}.key"
+        keyfile.write_text(self.key + "\n")
+        keyfile.chmod(0o600)
+        wg = ["wg", "set", self.ifname, "private-key", str(keyfile), "listen-port", str(self.port)]
+        for pub, allowed, endpoint in peers:
+            wg += ["peer", pub, "allowed-ips", ",".join(allowed)] + (["endpoint", endpoint] if endpoint else [])
+        nsx(self.ns, *wg)
+        for addr in addresses:
+            v6 = ":" in addr
+            nsx(self.ns, "ip", *(["-6"] if v6 else []), "addr", "add", addr, "dev", self.ifname, *(["nodad"] if v6 else []))
+        nsx(self.ns, "ip", "link", "set", "dev", self.ifname, "mtu", str(mtu), "up")
+        for route in routes:
+            nsx(self.ns, "ip", "route", "add", route, "dev", self.ifname)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.sock().unlink(missing_ok=True)
+
+
+def iperf3_server(ns: str, port: int, bind: str | None = None, timeout: float = 5) -> subprocess.Popen:
+    """Starts `iperf3 -s -1` (one test, then it exits) in `ns` and waits until it listens; the
+    caller kills it when done (`stop_process`)."""
+    server = subprocess.Popen(
+        ["ip", "netns", "exec", ns, "iperf3", "-s", "-1", "-p", str(port), *(["-B", bind] if bind else [])],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    listening = lambda: f":{port}" in nsx(ns, "ss", "-Hltn", f"sport = :{port}", check=False).stdout  # noqa: E731
+    if not wait_for(lambda: listening() or server.poll() is not None, timeout) or server.poll() is not None:
+        stop_process(server)
+        raise CommandFailed(f"iperf3 server on port {port} in {ns} did not start")
+    return server
+
+
+def stop_process(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+
+
+def build_release_tunnelgate(buildlog: Path) -> str:
+    """`cargo build --release --bin tunnelgate` in this tree, output to `buildlog`; returns the
+    binary's path. Raises CommandFailed with the build's last lines when it fails."""
+    log("==> cargo build --release --bin tunnelgate")
+    with open(buildlog, "w") as out:
+        rc = subprocess.call(["cargo", "build", "--release", "--bin", "tunnelgate"], cwd=REPO, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    if rc != 0:
+        raise CommandFailed(f"cargo build --release failed ({rc}): {tail(buildlog, 8)}")
+    return str(REPO / "target" / "release" / "tunnelgate")
 
 
 def genkey() -> tuple[str, str]:

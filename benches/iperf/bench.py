@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""iperf3 benchmark of tunnelgate against plain veth, wireguard-go and boringtun-cli.
+"""iperf3 benchmark of tunnelgate against plain veth, wireguard-go, boringtun-cli and gotatun.
 
 Every setup gets its own pair of network namespaces joined by a veth pair (underlay 10.99.0.1/.2,
 fd00:99::1/2); the tunnel between them uses 10.100.0.1/.2 and fd00:100::1/2, MTU 1420. In each round,
@@ -17,8 +17,9 @@ A setup that cannot start (say, tunnelgate is not built yet) is reported as fail
 the others still run. Everything the benchmark creates (namespaces, daemons, sockets) is removed at
 the end, also on Ctrl-C, SIGTERM or an error.
 
-Needs root, iperf3, wireguard-go, wireguard-tools, iproute2, iputils-ping; boringtun-cli is installed
-with `cargo install boringtun-cli --locked` into a cache directory if it is not on PATH.
+Needs root, iperf3, wireguard-go, wireguard-tools, iproute2, iputils-ping; boringtun-cli and gotatun
+(Mullvad's fork of boringtun, crate gotatun-cli) are installed with `cargo install CRATE --locked`
+into a cache directory when they are not on PATH.
 Usage: benches/iperf/run.sh [--quick] [--rounds N] [--duration S] [--setups a,b] [--out FILE | --publish]
 """
 
@@ -42,11 +43,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))
 from benchproc import CommandFailed as SetupFailed  # noqa: E402
-from benchproc import add_ns, add_output_args, results_path, log, run, nsx, pid_alive, cpu_ticks, status_kib, wait_for, tail, kill_ns, genkey, git_commit, med_spread  # noqa: E402
+from benchproc import CLK_TCK, Daemon, add_ns, add_output_args, results_path, log, run, nsx, cpu_ticks, status_kib, tail, wait_for, kill_ns, genkey, git_commit, med_spread  # noqa: E402
+from benchproc import build_release_tunnelgate, iperf3_server, raise_on_signals, stop_process, sweep_stale  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tunnelgate-bench"
-WG_SOCKET_DIR = Path("/var/run/wireguard")
 PID = os.getpid()
 NS_PREFIX = "tgbench"  # namespaces: tgbench<pid>s<i><a|b>
 IF_PREFIX = "tb"  # interfaces: tb<pid>s<i><a|b> (<= 15 chars; the UAPI folder is shared)
@@ -55,7 +56,6 @@ UNDERLAY = {"a": ("10.99.0.1", "fd00:99::1"), "b": ("10.99.0.2", "fd00:99::2")}
 TUNNEL = {"a": ("10.100.0.1", "fd00:100::1"), "b": ("10.100.0.2", "fd00:100::2")}
 MTU = 1420
 IPERF_PORT = 5201
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 # name -> (daemon kind on side a, daemon kind on side b); None = plain veth
 SETUPS = {
@@ -66,6 +66,8 @@ SETUPS = {
     "wireguard-go": ("wireguard-go", "wireguard-go"),
     "boringtun": ("boringtun", "boringtun"),
     "boringtun-t1": ("boringtun-t1", "boringtun-t1"),
+    # Mullvad's fork of boringtun (gotatun-cli 0.10 has no --threads option).
+    "gotatun": ("gotatun", "gotatun"),
     "tunnelgate-wggo": ("tunnelgate", "wireguard-go"),
 }
 # With --baseline BIN: the same tunnelgate setup run by an earlier build, in the same run, to
@@ -79,18 +81,9 @@ TESTS = ("tcp1", "tcp4", "udp", "ping")
 # --------------------------------------------------------------------------------------------------
 
 
-def sweep_stale() -> None:
+def sweep_stale_runs() -> None:
     """Removes namespaces and sockets that an earlier, killed benchmark run left behind."""
-    for line in run(["ip", "netns", "list"], check=False).stdout.splitlines():
-        name = line.split()[0] if line.split() else ""
-        m = re.fullmatch(NS_PREFIX + r"(\d+)s\d+[ab]", name)
-        if m and not pid_alive(int(m.group(1))):
-            kill_ns(name)
-    if WG_SOCKET_DIR.is_dir():
-        for sock in WG_SOCKET_DIR.glob(IF_PREFIX + "*.sock"):
-            m = re.fullmatch(IF_PREFIX + r"(\d+)s\d+[ab]\.sock", sock.name)
-            if m and not pid_alive(int(m.group(1))):
-                sock.unlink(missing_ok=True)
+    sweep_stale(NS_PREFIX + r"(\d+)s\d+[ab]", IF_PREFIX + r"(\d+)s\d+[ab]\.sock")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -98,81 +91,20 @@ def sweep_stale() -> None:
 # --------------------------------------------------------------------------------------------------
 
 
-class Daemon:
-    """One tunnel endpoint process in a namespace."""
-
-    kind = "?"
-
-    def __init__(self, ns: str, ifname: str, workdir: Path):
-        self.ns, self.ifname, self.workdir = ns, ifname, workdir
-        self.proc: subprocess.Popen | None = None
-        self.logfile = workdir / f"{ifname}.log"
-        self.key = self.pub = ""
-        self.port = 0
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def spawn(self, args: list[str], env: dict[str, str] | None = None) -> None:
-        e = dict(os.environ)
-        e.update(env or {})
-        with open(self.logfile, "w") as out:
-            # `ip netns exec NS cmd` execs cmd itself: proc.pid is the daemon.
-            self.proc = subprocess.Popen(
-                ["ip", "netns", "exec", self.ns, *args],
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=e,
-                start_new_session=True,  # Ctrl-C goes to us; we stop the daemon ourselves
-            )
-
-    def sock(self) -> Path:
-        return WG_SOCKET_DIR / f"{self.ifname}.sock"
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def wait_socket(self, timeout: float = 10) -> None:
-        if not wait_for(lambda: self.sock().exists() or not self.alive(), timeout) or not self.alive():
-            code = self.proc.poll() if self.proc else None
-            raise SetupFailed(
-                f"{self.kind} did not create {self.sock()} "
-                f"({'exited ' + str(code) if code is not None else 'timeout'}): {tail(self.logfile)}"
-            )
+class WgStyle(Daemon):
+    """wireguard-go, boringtun-cli and gotatun: an empty interface, configured with `wg set` and `ip`."""
 
     def start(self, side: str, peer_pub: str, peer_port: int) -> None:
         raise NotImplementedError
 
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.sock().unlink(missing_ok=True)
-
-
-class WgStyle(Daemon):
-    """wireguard-go and boringtun-cli: an empty interface, configured with `wg set` and `ip`."""
-
     def configure(self, side: str, peer_pub: str, peer_port: int) -> None:
         other = "b" if side == "a" else "a"
-        keyfile = self.workdir / f"{self.ifname}.key"
-        keyfile.write_text(self.key + "\n")
-        keyfile.chmod(0o600)
-        nsx(
-            self.ns, "wg", "set", self.ifname, "private-key", str(keyfile), "listen-port", str(self.port),
-            "peer", peer_pub, "allowed-ips", f"{TUNNEL[other][0]}/32,{TUNNEL[other][1]}/128",
-            "endpoint", f"{UNDERLAY[other][0]}:{peer_port}",
-        )  # fmt: skip
-        nsx(self.ns, "ip", "addr", "add", f"{TUNNEL[side][0]}/24", "dev", self.ifname)
-        nsx(self.ns, "ip", "-6", "addr", "add", f"{TUNNEL[side][1]}/64", "dev", self.ifname, "nodad")
-        nsx(self.ns, "ip", "link", "set", "dev", self.ifname, "mtu", str(MTU), "up")
+        self.configure_wg(
+            [(peer_pub, [f"{TUNNEL[other][0]}/32", f"{TUNNEL[other][1]}/128"], f"{UNDERLAY[other][0]}:{peer_port}")],
+            [f"{TUNNEL[side][0]}/24", f"{TUNNEL[side][1]}/64"],
+            [],
+            MTU,
+        )
 
 
 class WireguardGo(WgStyle):
@@ -185,24 +117,34 @@ class WireguardGo(WgStyle):
 
 
 class Boringtun(WgStyle):
+    """boringtun-cli; its fork gotatun (below) takes the same flags."""
+
     kind = "boringtun"
-    binary = ""
+    crate, command = "boringtun-cli", "boringtun-cli"
+    binary = ""  # set by prepare_cargo_tool, per class
 
     def __init__(self, ns, ifname, workdir, threads: int | None):
         super().__init__(ns, ifname, workdir)
         self.threads = threads
         if threads:
-            self.kind = f"boringtun-t{threads}"
+            self.kind = f"{type(self).kind}-t{threads}"
 
     def start(self, side, peer_pub, peer_port):
-        if not Boringtun.binary:
-            raise SetupFailed("boringtun-cli is not available (see the install error above)")
-        args = [Boringtun.binary, "--foreground", "--disable-drop-privileges", "--log", str(self.logfile)]
+        binary = type(self).binary
+        if not binary:
+            raise SetupFailed(f"{self.command} is not available (see the install error above)")
+        args = [binary, "--foreground", "--disable-drop-privileges", "--log", str(self.logfile)]
         if self.threads:
             args += ["--threads", str(self.threads)]
         self.spawn(args + [self.ifname], {"WG_SUDO": "1"})
         self.wait_socket()
         self.configure(side, peer_pub, peer_port)
+
+
+class Gotatun(Boringtun):
+    kind = "gotatun"
+    crate, command = "gotatun-cli", "gotatun"
+    binary = ""
 
 
 class Tunnelgate(Daemon):
@@ -252,19 +194,7 @@ listen = ""
                    else [Tunnelgate.binary, "run", "--config", str(config), "--seccomp", self.seccomp])
         self.spawn(command, {"RUST_LOG": os.environ.get("RUST_LOG", "warn")})
 
-        def ready() -> bool:
-            if not self.alive() or not self.sock().exists():
-                return False
-            p = nsx(self.ns, "ip", "-o", "link", "show", "dev", self.ifname, check=False)
-            m = re.search(r"<([^>]*)>", p.stdout)
-            return p.returncode == 0 and m is not None and "UP" in m.group(1).split(",")
-
-        if not wait_for(lambda: ready() or not self.alive(), 10) or not self.alive():
-            code = self.proc.poll() if self.proc else None
-            raise SetupFailed(
-                f"tunnelgate not ready ({'exited ' + str(code) if code is not None else 'timeout after 10 s'}): "
-                f"{tail(self.logfile) or '(no output)'}"
-            )
+        self.wait_configured()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -304,6 +234,8 @@ class Setup:
             return Boringtun(ns, ifname, self.workdir, None)
         if kind == "boringtun-t1":
             return Boringtun(ns, ifname, self.workdir, 1)
+        if kind == "gotatun":
+            return Gotatun(ns, ifname, self.workdir, None)
         if kind == "tunnelgate":
             return Tunnelgate(ns, ifname, self.workdir)
         if kind == "tunnelgate-noseccomp":
@@ -405,21 +337,11 @@ def udp_counters(ns: str, port: int) -> tuple[int, int]:
 
 
 def iperf(setup: Setup, test: str, duration: int, udp_window: str) -> dict:
-    server = subprocess.Popen(
-        ["ip", "netns", "exec", setup.ns["b"], "iperf3", "-s", "-1", "-p", str(IPERF_PORT)],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
     try:
-        listening = wait_for(
-            lambda: str(IPERF_PORT)
-            in nsx(setup.ns["b"], "ss", "-Hltn", f"sport = :{IPERF_PORT}", check=False).stdout,
-            5,
-        )
-        if not listening:
-            return {"error": "iperf3 server did not start"}
+        server = iperf3_server(setup.ns["b"], IPERF_PORT)
+    except SetupFailed as e:
+        return {"error": str(e)}
+    try:
         args = ["iperf3", "-c", setup.target(), "-p", str(IPERF_PORT), "-t", str(duration), "-J"]
         args += ["--connect-timeout", "5000"]
         if test == "tcp4":
@@ -479,9 +401,7 @@ def iperf(setup: Setup, test: str, duration: int, udp_window: str) -> dict:
             r["cpu_s_per_gb"] = round(sum(cpu.values()) / (r["bytes"] / 1e9), 3)
         return r
     finally:
-        if server.poll() is None:
-            server.kill()
-        server.wait()
+        stop_process(server)
 
 
 def ping_rtt(setup: Setup) -> dict:
@@ -518,28 +438,30 @@ def prepare_tunnelgate(args) -> None:
     else:
         Tunnelgate.binary = str(REPO / "target" / "release" / "tunnelgate")
         if not args.no_build:
-            log("==> cargo build --release")
-            buildlog = Path(args.workdir) / "cargo-build.log"
-            with open(buildlog, "w") as out:
-                rc = subprocess.call(["cargo", "build", "--release", "--bin", "tunnelgate"], cwd=REPO, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-            if rc != 0:
-                Tunnelgate.unavailable = f"cargo build --release failed ({rc}): {tail(buildlog, 8)}"
+            try:
+                build_release_tunnelgate(Path(args.workdir) / "cargo-build.log")
+            except SetupFailed as e:
+                Tunnelgate.unavailable = str(e)
                 log(Tunnelgate.unavailable)
                 return
     if not os.access(Tunnelgate.binary, os.X_OK):
         Tunnelgate.unavailable = f"no tunnelgate binary at {Tunnelgate.binary}"
 
 
-def prepare_boringtun(args) -> None:
-    found = args.boringtun or shutil.which("boringtun-cli") or (str(CACHE / "bin" / "boringtun-cli") if (CACHE / "bin" / "boringtun-cli").exists() else "")
+def prepare_cargo_tool(cls: type[Boringtun], override: str | None) -> None:
+    """Finds `cls.command`: the path given, else PATH, else the cache; when it is nowhere,
+    `cargo install cls.crate --locked` into the cache. A failed install leaves `cls.binary` empty
+    and its setups fail with the reason; the others still run."""
+    cached = CACHE / "bin" / cls.command
+    found = override or shutil.which(cls.command) or (str(cached) if cached.exists() else "")
     if not found:
-        log(f"==> cargo install boringtun-cli --locked --root {CACHE}")
-        p = subprocess.run(["cargo", "install", "boringtun-cli", "--locked", "--root", str(CACHE)], capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        log(f"==> cargo install {cls.crate} --locked --root {CACHE}")
+        p = subprocess.run(["cargo", "install", cls.crate, "--locked", "--root", str(CACHE)], capture_output=True, text=True, stdin=subprocess.DEVNULL)
         if p.returncode != 0:
-            log(f"boringtun-cli install failed: {p.stderr.strip()[-500:]}")
+            log(f"{cls.crate} install failed: {p.stderr.strip()[-500:]}")
             return
-        found = str(CACHE / "bin" / "boringtun-cli")
-    Boringtun.binary = found
+        found = str(cached)
+    cls.binary = found
 
 
 def version_of(args: list[str]) -> str:
@@ -593,10 +515,11 @@ def report(results: dict) -> str:
     tg1 = values(tg, "tcp1", "bps") if tg.get("status") == "ok" else []
     if tg1:
         out.append("TCP single-stream, median ratio tunnelgate / other:")
+        width = max(len(name) for name in results["setups"])
         for name, s in results["setups"].items():
             other = values(s, "tcp1", "bps") if s["status"] == "ok" else []
             if name != "tunnelgate" and other:
-                out.append(f"  tunnelgate / {name:<16} {statistics.median(tg1) / statistics.median(other):6.2f}x")
+                out.append(f"  tunnelgate / {name:<{width}} {statistics.median(tg1) / statistics.median(other):6.2f}x")
     else:
         out.append("TCP single-stream ratios: no tunnelgate figures (the tunnelgate setup did not run).")
     return "\n".join(out)
@@ -647,10 +570,6 @@ def svg_chart(results: dict) -> str:
 # --------------------------------------------------------------------------------------------------
 
 
-def on_signal(signum, _frame):
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=3, help="rounds, interleaved across setups (default 3)")
@@ -668,6 +587,7 @@ def main() -> int:
     ap.add_argument("--baseline", metavar="BIN", help=f"an earlier tunnelgate binary: adds setup {BASELINE_SETUP} (tunnelgate <-> tunnelgate with it)")
     ap.add_argument("--tunnelgate", help="tunnelgate binary (default target/release/tunnelgate, built first)")
     ap.add_argument("--boringtun", help="boringtun-cli binary (default: PATH, else cargo install into the cache)")
+    ap.add_argument("--gotatun", help="gotatun binary (default: PATH, else cargo install gotatun-cli into the cache)")
     ap.add_argument("--keep-logs", action="store_true", help="keep the daemons' logs and configs")
     ap.add_argument("--svg-from", metavar="JSON", help="only write the SVG chart of an earlier run's JSON (next to it) and exit")
     args = ap.parse_args()
@@ -700,10 +620,7 @@ def main() -> int:
     except SetupFailed as e:
         ap.error(str(e))
 
-    # Explicitly: a shell starts background jobs with SIGINT ignored, and Python keeps that.
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGHUP, on_signal)
+    raise_on_signals()
     args.workdir = tempfile.mkdtemp(prefix="tunnelgate-bench-")
     workdir = Path(args.workdir)
     setups = [Setup(i, n, workdir) for i, n in enumerate(names)]
@@ -729,15 +646,17 @@ def main() -> int:
     if load1 > 0.5 * (os.cpu_count() or 1):
         log(f"warning: load average {load1} before the benchmark: other work will skew the figures")
     try:
-        sweep_stale()
+        sweep_stale_runs()
         if any("tunnelgate" in SETUPS[n] for n in names):
             prepare_tunnelgate(args)
-        if any(k and k.startswith("boringtun") for n in names for k in SETUPS[n]):
-            prepare_boringtun(args)
+        for cls, override in ((Boringtun, args.boringtun), (Gotatun, args.gotatun)):
+            if any(k and k.startswith(cls.kind) for n in names for k in SETUPS[n]):
+                prepare_cargo_tool(cls, override)
         results["meta"]["versions"] = {
             "iperf3": version_of(["iperf3", "--version"]),
             "wireguard-go": version_of(["wireguard-go", "--version"]),
             "boringtun-cli": version_of([Boringtun.binary, "--version"]) if Boringtun.binary else None,
+            "gotatun": version_of([Gotatun.binary, "--version"]) if Gotatun.binary else None,
             "tunnelgate": Tunnelgate.binary or None,
             BASELINE_SETUP: Tunnelgate.baseline or None,
         }
@@ -789,7 +708,7 @@ def main() -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         for s in setups:
             s.teardown()
-        sweep_stale()
+        sweep_stale_runs()
         signal.signal(signal.SIGINT, signal.default_int_handler)
         if not args.keep_logs:
             shutil.rmtree(workdir, ignore_errors=True)
