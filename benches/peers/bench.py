@@ -263,6 +263,22 @@ def jain_fairness(xs: list[float]) -> float | None:
     return round(sum(xs) ** 2 / (len(xs) * sum(x * x for x in xs)), 4)
 
 
+REORDER_COUNTERS = ("TCPSACKReorder", "TCPTSReorder", "TCPRenoReorder")
+
+
+def tcp_reorder_events(namespaces: list[str]) -> int:
+    """Reordering the TCP senders in `namespaces` detected so far (TcpExt TCPSACKReorder +
+    TCPTSReorder + TCPRenoReorder of /proc/net/netstat, which is per network namespace)."""
+    total = 0
+    for ns in namespaces:
+        text = nsx(ns, "cat", "/proc/net/netstat", check=False, timeout=5).stdout
+        lines = [l.split() for l in text.splitlines() if l.startswith("TcpExt:")]
+        if len(lines) >= 2:
+            fields = dict(zip(lines[0][1:], lines[1][1:]))
+            total += sum(int(fields.get(k, 0)) for k in REORDER_COUNTERS)
+    return total
+
+
 def measure(topo: Topology, peers: int, direction: str, duration: int, streams: int) -> dict:
     """k iperf3 clients at once, each to its own iperf3 server port, while the gateway's threads
     and the machine are sampled before and after."""
@@ -276,6 +292,8 @@ def measure(topo: Topology, peers: int, direction: str, duration: int, streams: 
         active = topo.clients[:peers]
         threads_before, gw_before = thread_cpu_ticks(gw.pid), cpu_ticks(gw.pid)
         clients_before = [cpu_ticks(c.pid) or 0 for c in active]
+        senders = [c.ns for c in active] + [topo.target_ns]
+        reorder_before = tcp_reorder_events(senders)
         busy_before, machine_before = machine_busy_ticks()
         t0 = time.monotonic()
         for i, c in enumerate(active):
@@ -293,6 +311,7 @@ def measure(topo: Topology, peers: int, direction: str, duration: int, streams: 
         threads_after, gw_after = thread_cpu_ticks(gw.pid), cpu_ticks(gw.pid)
         clients_after = [cpu_ticks(c.pid) or 0 for c in active]
         busy_after, machine_after = machine_busy_ticks()
+        reorder = tcp_reorder_events(senders) - reorder_before
 
         per_peer_bps, total_bytes = [], 0
         for i, (rc, out, err) in enumerate(outputs):
@@ -324,6 +343,9 @@ def measure(topo: Topology, peers: int, direction: str, duration: int, streams: 
             "top_thread": top,
             "clients_cpu_s": round(sum(a - b for a, b in zip(clients_after, clients_before)) / CLK_TCK, 3),
             "machine_busy_percent": round(100 * (busy_after - busy_before) / max(machine_after - machine_before, 1), 1),
+            # Reordering the TCP senders detected (SACK, timestamps, Reno): a data plane that
+            # spreads one flow over threads out of order raises it.
+            "tcp_reorder_events": reorder,
         }
     finally:
         for p in clients + servers:
@@ -340,7 +362,7 @@ def runs_of(g: dict, peers: int, direction: str) -> list[dict]:
 
 
 def report(results: dict) -> str:
-    head = ("gateway", "peers", "dir", "Gbit/s total", "slowest/fastest peer", "fairness", "gw CPU s/GB", "gw CPUs", "top thread (share of gw CPU)", "machine busy %")
+    head = ("gateway", "peers", "dir", "Gbit/s total", "slowest/fastest peer", "fairness", "gw CPU s/GB", "gw CPUs", "top thread (share of gw CPU)", "TCP reorder", "machine busy %")
     rows = [head]
     failed, threads = [], []
     for label, g in results["gateways"].items():
@@ -352,7 +374,7 @@ def report(results: dict) -> str:
                 rs = runs_of(g, peers, direction)
                 if not rs:
                     errors = [r["error"] for r in g["runs"] if r["peers"] == peers and r["direction"] == direction and "error" in r]
-                    rows.append((label, str(peers), direction, "no result: " + (errors[0][:150] if errors else "not run"), "", "", "", "", "", ""))
+                    rows.append((label, str(peers), direction, "no result: " + (errors[0][:150] if errors else "not run"), "", "", "", "", "", "", ""))
                     continue
                 last = rs[-1]
                 top_names = [r["top_thread"]["name"] for r in rs]
@@ -368,6 +390,7 @@ def report(results: dict) -> str:
                         med_spread([r["gateway_cpu_s_per_gb"] for r in rs if r["gateway_cpu_s_per_gb"]], 1, "{:.2f}"),
                         med_spread([r["gateway_cpus"] for r in rs], 1, "{:.2f}"),
                         f"{top_name} " + med_spread([100 * r["top_thread"]["share"] for r in rs], 1, "{:.0f}%"),
+                        med_spread([r.get("tcp_reorder_events", 0) for r in rs], 1, "{:.0f}"),
                         med_spread([r["machine_busy_percent"] for r in rs], 1, "{:.0f}"),
                     )
                 )
