@@ -321,3 +321,38 @@ fn two_peers_are_decrypted_on_two_workers_and_their_streams_arrive_whole() {
         );
     }
 }
+
+#[test]
+#[ignore = "needs root"]
+fn the_default_worker_count_is_the_cpus_the_daemon_may_use() {
+    use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
+    use nix::unistd::Pid;
+    require_root();
+    let ns = Netns::new();
+    let workers_of = |tg: &Tunnelgate| {
+        (0..64)
+            .take_while(|w| !threads_named(tg.pid(), &format!("tg-udp-rx-{w}")).is_empty())
+            .count()
+    };
+    let all = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let tg = Tunnelgate::start(&ns, TgConfig::new(0, &["100.64.9.1/24"]));
+    assert_eq!(workers_of(&tg), all.min(16), "one worker per CPU");
+    assert!(
+        tg.stderr().contains(&format!("workers={}", all.min(16))),
+        "{}",
+        tg.stderr()
+    );
+    drop(tg);
+
+    // Pinned to one CPU (as `taskset -c 0` or a cpuset would): one worker. The daemon inherits
+    // the affinity of the thread that starts it.
+    let before = sched_getaffinity(Pid::from_raw(0)).expect("affinity");
+    let mut one = CpuSet::new();
+    one.set(0).expect("cpu 0");
+    sched_setaffinity(Pid::from_raw(0), &one).expect("pin to cpu 0");
+    let tg = Tunnelgate::spawn(&ns, TgConfig::new(0, &["100.64.9.1/24"]));
+    sched_setaffinity(Pid::from_raw(0), &before).expect("restore affinity");
+    tg.wait_ready(Duration::from_secs(10)).expect("ready");
+    assert_eq!(workers_of(&tg), 1, "pinned to one CPU: one worker");
+    assert!(threads_named(tg.pid(), "tg-tun-rx-1").is_empty());
+}
