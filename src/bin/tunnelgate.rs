@@ -488,6 +488,10 @@ async fn serve(config: tunnelgate::config::Config, path: PathBuf) -> anyhow::Res
             stopped(),
         )));
     }
+    tasks.push(tokio::spawn(tunnelgate::shell::daemon::systemd_watchdog(
+        observe.clone(),
+        stopped(),
+    )));
     let (loop_stop_tx, loop_stop_rx) = tokio::sync::oneshot::channel::<()>();
     let mut event_loop = tokio::spawn(daemon.run(async move {
         let _ = loop_stop_rx.await;
