@@ -452,11 +452,14 @@ fn wg_quick_up_and_down_with_tunnelgate_wg_as_the_userspace_implementation() {
     );
     let routes_before = a.exec(&["ip", "route", "show"]);
     let path = path_with(&bin);
+    // tunnelgate-wg takes wireguard-go's command line: the health endpoint comes from the env.
+    let health: std::net::SocketAddr = "127.0.0.1:9402".parse().expect("address");
     let conf_arg = conf.display().to_string();
     let wg_quick = |verb: &str| {
         let mut cmd = a.command(&["wg-quick", verb, &conf_arg]);
         cmd.env("WG_QUICK_USERSPACE_IMPLEMENTATION", "tunnelgate-wg")
             .env("PATH", &path)
+            .env("TUNNELGATE_HEALTH", health.to_string())
             .env_remove("WG_PROCESS_FOREGROUND");
         output_of(cmd, None)
     };
@@ -497,6 +500,34 @@ fn wg_quick_up_and_down_with_tunnelgate_wg_as_the_userspace_implementation() {
     assert!(ping(&b, A_TUN4), "tunnel from the peer");
     wait_handshake(&name, wg.public_key(), SHORT);
 
+    // `tunnelgate status` and metrics work for wg-quick users too: the drop-in serves the
+    // status socket, and the health endpoint it was asked for.
+    let status = tunnelgate_status_json(&name).expect("tunnelgate status --json of the drop-in");
+    assert_eq!(status["interface"]["name"], name.as_str(), "{status}");
+    let peers = status["peers"].as_array().cloned().unwrap_or_default();
+    assert_eq!(peers.len(), 1, "{status}");
+    assert_eq!(peers[0]["public_key"], wg.public_key(), "{status}");
+    assert!(
+        peers[0]["rx_bytes"].as_u64().unwrap_or(0) > 0
+            && peers[0]["latest_handshake_unix"].as_u64().is_some(),
+        "traffic and a handshake in the status: {status}"
+    );
+    let text = tunnelgate_cli(&["status", "--interface", &name], None);
+    assert!(
+        text.success() && text.stdout.contains(wg.public_key()),
+        "tunnelgate status --interface {name}: {text:?}"
+    );
+    let (code, body) = http_get_ns(&a, health, "/metrics").expect("GET /metrics of the drop-in");
+    assert_eq!(code, 200, "{body}");
+    assert!(
+        body.lines().any(|l| {
+            l.starts_with("tunnelgate_peer_last_handshake_age_seconds{")
+                && l.contains(&format!("peer=\"{}\"", wg.public_key()))
+        }),
+        "the peer's handshake age in /metrics:\n{body}"
+    );
+    assert_eq!(http_get_ns(&a, health, "/healthz").map(|r| r.0), Ok(200));
+
     let down = wg_quick("down");
     assert!(
         down.success(),
@@ -511,6 +542,10 @@ fn wg_quick_up_and_down_with_tunnelgate_wg_as_the_userspace_implementation() {
     );
     assert!(!a.link_exists(&name), "interface gone");
     assert!(!wg_socket(&name).exists(), "UAPI socket removed");
+    assert!(
+        tunnelgate_status_json(&name).is_err(),
+        "no status socket left behind"
+    );
     assert_eq!(
         a.exec(&["ip", "route", "show"]),
         routes_before,
@@ -531,6 +566,16 @@ fn userspace_foreground_creates_a_bare_interface_and_sigterm_removes_it() {
         dir.path(),
     );
     wait_until(SHORT, "UAPI socket", || wg_socket(&name).exists());
+    // The sockets are claimed before the device is built, so a client may see the UAPI socket
+    // before the packet threads exist (its requests wait in the backlog): wait for them too,
+    // or "every packet thread is confined" below would hold for none.
+    wait_until(SHORT, "packet threads", || {
+        let names: Vec<String> = thread_privileges(proc.pid())
+            .into_values()
+            .filter_map(|f| f.get("Name").cloned())
+            .collect();
+        PACKET_THREADS.iter().all(|t| names.iter().any(|n| n == t))
+    });
     // Least privilege as in `run`: CAP_NET_ADMIN (TUN, fwmark) and CAP_NET_BIND_SERVICE (a
     // listen-port below 1024) in every thread, no-new-privs, the packet threads under seccomp.
     let want = format!("{:016x}", (1u64 << 12) | (1u64 << 10));

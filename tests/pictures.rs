@@ -82,22 +82,77 @@ fn the_query_readers_find_names_and_labels() {
 }
 
 #[test]
+fn the_dashboard_shows_each_peers_latest_handshake_age() {
+    let text = std::fs::read_to_string(repo("contrib/grafana/tunnelgate.json")).expect("dashboard");
+    let dash: serde_json::Value = serde_json::from_str(&text).expect("the dashboard is JSON");
+    let panels = dash["panels"].as_array().expect("panels");
+    let age = panels
+        .iter()
+        .find(|p| {
+            p["targets"].as_array().is_some_and(|t| {
+                t.iter().any(|t| {
+                    t["expr"]
+                        .as_str()
+                        .is_some_and(|e| e.contains("tunnelgate_peer_last_handshake_age_seconds"))
+                })
+            })
+        })
+        .expect("a panel queries tunnelgate_peer_last_handshake_age_seconds");
+    let expr = age["targets"][0]["expr"].as_str().unwrap_or_default();
+    let labels = grouped_labels(expr);
+    assert!(
+        labels.contains("peer") && labels.contains("interface"),
+        "one line per peer of each interface: {expr}"
+    );
+    assert_eq!(age["fieldConfig"]["defaults"]["unit"], "s", "{age}");
+    // Panel ids are unique and no two panels overlap on the grid.
+    let ids: BTreeSet<u64> = panels.iter().filter_map(|p| p["id"].as_u64()).collect();
+    assert_eq!(ids.len(), panels.len(), "unique panel ids");
+    let cells = |p: &serde_json::Value| -> Vec<(u64, u64)> {
+        let g = &p["gridPos"];
+        let (x, y, w, h) = (
+            g["x"].as_u64().unwrap_or(0),
+            g["y"].as_u64().unwrap_or(0),
+            g["w"].as_u64().unwrap_or(0),
+            g["h"].as_u64().unwrap_or(0),
+        );
+        assert!(x + w <= 24, "inside the 24-column grid: {p}");
+        (x..x + w)
+            .flat_map(|c| (y..y + h).map(move |r| (c, r)))
+            .collect()
+    };
+    let mut taken = BTreeSet::new();
+    for p in panels {
+        for cell in cells(p) {
+            assert!(taken.insert(cell), "{} overlaps another panel", p["title"]);
+        }
+    }
+}
+
+#[test]
 #[ignore = "needs root"]
 fn every_metric_the_dashboard_queries_is_in_a_real_scrape() {
     let ns = Netns::new();
-    let peer = Keypair::generate();
-    let mut cfg =
-        TgConfig::new(0, &["100.84.0.1/32"]).peer(Peer::new(&peer.public, &["100.84.0.2/32"]));
+    // A wireguard-go peer in the same namespace (over loopback) that completes a handshake, so
+    // the per-peer handshake families (absent until the first one) are in the scrape too.
+    let wg = WgGo::start(&ns, 0, &["100.84.0.2/32"]);
+    let mut cfg = TgConfig::new(0, &["100.84.0.1/32"]).peer(
+        Peer::new(wg.public_key(), &["100.84.0.2/32"])
+            .endpoint(&format!("127.0.0.1:{}", wg.listen_port()))
+            .keepalive(1),
+    );
     // A DNS-named target, so the dns_* families exist (nothing answers: they count failures).
     cfg.extra = "[[ingress]]\ntarget_fqdn = \"db.example.internal\"\nports = [\"8080\"]\n\n\
                  [dns]\nnameservers = [\"127.0.0.1:5399\"]\n"
         .to_string();
     let tg = Tunnelgate::spawn(&ns, cfg);
+    wg.add_peer(&Peer::new(tg.public_key(), &["100.84.0.1/32"]));
     let mut text = String::new();
     let scraped = poll_until(Duration::from_secs(15), || {
         text = tg.metrics().unwrap_or_default();
         text.contains("tunnelgate_dns_resolution_failures_total{")
             && text.contains("tunnelgate_rule_applies_total{")
+            && text.contains("tunnelgate_peer_last_handshake_age_seconds{")
     });
     assert!(scraped, "no full scrape:\n{text}\n{}", tg.stderr());
     let samples: Vec<(String, String)> = text

@@ -3,9 +3,13 @@
 //! issue 14) passes it too and differs from the plain unit only in its Description and config
 //! file; and the daemon started the way the unit starts it (its ExecStart, its
 //! capability bounding set, `NOTIFY_SOCKET`, its ExecReload) reports READY=1 once the tunnel,
-//! routes and rules are up, RELOADING=1 / READY=1 around a SIGHUP, and STOPPING=1 on SIGTERM.
+//! routes and rules are up, RELOADING=1 / READY=1 around a SIGHUP, and STOPPING=1 on SIGTERM;
+//! it pings the watchdog (`WATCHDOG_USEC`) only while every packet thread is alive; and under
+//! a real systemd (booted in systemd-nspawn) `systemctl reload` reports a refused file, and a
+//! wedged packet thread gets the service killed by the watchdog and restarted.
 //!
-//! The last test needs root: `cargo test --test systemd_unit -- --ignored --test-threads=1`.
+//! The last tests need root: `cargo test --test systemd_unit -- --ignored --test-threads=1`.
+#![allow(unsafe_code)] // ptrace(2), to freeze one packet thread of the running service.
 
 mod common;
 
@@ -241,6 +245,22 @@ fn unit_says_what_issue_5_asks_for() {
     );
     assert_eq!(service("Restart"), "on-failure");
     assert_eq!(service("RestartPreventExitStatus"), "2");
+    // The watchdog: the daemon pings at half of WatchdogSec while its packet threads are alive
+    // (/healthz's judgement, which allows STALL_LIMIT); a timeout is a failure, so
+    // Restart=on-failure restarts it.
+    let watchdog: u64 = service("WatchdogSec")
+        .strip_suffix('s')
+        .and_then(|n| n.parse().ok())
+        .expect("WatchdogSec=<seconds>s");
+    assert!(
+        Duration::from_secs(watchdog) >= 2 * tunnelgate::core::liveness::STALL_LIMIT,
+        "WatchdogSec={watchdog}s is tighter than the liveness check's own stall limit"
+    );
+    assert!(
+        ["on-failure", "on-watchdog", "on-abnormal", "always"]
+            .contains(&service("Restart").as_str()),
+        "a watchdog kill restarts the service"
+    );
     let mut caps = service_words("CapabilityBoundingSet");
     caps.sort();
     assert_eq!(caps, ["CAP_NET_ADMIN", "CAP_NET_RAW"]);
@@ -314,6 +334,104 @@ impl NotifySocket {
             stderr()
         );
     }
+}
+
+impl NotifySocket {
+    /// Reads (and logs) what has queued up so far, so what follows is only what comes next.
+    fn drain(&mut self) {
+        let mut buf = [0u8; 4096];
+        // Nothing for one read timeout (200 ms): the queue is empty.
+        while let Ok(n) = self.sock.recv(&mut buf) {
+            self.log
+                .push(String::from_utf8_lossy(&buf[..n]).into_owned());
+        }
+    }
+
+    /// Whether no datagram with the line `want` arrives during `window` (others are logged).
+    fn quiet(&mut self, want: &str, window: Duration) -> bool {
+        let deadline = clock::now() + window;
+        let mut buf = [0u8; 4096];
+        while clock::now() < deadline {
+            if let Ok(n) = self.sock.recv(&mut buf) {
+                let msg = String::from_utf8_lossy(&buf[..n]).into_owned();
+                self.log.push(msg.clone());
+                if msg.lines().any(|l| l == want) {
+                    return false;
+                }
+            }
+        }
+        true
+    }
+}
+
+/// `WATCHDOG=1` goes out at half of `$WATCHDOG_USEC` while every packet thread is alive, stops
+/// while one is frozen (and the daemon logs which), resumes when it runs again; none is sent
+/// when `$WATCHDOG_PID` names another process.
+#[test]
+#[ignore = "needs root"]
+fn watchdog_pings_only_while_every_packet_thread_is_alive() {
+    let ns = Netns::new();
+    let dir = TempDir::new("unit-watchdog");
+    let mut notify = NotifySocket::bind(&dir);
+    let notify_path = notify.path.display().to_string();
+    let mut cfg = TgConfig::new(0, &["100.82.3.1/32"]);
+    cfg.health = None;
+    // 2 s: a ping every second.
+    let mut tg = Tunnelgate::spawn_env(
+        &ns,
+        cfg,
+        &[
+            ("NOTIFY_SOCKET", &notify_path),
+            ("WATCHDOG_USEC", "2000000"),
+        ],
+    );
+    notify.expect("READY=1", Duration::from_secs(15), || tg.stderr());
+    for _ in 0..3 {
+        notify.expect("WATCHDOG=1", Duration::from_millis(1500), || tg.stderr());
+    }
+    let tids = threads_named(tg.pid(), "tg-udp-rx-0");
+    assert_eq!(tids.len(), 1, "tg-udp-rx-0: {tids:?}");
+    // Held for 12 s: the stall limit (5 s), then a window of 6 s without a ping.
+    let frozen = freeze_until_killed(tids[0], Duration::from_secs(12));
+    std::thread::sleep(Duration::from_secs(5) + Duration::from_millis(1500));
+    // The pings of the first seconds of the freeze, while it was not yet a stall, are queued.
+    notify.drain();
+    let log_len = notify.log.len();
+    assert!(
+        notify.quiet("WATCHDOG=1", Duration::from_secs(4)),
+        "pinged with a frozen packet thread: {:?}\n{}",
+        &notify.log[log_len..],
+        tg.stderr()
+    );
+    assert_eq!(frozen.join().expect("freezer"), Ok(false), "detached alive");
+    notify.expect("WATCHDOG=1", Duration::from_secs(3), || tg.stderr());
+    let log = tg.stderr();
+    assert!(
+        log.contains("packet thread tg-udp-rx-0 stuck for")
+            && log.contains("withholding systemd watchdog pings")
+            && log.contains("pings resume"),
+        "{log}"
+    );
+    tg.sigterm();
+
+    // WATCHDOG_PID names another process (a parent that forked us): not our watchdog.
+    let mut cfg = TgConfig::new(0, &["100.82.4.1/32"]);
+    cfg.health = None;
+    let tg = Tunnelgate::spawn_env(
+        &ns,
+        cfg,
+        &[
+            ("NOTIFY_SOCKET", &notify_path),
+            ("WATCHDOG_USEC", "1000000"),
+            ("WATCHDOG_PID", "1"),
+        ],
+    );
+    notify.expect("READY=1", Duration::from_secs(15), || tg.stderr());
+    assert!(
+        notify.quiet("WATCHDOG=1", Duration::from_secs(2)),
+        "pinged for another process: {:?}",
+        notify.log
+    );
 }
 
 #[test]
@@ -560,6 +678,290 @@ fn container_init(pid: u32) -> Option<u32> {
     None
 }
 
+/// A Debian rootfs booted by systemd-nspawn in the network namespace `ns`, with this
+/// worktree's binary and units, and `etc` as /etc/tunnelgate; tunnelgate.service is wanted at boot.
+struct Container {
+    nspawn: Proc,
+}
+
+impl Container {
+    fn boot(rootfs: &Path, ns: &Netns, etc: &TempDir) -> Container {
+        let mut cmd = Command::new("systemd-nspawn");
+        cmd.args([
+            "-b",
+            "--register=no",
+            "--keep-unit",
+            "--volatile=overlay",
+            "--console=passive",
+            "--capability=CAP_NET_ADMIN",
+            &format!("--network-namespace-path=/run/netns/{}", ns.name()),
+            "--bind=/dev/net/tun",
+            &format!("--bind-ro={}:/usr/local/bin/tunnelgate", tunnelgate_bin()),
+            &format!(
+                "--bind-ro={}:/etc/systemd/system/tunnelgate.service",
+                unit_path().display()
+            ),
+            &format!(
+                "--bind-ro={}/systemd/tunnelgate@.service:/etc/systemd/system/tunnelgate@.service",
+                env!("CARGO_MANIFEST_DIR")
+            ),
+            &format!("--bind={}:/etc/tunnelgate", etc.path().display()),
+            "-D",
+        ])
+        .arg(rootfs)
+        .arg("systemd.wants=tunnelgate.service");
+        let nspawn = Proc::spawn(cmd, "nspawn", etc.path());
+        let nspawn_pid = nspawn.pid();
+        wait_until(Duration::from_secs(20), "the container's PID 1", || {
+            container_init(nspawn_pid).is_some()
+        });
+        Container { nspawn }
+    }
+
+    /// Runs `args` in every namespace of the container (as `machinectl shell` would).
+    fn inside(&self, args: &[&str]) -> CmdOutput {
+        let leader = container_init(self.nspawn.pid())
+            .map(|l| l.to_string())
+            .unwrap_or_default();
+        let mut c = Command::new("nsenter");
+        c.args(["-t", &leader, "-a", "--"]).args(args);
+        output_of(c, None)
+    }
+
+    /// A property of a unit (`systemctl show -p NAME --value`).
+    fn property(&self, unit: &str, name: &str) -> String {
+        self.inside(&["systemctl", "show", "-p", name, "--value", unit])
+            .stdout
+            .trim()
+            .to_string()
+    }
+
+    /// The host's process id of the container's process `pid_inside` (its PID namespace's id).
+    fn host_pid(&self, pid_inside: &str) -> Option<u32> {
+        let init = container_init(self.nspawn.pid())?;
+        descendants(init).into_iter().find(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/status"))
+                .unwrap_or_default()
+                .lines()
+                .find_map(|l| l.strip_prefix("NSpid:"))
+                .and_then(|ids| ids.split_whitespace().last().map(str::to_string))
+                .as_deref()
+                == Some(pid_inside)
+        })
+    }
+
+    fn poweroff(mut self) {
+        let _ = self.inside(&["systemctl", "poweroff"]);
+        let stopped = self.nspawn.wait_timeout(Duration::from_secs(30));
+        assert!(stopped.is_some(), "container powered off");
+    }
+}
+
+/// Every descendant of `pid`.
+fn descendants(pid: u32) -> Vec<u32> {
+    let children = |p: u32| -> Vec<u32> {
+        std::fs::read_to_string(format!("/proc/{p}/task/{p}/children"))
+            .unwrap_or_default()
+            .split_whitespace()
+            .filter_map(|c| c.parse().ok())
+            .collect()
+    };
+    let mut out = vec![];
+    let mut todo = children(pid);
+    while let Some(p) = todo.pop() {
+        todo.extend(children(p));
+        out.push(p);
+    }
+    out
+}
+
+/// The booted rootfs, or `None` (the test is skipped with a note) on a developer machine that
+/// cannot build it; under `CI=true` the test fails instead.
+fn rootfs_or_skip(test: &str) -> Option<PathBuf> {
+    match booting_rootfs() {
+        Ok(r) => Some(r),
+        Err(why) if std::env::var("CI").as_deref() != Ok("true") => {
+            eprintln!("SKIPPED {test}: {why}");
+            None
+        }
+        Err(why) => panic!("CI=true, and the booted-systemd test {test} cannot run: {why}"),
+    }
+}
+
+/// The thread ids of the threads of host process `pid` named `name`.
+fn threads_named(pid: u32, name: &str) -> Vec<i32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return vec![];
+    };
+    tasks
+        .filter_map(Result::ok)
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim_end() == name)
+        })
+        .filter_map(|t| t.file_name().to_str()?.parse().ok())
+        .collect()
+}
+
+/// Freezes one thread of another process with ptrace (`PTRACE_SEIZE` + `PTRACE_INTERRUPT`: only
+/// that thread stops, as a deadlock or a stuck system call looks from outside; the rest of the
+/// process, its watchdog task included, runs on) on a thread of its own, which also reaps the
+/// frozen thread when the process is killed: a traced thread that died stays a zombie until
+/// its tracer waits for it, and until then its process has not exited for systemd either.
+/// Holds the thread for at most `limit`, then lets it go. Returns whether the thread died
+/// frozen (the process was killed while it was stuck).
+fn freeze_until_killed(tid: i32, limit: Duration) -> std::thread::JoinHandle<Result<bool, String>> {
+    std::thread::spawn(move || {
+        // SAFETY: ptrace and waitpid on a thread id; `status` outlives each call.
+        unsafe {
+            if libc::ptrace(libc::PTRACE_SEIZE, tid, 0usize, 0usize) != 0 {
+                return Err(format!(
+                    "PTRACE_SEIZE {tid}: {}",
+                    std::io::Error::last_os_error()
+                ));
+            }
+            if libc::ptrace(libc::PTRACE_INTERRUPT, tid, 0usize, 0usize) != 0 {
+                return Err(format!(
+                    "PTRACE_INTERRUPT {tid}: {}",
+                    std::io::Error::last_os_error()
+                ));
+            }
+            let deadline = clock::now() + limit;
+            while clock::now() < deadline {
+                let mut status = 0;
+                let got = libc::waitpid(tid, &mut status, libc::__WALL | libc::WNOHANG);
+                if got == tid && (libc::WIFEXITED(status) || libc::WIFSIGNALED(status)) {
+                    return Ok(true);
+                }
+                if got < 0 {
+                    return Err(format!(
+                        "waitpid {tid}: {}",
+                        std::io::Error::last_os_error()
+                    ));
+                }
+                // Stopped (the interrupt, or a signal meant for it): it stays stopped.
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            libc::ptrace(libc::PTRACE_DETACH, tid, 0usize, 0usize);
+            Ok(false)
+        }
+    })
+}
+
+/// The systemd watchdog under a real systemd: the shipped unit's `WatchdogSec=` is honoured (the
+/// daemon's pings move the unit's watchdog timestamp), and when one packet thread of the running
+/// service is frozen, the pings stop, systemd kills the service for a watchdog timeout and
+/// restarts it: a new main process, `NRestarts` up by one, the journal says why.
+#[test]
+#[ignore = "needs root, systemd-nspawn and a Debian rootfs (built once with debootstrap)"]
+fn a_wedged_packet_thread_gets_the_service_restarted_by_the_systemd_watchdog() {
+    require_root();
+    let Some(rootfs) =
+        rootfs_or_skip("a_wedged_packet_thread_gets_the_service_restarted_by_the_systemd_watchdog")
+    else {
+        return;
+    };
+    let watchdog = Duration::from_secs(
+        service("WatchdogSec")
+            .trim_end_matches('s')
+            .parse()
+            .expect("WatchdogSec in seconds"),
+    );
+    let ns = Netns::new();
+    let mut cfg = TgConfig::new(0, &["100.83.2.1/32"]);
+    cfg.health = None;
+    let etc = TempDir::new("nspawn-watchdog");
+    etc.write_secret("private.key", &cfg.key.private);
+    etc.write_secret("tunnelgate.toml", &cfg.render("private.key"));
+    let container = Container::boot(&rootfs, &ns, &etc);
+    let unit = "tunnelgate.service";
+    let journal = || {
+        container
+            .inside(&["journalctl", "-u", "tunnelgate", "--no-pager"])
+            .stdout
+    };
+    let booted = poll_until(Duration::from_secs(60), || {
+        container.property(unit, "ActiveState") == "active"
+    });
+    assert!(
+        booted,
+        "{unit} active: {}\n{}",
+        journal(),
+        container.nspawn.stderr()
+    );
+    assert_eq!(
+        container.property(unit, "WatchdogUSec"),
+        format!("{}s", watchdog.as_secs()),
+        "systemd took the unit's WatchdogSec"
+    );
+    let first_pid = container.property(unit, "MainPID");
+    let restarts_before: u32 = container
+        .property(unit, "NRestarts")
+        .parse()
+        .expect("NRestarts");
+
+    // Alive: the daemon pings at half the interval, and each ping moves the unit's watchdog
+    // timestamp.
+    let stamp = || container.property(unit, "WatchdogTimestampMonotonic");
+    let stamp0 = stamp();
+    assert!(
+        poll_until(watchdog / 2 + Duration::from_secs(3), || {
+            let s = stamp();
+            s != stamp0 && s != "0"
+        }),
+        "no WATCHDOG=1 within {:?}: the timestamp stays {stamp0}\n{}",
+        watchdog / 2 + Duration::from_secs(3),
+        journal()
+    );
+    assert_eq!(container.property(unit, "MainPID"), first_pid);
+
+    // Wedge the first TUN reader of the running service.
+    let host_pid = container
+        .host_pid(&first_pid)
+        .unwrap_or_else(|| panic!("the host's id of the container's process {first_pid}"));
+    let tids = threads_named(host_pid, "tg-tun-rx-0");
+    assert_eq!(tids.len(), 1, "tg-tun-rx-0 of {host_pid}: {tids:?}");
+    // Stuck after STALL_LIMIT (5 s), pings stop; systemd waits WatchdogSec from the last one.
+    let budget = watchdog + Duration::from_secs(5 + 15);
+    let frozen = freeze_until_killed(tids[0], budget + Duration::from_secs(5));
+    let restarted = poll_until(budget, || {
+        let pid = container.property(unit, "MainPID");
+        pid != first_pid && pid != "0" && container.property(unit, "ActiveState") == "active"
+    });
+    let died_frozen = frozen.join().expect("the freezing thread");
+    let log = journal();
+    assert!(
+        restarted,
+        "{unit} was not restarted within {budget:?} of a frozen packet thread:\n{log}"
+    );
+    assert_eq!(
+        died_frozen,
+        Ok(true),
+        "the process was killed with its thread still frozen"
+    );
+    assert_eq!(
+        container.property(unit, "NRestarts"),
+        (restarts_before + 1).to_string(),
+        "{log}"
+    );
+    assert!(
+        log.contains("Watchdog timeout"),
+        "the journal says it was the watchdog:\n{log}"
+    );
+    assert!(
+        log.contains("withholding systemd watchdog pings") && log.contains("tg-tun-rx-0"),
+        "the daemon said which thread stopped the pings:\n{log}"
+    );
+    eprintln!("journal of {unit}:\n{log}");
+    // The new process serves the watchdog too: it is not killed again.
+    std::thread::sleep(watchdog / 2 + Duration::from_secs(2));
+    assert_eq!(container.property(unit, "ActiveState"), "active");
+    assert_eq!(
+        container.property(unit, "NRestarts"),
+        (restarts_before + 1).to_string()
+    );
+    container.poweroff();
+}
+
 /// `systemctl reload` under a real systemd (PID 1 of a systemd-nspawn container in a test
 /// namespace) runs the unit's ExecReload: 0 for a good file, non-zero for a refused one, and the
 /// service stays active on its old configuration.
@@ -567,14 +969,11 @@ fn container_init(pid: u32) -> Option<u32> {
 #[ignore = "needs root, systemd-nspawn and a Debian rootfs (built once with debootstrap)"]
 fn systemctl_reload_under_real_systemd_fails_on_a_refused_file() {
     require_root();
-    let rootfs = match booting_rootfs() {
-        Ok(r) => r,
-        // Skipped with a note on a developer machine without the tools; CI must run it.
-        Err(why) if std::env::var("CI").as_deref() != Ok("true") => {
-            eprintln!("SKIPPED systemctl_reload_under_real_systemd_fails_on_a_refused_file: {why}");
-            return;
-        }
-        Err(why) => panic!("CI=true, and the booted-systemd test cannot run: {why}"),
+    // Skipped with a note on a developer machine without the tools; CI must run it.
+    let Some(rootfs) =
+        rootfs_or_skip("systemctl_reload_under_real_systemd_fails_on_a_refused_file")
+    else {
+        return;
     };
     let ns = Netns::new();
     let mut cfg = TgConfig::new(0, &["100.83.0.1/32"]);
@@ -583,43 +982,8 @@ fn systemctl_reload_under_real_systemd_fails_on_a_refused_file() {
     etc.write_secret("private.key", &cfg.key.private);
     let good = cfg.render("private.key");
     etc.write_secret("tunnelgate.toml", &good);
-    let mut cmd = Command::new("systemd-nspawn");
-    cmd.args([
-        "-b",
-        "--register=no",
-        "--keep-unit",
-        "--volatile=overlay",
-        "--console=passive",
-        "--capability=CAP_NET_ADMIN",
-        &format!("--network-namespace-path=/run/netns/{}", ns.name()),
-        "--bind=/dev/net/tun",
-        &format!("--bind-ro={}:/usr/local/bin/tunnelgate", tunnelgate_bin()),
-        &format!(
-            "--bind-ro={}:/etc/systemd/system/tunnelgate.service",
-            unit_path().display()
-        ),
-        &format!(
-            "--bind-ro={}/systemd/tunnelgate@.service:/etc/systemd/system/tunnelgate@.service",
-            env!("CARGO_MANIFEST_DIR")
-        ),
-        &format!("--bind={}:/etc/tunnelgate", etc.path().display()),
-        "-D",
-    ])
-    .arg(&rootfs)
-    .arg("systemd.wants=tunnelgate.service");
-    let mut nspawn = Proc::spawn(cmd, "nspawn", etc.path());
-    let nspawn_pid = nspawn.pid();
-    wait_until(Duration::from_secs(20), "the container's PID 1", || {
-        container_init(nspawn_pid).is_some()
-    });
-    let inside = |args: &[&str]| -> CmdOutput {
-        let leader = container_init(nspawn_pid)
-            .map(|l| l.to_string())
-            .unwrap_or_default();
-        let mut c = Command::new("nsenter");
-        c.args(["-t", &leader, "-a", "--"]).args(args);
-        output_of(c, None)
-    };
+    let container = Container::boot(&rootfs, &ns, &etc);
+    let inside = |args: &[&str]| container.inside(args);
     let active = || inside(&["systemctl", "is-active", "tunnelgate.service"]).stdout;
     let booted = poll_until(Duration::from_secs(60), || active().trim() == "active");
     let journal = || inside(&["journalctl", "-u", "tunnelgate", "--no-pager"]).stdout;
@@ -628,7 +992,7 @@ fn systemctl_reload_under_real_systemd_fails_on_a_refused_file() {
         "tunnelgate.service active under systemd: {}\n{}\n{}",
         active(),
         journal(),
-        nspawn.stderr()
+        container.nspawn.stderr()
     );
 
     let out = inside(&["systemctl", "reload", "tunnelgate.service"]);
@@ -724,7 +1088,5 @@ fn systemctl_reload_under_real_systemd_fails_on_a_refused_file() {
     assert!(link(&cfg.name), "the other instance's tunnel stays");
     assert_eq!(active().trim(), "active", "{}", journal());
 
-    let _ = inside(&["systemctl", "poweroff"]);
-    let stopped = nspawn.wait_timeout(Duration::from_secs(30));
-    assert!(stopped.is_some(), "container powered off");
+    container.poweroff();
 }

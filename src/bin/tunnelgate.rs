@@ -104,6 +104,9 @@ enum Command {
         foreground: bool,
         /// The interface to create.
         interface: String,
+        /// Serve /healthz, /readyz and /metrics on this address (e.g. 127.0.0.1:9002).
+        #[arg(long, env = tunnelgate::shell::userspace::HEALTH_ENV, value_name = "ADDR")]
+        health: Option<std::net::SocketAddr>,
         #[command(flatten)]
         log: LogArgs,
         #[command(flatten)]
@@ -141,11 +144,12 @@ fn main() -> ExitCode {
         Command::Userspace {
             foreground,
             interface,
+            health,
             log,
             seccomp,
         } => {
             tunnelgate::shell::seccomp::set_policy(seccomp.seccomp);
-            tunnelgate::shell::userspace::run(foreground, &interface, log.log_format)
+            tunnelgate::shell::userspace::run(foreground, &interface, health, log.log_format)
         }
         Command::Help { command } => help(command.as_deref()),
         Command::Check { config } => match load_config(&config) {
@@ -488,6 +492,10 @@ async fn serve(config: tunnelgate::config::Config, path: PathBuf) -> anyhow::Res
             stopped(),
         )));
     }
+    tasks.push(tokio::spawn(tunnelgate::shell::daemon::systemd_watchdog(
+        observe.clone(),
+        stopped(),
+    )));
     let (loop_stop_tx, loop_stop_rx) = tokio::sync::oneshot::channel::<()>();
     let mut event_loop = tokio::spawn(daemon.run(async move {
         let _ = loop_stop_rx.await;

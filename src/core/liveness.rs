@@ -1,6 +1,8 @@
 //! Whether the packet threads are alive: each stamps a heartbeat on every wake (a batch, or an
-//! idle timeout), and `/healthz` fails when one has not stamped for [`STALL_LIMIT`]. Time is an
-//! argument (milliseconds on the shell's monotonic clock); this file never reads a clock.
+//! idle timeout), and `/healthz` fails when one has not stamped for [`STALL_LIMIT`]; and the
+//! systemd watchdog built on it ([`watchdog_interval`], [`WatchdogPings`]). Time is an
+//! argument (milliseconds on the shell's monotonic clock); this file never reads a clock or the
+//! environment.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -113,9 +115,144 @@ pub fn check(
     Ok(())
 }
 
+/// How often to send systemd `WATCHDOG=1`, from the environment systemd gives a service with
+/// `WatchdogSec=`: half of `$WATCHDOG_USEC` (what sd_watchdog_enabled(3) advises), and only when
+/// `$WATCHDOG_PID` is unset or names this process (`own_pid`): a child the service forked (the
+/// background `tunnelgate userspace`) must not ping for its parent. `Ok(None)`: no watchdog
+/// wanted. `Err`: a value systemd would never set, naming the variable and what was expected.
+pub fn watchdog_interval(
+    watchdog_usec: Option<&str>,
+    watchdog_pid: Option<&str>,
+    own_pid: u32,
+) -> Result<Option<Duration>, String> {
+    let Some(usec) = watchdog_usec else {
+        return Ok(None);
+    };
+    if let Some(pid) = watchdog_pid {
+        let pid: u32 = pid.trim().parse().map_err(|_| {
+            format!("WATCHDOG_PID={pid:?}: expected a process id (a positive integer)")
+        })?;
+        if pid != own_pid {
+            return Ok(None);
+        }
+    }
+    let usec: u64 = usec.trim().parse().map_err(|_| {
+        format!("WATCHDOG_USEC={usec:?}: expected microseconds (a non-negative integer)")
+    })?;
+    if usec == 0 {
+        // systemd's "watchdog off".
+        return Ok(None);
+    }
+    Ok(Some(Duration::from_micros(usec / 2)))
+}
+
+/// What one watchdog tick does: ping or not, and what to log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WatchdogStep {
+    /// Send `WATCHDOG=1`: only while every packet thread is alive, so a wedged one stops the
+    /// pings and systemd kills and restarts the service (`Restart=on-failure`).
+    pub ping: bool,
+    /// Log this once, when the liveness changes (not on every tick).
+    pub log: Option<String>,
+}
+
+/// The watchdog's decision on each tick, from the liveness check ([`Heartbeats::check`] or
+/// the data plane's fatal error). Remembers only whether the last tick was alive, to log the
+/// change once.
+#[derive(Debug, Default)]
+pub struct WatchdogPings {
+    withheld: bool,
+}
+
+impl WatchdogPings {
+    pub fn on_tick(&mut self, liveness: &Result<(), String>) -> WatchdogStep {
+        let was_withheld = std::mem::replace(&mut self.withheld, liveness.is_err());
+        match liveness {
+            Ok(()) => WatchdogStep {
+                ping: true,
+                log: was_withheld.then(|| "alive again: systemd watchdog pings resume".into()),
+            },
+            Err(why) => WatchdogStep {
+                ping: false,
+                log: (!was_withheld).then(|| format!("{why}: withholding systemd watchdog pings")),
+            },
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_watchdog_pings_at_half_the_interval_systemd_gives() {
+        let me = 4242;
+        assert_eq!(
+            watchdog_interval(Some("20000000"), None, me),
+            Ok(Some(Duration::from_secs(10)))
+        );
+        assert_eq!(
+            watchdog_interval(Some("20000000"), Some("4242"), me),
+            Ok(Some(Duration::from_secs(10)))
+        );
+        assert_eq!(
+            watchdog_interval(Some("3"), None, me),
+            Ok(Some(Duration::from_micros(1)))
+        );
+        // Unset, off, or meant for another process (our parent, before a fork).
+        assert_eq!(watchdog_interval(None, None, me), Ok(None));
+        assert_eq!(watchdog_interval(None, Some("4242"), me), Ok(None));
+        assert_eq!(watchdog_interval(Some("0"), None, me), Ok(None));
+        assert_eq!(watchdog_interval(Some("20000000"), Some("1"), me), Ok(None));
+    }
+
+    #[test]
+    fn a_watchdog_value_systemd_never_sets_is_named() {
+        let err = watchdog_interval(Some("20s"), None, 1).expect_err("not a number");
+        assert!(
+            err.contains("WATCHDOG_USEC=\"20s\"") && err.contains("microseconds"),
+            "{err}"
+        );
+        let err = watchdog_interval(Some("-5"), None, 1).expect_err("negative");
+        assert!(err.contains("WATCHDOG_USEC"), "{err}");
+        let err = watchdog_interval(Some("1000"), Some("me"), 1).expect_err("not a pid");
+        assert!(
+            err.contains("WATCHDOG_PID=\"me\"") && err.contains("process id"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn pings_stop_while_a_thread_is_stuck_and_each_change_is_logged_once() {
+        let mut pings = WatchdogPings::default();
+        let alive = Ok(());
+        let stuck = Err("packet thread tg-tun-rx-0 stuck for 5.1 s".to_string());
+        assert_eq!(
+            pings.on_tick(&alive),
+            WatchdogStep {
+                ping: true,
+                log: None
+            }
+        );
+        let step = pings.on_tick(&stuck);
+        assert!(!step.ping);
+        assert_eq!(
+            step.log.as_deref(),
+            Some("packet thread tg-tun-rx-0 stuck for 5.1 s: withholding systemd watchdog pings")
+        );
+        assert_eq!(
+            pings.on_tick(&stuck),
+            WatchdogStep {
+                ping: false,
+                log: None
+            },
+            "logged once"
+        );
+        let step = pings.on_tick(&alive);
+        assert!(step.ping);
+        assert!(step.log.is_some_and(|l| l.contains("resume")));
+        assert_eq!(pings.on_tick(&alive).log, None);
+    }
 
     const LIMIT: Duration = Duration::from_secs(5);
 

@@ -31,10 +31,18 @@ pub enum DropReason {
     TunWrite,
     /// Sending an encrypted packet on the UDP socket failed.
     UdpSend,
+    /// From the TUN device to a link-scoped multicast group no peer covers: the kernel's own
+    /// link chatter on any interface with IPv6 (router solicitations to ff02::2, MLD reports to
+    /// ff02::16, duplicate address detection to ff02::1:ff00:0/104), or IPv4's local network
+    /// control block (224.0.0.0/24). Such a packet never leaves its link by definition (RFC
+    /// 4291 2.7, RFC 5771 4), so no user traffic is lost: counted apart from `no_peer`, so an
+    /// alert on user drops stays quiet on a healthy idle tunnel. Last, so earlier reasons keep
+    /// their place in `/metrics` and [`DropStats`].
+    LinkLocalMulticast,
 }
 
 impl DropReason {
-    pub const COUNT: usize = 8;
+    pub const COUNT: usize = 9;
     /// Every reason, in the fixed order (`ALL[r as usize] == r`).
     pub const ALL: [DropReason; DropReason::COUNT] = [
         DropReason::NoPeer,
@@ -45,6 +53,7 @@ impl DropReason {
         DropReason::TunRead,
         DropReason::TunWrite,
         DropReason::UdpSend,
+        DropReason::LinkLocalMulticast,
     ];
 
     /// The `reason` label in metrics and the field name in the status JSON.
@@ -58,6 +67,7 @@ impl DropReason {
             DropReason::TunRead => "tun_read",
             DropReason::TunWrite => "tun_write",
             DropReason::UdpSend => "udp_send",
+            DropReason::LinkLocalMulticast => "link_local_multicast",
         }
     }
 }
@@ -95,6 +105,7 @@ pub struct DropStats {
     pub tun_read: u64,
     pub tun_write: u64,
     pub udp_send: u64,
+    pub link_local_multicast: u64,
 }
 
 impl DropStats {
@@ -108,6 +119,7 @@ impl DropStats {
             DropReason::TunRead => self.tun_read,
             DropReason::TunWrite => self.tun_write,
             DropReason::UdpSend => self.udp_send,
+            DropReason::LinkLocalMulticast => self.link_local_multicast,
         }
     }
 
@@ -121,6 +133,7 @@ impl DropStats {
             DropReason::TunRead => &mut self.tun_read,
             DropReason::TunWrite => &mut self.tun_write,
             DropReason::UdpSend => &mut self.udp_send,
+            DropReason::LinkLocalMulticast => &mut self.link_local_multicast,
         }
     }
 
@@ -153,7 +166,42 @@ pub fn route_read<'t, T: PeerLookup>(
     first_segment: &[u8],
 ) -> Result<&'t T::Peer, DropReason> {
     let dst = wg::packet_destination(first_segment).ok_or(DropReason::TunRead)?;
-    peers.by_address(dst).ok_or(DropReason::NoPeer)
+    peers.by_address(dst).ok_or_else(|| unroutable(dst))
+}
+
+/// Why a TUN packet to `dst` that no peer takes is dropped: link-scoped multicast is the
+/// kernel's (or a link-local service's) chatter and stays on the link by definition; anything
+/// else was meant to go somewhere ([`DropReason::NoPeer`]).
+#[inline]
+pub fn unroutable(dst: IpAddr) -> DropReason {
+    if is_link_scoped_multicast(dst) {
+        DropReason::LinkLocalMulticast
+    } else {
+        DropReason::NoPeer
+    }
+}
+
+/// The reason for a TUN read the data plane cannot send at all (no private key yet, as a
+/// `tunnelgate userspace` device before `wg setconf`): as [`unroutable`] for an IP packet.
+#[inline]
+pub fn unsendable_read(first_segment: &[u8]) -> DropReason {
+    wg::packet_destination(first_segment).map_or(DropReason::TunRead, unroutable)
+}
+
+/// IPv6 multicast of interface- or link-local scope (ff01::/16, ff02::/16, and the reserved
+/// scope 0), or IPv4's local network control block 224.0.0.0/24, which routers never forward.
+#[inline]
+pub fn is_link_scoped_multicast(dst: IpAddr) -> bool {
+    match dst {
+        IpAddr::V6(v6) => {
+            let [first, flags_scope, ..] = v6.octets();
+            first == 0xff && flags_scope & 0x0f <= 2
+        }
+        IpAddr::V4(v4) => {
+            let [a, b, c, _] = v4.octets();
+            (a, b, c) == (224, 0, 0)
+        }
+    }
 }
 
 /// How a peer is reached: its address, and the local address it last sent to. Replies leave

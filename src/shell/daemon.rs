@@ -399,6 +399,49 @@ pub fn sd_notify(state: &str) {
     }
 }
 
+/// systemd's watchdog (`WatchdogSec=` in the unit): sends `WATCHDOG=1` at half of
+/// `$WATCHDOG_USEC` while `observe`'s liveness (every packet thread woke recently, the data
+/// path has not failed) is Ok, until `shutdown`. A wedged packet thread stops the pings and
+/// systemd kills and restarts the service. Returns at once when no watchdog is wanted.
+pub async fn systemd_watchdog(
+    observe: Arc<dyn crate::telemetry::Observe>,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    use crate::core::liveness::{watchdog_interval, WatchdogPings};
+    let usec = std::env::var("WATCHDOG_USEC").ok();
+    let pid = std::env::var("WATCHDOG_PID").ok();
+    let every = match watchdog_interval(usec.as_deref(), pid.as_deref(), std::process::id()) {
+        Ok(Some(every)) => every,
+        Ok(None) => return,
+        Err(e) => {
+            tracing::warn!(error = %e, "systemd watchdog not served");
+            return;
+        }
+    };
+    tracing::info!(every = ?every, "Serving the systemd watchdog");
+    let mut shutdown = std::pin::pin!(shutdown);
+    let mut ticks = tokio::time::interval(every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut pings = WatchdogPings::default();
+    loop {
+        tokio::select! {
+            () = &mut shutdown => return,
+            _ = ticks.tick() => {}
+        }
+        let step = pings.on_tick(&observe.liveness());
+        if let Some(line) = step.log {
+            if step.ping {
+                tracing::info!("{line}");
+            } else {
+                tracing::error!("{line}");
+            }
+        }
+        if step.ping {
+            sd_notify("WATCHDOG=1");
+        }
+    }
+}
+
 /// Secret files for a configuration that names none.
 struct NoFiles;
 

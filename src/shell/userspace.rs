@@ -1,12 +1,15 @@
 //! The wireguard-go drop-in: `tunnelgate userspace [-f] IFNAME`, or the binary run as
 //! `tunnelgate-wg [-f] IFNAME` (a symlink), which is what wg-quick calls through
-//! `WG_QUICK_USERSPACE_IMPLEMENTATION`. Creates the TUN device and serves UAPI, nothing else;
-//! goes to the background once both are ready (unless `-f` or `WG_PROCESS_FOREGROUND=1`), and
-//! exits when the interface is deleted, its UAPI socket is removed, or on SIGTERM/SIGINT.
+//! `WG_QUICK_USERSPACE_IMPLEMENTATION`. Creates the TUN device and serves UAPI and the status
+//! socket (`tunnelgate status --interface IFNAME`), and `/healthz`, `/readyz`, `/metrics` when
+//! asked (`--health ADDR`, or `$TUNNELGATE_HEALTH` for `tunnelgate-wg`), nothing else; goes to
+//! the background once they are ready (unless `-f` or `WG_PROCESS_FOREGROUND=1`), and exits when
+//! the interface is deleted, its UAPI socket is removed, or on SIGTERM/SIGINT.
 #![allow(unsafe_code)]
 
 use crate::shell::daemon::Daemon;
-use crate::telemetry::{init_logging, LogFormat};
+use crate::telemetry::status::{status_socket_path, StatusSocket};
+use crate::telemetry::{init_logging, LogFormat, Observe};
 use crate::uapi::server::UapiServer;
 use anyhow::Context;
 use std::io::{Read, Write};
@@ -19,6 +22,9 @@ pub const WG_NAME: &str = "tunnelgate-wg";
 
 /// What wireguard-go reads to stay in the foreground.
 const FOREGROUND_ENV: &str = "WG_PROCESS_FOREGROUND";
+
+/// Where `tunnelgate-wg` (whose command line is wireguard-go's) reads a health address from.
+pub const HEALTH_ENV: &str = "TUNNELGATE_HEALTH";
 
 /// `tunnelgate-wg` takes wireguard-go's arguments.
 #[derive(clap::Parser)]
@@ -33,6 +39,9 @@ struct WgArgs {
     foreground: bool,
     /// The interface to create.
     interface: String,
+    /// Serve /healthz, /readyz and /metrics on this address (e.g. 127.0.0.1:9002).
+    #[arg(long, env = HEALTH_ENV, value_name = "ADDR")]
+    health: Option<std::net::SocketAddr>,
 }
 
 /// Whether `argv0` (the program name it was run as) asks for wireguard-go's command line.
@@ -45,15 +54,26 @@ pub fn is_wg_name(argv0: &std::ffi::OsStr) -> bool {
 /// The binary's entry point when run as `tunnelgate-wg`.
 pub fn wg_main() -> ExitCode {
     match crate::cli::parse_or_exit::<WgArgs>() {
-        Ok(args) => run(args.foreground, &args.interface, LogFormat::default()),
+        Ok(args) => run(
+            args.foreground,
+            &args.interface,
+            args.health,
+            LogFormat::default(),
+        ),
         Err(code) => code,
     }
 }
 
-/// Runs the drop-in for interface `name`. In the background (the default), returns in the
-/// parent once the child has the interface and the UAPI socket ready (exit 0), or has failed
-/// (exit 1, its error printed).
-pub fn run(foreground: bool, name: &str, log_format: LogFormat) -> ExitCode {
+/// Runs the drop-in for interface `name` (with the health endpoint on `health`, if given). In
+/// the background (the default), returns in the parent once the child has the interface, the
+/// UAPI and status sockets (and the health endpoint) ready (exit 0), or has failed (exit 1, its
+/// error printed).
+pub fn run(
+    foreground: bool,
+    name: &str,
+    health: Option<std::net::SocketAddr>,
+    log_format: LogFormat,
+) -> ExitCode {
     let foreground = foreground
         || std::env::var(FOREGROUND_ENV)
             .map(|v| v == "1")
@@ -96,7 +116,7 @@ pub fn run(foreground: bool, name: &str, log_format: LogFormat) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    match runtime.block_on(serve(name, ready)) {
+    match runtime.block_on(serve(name, health, ready)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %format!("{e:#}"), "{WG_NAME} failed");
@@ -106,10 +126,14 @@ pub fn run(foreground: bool, name: &str, log_format: LogFormat) -> ExitCode {
     }
 }
 
-async fn serve(name: &str, mut ready: Option<Ready>) -> anyhow::Result<()> {
+async fn serve(
+    name: &str,
+    health: Option<std::net::SocketAddr>,
+    mut ready: Option<Ready>,
+) -> anyhow::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
-    let result = start(name).await;
-    let (uapi, daemon) = match result {
+    let result = start(name, health).await;
+    let (uapi, status_socket, health, daemon) = match result {
         Ok(started) => started,
         Err(e) => {
             if let Some(r) = ready.take() {
@@ -121,14 +145,35 @@ async fn serve(name: &str, mut ready: Option<Ready>) -> anyhow::Result<()> {
     let mut term = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
     let handler: Arc<dyn crate::uapi::UapiHandler> = daemon.handle();
+    let observe: Arc<dyn Observe> = daemon.handle();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let mut uapi_task = tokio::spawn(async move {
-        let mut rx = stop_rx;
-        uapi.run(handler, async move {
+    let stopped = move || {
+        let mut rx = stop_rx.clone();
+        async move {
             let _ = rx.wait_for(|s| *s).await;
-        })
-        .await
-    });
+        }
+    };
+    let mut uapi_task = tokio::spawn(uapi.run(handler, stopped()));
+    // No reloader: there is no file to reload (`wg setconf` is the way).
+    let mut side_tasks = vec![tokio::spawn({
+        let (stop, observe) = (stopped(), observe.clone());
+        async move {
+            if let Err(e) = status_socket.serve(observe, None, stop).await {
+                tracing::error!(error = %e, "status socket failed");
+            }
+        }
+    })];
+    if let Some(listener) = health {
+        side_tasks.push(tokio::spawn(crate::telemetry::http::serve_health(
+            listener,
+            observe.clone(),
+            stopped(),
+        )));
+    }
+    side_tasks.push(tokio::spawn(crate::shell::daemon::systemd_watchdog(
+        observe,
+        stopped(),
+    )));
     let (loop_stop_tx, loop_stop_rx) = tokio::sync::oneshot::channel::<()>();
     let mut event_loop = tokio::spawn(daemon.run(async move {
         let _ = loop_stop_rx.await;
@@ -159,6 +204,11 @@ async fn serve(name: &str, mut ready: Option<Ready>) -> anyhow::Result<()> {
     if !uapi_ended {
         let _ = uapi_task.await;
     }
+    let _ = tokio::time::timeout(
+        std::time::Duration::from_secs(2),
+        futures::future::join_all(side_tasks),
+    )
+    .await;
     match ended {
         // The interface was deleted (`ip link del`, `wg-quick down`): the normal way to stop.
         Ok(Err(why)) => tracing::info!(reason = %why, "Interface gone; exiting"),
@@ -168,11 +218,27 @@ async fn serve(name: &str, mut ready: Option<Ready>) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn start(name: &str) -> anyhow::Result<(UapiServer, Daemon)> {
-    // Claimed first: a name in use fails before a device is created.
+type Started = (
+    UapiServer,
+    StatusSocket,
+    Option<tokio::net::TcpListener>,
+    Daemon,
+);
+
+async fn start(name: &str, health: Option<std::net::SocketAddr>) -> anyhow::Result<Started> {
+    // Claimed first: a name or port in use fails before a device is created.
     let uapi = UapiServer::bind(name).with_context(|| format!("UAPI socket for {name}"))?;
+    let status_socket = StatusSocket::bind(&status_socket_path(name))
+        .with_context(|| format!("status socket for {name}"))?;
+    let health = match health {
+        Some(addr) => Some(
+            crate::telemetry::http::bind_health(addr)
+                .with_context(|| format!("--health {addr}"))?,
+        ),
+        None => None,
+    };
     let daemon = Daemon::start_userspace(name).await?;
-    Ok((uapi, daemon))
+    Ok((uapi, status_socket, health, daemon))
 }
 
 enum Forked {

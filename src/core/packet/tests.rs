@@ -196,9 +196,81 @@ fn reasons_have_a_fixed_order_and_their_labels_are_the_json_fields() {
             "unknown_peer",
             "tun_read",
             "tun_write",
-            "udp_send"
+            "udp_send",
+            "link_local_multicast"
         ]
     );
+}
+
+/// An IPv6 packet of `next_header` (58: ICMPv6, 0: hop-by-hop as MLD uses) with `payload`.
+fn ipv6_packet(src: &str, dst: &str, next_header: u8, payload: &[u8]) -> Vec<u8> {
+    let src: std::net::Ipv6Addr = src.parse().expect("source");
+    let dst: std::net::Ipv6Addr = dst.parse().expect("destination");
+    let mut p = vec![0u8; 40];
+    p[0] = 0x60;
+    let len = u16::try_from(payload.len()).expect("small packet");
+    p[4..6].copy_from_slice(&len.to_be_bytes());
+    p[6] = next_header;
+    p[7] = 255;
+    p[8..24].copy_from_slice(&src.octets());
+    p[24..40].copy_from_slice(&dst.octets());
+    p.extend_from_slice(payload);
+    p
+}
+
+#[test]
+fn the_kernels_link_chatter_is_not_a_no_peer_drop() {
+    let s = setup();
+    // What an idle TUN device with IPv6 sends: a router solicitation (ICMPv6 133) to all
+    // routers, an MLDv2 report (143, behind a hop-by-hop router alert) to ff02::16, a duplicate
+    // address detection probe (135) from :: to a solicited-node group.
+    let kernel = [
+        ipv6_packet("fe80::1", "ff02::2", 58, &[133, 0, 0, 0, 0, 0, 0, 0]),
+        ipv6_packet("fe80::1", "ff02::16", 0, &[58, 0, 5, 2, 0, 0, 1, 0, 143]),
+        ipv6_packet("::", "ff02::1:ff00:1", 58, &[135, 0, 0, 0]),
+        // Interface-local scope, and IPv4's local network control block (IGMP, mDNS).
+        ipv6_packet("fe80::1", "ff01::1", 58, &[130]),
+        ipv4_packet([100, 64, 0, 1], [224, 0, 0, 22], b"igmp"),
+        ipv4_packet([100, 64, 0, 1], [224, 0, 0, 251], b"mdns"),
+    ];
+    for packet in &kernel {
+        assert_eq!(
+            route_read(&s.peers, packet),
+            Err(DropReason::LinkLocalMulticast),
+            "{packet:02x?}"
+        );
+        assert_eq!(unsendable_read(packet), DropReason::LinkLocalMulticast);
+    }
+    // Traffic that was meant to go somewhere stays a no_peer drop: unicast of any scope,
+    // and multicast of a wider scope (site ff05::, global ff0e::, IPv4 beyond 224.0.0.0/24),
+    // which a peer could carry.
+    let user = [
+        ipv6_packet("fd00::1", "fd00::9", 58, &[128]),
+        ipv6_packet("fe80::1", "fe80::2", 58, &[133]),
+        ipv6_packet("fd00::1", "ff05::2", 58, &[143]),
+        ipv6_packet("fd00::1", "ff0e::1", 17, b"x"),
+        ipv6_packet("fd00::1", "ff15::1", 17, b"x"),
+        ipv4_packet([100, 64, 0, 1], [224, 0, 1, 1], b"ntp"),
+        ipv4_packet([100, 64, 0, 1], [239, 1, 1, 1], b"x"),
+        ipv4_packet([100, 64, 0, 1], [192, 0, 2, 9], b"x"),
+    ];
+    for packet in &user {
+        assert_eq!(
+            route_read(&s.peers, packet),
+            Err(DropReason::NoPeer),
+            "{packet:02x?}"
+        );
+        assert_eq!(unsendable_read(packet), DropReason::NoPeer);
+    }
+    assert_eq!(unsendable_read(&[0x60, 0, 0]), DropReason::TunRead);
+}
+
+#[test]
+fn a_peer_that_covers_a_link_local_group_gets_its_packets() {
+    let mut s = setup();
+    s.peers.routes.insert(net("ff02::/16"), 1);
+    let rs = ipv6_packet("fe80::1", "ff02::2", 58, &[133, 0, 0, 0]);
+    assert_eq!(route_read(&s.peers, &rs), Ok(&1));
 }
 
 #[test]

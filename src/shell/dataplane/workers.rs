@@ -127,7 +127,10 @@ pub(super) fn tun_loop(inner: &Inner, worker: usize) {
         let count = plan.count();
         if table.private_key().is_none() {
             // No key, no identity: nothing can be sent (wireguard-go drops it too).
-            inner.drops.add(DropReason::NoPeer, count as u64);
+            let first = plan.segment(read, 0);
+            inner
+                .drops
+                .add(packet::unsendable_read(&read[first]), count as u64);
             continue;
         }
         let sockets = inner.sockets();
