@@ -4,7 +4,9 @@
 mod keys;
 mod ports;
 mod raw;
+mod unknown_keys;
 mod validate;
+pub mod wgquick;
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
@@ -188,17 +190,28 @@ impl Config {
         base_dir: &Path,
         files: &dyn SecretFiles,
     ) -> Result<Config, ConfigErrors> {
-        let raw: raw::RawConfig = toml::from_str(text).map_err(|e| {
-            ConfigErrors(vec![ConfigError {
-                // The parser does not say which key a type error is about: read it off the text.
-                key: e
-                    .span()
-                    .and_then(|s| key_at(text, s.start))
-                    .unwrap_or_else(|| "(file)".into()),
-                problem: e.message().to_string() + &span_hint(text, e.span()),
-            }])
-        })?;
-        validate::validate(raw, base_dir, files)
+        if wgquick::looks_like_wg_quick(text) {
+            return Err(ConfigErrors(vec![wgquick::not_toml_error("FILE")]));
+        }
+        let table: toml::Table =
+            toml::from_str(text).map_err(|e| ConfigErrors(vec![toml_error(text, &e)]))?;
+        // Every unknown key, then every other problem: one pass shows them all.
+        let mut errors = unknown_keys::unknown_keys(&table);
+        let raw: raw::RawConfig = match toml::from_str(text) {
+            Ok(raw) => raw,
+            Err(e) => {
+                errors.push(toml_error(text, &e));
+                return Err(ConfigErrors(errors));
+            }
+        };
+        match validate::validate(raw, base_dir, files) {
+            Ok(config) if errors.is_empty() => Ok(config),
+            Ok(_) => Err(ConfigErrors(errors)),
+            Err(ConfigErrors(more)) => {
+                errors.extend(more);
+                Err(ConfigErrors(errors))
+            }
+        }
     }
 
     /// The tunnel address of `family` (v4 or v6) that SNAT uses, if any.
@@ -352,6 +365,18 @@ pub fn interface_name_of(text: &str) -> Option<String> {
         .get("name")?
         .as_str()
         .map(str::to_string)
+}
+
+/// A parse or type error of the TOML text, under the key it is about.
+fn toml_error(text: &str, e: &toml::de::Error) -> ConfigError {
+    ConfigError {
+        // The parser does not say which key a type error is about: read it off the text.
+        key: e
+            .span()
+            .and_then(|s| key_at(text, s.start))
+            .unwrap_or_else(|| "(file)".into()),
+        problem: e.message().to_string() + &span_hint(text, e.span()),
+    }
 }
 
 /// The dotted key (`interface.listen_port`, `peer[1].allowed_ips`) on the line of `offset`,

@@ -66,6 +66,10 @@ pub struct Snapshot {
     pub version: String,
     /// The daemon process's memory, CPU and file descriptors (`None`: unknown).
     pub process: Option<process::ProcessStats>,
+    /// The daemon's network namespace as the kernel names it (`net:[4026531840]`, the link
+    /// of `/proc/self/ns/net`), so `tunnelgate status` can show only the daemons of its own
+    /// namespace: the socket folder is shared by all of them. `None`: unknown (an older daemon).
+    pub netns_id: Option<String>,
 }
 
 impl Snapshot {

@@ -1379,7 +1379,7 @@ fn reload_cli_applies_a_good_change_and_refuses_a_broken_file() {
 
 #[test]
 #[ignore = "needs root"]
-fn status_without_flags_lists_every_daemon_and_skips_stale_sockets() {
+fn status_all_lists_every_daemon_and_skips_stale_sockets() {
     let a = Netns::new();
     let b = Netns::new();
     let mut one = TgConfig::new(0, &["100.68.0.1/32"]);
@@ -1393,7 +1393,9 @@ fn status_without_flags_lists_every_daemon_and_skips_stale_sockets() {
     let stale = std::path::Path::new("/var/run/tunnelgate").join(format!("{stale_name}.sock"));
     drop(std::os::unix::net::UnixListener::bind(&stale).expect("stale socket"));
 
-    let out = tunnelgate_cli(&["status", "--json"], None);
+    // The daemons run in other namespaces than this test: `--all` (plain `status` shows only
+    // this namespace's, see tests/netns_wgquick.rs).
+    let out = tunnelgate_cli(&["status", "--all", "--json"], None);
     let _ = std::fs::remove_file(&stale);
     assert_eq!(out.code, Some(0), "{out:?}");
     let all: Value = serde_json::from_str(&out.stdout).expect("a JSON array");
@@ -1414,7 +1416,7 @@ fn status_without_flags_lists_every_daemon_and_skips_stale_sockets() {
         }
     }
 
-    let out = tunnelgate_cli(&["status"], None);
+    let out = tunnelgate_cli(&["status", "--all"], None);
     assert_eq!(out.code, Some(0), "{out:?}");
     // `wg show`-like: one block per daemon, its own key and port under its name.
     for tg in [&tg1, &tg2] {

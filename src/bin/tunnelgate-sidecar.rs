@@ -55,7 +55,9 @@ struct Cli {
     /// The base configuration (TOML: interface addresses, peers, shared settings).
     #[arg(long, env = "TUNNELGATE_BASE_CONFIG", value_name = "FILE")]
     base_config: PathBuf,
-    /// Log format: human (default) or json. Level comes from RUST_LOG (default info).
+    /// Log format: human (one readable line per event; the default), json (one JSON object
+    /// per line, for log collectors) or journal (systemd journal entries). The level comes
+    /// from RUST_LOG (default info).
     #[arg(long, value_enum, env = tunnelgate::telemetry::logging::LOG_FORMAT_ENV, default_value_t)]
     log_format: LogFormat,
 }

@@ -32,8 +32,8 @@ struct Cli {
 /// `--log-format`, on the subcommands that log (the others print their result and errors).
 #[derive(clap::Args)]
 struct LogArgs {
-    /// Log format: human (default; the journal's own format when stderr is the systemd
-    /// journal), json or journal. Level comes from RUST_LOG (default info).
+    /// Log format: human, json or journal (human turns into journal entries by itself when
+    /// stderr is the systemd journal). The level comes from RUST_LOG (default info).
     #[arg(long, value_enum, env = tunnelgate::telemetry::logging::LOG_FORMAT_ENV, default_value_t)]
     log_format: LogFormat,
 }
@@ -48,10 +48,30 @@ struct SeccompArgs {
     seccomp: tunnelgate::core::seccomp::Policy,
 }
 
+/// The formats `tunnelgate import` reads.
+#[derive(Subcommand)]
+enum Import {
+    /// Print the tunnelgate TOML equivalent of a wg-quick file.
+    ///
+    /// FILE is wg-quick's /etc/wireguard/NAME.conf; the interface is named NAME. The private key goes to --key-file (mode 0600), each
+    /// preshared key to a 0600 file beside it (KEYFILE-STEM.peerN.psk); the TOML names them
+    /// by absolute path. Keys with no tunnelgate equivalent (DNS, Table, PostUp, SaveConfig,
+    /// ...) are named on stderr with their line. Exit 2 when FILE is not a wg-quick config.
+    #[command(name = "wg-quick")]
+    WgQuick {
+        /// The wg-quick INI file.
+        file: PathBuf,
+        /// Where to write the private key (default: FILE with the extension .key).
+        #[arg(long, value_name = "PATH")]
+        key_file: Option<PathBuf>,
+    },
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Run the daemon in the foreground.
     Run {
+        /// The configuration file (TOML; a wg-quick file: see `tunnelgate help import`).
         #[arg(long, env = "TUNNELGATE_CONFIG", default_value = DEFAULT_CONFIG)]
         config: PathBuf,
         #[command(flatten)]
@@ -61,11 +81,13 @@ enum Command {
     },
     /// Validate the configuration and print what would be installed, changing nothing.
     Check {
+        /// The configuration file to validate (TOML).
         #[arg(long, env = "TUNNELGATE_CONFIG", default_value = DEFAULT_CONFIG)]
         config: PathBuf,
     },
     /// Show the running daemon's interface, peers, rules and resolved names. With neither
-    /// --interface nor --config (nor $TUNNELGATE_CONFIG): every tunnelgate on this host.
+    /// --interface nor --config (nor $TUNNELGATE_CONFIG): every tunnelgate running in this
+    /// network namespace, like `wg show` (--all: in every namespace).
     Status {
         /// The daemon running this config file (its interface.name).
         #[arg(long, env = "TUNNELGATE_CONFIG", conflicts_with = "interface")]
@@ -73,7 +95,12 @@ enum Command {
         /// The interface to query.
         #[arg(long)]
         interface: Option<String>,
-        /// Print JSON instead of text (an array of daemons when every daemon is shown).
+        /// Every tunnelgate of every network namespace, each naming its namespace (its
+        /// `ip netns` name, else the kernel's `net:[INODE]`).
+        #[arg(long, conflicts_with_all = ["interface", "config"])]
+        all: bool,
+        /// Print JSON instead of text (an array of daemons when every daemon is shown; each
+        /// with a `netns` field).
         #[arg(long)]
         json: bool,
     },
@@ -83,17 +110,23 @@ enum Command {
         /// The daemon running this config file (its interface.name).
         #[arg(long, env = "TUNNELGATE_CONFIG", conflicts_with = "interface")]
         config: Option<PathBuf>,
-        /// The daemon of this interface. With neither flag: the only daemon running.
+        /// The daemon of this interface. With neither flag: the only daemon running in this
+        /// network namespace.
         #[arg(long)]
         interface: Option<String>,
     },
     /// Print a new base64 private key (like `wg genkey`).
     Genkey,
+    /// Print a new base64 preshared key (like `wg genpsk`).
+    Genpsk,
     /// Print this message or the help of the given subcommand.
     Help {
-        /// The subcommand to explain.
-        command: Option<String>,
+        /// The subcommand to explain (`help import wg-quick` for a nested one).
+        command: Vec<String>,
     },
+    /// Convert another tool's configuration to tunnelgate's TOML, printed on stdout.
+    #[command(subcommand)]
+    Import(Import),
     /// Read a base64 private key on stdin, print its public key (like `wg pubkey`).
     Pubkey,
     /// A drop-in for `wireguard-go IFNAME` (also run as `tunnelgate-wg`): create the
@@ -141,6 +174,13 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Pubkey => pubkey(),
+        Command::Genpsk => {
+            println!("{}", SecretKey::generate_preshared().expose_base64());
+            ExitCode::SUCCESS
+        }
+        Command::Import(Import::WgQuick { file, key_file }) => {
+            tunnelgate::shell::import::wg_quick(&file, key_file.as_deref())
+        }
         Command::Userspace {
             foreground,
             interface,
@@ -151,7 +191,7 @@ fn main() -> ExitCode {
             tunnelgate::shell::seccomp::set_policy(seccomp.seccomp);
             tunnelgate::shell::userspace::run(foreground, &interface, health, log.log_format)
         }
-        Command::Help { command } => help(command.as_deref()),
+        Command::Help { command } => help(&command),
         Command::Check { config } => match load_config(&config) {
             Ok(c) => check(&config, &c),
             Err(e) => config_error(&e),
@@ -168,8 +208,9 @@ fn main() -> ExitCode {
         Command::Status {
             config,
             interface,
+            all,
             json,
-        } => status(config, interface, json),
+        } => status(config, interface, all, json),
         Command::Reload { config, interface } => reload(config, interface),
     }
 }
@@ -216,19 +257,19 @@ fn reload(config: Option<PathBuf>, interface: Option<String>) -> ExitCode {
     use tunnelgate::telemetry::status::{request_reload, ReloadOutcome};
     let name = match chosen_interface("reload", config, interface) {
         Ok(Some(n)) => n,
-        Ok(None) => match live_daemons().as_slice() {
-            [(name, _)] => name.clone(),
+        Ok(None) => match live_daemons(false).as_slice() {
+            [daemon] => daemon.name.clone(),
             [] => {
                 eprintln!(
-                    "tunnelgate reload: no tunnelgate daemon is running (no live socket in {})",
+                    "tunnelgate reload: no tunnelgate daemon is running in this network namespace (no live socket in {})",
                     tunnelgate::telemetry::status::run_dir().display()
                 );
                 return ExitCode::from(1);
             }
             several => {
-                let names: Vec<&str> = several.iter().map(|(n, _)| n.as_str()).collect();
+                let names: Vec<&str> = several.iter().map(|d| d.name.as_str()).collect();
                 eprintln!(
-                    "tunnelgate reload: several daemons run ({}); name one with --interface or --config",
+                    "tunnelgate reload: several daemons run in this network namespace ({}); name one with --interface or --config",
                     names.join(", ")
                 );
                 return ExitCode::from(2);
@@ -258,60 +299,128 @@ fn reload(config: Option<PathBuf>, interface: Option<String>) -> ExitCode {
     }
 }
 
+/// One daemon that answered on its status socket.
+struct LiveDaemon {
+    name: String,
+    snapshot: tunnelgate::telemetry::Snapshot,
+}
+
 /// Every daemon that answers on its status socket, with its snapshot; stale sockets skipped.
-fn live_daemons() -> Vec<(String, tunnelgate::telemetry::Snapshot)> {
-    use tunnelgate::telemetry::status::{run_dir, status_sockets_in};
+/// Without `every_netns`, only those of this network namespace (the socket folder is shared
+/// by every namespace, like wireguard-go's).
+fn live_daemons(every_netns: bool) -> Vec<LiveDaemon> {
+    use tunnelgate::telemetry::status::{own_netns_id, run_dir, same_netns, status_sockets_in};
+    let own = own_netns_id();
     status_sockets_in(&run_dir())
         .into_iter()
         .filter_map(|path| match query_status(&path) {
-            Ok(snap) => Some((snap.interface.name.clone(), snap)),
+            Ok(snapshot) => Some(LiveDaemon {
+                name: snapshot.interface.name.clone(),
+                snapshot,
+            }),
             Err(e) => {
                 tracing::debug!(error = %e, "skipping a status socket");
                 None
             }
         })
+        .filter(|d| every_netns || same_netns(d.snapshot.netns_id.as_deref(), own.as_deref()))
         .collect()
 }
 
-/// `tunnelgate status` with no daemon named: every daemon, like `wg show`.
-fn status_all(json: bool) -> ExitCode {
-    let daemons: Vec<tunnelgate::telemetry::Snapshot> =
-        live_daemons().into_iter().map(|(_, s)| s).collect();
+/// A snapshot as JSON, with `netns`: the daemon's namespace as status names it.
+fn snapshot_json(
+    snap: &tunnelgate::telemetry::Snapshot,
+    named: &[(String, u64)],
+) -> Result<serde_json::Value, serde_json::Error> {
+    let mut value = serde_json::to_value(snap)?;
+    if let serde_json::Value::Object(map) = &mut value {
+        let netns = tunnelgate::telemetry::status::netns_display(snap.netns_id.as_deref(), named);
+        map.insert("netns".into(), serde_json::Value::String(netns));
+    }
+    Ok(value)
+}
+
+fn print_json(value: &serde_json::Value) -> ExitCode {
+    match serde_json::to_string_pretty(value) {
+        Ok(text) => {
+            println!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("tunnelgate status: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// `tunnelgate status` with no daemon named: every daemon of this namespace (`--all`: of
+/// every namespace, each with a `netns:` line), like `wg show`.
+fn status_all(every_netns: bool, json: bool) -> ExitCode {
+    use tunnelgate::telemetry::status::{named_netns, netns_display, run_dir};
+    let daemons = live_daemons(every_netns);
+    let named = named_netns();
     if json {
-        return match serde_json::to_string_pretty(&daemons) {
-            Ok(text) => {
-                println!("{text}");
-                ExitCode::SUCCESS
-            }
+        let values: Result<Vec<serde_json::Value>, _> = daemons
+            .iter()
+            .map(|d| snapshot_json(&d.snapshot, &named))
+            .collect();
+        return match values {
+            Ok(v) => print_json(&serde_json::Value::Array(v)),
             Err(e) => {
                 eprintln!("tunnelgate status: {e}");
                 ExitCode::from(1)
             }
         };
     }
+    if daemons.is_empty() {
+        let scope = if every_netns {
+            "on this host"
+        } else {
+            "in this network namespace (--all: in any)"
+        };
+        println!(
+            "no tunnelgate daemon is running {scope}: no live socket in {}",
+            run_dir().display()
+        );
+        return ExitCode::SUCCESS;
+    }
     let now = now_unix();
-    let texts: Vec<String> = daemons.iter().map(|s| render_status_text(s, now)).collect();
+    let texts: Vec<String> = daemons
+        .iter()
+        .map(|d| {
+            let text = render_status_text(&d.snapshot, now);
+            if !every_netns {
+                return text;
+            }
+            // The namespace goes right under the `interface:` line.
+            let netns = netns_display(d.snapshot.netns_id.as_deref(), &named);
+            match text.split_once('\n') {
+                Some((first, rest)) => format!("{first}\n  netns: {netns}\n{rest}"),
+                None => format!("{text}\n  netns: {netns}\n"),
+            }
+        })
+        .collect();
     print!("{}", texts.join("\n"));
     ExitCode::SUCCESS
 }
 
-fn status(config: Option<PathBuf>, interface: Option<String>, json: bool) -> ExitCode {
+fn status(config: Option<PathBuf>, interface: Option<String>, all: bool, json: bool) -> ExitCode {
     let name = match chosen_interface("status", config, interface) {
         Ok(Some(n)) => n,
-        Ok(None) => return status_all(json),
+        Ok(None) => return status_all(all, json),
         Err(code) => return code,
     };
     match query_status(&status_socket_path(&name)) {
-        Ok(snap) if json => match serde_json::to_string_pretty(&snap) {
-            Ok(text) => {
-                println!("{text}");
-                ExitCode::SUCCESS
+        Ok(snap) if json => {
+            let named = tunnelgate::telemetry::status::named_netns();
+            match snapshot_json(&snap, &named) {
+                Ok(value) => print_json(&value),
+                Err(e) => {
+                    eprintln!("tunnelgate status: {e}");
+                    ExitCode::from(1)
+                }
             }
-            Err(e) => {
-                eprintln!("tunnelgate status: {e}");
-                ExitCode::from(1)
-            }
-        },
+        }
         Ok(snap) => {
             print!("{}", render_status_text(&snap, now_unix()));
             ExitCode::SUCCESS
@@ -356,22 +465,26 @@ fn check(path: &std::path::Path, config: &tunnelgate::config::Config) -> ExitCod
     ExitCode::SUCCESS
 }
 
-fn help(command: Option<&str>) -> ExitCode {
+/// `tunnelgate help [COMMAND...]`: exactly what `tunnelgate COMMAND... --help` prints.
+fn help(command: &[String]) -> ExitCode {
     use clap::CommandFactory;
-    let mut cli = Cli::command();
-    let printed = match command {
-        None => cli.print_help(),
-        Some(name) => match cli.find_subcommand_mut(name) {
-            Some(sub) => sub.print_help(),
-            None => {
-                eprintln!("tunnelgate help: no subcommand {name:?}");
-                return ExitCode::from(2);
-            }
-        },
-    };
-    match printed {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(_) => ExitCode::from(1),
+    let mut args = vec!["tunnelgate".to_string()];
+    args.extend(command.iter().cloned());
+    args.push("--help".into());
+    match Cli::command().try_get_matches_from(args) {
+        Err(e) if e.kind() == clap::error::ErrorKind::DisplayHelp => {
+            let _ = e.print();
+            ExitCode::SUCCESS
+        }
+        Err(_) => {
+            eprintln!(
+                "tunnelgate help: no subcommand {:?}: expected one of those `tunnelgate help` lists",
+                command.join(" ")
+            );
+            ExitCode::from(2)
+        }
+        // `--help` always ends the parse; nothing else is printed.
+        Ok(_) => ExitCode::SUCCESS,
     }
 }
 

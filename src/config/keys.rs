@@ -44,6 +44,14 @@ impl SecretKey {
         SecretKey(secret.to_bytes())
     }
 
+    /// A fresh random preshared key: 32 random bytes, as `wg genpsk` prints.
+    pub fn generate_preshared() -> SecretKey {
+        use rand_core::RngCore as _;
+        let mut bytes = [0u8; 32];
+        rand_core::OsRng.fill_bytes(&mut bytes);
+        SecretKey(bytes)
+    }
+
     /// Only for writing the key where the user asked for it (genkey, UAPI private_key).
     pub fn expose_base64(&self) -> String {
         STANDARD.encode(self.0)

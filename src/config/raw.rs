@@ -1,10 +1,10 @@
 //! The TOML file as written: serde structs with every field optional or a string, so that
-//! validation (not serde) decides what is wrong and can name the key. Unknown keys are refused here.
+//! validation (not serde) decides what is wrong and can name the key. Unknown keys are ignored
+//! here and all reported by `unknown_keys`, which reads the field lists off these structs.
 
 use serde::Deserialize;
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub(super) struct RawConfig {
     pub interface: Option<RawInterface>,
     #[serde(default)]
@@ -20,7 +20,6 @@ pub(super) struct RawConfig {
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub(super) struct RawInterface {
     /// TUN device name; also names the UAPI socket.
     pub name: Option<String>,
@@ -42,7 +41,6 @@ pub(super) struct RawInterface {
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub(super) struct RawPeer {
     pub name: Option<String>,
     pub public_key: Option<String>,
@@ -55,7 +53,6 @@ pub(super) struct RawPeer {
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub(super) struct RawFirewall {
     pub mode: Option<String>,
     pub mss_clamp: Option<bool>,
@@ -64,7 +61,6 @@ pub(super) struct RawFirewall {
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub(super) struct RawForward {
     pub target: Option<String>,
     pub target_fqdn: Option<String>,
@@ -74,7 +70,6 @@ pub(super) struct RawForward {
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub(super) struct RawRouter {
     #[serde(default)]
     pub advertise_routes: Vec<String>,
@@ -84,7 +79,6 @@ pub(super) struct RawRouter {
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub(super) struct RawDns {
     pub reresolve_interval: Option<String>,
     #[serde(default)]
@@ -92,7 +86,6 @@ pub(super) struct RawDns {
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub(super) struct RawHealth {
     /// host:port, or "" to disable the endpoint.
     pub listen: Option<String>,

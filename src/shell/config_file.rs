@@ -49,6 +49,14 @@ pub fn load_config(path: &Path) -> Result<Config, LoadError> {
         path: path.to_path_buf(),
         source,
     })?;
+    if crate::config::wgquick::looks_like_wg_quick(&text) {
+        return Err(LoadError::Invalid {
+            path: path.to_path_buf(),
+            errors: ConfigErrors(vec![crate::config::wgquick::not_toml_error(
+                &path.display().to_string(),
+            )]),
+        });
+    }
     let base = path.parent().unwrap_or(Path::new("."));
     Config::parse(&text, base, &FsSecrets).map_err(|errors| LoadError::Invalid {
         path: path.to_path_buf(),

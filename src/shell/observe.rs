@@ -60,11 +60,13 @@ impl Observe for Handle {
         let drops = self.dataplane.drops();
         // System calls first: the published view's lock is held for copying only.
         let process = crate::telemetry::process::read();
+        let netns_id = crate::telemetry::status::own_netns_id();
         let listen_port = self.listen_port();
         let published = self.published.lock();
         let (view, config) = (&published.view, &published.config);
         let mut snap = Snapshot {
             process,
+            netns_id,
             interface: InterfaceStatus {
                 name: config.interface.name.clone(),
                 public_key: identity.public_key.to_base64(),

@@ -28,13 +28,13 @@ pub enum LogFormat {
     Human,
     /// One JSON object per line, for log collectors.
     Json,
-    /// Lines for the systemd journal (chosen by itself under systemd; see the module doc).
+    /// Entries for the systemd journal, priority from the level (chosen by itself under systemd).
     Journal,
 }
 
-/// A log format name that is neither `human` nor `json`.
+/// A log format name that is none of `human`, `json`, `journal`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown log format {0:?}: expected \"human\" or \"json\"")]
+#[error("unknown log format {0:?}: expected \"human\", \"json\" or \"journal\"")]
 pub struct UnknownLogFormat(pub String);
 
 impl FromStr for LogFormat {

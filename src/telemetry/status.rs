@@ -273,12 +273,23 @@ pub async fn serve_status(
 }
 
 /// Asks the daemon serving `path` for its [`Snapshot`] (blocking, at most a few seconds).
+/// A daemon too old to report its network namespace gets the one its process is in, read
+/// through the socket's peer credentials (`SO_PEERCRED` pid -> `/proc/PID/ns/net`).
 pub fn query_status(path: &Path) -> Result<Snapshot, StatusError> {
-    let buf = exchange(path, Request::Status, IO_TIMEOUT)?;
-    serde_json::from_slice(&buf).map_err(|source| StatusError::Decode {
-        path: path.to_path_buf(),
-        source,
-    })
+    let (buf, peer_pid) = exchange_with_peer(path, Request::Status, IO_TIMEOUT)?;
+    let mut snap: Snapshot =
+        serde_json::from_slice(&buf).map_err(|source| StatusError::Decode {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    if snap.netns_id.is_none() {
+        snap.netns_id = peer_pid.and_then(|pid| {
+            std::fs::read_link(format!("/proc/{pid}/ns/net"))
+                .ok()
+                .map(|p| p.to_string_lossy().into_owned())
+        });
+    }
+    Ok(snap)
 }
 
 /// Asks the daemon serving `path` to reload its config file and waits for the outcome
@@ -327,8 +338,72 @@ pub fn run_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(DEFAULT_RUN_DIR))
 }
 
+/// Where `ip netns add NAME` bind-mounts its namespaces.
+pub const NAMED_NETNS_DIR: &str = "/run/netns";
+
+/// This process's network namespace as the kernel names it (`net:[4026531840]`, the link of
+/// `/proc/self/ns/net`); `None` when procfs cannot tell.
+pub fn own_netns_id() -> Option<String> {
+    std::fs::read_link("/proc/self/ns/net")
+        .ok()
+        .map(|p| p.to_string_lossy().into_owned())
+}
+
+/// The inode of a namespace id `net:[INODE]`.
+pub fn netns_inode(id: &str) -> Option<u64> {
+    id.strip_prefix("net:[")?.strip_suffix(']')?.parse().ok()
+}
+
+/// Every `ip netns` name with the inode of its namespace (a bind mount of the namespace
+/// file has the namespace's inode), sorted by name; none when the folder is absent.
+pub fn named_netns() -> Vec<(String, u64)> {
+    use std::os::unix::fs::MetadataExt as _;
+    let Ok(entries) = std::fs::read_dir(NAMED_NETNS_DIR) else {
+        return Vec::new();
+    };
+    let mut out: Vec<(String, u64)> = entries
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let meta = std::fs::metadata(e.path()).ok()?;
+            Some((e.file_name().to_string_lossy().into_owned(), meta.ino()))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// How status names a daemon's namespace: its `ip netns` name when one of `named` is it, else
+/// the kernel's id; `unknown` for a daemon that does not report one.
+pub fn netns_display(id: Option<&str>, named: &[(String, u64)]) -> String {
+    let Some(id) = id else {
+        return "unknown".into();
+    };
+    netns_inode(id)
+        .and_then(|ino| named.iter().find(|(_, i)| *i == ino))
+        .map_or_else(|| id.to_string(), |(name, _)| name.clone())
+}
+
+/// Whether a daemon in namespace `daemon` counts as in this one (`own`). A daemon that does
+/// not say (older than the field) or a client that cannot tell counts as here, as before.
+pub fn same_netns(daemon: Option<&str>, own: Option<&str>) -> bool {
+    match (daemon, own) {
+        (Some(d), Some(o)) => d == o,
+        _ => true,
+    }
+}
+
 /// Sends `request`, closes our side, reads the answer to its end.
 fn exchange(path: &Path, request: Request, timeout: Duration) -> Result<Vec<u8>, StatusError> {
+    exchange_with_peer(path, request, timeout).map(|(buf, _)| buf)
+}
+
+/// [`exchange`], also giving the pid of the process that answered (`None` when the kernel
+/// cannot name it in our pid namespace).
+fn exchange_with_peer(
+    path: &Path,
+    request: Request,
+    timeout: Duration,
+) -> Result<(Vec<u8>, Option<u32>), StatusError> {
     use std::io::Write as _;
     let mut stream = StdUnixStream::connect(path).map_err(|e| match e.kind() {
         ErrorKind::NotFound => StatusError::NotRunning {
@@ -348,6 +423,11 @@ fn exchange(path: &Path, request: Request, timeout: Duration) -> Result<Vec<u8>,
             source: e,
         },
     })?;
+    let peer_pid =
+        nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials)
+            .ok()
+            .and_then(|c| u32::try_from(c.pid()).ok())
+            .filter(|pid| *pid > 0);
     let io = |source: std::io::Error| {
         if matches!(source.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) {
             StatusError::Timeout {
@@ -372,7 +452,7 @@ fn exchange(path: &Path, request: Request, timeout: Duration) -> Result<Vec<u8>,
     let _ = stream.shutdown(std::net::Shutdown::Write);
     let mut buf = Vec::new();
     match stream.read_to_end(&mut buf) {
-        Ok(_) => Ok(buf),
+        Ok(_) => Ok((buf, peer_pid)),
         // An older daemon answered a snapshot and closed with our request unread.
         Err(e) if request == Request::Reload && e.kind() == ErrorKind::ConnectionReset => {
             Err(StatusError::Unsupported {
@@ -659,6 +739,28 @@ mod tests {
         let err = request_reload(&path).expect_err("old daemon");
         assert!(matches!(err, StatusError::Unsupported { .. }), "{err}");
         server.join().expect("server");
+    }
+
+    #[test]
+    fn namespaces_are_named_like_ip_netns_and_compared_by_id() {
+        assert_eq!(netns_inode("net:[4026531840]"), Some(4026531840));
+        assert_eq!(netns_inode("mnt:[4026531840]"), None);
+        assert_eq!(netns_inode("net:[x]"), None);
+        let named = vec![
+            ("blue".to_string(), 4026532001),
+            ("red".to_string(), 4026532002),
+        ];
+        assert_eq!(netns_display(Some("net:[4026532002]"), &named), "red");
+        assert_eq!(
+            netns_display(Some("net:[4026531840]"), &named),
+            "net:[4026531840]"
+        );
+        assert_eq!(netns_display(None, &named), "unknown");
+        assert!(same_netns(Some("net:[1]"), Some("net:[1]")));
+        assert!(!same_netns(Some("net:[1]"), Some("net:[2]")));
+        assert!(same_netns(None, Some("net:[2]")));
+        let own = own_netns_id().expect("procfs");
+        assert!(netns_inode(&own).is_some(), "{own}");
     }
 
     #[test]

@@ -14,6 +14,7 @@ pub(crate) const NOW: u64 = 1_700_000_000;
 
 pub(crate) fn sample_snapshot() -> Snapshot {
     Snapshot {
+        netns_id: Some("net:[4026531840]".into()),
         interface: InterfaceStatus {
             name: "tg0".into(),
             public_key: "HIgo9xNzJMWLKASShiTqIybxZ0U3wGLiUeJ1PKf8ykw=".into(),
