@@ -18,6 +18,11 @@ Measures the project's targets, each in namespaces of its own (names tgcb<pid>x<
                     with runs of the same config without the names. Medians, their ratio, the
                     lowest 1-s interval, and B's DNS resolution counter during each run.
                     target: no stall (no 1-s interval below 50 % of the median without names)
+  rules_scale       per size (100, 1,000, 10,000, 50,000 ingress ports; --quick 100, 1,000) and
+                    backend: start -> READY=1 and the apply gauge, connect latency of new TCP
+                    connections through the tunnel and the DNAT, and one Service moved to another
+                    target by `tunnelgate reload` (wall time and apply gauge).
+                    target: nftables, 10,000 ports: apply <= 1 s, one-Service change <= 50 ms
 
 Prints a table (figure | target | met?) and writes JSON. A measurement that fails is reported as
 failed with the reason; the others still run. Namespaces, daemons, dnsmasq, iperf3 and sockets are
