@@ -719,7 +719,9 @@ def scale_run(args, workdir: Path, backend: str, n_ports: int) -> dict:
         # One Service changes: the moved port goes to the other target.
         b.config.write_text(cfg_b(SCALE_TARGET_B))
         t0 = time.monotonic()
-        nsx(ns["b"], Tunnelgate.binary, "reload", "--interface", b.ifname, timeout=args.slow_timeout)
+        # The daemon's control socket is in its run directory (TUNNELGATE_RUN_DIR, see start()).
+        nsx(ns["b"], Tunnelgate.binary, "reload", "--interface", b.ifname, timeout=args.slow_timeout,
+            env={**os.environ, "TUNNELGATE_RUN_DIR": str(workdir)})
         r["change_reload_s"] = time.monotonic() - t0
         r["change_apply_s"] = metric_sum(b.metrics(), "tunnelgate_rule_last_apply_duration_seconds")
         if nsx(ns["a"], "python3", "-c", CONNECT_PROBE, TUNNEL["b"][0], "9999", "1", check=False, timeout=10).returncode != 0:
