@@ -227,6 +227,11 @@ fn a_thousand_ports_forward_and_one_service_change_touches_only_its_elements() {
     let out = proxy.output(&[tunnelgate_bin(), "reload", "--interface", &iface]);
     assert!(out.success(), "reload: {out:?}\ndaemon:\n{}", tg.stderr());
     let after = handles(&proxy, &table);
+    assert!(
+        tg.stderr().contains("Only map elements differ"),
+        "the reload took the element path; daemon:\n{}",
+        tg.stderr()
+    );
     assert_eq!(
         before, after,
         "the table, chains and rules were not recreated"

@@ -211,6 +211,7 @@ impl Backend {
                 match update {
                     Some(script) if !nft::has_statements(&script) => {}
                     Some(script) => {
+                        tracing::info!("Only map elements differ: changing them in place");
                         if let Err(e) = run("nft", &["-f", "-"], Some(&script)) {
                             tracing::warn!(
                                 error = %e,
