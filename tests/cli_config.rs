@@ -721,8 +721,19 @@ fn check_on_the_example_prints_the_plan_and_changes_nothing() {
             firewall.contains("table inet tunnelgate_tg0 {"),
             "{firewall}"
         );
-        assert!(firewall.contains("dnat ip to 10.96.0.10"), "{firewall}");
-        assert!(firewall.contains("dnat ip to 100.64.0.2:80"), "{firewall}");
+        // Forwarded ports are map elements, read by one rule per family and protocol.
+        assert!(
+            firewall.contains(" . 443 comment \"ingress[0]\" : 10.96.0.10 . 8443"),
+            "{firewall}"
+        );
+        assert!(
+            firewall.contains("8080 comment \"egress[0]\" : 100.64.0.2 . 80"),
+            "{firewall}"
+        );
+        assert!(
+            firewall.contains("dnat ip to ip daddr . tcp dport map @in4_tcp_dnat"),
+            "{firewall}"
+        );
     } else {
         assert!(firewall.contains("*nat"), "{firewall}");
         assert!(firewall.contains(":TG-tg0-PRE - [0:0]"), "{firewall}");

@@ -74,6 +74,21 @@ pub fn cases() -> Vec<(&'static str, RuleSet)> {
                 &[],
             ),
         ),
+        // Kubernetes at scale in miniature: several Services per family, TCP and UDP, both
+        // directions, beside a Service spread over two addresses (a rule of its own).
+        (
+            "services_maps_both_families",
+            rules(
+                "[[ingress]]\ntarget = \"10.96.0.10\"\nports = [\"80\", \"443:8443\", \"53/udp\"]\n\
+                 [[ingress]]\ntarget = \"10.96.0.11\"\nports = [\"8080:80\"]\n\
+                 [[ingress]]\ntarget = \"fd96::10\"\nports = [\"81:80\", \"5353:53/udp\"]\n\
+                 [[ingress]]\ntarget = \"fd96::11\"\nports = [\"82\"]\n\
+                 [[ingress]]\ntarget_fqdn = \"spread.example\"\nports = [\"9000\"]\n\
+                 [[egress]]\ntarget = \"100.64.0.2\"\nports = [\"5432\", \"8081:80\"]\n\
+                 [[egress]]\ntarget = \"fd7a:115c:a1e0::2\"\nports = [\"5433:5432\", \"54/udp\"]\n",
+                &[("spread.example", &["10.1.0.1", "10.1.0.2"])],
+            ),
+        ),
         (
             "egress_all_ports",
             rules("[[egress]]\ntarget = \"100.64.0.2\"\n", &[]),

@@ -18,6 +18,11 @@ Measures the project's targets, each in namespaces of its own (names tgcb<pid>x<
                     with runs of the same config without the names. Medians, their ratio, the
                     lowest 1-s interval, and B's DNS resolution counter during each run.
                     target: no stall (no 1-s interval below 50 % of the median without names)
+  rules_scale       per size (100, 1,000, 10,000, 50,000 ingress ports; --quick 100, 1,000) and
+                    backend: start -> READY=1 and the apply gauge, connect latency of new TCP
+                    connections through the tunnel and the DNAT, and one Service moved to another
+                    target by `tunnelgate reload` (wall time and apply gauge).
+                    target: nftables, 10,000 ports: apply <= 1 s, one-Service change <= 50 ms
 
 Prints a table (figure | target | met?) and writes JSON. A measurement that fails is reported as
 failed with the reason; the others still run. Namespaces, daemons, dnsmasq, iperf3 and sockets are
@@ -87,6 +92,7 @@ TARGETS = {
     "start_ready_100": "<= 200 ms",
     "apply_1000": "<= 1 s",
     "reresolve_100": "no stall",
+    "rules_scale": "nftables, 10,000 ports: apply <= 1 s, one-Service change <= 50 ms",
 }
 
 
@@ -657,6 +663,116 @@ def m_rules(args, workdir: Path, n_ingress: int, n_egress: int, key: str, limit_
     return {"backends": per, "met": all(per[b]["met"] for b in rows) and len(rows) == len(per)}
 
 
+CONNECT_PROBE = r"""
+import socket, sys, time
+host, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+out = []
+for _ in range(n):
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.settimeout(3)
+    t0 = time.monotonic()
+    s.connect((host, port))
+    out.append(time.monotonic() - t0)
+    s.close()
+print(" ".join(f"{x:.6f}" for x in out))
+"""
+
+SCALE_TARGET_A, SCALE_TARGET_B, SCALE_PORT = "10.77.0.10", "10.77.0.11", 7000
+
+
+def scale_run(args, workdir: Path, backend: str, n_ports: int) -> dict:
+    """Daemon b forwards n_ports ingress ports (10001.. -> INGRESS_TARGET:7000, a local listener)
+    plus one moved Service (port 9999); daemon a is its tunnel peer and opens the connections."""
+    mode, flavour = BACKENDS[backend]
+    seq = REG.next_seq()
+    ns = pair_ns(seq)
+    server = None
+    a = Tunnelgate(ns["a"], REG.name(seq, "a"), workdir)
+    b = Tunnelgate(ns["b"], REG.name(seq, "b"), workdir)
+    try:
+        for ip in (SCALE_TARGET_A, SCALE_TARGET_B):
+            nsx(ns["b"], "ip", "addr", "add", f"{ip}/32", "dev", REG.name(seq, "d"))
+        server = subprocess.Popen(
+            ["ip", "netns", "exec", ns["b"], "python3", "-c",
+             "import socket\ns=socket.socket()\ns.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n"
+             f"s.bind(('0.0.0.0',{SCALE_PORT}))\ns.listen(1024)\nwhile True:\n c,_=s.accept()\n c.close()"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+        REG.procs.append(server)
+        cfg_a = tg_config(a.ifname, a.keyfile, TUNNEL["a"], peer_block(b.pub, [f"{TUNNEL['b'][0]}/32", f"{TUNNEL['b'][1]}/128"], f"{UNDERLAY['b']}:{WG_PORT}"))
+        peers_b = peer_block(a.pub, [f"{TUNNEL['a'][0]}/32", f"{TUNNEL['a'][1]}/128"], f"{UNDERLAY['a']}:{WG_PORT}")
+        ports = ports_list(f"{p}:{SCALE_PORT}" for p in range(10001, 10001 + n_ports))
+        bulk = f'[[ingress]]\ntarget = "{SCALE_TARGET_A}"\nports = {ports}\n\n'
+        moved = lambda t: f'[[ingress]]\ntarget = "{t}"\nports = ["9999:{SCALE_PORT}"]\n\n'  # noqa: E731
+        cfg_b = lambda t: tg_config(b.ifname, b.keyfile, TUNNEL["b"], peers_b, health=HEALTH, mode=mode, extra=bulk + moved(t))  # noqa: E731
+        env = {"TUNNELGATE_IPTABLES": flavour} if flavour else {}
+        a.start(cfg_a)
+        ready = b.start(cfg_b(SCALE_TARGET_A), env, timeout=args.slow_timeout)
+        m = b.metrics()
+        r: dict = {"ports": n_ports, "ready_s": ready, "start_apply_s": metric_sum(m, "tunnelgate_rule_last_apply_duration_seconds")}
+        # Connect latency through the DNAT: a fresh connection each time, to a port in the middle.
+        probe_port = 10001 + n_ports // 2
+        if not wait_for(lambda: nsx(ns["a"], "python3", "-c", CONNECT_PROBE, TUNNEL["b"][0], str(probe_port), "1", check=False, timeout=10).returncode == 0, 15, 0.3):
+            raise Failed(f"no connection through the DNAT to {TUNNEL['b'][0]}:{probe_port}: {tail(b.logfile, 5)}")
+        out = nsx(ns["a"], "python3", "-c", CONNECT_PROBE, TUNNEL["b"][0], str(probe_port), str(args.connects), timeout=120).stdout.split()
+        r["connect_s"] = [float(x) for x in out]
+        # One Service changes: the moved port goes to the other target.
+        b.config.write_text(cfg_b(SCALE_TARGET_B))
+        t0 = time.monotonic()
+        # The daemon's control socket is in its run directory (TUNNELGATE_RUN_DIR, see start()).
+        nsx(ns["b"], Tunnelgate.binary, "reload", "--interface", b.ifname, timeout=args.slow_timeout,
+            env={**os.environ, "TUNNELGATE_RUN_DIR": str(workdir)})
+        r["change_reload_s"] = time.monotonic() - t0
+        r["change_apply_s"] = metric_sum(b.metrics(), "tunnelgate_rule_last_apply_duration_seconds")
+        if nsx(ns["a"], "python3", "-c", CONNECT_PROBE, TUNNEL["b"][0], "9999", "1", check=False, timeout=10).returncode != 0:
+            raise Failed("the moved Service does not answer after the change")
+        return r
+    finally:
+        a.stop()
+        b.stop()
+        if server is not None:
+            REG.stop_proc(server)
+        for x in ns.values():
+            REG.del_ns(x)
+
+
+def m_rules_scale(args, workdir: Path) -> dict:
+    sizes = [int(x) for x in args.scale_sizes.split(",")]
+    per: dict = {}
+    for n in sizes:
+        for bk in args.backends:
+            key = f"{n}/{bk}"
+            runs, errors = [], []
+            for r in range(args.repeats):
+                try:
+                    x = scale_run(args, workdir, bk, n)
+                    runs.append(x)
+                    log(f"    {n:6} ports {bk:15} round {r + 1}: ready {x['ready_s'] * 1000:8.1f} ms (apply {x['start_apply_s'] * 1000:8.1f}), "
+                        f"one-Service change {x['change_reload_s'] * 1000:7.1f} ms (apply {x['change_apply_s'] * 1000:7.1f}), "
+                        f"connect median {med(x['connect_s']) * 1000:.3f} ms")
+                except (Failed, subprocess.SubprocessError, OSError) as e:
+                    errors.append(f"round {r + 1}: {e}")
+                    log(f"    {n:6} ports {bk:15} round {r + 1}: FAILED: {e}")
+            v: dict = {"runs": runs, "errors": errors, "status": "ok" if runs and not errors else ("partial" if runs else "failed")}
+            if runs:
+                v["ready_s"] = med([x["ready_s"] for x in runs])
+                v["start_apply_s"] = med([x["start_apply_s"] for x in runs])
+                v["change_reload_s"] = med([x["change_reload_s"] for x in runs])
+                v["change_apply_s"] = med([x["change_apply_s"] for x in runs])
+                v["connect_s"] = med([c for x in runs for c in x["connect_s"]])
+                v["figure"] = (f"ready {v['ready_s'] * 1000:.0f} ms (apply {v['start_apply_s'] * 1000:.0f}), change {v['change_reload_s'] * 1000:.0f} ms "
+                               f"(apply {v['change_apply_s'] * 1000:.1f}), connect {v['connect_s'] * 1000:.3f} ms")
+                if n == 10000 and bk == "nftables":
+                    v["met"] = v["start_apply_s"] <= 1.0 and v["change_apply_s"] <= 0.050
+            else:
+                v["reason"] = "; ".join(errors)[:500]
+            per[key] = v
+    if all(v["status"] == "failed" for v in per.values()):
+        raise Failed("every size failed: " + "; ".join(f"{k}: {v.get('reason', '')}" for k, v in per.items())[:600])
+    met = [v["met"] for v in per.values() if "met" in v]
+    return {"sizes": per, "met": all(met) if met else None}
+
+
 DNS_PROBE = r"""
 import socket, struct, sys, random
 name, server = sys.argv[1], sys.argv[2]
@@ -868,6 +984,13 @@ def table(results: dict) -> str:
             else:
                 rows.append((f"{label}, {b}", v["figure"], tgt, "yes" if v["met"] else "NO"))
     add("iperf3 TCP while re-resolving 100 names/s", ms.get("reresolve_100"), TARGETS["reresolve_100"], met=ms.get("reresolve_100", {}).get("met"))
+    scale = ms.get("rules_scale")
+    if scale is not None and scale.get("status") == "failed":
+        add("port rules at scale", scale, TARGETS["rules_scale"])
+    elif scale is not None:
+        for k, v in scale["sizes"].items():
+            fig = v.get("figure") or f"FAILED: {v.get('reason', '')[:160]}"
+            rows.append((f"{k.replace('/', ' ports, ')}", fig, TARGETS["rules_scale"] if "met" in v else "-", "-" if "met" not in v else ("yes" if v["met"] else "NO")))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     widths[1] = min(widths[1], 110)
     rows = [(r[0], r[1] if len(r[1]) <= widths[1] else r[1][: widths[1] - 1] + "…", r[2], r[3]) for r in rows]
@@ -907,7 +1030,7 @@ def binary_facts(path: str) -> dict:
         return {"path": path, "error": str(e)}
 
 
-MEASUREMENTS = ("idle_rss", "rss_10k_peers", "start_ready_100", "apply_1000", "reresolve_100")
+MEASUREMENTS = ("idle_rss", "rss_10k_peers", "start_ready_100", "apply_1000", "reresolve_100", "rules_scale")
 
 
 def main() -> int:
@@ -920,7 +1043,11 @@ def main() -> int:
     ap.add_argument("--backends", default=",".join(BACKENDS), help=f"firewall variants for start/apply (default: {', '.join(BACKENDS)})")
     add_output_args(ap, "control")
     ap.add_argument("--keep-logs", action="store_true", help="keep the daemons' logs and configs")
+    ap.add_argument("--scale-sizes", default=None, help="rules_scale: comma-separated port counts (default 100,1000,10000,50000; --quick 100,1000)")
+    ap.add_argument("--connects", type=int, default=50, help="rules_scale: new connections timed per run (default 50)")
     args = ap.parse_args()
+    if args.scale_sizes is None:
+        args.scale_sizes = "100,1000" if args.quick else "100,1000,10000,50000"
     args.repeats = max(1, args.repeats)
     if args.quick:
         args.repeats, args.duration = 2, 5
@@ -994,6 +1121,7 @@ def main() -> int:
             "start_ready_100": lambda: m_rules(args, workdir, 100, 0, "ready", 0.200),
             "apply_1000": lambda: m_rules(args, workdir, 500, 500, "apply", 1.0),
             "reresolve_100": lambda: m_reresolve(args, workdir),
+            "rules_scale": lambda: m_rules_scale(args, workdir),
         }
         for name in only:
             log(f"==> {name} (target {TARGETS[name]})")

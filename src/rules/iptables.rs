@@ -303,6 +303,9 @@ fn rule_lines(out: &mut String, chain: &str, rule: &Rule, family: Family) {
                     Family::V4 => "-p icmp".to_string(),
                 })
             }
+            // Only `lower_mapped` (nftables) makes map lookups; `lower` spells every port
+            // as a rule of its own, so iptables never sees one.
+            Match::InSet(_) => {}
         }
     }
     let comment = format!("-m comment --comment \"{}\"", rule.comment);
@@ -351,6 +354,8 @@ fn targets(v: &Verdict, family: Family) -> Vec<(Option<usize>, String)> {
         Verdict::Masquerade => one("MASQUERADE"),
         Verdict::ClampMssToPmtu => one("TCPMSS --clamp-mss-to-pmtu"),
         Verdict::Snat(ip) => one(&format!("SNAT --to-source {ip}")),
+        // nftables only (see `Match::InSet` above): no line.
+        Verdict::DnatMap(_) | Verdict::SnatMap(_) => Vec::new(),
         Verdict::Dnat { targets, port } => {
             let to: Vec<String> = targets
                 .iter()

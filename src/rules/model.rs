@@ -1,9 +1,14 @@
 //! Chain-level rules: the one place that decides what each [`RuleSet`] entry means as packet
 //! matches and verdicts. Both renderers spell these [`Rule`]s and add no meaning of their own,
 //! so nftables and iptables install the same policy. Pure.
+//!
+//! [`lower`] gives one rule per forwarded port (iptables). [`lower_mapped`] gives the same
+//! policy with the per-port rules of single-target ports folded into [`Map`]s (nftables): a
+//! handful of lookup rules, one lookup per packet, whatever the number of ports, and a
+//! change of one port changes only map elements.
 
-use super::{Family, IpNet, Proto, RuleSet};
-use std::collections::BTreeSet;
+use super::{Family, IpNet, Proto, RuleSet, Section};
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 /// The five chains the daemon owns (one base chain per hook in nftables, one `TG-<iface>-*`
@@ -59,11 +64,18 @@ pub enum Match {
     L4(Proto),
     /// ICMP of the rule's family (ICMPv6 for IPv6: neighbour discovery, path MTU, ping).
     Icmp,
+    /// The packet's key ([`MapId::key`]) is an element of this set.
+    InSet(MapId),
 }
 
 /// What happens to a matching packet.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
+    /// DNAT new connections to the address and port the [`MapKind::IngressDnat`] or
+    /// [`MapKind::EgressDnat`] map gives for the packet's key; no element: no match.
+    DnatMap(MapId),
+    /// SNAT to the address the [`MapKind::EgressSnat`] map gives for the packet's key.
+    SnatMap(MapId),
     Accept,
     Drop,
     /// Refuse: a TCP reset (`tcp_reset`, for TCP rules only) or an ICMP port unreachable,
@@ -122,8 +134,35 @@ pub const COMMENT_INPUT_RETURN: &str = "input: replies to connections this host 
 pub const COMMENT_INPUT_ICMP: &str = "input: icmp";
 pub const COMMENT_INPUT_DROP: &str = "input: nothing else from the tunnel to this host";
 
-/// Every rule of `set`, grouped by chain in [`Chain::ALL`] order, each chain in evaluation order.
+/// Every rule of `set`, grouped by chain in [`Chain::ALL`] order, each chain in evaluation
+/// order: one rule per forwarded port (what iptables installs).
 pub fn lower(set: &RuleSet) -> Vec<Rule> {
+    lower_with(set, &BTreeMap::new())
+}
+
+/// The rules and maps of `set` for nftables: every port forwarded to a single address is an
+/// element of its [`Map`]s instead of a rule of its own; the rest (all-port rules, several
+/// targets spread by `numgen`) are rules as in [`lower`]. Rules in the same order as
+/// [`lower`]'s, each group's lookup rule where its first port's rule would be.
+pub fn lower_mapped(set: &RuleSet) -> Lowered {
+    let maps = maps_of(set);
+    let rules = lower_with(set, &maps);
+    Lowered {
+        rules,
+        maps: maps.into_values().collect(),
+    }
+}
+
+fn lower_with(set: &RuleSet, maps: &BTreeMap<MapId, Map>) -> Vec<Rule> {
+    let mapped =
+        |section: Section, family: Family, port: Option<crate::config::PortMap>, n: usize| {
+            port.filter(|_| n == 1)
+                .map(|p| MapId::group(section, family, p.proto))
+                .filter(|id| maps.contains_key(id))
+        };
+    // Each group's rules are emitted once, where its first port's rule would be.
+    let mut emitted: BTreeSet<(Chain, MapId)> = BTreeSet::new();
+    let mut first = |chain: Chain, id: MapId| emitted.insert((chain, id));
     let mut out = Vec::new();
     let tun = set.tunnel.as_str();
     let iif = || Match::InIface {
@@ -155,6 +194,19 @@ pub fn lower(set: &RuleSet) -> Vec<Rule> {
     // Prerouting: ingress first (only from the tunnel), then egress (only from elsewhere),
     // each egress rule behind the exemptions that keep the daemon's own ports reachable.
     for r in &set.ingress {
+        if let Some(g) = mapped(Section::Ingress, r.family, r.port, r.targets.len()) {
+            if first(Chain::Prerouting, g) {
+                let v = Verdict::DnatMap(g);
+                push(
+                    Chain::Prerouting,
+                    Some(g.family),
+                    vec![iif()],
+                    v,
+                    g.comment(),
+                );
+            }
+            continue;
+        }
         let mut m = vec![iif(), Match::Daddr(hosts(&r.tunnel_addrs))];
         m.extend(r.port.map(|p| Match::Dport(p.proto, p.listen)));
         let verdict = dnat(r.port, &r.targets);
@@ -201,6 +253,14 @@ pub fn lower(set: &RuleSet) -> Vec<Rule> {
         }
     }
     for r in &set.egress {
+        if let Some(g) = mapped(Section::Egress, r.family, r.port, r.targets.len()) {
+            if first(Chain::Prerouting, g) {
+                let m = vec![not_iif(tun), Match::LocalDaddrOnInIface];
+                let v = Verdict::DnatMap(g);
+                push(Chain::Prerouting, Some(g.family), m, v, g.comment());
+            }
+            continue;
+        }
         let mut m = vec![not_iif(tun), Match::LocalDaddrOnInIface];
         m.extend(r.port.map(|p| Match::Dport(p.proto, p.listen)));
         let verdict = dnat(r.port, &r.targets);
@@ -215,6 +275,15 @@ pub fn lower(set: &RuleSet) -> Vec<Rule> {
 
     // Postrouting: each DNAT's partner, matching the translated destination.
     for r in &set.ingress {
+        if let Some(g) = mapped(Section::Ingress, r.family, r.port, r.targets.len()) {
+            if first(Chain::Postrouting, g) {
+                let conn = Match::InSet(g.with(MapKind::IngressConn));
+                let m = vec![iif(), not_oif(), Match::L4(g.proto), ct_dnat(), conn];
+                let (f, c) = (Some(g.family), g.comment());
+                push(Chain::Postrouting, f, m, Verdict::Masquerade, c);
+            }
+            continue;
+        }
         let mut m = vec![iif(), not_oif(), Match::Daddr(hosts(&r.targets))];
         m.extend(r.port.map(|p| Match::Dport(p.proto, p.target)));
         m.push(Match::CtDnat {
@@ -231,6 +300,14 @@ pub fn lower(set: &RuleSet) -> Vec<Rule> {
         );
     }
     for r in &set.egress {
+        if let Some(g) = mapped(Section::Egress, r.family, r.port, r.targets.len()) {
+            if first(Chain::Postrouting, g) {
+                let m = vec![not_iif(tun), oif(), Match::L4(g.proto), ct_dnat()];
+                let v = Verdict::SnatMap(g.with(MapKind::EgressSnat));
+                push(Chain::Postrouting, Some(g.family), m, v, g.comment());
+            }
+            continue;
+        }
         let mut m = vec![not_iif(tun), oif(), Match::Daddr(hosts(&r.targets))];
         m.extend(r.port.map(|p| Match::Dport(p.proto, p.target)));
         m.push(Match::CtDnat {
@@ -267,6 +344,15 @@ pub fn lower(set: &RuleSet) -> Vec<Rule> {
         );
     }
     for r in &set.ingress {
+        if let Some(g) = mapped(Section::Ingress, r.family, r.port, r.targets.len()) {
+            if first(Chain::Forward, g) {
+                let conn = Match::InSet(g.with(MapKind::IngressConn));
+                let m = vec![iif(), Match::L4(g.proto), ct_dnat(), conn];
+                let (f, c) = (Some(g.family), g.comment());
+                push(Chain::Forward, f, m, Verdict::Accept, c);
+            }
+            continue;
+        }
         let mut m = vec![iif(), Match::Daddr(hosts(&r.targets))];
         m.extend(r.port.map(|p| Match::Dport(p.proto, p.target)));
         m.push(Match::CtDnat {
@@ -277,6 +363,15 @@ pub fn lower(set: &RuleSet) -> Vec<Rule> {
         push(Chain::Forward, Some(r.family), m, Verdict::Accept, c);
     }
     for r in &set.egress {
+        if let Some(g) = mapped(Section::Egress, r.family, r.port, r.targets.len()) {
+            if first(Chain::Forward, g) {
+                let conn = Match::InSet(g.with(MapKind::EgressConn));
+                let m = vec![not_iif(tun), oif(), Match::L4(g.proto), ct_dnat(), conn];
+                let (f, c) = (Some(g.family), g.comment());
+                push(Chain::Forward, f, m, Verdict::Accept, c);
+            }
+            continue;
+        }
         let mut m = vec![not_iif(tun), oif(), Match::Daddr(hosts(&r.targets))];
         m.extend(r.port.map(|p| Match::Dport(p.proto, p.target)));
         m.push(Match::CtDnat {
@@ -328,6 +423,15 @@ pub fn lower(set: &RuleSet) -> Vec<Rule> {
             );
         }
         for r in &set.ingress {
+            if let Some(g) = mapped(Section::Ingress, r.family, r.port, r.targets.len()) {
+                if first(Chain::Input, g) {
+                    let conn = Match::InSet(g.with(MapKind::IngressConn));
+                    let m = vec![iif(), Match::L4(g.proto), ct_dnat(), conn];
+                    let c = format!("{} to this host", g.comment());
+                    push(Chain::Input, Some(g.family), m, Verdict::Accept, c);
+                }
+                continue;
+            }
             let mut m = vec![iif(), Match::Daddr(hosts(&r.targets))];
             m.extend(r.port.map(|p| Match::Dport(p.proto, p.target)));
             m.push(Match::CtDnat {
@@ -411,4 +515,212 @@ fn dnat(port: Option<crate::config::PortMap>, targets: &BTreeSet<IpAddr>) -> Ver
 
 pub fn is_host(net: &IpNet) -> bool {
     net.prefix_len() == net.max_prefix_len()
+}
+
+/// A DNATed connection, whatever its original destination (a map lookup says which).
+fn ct_dnat() -> Match {
+    Match::CtDnat {
+        orig_daddr: BTreeSet::new(),
+        orig_dport: None,
+    }
+}
+
+/// The nftables rules and maps of a [`RuleSet`] ([`lower_mapped`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lowered {
+    pub rules: Vec<Rule>,
+    /// Sorted by [`MapId`]; only maps with elements.
+    pub maps: Vec<Map>,
+}
+
+/// What a map or set of ours holds. Each ingress or egress group (family and protocol) has a
+/// DNAT map, read by the one prerouting rule, and the partner lookups of the rules that
+/// follow the DNAT (masquerade or SNAT, forward and input accepts), so those match exactly
+/// the connections the map DNATed: original destination and port, and where they went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum MapKind {
+    /// tunnel address . listen port : target . target port
+    IngressDnat,
+    /// original tunnel address . original listen port . target . target port
+    IngressConn,
+    /// listen port : target . target port (the destination is any local address)
+    EgressDnat,
+    /// original listen port . target . target port : the tunnel address to SNAT to
+    EgressSnat,
+    /// original listen port . target . target port
+    EgressConn,
+}
+
+/// One part of a map's key, read from the packet or its connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyField {
+    /// The (translated) destination address.
+    Daddr,
+    /// The (translated) destination port of the map's protocol.
+    Dport,
+    /// The connection's original destination address, before DNAT.
+    OrigDaddr,
+    /// The connection's original destination port, before DNAT.
+    OrigDport,
+}
+
+impl KeyField {
+    pub fn is_addr(self) -> bool {
+        matches!(self, KeyField::Daddr | KeyField::OrigDaddr)
+    }
+}
+
+/// One map or set of ours: what it holds, for which family and protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct MapId {
+    pub kind: MapKind,
+    pub family: Family,
+    pub proto: Proto,
+}
+
+impl MapId {
+    /// The DNAT map of a section's group; its partners are [`MapId::with`] another kind.
+    pub fn group(section: Section, family: Family, proto: Proto) -> MapId {
+        let kind = match section {
+            Section::Ingress => MapKind::IngressDnat,
+            Section::Egress => MapKind::EgressDnat,
+        };
+        MapId {
+            kind,
+            family,
+            proto,
+        }
+    }
+
+    /// The map of the same family and protocol holding `kind`.
+    pub fn with(self, kind: MapKind) -> MapId {
+        MapId { kind, ..self }
+    }
+
+    /// `in4_tcp_dnat`, `in6_udp_conn`, `eg4_tcp_snat`, ...
+    pub fn name(&self) -> String {
+        let (section, what) = match self.kind {
+            MapKind::IngressDnat => ("in", "dnat"),
+            MapKind::IngressConn => ("in", "conn"),
+            MapKind::EgressDnat => ("eg", "dnat"),
+            MapKind::EgressSnat => ("eg", "snat"),
+            MapKind::EgressConn => ("eg", "conn"),
+        };
+        let family = match self.family {
+            Family::V4 => 4,
+            Family::V6 => 6,
+        };
+        format!("{section}{family}_{}_{what}", self.proto)
+    }
+
+    /// The comment of the rules that read this group's maps: `ingress ipv4 tcp ports`.
+    pub fn comment(&self) -> String {
+        let section = match self.kind {
+            MapKind::IngressDnat | MapKind::IngressConn => "ingress",
+            MapKind::EgressDnat | MapKind::EgressSnat | MapKind::EgressConn => "egress",
+        };
+        format!("{section} {} {} ports", self.family, self.proto)
+    }
+
+    /// What a packet is looked up by, in order.
+    pub fn key(&self) -> &'static [KeyField] {
+        use KeyField::*;
+        match self.kind {
+            MapKind::IngressDnat => &[Daddr, Dport],
+            MapKind::IngressConn => &[OrigDaddr, OrigDport, Daddr, Dport],
+            MapKind::EgressDnat => &[Dport],
+            MapKind::EgressSnat | MapKind::EgressConn => &[OrigDport, Daddr, Dport],
+        }
+    }
+
+    /// What an element maps its key to; empty for a set.
+    pub fn value(&self) -> &'static [ValueKind] {
+        match self.kind {
+            MapKind::IngressDnat | MapKind::EgressDnat => &[ValueKind::Addr, ValueKind::Port],
+            MapKind::EgressSnat => &[ValueKind::Addr],
+            MapKind::IngressConn | MapKind::EgressConn => &[],
+        }
+    }
+}
+
+/// The type of one part of a map's value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ValueKind {
+    Addr,
+    Port,
+}
+
+/// One part of an element's key or value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Value {
+    Addr(IpAddr),
+    Port(u16),
+}
+
+/// An element's value (empty in a set) and the config key it implements.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MapElement {
+    pub value: Vec<Value>,
+    pub comment: String,
+}
+
+/// A map (or set) with its elements, by key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Map {
+    pub id: MapId,
+    pub elements: BTreeMap<Vec<Value>, MapElement>,
+}
+
+/// Every element of every map of `set`: each ingress or egress port forwarded to exactly
+/// one address. A port to several addresses keeps its own `numgen` rule, and a rule for
+/// every port has no port to be looked up by. Validation makes keys unique (no two rules
+/// share a listen port on one address); were one repeated, the first rule's element wins,
+/// as the first rule would.
+fn maps_of(set: &RuleSet) -> BTreeMap<MapId, Map> {
+    let mut maps: BTreeMap<MapId, Map> = BTreeMap::new();
+    let mut add = |id: MapId, key: Vec<Value>, value: Vec<Value>, comment: &str| {
+        maps.entry(id)
+            .or_insert_with(|| Map {
+                id,
+                elements: BTreeMap::new(),
+            })
+            .elements
+            .entry(key)
+            .or_insert_with(|| MapElement {
+                value,
+                comment: comment.to_string(),
+            });
+    };
+    use Value::{Addr, Port};
+    for r in &set.ingress {
+        let (Some(p), Some(target), 1) = (r.port, r.targets.first(), r.targets.len()) else {
+            continue;
+        };
+        let g = MapId::group(Section::Ingress, r.family, p.proto);
+        let c = r.origin.to_string();
+        let to = vec![Addr(*target), Port(p.target)];
+        for a in &r.tunnel_addrs {
+            add(g, vec![Addr(*a), Port(p.listen)], to.clone(), &c);
+            let conn = vec![Addr(*a), Port(p.listen), Addr(*target), Port(p.target)];
+            add(g.with(MapKind::IngressConn), conn, Vec::new(), &c);
+        }
+    }
+    for r in &set.egress {
+        let (Some(p), Some(target), 1) = (r.port, r.targets.first(), r.targets.len()) else {
+            continue;
+        };
+        let g = MapId::group(Section::Egress, r.family, p.proto);
+        let c = r.origin.to_string();
+        add(
+            g,
+            vec![Port(p.listen)],
+            vec![Addr(*target), Port(p.target)],
+            &c,
+        );
+        let conn = vec![Port(p.listen), Addr(*target), Port(p.target)];
+        let snat = vec![Addr(r.snat_to)];
+        add(g.with(MapKind::EgressSnat), conn.clone(), snat, &c);
+        add(g.with(MapKind::EgressConn), conn, Vec::new(), &c);
+    }
+    maps
 }

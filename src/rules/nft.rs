@@ -1,18 +1,26 @@
 //! RuleSet -> nftables script text. Pure: the shell pipes [`render`] into `nft -f -`, which
 //! replaces `table inet tunnelgate_<iface>` ([`nft_table`]) in one transaction; nothing outside
 //! that table is touched, including another daemon's table for another interface.
+//!
+//! Forwarded ports live in maps ([`lower_mapped`]): 10,000 ports are a handful of rules and
+//! 10,000 elements. When only elements differ from what is installed, [`render_update`] gives
+//! a transaction of `delete element` / `add element` instead of a new table, so changing one
+//! Service touches only its own elements.
 
-use super::model::{is_host, lower, Chain, Match, Rule, Verdict};
+use super::model::{
+    is_host, lower_mapped, Chain, KeyField, Lowered, Map, MapElement, MapId, Match, Rule, Value,
+    ValueKind, Verdict,
+};
 use super::{nft_table, Family, IpNet, RuleSet};
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::net::IpAddr;
 
-/// The whole script: create the table if missing, delete it, create it again with every rule.
-/// `nft -f` runs all of it as one transaction, so the table is replaced atomically, whether or
-/// not it existed, and rendering the same set twice can never leave duplicates.
+/// The whole script: create the table if missing, delete it, create it again with every map
+/// and rule. `nft -f` runs all of it as one transaction, so the table is replaced atomically,
+/// whether or not it existed, and rendering the same set twice can never leave duplicates.
 pub fn render(set: &RuleSet) -> String {
-    let rules = lower(set);
+    let Lowered { rules, maps } = lower_mapped(set);
     let table = nft_table(&set.tunnel);
     let mut out = format!(
         "# tunnelgate: replaces table inet {table} in one transaction (nft -f -)\n\
@@ -21,6 +29,13 @@ pub fn render(set: &RuleSet) -> String {
          table inet {table} {{\n"
     );
     let mut first = true;
+    for map in &maps {
+        if !first {
+            out.push('\n');
+        }
+        first = false;
+        map_text(&mut out, map);
+    }
     for chain in Chain::ALL {
         let in_chain: Vec<&Rule> = rules.iter().filter(|r| r.chain == chain).collect();
         if in_chain.is_empty() {
@@ -43,6 +58,158 @@ pub fn render(set: &RuleSet) -> String {
     }
     out.push_str("}\n");
     out
+}
+
+/// The script that turns `installed` into `set` by changing map elements only, in one
+/// transaction: every element that is gone or different is deleted, then every new or
+/// different one added. `None` when more than elements differ (a rule, a map appearing or
+/// going, another table): then only [`render`]'s full replace is right. A script with no
+/// statement (only its header) means nothing differs.
+pub fn render_update(installed: &RuleSet, set: &RuleSet) -> Option<String> {
+    if installed.tunnel != set.tunnel {
+        return None;
+    }
+    let (old, new) = (lower_mapped(installed), lower_mapped(set));
+    let ids = |l: &Lowered| l.maps.iter().map(|m| m.id).collect::<Vec<MapId>>();
+    if old.rules != new.rules || ids(&old) != ids(&new) {
+        return None;
+    }
+    let table = nft_table(&set.tunnel);
+    let mut out = format!(
+        "# tunnelgate: changes map elements of table inet {table} in one transaction (nft -f -)\n"
+    );
+    let mut adds = String::new();
+    for (before, after) in old.maps.iter().zip(&new.maps) {
+        let changed = |from: &Map, to: &Map| -> Vec<String> {
+            from.elements
+                .iter()
+                .filter(|(key, e)| to.elements.get(*key) != Some(*e))
+                .map(|(key, e)| element_text(from, key, e))
+                .collect()
+        };
+        let gone: Vec<String> = before
+            .elements
+            .iter()
+            .filter(|(key, e)| after.elements.get(*key) != Some(*e))
+            .map(|(key, _)| values_text(key))
+            .collect();
+        statement(&mut out, "delete", &table, &before.id, &gone);
+        statement(&mut adds, "add", &table, &after.id, &changed(after, before));
+    }
+    out.push_str(&adds);
+    Some(out)
+}
+
+/// Whether an [`render_update`] script changes anything (more than its header comment).
+pub fn has_statements(script: &str) -> bool {
+    script
+        .lines()
+        .any(|l| !l.trim().is_empty() && !l.starts_with('#'))
+}
+
+fn statement(out: &mut String, verb: &str, table: &str, id: &MapId, elements: &[String]) {
+    if elements.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "{verb} element inet {table} {} {{\n\t{}\n}}",
+        id.name(),
+        elements.join(",\n\t")
+    );
+}
+
+/// `map in4_tcp_dnat { type ... ; elements = { ... } }`, one element per line.
+fn map_text(out: &mut String, map: &Map) {
+    let id = &map.id;
+    let value = id.value();
+    let addr_type = match id.family {
+        Family::V4 => "ipv4_addr",
+        Family::V6 => "ipv6_addr",
+    };
+    let key_type: Vec<&str> = id
+        .key()
+        .iter()
+        .map(|f| {
+            if f.is_addr() {
+                addr_type
+            } else {
+                "inet_service"
+            }
+        })
+        .collect();
+    let value_type: Vec<&str> = value
+        .iter()
+        .map(|v| match v {
+            ValueKind::Addr => addr_type,
+            ValueKind::Port => "inet_service",
+        })
+        .collect();
+    let (kind, typ) = if value.is_empty() {
+        ("set", key_type.join(" . "))
+    } else {
+        (
+            "map",
+            format!("{} : {}", key_type.join(" . "), value_type.join(" . ")),
+        )
+    };
+    let _ = writeln!(out, "\t{kind} {} {{", id.name());
+    let _ = writeln!(out, "\t\ttype {typ}");
+    let elements: Vec<String> = map
+        .elements
+        .iter()
+        .map(|(key, e)| element_text(map, key, e))
+        .collect();
+    let _ = writeln!(
+        out,
+        "\t\telements = {{\n\t\t\t{}\n\t\t}}",
+        elements.join(",\n\t\t\t")
+    );
+    out.push_str("\t}\n");
+}
+
+/// `100.64.0.1 . 80 comment "ingress[0]" : 10.96.0.10 . 8080` (no `: ...` in a set). nft lists
+/// addresses and ports the same way, IPv6 compressed and without brackets.
+fn element_text(map: &Map, key: &[Value], e: &MapElement) -> String {
+    let mut text = format!("{} comment \"{}\"", values_text(key), e.comment);
+    if !map.id.value().is_empty() {
+        let _ = write!(text, " : {}", values_text(&e.value));
+    }
+    text
+}
+
+fn values_text(values: &[Value]) -> String {
+    let parts: Vec<String> = values
+        .iter()
+        .map(|v| match v {
+            Value::Addr(ip) => ip.to_string(),
+            Value::Port(p) => p.to_string(),
+        })
+        .collect();
+    parts.join(" . ")
+}
+
+/// What a packet is looked up by in `id`: `ip daddr . tcp dport`, or with the connection's
+/// original destination `ct original ip daddr . ct original proto-dst . ip daddr . tcp dport`.
+/// (nft 1.0.6 takes `ct original proto-dst` in a concatenation only once a protocol match
+/// before it gives it a type, hence one map per protocol and the `meta l4proto` before it.)
+fn key_text(id: &MapId) -> String {
+    let word = proto_word(Some(id.family));
+    let parts: Vec<String> = id
+        .key()
+        .iter()
+        .map(|f| match f {
+            KeyField::Daddr => format!("{word} daddr"),
+            KeyField::Dport => format!("{} dport", id.proto),
+            KeyField::OrigDaddr => format!("ct original {word} daddr"),
+            KeyField::OrigDport => "ct original proto-dst".to_string(),
+        })
+        .collect();
+    parts.join(" . ")
+}
+
+fn pins_family(id: &MapId) -> bool {
+    id.key().iter().any(|f| f.is_addr())
 }
 
 /// Removes the table of the daemon for `tunnel` and everything in it; succeeds whether or not
@@ -100,8 +267,9 @@ fn rule_text(rule: &Rule) -> String {
     let pinned = rule.matches.iter().any(|m| match m {
         Match::Daddr(_) | Match::Icmp => true,
         Match::CtDnat { orig_daddr, .. } => !orig_daddr.is_empty(),
+        Match::InSet(id) => pins_family(id),
         _ => false,
-    });
+    }) || matches!(&rule.verdict, Verdict::DnatMap(id) | Verdict::SnatMap(id) if pins_family(id));
     for m in &rule.matches {
         parts.push(match_text(m, rule.family));
     }
@@ -160,6 +328,7 @@ fn match_text(m: &Match, family: Option<Family>) -> String {
             Some(Family::V6) => "meta l4proto ipv6-icmp".into(),
             Some(Family::V4) | None => "meta l4proto icmp".into(),
         },
+        Match::InSet(id) => format!("{} @{}", key_text(id), id.name()),
     }
 }
 
@@ -174,6 +343,18 @@ fn verdict_text(v: &Verdict) -> String {
         Verdict::ClampMssToPmtu => "tcp option maxseg size set rt mtu".into(),
         Verdict::Snat(ip) => format!("snat {} to {ip}", proto_word(Some(Family::of(*ip)))),
         Verdict::Dnat { targets, port } => dnat_text(targets, *port),
+        Verdict::DnatMap(id) => format!(
+            "dnat {} to {} map @{}",
+            proto_word(Some(id.family)),
+            key_text(id),
+            id.name()
+        ),
+        Verdict::SnatMap(id) => format!(
+            "snat {} to {} map @{}",
+            proto_word(Some(id.family)),
+            key_text(id),
+            id.name()
+        ),
     }
 }
 

@@ -511,3 +511,4 @@ fn delete_scripts_name_only_what_we_own() {
 }
 
 mod instances;
+mod maps;

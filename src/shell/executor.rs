@@ -129,7 +129,9 @@ impl Executor {
                     .enable(&families);
                 None
             }
-            Action::ApplyRules(set) => Some(Executed::RulesApplied(self.apply_rules(set).await)),
+            Action::ApplyRules { set, installed } => Some(Executed::RulesApplied(
+                self.apply_rules(set, installed).await,
+            )),
             Action::CheckRules => {
                 let tunnel = config.interface.name.clone();
                 let result = match self.backend {
@@ -247,7 +249,11 @@ impl Executor {
         Ok(())
     }
 
-    async fn apply_rules(&mut self, set: RuleSet) -> Result<RulesReport, String> {
+    async fn apply_rules(
+        &mut self,
+        set: RuleSet,
+        installed: Option<RuleSet>,
+    ) -> Result<RulesReport, String> {
         let backend = match self.backend {
             Some(b) => b,
             None => {
@@ -260,7 +266,7 @@ impl Executor {
         };
         let started = crate::clock::now();
         blocking(move || {
-            let fingerprint = backend.apply(&set)?;
+            let fingerprint = backend.apply(&set, installed.as_ref())?;
             Ok::<_, firewall::FirewallError>(RulesReport {
                 rule_count: fingerprint.lines().filter(|l| !l.trim().is_empty()).count(),
                 fingerprint,

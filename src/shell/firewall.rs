@@ -196,11 +196,34 @@ impl Backend {
     }
 
     /// Replaces our rules with `set` atomically (per family for iptables) and returns the
-    /// installed rules as read back, normalized, for drift checks.
-    pub fn apply(&self, set: &RuleSet) -> Result<String, FirewallError> {
+    /// installed rules as read back, normalized, for drift checks. With nftables and the
+    /// set known to be `installed`, a change of map elements only is applied as just that
+    /// ([`nft::render_update`]); should that transaction fail (the table was changed or
+    /// removed by hand), nothing of it was applied and the full replace runs instead.
+    pub fn apply(
+        &self,
+        set: &RuleSet,
+        installed: Option<&RuleSet>,
+    ) -> Result<String, FirewallError> {
         match self {
             Backend::Nftables => {
-                run("nft", &["-f", "-"], Some(&nft::render(set)))?;
+                let update = installed.and_then(|old| nft::render_update(old, set));
+                match update {
+                    Some(script) if !nft::has_statements(&script) => {}
+                    Some(script) => {
+                        tracing::info!("Only map elements differ: changing them in place");
+                        if let Err(e) = run("nft", &["-f", "-"], Some(&script)) {
+                            tracing::warn!(
+                                error = %e,
+                                "Changing map elements failed; replacing the whole table"
+                            );
+                            run("nft", &["-f", "-"], Some(&nft::render(set)))?;
+                        }
+                    }
+                    None => {
+                        run("nft", &["-f", "-"], Some(&nft::render(set)))?;
+                    }
+                }
                 self.installed(&set.tunnel)
             }
             Backend::Iptables { legacy } => {

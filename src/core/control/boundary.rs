@@ -125,9 +125,14 @@ pub enum Action {
     /// needs them (and which it changed) where every tunnelgate of the namespace sees it
     /// ([`crate::core::forwarding`]). Nothing to report.
     EnableForwarding(BTreeSet<Family>),
-    /// Replace our rules with this set in one transaction; report with
-    /// [`Control::handle_rules_applied`].
-    ApplyRules(RuleSet),
+    /// Replace our rules with `set` in one transaction; report with
+    /// [`Control::handle_rules_applied`]. `installed` is the set known to be installed now
+    /// (the last one applied, with no failed apply or detected drift since), so a backend
+    /// may change only what differs (nftables map elements); `None`: replace everything.
+    ApplyRules {
+        set: RuleSet,
+        installed: Option<RuleSet>,
+    },
     /// Read our installed rules back; report with [`Control::handle_rules_checked`].
     CheckRules,
     /// Remove every rule of ours: at teardown, or when a reload leaves no rule needed; report

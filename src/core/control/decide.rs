@@ -159,7 +159,14 @@ impl Control {
             self.rules.forwarding_recorded = true;
             self.actions.push_back(Action::EnableForwarding(families));
         }
-        self.actions.push_back(Action::ApplyRules(want.clone()));
+        // A failed apply (iptables applies each family on its own) or a removal leaves the
+        // installed state unknown: only a full replace is safe then.
+        let known = self.rules.failed.is_none() && !self.rules.removal_failed;
+        let installed = self.rules.applied.clone().filter(|_| known);
+        self.actions.push_back(Action::ApplyRules {
+            set: want.clone(),
+            installed,
+        });
         self.rules.in_flight = Some(want);
     }
 

@@ -164,7 +164,7 @@ impl Sim {
             }
             Action::Resolve { lookup, deadline } => self.lookups.push((lookup, deadline)),
             Action::EnableForwarding(families) => self.forwarding.extend(families),
-            Action::ApplyRules(set) => {
+            Action::ApplyRules { set, .. } => {
                 if self.rules_fail {
                     self.control
                         .handle_rules_applied(Err("nft: Operation not permitted".into()), now);
@@ -471,7 +471,7 @@ fn failed_routes_drop_readiness_and_fail_a_start() {
         match a {
             Action::ApplyRoutes(_) => control.handle_routes_applied(Err("EPERM".into()), now),
             Action::SetAddresses { .. } => control.handle_addresses_applied(Ok(()), now),
-            Action::ApplyRules(_) => control.handle_rules_applied(
+            Action::ApplyRules { .. } => control.handle_rules_applied(
                 Ok(RulesReport {
                     fingerprint: "x".into(),
                     rule_count: 1,
@@ -856,7 +856,7 @@ target = \"fd96::10\"\nports = [\"80\"]\n"
     let asked = &sim.log[before..];
     let applied = asked
         .iter()
-        .position(|a| matches!(a, Action::ApplyRules(_)));
+        .position(|a| matches!(a, Action::ApplyRules { .. }));
     let restored = asked
         .iter()
         .position(|a| *a == Action::RestoreForwarding([Family::V6].into()));
