@@ -120,15 +120,10 @@ async fn serve(name: &str, mut ready: Option<Ready>) -> anyhow::Result<()> {
     };
     let mut term = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
-    let handler: Arc<dyn crate::uapi::UapiHandler> = daemon.handle();
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let mut uapi_task = tokio::spawn(async move {
-        let mut rx = stop_rx;
-        uapi.run(handler, async move {
-            let _ = rx.wait_for(|s| *s).await;
-        })
-        .await
-    });
+    let handle = daemon.handle();
+    let handler: Arc<dyn crate::uapi::UapiHandler> = handle.clone();
+    // The event loop asks it to close, first thing when it stops.
+    let mut uapi_task = tokio::spawn(uapi.run(handler, handle.close_request()));
     let (loop_stop_tx, loop_stop_rx) = tokio::sync::oneshot::channel::<()>();
     let mut event_loop = tokio::spawn(daemon.run(async move {
         let _ = loop_stop_rx.await;
@@ -151,12 +146,13 @@ async fn serve(name: &str, mut ready: Option<Ready>) -> anyhow::Result<()> {
         }
     }
     let _ = loop_stop_tx.send(());
-    let _ = stop_tx.send(true);
     let ended = match ended {
         Some(e) => e,
         None => event_loop.await,
     };
     if !uapi_ended {
+        // Already closed by the event loop, unless it failed.
+        handle.close_local_sockets().await;
         let _ = uapi_task.await;
     }
     match ended {
