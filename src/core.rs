@@ -15,4 +15,5 @@ pub mod packet;
 pub mod peer;
 pub mod routes;
 pub mod seccomp;
+pub mod socket_handover;
 pub mod wg;

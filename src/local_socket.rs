@@ -10,6 +10,10 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::core::socket_handover::{
+    self, InterfaceHere, SocketState, Step, HANDOVER_POLL, HANDOVER_WAIT,
+};
+
 /// The socket's mode: only root (the owner) may connect.
 const SOCKET_MODE: u32 = 0o600;
 /// The mode of a directory this module creates: clients must be able to traverse it.
@@ -93,10 +97,69 @@ impl Drop for ClaimedPath {
 /// with a wider mode, and `link(2)` fails instead of replacing the socket of a process that
 /// claimed the path in the meantime. Needs no async runtime.
 pub fn claim(path: &Path) -> Result<(UnixListener, ClaimedPath), ClaimError> {
+    claim_with(path, None)
+}
+
+/// [`claim`] for a socket named after the network interface `interface`: a holder that still
+/// answers while `interface` does not exist in this network namespace is going away (its device
+/// was deleted), so this waits for it up to [`HANDOVER_WAIT`] before refusing
+/// (`core::socket_handover` decides). A holder whose interface exists is refused at once.
+/// Blocks the calling thread while it waits.
+pub fn claim_for_interface(
+    path: &Path,
+    interface: &str,
+) -> Result<(UnixListener, ClaimedPath), ClaimError> {
+    claim_with(path, Some(interface))
+}
+
+fn claim_with(
+    path: &Path,
+    interface: Option<&str>,
+) -> Result<(UnixListener, ClaimedPath), ClaimError> {
     let dir = parent_dir(path);
     ensure_dir(dir)?;
-    remove_if_stale(path)?;
+    let started = crate::clock::now();
+    let mut waited = std::time::Duration::ZERO;
+    loop {
+        let state = probe(path)?;
+        let here = match (state, interface) {
+            (SocketState::Answers, Some(name)) => interface_here(name),
+            _ => InterfaceHere::NotApplicable,
+        };
+        match socket_handover::decide(state, here, waited, HANDOVER_WAIT) {
+            Step::Claim => break,
+            Step::RemoveStale => {
+                remove_stale(path)?;
+                break;
+            }
+            Step::Wait => {
+                std::thread::sleep(HANDOVER_POLL);
+                waited = crate::clock::now().saturating_duration_since(started);
+            }
+            Step::Refuse(why) => {
+                tracing::debug!(socket = %path.display(), ?why, ?waited, "socket held by a live process");
+                return Err(ClaimError::InUse {
+                    path: path.to_path_buf(),
+                });
+            }
+        }
+    }
+    if !waited.is_zero() {
+        tracing::info!(
+            socket = %path.display(),
+            waited_ms = waited.as_millis(),
+            "took over the socket from an instance that was shutting down"
+        );
+    }
     bind_and_publish(dir, path)
+}
+
+/// Whether `name` is a network interface of this process's network namespace.
+fn interface_here(name: &str) -> InterfaceHere {
+    match nix::net::if_::if_nametoindex(name) {
+        Ok(_) => InterfaceHere::Present,
+        Err(_) => InterfaceHere::Absent,
+    }
 }
 
 fn parent_dir(path: &Path) -> &Path {
@@ -130,17 +193,18 @@ fn ensure_dir(dir: &Path) -> Result<(), ClaimError> {
     fs::set_permissions(dir, fs::Permissions::from_mode(DIR_MODE)).map_err(err)
 }
 
-/// Removes `path` if it is a socket nothing answers on; refuses if something answers or if it
-/// is not a socket.
-fn remove_if_stale(path: &Path) -> Result<(), ClaimError> {
-    let stale = |source| ClaimError::Stale {
-        path: path.to_path_buf(),
-        source,
-    };
+/// What is at `path`: nothing, a socket nothing answers on, or one a process answers on.
+/// Refuses anything that is not a socket.
+fn probe(path: &Path) -> Result<SocketState, ClaimError> {
     let meta = match fs::symlink_metadata(path) {
         Ok(meta) => meta,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(stale(e)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(SocketState::Absent),
+        Err(source) => {
+            return Err(ClaimError::Stale {
+                path: path.to_path_buf(),
+                source,
+            })
+        }
     };
     if !meta.file_type().is_socket() {
         return Err(ClaimError::NotASocket {
@@ -148,24 +212,31 @@ fn remove_if_stale(path: &Path) -> Result<(), ClaimError> {
         });
     }
     match UnixStream::connect(path) {
-        Ok(_) => Err(ClaimError::InUse {
-            path: path.to_path_buf(),
-        }),
-        Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
-            tracing::info!(socket = %path.display(), "removing stale socket");
-            match fs::remove_file(path) {
-                Ok(()) => Ok(()),
-                Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-                Err(e) => Err(stale(e)),
-            }
-        }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Ok(_) => Ok(SocketState::Answers),
+        Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => Ok(SocketState::Refused),
+        // Unlinked between the stat and the connect: its holder just went.
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(SocketState::Absent),
         Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
             Err(ClaimError::PermissionDenied {
                 path: path.to_path_buf(),
             })
         }
-        Err(e) => Err(stale(e)),
+        Err(source) => Err(ClaimError::Stale {
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+fn remove_stale(path: &Path) -> Result<(), ClaimError> {
+    tracing::info!(socket = %path.display(), "removing stale socket");
+    match fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(ClaimError::Stale {
+            path: path.to_path_buf(),
+            source,
+        }),
     }
 }
 
@@ -198,6 +269,74 @@ fn bind_and_publish(dir: &Path, path: &Path) -> Result<(UnixListener, ClaimedPat
     };
     listener.set_nonblocking(true).map_err(bind_err)?;
     Ok((listener, claimed))
+}
+
+/// How a daemon closes its local sockets (UAPI, status) before the rest of its stop, so that a
+/// successor started the moment the interface is deleted finds the paths free: each server
+/// serves until its [`CloseRequest`] resolves and drops the request once its socket is closed
+/// and unlinked; [`CloseFirst::close`] asks them all and waits for every request to be dropped.
+#[derive(Debug)]
+pub struct CloseFirst {
+    asked: tokio::sync::watch::Sender<bool>,
+    /// Cloned into every request; taken by `close`, so the receiver ends once every request is gone.
+    open: parking_lot::Mutex<Option<tokio::sync::mpsc::Sender<()>>>,
+    closed: tokio::sync::Mutex<tokio::sync::mpsc::Receiver<()>>,
+}
+
+impl Default for CloseFirst {
+    fn default() -> Self {
+        let (open, closed) = tokio::sync::mpsc::channel(1);
+        CloseFirst {
+            asked: tokio::sync::watch::Sender::new(false),
+            open: parking_lot::Mutex::new(Some(open)),
+            closed: tokio::sync::Mutex::new(closed),
+        }
+    }
+}
+
+impl CloseFirst {
+    /// The shutdown future for one server. A request made after [`CloseFirst::close`] is
+    /// already resolved.
+    pub fn request(&self) -> CloseRequest {
+        let mut asked = self.asked.subscribe();
+        CloseRequest {
+            asked: Box::pin(async move {
+                let _ = asked.wait_for(|a| *a).await;
+            }),
+            _open: self.open.lock().clone(),
+        }
+    }
+
+    /// Asks every server to close and waits until each has dropped its request, or `limit`
+    /// passes (then returns false: a server is stuck, and the stop goes on without it). Later
+    /// calls find nothing open and return at once.
+    pub async fn close(&self, limit: std::time::Duration) -> bool {
+        self.asked.send_replace(true);
+        drop(self.open.lock().take());
+        let mut closed = self.closed.lock().await;
+        tokio::time::timeout(limit, async { while closed.recv().await.is_some() {} })
+            .await
+            .is_ok()
+    }
+}
+
+/// Resolves when the server holding it must close; dropping it tells [`CloseFirst::close`]
+/// that this server's socket is closed. A server therefore keeps it until its listener is
+/// closed and its file unlinked, and drops it before anything slower (open connections).
+pub struct CloseRequest {
+    asked: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+    _open: Option<tokio::sync::mpsc::Sender<()>>,
+}
+
+impl std::future::Future for CloseRequest {
+    type Output = ();
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        self.get_mut().asked.as_mut().poll(cx)
+    }
 }
 
 /// A private (0700) directory beside the socket, where it is bound before it is published.
@@ -339,5 +478,99 @@ mod tests {
         assert!(!claimed.still_ours());
         drop(claimed);
         assert_eq!(fs::read_to_string(&path).expect("spared"), "other");
+    }
+
+    /// An interface name that exists in no namespace.
+    const GONE: &str = "tgnoiface0";
+
+    #[test]
+    fn a_holder_whose_interface_is_gone_is_waited_for_and_then_replaced() {
+        let tmp = TempDir::new("claim");
+        let path = tmp.0.join("tg7.sock");
+        let (holder, _claimed) = claim(&path).expect("holder");
+        // The holder closes a little later, as an instance does once it sees its device gone.
+        let closer = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(150));
+            drop(holder);
+        });
+        let started = crate::clock::now();
+        let (_listener, successor) = claim_for_interface(&path, GONE).expect("waits, then claims");
+        let waited = crate::clock::now() - started;
+        closer.join().expect("closer");
+        assert!(
+            waited >= std::time::Duration::from_millis(100),
+            "it waited: {waited:?}"
+        );
+        assert!(waited < HANDOVER_WAIT, "no longer than needed: {waited:?}");
+        assert!(successor.still_ours());
+        UnixStream::connect(&path).expect("the successor answers");
+    }
+
+    #[test]
+    fn a_holder_whose_interface_exists_is_refused_at_once() {
+        let tmp = TempDir::new("claim");
+        let path = tmp.0.join("tg8.sock");
+        let (_holder, first) = claim(&path).expect("holder");
+        let started = crate::clock::now();
+        // `lo` exists in every network namespace.
+        let err = claim_for_interface(&path, "lo").expect_err("live");
+        assert!(matches!(err, ClaimError::InUse { .. }), "{err}");
+        assert!(crate::clock::now() - started < HANDOVER_WAIT / 2, "no wait");
+        assert!(first.still_ours());
+    }
+
+    #[test]
+    fn a_holder_that_stays_is_refused_after_the_wait() {
+        let tmp = TempDir::new("claim");
+        let path = tmp.0.join("tg9.sock");
+        let (_holder, first) = claim(&path).expect("holder");
+        let started = crate::clock::now();
+        let err = claim_for_interface(&path, GONE).expect_err("still live after the wait");
+        let waited = crate::clock::now() - started;
+        assert!(matches!(err, ClaimError::InUse { .. }), "{err}");
+        assert!(waited >= HANDOVER_WAIT, "{waited:?}");
+        assert!(waited < HANDOVER_WAIT * 3, "{waited:?}");
+        assert!(first.still_ours(), "the live socket was not touched");
+    }
+
+    #[tokio::test]
+    async fn close_first_waits_until_every_server_has_dropped_its_request() {
+        let sockets = CloseFirst::default();
+        let (closed_tx, mut closed_rx) = tokio::sync::mpsc::unbounded_channel();
+        for n in 0..2u64 {
+            let request = sockets.request();
+            let closed_tx = closed_tx.clone();
+            tokio::spawn(async move {
+                let mut request = request;
+                (&mut request).await;
+                // Closing takes a while; the request is held until it is done.
+                tokio::time::sleep(std::time::Duration::from_millis(50 * (n + 1))).await;
+                let _ = closed_tx.send(n);
+                drop(request);
+            });
+        }
+        drop(closed_tx);
+        assert!(sockets.close(std::time::Duration::from_secs(5)).await);
+        let mut done = Vec::new();
+        while let Ok(n) = closed_rx.try_recv() {
+            done.push(n);
+        }
+        assert_eq!(
+            done,
+            vec![0, 1],
+            "close returned only after both servers closed"
+        );
+        // A later call, and a later request, find it closed already.
+        assert!(sockets.close(std::time::Duration::from_millis(1)).await);
+        tokio::time::timeout(std::time::Duration::from_secs(1), sockets.request())
+            .await
+            .expect("a late request is resolved");
+    }
+
+    #[tokio::test]
+    async fn close_first_gives_up_on_a_stuck_server() {
+        let sockets = CloseFirst::default();
+        let _stuck = sockets.request();
+        assert!(!sockets.close(std::time::Duration::from_millis(50)).await);
     }
 }

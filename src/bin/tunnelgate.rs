@@ -557,7 +557,7 @@ async fn serve(config: tunnelgate::config::Config, path: PathBuf) -> anyhow::Res
     // so a failed start changes nothing on the system.
     let uapi = tunnelgate::uapi::server::UapiServer::bind(&name)
         .with_context(|| format!("UAPI socket for {name}"))?;
-    let status_socket = StatusSocket::bind(&status_socket_path(&name))
+    let status_socket = StatusSocket::bind_for_interface(&status_socket_path(&name), &name)
         .with_context(|| format!("status socket for {name}"))?;
     let health = match config.health.listen {
         Some(addr) => Some(
@@ -581,8 +581,9 @@ async fn serve(config: tunnelgate::config::Config, path: PathBuf) -> anyhow::Res
     };
     let handler: Arc<dyn tunnelgate::uapi::UapiHandler> = handle.clone();
     let observe: Arc<dyn Observe> = handle.clone();
+    // The UAPI and status sockets close when the event loop stops, before its teardown.
     let mut tasks = vec![tokio::spawn({
-        let stop = stopped();
+        let stop = handle.close_request();
         async move {
             if let Err(e) = uapi.run(handler, stop).await {
                 tracing::error!(error = %e, "UAPI server failed");
@@ -590,7 +591,7 @@ async fn serve(config: tunnelgate::config::Config, path: PathBuf) -> anyhow::Res
         }
     })];
     tasks.push(tokio::spawn({
-        let (stop, observe) = (stopped(), observe.clone());
+        let (stop, observe) = (handle.close_request(), observe.clone());
         let reloader: Arc<dyn tunnelgate::telemetry::status::Reloader> = handle.clone();
         async move {
             if let Err(e) = status_socket.serve(observe, Some(reloader), stop).await {
@@ -643,6 +644,8 @@ async fn serve(config: tunnelgate::config::Config, path: PathBuf) -> anyhow::Res
         Ok(Err(why)) => Some(why),
         Err(e) => Some(format!("the event loop failed: {e}")),
     };
+    // Already closed by the event loop, unless it failed.
+    handle.close_local_sockets().await;
     let _ = stop_tx.send(true);
     let _ = tokio::time::timeout(
         std::time::Duration::from_secs(2),

@@ -5,6 +5,7 @@
 
 use crate::config::{Config, FirewallMode};
 use crate::core::control::{Action, Control, Lookup, Mode, Reload, View};
+use crate::local_socket::{CloseFirst, CloseRequest};
 use crate::shell::dataplane::{self, Dataplane};
 use crate::shell::executor::Executor;
 use crate::shell::netlink::Netlink;
@@ -23,6 +24,9 @@ use tokio::sync::{mpsc, oneshot};
 const CONFIG_POLL: Duration = Duration::from_secs(2);
 /// Commands (reloads, UAPI sets) that may wait for the event loop at once.
 const COMMAND_QUEUE: usize = 16;
+/// How long a stop waits for the local sockets to close before it goes on without them
+/// (they close in microseconds; this only bounds a stuck server).
+const SOCKETS_CLOSE_WAIT: Duration = Duration::from_secs(1);
 
 /// A request to the event loop, answered when its actions have run.
 enum Command {
@@ -50,6 +54,8 @@ pub struct Handle {
     pub(crate) dataplane: Arc<Dataplane>,
     pub(crate) published: Mutex<Published>,
     commands: mpsc::Sender<Command>,
+    /// The UAPI and status sockets, closed first when the daemon stops.
+    local_sockets: CloseFirst,
 }
 
 impl Handle {
@@ -78,6 +84,24 @@ impl Handle {
 
     pub fn name(&self) -> String {
         self.published.lock().config.interface.name.clone()
+    }
+
+    /// The shutdown future to serve a local socket (UAPI, status) with: it resolves when the
+    /// daemon stops, before anything else is torn down, and the stop waits (up to a second)
+    /// until the server has closed its socket and dropped it.
+    pub fn close_request(&self) -> CloseRequest {
+        self.local_sockets.request()
+    }
+
+    /// Asks the servers of [`Handle::close_request`] to close and waits (up to a second) until
+    /// they have. The event loop does it when it stops; a caller whose event loop failed does
+    /// it too. Later calls return at once.
+    pub async fn close_local_sockets(&self) {
+        if !self.local_sockets.close(SOCKETS_CLOSE_WAIT).await {
+            tracing::warn!(
+                "A local socket did not close within {SOCKETS_CLOSE_WAIT:?}; stopping anyway"
+            );
+        }
     }
 
     pub fn listen_port(&self) -> u16 {
@@ -159,6 +183,7 @@ impl Daemon {
                 backend: String::new(),
             }),
             commands: tx,
+            local_sockets: CloseFirst::default(),
         });
         let mut daemon = Daemon {
             executor: Executor::new(dataplane.clone(), netlink, link_index, firewall_mode),
@@ -187,7 +212,8 @@ impl Daemon {
     }
 
     /// The event loop: until `shutdown` completes, feeds timers, lookups, commands and config
-    /// file changes to the core and runs what it asks for; then tears everything down. Returns
+    /// file changes to the core and runs what it asks for; then closes the local sockets (so a
+    /// successor can claim the interface's name at once) and tears everything down. Returns
     /// the fatal error that ended it early (the TUN device was deleted), if any: the process
     /// then exits non-zero so its supervisor restarts it.
     pub async fn run(
@@ -227,6 +253,7 @@ impl Daemon {
                 _ = config_poll.tick() => self.poll_config_file(&mut last_file_error),
             }
         }
+        self.handle.close_local_sockets().await;
         self.teardown().await;
         outcome
     }

@@ -144,8 +144,9 @@ async fn serve(
     };
     let mut term = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
-    let handler: Arc<dyn crate::uapi::UapiHandler> = daemon.handle();
-    let observe: Arc<dyn Observe> = daemon.handle();
+    let handle = daemon.handle();
+    let handler: Arc<dyn crate::uapi::UapiHandler> = handle.clone();
+    let observe: Arc<dyn Observe> = handle.clone();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = move || {
         let mut rx = stop_rx.clone();
@@ -153,10 +154,12 @@ async fn serve(
             let _ = rx.wait_for(|s| *s).await;
         }
     };
-    let mut uapi_task = tokio::spawn(uapi.run(handler, stopped()));
+    // The UAPI and status sockets close when the event loop stops, first thing, before its
+    // teardown (a new instance of the same name may be waiting for them).
+    let mut uapi_task = tokio::spawn(uapi.run(handler, handle.close_request()));
     // No reloader: there is no file to reload (`wg setconf` is the way).
     let mut side_tasks = vec![tokio::spawn({
-        let (stop, observe) = (stopped(), observe.clone());
+        let (stop, observe) = (handle.close_request(), observe.clone());
         async move {
             if let Err(e) = status_socket.serve(observe, None, stop).await {
                 tracing::error!(error = %e, "status socket failed");
@@ -202,6 +205,8 @@ async fn serve(
         None => event_loop.await,
     };
     if !uapi_ended {
+        // Already closed by the event loop, unless it failed.
+        handle.close_local_sockets().await;
         let _ = uapi_task.await;
     }
     let _ = tokio::time::timeout(

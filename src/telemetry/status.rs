@@ -12,7 +12,7 @@ use std::future::Future;
 use std::io::{ErrorKind, Read as _};
 use std::os::unix::net::{UnixListener as StdUnixListener, UnixStream as StdUnixStream};
 use std::path::{Path, PathBuf};
-use std::pin::{pin, Pin};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -170,8 +170,21 @@ impl StatusSocket {
     /// a connect) is not, nor is anything that is not a socket. Needs no runtime, so the daemon can call it before it
     /// reports ready and fail the start on an error.
     pub fn bind(path: &Path) -> Result<StatusSocket, StatusError> {
+        StatusSocket::bind_with(local_socket::claim(path))
+    }
+
+    /// [`StatusSocket::bind`] for the status socket of interface `interface`: a holder whose
+    /// interface is gone (a daemon shutting down) is waited for up to a second
+    /// ([`local_socket::claim_for_interface`]).
+    pub fn bind_for_interface(path: &Path, interface: &str) -> Result<StatusSocket, StatusError> {
+        StatusSocket::bind_with(local_socket::claim_for_interface(path, interface))
+    }
+
+    fn bind_with(
+        claimed: Result<(StdUnixListener, ClaimedPath), ClaimError>,
+    ) -> Result<StatusSocket, StatusError> {
         let io = |what, path, source| StatusError::Io { what, path, source };
-        let (listener, guard) = local_socket::claim(path).map_err(|e| match e {
+        let (listener, guard) = claimed.map_err(|e| match e {
             ClaimError::CreateDir { path, source } => io("cannot create directory", path, source),
             ClaimError::NotASocket { path } => StatusError::NotASocket { path },
             ClaimError::InUse { path } => StatusError::InUse { path },
@@ -188,8 +201,10 @@ impl StatusSocket {
     }
 
     /// Answers every connection's request (a JSON [`Snapshot`], or a reload through
-    /// `reloader` and its [`ReloadAnswer`]) until `shutdown` completes, then removes the
-    /// socket file. Must run on a tokio runtime.
+    /// `reloader` and its [`ReloadAnswer`]) until `shutdown` completes, then closes the
+    /// listener, removes the socket file and drops `shutdown` (a
+    /// [`local_socket::CloseRequest`] so tells its sender the socket is gone) before it
+    /// aborts open connections. Must run on a tokio runtime.
     pub async fn serve(
         self,
         observe: Arc<dyn Observe>,
@@ -202,7 +217,8 @@ impl StatusSocket {
             path: guard.path().to_path_buf(),
             source,
         })?;
-        let mut shutdown = pin!(shutdown);
+        // Boxed, not pinned on the stack, so it can be dropped as soon as the socket is closed.
+        let mut shutdown = Box::pin(shutdown);
         let mut conns = JoinSet::new();
         loop {
             while conns.try_join_next().is_some() {}
@@ -253,9 +269,10 @@ impl StatusSocket {
                 }
             });
         }
-        drop(listener);
-        conns.abort_all();
         drop(guard);
+        drop(listener);
+        drop(shutdown);
+        conns.abort_all();
         Ok(())
     }
 }

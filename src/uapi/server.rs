@@ -88,14 +88,16 @@ impl UapiServer {
         UapiServer::bind_in(Path::new(DEFAULT_SOCKET_DIR), interface_name)
     }
 
-    /// Claims `<dir>/<interface_name>.sock` with [`local_socket::claim`]: creates `dir` (mode
-    /// 0755) if missing, removes a stale socket file that nothing answers on, refuses if a live
-    /// process answers, and publishes the socket with mode 0600 (it never exists under that
-    /// name with other modes).
+    /// Claims `<dir>/<interface_name>.sock` with [`local_socket::claim_for_interface`]:
+    /// creates `dir` (mode 0755) if missing, removes a stale socket file that nothing answers
+    /// on, waits up to a second for a holder whose interface is gone (an instance shutting
+    /// down), refuses if a live process answers, and publishes the socket with mode 0600 (it
+    /// never exists under that name with other modes).
     pub fn bind_in(dir: &Path, interface_name: &str) -> Result<UapiServer, ServerError> {
         validate_name(interface_name)?;
         let path = socket_path_in(dir, interface_name);
-        let (listener, file) = local_socket::claim(&path).map_err(|e| match e {
+        let claimed = local_socket::claim_for_interface(&path, interface_name);
+        let (listener, file) = claimed.map_err(|e| match e {
             ClaimError::CreateDir { path, source } => ServerError::CreateDir { path, source },
             ClaimError::NotASocket { path } => ServerError::NotASocket { path },
             ClaimError::InUse { path } => ServerError::InUse {
@@ -123,8 +125,10 @@ impl UapiServer {
 
     /// Serves until `shutdown` completes (then returns `Ok`) or the socket file is deleted or
     /// replaced (then returns [`ServerError::SocketRemoved`]; the xplatform spec says a
-    /// userspace implementation should then exit). Either way the socket file is removed if it
-    /// is still ours, and open connections are closed. Must run inside a tokio runtime.
+    /// userspace implementation should then exit). Either way the listener is closed and the
+    /// socket file removed (if it is still ours) first, then `shutdown` is dropped (a
+    /// [`local_socket::CloseRequest`] so tells its sender the socket is gone), then open
+    /// connections are closed. Must run inside a tokio runtime.
     pub async fn run<F>(self, handler: Arc<dyn UapiHandler>, shutdown: F) -> Result<(), ServerError>
     where
         F: Future<Output = ()>,
@@ -143,7 +147,8 @@ impl UapiServer {
         let mut connections = JoinSet::new();
         let mut watch = tokio::time::interval(WATCH_INTERVAL);
         watch.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-        tokio::pin!(shutdown);
+        // Boxed, not pinned on the stack, so it can be dropped as soon as the socket is closed.
+        let mut shutdown = Box::pin(shutdown);
         let result = loop {
             tokio::select! {
                 () = &mut shutdown => break Ok(()),
@@ -171,9 +176,11 @@ impl UapiServer {
                 },
             }
         };
-        connections.shutdown().await;
-        drop(listener);
+        // Unlinked and closed before anything slow, so `wg` and a successor see it gone at once.
         drop(file);
+        drop(listener);
+        drop(shutdown);
+        connections.shutdown().await;
         tracing::info!(interface = %name, "UAPI stopped");
         result
     }
@@ -514,13 +521,15 @@ mod tests {
 
     #[tokio::test]
     async fn stale_socket_is_replaced_live_one_is_refused() {
+        // Named after `lo`, which exists: a live holder whose interface is here is refused
+        // without the handover wait (which would block this single-threaded runtime).
         let tmp = TempDir::created("stale");
-        let path = tmp.0.join("tg0.sock");
+        let path = tmp.0.join("lo.sock");
         drop(StdUnixListener::bind(&path).expect("stale bind"));
         assert!(path.exists());
-        let first = start(&tmp.0, "tg0", Arc::new(Fake::default()));
+        let first = start(&tmp.0, "lo", Arc::new(Fake::default()));
 
-        let err = UapiServer::bind_in(&tmp.0, "tg0").expect_err("live socket must be refused");
+        let err = UapiServer::bind_in(&tmp.0, "lo").expect_err("live socket must be refused");
         assert!(matches!(err, ServerError::InUse { .. }), "{err}");
         assert!(err.to_string().contains("another live process"), "{err}");
         // The refused attempt left the live socket alone.
@@ -738,6 +747,28 @@ mod tests {
         let n = s.read_to_end(&mut rest).await.unwrap_or(0);
         assert_eq!(n, 0);
         assert!(!path.exists());
+    }
+
+    #[tokio::test]
+    async fn a_close_request_returns_once_the_socket_is_gone_not_after_connections() {
+        let tmp = TempDir::created("closefirst");
+        let server = UapiServer::bind_in(&tmp.0, "tg8").expect("bind");
+        let path = server.socket_path().to_path_buf();
+        let sockets = crate::local_socket::CloseFirst::default();
+        let task = tokio::spawn(server.run(Arc::new(Fake::default()), sockets.request()));
+        // An open connection in the middle of a request.
+        let mut s = UnixStream::connect(&path).await.expect("connect");
+        s.write_all(b"get=1\n").await.expect("write half a request");
+        assert!(
+            sockets.close(Duration::from_secs(5)).await,
+            "closed in time"
+        );
+        assert!(!path.exists(), "unlinked by the time close returns");
+        assert!(
+            std::os::unix::net::UnixStream::connect(&path).is_err(),
+            "nothing answers on the path"
+        );
+        task.await.expect("task").expect("clean stop");
     }
 
     #[tokio::test]
