@@ -269,6 +269,10 @@ impl Dataplane {
         }
         let deadline = crate::clock::now() + STOP_WAIT;
         let threads = std::mem::take(&mut *self.inner.threads.lock());
+        // The timer thread waits for its tick parked: wake it now.
+        for t in &threads {
+            t.thread().unpark();
+        }
         while crate::clock::now() < deadline && !threads.iter().all(JoinHandle::is_finished) {
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -280,11 +284,14 @@ impl Dataplane {
                 running.push(t.thread().name().unwrap_or("unnamed").to_string());
             }
         }
-        if running.is_empty() {
-            Ok(())
-        } else {
-            Err(StillRunning(running))
+        if !running.is_empty() {
+            return Err(StillRunning(running));
         }
+        // Every reader is gone: close the sockets now, so the port is free at once for a new
+        // instance of this interface (WireGuard's own tests delete one and start the next
+        // at once), not only when the rest of the teardown is done.
+        *self.inner.sockets.write() = Arc::new(Vec::new());
+        Ok(())
     }
 }
 

@@ -339,7 +339,8 @@ pub(super) fn timer_loop(inner: &Inner) {
     let mut limiter_reset = LimiterReset::default();
     while !inner.stop.load(Ordering::Relaxed) {
         inner.beat(PacketThread::Timers);
-        std::thread::sleep(TIMER_TICK);
+        // Parked, not asleep: `Dataplane::stop` unparks it, so a stop does not wait a tick.
+        std::thread::park_timeout(TIMER_TICK);
         let now = crate::clock::now();
         let table = inner.snapshot();
         if limiter_reset.due(now) {
