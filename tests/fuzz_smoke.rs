@@ -365,6 +365,11 @@ fn committed_seeds_get_past_the_parsers() {
     }
     for seed in with_corpus("config", Vec::new()) {
         let parsed = Config::parse(&text(&seed), std::path::Path::new("/"), &AnyKeyFile);
-        assert!(parsed.is_ok(), "config seed {}: {:?}", text(&seed), parsed.err());
+        assert!(
+            parsed.is_ok(),
+            "config seed {}: {:?}",
+            text(&seed),
+            parsed.err()
+        );
     }
 }
