@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Builds every cargo-fuzz target in fuzz/ with libFuzzer's coverage instrumentation and runs each
-# for a few seconds: scripts/fuzz-smoke.sh [SECONDS per target, default 5].
+# for a few seconds, from the committed seeds (fuzz/corpus/<target>/) with its dictionary
+# (fuzz/dict/<target>.dict): scripts/fuzz-smoke.sh [SECONDS per target, default 5].
+# TUNNELGATE_FUZZ_TARGETS="uapi ports" runs only those.
 #
 # It runs on the stable toolchain. cargo-fuzz itself needs nightly only for -Zsanitizer; the
 # coverage that guides libFuzzer (SanitizerCoverage: inline 8-bit counters, PC table, compare
@@ -19,7 +21,7 @@ export RUSTFLAGS="--cfg fuzzing -Cpasses=sancov-module -Cllvm-args=-sanitizer-co
 -Cllvm-args=-sanitizer-coverage-trace-compares -Cdebug-assertions -Coverflow-checks"
 cargo build --release --target "$triple" --features sidecar --bins
 
-targets=(config uapi ports receive offload sidecar)
+read -r -a targets <<<"${TUNNELGATE_FUZZ_TARGETS:-config uapi ports receive offload sidecar}"
 corpus_root="$(mktemp -d "${TMPDIR:-/tmp}/tunnelgate-fuzz.XXXXXX")"
 trap 'rm -rf "$corpus_root"' EXIT
 for t in "${targets[@]}"; do
@@ -28,8 +30,17 @@ for t in "${targets[@]}"; do
     # A crash leaves its input in fuzz/artifacts/<target>/ (kept: that is what to replay).
     mkdir -p "artifacts/$t"
     rc=0
-    "target/$triple/release/$t" "$corpus_root/$t" -max_total_time="$secs" -rss_limit_mb=2048 \
+    # The committed seeds (corpus/<target>/seed-*) are read but never written: libFuzzer adds
+    # what it finds to the first directory only, the temporary one.
+    seeds=()
+    if [[ -d "corpus/$t" ]]; then seeds=("corpus/$t"); fi
+    dict=()
+    if [[ -f "dict/$t.dict" ]]; then dict=(-dict="dict/$t.dict"); fi
+    "target/$triple/release/$t" "$corpus_root/$t" "${seeds[@]}" "${dict[@]}" \
+        -max_total_time="$secs" -rss_limit_mb=2048 \
         -artifact_prefix="artifacts/$t/" -print_final_stats=1 >"$corpus_root/$t.log" 2>&1 || rc=$?
+    # INITED: the coverage of the seeds alone; DONE: at the end (cov = edges, ft = features).
+    grep -E '(INITED|DONE) +cov' "$corpus_root/$t.log" | sed -E 's/^#[0-9]+\t//; s/ +(exec|rss).*//' || true
     grep -E '^(Done|stat::number_of_executed_units|stat::new_units_added)' "$corpus_root/$t.log" || true
     if ((rc != 0)); then
         tail -n 40 "$corpus_root/$t.log" >&2

@@ -12,6 +12,10 @@ use crate::core::packet::{self, PeerLookup, Sender};
 use crate::core::wg::{Limiter, Outcome, Tunnel, MIN_OUTPUT};
 use crate::rules::desired::{desired, RuntimeFacts};
 use crate::rules::{iptables, nft, Family};
+use crate::uapi::{
+    format_get, format_set, parse_get_response, parse_request, DeviceSnapshot, PeerSnapshot,
+    Request,
+};
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::Path;
@@ -66,10 +70,103 @@ pub fn config(data: &[u8]) {
     }
 }
 
-/// A UAPI request -> `uapi::parse_request`.
+/// The device a fuzzed `set` is applied to: a key, a port, a mark and two peers (keys
+/// `22..22` and `33..33` in hex, as in `fuzz/corpus/uapi/`) holding allowed IPs, so `remove`,
+/// `update_only`, `replace_peers` and `replace_allowed_ips` have something to act on.
+fn uapi_device() -> DeviceSnapshot {
+    let peer = |key: [u8; 32], nets: &[&str]| {
+        let mut p = PeerSnapshot::new(PublicKey(key));
+        p.allowed_ips = nets.iter().filter_map(|n| n.parse().ok()).collect();
+        p.endpoint = Some(SocketAddr::from(([192, 0, 2, 1], 51820)));
+        p
+    };
+    DeviceSnapshot {
+        private_key: Some(SecretKey(OWN_KEY)),
+        listen_port: 51820,
+        fwmark: Some(51820),
+        peers: vec![
+            peer(PEER_KEY, &["10.9.0.2/32", "fd00::2/128"]),
+            peer([0x33; 32], &["10.9.1.0/24", "::/0"]),
+        ],
+    }
+}
+
+/// A UAPI request -> `uapi::parse_request`; a `set` is applied to the device model
+/// (`DeviceSnapshot::apply`) and must:
+/// - print as the request `wg set` would send (`format_set`), which parses back to itself;
+/// - read back through `get` (`format_get`, then `parse_get_response`) as the device it made;
+/// - leave the device's own keys as set, each peer's last section in effect (a removed peer
+///   gone; a created or updated one holding the endpoint, keepalive and preshared key it was
+///   given), no peer with the device's own public key, and no prefix routed to two peers.
 pub fn uapi(data: &[u8]) {
-    if let Ok(text) = std::str::from_utf8(data) {
-        let _ = crate::uapi::parse_request(text);
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let Ok(Request::Set(update)) = parse_request(text) else {
+        return;
+    };
+    let again = parse_request(&format_set(&update));
+    assert_eq!(again.as_ref().ok(), Some(&Request::Set(update.clone())));
+    let mut device = uapi_device();
+    device.apply(&update);
+    let read = parse_get_response(&format_get(&device));
+    assert_eq!(
+        read.as_ref().ok(),
+        Some(&device),
+        "get does not read back the set"
+    );
+    if let Some(key) = &update.private_key {
+        assert_eq!(&device.private_key, key);
+    }
+    if let Some(port) = update.listen_port {
+        assert_eq!(device.listen_port, port);
+    }
+    if let Some(mark) = update.fwmark {
+        assert_eq!(device.fwmark, mark);
+    }
+    let own = device.private_key.as_ref().map(SecretKey::public_key);
+    for (i, change) in update.peers.iter().enumerate() {
+        let later = update.peers[i + 1..].iter();
+        if Some(change.public_key) == own
+            || later.clone().any(|c| c.public_key == change.public_key)
+        {
+            continue;
+        }
+        let found = device
+            .peers
+            .iter()
+            .find(|p| p.public_key == change.public_key);
+        if change.remove {
+            assert!(found.is_none(), "a removed peer is still there");
+            continue;
+        }
+        let Some(peer) = found else {
+            assert!(
+                change.update_only,
+                "a peer set without update_only is missing"
+            );
+            continue;
+        };
+        if let Some(endpoint) = change.endpoint {
+            assert_eq!(peer.endpoint, Some(endpoint));
+        }
+        if let Some(secs) = change.persistent_keepalive {
+            assert_eq!(peer.persistent_keepalive, (secs != 0).then_some(secs));
+        }
+        if let Some(psk) = &change.preshared_key {
+            assert_eq!(&peer.preshared_key, psk);
+        }
+    }
+    let mut routed = std::collections::BTreeSet::new();
+    for peer in &device.peers {
+        assert_ne!(
+            Some(peer.public_key),
+            own,
+            "a peer has the device's own key"
+        );
+        for net in &peer.allowed_ips {
+            assert!(routed.insert(*net), "{net} is routed to two peers");
+        }
     }
 }
 

@@ -152,6 +152,31 @@ fn text_seeds(texts: &[&str]) -> Vec<Vec<u8>> {
     texts.iter().map(|t| t.as_bytes().to_vec()).collect()
 }
 
+/// The committed seeds libFuzzer starts from (`fuzz/corpus/<target>/seed-*`), in name order,
+/// after `seeds`: the stable run and the fuzzer begin from the same inputs.
+fn with_corpus(target: &str, mut seeds: Vec<Vec<u8>>) -> Vec<Vec<u8>> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fuzz/corpus")
+        .join(target);
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .filter_map(Result::ok)
+        .map(|entry| entry.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("seed-"))
+        })
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "no seeds in {}", dir.display());
+    for file in files {
+        let bytes = std::fs::read(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        seeds.push(bytes);
+    }
+    seeds
+}
+
 const KEY: &str = "AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=";
 
 #[test]
@@ -165,13 +190,16 @@ fn fuzz_config() {
     run(
         "config",
         fuzzing::config,
-        text_seeds(&[
-            include_str!("../config/minimal.toml"),
-            include_str!("../config/example.toml"),
-            include_str!("../config/exit-node.toml"),
-            include_str!("../config/subnet-router.toml"),
-            &dns,
-        ]),
+        with_corpus(
+            "config",
+            text_seeds(&[
+                include_str!("../config/minimal.toml"),
+                include_str!("../config/example.toml"),
+                include_str!("../config/exit-node.toml"),
+                include_str!("../config/subnet-router.toml"),
+                &dns,
+            ]),
+        ),
     );
 }
 
@@ -188,7 +216,10 @@ fn fuzz_uapi() {
     run(
         "uapi",
         fuzzing::uapi,
-        text_seeds(&["get=1\n\n", set, "set=1\n\n", "get=1\n"]),
+        with_corpus(
+            "uapi",
+            text_seeds(&["get=1\n\n", set, "set=1\n\n", "get=1\n"]),
+        ),
     );
 }
 
@@ -197,7 +228,10 @@ fn fuzz_ports() {
     run(
         "ports",
         fuzzing::ports,
-        text_seeds(&["443", "443:8443/tcp", "53/udp", "1:65535/udp", "80:80"]),
+        with_corpus(
+            "ports",
+            text_seeds(&["443", "443:8443/tcp", "53/udp", "1:65535/udp", "80:80"]),
+        ),
     );
 }
 
@@ -207,7 +241,7 @@ fn fuzz_receive() {
     // A data message header for the known peer's index, and a cookie reply's.
     seeds.push([&[1u8, 4, 0, 0, 0, 5, 0, 0, 0][..], &[0u8; 40][..]].concat());
     seeds.push([&[1u8, 3, 0, 0, 0, 5, 0, 0, 0][..], &[0u8; 56][..]].concat());
-    run("receive", fuzzing::receive, seeds);
+    run("receive", fuzzing::receive, with_corpus("receive", seeds));
 }
 
 /// An IPv4 TCP packet with `payload` bytes and sequence number `seq`, ACK only.
@@ -277,7 +311,7 @@ fn fuzz_offload() {
         udp.extend_from_slice(&p);
     }
     seeds.push(udp);
-    run("offload", fuzzing::offload, seeds);
+    run("offload", fuzzing::offload, with_corpus("offload", seeds));
 }
 
 #[cfg(feature = "sidecar")]
@@ -295,5 +329,47 @@ fn fuzz_sidecar() {
         format!("\nNone\n\n,80,80,TCP\n{base}"),
     ];
     let seeds: Vec<&str> = seeds.iter().map(String::as_str).collect();
-    run("sidecar", fuzzing::sidecar, text_seeds(&seeds));
+    run(
+        "sidecar",
+        fuzzing::sidecar,
+        with_corpus("sidecar", text_seeds(&seeds)),
+    );
+}
+
+/// A seed the parser refuses stops the fuzzer at the first line, which is what the seeds are
+/// there to avoid: each one must get through its target's parser.
+#[test]
+fn committed_seeds_get_past_the_parsers() {
+    use tunnelgate::config::{Config, PortMap, SecretFiles};
+    use tunnelgate::uapi::{parse_request, Request};
+
+    struct AnyKeyFile;
+    impl SecretFiles for AnyKeyFile {
+        fn read_secret(&self, _: &std::path::Path) -> Result<String, String> {
+            Ok(KEY.to_string())
+        }
+    }
+    let text = |seed: &[u8]| String::from_utf8(seed.to_vec()).expect("a text seed");
+    let mut sets = 0;
+    for seed in with_corpus("uapi", Vec::new()) {
+        match parse_request(&text(&seed)) {
+            Ok(Request::Set(_)) => sets += 1,
+            Ok(Request::Get) => {}
+            Err(e) => panic!("uapi seed {:?}: {e:?}", text(&seed)),
+        }
+    }
+    assert!(sets >= 5, "{sets} set requests");
+    for seed in with_corpus("ports", Vec::new()) {
+        let parsed = text(&seed).parse::<PortMap>();
+        assert!(parsed.is_ok(), "ports seed {:?}: {parsed:?}", text(&seed));
+    }
+    for seed in with_corpus("config", Vec::new()) {
+        let parsed = Config::parse(&text(&seed), std::path::Path::new("/"), &AnyKeyFile);
+        assert!(
+            parsed.is_ok(),
+            "config seed {}: {:?}",
+            text(&seed),
+            parsed.err()
+        );
+    }
 }

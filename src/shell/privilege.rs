@@ -27,37 +27,48 @@
 
 use std::fmt;
 
+use caps::{CapSet, Capability, CapsHashSet};
+
 use crate::config::{Config, FirewallMode};
 use crate::shell::firewall::{self, Backend};
 
-/// `CAP_NET_BIND_SERVICE` (linux/capability.h).
-pub const CAP_NET_BIND_SERVICE: u32 = 10;
-/// `CAP_NET_ADMIN`.
-pub const CAP_NET_ADMIN: u32 = 12;
-/// `CAP_NET_RAW`.
-pub const CAP_NET_RAW: u32 = 13;
-
-/// A set of capabilities, bit `n` for capability `n` (the `/proc/<pid>/status` layout).
+/// A set of capabilities, bit `n` for capability `n` (the `/proc/<pid>/status` layout). Ours
+/// rather than `caps::CapsHashSet`: it compares and prints in a fixed order, and it can hold a
+/// capability newer than the `caps` crate knows (as the kernel reports it in `CapBnd`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Caps(pub u64);
 
 impl Caps {
-    pub fn with(self, cap: u32) -> Caps {
-        Caps(self.0 | (1u64 << cap))
+    pub fn with(self, cap: Capability) -> Caps {
+        Caps(self.0 | cap.bitmask())
     }
 
-    pub fn has(self, cap: u32) -> bool {
-        cap < 64 && self.0 & (1u64 << cap) != 0
+    pub fn has(self, cap: Capability) -> bool {
+        self.0 & cap.bitmask() != 0
     }
 
-    fn iter(self) -> impl Iterator<Item = u32> {
-        (0..64).filter(move |c| self.has(*c))
+    /// The capabilities of the set that the `caps` crate can name (all of them on kernels up
+    /// to at least 6.x: `CAP_CHECKPOINT_RESTORE`, 40, is the last).
+    fn known(self) -> CapsHashSet {
+        caps::all().into_iter().filter(|c| self.has(*c)).collect()
+    }
+
+    fn from_known(set: &CapsHashSet) -> Caps {
+        Caps(set.iter().fold(0, |bits, c| bits | c.bitmask()))
     }
 }
 
 impl fmt::Display for Caps {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let names: Vec<String> = self.iter().map(cap_name).collect();
+        let mut known: Vec<Capability> = self.known().into_iter().collect();
+        known.sort_by_key(Capability::index);
+        let mut names: Vec<String> = known.iter().map(Capability::to_string).collect();
+        let unknown = self.0 & !Caps::from_known(&self.known()).0;
+        names.extend(
+            (0..64)
+                .filter(|n| unknown & (1u64 << n) != 0)
+                .map(|n| format!("cap_{n}")),
+        );
         if names.is_empty() {
             f.write_str("none")
         } else {
@@ -66,27 +77,17 @@ impl fmt::Display for Caps {
     }
 }
 
-/// `CAP_NET_ADMIN` and friends by number; others as `cap_<n>`.
-pub fn cap_name(cap: u32) -> String {
-    match cap {
-        CAP_NET_BIND_SERVICE => "CAP_NET_BIND_SERVICE".into(),
-        CAP_NET_ADMIN => "CAP_NET_ADMIN".into(),
-        CAP_NET_RAW => "CAP_NET_RAW".into(),
-        n => format!("cap_{n}"),
-    }
-}
-
 /// The capabilities the daemon for `config` needs once running (see the module docs);
 /// `legacy_iptables`: the firewall backend is iptables-legacy.
 pub fn needed(config: &Config, legacy_iptables: bool) -> Caps {
-    let mut caps = Caps::default().with(CAP_NET_ADMIN);
+    let mut caps = Caps::default().with(Capability::CAP_NET_ADMIN);
     if legacy_iptables {
-        caps = caps.with(CAP_NET_RAW);
+        caps = caps.with(Capability::CAP_NET_RAW);
     }
     let low = |p: u16| p != 0 && p < 1024;
     let health_low = config.health.listen.is_some_and(|a| low(a.port()));
     if low(config.interface.listen_port) || health_low {
-        caps = caps.with(CAP_NET_BIND_SERVICE);
+        caps = caps.with(Capability::CAP_NET_BIND_SERVICE);
     }
     caps
 }
@@ -96,8 +97,8 @@ pub fn needed(config: &Config, legacy_iptables: bool) -> Caps {
 /// `wg set listen-port` may move the socket below 1024 at any time. It runs no firewall tool.
 pub fn needed_userspace() -> Caps {
     Caps::default()
-        .with(CAP_NET_ADMIN)
-        .with(CAP_NET_BIND_SERVICE)
+        .with(Capability::CAP_NET_ADMIN)
+        .with(Capability::CAP_NET_BIND_SERVICE)
 }
 
 /// Whether the daemon will use iptables-legacy: the same choice its executor makes on the
@@ -118,10 +119,12 @@ pub enum PrivilegeError {
     #[error("the process already runs {0} threads: capabilities are per thread, so the drop must come before the first one")]
     Threads(usize),
     #[error("{what}: {source}")]
-    Sys {
+    Caps {
         what: &'static str,
-        source: std::io::Error,
+        source: caps::errors::CapsError,
     },
+    #[error("PR_SET_NO_NEW_PRIVS: {0}")]
+    NoNewPrivs(#[source] nix::Error),
 }
 
 /// What [`drop_to`] left.
@@ -142,41 +145,23 @@ pub fn drop_to(keep: Caps) -> Result<Dropped, PrivilegeError> {
     if threads > 1 {
         return Err(PrivilegeError::Threads(threads));
     }
-    let last = last_cap();
+    let failed = |what| move |source| PrivilegeError::Caps { what, source };
     // The bounding set first: dropping from it needs CAP_SETPCAP, which goes with the capset.
-    let mut bounding_kept = Caps::default();
-    for cap in 0..=last {
-        if keep.has(cap) || !matches!(sys::prctl(libc::PR_CAPBSET_READ, cap.into(), 0), Ok(1)) {
-            continue;
-        }
-        if sys::prctl(libc::PR_CAPBSET_DROP, cap.into(), 0).is_err() {
-            bounding_kept = bounding_kept.with(cap);
-        }
+    // A drop the kernel refuses shows in `bounding_kept` below.
+    let bounding = caps::read(None, CapSet::Bounding).map_err(failed("read the bounding set"))?;
+    for cap in bounding.into_iter().filter(|c| !keep.has(*c)) {
+        let _ = caps::drop(None, CapSet::Bounding, cap);
     }
-    // Ambient capabilities would survive execve; ignore EINVAL on kernels without them.
-    let _ = sys::prctl(
-        libc::PR_CAP_AMBIENT,
-        libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
-        0,
-    );
-    sys::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0).map_err(|source| PrivilegeError::Sys {
-        what: "PR_SET_NO_NEW_PRIVS",
-        source,
-    })?;
-    let now = sys::capget().map_err(|source| PrivilegeError::Sys {
-        what: "capget",
-        source,
-    })?;
-    let kept = Caps(now.permitted & keep.0);
-    sys::capset(sys::CapState {
-        effective: kept.0,
-        permitted: kept.0,
-        inheritable: 0,
-    })
-    .map_err(|source| PrivilegeError::Sys {
-        what: "capset",
-        source,
-    })?;
+    // Ambient capabilities would survive execve; kernels before 4.3 have none (EINVAL).
+    let _ = caps::clear(None, CapSet::Ambient);
+    nix::sys::prctl::set_no_new_privs().map_err(PrivilegeError::NoNewPrivs)?;
+    let permitted = caps::read(None, CapSet::Permitted).map_err(failed("capget"))?;
+    let kept = Caps(Caps::from_known(&permitted).0 & keep.0);
+    // Effective before permitted: the kernel wants effective within permitted at every step.
+    caps::clear(None, CapSet::Inheritable).map_err(failed("capset inheritable"))?;
+    caps::set(None, CapSet::Effective, &kept.known()).map_err(failed("capset effective"))?;
+    caps::set(None, CapSet::Permitted, &kept.known()).map_err(failed("capset permitted"))?;
+    let bounding_kept = Caps(bounding_now().0 & !keep.0);
     Ok(Dropped {
         kept,
         bounding_kept,
@@ -217,124 +202,32 @@ fn thread_count() -> usize {
         .unwrap_or(1)
 }
 
-/// The highest capability number this kernel knows.
-fn last_cap() -> u32 {
-    std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+/// The bounding set as the kernel reports it (`CapBnd:` of /proc/self/status), so a capability
+/// newer than the `caps` crate still shows; the crate's reading when /proc is unreadable.
+fn bounding_now() -> Caps {
+    std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(40)
-        .min(63)
-}
-
-/// The three system calls, each behind a safe function.
-mod sys {
-    /// One process's sets as 64-bit masks.
-    #[derive(Debug, Clone, Copy)]
-    pub(super) struct CapState {
-        pub effective: u64,
-        pub permitted: u64,
-        pub inheritable: u64,
-    }
-
-    /// `_LINUX_CAPABILITY_VERSION_3`: two 32-bit words per set.
-    const VERSION_3: u32 = 0x2008_0522;
-
-    #[repr(C)]
-    struct Header {
-        version: u32,
-        pid: libc::c_int,
-    }
-
-    #[repr(C)]
-    #[derive(Clone, Copy, Default)]
-    struct Data {
-        effective: u32,
-        permitted: u32,
-        inheritable: u32,
-    }
-
-    /// `prctl(option, arg2, arg3, 0, 0)`: its non-negative result, or the errno.
-    pub(super) fn prctl(
-        option: libc::c_int,
-        arg2: libc::c_ulong,
-        arg3: libc::c_ulong,
-    ) -> std::io::Result<libc::c_int> {
-        #[allow(unsafe_code)]
-        // SAFETY: the options used here (PR_CAPBSET_READ/DROP, PR_CAP_AMBIENT, PR_SET_NO_NEW_PRIVS)
-        // take integers only and no pointers; nothing is read or written through the arguments.
-        let r = unsafe { libc::prctl(option, arg2, arg3, 0 as libc::c_ulong, 0 as libc::c_ulong) };
-        if r < 0 {
-            Err(std::io::Error::last_os_error())
-        } else {
-            Ok(r)
-        }
-    }
-
-    /// The calling thread's sets.
-    pub(super) fn capget() -> std::io::Result<CapState> {
-        let mut header = Header {
-            version: VERSION_3,
-            pid: 0,
-        };
-        let mut data = [Data::default(); 2];
-        #[allow(unsafe_code)]
-        // SAFETY: `header` and `data` are live, properly aligned #[repr(C)] values of the
-        // layout capget(2) expects for version 3 (one header, two data structs).
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_capget,
-                &mut header as *mut Header,
-                data.as_mut_ptr(),
-            )
-        };
-        if r != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        let join = |lo: u32, hi: u32| u64::from(lo) | (u64::from(hi) << 32);
-        Ok(CapState {
-            effective: join(data[0].effective, data[1].effective),
-            permitted: join(data[0].permitted, data[1].permitted),
-            inheritable: join(data[0].inheritable, data[1].inheritable),
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("CapBnd:"))
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
         })
-    }
-
-    /// Sets the calling thread's sets (only ever to fewer capabilities).
-    pub(super) fn capset(state: CapState) -> std::io::Result<()> {
-        let mut header = Header {
-            version: VERSION_3,
-            pid: 0,
-        };
-        let split = |v: u64| ((v & 0xffff_ffff) as u32, (v >> 32) as u32);
-        let (e0, e1) = split(state.effective);
-        let (p0, p1) = split(state.permitted);
-        let (i0, i1) = split(state.inheritable);
-        let data = [
-            Data {
-                effective: e0,
-                permitted: p0,
-                inheritable: i0,
-            },
-            Data {
-                effective: e1,
-                permitted: p1,
-                inheritable: i1,
-            },
-        ];
-        #[allow(unsafe_code)]
-        // SAFETY: as in `capget`; capset(2) only reads `data`.
-        let r =
-            unsafe { libc::syscall(libc::SYS_capset, &mut header as *mut Header, data.as_ptr()) };
-        if r != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(())
-    }
+        .map(Caps)
+        .unwrap_or_else(|| {
+            caps::read(None, CapSet::Bounding)
+                .map(|set| Caps::from_known(&set))
+                .unwrap_or_default()
+        })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::path::Path;
+
+    const CAP_NET_ADMIN: Capability = Capability::CAP_NET_ADMIN;
+    const CAP_NET_RAW: Capability = Capability::CAP_NET_RAW;
+    const CAP_NET_BIND_SERVICE: Capability = Capability::CAP_NET_BIND_SERVICE;
 
     struct NoFiles;
 
@@ -381,6 +274,22 @@ mod tests {
             "CAP_NET_ADMIN CAP_NET_RAW"
         );
         assert_eq!(Caps::default().to_string(), "none");
-        assert_eq!(Caps(1 << 21).to_string(), "cap_21");
+        assert_eq!(Caps(1 << 21).to_string(), "CAP_SYS_ADMIN");
+        // A capability newer than the `caps` crate still prints, by number.
+        assert_eq!(
+            Caps((1 << 63) | (1 << 12)).to_string(),
+            "CAP_NET_ADMIN cap_63"
+        );
+    }
+
+    /// The bits are the kernel's (`/proc/<pid>/status`, linux/capability.h), which the netns
+    /// suites compare against.
+    #[test]
+    fn bits_are_the_kernels_capability_numbers() {
+        assert_eq!(Caps::default().with(CAP_NET_BIND_SERVICE).0, 1 << 10);
+        assert_eq!(Caps::default().with(CAP_NET_ADMIN).0, 1 << 12);
+        assert_eq!(Caps::default().with(CAP_NET_RAW).0, 1 << 13);
+        let set = needed_userspace().known();
+        assert_eq!(Caps::from_known(&set), needed_userspace());
     }
 }
