@@ -15,6 +15,13 @@
 //! working; a restart keeps the keys and writes nothing; an expired cluster-wide watch lists
 //! again; a missing Secret without `create` is reported and written once it exists.
 //!
+//! Proxy groups at scale (the fake has the real 1 MiB Secret limit): at 10,000 Services a burst
+//! of 50 costs at most 10 writes per replica and the sidecar stays under 64 MiB; 20 % port
+//! clashes converge and their Events come after the Secret, rate-limited; 20,000 Services fit
+//! (compressed); past the limit the oldest serve, the rest get Events and a change still
+//! applies; a deleted or edited Secret is restored with its key; the group converges after a
+//! 10 s API outage and the log does not blame RBAC. Time bounds are checked in release builds.
+//!
 //! containers/README.md: every `kubectl` command it shows is listed in [`README_KUBECTL`] with how
 //! it is checked. Those that a fake API server can answer run verbatim with the real kubectl
 //! against the fake (which answers discovery and just enough OpenAPI v3 for it): `apply -k` of
@@ -402,10 +409,24 @@ impl Fake {
                     .cloned()
                     .collect();
                 if !query.contains("watch=true") {
+                    // Pages of `limit`, as the API server gives them (kube asks for 500): the
+                    // continue token is the offset of the next page.
+                    let from: usize = param(&query, "continue")
+                        .and_then(|c| c.parse().ok())
+                        .unwrap_or(0);
+                    let limit: usize = param(&query, "limit")
+                        .and_then(|l| l.parse().ok())
+                        .unwrap_or(usize::MAX);
+                    let page: Vec<Value> =
+                        matching.iter().skip(from).take(limit).cloned().collect();
+                    let mut metadata = json!({"resourceVersion": st.resource_version.to_string()});
+                    if from.saturating_add(limit) < matching.len() {
+                        metadata["continue"] = json!((from + limit).to_string());
+                    }
                     let list = json!({
                         "kind": "ServiceList", "apiVersion": "v1",
-                        "metadata": {"resourceVersion": st.resource_version.to_string()},
-                        "items": matching,
+                        "metadata": metadata,
+                        "items": page,
                     });
                     return reply(StatusCode::OK, &list);
                 }
@@ -2195,9 +2216,17 @@ fn scale_services(
                 (ingress, ports)
             }
             _ => {
-                let count = 1 + i % 3;
-                let ports = (0..count).map(|k| *next_port + k).collect();
-                *next_port += count;
+                let ports = (0..1 + i % 3)
+                    .map(|_| {
+                        // Never the health port (9002) or WireGuard's (51820): the daemon
+                        // refuses an egress rule on those, and these Services are all valid.
+                        while [9002, 51820].contains(next_port) {
+                            *next_port += 1;
+                        }
+                        *next_port += 1;
+                        *next_port - 1
+                    })
+                    .collect();
                 (i % 10 < 7, ports)
             }
         };
@@ -2251,9 +2280,9 @@ fn served_services(data: &BTreeMap<String, Vec<u8>>) -> BTreeSet<String> {
 /// times slower than a release build.
 const SCALE_WAIT: Duration = Duration::from_secs(180);
 
-/// Whether the timing bounds of the tests at scale are checked: in a release build (`cargo test
-/// --release`), where they are the figures the README gives. A debug build checks everything
-/// else and prints its timings.
+/// Whether the time and memory bounds of the tests at scale are checked: in a release build
+/// (`cargo test --release`), where they are the figures the README gives. A debug build checks
+/// everything else and prints its timings and memory.
 const TIMED: bool = !cfg!(debug_assertions);
 
 /// Polls `f` until it holds, for up to [`SCALE_WAIT`].
@@ -2330,14 +2359,19 @@ async fn group_at_10000_services_a_burst_is_coalesced_and_memory_stays_under_64_
     tokio::time::sleep(Duration::from_secs(1)).await;
     for (i, r) in [&r0, &r1].into_iter().enumerate() {
         let writes = replica_patches(&fake, i as u32) - before[i];
+        let rss = peak_rss(r.child.id());
+        eprintln!(
+            "replica {i}: {writes} writes for 50 Services, peak RSS {} MiB",
+            rss >> 20
+        );
         assert!(
             writes <= 10,
             "replica {i}: {writes} writes for a burst of 50 Services"
         );
-        let rss = peak_rss(r.child.id());
-        assert!(rss <= 64 << 20, "replica {i}: peak RSS {} MiB", rss >> 20);
-        eprintln!(
-            "replica {i}: {writes} writes for 50 Services, peak RSS {} MiB",
+        // A debug build takes more memory; the bound is the release build's.
+        assert!(
+            !TIMED || rss <= 64 << 20,
+            "replica {i}: peak RSS {} MiB",
             rss >> 20
         );
     }

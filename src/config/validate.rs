@@ -795,6 +795,14 @@ impl PortClaims {
 }
 
 #[cfg(test)]
+fn families_meet(a: &Target, b: &Target) -> bool {
+    match (a, b) {
+        (Target::Ip(x), Target::Ip(y)) => x.is_ipv6() == y.is_ipv6(),
+        _ => true,
+    }
+}
+
+#[cfg(test)]
 mod port_claims_tests {
     use super::*;
     use proptest::prelude::*;
@@ -841,13 +849,5 @@ mod port_claims_tests {
                 claims.insert(i, fwd);
             }
         }
-    }
-}
-
-#[cfg(test)]
-fn families_meet(a: &Target, b: &Target) -> bool {
-    match (a, b) {
-        (Target::Ip(x), Target::Ip(y)) => x.is_ipv6() == y.is_ipv6(),
-        _ => true,
     }
 }

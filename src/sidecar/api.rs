@@ -468,3 +468,53 @@ fn truncate(text: &str, max: usize) -> String {
     }
     format!("{}...", &text[..end])
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(name: &str, reason: &str, message: &str) -> PendingEvent {
+        PendingEvent {
+            kind: "Service".into(),
+            object: ObjRef {
+                namespace: "apps".into(),
+                name: name.into(),
+            },
+            uid: None,
+            reason: reason.into(),
+            message: message.into(),
+        }
+    }
+
+    #[test]
+    fn queued_events_of_one_object_and_reason_are_sent_once_with_the_newest_message() {
+        let mut q = EventQueue::default();
+        q.push(event("web", "LeftOut", "port 80 taken"));
+        q.push(event("db", "LeftOut", "port 5432 taken"));
+        q.push(event("web", "LeftOut", "port 443 taken"));
+        q.push(event("web", "NameUnresolved", "no such name"));
+        let sent: Vec<(String, String)> = std::iter::from_fn(|| q.pop())
+            .map(|e| (e.object.name, e.message))
+            .collect();
+        assert_eq!(
+            sent,
+            [
+                ("web".to_string(), "port 443 taken".to_string()),
+                ("db".to_string(), "port 5432 taken".to_string()),
+                ("web".to_string(), "no such name".to_string()),
+            ]
+        );
+    }
+
+    #[test]
+    fn the_watch_backoff_is_capped_at_a_second_and_resets() {
+        use kube::runtime::utils::Backoff as _;
+        let mut b = WatchBackoff::default();
+        let delays: Vec<Duration> = b.by_ref().take(8).collect();
+        assert_eq!(delays[0], WATCH_RETRY_MIN);
+        assert!(delays.iter().all(|d| *d <= WATCH_RETRY_MAX));
+        assert_eq!(delays[7], WATCH_RETRY_MAX);
+        b.reset();
+        assert_eq!(b.next(), Some(WATCH_RETRY_MIN));
+    }
+}

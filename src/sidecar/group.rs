@@ -247,8 +247,59 @@ pub fn render_group_within(
                     .collect(),
             ));
         }
+        // Each error names the rule it is about (`ingress[12].ports`): leave out the Services
+        // those rules are of and check again. Only what cannot be pinned on a rule falls back
+        // to adding the Services one by one, which takes one check per Service (minutes at
+        // 10,000 Services).
+        let section_len = |k: &str| table.get(k).and_then(|v| v.as_array()).map_or(0, Vec::len);
+        let (base_ingress, base_egress) = (section_len("ingress"), section_len("egress"));
+        let mut pool: Vec<&(&ServiceInfo, Rules)> = candidates.iter().collect();
+        let mut pool_ok = false;
+        for _ in 0..PINNING_ROUNDS {
+            let text = config_text(&table, pool.iter().map(|(_, r)| r), &header(&[]))?;
+            let Err(errors) = daemon_check(&text, &prepared.key) else {
+                pool_ok = true;
+                break;
+            };
+            let (mut owner_ingress, mut owner_egress) = (Vec::new(), Vec::new());
+            for (i, (_, r)) in pool.iter().enumerate() {
+                owner_ingress.extend(std::iter::repeat_n(i, r.ingress.len()));
+                owner_egress.extend(std::iter::repeat_n(i, r.egress.len()));
+            }
+            let mut bad: BTreeMap<usize, Vec<String>> = BTreeMap::new();
+            for e in &errors {
+                let owner = rule_of_error(e).and_then(|(section, n)| match section {
+                    "ingress" => owner_ingress.get(n.checked_sub(base_ingress)?),
+                    _ => owner_egress.get(n.checked_sub(base_egress)?),
+                });
+                if let Some(&i) = owner {
+                    bad.entry(i).or_default().push(e.clone());
+                }
+            }
+            if bad.is_empty() {
+                break;
+            }
+            for (i, errors) in bad.iter().rev() {
+                let c = pool.remove(*i);
+                refused.push(Refusal {
+                    namespace: c.0.namespace.clone(),
+                    name: c.0.name.clone(),
+                    reason: format!(
+                        "Service {}/{} left out of proxy group {}: with it the configuration is invalid: {}",
+                        c.0.namespace,
+                        c.0.name,
+                        replica.group,
+                        errors.join("; ")
+                    ),
+                });
+            }
+        }
         let mut kept: Vec<&(&ServiceInfo, Rules)> = Vec::new();
-        for c in &candidates {
+        if pool_ok {
+            kept = pool;
+            pool = Vec::new();
+        }
+        for c in pool {
             let trial = config_text(
                 &table,
                 kept.iter().map(|(_, r)| r).chain([&c.1]),
@@ -368,6 +419,21 @@ pub fn render_group_within(
         nameservers: config.dns.nameservers,
         reresolve_interval: config.dns.reresolve_interval,
     })
+}
+
+/// How often the Services that errors name are left out before the rest is checked one by one.
+const PINNING_ROUNDS: usize = 4;
+
+/// The rule a configuration error is about, from its key: `ingress[12].ports: ...` is
+/// `("ingress", 12)`.
+fn rule_of_error(error: &str) -> Option<(&'static str, usize)> {
+    let (section, rest) = if let Some(rest) = error.strip_prefix("ingress[") {
+        ("ingress", rest)
+    } else {
+        ("egress", error.strip_prefix("egress[")?)
+    };
+    let (n, _) = rest.split_once(']')?;
+    Some((section, n.parse().ok()?))
 }
 
 /// The served Services whose names do not resolve, each with its names and their errors, from

@@ -302,7 +302,15 @@ pub async fn run_group(
                 None => anyhow::bail!("the watch of the Services ended"),
             },
             event = secret_watch.next() => match event {
-                Some(Ok(e)) => if this.secret_seen(e) { mark(&mut pending) },
+                Some(Ok(e)) => {
+                    // The Secret exists (again): a write waiting out a refusal (a deleted Secret
+                    // without RBAC create) is tried now.
+                    let exists = matches!(e, watcher::Event::Apply(_));
+                    if this.secret_seen(e) || (exists && retry_at.is_some()) {
+                        retry_at = None;
+                        mark(&mut pending);
+                    }
+                }
                 Some(Err(e)) if watch_forbidden(&e) => tracing::warn!(
                     error = %describe_watch(&e),
                     secret = %this.settings.secret,
@@ -727,4 +735,22 @@ impl GroupLoop {
 enum Failure {
     Rejected(Rejected),
     Api(Box<kube::Error>),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_burst_is_written_after_its_last_change_but_never_later_than_max_delay() {
+        let t = Instant::now();
+        let ms = Duration::from_millis;
+        // A lone change: one debounce later.
+        assert_eq!(write_at(t, t), t + DEBOUNCE);
+        // Changes keep coming: each one pushes the write back...
+        assert_eq!(write_at(t, t + ms(300)), t + ms(300) + DEBOUNCE);
+        // ...until the first has waited MAX_DELAY.
+        assert_eq!(write_at(t, t + ms(950)), t + MAX_DELAY);
+        assert_eq!(write_at(t, t + ms(5_000)), t + MAX_DELAY);
+    }
 }

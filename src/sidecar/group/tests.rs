@@ -689,3 +689,25 @@ fn twenty_thousand_services_fit_the_real_limit() {
     let size = crate::sidecar::data_size(&g.rendered.data);
     assert!(size <= SECRET_MAX_BYTES, "{size}");
 }
+
+#[test]
+fn among_thousands_a_service_the_daemon_would_refuse_is_pinned_by_its_error() {
+    // Left out by the error's key (egress[0].ports), not by checking 3,000 Services one by one.
+    let mut services = many_ingress(3_000);
+    services.push(egress(
+        "apps",
+        "sneaky",
+        1_500,
+        "100.64.0.3",
+        vec![port(80, Some(9002), "TCP")],
+    ));
+    let g = render_within(&services, SECRET_MAX_BYTES);
+    assert_eq!(g.served.len(), 3_000);
+    assert_eq!(g.refused.len(), 1);
+    assert_eq!(g.refused[0].name, "sneaky");
+    assert!(
+        g.refused[0].reason.contains("egress[0].ports"),
+        "{}",
+        g.refused[0].reason
+    );
+}
