@@ -31,6 +31,12 @@ pub const LOAD_BALANCER_CLASS: &str = "tunnelgate";
 
 /// Secret key: the rendered configuration.
 pub const KEY_CONFIG: &str = "tunnelgate.toml";
+/// Secret key: the rendered configuration gzip-compressed, instead of [`KEY_CONFIG`] when its
+/// plain text would not fit [`SECRET_MAX_BYTES`] (the daemon reads either).
+pub const KEY_CONFIG_GZ: &str = "tunnelgate.toml.gz";
+/// The API server refuses a Secret whose data passes 1 MiB (422 "Too long"). Counted here as
+/// every key's name and value, a little stricter than the API server, which counts the values.
+pub const SECRET_MAX_BYTES: usize = 1_048_576;
 /// Secret key: the WireGuard private key, written once and never rotated unless deleted.
 pub const KEY_PRIVATE: &str = "private.key";
 /// Secret key: the base64 public key, for the peers' configuration.
@@ -129,7 +135,13 @@ pub fn render(
         svc.namespace, svc.name
     );
     let text = config_text(&table, [&rules], &header)?;
-    finish(text, &prepared, current, notes).map(|(rendered, _)| rendered)
+    let (mut rendered, _) = finish(text, &prepared, current, notes)?;
+    store_config_within(&mut rendered.data, SECRET_MAX_BYTES).map_err(|bytes| {
+        Rejected(vec![format!(
+            "rendered {KEY_CONFIG} needs {bytes} bytes even gzip-compressed: expected at most {SECRET_MAX_BYTES} (the API server's Secret limit)"
+        )])
+    })?;
+    Ok(rendered)
 }
 
 /// The base configuration parsed, with the sidecar's key file set, and the private key.
@@ -246,6 +258,59 @@ fn finish(
         notes,
     };
     Ok((rendered, config))
+}
+
+/// The size of Secret data as counted against [`SECRET_MAX_BYTES`]: every key and value.
+pub fn data_size(data: &BTreeMap<String, Vec<u8>>) -> usize {
+    data.iter().map(|(k, v)| k.len() + v.len()).sum()
+}
+
+/// How a configuration text is stored in a Secret whose other keys take `others` bytes: plain
+/// under [`KEY_CONFIG`] when the Secret then fits `max_bytes`, else gzip-compressed under
+/// [`KEY_CONFIG_GZ`]. `Err(bytes)`: not even compressed (to `bytes`) does it fit.
+pub fn stored_config(
+    text: &[u8],
+    others: usize,
+    max_bytes: usize,
+) -> Result<(&'static str, Vec<u8>), usize> {
+    let budget = max_bytes.saturating_sub(others);
+    if KEY_CONFIG.len() + text.len() <= budget {
+        return Ok((KEY_CONFIG, text.to_vec()));
+    }
+    let compressed = gzip(text);
+    if KEY_CONFIG_GZ.len() + compressed.len() <= budget {
+        Ok((KEY_CONFIG_GZ, compressed))
+    } else {
+        Err(KEY_CONFIG_GZ.len() + compressed.len() + others)
+    }
+}
+
+/// Replaces the plain [`KEY_CONFIG`] of `data` by its stored form (see [`stored_config`]).
+/// `Err(bytes)`: the Secret would take `bytes` even compressed; `data` is left as it was.
+pub fn store_config_within(
+    data: &mut BTreeMap<String, Vec<u8>>,
+    max_bytes: usize,
+) -> Result<(), usize> {
+    let Some(text) = data.get(KEY_CONFIG) else {
+        return Ok(());
+    };
+    let others = data_size(data) - KEY_CONFIG.len() - text.len();
+    let (key, bytes) = stored_config(text, others, max_bytes)?;
+    if key != KEY_CONFIG {
+        data.remove(KEY_CONFIG);
+        data.insert(key.to_string(), bytes);
+    }
+    Ok(())
+}
+
+/// gzip with a fixed header (no file name, mtime 0): the same text always gives the same bytes,
+/// so an unchanged configuration is never written again.
+pub fn gzip(text: &[u8]) -> Vec<u8> {
+    use std::io::Write as _;
+    let mut encoder = flate2::GzBuilder::new().write(Vec::new(), flate2::Compression::default());
+    // Writing into a Vec cannot fail.
+    let _ = encoder.write_all(text);
+    encoder.finish().unwrap_or_default()
 }
 
 /// The keys of `desired` whose value is absent from or different in `current`; empty means the

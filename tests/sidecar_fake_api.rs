@@ -15,6 +15,13 @@
 //! working; a restart keeps the keys and writes nothing; an expired cluster-wide watch lists
 //! again; a missing Secret without `create` is reported and written once it exists.
 //!
+//! Proxy groups at scale (the fake has the real 1 MiB Secret limit): at 10,000 Services a burst
+//! of 50 costs at most 10 writes per replica and the sidecar stays under 64 MiB; 20 % port
+//! clashes converge and their Events come after the Secret, rate-limited; 20,000 Services fit
+//! (compressed); past the limit the oldest serve, the rest get Events and a change still
+//! applies; a deleted or edited Secret is restored with its key; the group converges after a
+//! 10 s API outage and the log does not blame RBAC. Time bounds are checked in release builds.
+//!
 //! containers/README.md: every `kubectl` command it shows is listed in [`README_KUBECTL`] with how
 //! it is checked. Those that a fake API server can answer run verbatim with the real kubectl
 //! against the fake (which answers discovery and just enough OpenAPI v3 for it): `apply -k` of
@@ -117,12 +124,34 @@ struct State {
     objects: BTreeMap<(String, String, String), Value>,
     /// The last octet of the next ClusterIP to allocate.
     next_cluster_ip: u8,
+    /// The API server's Secret size limit (the decoded values): a larger one is refused with
+    /// 422 "Too long", as the real one does.
+    secret_limit: usize,
+    /// Per Secret, the data keys the sidecar's server-side apply last sent: a key it stops
+    /// sending is removed, as server-side apply does for a field its manager no longer applies.
+    applied_keys: BTreeMap<Key, BTreeSet<String>>,
+    /// Open watches of one Secret each (a `metadata.name` field selector).
+    secret_watchers: Vec<(Key, mpsc::UnboundedSender<Bytes>)>,
 }
 
 impl State {
     fn next_rv(&mut self) -> String {
         self.resource_version += 1;
         self.resource_version.to_string()
+    }
+
+    /// Tells the watches of Secret `k` what became of it (`None`: deleted).
+    fn notify_secret(&mut self, k: &Key, rv: u64) {
+        let (kind, data) = match self.secrets.get(k) {
+            Some(d) => ("MODIFIED", d.clone()),
+            None => ("DELETED", BTreeMap::new()),
+        };
+        let obj = secret_json(&k.0, &k.1, &data, rv);
+        let mut line = json!({"type": kind, "object": obj}).to_string();
+        line.push('\n');
+        let line = Bytes::from(line);
+        self.secret_watchers
+            .retain(|(w, tx)| w != k || tx.send(line.clone()).is_ok());
     }
 
     fn notify(&mut self, kind: &str, svc: &Value) {
@@ -162,6 +191,9 @@ impl Fake {
             watchers: Vec::new(),
             objects: BTreeMap::new(),
             next_cluster_ip: 100,
+            secret_limit: SECRET_LIMIT,
+            applied_keys: BTreeMap::new(),
+            secret_watchers: Vec::new(),
         };
         for mut svc in services {
             svc["metadata"]["resourceVersion"] = json!(state.next_rv());
@@ -284,6 +316,26 @@ impl Fake {
         self.lock().watchers.clear();
     }
 
+    /// `kubectl delete secret NS/NAME`.
+    fn delete_secret(&self, ns: &str, name: &str) {
+        let mut st = self.lock();
+        st.secrets.remove(&key(ns, name));
+        st.applied_keys.remove(&key(ns, name));
+        let rv = st.next_rv().parse().unwrap_or(0);
+        st.notify_secret(&key(ns, name), rv);
+    }
+
+    /// Someone else changes a key of Secret NS/NAME (`kubectl edit`).
+    fn edit_secret(&self, ns: &str, name: &str, k: &str, v: &[u8]) {
+        let mut st = self.lock();
+        st.secrets
+            .get_mut(&key(ns, name))
+            .expect("Secret to edit")
+            .insert(k.to_string(), v.to_vec());
+        let rv = st.next_rv().parse().unwrap_or(0);
+        st.notify_secret(&key(ns, name), rv);
+    }
+
     /// Tells every open watch that its resourceVersion is too old (410 Gone), then ends it: the
     /// client must list again.
     fn expire_watches(&self) {
@@ -357,10 +409,24 @@ impl Fake {
                     .cloned()
                     .collect();
                 if !query.contains("watch=true") {
+                    // Pages of `limit`, as the API server gives them (kube asks for 500): the
+                    // continue token is the offset of the next page.
+                    let from: usize = param(&query, "continue")
+                        .and_then(|c| c.parse().ok())
+                        .unwrap_or(0);
+                    let limit: usize = param(&query, "limit")
+                        .and_then(|l| l.parse().ok())
+                        .unwrap_or(usize::MAX);
+                    let page: Vec<Value> =
+                        matching.iter().skip(from).take(limit).cloned().collect();
+                    let mut metadata = json!({"resourceVersion": st.resource_version.to_string()});
+                    if from.saturating_add(limit) < matching.len() {
+                        metadata["continue"] = json!((from + limit).to_string());
+                    }
                     let list = json!({
                         "kind": "ServiceList", "apiVersion": "v1",
-                        "metadata": {"resourceVersion": st.resource_version.to_string()},
-                        "items": matching,
+                        "metadata": metadata,
+                        "items": page,
                     });
                     return reply(StatusCode::OK, &list);
                 }
@@ -372,6 +438,46 @@ impl Fake {
                     let _ = tx.send(watch_line(svc));
                 }
                 st.watchers.push(Watcher { tx, ..watcher });
+                let stream = futures::stream::unfold(rx, |mut rx| async move {
+                    rx.recv()
+                        .await
+                        .map(|b| (Ok::<_, Infallible>(Frame::data(b)), rx))
+                });
+                Response::builder()
+                    .header("content-type", "application/json")
+                    .body(StreamBody::new(stream).boxed_unsync())
+                    .expect("response")
+            }
+            (&Method::GET, ["api", "v1", "namespaces", ns, "secrets"]) => {
+                // Only what the sidecar asks: its own Secret, by a metadata.name field selector.
+                let Some(name) = param(&query, "fieldSelector")
+                    .map(|f| f.replace("%3D", "=").replace("%3d", "="))
+                    .and_then(|f| f.strip_prefix("metadata.name=").map(str::to_string))
+                else {
+                    return status(
+                        StatusCode::FORBIDDEN,
+                        "Forbidden",
+                        "list secrets needs a name",
+                    );
+                };
+                let k = key(ns, &name);
+                let rv = st.resource_version;
+                if !query.contains("watch=true") {
+                    let items: Vec<Value> = st
+                        .secrets
+                        .get(&k)
+                        .map(|d| secret_json(ns, &name, d, rv))
+                        .into_iter()
+                        .collect();
+                    let list = json!({
+                        "kind": "SecretList", "apiVersion": "v1",
+                        "metadata": {"resourceVersion": rv.to_string()},
+                        "items": items,
+                    });
+                    return reply(StatusCode::OK, &list);
+                }
+                let (tx, rx) = mpsc::unbounded_channel();
+                st.secret_watchers.push((k, tx));
                 let stream = futures::stream::unfold(rx, |mut rx| async move {
                     rx.recv()
                         .await
@@ -422,11 +528,9 @@ impl Fake {
                     }
                 }
                 let data = data.clone();
-                let rv = st.next_rv();
-                reply(
-                    StatusCode::OK,
-                    &secret_json(ns, name, &data, rv.parse().unwrap_or(0)),
-                )
+                let rv = st.next_rv().parse().unwrap_or(0);
+                st.notify_secret(&key(ns, name), rv);
+                reply(StatusCode::OK, &secret_json(ns, name, &data, rv))
             }
             (&Method::POST, ["api", "v1", "namespaces", ns, "secrets"]) => {
                 let Ok(v) = serde_json::from_str::<Value>(&body) else {
@@ -448,11 +552,9 @@ impl Fake {
                     .map(|m| m.iter().map(|(k, s)| (k.clone(), decode(s))).collect())
                     .unwrap_or_default();
                 st.secrets.insert(key(ns, name), data.clone());
-                let rv = st.next_rv();
-                reply(
-                    StatusCode::CREATED,
-                    &secret_json(ns, name, &data, rv.parse().unwrap_or(0)),
-                )
+                let rv = st.next_rv().parse().unwrap_or(0);
+                st.notify_secret(&key(ns, name), rv);
+                reply(StatusCode::CREATED, &secret_json(ns, name, &data, rv))
             }
             (&Method::POST, ["api", "v1", "namespaces", ns, "services"]) => {
                 let Ok(mut svc) = serde_json::from_str::<Value>(&body) else {
@@ -499,27 +601,48 @@ impl Fake {
                 let Ok(patch) = serde_json::from_str::<Value>(&body) else {
                     return status(StatusCode::BAD_REQUEST, "BadRequest", "not JSON");
                 };
-                let data = st.secrets.entry(k).or_default();
-                if let Some(map) = patch["data"].as_object() {
-                    for (k, v) in map {
+                let mut data = st.secrets.get(&k).cloned().unwrap_or_default();
+                let sent: BTreeMap<String, Vec<u8>> = patch["data"]
+                    .as_object()
+                    .into_iter()
+                    .flatten()
+                    .map(|(k, v)| {
                         let v = v.as_str().and_then(|s| {
                             base64::Engine::decode(&base64::engine::general_purpose::STANDARD, s)
                                 .ok()
                         });
-                        data.insert(k.clone(), v.unwrap_or_default());
+                        (k.clone(), v.unwrap_or_default())
+                    })
+                    .collect();
+                // Server-side apply: a key this manager applied before and no longer sends goes.
+                for old in st.applied_keys.get(&k).into_iter().flatten() {
+                    if !sent.contains_key(old) {
+                        data.remove(old);
                     }
                 }
-                let data = data.clone();
-                let rv = st.next_rv();
-                reply(
-                    StatusCode::OK,
-                    &secret_json(ns, name, &data, rv.parse().unwrap_or(0)),
-                )
+                data.extend(sent.clone());
+                let size: usize = data.values().map(Vec::len).sum();
+                if size > st.secret_limit {
+                    return status(
+                        StatusCode::UNPROCESSABLE_ENTITY,
+                        "Invalid",
+                        &format!("Secret \"{name}\" is invalid: data: Too long: may not be more than {} bytes", st.secret_limit),
+                    );
+                }
+                st.applied_keys
+                    .insert(k.clone(), sent.into_keys().collect());
+                st.secrets.insert(k.clone(), data.clone());
+                let rv = st.next_rv().parse().unwrap_or(0);
+                st.notify_secret(&k, rv);
+                reply(StatusCode::OK, &secret_json(ns, name, &data, rv))
             }
             _ => st.object(&method, &segments, &query, &body),
         }
     }
 }
+
+/// The real API server's Secret limit: 1 MiB of decoded data.
+const SECRET_LIMIT: usize = 1_048_576;
 
 /// The kinds the fake knows: (group/version path, resource, kind, namespaced). Enough for
 /// `kubectl apply -k` of both examples, `get`, `describe service` and `patch secret`.
@@ -1066,12 +1189,23 @@ fn daemon_config(data: &BTreeMap<String, Vec<u8>>) -> Config {
         "/etc/tunnelgate/private.key".to_string(),
         utf8(data, "private.key"),
     )]));
-    Config::parse(
-        &utf8(data, "tunnelgate.toml"),
-        Path::new("/etc/tunnelgate"),
-        &files,
-    )
-    .expect("the daemon accepts the rendered config")
+    Config::parse(&config_text(data), Path::new("/etc/tunnelgate"), &files)
+        .expect("the daemon accepts the rendered config")
+}
+
+/// The rendered configuration as the daemon reads it: `tunnelgate.toml`, or when the sidecar
+/// stored it compressed, `tunnelgate.toml.gz` gunzipped (never both).
+fn config_text(data: &BTreeMap<String, Vec<u8>>) -> String {
+    match data.get("tunnelgate.toml.gz") {
+        Some(gz) => {
+            assert!(!data.contains_key("tunnelgate.toml"), "both forms stored");
+            let mut text = String::new();
+            std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(&gz[..]), &mut text)
+                .expect("gzip");
+            text
+        }
+        None => utf8(data, "tunnelgate.toml"),
+    }
 }
 
 fn patches(fake: &Fake) -> usize {
@@ -2031,6 +2165,439 @@ fn group_bad_usage_exits_2() {
     let (code, err) = run(&["--proxy-group", "tgp"], &[]);
     assert_eq!(code, Some(2));
     assert!(err.contains("POD_NAME"), "{err}");
+}
+
+// ------------------------------------------------------------------------------------------------
+// Proxy groups at scale: size, coalescing, Events after the Secret, its own Secret, outages
+// ------------------------------------------------------------------------------------------------
+
+/// Services of the group as a cluster at scale has them: spread over 20 namespaces, 70 % ingress
+/// and 30 % egress, 1 to 3 ports each. Service `i` is created at second `i` of the day. Every
+/// port is its own (taken from `next_port`), except that with `clash_every` > 0 every such-th
+/// Service takes the ports of the one before it: it clashes and is left out. `long_names`: a
+/// name of 63 characters that do not compress, to fill the Secret with fewer Services.
+fn scale_services(
+    from: u32,
+    n: u32,
+    clash_every: u32,
+    next_port: &mut u32,
+    long_names: bool,
+) -> Vec<Value> {
+    let mut out: Vec<Value> = Vec::new();
+    for i in from..from + n {
+        let ns = format!("ns-{}", i % 20);
+        let name = if long_names {
+            // A cheap hash of i: hex digits with no pattern gzip can use.
+            let mut h = u64::from(i).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xDEAD_BEEF;
+            let mut name = format!("s{i:06}-");
+            while name.len() < 63 {
+                h ^= h << 13;
+                h ^= h >> 7;
+                h ^= h << 17;
+                name.push_str(&format!("{h:016x}"));
+            }
+            name.truncate(63);
+            name
+        } else {
+            format!("svc-{i}")
+        };
+        let clash = clash_every > 0 && i % clash_every == clash_every - 1 && !out.is_empty();
+        let (ingress, ports): (bool, Vec<u32>) = match out.last() {
+            Some(prev) if clash => {
+                let ingress = prev["metadata"]["annotations"]["tunnelgate.dev/expose"] == "true";
+                let field = if ingress { "port" } else { "targetPort" };
+                let ports = prev["spec"]["ports"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|p| p[field].as_u64())
+                    .map(|p| p as u32)
+                    .collect();
+                (ingress, ports)
+            }
+            _ => {
+                let ports = (0..1 + i % 3)
+                    .map(|_| {
+                        // Never the health port (9002) or WireGuard's (51820): the daemon
+                        // refuses an egress rule on those, and these Services are all valid.
+                        while [9002, 51820].contains(next_port) {
+                            *next_port += 1;
+                        }
+                        *next_port += 1;
+                        *next_port - 1
+                    })
+                    .collect();
+                (i % 10 < 7, ports)
+            }
+        };
+        assert!(*next_port < 65_000, "out of ports");
+        let annotations = if ingress {
+            json!({"tunnelgate.dev/proxy-group": GROUP, "tunnelgate.dev/expose": "true"})
+        } else {
+            json!({"tunnelgate.dev/proxy-group": GROUP, "tunnelgate.dev/tunnel-ip": "100.64.0.2"})
+        };
+        let spec_ports: Vec<Value> = ports
+            .iter()
+            .enumerate()
+            .map(|(k, p)| {
+                if ingress {
+                    json!({"name": format!("p{k}"), "port": p, "targetPort": p, "protocol": "TCP"})
+                } else {
+                    json!({"name": format!("p{k}"), "port": 5432 + k, "targetPort": p, "protocol": "TCP"})
+                }
+            })
+            .collect();
+        let ip = format!("10.{}.{}.{}", 96 + i / 65_536, (i / 256) % 256, i % 256);
+        out.push(json!({
+            "kind": "Service", "apiVersion": "v1",
+            "metadata": {
+                "name": name, "namespace": ns, "uid": format!("uid-{i}"),
+                "creationTimestamp": format!(
+                    "2025-01-0{}T{:02}:{:02}:{:02}Z", 1 + i / 86_400, (i / 3600) % 24, (i / 60) % 60, i % 60
+                ),
+                "annotations": annotations,
+            },
+            "spec": {"type": "ClusterIP", "clusterIP": ip, "clusterIPs": [ip], "ports": spec_ports},
+        }));
+    }
+    out
+}
+
+/// The Services (`NS/NAME`) a replica's Secret serves, as the daemon would load it.
+fn served_services(data: &BTreeMap<String, Vec<u8>>) -> BTreeSet<String> {
+    if data.is_empty() {
+        return BTreeSet::new();
+    }
+    let c = daemon_config(data);
+    c.ingress
+        .iter()
+        .chain(&c.egress)
+        .filter_map(|f| f.service.clone())
+        .collect()
+}
+
+/// How long a test at scale waits: a debug build lists and renders 10,000 Services about ten
+/// times slower than a release build.
+const SCALE_WAIT: Duration = Duration::from_secs(180);
+
+/// Whether the time and memory bounds of the tests at scale are checked: in a release build
+/// (`cargo test --release`), where they are the figures the README gives. A debug build checks
+/// everything else and prints its timings and memory.
+const TIMED: bool = !cfg!(debug_assertions);
+
+/// Polls `f` until it holds, for up to [`SCALE_WAIT`].
+async fn wait_long(sidecar: &Sidecar, what: &str, f: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + SCALE_WAIT;
+    while !f() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}; sidecar log:\n{}",
+            sidecar.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits until replica `ordinal` has written at least `writes` times and serves `n` Services.
+async fn serves(fake: &Fake, sidecar: &Sidecar, ordinal: u32, writes: usize, n: usize) {
+    let what = format!("replica {ordinal} serving {n} Services");
+    let deadline = tokio::time::Instant::now() + SCALE_WAIT;
+    loop {
+        if replica_patches(fake, ordinal) >= writes
+            && served_services(&replica_secret(fake, ordinal)).len() == n
+        {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}; sidecar log:\n{}",
+            sidecar.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The peak resident memory of a process (`VmHWM`), in bytes.
+fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .expect("VmHWM")
+        * 1024
+}
+
+fn secret_size(data: &BTreeMap<String, Vec<u8>>) -> usize {
+    data.values().map(Vec::len).sum()
+}
+
+/// Where in the fake's log of requests the first one matching `f` is.
+fn first_request(fake: &Fake, f: impl Fn(&Recorded) -> bool) -> Option<usize> {
+    fake.requests().iter().position(f)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_at_10000_services_a_burst_is_coalesced_and_memory_stays_under_64_mib() {
+    let mut next_port = 1024;
+    let services = scale_services(0, 10_000, 0, &mut next_port, false);
+    let fake = Fake::start_many(services, replica_secrets(2)).await;
+    let inputs = Inputs::new(&fake, "scale-burst");
+    let r0 = replica(&inputs, 0, "a");
+    let r1 = replica(&inputs, 1, "a");
+    serves(&fake, &r0, 0, 1, 10_000).await;
+    serves(&fake, &r1, 1, 1, 10_000).await;
+    let before = [replica_patches(&fake, 0), replica_patches(&fake, 1)];
+
+    // 50 new Services, one every 20 ms.
+    for svc in scale_services(10_000, 50, 0, &mut next_port, false) {
+        fake.add(svc, false);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    serves(&fake, &r0, 0, before[0] + 1, 10_050).await;
+    serves(&fake, &r1, 1, before[1] + 1, 10_050).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for (i, r) in [&r0, &r1].into_iter().enumerate() {
+        let writes = replica_patches(&fake, i as u32) - before[i];
+        let rss = peak_rss(r.child.id());
+        eprintln!(
+            "replica {i}: {writes} writes for 50 Services, peak RSS {} MiB",
+            rss >> 20
+        );
+        assert!(
+            writes <= 10,
+            "replica {i}: {writes} writes for a burst of 50 Services"
+        );
+        // A debug build takes more memory; the bound is the release build's.
+        assert!(
+            !TIMED || rss <= 64 << 20,
+            "replica {i}: peak RSS {} MiB",
+            rss >> 20
+        );
+    }
+    r0.stop();
+    r1.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_at_10000_services_with_20_percent_clashes_converges_and_events_follow() {
+    let mut next_port = 1024;
+    let services = scale_services(0, 10_000, 5, &mut next_port, false);
+    let fake = Fake::start_many(services, replica_secrets(2)).await;
+    let inputs = Inputs::new(&fake, "scale-clash");
+    let started = tokio::time::Instant::now();
+    let r0 = replica(&inputs, 0, "a");
+    let r1 = replica(&inputs, 1, "a");
+    wait_long(&r0, "both Secrets written", || {
+        replica_patches(&fake, 0) >= 1 && replica_patches(&fake, 1) >= 1
+    })
+    .await;
+    let converged = started.elapsed();
+    for (i, r) in [&r0, &r1].into_iter().enumerate() {
+        serves(&fake, r, i as u32, 1, 8_000).await;
+        // The Secret went out before any Event about a Service left out.
+        let patch = first_request(&fake, is_patch_of(&format!("{GROUP}-{i}"))).expect("patch");
+        let event = first_request(&fake, |r| {
+            r.is_event() && r.body.contains(&format!("replica {i} of proxy group"))
+        });
+        assert!(
+            event.is_none_or(|e| e > patch),
+            "replica {i}: Event before the Secret"
+        );
+    }
+    eprintln!("10,000 Services, 2,000 clashes: both replicas written {converged:?} after start");
+    assert!(
+        !TIMED || converged <= Duration::from_secs(2),
+        "converged after {converged:?}"
+    );
+    // The Events follow, at a bounded rate: a burst, then about 10 a second per replica.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let sent = events(&fake).len();
+    let elapsed = started.elapsed().as_secs_f64();
+    assert!(sent >= 20, "only {sent} Events");
+    assert!(
+        (sent as f64) <= 2.0 * (25.0 + 10.0 * elapsed) + 2.0,
+        "{sent} Events in {elapsed:.1} s: not rate-limited"
+    );
+    let reasons: BTreeSet<String> = events(&fake)
+        .iter()
+        .map(|e| e["reason"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(
+        reasons,
+        BTreeSet::from(["TunnelgateServiceLeftOut".to_string()])
+    );
+    r0.stop();
+    r1.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_at_20000_services_fits_the_secret_compressed() {
+    let mut next_port = 1024;
+    let services = scale_services(0, 20_000, 0, &mut next_port, false);
+    let fake = Fake::start_many(services, replica_secrets(1)).await;
+    let inputs = Inputs::new(&fake, "scale-20k");
+    let r0 = replica(&inputs, 0, "a");
+    serves(&fake, &r0, 0, 1, 20_000).await;
+    let data = replica_secret(&fake, 0);
+    assert!(data.contains_key("tunnelgate.toml.gz"), "{:?}", data.keys());
+    let size = secret_size(&data);
+    eprintln!(
+        "20,000 Services: Secret {size} bytes ({} bytes of TOML), peak RSS {} MiB",
+        config_text(&data).len(),
+        peak_rss(r0.child.id()) >> 20
+    );
+    assert!(size <= SECRET_LIMIT);
+    assert!(events(&fake).is_empty(), "{:?}", events(&fake));
+    r0.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_past_the_size_limit_serves_the_oldest_and_still_applies_changes() {
+    let mut next_port = 1024;
+    let n = 20_000;
+    let services = scale_services(0, n, 0, &mut next_port, true);
+    let names: Vec<String> = services
+        .iter()
+        .map(|s| {
+            format!(
+                "{}/{}",
+                s["metadata"]["namespace"].as_str().unwrap_or_default(),
+                s["metadata"]["name"].as_str().unwrap_or_default()
+            )
+        })
+        .collect();
+    let fake = Fake::start_many(services, replica_secrets(1)).await;
+    let inputs = Inputs::new(&fake, "scale-over");
+    let r0 = replica(&inputs, 0, "a");
+    wait_long(&r0, "the first write", || replica_patches(&fake, 0) >= 1).await;
+    let data = replica_secret(&fake, 0);
+    assert!(secret_size(&data) <= SECRET_LIMIT);
+    let served = served_services(&data);
+    let k = served.len();
+    assert!(k > 1_000 && k < n as usize, "{k} of {n} served");
+    // Exactly the k oldest.
+    assert_eq!(served, names[..k].iter().cloned().collect::<BTreeSet<_>>());
+    eprintln!(
+        "past the limit: the {k} oldest of {n} Services served, Secret {} bytes",
+        secret_size(&data)
+    );
+    // A Warning on the pod, then on the Services left out (rate-limited: the first ones).
+    wait_long(&r0, "Events", || events(&fake).len() >= 5).await;
+    let ev = events(&fake);
+    assert_eq!(ev[0]["involvedObject"]["kind"], "Pod");
+    assert_eq!(ev[0]["reason"], "TunnelgateConfigOverLimit");
+    for e in &ev[1..] {
+        assert_eq!(e["reason"], "TunnelgateServiceLeftOut");
+        let who = format!(
+            "{}/{}",
+            e["involvedObject"]["namespace"]
+                .as_str()
+                .unwrap_or_default(),
+            e["involvedObject"]["name"].as_str().unwrap_or_default()
+        );
+        assert!(!served.contains(&who), "{who} is served and got an Event");
+        assert!(
+            e["message"].as_str().unwrap_or_default().contains("limit"),
+            "{e}"
+        );
+    }
+    // An unrelated change of a served Service is applied.
+    let (ns, name) = names[3].split_once('/').expect("NS/NAME");
+    let writes = replica_patches(&fake, 0);
+    fake.change(
+        ns,
+        name,
+        |s| s["spec"]["clusterIPs"] = json!(["10.99.99.99"]),
+        false,
+    );
+    wait_long(&r0, "the change applied", || {
+        replica_patches(&fake, 0) > writes
+            && config_text(&replica_secret(&fake, 0)).contains("10.99.99.99")
+    })
+    .await;
+    assert!(secret_size(&replica_secret(&fake, 0)) <= SECRET_LIMIT);
+    r0.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_secret_deleted_or_edited_is_restored_with_its_key() {
+    let fake = Fake::start_many(group_cluster(), replica_secrets(1)).await;
+    let inputs = Inputs::new(&fake, "own-secret");
+    let r0 = replica(&inputs, 0, "a");
+    wait_for(&r0, "the first write", || replica_patches(&fake, 0) == 1).await;
+    wait_for(&r0, "the Secret's watch", || {
+        !fake.lock().secret_watchers.is_empty()
+    })
+    .await;
+    let first = replica_secret(&fake, 0);
+
+    let deleted = tokio::time::Instant::now();
+    fake.delete_secret(NS, "tgp-0");
+    wait_for(&r0, "the Secret restored", || {
+        replica_secret(&fake, 0) == first
+    })
+    .await;
+    let restored = deleted.elapsed();
+    assert!(
+        restored <= Duration::from_secs(3),
+        "restored after {restored:?}"
+    );
+
+    fake.edit_secret(NS, "tgp-0", "public_key", b"edited");
+    wait_for(&r0, "the edit repaired", || {
+        replica_secret(&fake, 0) == first
+    })
+    .await;
+    assert_eq!(replica_patches(&fake, 0), 3, "one write per repair");
+    r0.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_converges_within_5_s_after_a_10_s_api_outage() {
+    let mut next_port = 1024;
+    let services = scale_services(0, 1_000, 0, &mut next_port, false);
+    let fake = Fake::start_many(services, replica_secrets(2)).await;
+    let inputs = Inputs::new(&fake, "outage");
+    let r0 = replica(&inputs, 0, "a");
+    let r1 = replica(&inputs, 1, "a");
+    serves(&fake, &r0, 0, 1, 1_000).await;
+    serves(&fake, &r1, 1, 1, 1_000).await;
+
+    fake.stop();
+    // While it is down, a Service changes and one is added (no watch sees them).
+    fake.change(
+        "ns-3",
+        "svc-3",
+        |s| s["spec"]["clusterIPs"] = json!(["10.99.99.99"]),
+        true,
+    );
+    for svc in scale_services(1_000, 1, 0, &mut next_port, false) {
+        fake.add(svc, true);
+    }
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    fake.restart().await;
+    let back = tokio::time::Instant::now();
+    for (i, r) in [&r0, &r1].into_iter().enumerate() {
+        serves(&fake, r, i as u32, 2, 1_001).await;
+        assert!(config_text(&replica_secret(&fake, i as u32)).contains("10.99.99.99"));
+    }
+    let converged = back.elapsed();
+    eprintln!("converged {converged:?} after the API server came back");
+    assert!(
+        !TIMED || converged <= Duration::from_secs(5),
+        "converged {converged:?} after the outage"
+    );
+    for r in [&r0, &r1] {
+        let log = r.log();
+        assert!(log.contains("cannot be reached"), "{log}");
+        assert!(
+            !log.contains("RBAC") && !log.contains("check the Role"),
+            "blames RBAC:\n{log}"
+        );
+    }
+    r0.stop();
+    r1.stop();
 }
 
 // ------------------------------------------------------------------------------------------------

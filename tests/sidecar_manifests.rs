@@ -637,12 +637,16 @@ fn group_rbac_is_services_cluster_wide_and_only_the_replicas_secrets() {
             ("events".to_string(), (set(&["create"]), set(&[]))),
         ])
     );
-    // In the proxies' namespace: get and patch each replica's own Secret, by name; no create.
+    // In the proxies' namespace: get and patch each replica's own Secret, and watch it (list
+    // and watch, with a name field selector), by name; no create.
     let replicas = replica_names();
     let names: Vec<&str> = replicas.iter().map(String::as_str).collect();
     assert_eq!(
         grants(&ns_rules),
-        BTreeMap::from([("secrets".to_string(), (set(&["get", "patch"]), set(&names)))])
+        BTreeMap::from([(
+            "secrets".to_string(),
+            (set(&["get", "patch", "list", "watch"]), set(&names))
+        )])
     );
     // Which is why each Secret exists beforehand.
     for n in replica_names() {

@@ -229,7 +229,7 @@ fn chosen_interface(
     let Some(path) = config else {
         return Ok(None);
     };
-    let text = std::fs::read_to_string(&path).map_err(|e| {
+    let text = tunnelgate::shell::config_file::read_config_text(&path).map_err(|e| {
         eprintln!(
             "tunnelgate {what}: cannot read {}: {e} (or name the interface with --interface)",
             path.display()

@@ -1,4 +1,5 @@
-//! Port mappings `LISTEN[:TARGET][/tcp|/udp]` and the overlap check between rules on one address.
+//! Port mappings `LISTEN[:TARGET][/tcp|/udp]`, and the pairwise overlap check between rules on one
+//! address (the reference that validate.rs's indexed check is tested against).
 
 use std::fmt;
 
@@ -72,6 +73,7 @@ impl std::str::FromStr for PortMap {
 
 /// Whether two rules on the same address claim some of the same traffic. An empty list owns
 /// every port and protocol.
+#[cfg(test)]
 pub(super) fn overlap(a: &[PortMap], b: &[PortMap]) -> bool {
     if a.is_empty() || b.is_empty() {
         return true;

@@ -1,6 +1,10 @@
 //! Loads the configuration file from disk (and the key files it names, refusing those others can read).
+//! A gzip-compressed configuration is read too: a path ending in `.gz`, or `PATH.gz` when `PATH`
+//! does not exist (the proxy-group sidecar stores `tunnelgate.toml.gz` in the config Secret
+//! instead of `tunnelgate.toml` when the plain text would not fit the API server's 1 MiB limit).
 
 use crate::config::{Config, ConfigErrors, SecretFiles};
+use std::io::Read as _;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
@@ -43,9 +47,54 @@ pub fn warnings(path: &Path, config: &Config) -> Vec<String> {
     out
 }
 
-/// Reads and validates the configuration at `path`.
+/// A decompressed configuration larger than this is refused: a rendered proxy group of 20,000
+/// Services is about 2 MiB, so this leaves room and still stops a decompression bomb.
+const MAX_DECOMPRESSED_BYTES: u64 = 64 << 20;
+
+/// The configuration text at `path`: the file itself, gunzipped when its name ends in `.gz`;
+/// when `path` does not exist, `path.gz` gunzipped.
+pub fn read_config_text(path: &Path) -> Result<String, std::io::Error> {
+    let is_gz = path.extension().is_some_and(|e| e == "gz");
+    match std::fs::read(path) {
+        Ok(bytes) if is_gz => gunzip(&bytes),
+        Ok(bytes) => String::from_utf8(bytes)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !is_gz => {
+            let mut gz = path.as_os_str().to_os_string();
+            gz.push(".gz");
+            match std::fs::read(&gz) {
+                Ok(bytes) => gunzip(&bytes),
+                // The plain name's error: that is the file the user named.
+                Err(_) => Err(e),
+            }
+        }
+        Err(e) => Err(e),
+    }
+}
+
+fn gunzip(bytes: &[u8]) -> Result<String, std::io::Error> {
+    let mut text = String::new();
+    let read = flate2::read::GzDecoder::new(bytes)
+        .take(MAX_DECOMPRESSED_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| {
+            std::io::Error::new(
+                e.kind(),
+                format!("not a gzip-compressed UTF-8 configuration: {e}"),
+            )
+        })?;
+    if read as u64 > MAX_DECOMPRESSED_BYTES {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("decompresses to more than {MAX_DECOMPRESSED_BYTES} bytes: expected a tunnelgate configuration"),
+        ));
+    }
+    Ok(text)
+}
+
+/// Reads and validates the configuration at `path` (or `path.gz`, see [`read_config_text`]).
 pub fn load_config(path: &Path) -> Result<Config, LoadError> {
-    let text = std::fs::read_to_string(path).map_err(|source| LoadError::Read {
+    let text = read_config_text(path).map_err(|source| LoadError::Read {
         path: path.to_path_buf(),
         source,
     })?;
@@ -62,4 +111,39 @@ pub fn load_config(path: &Path) -> Result<Config, LoadError> {
         path: path.to_path_buf(),
         errors,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_plain_config_is_read_from_its_gz_twin_and_a_gz_path_directly() {
+        let dir = std::env::temp_dir().join(format!("tg-config-gz-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let text = "[interface]\nname = \"tg0\"\n";
+        let gz = dir.join("tunnelgate.toml.gz");
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        std::io::Write::write_all(&mut encoder, text.as_bytes()).expect("gzip");
+        std::fs::write(&gz, encoder.finish().expect("gzip")).expect("write");
+        assert_eq!(
+            read_config_text(&dir.join("tunnelgate.toml")).expect("via .gz"),
+            text
+        );
+        assert_eq!(read_config_text(&gz).expect("named .gz"), text);
+        // The plain file wins when both exist.
+        std::fs::write(dir.join("tunnelgate.toml"), "plain").expect("write");
+        assert_eq!(
+            read_config_text(&dir.join("tunnelgate.toml")).expect("plain"),
+            "plain"
+        );
+        // A missing file is reported under the name the user gave.
+        let missing = read_config_text(&dir.join("other.toml")).expect_err("missing");
+        assert_eq!(missing.kind(), std::io::ErrorKind::NotFound);
+        // A .gz that is not gzip says so.
+        std::fs::write(&gz, "not gzip").expect("write");
+        let bad = read_config_text(&gz).expect_err("not gzip");
+        assert!(bad.to_string().contains("not a gzip-compressed"), "{bad}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -1,6 +1,8 @@
 //! The sidecar's Kubernetes API calls: finding the API server, reading the Service and the config
-//! Secret, writing the Secret with server-side apply, and recording Events. I/O only: what to
-//! write is decided by the pure [`crate::sidecar::render`].
+//! Secret, writing the Secret with server-side apply, and recording Events (in the background,
+//! de-duplicated and rate-limited, so an Event never delays a write). I/O only: what to write is
+//! decided by the pure [`crate::sidecar::render`]. Also what an API failure means in words
+//! (an unreachable server is not a missing Role) and the watches' capped backoff.
 
 use super::{Backoff, ServiceInfo, ServicePort, TargetPort};
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference, Secret, Service};
@@ -11,6 +13,7 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client, Config};
 use std::collections::BTreeMap;
 use std::time::Duration;
+use tokio::sync::mpsc;
 
 /// The field manager of every write: the sidecar is the only writer of the config Secret.
 pub const FIELD_MANAGER: &str = "tunnelgate-sidecar";
@@ -103,13 +106,18 @@ impl SecretStore {
 
     /// The Secret's data; empty when the Secret does not exist yet (apply creates it).
     pub async fn data(&self) -> Result<BTreeMap<String, Vec<u8>>, kube::Error> {
+        Ok(self.data_if_exists().await?.unwrap_or_default())
+    }
+
+    /// The Secret's data, or `None` when the Secret does not exist.
+    pub async fn data_if_exists(&self) -> Result<Option<BTreeMap<String, Vec<u8>>>, kube::Error> {
         let secret = self.api.get_opt(&self.obj.name).await?;
-        Ok(secret
-            .and_then(|s| s.data)
-            .unwrap_or_default()
-            .into_iter()
-            .map(|(k, v)| (k, v.0))
-            .collect())
+        Ok(secret.map(|s| secret_data(&s)))
+    }
+
+    /// The Secret's API, for its watch.
+    pub fn api(&self) -> Api<Secret> {
+        self.api.clone()
     }
 
     /// Server-side apply of `data` under [`FIELD_MANAGER`], forced: the sidecar is the only writer
@@ -134,6 +142,16 @@ impl SecretStore {
             .await
             .map(|_| ())
     }
+}
+
+/// A Secret's data, decoded.
+pub fn secret_data(secret: &Secret) -> BTreeMap<String, Vec<u8>> {
+    secret
+        .data
+        .iter()
+        .flatten()
+        .map(|(k, v)| (k.clone(), v.0.clone()))
+        .collect()
 }
 
 /// Records a Warning Event on the Service (core/v1), so `kubectl describe service` shows why the
@@ -191,6 +209,219 @@ pub async fn record_warning_on(
     api.create(&PostParams::default(), &event).await.map(|_| ())
 }
 
+/// What an API failure means, in words a user can act on: an API server that cannot be reached
+/// (refused, reset, timed out) is said to be unreachable, and only a 403 names the Role.
+pub fn describe(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(status) => match status.code {
+            401 => format!(
+                "not authenticated (401: {}): check the service account token",
+                status.message
+            ),
+            403 => format!(
+                "forbidden by RBAC (403: {}): check the Role",
+                status.message
+            ),
+            404 => format!("not found (404: {})", status.message),
+            409 => format!(
+                "conflict (409: {}): another writer changed it",
+                status.message
+            ),
+            410 => format!("expired (410: {}): listing again", status.message),
+            422 => format!("refused as invalid (422: {})", status.message),
+            429 => format!("throttled by the API server (429: {})", status.message),
+            code => format!("the API server failed ({code}: {})", status.message),
+        },
+        other => {
+            // The whole chain: "connection refused" is at its end.
+            let mut text = other.to_string();
+            let mut source = std::error::Error::source(other);
+            while let Some(s) = source {
+                let part = s.to_string();
+                if !text.contains(&part) {
+                    text.push_str(": ");
+                    text.push_str(&part);
+                }
+                source = s.source();
+            }
+            format!("the API server cannot be reached or did not answer ({text})")
+        }
+    }
+}
+
+/// [`describe`] for a watch's failure.
+pub fn describe_watch(e: &kube::runtime::watcher::Error) -> String {
+    use kube::runtime::watcher::Error as W;
+    match e {
+        W::InitialListFailed(e) => format!("listing failed: {}", describe(e)),
+        W::WatchStartFailed(e) | W::WatchFailed(e) => format!("watching failed: {}", describe(e)),
+        W::WatchError(status) => describe(&kube::Error::Api(status.clone())),
+        other => other.to_string(),
+    }
+}
+
+/// Whether a watch failure is a refusal by RBAC (403), which the log then blames on the Role.
+pub fn watch_forbidden(e: &kube::runtime::watcher::Error) -> bool {
+    use kube::runtime::watcher::Error as W;
+    match e {
+        W::InitialListFailed(kube::Error::Api(s))
+        | W::WatchStartFailed(kube::Error::Api(s))
+        | W::WatchFailed(kube::Error::Api(s)) => s.code == 403,
+        W::WatchError(s) => s.code == 403,
+        _ => false,
+    }
+}
+
+/// The watches' retry delays: from [`WATCH_RETRY_MIN`], doubling up to [`WATCH_RETRY_MAX`], back
+/// to the start after a success. kube's default grows to 30 s, so a group would converge tens of
+/// seconds after an API server outage; capped at 1 s it reconnects within a second of the return.
+pub struct WatchBackoff(Backoff);
+
+/// The first delay after a watch fails.
+pub const WATCH_RETRY_MIN: Duration = Duration::from_millis(100);
+/// The longest delay between two attempts to watch again.
+pub const WATCH_RETRY_MAX: Duration = Duration::from_secs(1);
+
+impl Default for WatchBackoff {
+    fn default() -> Self {
+        WatchBackoff(Backoff::new(WATCH_RETRY_MIN, WATCH_RETRY_MAX))
+    }
+}
+
+impl Iterator for WatchBackoff {
+    type Item = Duration;
+    fn next(&mut self) -> Option<Duration> {
+        Some(self.0.next_delay())
+    }
+}
+
+impl kube::runtime::utils::Backoff for WatchBackoff {
+    fn reset(&mut self) {
+        self.0.reset();
+    }
+}
+
+/// A Warning Event waiting to be recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingEvent {
+    /// `Service` or `Pod`.
+    pub kind: String,
+    pub object: ObjRef,
+    pub uid: Option<String>,
+    pub reason: String,
+    pub message: String,
+}
+
+/// Events queued per object and reason: a newer message replaces one not yet sent.
+const EVENT_QUEUE_MAX: usize = 20_000;
+/// At most this many Events at once, then [`EVENTS_PER_SECOND`] (client-go's recorder allows a
+/// burst of 25 per object; this is for the whole sidecar, so a flood of left-out Services cannot
+/// crowd out the API server).
+const EVENT_BURST: f64 = 25.0;
+const EVENTS_PER_SECOND: f64 = 10.0;
+
+/// Records Warning Events in the background: [`EventRecorder::record`] never waits, identical
+/// ones queued for the same object and reason are sent once (the newest message wins), and they
+/// go out at a bounded rate. The Secret write is never behind an Event.
+#[derive(Clone)]
+pub struct EventRecorder {
+    tx: mpsc::UnboundedSender<PendingEvent>,
+}
+
+impl EventRecorder {
+    /// Starts the background sender on the current runtime.
+    pub fn start(client: Client) -> EventRecorder {
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(send_events(client, rx));
+        EventRecorder { tx }
+    }
+
+    pub fn record(&self, event: PendingEvent) {
+        // The receiver lives as long as the runtime.
+        let _ = self.tx.send(event);
+    }
+}
+
+/// The queue of [`EventRecorder`]: in arrival order, one entry per (kind, object, reason).
+#[derive(Default)]
+struct EventQueue {
+    order: std::collections::VecDeque<(String, String, String, String)>,
+    pending: std::collections::HashMap<(String, String, String, String), PendingEvent>,
+    dropped: u64,
+}
+
+impl EventQueue {
+    fn push(&mut self, e: PendingEvent) {
+        let key = (
+            e.kind.clone(),
+            e.object.namespace.clone(),
+            e.object.name.clone(),
+            e.reason.clone(),
+        );
+        if let Some(queued) = self.pending.get_mut(&key) {
+            *queued = e;
+            return;
+        }
+        if self.pending.len() >= EVENT_QUEUE_MAX {
+            self.dropped += 1;
+            return;
+        }
+        self.order.push_back(key.clone());
+        self.pending.insert(key, e);
+    }
+
+    fn pop(&mut self) -> Option<PendingEvent> {
+        let key = self.order.pop_front()?;
+        self.pending.remove(&key)
+    }
+}
+
+async fn send_events(client: Client, mut rx: mpsc::UnboundedReceiver<PendingEvent>) {
+    let mut queue = EventQueue::default();
+    let mut tokens = EVENT_BURST;
+    let mut refilled = tokio::time::Instant::now();
+    loop {
+        if queue.pending.is_empty() {
+            match rx.recv().await {
+                Some(e) => queue.push(e),
+                None => return,
+            }
+        }
+        while let Ok(e) = rx.try_recv() {
+            queue.push(e);
+        }
+        if queue.dropped > 0 {
+            tracing::warn!(
+                dropped = queue.dropped,
+                "Too many Events waiting: some were not recorded"
+            );
+            queue.dropped = 0;
+        }
+        let now = tokio::time::Instant::now();
+        tokens = (tokens + (now - refilled).as_secs_f64() * EVENTS_PER_SECOND).min(EVENT_BURST);
+        refilled = now;
+        if tokens < 1.0 {
+            let wait = Duration::from_secs_f64((1.0 - tokens) / EVENTS_PER_SECOND);
+            tokio::time::sleep(wait).await;
+            continue;
+        }
+        let Some(e) = queue.pop() else { continue };
+        tokens -= 1.0;
+        if let Err(err) = record_warning_on(
+            client.clone(),
+            &e.kind,
+            &e.object,
+            e.uid.clone(),
+            &e.reason,
+            &e.message,
+        )
+        .await
+        {
+            tracing::warn!(error = %describe(&err), object = %e.object, reason = %e.reason, "Recording the Event failed");
+        }
+    }
+}
+
 /// Whether retrying the same call later can succeed: conflicts, throttling, server errors and
 /// transport failures can; a refused request (403, 404, 422) needs a change elsewhere first, so
 /// it is retried too, but slowly.
@@ -201,14 +432,28 @@ pub fn is_transient(e: &kube::Error) -> bool {
     }
 }
 
-/// After a failed Secret write: logs why (a refusal names the Role's missing verbs) and returns
-/// how long to wait before the next attempt. Both sidecar modes retry this way.
+/// The longest wait before retrying a write that failed for a reason that passes by itself (an
+/// unreachable API server, a conflict, throttling): short, so the Secret converges within
+/// seconds once the API server is back. A refusal backs off further, to [`super::run::RETRY_MAX`].
+pub const TRANSIENT_RETRY_MAX: Duration = Duration::from_secs(1);
+
+/// After a failed Secret write: logs what happened (only a 403 names the Role's verbs) and
+/// returns how long to wait before the next attempt. Both sidecar modes retry this way.
 pub fn secret_write_failed(e: &kube::Error, secret: &ObjRef, backoff: &mut Backoff) -> Duration {
     let delay = backoff.next_delay();
+    let what = describe(e);
     if is_transient(e) {
-        tracing::warn!(error = %e, secret = %secret, retry_in = ?delay, "Updating the Secret failed: retrying");
-    } else {
-        tracing::error!(error = %e, secret = %secret, retry_in = ?delay, "Updating the Secret was refused: retrying (check the Role: get and patch on this Secret; a Secret that does not exist yet needs create too, or create it beforehand)");
+        let delay = delay.min(TRANSIENT_RETRY_MAX);
+        tracing::warn!(error = %what, secret = %secret, retry_in = ?delay, "Updating the Secret failed: retrying");
+        return delay;
+    }
+    match e {
+        kube::Error::Api(s) if s.code == 403 => {
+            tracing::error!(error = %what, secret = %secret, retry_in = ?delay, "Updating the Secret was refused: retrying (check the Role: get and patch on this Secret; a Secret that does not exist yet needs create too, or create it beforehand)")
+        }
+        _ => {
+            tracing::error!(error = %what, secret = %secret, retry_in = ?delay, "Updating the Secret was refused: retrying")
+        }
     }
     delay
 }
@@ -222,4 +467,54 @@ fn truncate(text: &str, max: usize) -> String {
         end -= 1;
     }
     format!("{}...", &text[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(name: &str, reason: &str, message: &str) -> PendingEvent {
+        PendingEvent {
+            kind: "Service".into(),
+            object: ObjRef {
+                namespace: "apps".into(),
+                name: name.into(),
+            },
+            uid: None,
+            reason: reason.into(),
+            message: message.into(),
+        }
+    }
+
+    #[test]
+    fn queued_events_of_one_object_and_reason_are_sent_once_with_the_newest_message() {
+        let mut q = EventQueue::default();
+        q.push(event("web", "LeftOut", "port 80 taken"));
+        q.push(event("db", "LeftOut", "port 5432 taken"));
+        q.push(event("web", "LeftOut", "port 443 taken"));
+        q.push(event("web", "NameUnresolved", "no such name"));
+        let sent: Vec<(String, String)> = std::iter::from_fn(|| q.pop())
+            .map(|e| (e.object.name, e.message))
+            .collect();
+        assert_eq!(
+            sent,
+            [
+                ("web".to_string(), "port 443 taken".to_string()),
+                ("db".to_string(), "port 5432 taken".to_string()),
+                ("web".to_string(), "no such name".to_string()),
+            ]
+        );
+    }
+
+    #[test]
+    fn the_watch_backoff_is_capped_at_a_second_and_resets() {
+        use kube::runtime::utils::Backoff as _;
+        let mut b = WatchBackoff::default();
+        let delays: Vec<Duration> = b.by_ref().take(8).collect();
+        assert_eq!(delays[0], WATCH_RETRY_MIN);
+        assert!(delays.iter().all(|d| *d <= WATCH_RETRY_MAX));
+        assert_eq!(delays[7], WATCH_RETRY_MAX);
+        b.reset();
+        assert_eq!(b.next(), Some(WATCH_RETRY_MIN));
+    }
 }

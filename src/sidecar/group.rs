@@ -5,8 +5,8 @@
 //! replica itself (base config, key, address pool) refuses the whole rendering. No I/O, no clock.
 
 use super::{
-    config_text, daemon_check, finish, forwards, prepare, tunnel_families, Rejected, Rendered,
-    Rules, ServiceInfo,
+    config_text, daemon_check, data_size, finish, forwards, prepare, stored_config,
+    tunnel_families, Rejected, Rendered, Rules, ServiceInfo, KEY_CONFIG, SECRET_MAX_BYTES,
 };
 use crate::config::{IpNet, PortMap, Proto, SecretKey};
 use std::collections::BTreeMap;
@@ -41,6 +41,9 @@ pub struct GroupRendered {
     /// `NS/NAME` of every Service the configuration serves, oldest first.
     pub served: Vec<String>,
     pub refused: Vec<Refusal>,
+    /// When not every Service fits the Secret's size limit: how many were left out for it
+    /// (each is also in `refused`), said once on the replica's pod.
+    pub over_limit: Option<String>,
     /// The `target_fqdn` names each served Service's rules use (`NS/NAME` -> names, as the
     /// daemon resolves them), for the check that warns on a Service whose name does not resolve.
     pub names: BTreeMap<String, Vec<String>>,
@@ -111,13 +114,27 @@ pub fn pool_address(pool: &IpNet, ordinal: u32) -> Result<IpNet, String> {
 
 /// Renders replica `replica`'s Secret data from the base configuration and `services` (any
 /// Services: those not of the group are ignored). `new_key` is called only when the Secret has no
-/// `private.key` yet.
+/// `private.key` yet. The Secret never passes the API server's limit, [`SECRET_MAX_BYTES`].
 pub fn render_group(
     replica: &Replica,
     services: &[ServiceInfo],
     base: &str,
     current: &BTreeMap<String, Vec<u8>>,
     new_key: impl FnOnce() -> SecretKey,
+) -> Result<GroupRendered, Rejected> {
+    render_group_within(replica, services, base, current, new_key, SECRET_MAX_BYTES)
+}
+
+/// [`render_group`] with a Secret size limit of `max_bytes`: the configuration is stored plain
+/// when it fits, gzip-compressed when only that fits, and when not even that does, the oldest
+/// Services are served up to the limit and each newer one is left out (in `refused`).
+pub fn render_group_within(
+    replica: &Replica,
+    services: &[ServiceInfo],
+    base: &str,
+    current: &BTreeMap<String, Vec<u8>>,
+    new_key: impl FnOnce() -> SecretKey,
+    max_bytes: usize,
 ) -> Result<GroupRendered, Rejected> {
     let mut prepared = prepare(base, current, new_key);
     let mut notes = Vec::new();
@@ -230,8 +247,59 @@ pub fn render_group(
                     .collect(),
             ));
         }
+        // Each error names the rule it is about (`ingress[12].ports`): leave out the Services
+        // those rules are of and check again. Only what cannot be pinned on a rule falls back
+        // to adding the Services one by one, which takes one check per Service (minutes at
+        // 10,000 Services).
+        let section_len = |k: &str| table.get(k).and_then(|v| v.as_array()).map_or(0, Vec::len);
+        let (base_ingress, base_egress) = (section_len("ingress"), section_len("egress"));
+        let mut pool: Vec<&(&ServiceInfo, Rules)> = candidates.iter().collect();
+        let mut pool_ok = false;
+        for _ in 0..PINNING_ROUNDS {
+            let text = config_text(&table, pool.iter().map(|(_, r)| r), &header(&[]))?;
+            let Err(errors) = daemon_check(&text, &prepared.key) else {
+                pool_ok = true;
+                break;
+            };
+            let (mut owner_ingress, mut owner_egress) = (Vec::new(), Vec::new());
+            for (i, (_, r)) in pool.iter().enumerate() {
+                owner_ingress.extend(std::iter::repeat_n(i, r.ingress.len()));
+                owner_egress.extend(std::iter::repeat_n(i, r.egress.len()));
+            }
+            let mut bad: BTreeMap<usize, Vec<String>> = BTreeMap::new();
+            for e in &errors {
+                let owner = rule_of_error(e).and_then(|(section, n)| match section {
+                    "ingress" => owner_ingress.get(n.checked_sub(base_ingress)?),
+                    _ => owner_egress.get(n.checked_sub(base_egress)?),
+                });
+                if let Some(&i) = owner {
+                    bad.entry(i).or_default().push(e.clone());
+                }
+            }
+            if bad.is_empty() {
+                break;
+            }
+            for (i, errors) in bad.iter().rev() {
+                let c = pool.remove(*i);
+                refused.push(Refusal {
+                    namespace: c.0.namespace.clone(),
+                    name: c.0.name.clone(),
+                    reason: format!(
+                        "Service {}/{} left out of proxy group {}: with it the configuration is invalid: {}",
+                        c.0.namespace,
+                        c.0.name,
+                        replica.group,
+                        errors.join("; ")
+                    ),
+                });
+            }
+        }
         let mut kept: Vec<&(&ServiceInfo, Rules)> = Vec::new();
-        for c in &candidates {
+        if pool_ok {
+            kept = pool;
+            pool = Vec::new();
+        }
+        for c in pool {
             let trial = config_text(
                 &table,
                 kept.iter().map(|(_, r)| r).chain([&c.1]),
@@ -256,7 +324,81 @@ pub fn render_group(
         let text = config_text(&table, kept.iter().map(|(_, r)| r), &header(&served))?;
         (served, text)
     };
-    let (rendered, config) = finish(text, &prepared, current, notes)?;
+    let (mut rendered, mut config) = finish(text, &prepared, current, notes.clone())?;
+    let mut served = served;
+    let mut over_limit = None;
+    let others = data_size(&rendered.data)
+        - KEY_CONFIG.len()
+        - rendered.data.get(KEY_CONFIG).map_or(0, Vec::len);
+    let stored = match stored_config(
+        rendered.data.get(KEY_CONFIG).map_or(&[][..], Vec::as_slice),
+        others,
+        max_bytes,
+    ) {
+        Ok(stored) => stored,
+        Err(needed) => {
+            // Oldest first: the longest prefix of the served Services that fits. A subset of
+            // a valid configuration is valid, so only the final one is checked again.
+            let rules_of: BTreeMap<(&str, &str), &Rules> = candidates
+                .iter()
+                .map(|(s, r)| ((s.namespace.as_str(), s.name.as_str()), r))
+                .collect();
+            let prefix_text = |k: usize| {
+                let rules = served[..k]
+                    .iter()
+                    .filter_map(|s| rules_of.get(&(s.namespace.as_str(), s.name.as_str())))
+                    .copied();
+                config_text(&table, rules, &header(&served[..k]))
+            };
+            let fits = |k: usize| -> Result<bool, Rejected> {
+                Ok(stored_config(prefix_text(k)?.as_bytes(), others, max_bytes).is_ok())
+            };
+            if !fits(0)? {
+                return Err(Rejected(vec![format!(
+                    "the base config alone does not fit the config Secret's limit of {max_bytes} bytes, even gzip-compressed"
+                )]));
+            }
+            // Invariant: fits(low), !fits(high).
+            let (mut low, mut high) = (0, served.len());
+            while high - low > 1 {
+                let mid = low + (high - low) / 2;
+                if fits(mid)? {
+                    low = mid;
+                } else {
+                    high = mid;
+                }
+            }
+            let total = served.len();
+            for s in &served[low..] {
+                refused.push(Refusal {
+                    namespace: s.namespace.clone(),
+                    name: s.name.clone(),
+                    reason: format!(
+                        "Service {}/{} left out of proxy group {}: the config Secret would pass the API server's limit of {max_bytes} bytes (all {total} Services need {needed} bytes gzip-compressed); the {low} oldest Services are served; expected fewer Services in the group (or a second group)",
+                        s.namespace, s.name, replica.group
+                    ),
+                });
+            }
+            over_limit = Some(format!(
+                "proxy group {} has more Services than its config Secret can hold: the {low} oldest of {total} are served, {} newer ones are left out (each has a Warning Event); all of them need {needed} bytes gzip-compressed, the limit is {max_bytes}",
+                replica.group,
+                total - low
+            ));
+            let text = prefix_text(low)?;
+            served.truncate(low);
+            (rendered, config) = finish(text, &prepared, current, notes)?;
+            let text = rendered.data.get(KEY_CONFIG).map_or(&[][..], Vec::as_slice);
+            stored_config(text, others, max_bytes).map_err(|bytes| {
+                Rejected(vec![format!(
+                    "the config Secret needs {bytes} bytes: expected at most {max_bytes}"
+                )])
+            })?
+        }
+    };
+    if stored.0 != KEY_CONFIG {
+        rendered.data.remove(KEY_CONFIG);
+        rendered.data.insert(stored.0.to_string(), stored.1);
+    }
     // Only the Services' own rules: a name of the base config is the replica's problem, and
     // the daemon's readiness reports that one.
     let mut names: BTreeMap<String, Vec<String>> = BTreeMap::new();
@@ -272,10 +414,26 @@ pub fn render_group(
             .map(|s| format!("{}/{}", s.namespace, s.name))
             .collect(),
         refused,
+        over_limit,
         names,
         nameservers: config.dns.nameservers,
         reresolve_interval: config.dns.reresolve_interval,
     })
+}
+
+/// How often the Services that errors name are left out before the rest is checked one by one.
+const PINNING_ROUNDS: usize = 4;
+
+/// The rule a configuration error is about, from its key: `ingress[12].ports: ...` is
+/// `("ingress", 12)`.
+fn rule_of_error(error: &str) -> Option<(&'static str, usize)> {
+    let (section, rest) = if let Some(rest) = error.strip_prefix("ingress[") {
+        ("ingress", rest)
+    } else {
+        ("egress", error.strip_prefix("egress[")?)
+    };
+    let (n, _) = rest.split_once(']')?;
+    Some((section, n.parse().ok()?))
 }
 
 /// The served Services whose names do not resolve, each with its names and their errors, from

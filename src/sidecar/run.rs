@@ -73,7 +73,7 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let services: Api<Service> = Api::namespaced(client.clone(), &settings.service.namespace);
     let mut watch = watcher::watch_object(services, &settings.service.name)
-        .default_backoff()
+        .backoff(super::api::WatchBackoff::default())
         .boxed();
     let mut this = Loop {
         secret: SecretStore::new(client.clone(), settings.secret.clone()),
@@ -119,7 +119,7 @@ pub async fn run(
             }
             event = watch.next() => match event {
                 Some(Ok(svc)) => dirty |= this.service_seen(svc),
-                Some(Err(e)) => tracing::warn!(error = %e, service = %this.settings.service, "Watch of the Service failed: retrying"),
+                Some(Err(e)) => tracing::warn!(error = %super::api::describe_watch(&e), service = %this.settings.service, "Watch of the Service failed: retrying"),
                 None => anyhow::bail!("the watch of Service {} ended", this.settings.service),
             },
             _ = base_tick.tick() => {

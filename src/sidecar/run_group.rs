@@ -9,20 +9,27 @@
 //! here), and each Service whose names do not resolve gets a Warning Event: the daemon keeps the
 //! replica Ready for the others (`health.readiness = "per-service"`), so the Event and the
 //! daemon's status and metrics are where it shows.
+//!
+//! At scale: a burst of Service changes is written once (a [`DEBOUNCE`] after the last change, at
+//! most [`MAX_DELAY`] after the first); Events go out after the write, in the background
+//! ([`EventRecorder`]); the replica's own Secret is watched, so a deleted or edited Secret is put
+//! back within seconds, with the key it had; the watches retry within a second
+//! ([`WatchBackoff`]), so the group converges seconds after an API server outage.
 
 use super::api::{
-    record_warning, record_warning_on, secret_write_failed, service_info, ObjRef, SecretStore,
+    describe_watch, secret_data, secret_write_failed, service_info, watch_forbidden, EventRecorder,
+    ObjRef, PendingEvent, SecretStore, WatchBackoff,
 };
 use super::group::{is_member, render_group, Replica};
 use super::run::{
     read_base, BASE_CONFIG_POLL, REASON_INVALID, RESYNC_INTERVAL, RETRY_MAX, RETRY_MIN,
 };
-use super::{changed_keys, Backoff, Rejected, ServiceInfo};
+use super::{changed_keys, Backoff, Rejected, ServiceInfo, KEY_PRIVATE};
 use crate::config::SecretKey;
 use crate::core::dns::{MAX_CONCURRENT_RESOLUTIONS, RESOLVE_TIMEOUT};
 use crate::shell::resolver::Resolver;
 use futures::{Stream, StreamExt as _};
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Secret, Service};
 use kube::runtime::{watcher, WatchStreamExt as _};
 use kube::{Api, Client};
 use std::collections::{BTreeMap, BTreeSet};
@@ -37,6 +44,19 @@ use tokio::time::{Instant, MissedTickBehavior};
 pub const REASON_LEFT_OUT: &str = "TunnelgateServiceLeftOut";
 /// Event reason for a Service of the group whose target name does not resolve.
 pub const REASON_NAME_UNRESOLVED: &str = "TunnelgateNameUnresolved";
+/// Event reason, on the replica's pod, for a group with more Services than its Secret can hold.
+pub const REASON_OVER_LIMIT: &str = "TunnelgateConfigOverLimit";
+
+/// A change is written this long after the last change of a burst...
+pub const DEBOUNCE: Duration = Duration::from_millis(200);
+/// ...and at most this long after the first one, however long the burst goes on.
+pub const MAX_DELAY: Duration = Duration::from_secs(1);
+
+/// When a pending change is written: [`DEBOUNCE`] after the `last` change, but no later than
+/// [`MAX_DELAY`] after the `first`.
+pub fn write_at(first: Instant, last: Instant) -> Instant {
+    (last + DEBOUNCE).min(first + MAX_DELAY)
+}
 
 /// What a replica of a proxy group works on.
 #[derive(Debug, Clone)]
@@ -67,7 +87,7 @@ type Scoped = (
 );
 
 struct GroupLoop {
-    client: Client,
+    events: EventRecorder,
     settings: GroupSettings,
     secret: SecretStore,
     members: BTreeMap<Key, Member>,
@@ -82,6 +102,14 @@ struct GroupLoop {
     reported_replica: Option<String>,
     backoff: Backoff,
     checks: NameChecks,
+    /// What this sidecar last wrote (or found up to date): a watch event showing anything else
+    /// is an edit or a deletion to repair.
+    written: Option<BTreeMap<String, Vec<u8>>>,
+    /// The private key last seen in the Secret: a deleted Secret comes back with it. (Deleting
+    /// only the key from the Secret still asks for a new one.)
+    known_key: Option<Vec<u8>>,
+    /// The over-limit problem last said on the pod.
+    reported_over_limit: Option<String>,
 }
 
 /// The background check of the served Services' target names.
@@ -161,15 +189,23 @@ pub async fn run_group(
             };
             let scope = scope.clone();
             watcher(api, watcher::Config::default())
-                .default_backoff()
+                .backoff(WatchBackoff::default())
                 .map(move |e| (scope.clone(), e))
                 .boxed()
         })
         .collect();
     let mut watch = futures::stream::select_all(streams);
+    let secret = SecretStore::new(client.clone(), settings.secret.clone());
+    // Its own Secret, by name (RBAC can limit list and watch to it with resourceNames).
+    let mut secret_watch = watcher(
+        secret.api(),
+        watcher::Config::default().fields(&format!("metadata.name={}", settings.secret.name)),
+    )
+    .backoff(WatchBackoff::default())
+    .boxed();
     let mut this = GroupLoop {
-        secret: SecretStore::new(client.clone(), settings.secret.clone()),
-        client,
+        secret,
+        events: EventRecorder::start(client),
         base: read_base(&settings.base_config).await,
         settings,
         members: BTreeMap::new(),
@@ -179,6 +215,9 @@ pub async fn run_group(
         reported_replica: None,
         backoff: Backoff::new(RETRY_MIN, RETRY_MAX),
         checks: NameChecks::default(),
+        written: None,
+        known_key: None,
+        reported_over_limit: None,
     };
     tracing::info!(
         proxy_group = %this.settings.replica.group,
@@ -194,19 +233,34 @@ pub async fn run_group(
         t.set_missed_tick_behavior(MissedTickBehavior::Delay);
         t.reset();
     }
-    let mut dirty = false;
+    // A change not written yet: when the first and the last of its burst came.
+    let mut pending: Option<(Instant, Instant)> = None;
+    let mark = |pending: &mut Option<(Instant, Instant)>| {
+        let now = Instant::now();
+        *pending = Some(pending.map_or((now, now), |(first, _)| (first, now)));
+    };
     let mut retry_at: Option<Instant> = None;
     // The running name check: a task of its own, so a slow name server never delays a write.
     let mut check: Option<tokio::task::JoinHandle<Checked>> = None;
     tokio::pin!(shutdown);
     loop {
         let synced = scopes.iter().all(|s| this.synced.contains(s));
-        if dirty && synced && retry_at.is_none() {
-            dirty = false;
+        let due = pending
+            .filter(|_| synced && retry_at.is_none())
+            .map(|(first, last)| write_at(first, last));
+        if due.is_some_and(|at| at <= Instant::now()) {
+            pending = None;
             if let Some(delay) = this.pass().await {
                 retry_at = Some(Instant::now() + delay);
             }
+            continue;
         }
+        let write_due = async {
+            match due {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
         let retry = async {
             match retry_at {
                 Some(at) => tokio::time::sleep_until(at).await,
@@ -231,28 +285,52 @@ pub async fn run_group(
                 tracing::info!("Sidecar stopping");
                 return Ok(());
             }
+            () = write_due => {}
             event = watch.next() => match event {
-                Some((scope, Ok(e))) => dirty |= this.seen(scope, e),
-                Some((scope, Err(e))) => tracing::warn!(
-                    error = %e,
+                Some((scope, Ok(e))) => if this.seen(scope, e) { mark(&mut pending) },
+                Some((scope, Err(e))) if watch_forbidden(&e) => tracing::error!(
+                    error = %describe_watch(&e),
                     namespace = %scope.as_deref().unwrap_or("all"),
-                    "Watch of the Services failed: retrying (the sidecar needs list and watch on services{})",
+                    "Watch of the Services refused: retrying (the sidecar needs list and watch on services{})",
                     if scope.is_none() { " cluster-wide, or --namespace" } else { " in this namespace" }
                 ),
+                Some((scope, Err(e))) => tracing::warn!(
+                    error = %describe_watch(&e),
+                    namespace = %scope.as_deref().unwrap_or("all"),
+                    "Watch of the Services failed: retrying"
+                ),
                 None => anyhow::bail!("the watch of the Services ended"),
+            },
+            event = secret_watch.next() => match event {
+                Some(Ok(e)) => {
+                    // The Secret exists (again): a write waiting out a refusal (a deleted Secret
+                    // without RBAC create) is tried now.
+                    let exists = matches!(e, watcher::Event::Apply(_));
+                    if this.secret_seen(e) || (exists && retry_at.is_some()) {
+                        retry_at = None;
+                        mark(&mut pending);
+                    }
+                }
+                Some(Err(e)) if watch_forbidden(&e) => tracing::warn!(
+                    error = %describe_watch(&e),
+                    secret = %this.settings.secret,
+                    "Watch of the replica's Secret refused: an edit or a deletion is repaired only at the next resync (the sidecar needs list and watch on this Secret)"
+                ),
+                Some(Err(e)) => tracing::debug!(error = %describe_watch(&e), "Watch of the replica's Secret failed: retrying"),
+                None => anyhow::bail!("the watch of the Secret ended"),
             },
             _ = base_tick.tick() => {
                 let base = read_base(&this.settings.base_config).await;
                 if base != this.base {
                     tracing::info!(path = %this.settings.base_config.display(), "Base config changed");
                     this.base = base;
-                    dirty = true;
+                    mark(&mut pending);
                 }
             }
-            _ = resync.tick() => dirty = true,
+            _ = resync.tick() => mark(&mut pending),
             () = retry => {
                 retry_at = None;
-                dirty = true;
+                mark(&mut pending);
             }
             () = check_due => {
                 this.checks.started();
@@ -356,21 +434,62 @@ impl GroupLoop {
                 }
                 self.replace(next)
             }
-            watcher::Event::Apply(svc) => {
-                let mut next = self.members.clone();
-                match self.member(&svc) {
-                    Some((k, m)) => next.insert(k, m),
-                    // It left the group (its annotation changed).
-                    None => next.remove(&Self::key_of(&svc)),
-                };
-                self.replace(next)
-            }
-            watcher::Event::Delete(svc) => {
-                let mut next = self.members.clone();
-                next.remove(&Self::key_of(&svc));
-                self.replace(next)
-            }
+            // One Service: changed in place (a copy of every member per event would cost
+            // O(Services) each, at 10,000 Services a burst's worth of copies).
+            watcher::Event::Apply(svc) => match self.member(&svc) {
+                Some((k, m)) => {
+                    if self.members.get(&k) == Some(&m) {
+                        return false;
+                    }
+                    if !self.members.contains_key(&k) {
+                        tracing::info!(service = %format!("{}/{}", k.0, k.1), "Service joined the proxy group");
+                    }
+                    self.members.insert(k, m);
+                    true
+                }
+                // It left the group (its annotation changed).
+                None => self.remove(&Self::key_of(&svc)),
+            },
+            watcher::Event::Delete(svc) => self.remove(&Self::key_of(&svc)),
         }
+    }
+
+    fn remove(&mut self, k: &Key) -> bool {
+        if self.members.remove(k).is_none() {
+            return false;
+        }
+        tracing::info!(service = %format!("{}/{}", k.0, k.1), "Service left the proxy group");
+        self.reported.remove(k);
+        self.checks.reported.remove(&format!("{}/{}", k.0, k.1));
+        true
+    }
+
+    /// Takes in one event of the replica's own Secret; true when it no longer holds what this
+    /// sidecar wrote (edited, or deleted), so it must be written again.
+    fn secret_seen(&mut self, event: watcher::Event<Secret>) -> bool {
+        let data = match event {
+            watcher::Event::Apply(s) | watcher::Event::InitApply(s) => Some(secret_data(&s)),
+            watcher::Event::Delete(_) => None,
+            watcher::Event::Init | watcher::Event::InitDone => return false,
+        };
+        if let Some(key) = data.as_ref().and_then(|d| d.get(KEY_PRIVATE)) {
+            self.known_key = Some(key.clone());
+        }
+        let Some(written) = &self.written else {
+            return false; // nothing written yet: the first pass reads it anyway
+        };
+        let intact = data
+            .as_ref()
+            .is_some_and(|d| changed_keys(written, d).is_empty());
+        if !intact {
+            tracing::warn!(
+                secret = %self.settings.secret,
+                deleted = data.is_none(),
+                "The replica's Secret was changed by someone else: writing it again"
+            );
+            self.written = None;
+        }
+        !intact
     }
 
     fn replace(&mut self, next: BTreeMap<Key, Member>) -> bool {
@@ -401,7 +520,7 @@ impl GroupLoop {
             }
             Err(Failure::Rejected(r)) => {
                 self.backoff.reset();
-                self.report_replica(r).await;
+                self.report_replica(r);
                 None
             }
             Err(Failure::Api(e)) => Some(secret_write_failed(
@@ -417,11 +536,20 @@ impl GroupLoop {
             .base
             .clone()
             .map_err(|e| Failure::Rejected(Rejected(vec![e])))?;
-        let current = self
+        let current = match self
             .secret
-            .data()
+            .data_if_exists()
             .await
-            .map_err(|e| Failure::Api(Box::new(e)))?;
+            .map_err(|e| Failure::Api(Box::new(e)))?
+        {
+            Some(data) => data,
+            // Deleted: it comes back with the key it had, if this sidecar saw it.
+            None => self
+                .known_key
+                .iter()
+                .map(|k| (KEY_PRIVATE.to_string(), k.clone()))
+                .collect(),
+        };
         let services: Vec<ServiceInfo> = self.members.values().map(|m| m.info.clone()).collect();
         let out = render_group(
             &self.settings.replica,
@@ -431,35 +559,69 @@ impl GroupLoop {
             SecretKey::generate,
         )
         .map_err(Failure::Rejected)?;
-        self.report_refusals(&out.refused).await;
+        drop(services);
+        if let Some(key) = out.rendered.data.get(KEY_PRIVATE) {
+            self.known_key = Some(key.clone());
+        }
         for note in &out.rendered.notes {
             tracing::info!(note = %note, "Rendering note");
         }
-        let changed = changed_keys(&out.rendered.data, &current);
-        if changed.is_empty() {
+        // A key of the config this sidecar no longer sends (plain after gz, or gz after plain)
+        // must go too: the apply drops it.
+        let stale = [super::KEY_CONFIG, super::KEY_CONFIG_GZ]
+            .into_iter()
+            .any(|k| current.contains_key(k) && !out.rendered.data.contains_key(k));
+        let changed = changed_keys(&out.rendered.data, &current).join(",");
+        if changed.is_empty() && !stale {
             tracing::debug!(secret = %self.settings.secret, "Secret is up to date");
+            self.written = Some(out.rendered.data);
             self.checks
                 .rendered(out.names, out.nameservers, out.reresolve_interval);
+            self.report_refusals(&out.refused, out.over_limit);
             return Ok(());
         }
-        self.secret
-            .apply(&out.rendered.data)
-            .await
-            .map_err(|e| Failure::Api(Box::new(e)))?;
+        let written = self.secret.apply(&out.rendered.data).await;
+        // Events after the write, and whether or not it worked: never before it.
+        self.report_refusals(&out.refused, out.over_limit);
+        written.map_err(|e| Failure::Api(Box::new(e)))?;
+        self.written = Some(out.rendered.data);
         self.checks
             .rendered(out.names, out.nameservers, out.reresolve_interval);
         tracing::info!(
             secret = %self.settings.secret,
-            keys = %changed.join(","),
+            keys = %changed,
             generated_key = out.rendered.generated_key,
-            services = %out.served.join(","),
+            services = out.served.len(),
+            left_out = out.refused.len(),
             "Secret updated"
         );
         Ok(())
     }
 
-    /// A Warning Event on each Service left out, once per distinct reason.
-    async fn report_refusals(&mut self, refused: &[super::group::Refusal]) {
+    /// A Warning Event on each Service left out, once per distinct reason, and on the pod when
+    /// the group does not fit its Secret; queued, so they never delay a write.
+    fn report_refusals(&mut self, refused: &[super::group::Refusal], over_limit: Option<String>) {
+        if over_limit != self.reported_over_limit {
+            match (&over_limit, &self.settings.pod) {
+                (Some(text), Some(pod)) => {
+                    tracing::error!(problem = %text, "Not every Service of the group fits the config Secret");
+                    self.events.record(PendingEvent {
+                        kind: "Pod".into(),
+                        object: pod.clone(),
+                        uid: None,
+                        reason: REASON_OVER_LIMIT.into(),
+                        message: text.clone(),
+                    });
+                }
+                (Some(text), None) => {
+                    tracing::error!(problem = %text, "Not every Service of the group fits the config Secret")
+                }
+                (None, _) => {
+                    tracing::info!("Every Service of the group fits the config Secret again")
+                }
+            }
+            self.reported_over_limit = over_limit;
+        }
         let now: BTreeMap<Key, &str> = refused
             .iter()
             .map(|r| ((r.namespace.clone(), r.name.clone()), r.reason.as_str()))
@@ -479,11 +641,13 @@ impl GroupLoop {
                 "not served by {} (replica {} of proxy group {}): {reason}",
                 self.settings.secret, self.settings.replica.ordinal, self.settings.replica.group
             );
-            if let Err(e) =
-                record_warning(self.client.clone(), &obj, uid, REASON_LEFT_OUT, &text).await
-            {
-                tracing::warn!(error = %e, "Recording the Event failed");
-            }
+            self.events.record(PendingEvent {
+                kind: "Service".into(),
+                object: obj,
+                uid,
+                reason: REASON_LEFT_OUT.into(),
+                message: text,
+            });
             self.reported.insert(k, reason.to_string());
         }
     }
@@ -535,19 +699,18 @@ impl GroupLoop {
                 namespace: key.0,
                 name: key.1,
             };
-            let (client, uid) = (self.client.clone(), member.uid.clone());
-            tokio::spawn(async move {
-                if let Err(e) =
-                    record_warning(client, &obj, uid, REASON_NAME_UNRESOLVED, &text).await
-                {
-                    tracing::warn!(error = %e, "Recording the Event failed");
-                }
+            self.events.record(PendingEvent {
+                kind: "Service".into(),
+                object: obj,
+                uid: member.uid.clone(),
+                reason: REASON_NAME_UNRESOLVED.into(),
+                message: text,
             });
         }
     }
 
     /// Logs a problem of the replica itself once, with a Warning Event on its pod.
-    async fn report_replica(&mut self, r: Rejected) {
+    fn report_replica(&mut self, r: Rejected) {
         let message = r.to_string();
         if self.reported_replica.as_deref() == Some(message.as_str()) {
             tracing::debug!(problem = %message, "Replica configuration still invalid");
@@ -556,12 +719,13 @@ impl GroupLoop {
         tracing::error!(problem = %message, secret = %self.settings.secret, "Not writing an invalid configuration: keeping the last good Secret");
         if let Some(pod) = &self.settings.pod {
             let text = format!("tunnelgate config not updated, the last good one stays: {message}");
-            if let Err(e) =
-                record_warning_on(self.client.clone(), "Pod", pod, None, REASON_INVALID, &text)
-                    .await
-            {
-                tracing::warn!(error = %e, "Recording the Event failed");
-            }
+            self.events.record(PendingEvent {
+                kind: "Pod".into(),
+                object: pod.clone(),
+                uid: None,
+                reason: REASON_INVALID.into(),
+                message: text,
+            });
         }
         self.reported_replica = Some(message);
     }
@@ -571,4 +735,22 @@ impl GroupLoop {
 enum Failure {
     Rejected(Rejected),
     Api(Box<kube::Error>),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_burst_is_written_after_its_last_change_but_never_later_than_max_delay() {
+        let t = Instant::now();
+        let ms = Duration::from_millis;
+        // A lone change: one debounce later.
+        assert_eq!(write_at(t, t), t + DEBOUNCE);
+        // Changes keep coming: each one pushes the write back...
+        assert_eq!(write_at(t, t + ms(300)), t + ms(300) + DEBOUNCE);
+        // ...until the first has waited MAX_DELAY.
+        assert_eq!(write_at(t, t + ms(950)), t + MAX_DELAY);
+        assert_eq!(write_at(t, t + ms(5_000)), t + MAX_DELAY);
+    }
 }

@@ -4,8 +4,8 @@
 use super::*;
 use crate::config::{Config, SecretFiles};
 use crate::sidecar::{
-    ServicePort, TargetPort, ANNOTATION_EXPOSE, ANNOTATION_TUNNEL_IP, KEY_CONFIG, KEY_DEVICE_IPS,
-    KEY_PRIVATE, KEY_PUBLIC, MOUNT_DIR,
+    ServicePort, TargetPort, ANNOTATION_EXPOSE, ANNOTATION_TUNNEL_IP, KEY_CONFIG, KEY_CONFIG_GZ,
+    KEY_DEVICE_IPS, KEY_PRIVATE, KEY_PUBLIC, MOUNT_DIR,
 };
 use std::path::Path;
 
@@ -558,5 +558,156 @@ fn a_service_is_unresolved_when_any_of_its_names_fails() {
             vec![("gone.example".to_string(), "NXDOMAIN".to_string())]
         )]),
         "a name without an answer is not reported"
+    );
+}
+
+/// `n` ingress Services, the i-th created at second i, on port 1000 + i with its own ClusterIP.
+fn many_ingress(n: u16) -> Vec<ServiceInfo> {
+    (0..n)
+        .map(|i| {
+            let ip = format!("10.{}.{}.{}", 96 + i / 65_025, (i / 255) % 255, i % 255 + 1);
+            let name = format!("svc-{i:05}");
+            ingress(
+                "apps",
+                &name,
+                i64::from(i),
+                &ip,
+                vec![port(1000 + i32::from(i), None, "TCP")],
+            )
+        })
+        .collect()
+}
+
+fn render_within(services: &[ServiceInfo], max_bytes: usize) -> GroupRendered {
+    render_group_within(
+        &replica(0),
+        services,
+        &base(),
+        &BTreeMap::new(),
+        || key(40),
+        max_bytes,
+    )
+    .expect("renders")
+}
+
+fn gunzipped(r: &GroupRendered) -> String {
+    use std::io::Read as _;
+    let mut out = String::new();
+    flate2::read::GzDecoder::new(&r.rendered.data[KEY_CONFIG_GZ][..])
+        .read_to_string(&mut out)
+        .expect("gzip");
+    out
+}
+
+#[test]
+fn a_config_too_large_for_plain_text_is_stored_gzip_compressed_with_every_service() {
+    let services = many_ingress(200);
+    let plain = render_within(&services, SECRET_MAX_BYTES);
+    let plain_text = text(&plain, KEY_CONFIG);
+    assert!(!plain.rendered.data.contains_key(KEY_CONFIG_GZ));
+    // A limit the plain text passes but its compressed form fits.
+    let max = plain_text.len() / 2;
+    let g = render_within(&services, max);
+    assert!(
+        !g.rendered.data.contains_key(KEY_CONFIG),
+        "plain key dropped"
+    );
+    assert_eq!(
+        gunzipped(&g),
+        plain_text,
+        "the same configuration, compressed"
+    );
+    assert_eq!(g.served.len(), 200);
+    assert!(g.refused.is_empty() && g.over_limit.is_none());
+    assert!(crate::sidecar::data_size(&g.rendered.data) <= max);
+    // Deterministic: the same input gives the same bytes, so nothing is written again.
+    assert_eq!(render_within(&services, max).rendered.data, g.rendered.data);
+}
+
+#[test]
+fn past_the_limit_the_oldest_services_are_served_and_each_newer_one_is_refused() {
+    let services = many_ingress(2_000);
+    let all = render_within(&services, SECRET_MAX_BYTES);
+    let full_gz = crate::sidecar::gzip(text(&all, KEY_CONFIG).as_bytes()).len();
+    let max = full_gz * 2 / 3;
+    // Newest first in the input: the order given must not matter, only creation time.
+    let mut shuffled = services.clone();
+    shuffled.reverse();
+    let g = render_within(&shuffled, max);
+    assert!(
+        crate::sidecar::data_size(&g.rendered.data) <= max,
+        "never over the limit"
+    );
+    let served = g.served.len();
+    assert!(served > 1_000 && served < 2_000, "served {served}");
+    let expected: Vec<String> = services[..served]
+        .iter()
+        .map(|s| format!("apps/{}", s.name))
+        .collect();
+    assert_eq!(g.served, expected, "the oldest ones, in order");
+    assert_eq!(g.refused.len(), 2_000 - served);
+    for (r, s) in g.refused.iter().zip(&services[served..]) {
+        assert_eq!(r.name, s.name);
+        assert!(r.reason.contains("limit of"), "{}", r.reason);
+    }
+    let note = g.over_limit.as_deref().expect("said on the pod");
+    assert!(
+        note.contains(&format!("the {served} oldest of 2000")),
+        "{note}"
+    );
+    // The largest prefix: one more Service would not fit.
+    let one_more = render_within(&services[..=served], max + 1_000_000);
+    let one_more_gz = crate::sidecar::gzip(text(&one_more, KEY_CONFIG).as_bytes()).len();
+    assert!(
+        one_more_gz + KEY_CONFIG_GZ.len() + 200 > max,
+        "{one_more_gz} vs {max}"
+    );
+}
+
+#[test]
+fn past_the_limit_an_unrelated_change_of_a_served_service_is_still_applied() {
+    let mut services = many_ingress(2_000);
+    let all = render_within(&services, SECRET_MAX_BYTES);
+    let max = crate::sidecar::gzip(text(&all, KEY_CONFIG).as_bytes()).len() * 2 / 3;
+    let before = render_within(&services, max);
+    services[3].ports = vec![port(999, None, "UDP")];
+    let after = render_within(&services, max);
+    assert!(
+        gunzipped(&after).contains("\"999/udp\""),
+        "the change is in"
+    );
+    assert!(!gunzipped(&before).contains("\"999/udp\""));
+    assert!(crate::sidecar::data_size(&after.rendered.data) <= max);
+}
+
+#[test]
+fn twenty_thousand_services_fit_the_real_limit() {
+    let services = many_ingress(20_000);
+    let g = render_within(&services, SECRET_MAX_BYTES);
+    assert_eq!(g.served.len(), 20_000);
+    assert!(g.refused.is_empty());
+    let size = crate::sidecar::data_size(&g.rendered.data);
+    assert!(size <= SECRET_MAX_BYTES, "{size}");
+}
+
+#[test]
+fn among_thousands_a_service_the_daemon_would_refuse_is_pinned_by_its_error() {
+    // Left out by the error's key (egress[0].ports), not by checking 3,000 Services one by one.
+    let mut services = many_ingress(3_000);
+    services.push(egress(
+        "apps",
+        "sneaky",
+        1_500,
+        "100.64.0.3",
+        vec![port(80, Some(9002), "TCP")],
+    ));
+    let g = render_within(&services, SECRET_MAX_BYTES);
+    assert_eq!(g.served.len(), 3_000);
+    assert_eq!(g.refused.len(), 1);
+    assert_eq!(g.refused[0].name, "sneaky");
+    assert!(
+        g.refused[0].reason.contains("egress[0].ports"),
+        "{}",
+        g.refused[0].reason
     );
 }
