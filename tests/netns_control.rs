@@ -240,7 +240,8 @@ fn a_start_whose_packet_threads_cannot_start_leaves_nothing_behind() {
         let tables = ns.exec(&["nft", "list", "tables"]);
         assert!(
             !tables.contains("tunnelgate"),
-            "firewall left behind:\n{tables}"
+            "firewall left behind:\n{tables}\ndaemon stderr:\n{}",
+            out.stderr
         );
         assert!(!wg_socket(&cfg.name).exists(), "UAPI socket left behind");
         break;

@@ -197,7 +197,7 @@ fn nft_failing_mid_run_keeps_old_rules_and_recovers_with_backoff() {
     lab.connect(tg.public_key());
     lab.through(8080).expect("ingress works before the fault");
     let before = lab.proxy.nft_tunnelgate_table();
-    assert!(before.contains("dport 8080"), "{before}");
+    assert!(nft_forwards_port(&before, 8080), "{before}");
 
     // nft breaks; a reload asks for a second port.
     shim.set_failing(true);
@@ -235,7 +235,10 @@ fn nft_failing_mid_run_keeps_old_rules_and_recovers_with_backoff() {
     );
     assert!(tg.is_running(), "the daemon keeps running");
     // Retries back off: 1 s, 2 s, 4 s ... (each gap at least ~1.5x the one before).
-    let fails = shim.failed_applies();
+    // One apply may run nft twice: an element-only change first, then the full replace it
+    // falls back to. Calls a moment apart are one attempt.
+    let mut fails = shim.failed_applies();
+    fails.dedup_by(|later, earlier| *later - *earlier < 0.2);
     let gaps: Vec<f64> = fails.windows(2).map(|w| w[1] - w[0]).collect();
     eprintln!("failed nft applies: {}, gaps {gaps:.2?} s", fails.len());
     assert!(
@@ -258,7 +261,7 @@ fn nft_failing_mid_run_keeps_old_rules_and_recovers_with_backoff() {
     });
     let after = lab.proxy.nft_tunnelgate_table();
     assert!(
-        after.contains("dport 8080") && after.contains("dport 9090"),
+        nft_forwards_port(&after, 8080) && nft_forwards_port(&after, 9090),
         "the rules are current: {after}"
     );
     lab.through(8080).expect("8080 after recovery");
@@ -452,7 +455,7 @@ fn kill_9_mid_traffic_then_restart_gives_fresh_rules_and_traffic() {
     lab.connect(tg.public_key());
     lab.through(8080).expect("ingress before the crash");
     let fresh = normalize_listing(&lab.proxy.nft_tunnelgate_table());
-    assert!(fresh.contains("dport 8080"), "{fresh}");
+    assert!(nft_forwards_port(&fresh, 8080), "{fresh}");
 
     // Traffic in flight when the daemon dies.
     let client = lab.client.name().to_string();

@@ -107,7 +107,7 @@ fn run(legacy: bool) {
         }
     };
     let has_port = |text: &str, port: u16| {
-        text.contains(&format!("dport {port} ")) || text.contains(&format!("--dport {port} "))
+        nft_forwards_port(text, port) || text.contains(&format!("--dport {port} "))
     };
     assert!(has_port(&rules(&ns), 80), "{}", rules(&ns));
     assert!(!has_port(&rules(&ns), 8080));

@@ -402,6 +402,7 @@ pub fn packet_destination(packet: &[u8]) -> Option<IpAddr> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_util::ipv4_packet;
 
     fn pair() -> (Tunnel, Tunnel, Limiter, Limiter, SecretKey, SecretKey) {
         let a = SecretKey::generate();
@@ -411,19 +412,6 @@ mod tests {
         let ta = Tunnel::new(&a, &b.public_key(), None, None, 1, &la);
         let tb = Tunnel::new(&b, &a.public_key(), None, None, 2, &lb);
         (ta, tb, la, lb, a, b)
-    }
-
-    fn ipv4_packet(src: [u8; 4], dst: [u8; 4], payload: &[u8]) -> Vec<u8> {
-        let mut p = vec![0u8; 20];
-        p[0] = 0x45;
-        let len = (20 + payload.len()) as u16;
-        p[2..4].copy_from_slice(&len.to_be_bytes());
-        p[8] = 64;
-        p[9] = 17;
-        p[12..16].copy_from_slice(&src);
-        p[16..20].copy_from_slice(&dst);
-        p.extend_from_slice(payload);
-        p
     }
 
     #[test]

@@ -387,16 +387,18 @@ impl Daemon {
     /// Undoes what the core says was installed (collecting, not stopping at, errors); the TUN
     /// device goes when the process exits.
     async fn teardown(&mut self) {
-        // Joining waits up to a second for the loops' next wake: off the runtime.
-        let dataplane = self.handle.dataplane.clone();
-        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || dataplane.stop()).await {
-            tracing::warn!(error = %e, "Packet threads did not stop");
-        }
+        // What was installed goes first, on the blocking threads that applied it: a start
+        // that failed for want of threads (a pids limit) still has the room to remove it.
         for action in self.control.teardown() {
             let executed = self.executor.execute(action, self.control.config()).await;
             if let Some(executed) = executed {
                 self.control.handle_executed(executed, crate::clock::now());
             }
+        }
+        // Joining waits up to a second for the loops' next wake: off the runtime.
+        let dataplane = self.handle.dataplane.clone();
+        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || dataplane.stop()).await {
+            tracing::warn!(error = %e, "Packet threads did not stop");
         }
         let leftover: Vec<Action> = std::iter::from_fn(|| self.control.poll_action()).collect();
         if !leftover.is_empty() {

@@ -2709,3 +2709,21 @@ pub fn thread_privileges(pid: u32) -> BTreeMap<String, BTreeMap<String, String>>
     }
     out
 }
+
+/// Whether an nftables listing of our table forwards `port`: a rule matching `dport PORT`, or
+/// an element of a DNAT map keyed on that port (`... . PORT comment "..." : target . port`),
+/// the form port rules take since they became map elements.
+pub fn nft_forwards_port(listing: &str, port: u16) -> bool {
+    if listing.contains(&format!("dport {port} ")) {
+        return true;
+    }
+    let key = format!(". {port} ");
+    listing.match_indices(&key).any(|(at, _)| {
+        let rest = &listing[at + key.len()..];
+        let rest = match rest.strip_prefix("comment \"") {
+            Some(commented) => commented.split_once('"').map_or("", |(_, after)| after),
+            None => rest,
+        };
+        rest.trim_start().starts_with(':')
+    })
+}

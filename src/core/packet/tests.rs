@@ -5,6 +5,7 @@ use super::*;
 use crate::config::IpNet;
 use crate::core::allowed_ips::AllowedIps;
 use crate::core::wg::Tunnel;
+use crate::test_util::ipv4_packet;
 
 /// Our side of the tunnel ("local", the daemon) and one remote peer, with real keys.
 struct Setup {
@@ -100,19 +101,6 @@ fn setup() -> Setup {
         local,
         remote,
     }
-}
-
-fn ipv4_packet(src: [u8; 4], dst: [u8; 4], payload: &[u8]) -> Vec<u8> {
-    let mut p = vec![0u8; 20];
-    p[0] = 0x45;
-    let len = u16::try_from(20 + payload.len()).expect("small packet");
-    p[2..4].copy_from_slice(&len.to_be_bytes());
-    p[8] = 64;
-    p[9] = 17;
-    p[12..16].copy_from_slice(&src);
-    p[16..20].copy_from_slice(&dst);
-    p.extend_from_slice(payload);
-    p
 }
 
 impl Setup {

@@ -7,6 +7,7 @@ use crate::config::IpNet;
 use crate::core::allowed_ips::AllowedIps;
 use crate::core::packet::DropReason;
 use crate::core::wg::Limiter;
+use crate::test_util::ipv4_packet;
 use std::net::SocketAddr;
 
 /// The peer table as the decisions see it: peer 0 is the remote, owning `10.0.0.2/32`.
@@ -47,19 +48,6 @@ fn spec(keepalive: Option<u16>) -> PeerSpec {
     }
 }
 
-fn ipv4(src: [u8; 4], dst: [u8; 4], payload: &[u8]) -> Vec<u8> {
-    let mut p = vec![0u8; 20];
-    p[0] = 0x45;
-    let len = u16::try_from(20 + payload.len()).expect("small packet");
-    p[2..4].copy_from_slice(&len.to_be_bytes());
-    p[8] = 64;
-    p[9] = 17;
-    p[12..16].copy_from_slice(&src);
-    p[16..20].copy_from_slice(&dst);
-    p.extend_from_slice(payload);
-    p
-}
-
 /// The daemon's peer (`local`, reached at REMOTE) and the remote's own peer for us.
 struct Pair {
     local: Peer,
@@ -93,7 +81,7 @@ fn pair(local_keepalive: Option<u16>, local_path: Option<PeerPath>) -> Pair {
 fn remote_initiates(p: &mut Pair, buf: &mut [u8], landing: &mut [u8]) -> Inbound {
     let init = match p
         .remote
-        .encapsulate(&ipv4([10, 0, 0, 2], [10, 0, 0, 1], b"hi"), buf)
+        .encapsulate(&ipv4_packet([10, 0, 0, 2], [10, 0, 0, 1], b"hi"), buf)
     {
         Outbound::Send { len, .. } => buf[..len].to_vec(),
         other => panic!("expected an initiation, got {other:?}"),
@@ -153,7 +141,7 @@ fn a_handshake_the_peer_initiated_is_answered_counted_and_roams_to_its_sender() 
         .local
         .decapsulate(&table(), &0, path(REMOTE), &buf[..queued], &mut landing);
     assert!(
-        matches!(delivered, Inbound::Deliver(n) if landing[..n] == ipv4([10, 0, 0, 2], [10, 0, 0, 1], b"hi"))
+        matches!(delivered, Inbound::Deliver(n) if landing[..n] == ipv4_packet([10, 0, 0, 2], [10, 0, 0, 1], b"hi"))
     );
     assert!(
         p.local.flush_queued(&mut buf).is_none(),
@@ -250,7 +238,7 @@ fn an_inner_source_outside_the_allowed_ips_is_dropped_but_authenticated() {
         .remote
         .decapsulate(&table(), &0, path(LOCAL), &response, &mut landing);
     let _ = p.remote.flush_queued(&mut buf);
-    let spoofed = ipv4([10, 0, 0, 99], [10, 0, 0, 1], b"not yours");
+    let spoofed = ipv4_packet([10, 0, 0, 99], [10, 0, 0, 1], b"not yours");
     let Outbound::Send { len, .. } = p.remote.encapsulate(&spoofed, &mut buf) else {
         panic!("expected data");
     };
