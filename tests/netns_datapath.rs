@@ -337,8 +337,10 @@ fn the_default_worker_count_is_the_cpus_the_daemon_may_use() {
     let all = std::thread::available_parallelism().map_or(1, |n| n.get());
     let tg = Tunnelgate::start(&ns, TgConfig::new(0, &["100.64.9.1/24"]));
     assert_eq!(workers_of(&tg), all.min(16), "one worker per CPU");
+    // The start is logged just after readiness is published: wait for the line.
+    let logged = format!("workers={}", all.min(16));
     assert!(
-        tg.stderr().contains(&format!("workers={}", all.min(16))),
+        poll_until(Duration::from_secs(5), || tg.stderr().contains(&logged)),
         "{}",
         tg.stderr()
     );
