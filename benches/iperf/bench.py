@@ -63,6 +63,9 @@ SETUPS = {
     "tunnelgate": ("tunnelgate", "tunnelgate"),
     # The price of the packet threads' seccomp filter: the same daemon with --seccomp off.
     "tunnelgate-noseccomp": ("tunnelgate-noseccomp", "tunnelgate-noseccomp"),
+    # One packet worker (`interface.workers = 1`): what the default's extra workers cost a
+    # single stream, which runs on one worker either way.
+    "tunnelgate-1worker": ("tunnelgate-1worker", "tunnelgate-1worker"),
     "wireguard-go": ("wireguard-go", "wireguard-go"),
     "boringtun": ("boringtun", "boringtun"),
     "boringtun-t1": ("boringtun-t1", "boringtun-t1"),
@@ -154,12 +157,15 @@ class Tunnelgate(Daemon):
 
     baseline = ""
 
-    def __init__(self, ns, ifname, workdir, seccomp: str = "enforce", baseline: bool = False):
+    def __init__(self, ns, ifname, workdir, seccomp: str = "enforce", baseline: bool = False, workers: int = 0):
         super().__init__(ns, ifname, workdir)
         self.seccomp = seccomp
         self.use_baseline = baseline
+        self.workers = workers
         if seccomp == "off":
             self.kind = "tunnelgate-noseccomp"
+        if workers == 1:
+            self.kind = "tunnelgate-1worker"
         if baseline:
             self.kind = BASELINE_SETUP
 
@@ -179,6 +185,7 @@ private_key_file = "{keyfile}"
 listen_port = {self.port}
 addresses = ["{TUNNEL[side][0]}/32", "{TUNNEL[side][1]}/128"]
 mtu = {MTU}
+{f"workers = {self.workers}" if self.workers else ""}
 
 [[peer]]
 public_key = "{peer_pub}"
@@ -240,6 +247,8 @@ class Setup:
             return Tunnelgate(ns, ifname, self.workdir)
         if kind == "tunnelgate-noseccomp":
             return Tunnelgate(ns, ifname, self.workdir, seccomp="off")
+        if kind == "tunnelgate-1worker":
+            return Tunnelgate(ns, ifname, self.workdir, workers=1)
         if kind == BASELINE_SETUP:
             return Tunnelgate(ns, ifname, self.workdir, baseline=True)
         raise ValueError(kind)
