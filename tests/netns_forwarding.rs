@@ -46,100 +46,12 @@ const BLOCKED: Duration = Duration::from_millis(1500);
 // Backends
 // ---------------------------------------------------------------------------------------------
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Backend {
-    Nftables,
-    IptablesNft,
-    IptablesLegacy,
-}
-
-impl Backend {
-    /// The `[firewall]` section selecting this backend.
-    fn firewall_toml(self, repair_interval: &str) -> String {
-        let mode = match self {
-            Backend::Nftables => "nftables",
-            _ => "iptables",
-        };
-        format!(
-            "[firewall]\nmode = \"{mode}\"\nmss_clamp = true\nrepair_interval = \"{repair_interval}\"\n"
-        )
-    }
-
-    /// The daemon's environment for this backend.
-    fn env(self) -> Vec<(&'static str, &'static str)> {
-        match self {
-            Backend::Nftables => vec![],
-            Backend::IptablesNft => vec![("TUNNELGATE_IPTABLES", "nft")],
-            Backend::IptablesLegacy => vec![("TUNNELGATE_IPTABLES", "legacy")],
-        }
-    }
-
-    /// The `backend` label of the rule metrics.
-    fn label(self) -> &'static str {
-        match self {
-            Backend::Nftables => "nftables",
-            Backend::IptablesNft => "iptables",
-            Backend::IptablesLegacy => "iptables-legacy",
-        }
-    }
-
-    fn is_iptables(self) -> bool {
-        self != Backend::Nftables
-    }
-
-    /// `iptables` / `ip6tables` of this flavour.
-    fn iptables(self, v6: bool) -> &'static str {
-        match (self, v6) {
-            (Backend::IptablesLegacy, false) => "iptables-legacy",
-            (Backend::IptablesLegacy, true) => "ip6tables-legacy",
-            (_, false) => "iptables",
-            (_, true) => "ip6tables",
-        }
-    }
-
-    fn iptables_save(self, v6: bool) -> &'static str {
-        match (self, v6) {
-            (Backend::IptablesLegacy, false) => "iptables-legacy-save",
-            (Backend::IptablesLegacy, true) => "ip6tables-legacy-save",
-            (_, false) => "iptables-save",
-            (_, true) => "ip6tables-save",
-        }
-    }
-
-    /// The programs the daemon runs to change rules (what a failing backend means).
-    fn apply_programs(self) -> &'static [&'static str] {
-        match self {
-            Backend::Nftables => &["nft"],
-            Backend::IptablesNft => &["iptables-restore", "ip6tables-restore"],
-            Backend::IptablesLegacy => &["iptables-legacy-restore", "ip6tables-legacy-restore"],
-        }
-    }
-
-    /// Checks that this machine's tools are what the backend's name promises.
-    fn check_tools(self) {
-        if self == Backend::IptablesNft {
-            let v = run(&["iptables", "--version"]);
-            assert!(
-                v.contains("nf_tables"),
-                "`iptables` is not iptables-nft here: {v}"
-            );
-        }
-    }
-}
-
-/// Makes one `#[test]` per backend for each named test body `fn NAME(Backend)`.
-macro_rules! per_backend {
-    ($($name:ident),* $(,)?) => {
-        mod nftables {
-            $(#[test] #[ignore = "needs root"] fn $name() { super::$name(super::Backend::Nftables) })*
-        }
-        mod iptables_nft {
-            $(#[test] #[ignore = "needs root"] fn $name() { super::$name(super::Backend::IptablesNft) })*
-        }
-        mod iptables_legacy {
-            $(#[test] #[ignore = "needs root"] fn $name() { super::$name(super::Backend::IptablesLegacy) })*
-        }
-    };
+/// The `[firewall]` section selecting `backend`.
+fn firewall_toml(backend: Backend, repair_interval: &str) -> String {
+    format!(
+        "[firewall]\nmode = \"{}\"\nmss_clamp = true\nrepair_interval = \"{repair_interval}\"\n",
+        backend.mode()
+    )
 }
 
 per_backend!(
@@ -783,7 +695,7 @@ fn ingress_all_ports(backend: Backend) {
         backend,
         t.config(format!(
             "{}\n{}",
-            backend.firewall_toml("10s"),
+            firewall_toml(backend, "10s"),
             ingress_toml(&[])
         )),
     );
@@ -821,7 +733,7 @@ fn ingress_mapped_ports(backend: Backend) {
         backend,
         t.config(format!(
             "{}\n{}",
-            backend.firewall_toml("10s"),
+            firewall_toml(backend, "10s"),
             ingress_toml(&["443:8443", "53/udp"])
         )),
     );
@@ -934,7 +846,7 @@ fn egress_listed_ports(backend: Backend) {
         backend,
         t.config(format!(
             "{}\n{}",
-            backend.firewall_toml("10s"),
+            firewall_toml(backend, "10s"),
             egress_toml(&["5432", "8080:80"])
         )),
     );
@@ -984,7 +896,7 @@ fn egress_all_ports_spares_daemon_ports(backend: Backend) {
         backend,
         t.config(format!(
             "{}\n{}",
-            backend.firewall_toml("10s"),
+            firewall_toml(backend, "10s"),
             egress_toml(&[])
         )),
     );
@@ -1049,7 +961,7 @@ fn rules_idempotent_repaired_and_removed(backend: Backend) {
         "nothing of ours before the start"
     );
 
-    let firewall = backend.firewall_toml("1s");
+    let firewall = firewall_toml(backend, "1s");
     let body = |extra_egress: &[&str]| {
         let mut egress = vec!["5432", "8080:80"];
         egress.extend_from_slice(extra_egress);
@@ -1240,7 +1152,7 @@ fn mtu_mismatch_large_transfers(backend: Backend) {
     let t = Topo::new(backend);
     let mut cfg = t.config(format!(
         "{}\n{}",
-        backend.firewall_toml("10s"),
+        firewall_toml(backend, "10s"),
         ingress_toml(&[])
     ));
     cfg.mtu = Some(1280);
@@ -1349,7 +1261,7 @@ fn readiness_follows_rule_failures(backend: Backend) {
         backend,
         t.config(format!(
             "{}\n{}",
-            backend.firewall_toml("1s"),
+            firewall_toml(backend, "1s"),
             ingress_toml(&["443:8443"])
         )),
         &[("PATH", &path)],
@@ -1443,7 +1355,7 @@ fn readiness_follows_rule_failures(backend: Backend) {
     let mut changed = tg.cfg.clone();
     changed.extra = format!(
         "{}\n{}",
-        backend.firewall_toml("1s"),
+        firewall_toml(backend, "1s"),
         ingress_toml(&["443:8443", "9443"])
     );
     tg.write_config(changed);
@@ -1492,7 +1404,7 @@ fn tunnel_reaches_no_local_listener(backend: Backend) {
     let t = Topo::new(backend);
     let body = format!(
         "{}\n{}",
-        backend.firewall_toml("10s"),
+        firewall_toml(backend, "10s"),
         ingress_toml(&["7000"])
     );
     let mut tg = t.start(backend, t.config(body));

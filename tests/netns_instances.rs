@@ -28,60 +28,12 @@ const V6_FORWARD: &str = "net.ipv6.conf.all.forwarding";
 /// Short, so a fight between two daemons would show within a few seconds.
 const REPAIR_INTERVAL: &str = "1s";
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Backend {
-    Nftables,
-    IptablesNft,
-    IptablesLegacy,
-}
-
-impl Backend {
-    fn firewall_toml(self) -> String {
-        let mode = match self {
-            Backend::Nftables => "nftables",
-            _ => "iptables",
-        };
-        format!("[firewall]\nmode = \"{mode}\"\nrepair_interval = \"{REPAIR_INTERVAL}\"\n")
-    }
-
-    fn env(self) -> Vec<(&'static str, &'static str)> {
-        match self {
-            Backend::Nftables => vec![],
-            Backend::IptablesNft => vec![("TUNNELGATE_IPTABLES", "nft")],
-            Backend::IptablesLegacy => vec![("TUNNELGATE_IPTABLES", "legacy")],
-        }
-    }
-
-    fn label(self) -> &'static str {
-        match self {
-            Backend::Nftables => "nftables",
-            Backend::IptablesNft => "iptables",
-            Backend::IptablesLegacy => "iptables-legacy",
-        }
-    }
-
-    fn iptables_save(self, v6: bool) -> &'static str {
-        match (self, v6) {
-            (Backend::IptablesLegacy, false) => "iptables-legacy-save",
-            (Backend::IptablesLegacy, true) => "ip6tables-legacy-save",
-            (_, false) => "iptables-save",
-            (_, true) => "ip6tables-save",
-        }
-    }
-}
-
-macro_rules! per_backend {
-    ($($name:ident),* $(,)?) => {
-        mod nftables {
-            $(#[test] #[ignore = "needs root"] fn $name() { super::$name(super::Backend::Nftables) })*
-        }
-        mod iptables_nft {
-            $(#[test] #[ignore = "needs root"] fn $name() { super::$name(super::Backend::IptablesNft) })*
-        }
-        mod iptables_legacy {
-            $(#[test] #[ignore = "needs root"] fn $name() { super::$name(super::Backend::IptablesLegacy) })*
-        }
-    };
+/// The `[firewall]` section selecting `backend`, with a short repair interval.
+fn firewall_toml(backend: Backend) -> String {
+    format!(
+        "[firewall]\nmode = \"{}\"\nrepair_interval = \"{REPAIR_INTERVAL}\"\n",
+        backend.mode()
+    )
 }
 
 per_backend!(
@@ -145,7 +97,7 @@ impl Lab {
             cfg.health = Some(format!("127.0.0.1:{health}"));
             cfg.extra = format!(
                 "{}\n[[ingress]]\ntarget = \"{target}\"\nports = [\"80\"]\n",
-                backend.firewall_toml()
+                firewall_toml(backend)
             );
             Side {
                 cfg,

@@ -300,71 +300,38 @@ const RZ_TG_TUN: &str = "100.67.0.1";
 const RZ_PEER_TUN: &str = "100.67.0.2";
 const IP_FORWARD: &str = "net.ipv4.ip_forward";
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Backend {
-    Nftables,
-    IptablesNft,
-    IptablesLegacy,
+/// The `[firewall]` section selecting `backend`.
+fn firewall_toml(backend: Backend) -> String {
+    format!("[firewall]\nmode = \"{}\"\n", backend.mode())
 }
 
-impl Backend {
-    fn firewall_toml(self) -> &'static str {
-        match self {
-            Backend::Nftables => "[firewall]\nmode = \"nftables\"\n",
-            _ => "[firewall]\nmode = \"iptables\"\n",
+/// Everything of the daemon for `iface` the backend shows: its nft table, or the lines of
+/// both families' `iptables-save` that name its `TG-<iface>-` chains ("" when none).
+fn ours(backend: Backend, ns: &Netns, iface: &str) -> String {
+    let saves: &[&str] = match backend {
+        Backend::Nftables => {
+            let ruleset = ns.exec(&["nft", "list", "ruleset"]);
+            let table = format!("tunnelgate_{iface}");
+            return if ruleset.contains(&table) {
+                ruleset
+            } else {
+                String::new()
+            };
         }
-    }
-
-    fn env(self) -> Vec<(&'static str, &'static str)> {
-        match self {
-            Backend::Nftables => vec![],
-            Backend::IptablesNft => vec![("TUNNELGATE_IPTABLES", "nft")],
-            Backend::IptablesLegacy => vec![("TUNNELGATE_IPTABLES", "legacy")],
-        }
-    }
-
-    /// Everything of the daemon for `iface` the backend shows: its nft table, or the lines of
-    /// both families' `iptables-save` that name its `TG-<iface>-` chains ("" when none).
-    fn ours(self, ns: &Netns, iface: &str) -> String {
-        let saves: &[&str] = match self {
-            Backend::Nftables => {
-                let ruleset = ns.exec(&["nft", "list", "ruleset"]);
-                let table = format!("tunnelgate_{iface}");
-                return if ruleset.contains(&table) {
-                    ruleset
-                } else {
-                    String::new()
-                };
-            }
-            Backend::IptablesNft => &["iptables-save", "ip6tables-save"],
-            Backend::IptablesLegacy => &["iptables-legacy-save", "ip6tables-legacy-save"],
-        };
-        let chain = format!("TG-{iface}-");
-        saves
-            .iter()
-            .flat_map(|save| {
-                ns.exec(&[save])
-                    .lines()
-                    .filter(|l| l.contains(&chain))
-                    .map(|l| format!("{save}: {l}\n"))
-                    .collect::<Vec<_>>()
-            })
-            .collect()
-    }
-}
-
-macro_rules! per_backend {
-    ($($name:ident),* $(,)?) => {
-        mod nftables {
-            $(#[test] #[ignore = "needs root"] fn $name() { super::$name(super::Backend::Nftables) })*
-        }
-        mod iptables_nft {
-            $(#[test] #[ignore = "needs root"] fn $name() { super::$name(super::Backend::IptablesNft) })*
-        }
-        mod iptables_legacy {
-            $(#[test] #[ignore = "needs root"] fn $name() { super::$name(super::Backend::IptablesLegacy) })*
-        }
+        Backend::IptablesNft => &["iptables-save", "ip6tables-save"],
+        Backend::IptablesLegacy => &["iptables-legacy-save", "ip6tables-legacy-save"],
     };
+    let chain = format!("TG-{iface}-");
+    saves
+        .iter()
+        .flat_map(|save| {
+            ns.exec(&[save])
+                .lines()
+                .filter(|l| l.contains(&chain))
+                .map(|l| format!("{save}: {l}\n"))
+                .collect::<Vec<_>>()
+        })
+        .collect()
 }
 
 per_backend!(reload_without_the_last_ingress_removes_its_rules);
@@ -416,7 +383,7 @@ fn reload_without_the_last_ingress_removes_its_rules(backend: Backend) {
             Peer::new(wg.public_key(), &[&cidr(RZ_PEER_TUN)])
                 .endpoint(&format!("{RZ_CLIENT_LAN}:{WG_PORT}")),
         );
-        c.extra = backend.firewall_toml().to_string();
+        c.extra = firewall_toml(backend);
         c
     };
     let mut with_ingress = plain.clone();
@@ -446,7 +413,7 @@ fn reload_without_the_last_ingress_removes_its_rules(backend: Backend) {
         "the peer reaching the target",
         || reaches(b"before"),
     );
-    assert!(!backend.ours(&proxy, &iface).is_empty(), "rules installed");
+    assert!(!ours(backend, &proxy, &iface).is_empty(), "rules installed");
     assert_eq!(
         proxy.sysctl_get(IP_FORWARD),
         "1",
@@ -456,7 +423,7 @@ fn reload_without_the_last_ingress_removes_its_rules(backend: Backend) {
     // The last ingress leaves the file.
     tg.write_config(plain);
     reload_cli(&proxy, &iface, &tg);
-    let left = backend.ours(&proxy, &iface);
+    let left = ours(backend, &proxy, &iface);
     assert!(
         left.is_empty(),
         "rules left after the reload:\n{left}\ndaemon:\n{}",
@@ -502,7 +469,7 @@ fn reload_without_the_last_ingress_removes_its_rules(backend: Backend) {
     let status = tg.sigterm();
     assert!(status.success(), "{status:?}\n{}", tg.stderr());
     assert!(
-        backend.ours(&proxy, &iface).is_empty(),
+        ours(backend, &proxy, &iface).is_empty(),
         "rules left at stop"
     );
     assert_eq!(proxy.sysctl_get(IP_FORWARD), forward_before);
