@@ -181,6 +181,14 @@ pub struct ConfigErrors(pub Vec<ConfigError>);
 /// that group or others can read; tests use an in-memory map.
 pub trait SecretFiles {
     fn read_secret(&self, path: &Path) -> Result<String, String>;
+
+    /// [`SecretFiles::read_secret`] for a configuration with
+    /// `interface.key_files_readable_by_group`: the daemon's implementation then accepts a file
+    /// its group may read (a key that a sidecar writes to a volume only the pod's containers
+    /// share), still never one others may read or the group may write.
+    fn read_secret_readable_by_group(&self, path: &Path) -> Result<String, String> {
+        self.read_secret(path)
+    }
 }
 
 impl Config {

@@ -38,6 +38,8 @@ pub(super) struct RawInterface {
     pub fwmark: Option<i64>,
     /// Packet workers; 0 or absent = the CPUs this process may use.
     pub workers: Option<i64>,
+    /// Key files may be readable (not writable) by their group; never by others.
+    pub key_files_readable_by_group: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]

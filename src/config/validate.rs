@@ -26,6 +26,17 @@ pub(super) fn validate(
     files: &dyn SecretFiles,
 ) -> Result<Config, ConfigErrors> {
     let mut errs = Errors(Vec::new());
+    let readable_by_group = raw
+        .interface
+        .as_ref()
+        .and_then(|i| i.key_files_readable_by_group)
+        .unwrap_or(false);
+    let group_files = ReadableByGroup(files);
+    let files: &dyn SecretFiles = if readable_by_group {
+        &group_files
+    } else {
+        files
+    };
     let interface = interface(
         raw.interface.unwrap_or_default(),
         base_dir,
@@ -542,6 +553,15 @@ fn health(raw: super::raw::RawHealth, errs: &mut Errors) -> Health {
         listen,
         allow_from_tunnel: raw.allow_from_tunnel.unwrap_or(false),
         readiness,
+    }
+}
+
+/// The key files of a configuration that lets their group read them.
+struct ReadableByGroup<'a>(&'a dyn SecretFiles);
+
+impl SecretFiles for ReadableByGroup<'_> {
+    fn read_secret(&self, path: &Path) -> Result<String, String> {
+        self.0.read_secret_readable_by_group(path)
     }
 }
 

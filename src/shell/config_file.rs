@@ -12,16 +12,30 @@ pub struct FsSecrets;
 
 impl SecretFiles for FsSecrets {
     fn read_secret(&self, path: &Path) -> Result<String, String> {
-        let meta = std::fs::metadata(path).map_err(|e| format!("cannot read: {e}"))?;
-        let mode = meta.permissions().mode() & 0o777;
-        if mode & 0o077 != 0 {
-            return Err(format!(
-                "is readable by group or others (mode {mode:04o}): expected mode 0600 or 0400 (chmod 600 {})",
-                path.display()
-            ));
-        }
-        std::fs::read_to_string(path).map_err(|e| format!("cannot read: {e}"))
+        read_key_file(path, 0o077, "0600 or 0400 (chmod 600")
     }
+
+    fn read_secret_readable_by_group(&self, path: &Path) -> Result<String, String> {
+        read_key_file(path, 0o037, "0640, 0600, 0440 or 0400 (chmod 640")
+    }
+}
+
+/// Reads a key file whose mode has none of the bits of `refused`.
+fn read_key_file(path: &Path, refused: u32, expected: &str) -> Result<String, String> {
+    let meta = std::fs::metadata(path).map_err(|e| format!("cannot read: {e}"))?;
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & refused != 0 {
+        let who = if refused & 0o040 == 0 {
+            "writable by group, or readable by others"
+        } else {
+            "readable by group or others"
+        };
+        return Err(format!(
+            "is {who} (mode {mode:04o}): expected mode {expected} {})",
+            path.display()
+        ));
+    }
+    std::fs::read_to_string(path).map_err(|e| format!("cannot read: {e}"))
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -144,6 +158,59 @@ mod tests {
         std::fs::write(&gz, "not gzip").expect("write");
         let bad = read_config_text(&gz).expect_err("not gzip");
         assert!(bad.to_string().contains("not a gzip-compressed"), "{bad}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_key_file_its_group_reads_is_refused_unless_the_config_allows_group_read() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = std::env::temp_dir().join(format!("tg-config-keymode-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let key = dir.join("private.key");
+        std::fs::write(
+            &key,
+            format!("{}\n", crate::config::SecretKey([3; 32]).expose_base64()),
+        )
+        .expect("key");
+        let config = dir.join("tunnelgate.toml");
+        let write = |extra: &str| {
+            let text = format!(
+                "[interface]\nprivate_key_file = \"private.key\"\naddresses = [\"100.64.0.1/32\"]\n{extra}"
+            );
+            std::fs::write(&config, text).expect("config");
+        };
+        let chmod = |mode: u32| {
+            std::fs::set_permissions(&key, std::fs::Permissions::from_mode(mode)).expect("chmod")
+        };
+        let refusal = |e: LoadError| e.to_string();
+
+        write("");
+        chmod(0o440);
+        let err = refusal(load_config(&config).expect_err("group-readable key, no opt-in"));
+        assert!(
+            err.contains("interface.private_key_file")
+                && err.contains("readable by group or others (mode 0440)"),
+            "{err}"
+        );
+        chmod(0o600);
+        load_config(&config).expect("owner-only key");
+
+        write("key_files_readable_by_group = true\n");
+        for mode in [0o440, 0o640, 0o400, 0o600] {
+            chmod(mode);
+            load_config(&config).unwrap_or_else(|e| panic!("mode {mode:o}: {e}"));
+        }
+        // Never readable by others, never writable by the group.
+        for (mode, shown) in [(0o444, "0444"), (0o660, "0660"), (0o604, "0604")] {
+            chmod(mode);
+            let err = refusal(load_config(&config).expect_err("refused"));
+            assert!(
+                err.contains(&format!(
+                    "writable by group, or readable by others (mode {shown})"
+                )),
+                "{err}"
+            );
+        }
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
