@@ -10,6 +10,7 @@
 //! writing, so the sidecar never writes a configuration the daemon would refuse.
 
 pub mod api;
+pub mod config_dir;
 pub mod group;
 pub mod run;
 pub mod run_group;

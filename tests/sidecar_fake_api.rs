@@ -1112,6 +1112,7 @@ impl Sidecar {
             .env_remove("TUNNELGATE_PROXY_GROUP")
             .env_remove("TUNNELGATE_ADDRESS_POOLS")
             .env_remove("TUNNELGATE_NAMESPACES")
+            .env_remove("TUNNELGATE_CONFIG_DIR")
             .envs(env.iter().copied())
             .env("RUST_LOG", "info,tunnelgate=debug")
             .stdin(Stdio::null())

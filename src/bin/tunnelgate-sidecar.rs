@@ -52,6 +52,18 @@ struct Cli {
         requires = "proxy_group"
     )]
     namespaces: Vec<String>,
+    /// With --proxy-group: also write the configuration, key, public key and tunnel addresses
+    /// to this directory (a volume shared with the proxy container, which runs
+    /// `tunnelgate run --config DIR/tunnelgate.toml`), swapped in atomically once the Secret
+    /// holds them. The manifests then need no per-replica Secret volume: `kubectl scale` is
+    /// enough.
+    #[arg(
+        long,
+        env = "TUNNELGATE_CONFIG_DIR",
+        value_name = "DIR",
+        requires = "proxy_group"
+    )]
+    config_dir: Option<PathBuf>,
     /// The base configuration (TOML: interface addresses, peers, shared settings).
     #[arg(long, env = "TUNNELGATE_BASE_CONFIG", value_name = "FILE")]
     base_config: PathBuf,
@@ -90,6 +102,12 @@ fn main() -> ExitCode {
     }) {
         return usage(&format!(
             "--namespace: \"{ns}\" is not a namespace name: expected lower-case letters, digits and '-'"
+        ));
+    }
+    if let Some(dir) = cli.config_dir.as_ref().filter(|d| !d.is_dir()) {
+        return usage(&format!(
+            "--config-dir: {} is not a directory: expected the volume shared with the proxy container",
+            dir.display()
         ));
     }
     if secret.is_none() && pod_name.is_none() {
@@ -138,6 +156,7 @@ fn main() -> ExitCode {
                     }),
                     namespaces: cli.namespaces,
                     base_config: cli.base_config,
+                    config_dir: cli.config_dir,
                 };
                 run_group(client, settings, shutdown()).await
             }

@@ -141,6 +141,7 @@ pub fn render_group_within(
     if let Some(table) = &mut prepared.table {
         set_pool_addresses(table, replica, &mut prepared.problems);
         set_per_service_readiness(table, &mut notes);
+        set_key_files_readable_by_group(table);
     }
     let Some(table) = prepared.table.take() else {
         return Err(Rejected(prepared.problems));
@@ -474,6 +475,22 @@ fn set_per_service_readiness(table: &mut toml::Table, notes: &mut Vec<String>) {
         notes.push(format!(
             "base config: health.readiness = {old} replaced by \"{PER_SERVICE}\": in a proxy group one Service's unresolved name must not make the replica NotReady"
         ));
+    }
+}
+
+/// `interface.key_files_readable_by_group = true`: the sidecar hands the key to the proxy
+/// container through a volume only the pod's containers share ([`super::config_dir`]), as a file
+/// of the sidecar's user that the proxy reads through its group; the proxy runs as root without
+/// `CAP_DAC_OVERRIDE`, so an owner-only file would be unreadable to it.
+fn set_key_files_readable_by_group(table: &mut toml::Table) {
+    if let Some(iface) = table
+        .get_mut("interface")
+        .and_then(toml::Value::as_table_mut)
+    {
+        iface.insert(
+            "key_files_readable_by_group".into(),
+            toml::Value::Boolean(true),
+        );
     }
 }
 

@@ -20,6 +20,7 @@ use super::api::{
     describe_watch, secret_data, secret_write_failed, service_info, watch_forbidden, EventRecorder,
     ObjRef, PendingEvent, SecretStore, WatchBackoff,
 };
+use super::config_dir::{volume_files, ConfigDir};
 use super::group::{is_member, render_group, Replica};
 use super::run::{
     read_base, BASE_CONFIG_POLL, REASON_INVALID, RESYNC_INTERVAL, RETRY_MAX, RETRY_MIN,
@@ -69,6 +70,9 @@ pub struct GroupSettings {
     /// Empty: every namespace (a cluster-wide list and watch).
     pub namespaces: Vec<String>,
     pub base_config: PathBuf,
+    /// The directory shared with the proxy container, if any: each Secret content that is
+    /// written (or found up to date) is handed over there too, after the Secret holds it.
+    pub config_dir: Option<PathBuf>,
 }
 
 type Key = (String, String);
@@ -110,6 +114,8 @@ struct GroupLoop {
     known_key: Option<Vec<u8>>,
     /// The over-limit problem last said on the pod.
     reported_over_limit: Option<String>,
+    /// The directory shared with the proxy container, if any.
+    config_dir: Option<ConfigDir>,
 }
 
 /// The background check of the served Services' target names.
@@ -203,7 +209,9 @@ pub async fn run_group(
     )
     .backoff(WatchBackoff::default())
     .boxed();
+    let config_dir = settings.config_dir.clone().map(ConfigDir::open);
     let mut this = GroupLoop {
+        config_dir,
         secret,
         events: EventRecorder::start(client),
         base: read_base(&settings.base_config).await,
@@ -225,6 +233,7 @@ pub async fn run_group(
         secret = %this.settings.secret,
         namespaces = %if this.settings.namespaces.is_empty() { "all".to_string() } else { this.settings.namespaces.join(",") },
         base_config = %this.settings.base_config.display(),
+        config_dir = %this.settings.config_dir.as_deref().map_or("none".into(), |d| d.display().to_string()),
         "Sidecar started for a proxy group"
     );
     let mut base_tick = tokio::time::interval(BASE_CONFIG_POLL);
@@ -528,6 +537,15 @@ impl GroupLoop {
                 &self.settings.secret,
                 &mut self.backoff,
             )),
+            Err(Failure::Volume(e)) => {
+                let delay = self.backoff.next_delay();
+                tracing::error!(
+                    error = %e,
+                    retry_in = ?delay,
+                    "Cannot hand the configuration over to the proxy container: retrying"
+                );
+                Some(delay)
+            }
         }
     }
 
@@ -574,6 +592,7 @@ impl GroupLoop {
         let changed = changed_keys(&out.rendered.data, &current).join(",");
         if changed.is_empty() && !stale {
             tracing::debug!(secret = %self.settings.secret, "Secret is up to date");
+            self.hand_over(&out.rendered.data)?;
             self.written = Some(out.rendered.data);
             self.checks
                 .rendered(out.names, out.nameservers, out.reresolve_interval);
@@ -584,6 +603,8 @@ impl GroupLoop {
         // Events after the write, and whether or not it worked: never before it.
         self.report_refusals(&out.refused, out.over_limit);
         written.map_err(|e| Failure::Api(Box::new(e)))?;
+        // The Secret holds the key now: only then may the proxy start using it.
+        let handed = self.hand_over(&out.rendered.data);
         self.written = Some(out.rendered.data);
         self.checks
             .rendered(out.names, out.nameservers, out.reresolve_interval);
@@ -595,6 +616,23 @@ impl GroupLoop {
             left_out = out.refused.len(),
             "Secret updated"
         );
+        handed
+    }
+
+    /// Writes what the Secret now holds to the shared directory, when it differs from what is
+    /// there. Called only once the Secret holds it, so the proxy never runs a key that is not
+    /// kept in the API (a replica that comes back must find it).
+    fn hand_over(&mut self, data: &BTreeMap<String, Vec<u8>>) -> Result<(), Failure> {
+        let Some(dir) = &mut self.config_dir else {
+            return Ok(());
+        };
+        let files = volume_files(data).map_err(Failure::Volume)?;
+        let wrote = dir
+            .update(files)
+            .map_err(|e| Failure::Volume(format!("{}: {e}", dir.path().display())))?;
+        if wrote {
+            tracing::info!(dir = %dir.path().display(), "Configuration handed over to the proxy container");
+        }
         Ok(())
     }
 
@@ -735,6 +773,8 @@ impl GroupLoop {
 enum Failure {
     Rejected(Rejected),
     Api(Box<kube::Error>),
+    /// The shared directory could not be written.
+    Volume(String),
 }
 
 #[cfg(test)]
