@@ -2602,6 +2602,169 @@ async fn group_converges_within_5_s_after_a_10_s_api_outage() {
 }
 
 // ------------------------------------------------------------------------------------------------
+// kubectl scale: the group's manifests, unchanged, at 2, 3, 1 and 2 replicas
+// ------------------------------------------------------------------------------------------------
+
+/// The object of `kind` named `name` in containers/k8s/group's files.
+fn group_manifest(kind: &str, name: &str) -> Value {
+    let dir = repo().join("containers/k8s/group");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("containers/k8s/group")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    files
+        .iter()
+        .flat_map(|f| {
+            let text = std::fs::read_to_string(f).expect("manifest");
+            serde_saphyr::from_multiple::<Value>(&text).expect("YAML")
+        })
+        .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name} in containers/k8s/group"))
+}
+
+/// What the group's Role lets a sidecar do to Secrets.
+fn group_role_secret_verbs() -> BTreeSet<String> {
+    let role = group_manifest("Role", "tgp");
+    role["rules"]
+        .as_array()
+        .expect("rules")
+        .iter()
+        .filter(|r| r["resources"] == json!(["secrets"]))
+        .flat_map(|r| r["verbs"].as_array().cloned().unwrap_or_default())
+        .filter_map(|v| v.as_str().map(str::to_string))
+        .collect()
+}
+
+/// One pod of the StatefulSet: its sidecar, and its volume (a fresh one per pod).
+struct ScaledPod {
+    sidecar: Sidecar,
+    volume: PathBuf,
+}
+
+/// What a pod's proxy container would run: the config in its volume, loaded as the daemon loads
+/// it (key file modes checked).
+fn handed_over(volume: &Path) -> Config {
+    tunnelgate::shell::config_file::load_config(&volume.join("tunnelgate.toml"))
+        .unwrap_or_else(|e| panic!("{}: {e}", volume.display()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_scales_2_3_1_2_from_unchanged_manifests() {
+    // No Secret exists: the sidecars create their own, as the Role allows.
+    let fake = Fake::start_many(group_cluster(), BTreeMap::new()).await;
+    let verbs = group_role_secret_verbs();
+    fake.lock().may_create_secrets = verbs.contains("create");
+    for verb in ["get", "patch", "list", "watch"] {
+        assert!(verbs.contains(verb), "the Role grants {verb}: {verbs:?}");
+    }
+    let inputs = Inputs::new(&fake, "scale");
+    let set = group_manifest("StatefulSet", "tgp");
+    let cm = group_manifest("ConfigMap", "tgp-base");
+    let base = cm["data"]["base.toml"]
+        .as_str()
+        .expect("base.toml")
+        .to_string();
+    let mut generation = 0;
+    let mut start = |ordinal: u32| {
+        generation += 1;
+        let pod = format!("{GROUP}-{ordinal}");
+        // A new pod: a new, empty volume.
+        let volume = inputs.dir.join(format!("{pod}-volume-{generation}"));
+        let tag = format!("{pod}-{generation}");
+        let sidecar = sidecar_of_set(&set, &base, &inputs, &pod, &volume, &tag);
+        ScaledPod { sidecar, volume }
+    };
+    let secret = |ordinal: u32| fake.secret_of("tunnelgate", &format!("{GROUP}-{ordinal}"));
+    // A replica is up when its Secret is written and its volume holds what the Secret holds.
+    async fn up(fake: &Fake, p: &ScaledPod, ordinal: u32) -> Config {
+        let name = format!("{GROUP}-{ordinal}");
+        wait_for(&p.sidecar, &format!("{name}'s Secret and volume"), || {
+            fake.secret_of("tunnelgate", &name).len() == 4
+                && p.volume.join("tunnelgate.toml").exists()
+        })
+        .await;
+        let data = fake.secret_of("tunnelgate", &name);
+        let config = handed_over(&p.volume);
+        assert_eq!(
+            config.interface.private_key.public_key().to_base64(),
+            utf8(&data, "public_key"),
+            "{name}: the volume's key is the Secret's"
+        );
+        assert_eq!(
+            config,
+            daemon_config(&data),
+            "{name}: the volume runs the Secret's config"
+        );
+        assert_eq!(
+            utf8(&data, "device_ips"),
+            format!("[\"100.64.1.{}\"]", ordinal + 1),
+            "{name}: host N+1 of the pool"
+        );
+        config
+    }
+    let public_key = |ordinal: u32| utf8(&secret(ordinal), "public_key");
+
+    // 2 replicas.
+    let mut pods: BTreeMap<u32, ScaledPod> = BTreeMap::new();
+    for i in 0..2 {
+        pods.insert(i, start(i));
+    }
+    for i in 0..2 {
+        let c = up(&fake, &pods[&i], i).await;
+        assert_eq!(rule_lines(&c.ingress), ["10.96.0.10 80/tcp"]);
+    }
+    let first_keys: Vec<String> = (0..2).map(public_key).collect();
+    assert_ne!(first_keys[0], first_keys[1], "each replica its own key");
+
+    // kubectl scale --replicas=3: a third pod, nothing else.
+    pods.insert(2, start(2));
+    up(&fake, &pods[&2], 2).await;
+    let key_2 = public_key(2);
+    assert!(!first_keys.contains(&key_2));
+
+    // --replicas=1: the StatefulSet stops the highest ordinals; their Secrets stay.
+    for i in [2, 1] {
+        pods.remove(&i).expect("pod").sidecar.stop();
+    }
+    assert_eq!(public_key(1), first_keys[1]);
+    assert_eq!(public_key(2), key_2);
+    // The remaining replica goes on serving: a new Service reaches it.
+    fake.add(group_ingress("apps", "api", 20, 8080), false);
+    wait_for(&pods[&0].sidecar, "tgp-0 serves apps/api", || {
+        handed_over(&pods[&0].volume).ingress.len() == 2
+    })
+    .await;
+
+    // --replicas=2: ordinal 1 comes back in a new pod (an empty volume) with its key and
+    // address, and finds its Secret behind by the change made while it was away.
+    let patches_of_1 = || {
+        fake.count(|r| {
+            r.method == Method::PATCH
+                && r.path == format!("/api/v1/namespaces/tunnelgate/secrets/{GROUP}-1")
+        })
+    };
+    let patches_before = patches_of_1();
+    pods.insert(1, start(1));
+    let c = up(&fake, &pods[&1], 1).await;
+    assert_eq!(
+        public_key(1),
+        first_keys[1],
+        "a returning ordinal keeps its key"
+    );
+    assert_eq!(
+        rule_lines(&c.ingress).len(),
+        2,
+        "it serves the group as it is now"
+    );
+    assert!(patches_of_1() > patches_before);
+    for p in pods.into_values() {
+        p.sidecar.stop();
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
 // The kubectl commands of containers/README.md, run as shown against the fake
 // ------------------------------------------------------------------------------------------------
 
@@ -2906,9 +3069,27 @@ impl Fake {
 /// `base.toml` (what the kubelet mounts).
 fn sidecar_of(fake: &Fake, inputs: &Inputs, set: &str, configmap: &str, pod: &str) -> Sidecar {
     let set = fake.object("apis/apps/v1/statefulsets", "tunnelgate", set);
-    let sidecar = set["spec"]["template"]["spec"]["containers"]
+    let cm = fake.object("api/v1/configmaps", "tunnelgate", configmap);
+    let base = cm["data"]["base.toml"].as_str().expect("base.toml");
+    let config_dir = inputs.dir.join(format!("{pod}-volume"));
+    sidecar_of_set(&set, base, inputs, pod, &config_dir, pod)
+}
+
+/// Starts the sidecar of pod `pod` as StatefulSet `set` runs it, with `base` at its base-config
+/// path and `config_dir` (created if missing: a new pod's empty volume) standing in for the
+/// volume it shares with the proxy container.
+fn sidecar_of_set(
+    set: &Value,
+    base: &str,
+    inputs: &Inputs,
+    pod: &str,
+    config_dir: &Path,
+    tag: &str,
+) -> Sidecar {
+    let containers = set["spec"]["template"]["spec"]["containers"]
         .as_array()
-        .expect("containers")
+        .expect("containers");
+    let sidecar = containers
         .iter()
         .find(|c| c["name"] == "sidecar")
         .expect("container sidecar")
@@ -2923,19 +3104,30 @@ fn sidecar_of(fake: &Fake, inputs: &Inputs, set: &str, configmap: &str, pod: &st
             Some(other) => panic!("fieldRef {other}"),
             None => e["value"].as_str().expect("value").to_string(),
         };
-        // The flag --base-config (a temp file) stands in for the mounted ConfigMap.
-        if name != "TUNNELGATE_BASE_CONFIG" {
-            env.push((name, value));
+        match name.as_str() {
+            // The flag --base-config (a temp file) stands in for the mounted ConfigMap.
+            "TUNNELGATE_BASE_CONFIG" => {}
+            // A temp dir stands in for the shared volume, which the proxy mounts there too.
+            "TUNNELGATE_CONFIG_DIR" => {
+                let proxy = containers
+                    .iter()
+                    .find(|c| c["name"] == "proxy")
+                    .expect("container proxy");
+                let mounted = proxy["volumeMounts"]
+                    .as_array()
+                    .expect("proxy mounts")
+                    .iter()
+                    .any(|m| m["mountPath"] == value.as_str());
+                assert!(mounted, "the proxy mounts {value}");
+                std::fs::create_dir_all(config_dir).expect("config dir");
+                env.push((name, config_dir.display().to_string()));
+            }
+            _ => env.push((name, value)),
         }
     }
-    let cm = fake.object("api/v1/configmaps", "tunnelgate", configmap);
-    std::fs::write(
-        inputs.base_path(),
-        cm["data"]["base.toml"].as_str().expect("base.toml"),
-    )
-    .expect("base config");
+    std::fs::write(inputs.base_path(), base).expect("base config");
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    Sidecar::start_with(inputs, pod, &[], &env)
+    Sidecar::start_with(inputs, tag, &[], &env)
 }
 
 async fn wait_secret_written(fake: &Fake, sidecar: &Sidecar, name: &str) {

@@ -570,7 +570,7 @@ fn group_documents_parse_and_the_kustomization_names_them() {
 }
 
 #[test]
-fn group_rbac_is_services_cluster_wide_and_only_the_replicas_secrets() {
+fn group_rbac_is_services_cluster_wide_and_secrets_of_its_own_namespace() {
     let sa = group_pod()["serviceAccountName"]
         .as_str()
         .expect("service account")
@@ -637,52 +637,101 @@ fn group_rbac_is_services_cluster_wide_and_only_the_replicas_secrets() {
             ("events".to_string(), (set(&["create"]), set(&[]))),
         ])
     );
-    // In the proxies' namespace: get and patch each replica's own Secret, and watch it (list
-    // and watch, with a name field selector), by name; no create.
-    let replicas = replica_names();
-    let names: Vec<&str> = replicas.iter().map(String::as_str).collect();
+    // In the proxies' namespace only: each sidecar creates, reads, patches and watches its own
+    // Secret, whose name (the pod's) no manifest can list ahead of `kubectl scale`; no delete,
+    // so a replica scaled away keeps its key for when it returns.
     assert_eq!(
         grants(&ns_rules),
         BTreeMap::from([(
             "secrets".to_string(),
-            (set(&["get", "patch", "list", "watch"]), set(&names))
+            (set(&["create", "get", "patch", "list", "watch"]), set(&[]))
         )])
     );
-    // Which is why each Secret exists beforehand.
-    for n in replica_names() {
-        group_find("Secret", Some(GROUP_NS), &n);
+    // The trade-off is written where the grant is.
+    let rbac = std::fs::read_to_string(group_dir().join("rbac.yaml")).expect("rbac.yaml");
+    assert!(rbac.contains("The trade-off:"), "{rbac}");
+    // And the manifests create no Secret: the sidecars do.
+    assert!(!group_objects().iter().any(|o| o["kind"] == "Secret"));
+}
+
+/// Every string of `v` (keys and values), depth first.
+fn all_strings(v: &Value, out: &mut Vec<String>) {
+    match v {
+        Value::String(s) => out.push(s.clone()),
+        Value::Array(a) => a.iter().for_each(|x| all_strings(x, out)),
+        Value::Object(m) => m.iter().for_each(|(k, x)| {
+            out.push(k.clone());
+            all_strings(x, out)
+        }),
+        _ => {}
     }
 }
 
+/// `kubectl scale statefulset/tgp --replicas=N` is all it takes: no object, name, selector,
+/// volume or mount of the manifests names one replica (`tgp-0`, `tgp-1`, ...), so the number of
+/// replicas is said once, in the StatefulSet.
 #[test]
-fn group_pods_mount_every_replica_secret_and_run_their_own() {
+fn group_manifests_name_no_replica() {
+    let replica_name = |s: &str| {
+        s.match_indices("tgp-")
+            .any(|(i, _)| s[i + 4..].starts_with(|c: char| c.is_ascii_digit()))
+    };
+    for (file, doc) in documents_in(&group_dir()) {
+        let mut strings = Vec::new();
+        all_strings(&doc, &mut strings);
+        let named: Vec<&String> = strings.iter().filter(|s| replica_name(s)).collect();
+        assert!(named.is_empty(), "{file} names a replica: {named:?}");
+    }
+    // Nor does anything depend on the count: one volume and one mount per pod, whatever it is.
+    let pod = group_pod();
+    let volumes = pod["volumes"].as_array().cloned().unwrap_or_default();
+    assert!(
+        volumes.iter().all(|v| v["secret"].is_null()),
+        "no Secret volume: {volumes:?}"
+    );
+    assert_eq!(group_set()["spec"]["replicas"], 2);
+}
+
+#[test]
+fn group_pods_share_one_in_memory_config_volume_and_run_what_the_sidecar_hands_over() {
     let proxy = group_container("proxy");
     let sidecar = group_container("sidecar");
-    let volumes = group_pod()["volumes"]
+    let config = group_pod()["volumes"]
         .as_array()
-        .cloned()
-        .unwrap_or_default();
-    for n in replica_names() {
-        let v = volumes
-            .iter()
-            .find(|v| v["secret"]["secretName"] == n.as_str())
-            .unwrap_or_else(|| panic!("no volume of Secret {n}"));
-        assert_eq!(v["secret"]["defaultMode"], 0o400);
-        let m = mount(&proxy, v["name"].as_str().unwrap_or_default()).expect("mounted");
-        assert_eq!(m["mountPath"], format!("/etc/tunnelgate/{n}"));
-        assert_eq!(m["readOnly"], true);
-        assert!(mount(&sidecar, v["name"].as_str().unwrap_or_default()).is_none());
-    }
+        .and_then(|vs| vs.iter().find(|v| v["name"] == "config").cloned())
+        .expect("volume config");
+    assert_eq!(config["emptyDir"]["medium"], "Memory", "{config}");
+    let proxy_mount = mount(&proxy, "config").expect("proxy mounts config");
+    assert_eq!(proxy_mount["readOnly"], true);
+    let sidecar_mount = mount(&sidecar, "config").expect("sidecar mounts config");
+    assert_ne!(sidecar_mount["readOnly"], true);
+    assert_eq!(proxy_mount["mountPath"], "/etc/tunnelgate");
+    assert_eq!(env(&sidecar, "TUNNELGATE_CONFIG_DIR"), "/etc/tunnelgate");
+    assert_eq!(sidecar_mount["mountPath"], "/etc/tunnelgate");
+    // The proxy (root without CAP_DAC_OVERRIDE) reads the sidecar's 0440 files through the
+    // sidecar's group.
+    let gid = &sidecar["securityContext"]["runAsGroup"];
+    assert_eq!(gid, 65532);
+    assert!(
+        group_pod()["securityContext"]["supplementalGroups"]
+            .as_array()
+            .is_some_and(|g| g.contains(gid)),
+        "the proxy is in the sidecar's group"
+    );
+    assert_eq!(proxy["securityContext"]["runAsUser"], 0);
     let script = proxy["command"]
         .as_array()
         .and_then(|c| c.last())
         .and_then(Value::as_str)
         .expect("proxy script");
     assert!(
-        script.contains("/etc/tunnelgate/$POD_NAME/tunnelgate.toml"),
+        script.contains("config=/etc/tunnelgate/tunnelgate.toml"),
         "{script}"
     );
-    assert!(script.contains("exec tunnelgate run --config"), "{script}");
+    assert!(
+        script.contains("exec tunnelgate run --config \"$config\""),
+        "{script}"
+    );
     for c in [&proxy, &sidecar] {
         let pod_name = c["env"]
             .as_array()
@@ -749,21 +798,29 @@ fn group_spreads_over_nodes_and_keeps_one_replica_through_disruptions() {
     );
 }
 
+/// No Service per replica: each replica dials the peer (an endpoint and a keepalive in the
+/// base config), so a replica that `kubectl scale` adds is reached without a new object.
 #[test]
-fn group_exposes_each_replica_wireguard_port_on_its_own_load_balancer() {
-    for n in replica_names() {
-        let svc = group_find("Service", Some(GROUP_NS), &format!("{n}-wireguard"));
-        assert_eq!(svc["spec"]["type"], "LoadBalancer");
-        assert_eq!(
-            svc["spec"]["selector"],
-            serde_json::json!({"statefulset.kubernetes.io/pod-name": n})
-        );
-        let ports = svc["spec"]["ports"].as_array().cloned().unwrap_or_default();
-        assert_eq!(ports.len(), 1);
-        assert_eq!(ports[0]["protocol"], "UDP");
-        assert_eq!(ports[0]["port"], 51820);
-        assert_eq!(ports[0]["targetPort"], 51820);
-    }
+fn group_replicas_dial_their_peer() {
+    let cm = group_find("ConfigMap", Some(GROUP_NS), "tgp-base");
+    let base: toml::Table = cm["data"]["base.toml"]
+        .as_str()
+        .expect("base.toml")
+        .parse()
+        .expect("TOML");
+    let peers = base["peer"].as_array().expect("[[peer]]");
+    assert_eq!(peers.len(), 1);
+    assert!(peers[0]
+        .get("endpoint")
+        .and_then(toml::Value::as_str)
+        .is_some());
+    assert!(peers[0]
+        .get("persistent_keepalive")
+        .and_then(toml::Value::as_integer)
+        .is_some_and(|k| k > 0));
+    assert!(!group_objects()
+        .iter()
+        .any(|o| o["kind"] == "Service" && o["spec"]["type"] == "LoadBalancer"));
 }
 
 #[test]
@@ -932,10 +989,7 @@ fn kustomize_builds_every_object_the_readme_applies() {
             group_dir(),
             &[
                 ("StatefulSet", "tgp"),
-                ("Secret", "tgp-0"),
-                ("Secret", "tgp-1"),
-                ("Service", "tgp-0-wireguard"),
-                ("Service", "tgp-1-wireguard"),
+                ("ConfigMap", "tgp-base"),
                 ("Service", "web"),
             ][..],
         ),
