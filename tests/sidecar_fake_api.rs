@@ -2828,8 +2828,8 @@ const README_KUBECTL: &[(&str, &str)] = &[
         "run against the fake: readme_proxy_group_commands",
     ),
     (
-        "kubectl -n tunnelgate get service tgp-$i-wireguard -o jsonpath='{.status.loadBalancer.ingress[0].ip}'; echo",
-        "run against the fake: readme_proxy_group_commands",
+        "kubectl -n tunnelgate scale statefulset/tgp --replicas=3",
+        "not run: the fake has no StatefulSet controller; group_scales_2_3_1_2_from_unchanged_manifests starts and stops the pods it would",
     ),
     (
         "kubectl -n apps describe service web2",
@@ -3315,14 +3315,10 @@ const GROUP_OBJECTS: &[&str] = &[
     "rolebinding.rbac.authorization.k8s.io/tgp",
     "clusterrolebinding.rbac.authorization.k8s.io/tunnelgate-proxy-group-tgp",
     "configmap/tgp-base",
-    "secret/tgp-0",
-    "secret/tgp-1",
     "service/web",
     "service/db",
     "service/db",
     "service/tgp",
-    "service/tgp-0-wireguard",
-    "service/tgp-1-wireguard",
     "deployment.apps/web",
     "statefulset.apps/tgp",
     "poddisruptionbudget.policy/tgp",
@@ -3348,10 +3344,11 @@ struct GroupDeployed {
 
 async fn readme_group_deployed(tag: &str) -> GroupDeployed {
     let fake = Fake::start_many(Vec::new(), BTreeMap::new()).await;
-    fake.lock().may_create_secrets = false;
+    // No Secret beforehand: the Role lets each sidecar create its own.
+    fake.lock().may_create_secrets = group_role_secret_verbs().contains("create");
     let inputs = Inputs::new(&fake, tag);
     let sh = Shell::new(&inputs);
-    // "edit k8s/group/config.yaml: the peer's public key and allowed_ips"
+    // "edit k8s/group/config.yaml: the peer's public key, its endpoint and allowed_ips"
     sh.edit(
         "containers/k8s/group/config.yaml",
         PLACEHOLDER_KEY,
@@ -3367,8 +3364,6 @@ async fn readme_group_deployed(tag: &str) -> GroupDeployed {
     for (r, name) in replicas.iter().zip(["tgp-0", "tgp-1"]) {
         wait_secret_written(&fake, r, name).await;
     }
-    fake.give_load_balancer_ip("tunnelgate", "tgp-0-wireguard", "203.0.113.10");
-    fake.give_load_balancer_ip("tunnelgate", "tgp-1-wireguard", "203.0.113.11");
 
     let block = readme_blocks("sh")
         .into_iter()
@@ -3376,16 +3371,14 @@ async fn readme_group_deployed(tag: &str) -> GroupDeployed {
         .expect("the README's loop over the replicas");
     let loop_output = sh.run(&block).await;
     let lines: Vec<&str> = loop_output.lines().collect();
-    assert_eq!(lines.len(), 6, "{loop_output}");
+    assert_eq!(lines.len(), 4, "{loop_output}");
 
     let ini = readme_blocks("ini");
     assert_eq!(ini.len(), 1, "one peer config in the README");
     let peer_config = ini[0]
         .replace("<the peer's private key>", &peer_secret().expose_base64())
         .replace("<public_key of tgp-0>", lines[0])
-        .replace("<load balancer IP of tgp-0-wireguard>", lines[2])
-        .replace("<public_key of tgp-1>", lines[3])
-        .replace("<load balancer IP of tgp-1-wireguard>", lines[5]);
+        .replace("<public_key of tgp-1>", lines[2]);
     assert!(
         !peer_config.contains('<'),
         "a placeholder left:\n{peer_config}"
@@ -3435,7 +3428,7 @@ async fn readme_proxy_group_commands() {
     let (pk0, pk1) = (utf8(&s0, "public_key"), utf8(&s1, "public_key"));
     assert_eq!(
         g.loop_output,
-        format!("{pk0}\n[\"100.64.1.1\"]\n203.0.113.10\n{pk1}\n[\"100.64.1.2\"]\n203.0.113.11\n")
+        format!("{pk0}\n[\"100.64.1.1\"]\n{pk1}\n[\"100.64.1.2\"]\n")
     );
     // The examples are served: apps/web (its ClusterIP from the fake) and the egress Service db.
     let web_ip = fake.lock().services[&key("apps", "web")]["spec"]["clusterIP"]
@@ -3452,25 +3445,33 @@ async fn readme_proxy_group_commands() {
         assert_eq!(rule_lines(&c.egress), ["100.64.0.2 15432:5432/tcp"]);
         assert_eq!(c.peers[0].public_key.to_base64(), peer_key());
     }
-    // The README's peer config, filled in: one peer per replica, with its key, its load
-    // balancer and its address.
+    // The README's peer config, filled in: one peer per replica, with its key and its
+    // address, and no endpoint: the replicas dial the peer at the base config's endpoint, whose
+    // port is the peer's ListenPort.
     assert_eq!(
         config_peers(&g.peer_config),
         [
-            [
-                pk0,
-                "203.0.113.10:51820".into(),
-                "100.64.1.1/32".into(),
-                "25".into()
-            ],
-            [
-                pk1,
-                "203.0.113.11:51820".into(),
-                "100.64.1.2/32".into(),
-                "25".into()
-            ],
+            [pk0, String::new(), "100.64.1.1/32".into(), String::new()],
+            [pk1, String::new(), "100.64.1.2/32".into(), String::new()],
         ]
     );
+    for s in [&s0, &s1] {
+        let c = daemon_config(s);
+        let endpoint = c.peers[0]
+            .endpoint
+            .as_ref()
+            .expect("the replica dials the peer");
+        let port = match endpoint {
+            tunnelgate::config::Endpoint::Addr(a) => a.port(),
+            tunnelgate::config::Endpoint::Host { port, .. } => *port,
+        };
+        assert!(
+            g.peer_config.contains(&format!("\nListenPort = {port}\n")),
+            "{}",
+            g.peer_config
+        );
+        assert!(c.peers[0].persistent_keepalive.is_some_and(|k| k > 0));
+    }
     // Its Address is what the base config's peer allows, and the egress target.
     assert!(
         g.peer_config.contains("\nAddress = 100.64.0.2/32\n"),
@@ -3539,7 +3540,8 @@ async fn readme_peer_config_is_brought_up_by_wg_quick() {
     assert_eq!(interface[1], peer_key(), "{dump}");
     assert_eq!(interface[2], "51820", "{dump}");
     let peers: Vec<[String; 4]> = lines
-        .map(|p| [p[0], p[2], p[3], p[7]].map(str::to_string))
+        // `wg` shows an unset endpoint as "(none)" and an unset keepalive as "off".
+        .map(|p| [p[0], p[2], p[3], p[7]].map(|f| f.replace("(none)", "").replace("off", "")))
         .collect();
     assert_eq!(peers, config_peers(&g.peer_config), "{dump}");
     assert_eq!(peers.len(), 2);
