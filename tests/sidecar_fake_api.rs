@@ -1097,9 +1097,26 @@ impl Sidecar {
     /// The sidecar with `args` (besides --base-config) and `env` (besides the kubeconfig); its
     /// log is `sidecar-TAG.log`.
     fn start_with(inputs: &Inputs, tag: &str, args: &[&str], env: &[(&str, &str)]) -> Sidecar {
+        Sidecar::start_under(&[], inputs, tag, args, env)
+    }
+
+    /// [`Sidecar::start_with`], run by the command `under` (such as `setpriv` with a user).
+    fn start_under(
+        under: &[&str],
+        inputs: &Inputs,
+        tag: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Sidecar {
         let log = inputs.dir.join(format!("sidecar-{tag}.log"));
         let file = std::fs::File::create(&log).expect("log file");
-        let child = Command::new(env!("CARGO_BIN_EXE_tunnelgate-sidecar"))
+        let binary = env!("CARGO_BIN_EXE_tunnelgate-sidecar");
+        let (program, before) = match under.split_first() {
+            Some((first, rest)) => (*first, [rest, &[binary]].concat()),
+            None => (binary, Vec::new()),
+        };
+        let child = Command::new(program)
+            .args(before)
             .args(args)
             .arg("--base-config")
             .arg(inputs.base_path())
@@ -2673,7 +2690,7 @@ async fn group_scales_2_3_1_2_from_unchanged_manifests() {
         // A new pod: a new, empty volume.
         let volume = inputs.dir.join(format!("{pod}-volume-{generation}"));
         let tag = format!("{pod}-{generation}");
-        let sidecar = sidecar_of_set(&set, &base, &inputs, &pod, &volume, &tag);
+        let sidecar = sidecar_of_set(&set, &base, &inputs, &pod, &volume, &tag, &[]);
         ScaledPod { sidecar, volume }
     };
     let secret = |ordinal: u32| fake.secret_of("tunnelgate", &format!("{GROUP}-{ordinal}"));
@@ -2762,6 +2779,115 @@ async fn group_scales_2_3_1_2_from_unchanged_manifests() {
     for p in pods.into_values() {
         p.sidecar.stop();
     }
+}
+
+/// The pod's users as the group's StatefulSet file sets them, on the real kernel: the sidecar runs
+/// as its non-root user and group; the proxy runs as root with only its capabilities (no
+/// `CAP_DAC_OVERRIDE`) and the pod's supplementary groups, and loads what the sidecar handed over.
+/// Without the supplementary group it could not: the files are the sidecar's, mode 0440.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root"]
+async fn group_proxy_without_dac_override_reads_what_its_sidecar_hands_over() {
+    common::require_root();
+    let fake = Fake::start_many(group_cluster(), BTreeMap::new()).await;
+    let inputs = Inputs::new(&fake, "pod-users");
+    let set = group_manifest("StatefulSet", "tgp");
+    let base = group_manifest("ConfigMap", "tgp-base")["data"]["base.toml"]
+        .as_str()
+        .expect("base.toml")
+        .to_string();
+    let pod = &set["spec"]["template"]["spec"];
+    let container = |name: &str| {
+        pod["containers"]
+            .as_array()
+            .and_then(|cs| cs.iter().find(|c| c["name"] == name).cloned())
+            .unwrap_or_else(|| panic!("container {name}"))
+    };
+    let (sidecar, proxy) = (container("sidecar"), container("proxy"));
+    let id = |v: &Value| v.as_u64().expect("a numeric id").to_string();
+    let (uid, gid) = (
+        id(&sidecar["securityContext"]["runAsUser"]),
+        id(&sidecar["securityContext"]["runAsGroup"]),
+    );
+    let groups: Vec<String> = pod["securityContext"]["supplementalGroups"]
+        .as_array()
+        .expect("supplementalGroups")
+        .iter()
+        .map(id)
+        .collect();
+    assert_eq!(id(&proxy["securityContext"]["runAsUser"]), "0");
+    assert_eq!(
+        proxy["securityContext"]["capabilities"]["drop"],
+        json!(["ALL"])
+    );
+    let proxy_caps: Vec<String> = proxy["securityContext"]["capabilities"]["add"]
+        .as_array()
+        .expect("capabilities")
+        .iter()
+        .map(|c| format!("+{}", c.as_str().expect("cap").to_lowercase()))
+        .collect();
+
+    // An emptyDir is mode 0777; the base config and kubeconfig are readable by anyone.
+    let volume = inputs.dir.join("tgp-0-volume");
+    std::fs::create_dir_all(&volume).expect("volume");
+    for dir in [&inputs.dir, &volume] {
+        std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o777))
+            .expect("chmod");
+    }
+    let as_sidecar = [
+        "setpriv",
+        &format!("--reuid={uid}"),
+        &format!("--regid={gid}"),
+        "--clear-groups",
+        "--inh-caps=-all",
+        "--bounding-set=-all",
+        "--no-new-privs",
+    ];
+    let r0 = sidecar_of_set(&set, &base, &inputs, "tgp-0", &volume, "tgp-0", &as_sidecar);
+    wait_for(&r0, "the handed-over config", || {
+        volume.join("tunnelgate.toml").exists()
+    })
+    .await;
+    for file in ["tunnelgate.toml", "private.key"] {
+        let meta = std::fs::metadata(volume.join(file)).expect("stat");
+        use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+        assert_eq!(meta.uid().to_string(), uid, "{file} is the sidecar's");
+        assert_eq!(meta.gid().to_string(), gid, "{file}");
+        assert_eq!(meta.permissions().mode() & 0o777, 0o440, "{file}");
+    }
+    let config = volume.join("tunnelgate.toml").display().to_string();
+    let check_as_proxy = |groups: &str| {
+        Command::new("setpriv")
+            .args([
+                "--reuid=0",
+                "--regid=0",
+                groups,
+                "--inh-caps=-all",
+                "--no-new-privs",
+            ])
+            .arg(format!("--bounding-set=-all,{}", proxy_caps.join(",")))
+            .args([
+                env!("CARGO_BIN_EXE_tunnelgate"),
+                "check",
+                "--config",
+                &config,
+            ])
+            .output()
+            .expect("setpriv")
+    };
+    let out = check_as_proxy(&format!("--groups={}", groups.join(",")));
+    assert!(
+        out.status.success(),
+        "the proxy loads the config: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = check_as_proxy("--clear-groups");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("Permission denied"),
+        "without the group the files are closed to it: {err}"
+    );
+    r0.stop();
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -3072,7 +3198,7 @@ fn sidecar_of(fake: &Fake, inputs: &Inputs, set: &str, configmap: &str, pod: &st
     let cm = fake.object("api/v1/configmaps", "tunnelgate", configmap);
     let base = cm["data"]["base.toml"].as_str().expect("base.toml");
     let config_dir = inputs.dir.join(format!("{pod}-volume"));
-    sidecar_of_set(&set, base, inputs, pod, &config_dir, pod)
+    sidecar_of_set(&set, base, inputs, pod, &config_dir, pod, &[])
 }
 
 /// Starts the sidecar of pod `pod` as StatefulSet `set` runs it, with `base` at its base-config
@@ -3085,6 +3211,7 @@ fn sidecar_of_set(
     pod: &str,
     config_dir: &Path,
     tag: &str,
+    under: &[&str],
 ) -> Sidecar {
     let containers = set["spec"]["template"]["spec"]["containers"]
         .as_array()
@@ -3127,7 +3254,7 @@ fn sidecar_of_set(
     }
     std::fs::write(inputs.base_path(), base).expect("base config");
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    Sidecar::start_with(inputs, tag, &[], &env)
+    Sidecar::start_under(under, inputs, tag, &[], &env)
 }
 
 async fn wait_secret_written(fake: &Fake, sidecar: &Sidecar, name: &str) {
