@@ -1,5 +1,6 @@
 //! A two-replica proxy group on real namespaces: each replica runs `tunnelgate run` with the
-//! configuration the sidecar's renderer gives it (its own key and pool address), behind an nft
+//! configuration the sidecar's renderer gives it (its own key and pool address), from a config
+//! volume laid out as the sidecar hands it over (`..data` swap, mode 0440 files), behind an nft
 //! "kube-proxy" that spreads connections to an egress Service over both replicas with
 //! `numgen inc mod 2`. Connections reach the target through both; after one replica is killed,
 //! its share fails until it is removed from the balancer, and then every new connection goes
@@ -23,7 +24,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 use tunnelgate::config::SecretKey;
 use tunnelgate::sidecar::group::{render_group, Replica};
-use tunnelgate::sidecar::{api::service_info, KEY_CONFIG, KEY_DEVICE_IPS, KEY_PRIVATE};
+use tunnelgate::sidecar::config_dir::{volume_files, ConfigDir};
+use tunnelgate::sidecar::{api::service_info, KEY_CONFIG, KEY_DEVICE_IPS};
 
 const SERVICE_IP: &str = "10.96.0.50";
 const TARGET: &str = "100.64.0.100";
@@ -115,10 +117,17 @@ fn start_replica(node: &Netns, ordinal: u32, peer: &WgGo) -> Pod {
     assert_eq!(address, format!("100.64.1.{}", ordinal + 1));
     let public_key = String::from_utf8(out.rendered.data["public_key"].clone()).expect("utf-8");
 
-    // The Secret as the kubelet mounts it.
+    // The pod's config volume as the sidecar hands it over (files of mode 0440 behind the
+    // `..data` symlink), which the proxy container runs.
     let dir = TempDir::new(&iface);
-    dir.write_secret(KEY_PRIVATE, &text(KEY_PRIVATE));
-    let config = dir.write(KEY_CONFIG, &text(KEY_CONFIG));
+    ConfigDir::open(dir.path().to_path_buf())
+        .update(volume_files(&out.rendered.data).expect("volume files"))
+        .expect("hand over");
+    let config = dir.path().join(KEY_CONFIG);
+    assert_eq!(
+        std::fs::read_link(&config).expect("a symlink into ..data"),
+        std::path::Path::new("..data").join(KEY_CONFIG)
+    );
     let daemon = Proc::spawn(
         ns.command(&[
             tunnelgate_bin(),
