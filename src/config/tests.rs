@@ -257,6 +257,17 @@ fn forwarding_rules_are_checked() {
         "egress[0].ports[0]",
         &["health"],
     );
+    // A rule repeating its own listen port names the repeat; the same port on the other
+    // protocol, or the same target port twice, is fine.
+    assert_error(
+        &minimal("[[ingress]]\ntarget = \"10.0.0.1\"\nports = [\"80\", \"81\", \"80:8080\"]"),
+        "ingress[0].ports[2]",
+        &["\"80:8080\"", "repeats a listen port"],
+    );
+    let ok = parse(&minimal(
+        "[[ingress]]\ntarget = \"10.0.0.1\"\nports = [\"80\", \"80/udp\", \"81:80\"]",
+    ));
+    assert!(ok.is_ok(), "{ok:?}");
     let v4_only = format!("[interface]\nprivate_key = \"{KEY_A}\"\naddresses = [\"100.64.0.1/32\"]\n[[ingress]]\ntarget = \"fd96::10\"\n");
     assert_error(&v4_only, "ingress[0].target", &["IPv6"]);
     // Different families or different ports on one rule set do not overlap.

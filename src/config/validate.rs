@@ -387,13 +387,13 @@ fn forwards(
             }
         }
         let mut ports = Vec::new();
+        // (protocol, listen port) seen so far in this rule: one lookup per port, not a scan of
+        // the earlier ones (a rule can list 50,000 ports).
+        let mut listening = std::collections::HashSet::new();
         for (j, text) in raw.ports.iter().flatten().enumerate() {
             match text.parse::<PortMap>() {
                 Ok(p) => {
-                    if ports
-                        .iter()
-                        .any(|q: &PortMap| q.proto == p.proto && q.listen == p.listen)
-                    {
+                    if !listening.insert((p.proto, p.listen)) {
                         errs.push(
                             format!("{key}.ports[{j}]"),
                             format!("\"{text}\" repeats a listen port of this rule"),
