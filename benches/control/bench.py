@@ -716,7 +716,11 @@ def scale_run(args, workdir: Path, backend: str, n_ports: int) -> dict:
             raise Failed(f"no connection through the DNAT to {TUNNEL['b'][0]}:{probe_port}: {tail(b.logfile, 5)}")
         out = nsx(ns["a"], "python3", "-c", CONNECT_PROBE, TUNNEL["b"][0], str(probe_port), str(args.connects), timeout=120).stdout.split()
         r["connect_s"] = [float(x) for x in out]
-        # One Service changes: the moved port goes to the other target.
+        # One Service changes, in steady state: after the start's read-back of the table (the
+        # drift baseline, which the daemon takes right after an apply and which shows as
+        # tunnelgate_rules_installed > 0), so the change is not queued behind it.
+        if not wait_for(lambda: metric_sum(b.metrics(), "tunnelgate_rules_installed") > 0, args.slow_timeout, 0.05):
+            raise Failed(f"the start's rules were never read back: {tail(b.logfile, 5)}")
         b.config.write_text(cfg_b(SCALE_TARGET_B))
         t0 = time.monotonic()
         # The daemon's control socket is in its run directory (TUNNELGATE_RUN_DIR, see start()).

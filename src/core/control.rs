@@ -75,7 +75,9 @@ impl Retry {
 #[derive(Debug, Clone)]
 struct Rules {
     applied: Option<RuleSet>,
-    fingerprint: String,
+    /// The installed rules as read back, normalized, after the last apply: each drift check
+    /// compares with it. `None` right after an apply, until the read-back that takes it.
+    fingerprint: Option<String>,
     /// The set an executor is applying now.
     in_flight: Option<RuleSet>,
     /// The set of the last failed attempt: the same set waits for the backoff, a new one not.
@@ -199,7 +201,7 @@ impl Control {
             },
             rules: Rules {
                 applied: None,
-                fingerprint: String::new(),
+                fingerprint: None,
                 in_flight: None,
                 failed: None,
                 removing: false,
@@ -476,16 +478,17 @@ impl Control {
         self.rules.applies += 1;
         match result {
             Ok(report) => {
-                tracing::info!(
-                    lines = report.rule_count,
-                    seconds = report.seconds,
-                    "Rules applied"
-                );
+                tracing::info!(seconds = report.seconds, "Rules applied");
                 self.rules.applied = Some(set);
                 self.rules.failed = None;
                 self.rules.removal_failed = false;
-                self.rules.fingerprint = report.fingerprint;
-                self.rules.rule_count = report.rule_count;
+                // The baseline for drift checks is read back next, at once, but as a timer
+                // (see `handle_timeout`): not inside the apply a reload waits for (a quarter
+                // of a second at 10,000 ports), and never later, so no hand edit slips into it.
+                self.rules.fingerprint = None;
+                if self.config.firewall.repair_interval.is_some() {
+                    self.rules.next_check = Some(now);
+                }
                 self.rules.last_apply_seconds = report.seconds;
                 self.rules.text = report.text;
                 self.rules.retry.succeeded();
@@ -515,7 +518,7 @@ impl Control {
                 self.rules.applied = None;
                 self.rules.failed = None;
                 self.rules.removal_failed = false;
-                self.rules.fingerprint.clear();
+                self.rules.fingerprint = None;
                 self.rules.text.clear();
                 self.rules.rule_count = 0;
                 self.rules.retry.succeeded();
@@ -540,11 +543,18 @@ impl Control {
         }
         self.rules.checking = false;
         match result {
-            Ok(installed) if installed == self.rules.fingerprint => {}
+            // The first read-back after an apply is the baseline, unless our rules are not
+            // there at all (removed between the apply and the read).
+            Ok(installed) if self.rules.fingerprint.is_none() && !installed.is_empty() => {
+                self.rules.rule_count = installed.lines().filter(|l| !l.trim().is_empty()).count();
+                self.rules.fingerprint = Some(installed);
+            }
+            Ok(installed) if self.rules.fingerprint.as_ref() == Some(&installed) => {}
             Ok(_) if self.rules_needed() => {
                 tracing::warn!("Installed rules drifted from the applied ones; repairing");
                 // Forget what was applied: the next step applies the desired set again.
                 self.rules.applied = None;
+                self.rules.fingerprint = None;
             }
             // A reload to a config without rules while the check ran: the next step removes
             // them whatever they look like now.

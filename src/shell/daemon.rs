@@ -230,6 +230,13 @@ impl Daemon {
         loop {
             // Executors report failures to the core, which retries them on its timer.
             let _ = self.drain().await;
+            // A timer already due (the read-back right after an apply) runs now, not after a
+            // trip through the runtime's timer wheel.
+            let now = crate::clock::now();
+            if self.control.poll_timeout().is_some_and(|at| at <= now) {
+                self.control.handle_timeout(now);
+                let _ = self.drain().await;
+            }
             self.publish();
             let wake = self
                 .control

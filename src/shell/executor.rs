@@ -266,10 +266,8 @@ impl Executor {
         };
         let started = crate::clock::now();
         blocking(move || {
-            let fingerprint = backend.apply(&set, installed.as_ref())?;
+            backend.apply(&set, installed.as_ref())?;
             Ok::<_, firewall::FirewallError>(RulesReport {
-                rule_count: fingerprint.lines().filter(|l| !l.trim().is_empty()).count(),
-                fingerprint,
                 seconds: started.elapsed().as_secs_f64(),
                 text: backend_text(backend, &set),
             })

@@ -1,7 +1,7 @@
 //! Runs the rendered rule text: one `nft -f -` transaction on our table, or one
 //! `iptables-restore --noflush` per family on our chains (both named after the tunnel
-//! interface, so another daemon's are never read or touched); reads the result back to detect
-//! drift; removes it all on shutdown. No rule decisions here (the forwarding sysctls are in
+//! interface, so another daemon's are never read or touched); reads what is installed back for
+//! drift checks; removes it all on shutdown. No rule decisions here (the forwarding sysctls are in
 //! [`super::forwarding`]).
 
 use crate::config::FirewallMode;
@@ -195,16 +195,12 @@ impl Backend {
         }
     }
 
-    /// Replaces our rules with `set` atomically (per family for iptables) and returns the
-    /// installed rules as read back, normalized, for drift checks. With nftables and the
+    /// Replaces our rules with `set` atomically (per family for iptables). Nothing is read
+    /// back here: that is [`Backend::installed`], which the drift check calls. With nftables and the
     /// set known to be `installed`, a change of map elements only is applied as just that
     /// ([`nft::render_update`]); should that transaction fail (the table was changed or
     /// removed by hand), nothing of it was applied and the full replace runs instead.
-    pub fn apply(
-        &self,
-        set: &RuleSet,
-        installed: Option<&RuleSet>,
-    ) -> Result<String, FirewallError> {
+    pub fn apply(&self, set: &RuleSet, installed: Option<&RuleSet>) -> Result<(), FirewallError> {
         match self {
             Backend::Nftables => {
                 let update = installed.and_then(|old| nft::render_update(old, set));
@@ -224,7 +220,7 @@ impl Backend {
                         run("nft", &["-f", "-"], Some(&nft::render(set)))?;
                     }
                 }
-                self.installed(&set.tunnel)
+                Ok(())
             }
             Backend::Iptables { legacy } => {
                 for family in [Family::V4, Family::V6] {
@@ -236,7 +232,7 @@ impl Backend {
                     let text = iptables::render(set, family, &jumps);
                     run(restore_bin(family, *legacy), &["--noflush"], Some(&text))?;
                 }
-                self.installed(&set.tunnel)
+                Ok(())
             }
         }
     }

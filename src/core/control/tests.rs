@@ -58,6 +58,8 @@ struct Sim {
     endpoints: BTreeMap<PublicKey, SocketAddr>,
     lookups: Vec<(Lookup, Instant)>,
     rules_fail: bool,
+    /// The next applied set is gone again before anyone reads it back (removed by hand).
+    lose_next_apply: bool,
     remove_fail: bool,
     routes_fail: bool,
     log: Vec<Action>,
@@ -89,6 +91,7 @@ impl Sim {
             endpoints: BTreeMap::new(),
             lookups: Vec::new(),
             rules_fail: false,
+            lose_next_apply: false,
             remove_fail: false,
             routes_fail: false,
             log: Vec::new(),
@@ -103,8 +106,19 @@ impl Sim {
         self.drive();
     }
 
-    /// Runs every queued action, as the shell would, until none is left.
+    /// Runs every queued action, as the shell would, until none is left; then, like the
+    /// daemon's loop, fires a timer already due (the drift baseline after an apply) once and
+    /// runs what that queued. (Once: a lookup the test leaves unanswered past its deadline
+    /// stays due.)
     fn drive(&mut self) {
+        self.run_queue();
+        if self.control.poll_timeout().is_some_and(|at| at <= self.now) {
+            self.control.handle_timeout(self.now);
+            self.run_queue();
+        }
+    }
+
+    fn run_queue(&mut self) {
         while let Some(action) = self.control.poll_action() {
             self.log.push(action.clone());
             self.execute(action);
@@ -170,12 +184,12 @@ impl Sim {
                         .handle_rules_applied(Err("nft: Operation not permitted".into()), now);
                     return;
                 }
-                let fingerprint = format!("{set:?}");
-                self.installed_fingerprint = fingerprint.clone();
+                self.installed_fingerprint = format!("{set:?}");
+                if std::mem::take(&mut self.lose_next_apply) {
+                    self.installed_fingerprint.clear();
+                }
                 self.rules = Some(set);
                 let report = RulesReport {
-                    fingerprint,
-                    rule_count: 1,
                     seconds: 0.01,
                     text: String::new(),
                 };
@@ -262,6 +276,8 @@ fn start_installs_everything_and_becomes_ready() {
     assert_eq!(sim.sessions.len(), 1);
     assert_eq!(sim.control.readiness(), Ok(()));
     assert_eq!(sim.control.start_failure(), None);
+    // The drift baseline was read right after the apply; then the checks every 30 s.
+    assert_eq!(sim.control.view().rules.rule_count, 1);
     assert_eq!(
         sim.control.poll_timeout(),
         Some(sim.now + Duration::from_secs(30))
@@ -464,6 +480,64 @@ fn readiness_goes_back_to_not_ready_and_recovers_on_drift() {
 }
 
 #[test]
+fn an_apply_reports_before_the_read_back_which_is_the_drift_baseline() {
+    let mut sim = Sim::new(BASE);
+    let kinds = |log: &[Action]| -> Vec<&'static str> {
+        log.iter()
+            .filter_map(|a| match a {
+                Action::ApplyRules { .. } => Some("apply"),
+                Action::CheckRules => Some("check"),
+                _ => None,
+            })
+            .collect()
+    };
+    // The start applies, then reads the table back once: the baseline.
+    assert_eq!(kinds(&sim.log), ["apply", "check"]);
+    assert_eq!(sim.control.view().rules.rule_count, 1);
+    // A reload that changes the rules runs the apply alone: what the caller of the reload
+    // waits for (the daemon drains the queue) holds no read-back of the whole table ...
+    sim.log.clear();
+    let next = BASE.replace("10.96.0.10", "10.96.0.11");
+    assert_eq!(
+        sim.control.handle_config_loaded(config(&next), sim.now),
+        Ok(Reload::Applied)
+    );
+    sim.run_queue();
+    assert_eq!(kinds(&sim.log), ["apply"]);
+    assert_eq!(sim.control.readiness(), Ok(()));
+    // ... which is due at once, after it.
+    assert_eq!(sim.control.poll_timeout(), Some(sim.now));
+    sim.drive();
+    assert_eq!(kinds(&sim.log), ["apply", "check"]);
+    // Drift from that baseline is repaired at the next periodic check, not before.
+    sim.log.clear();
+    sim.installed_fingerprint = "edited by hand".into();
+    sim.advance(Duration::from_secs(29));
+    assert!(sim.log.is_empty(), "{:?}", sim.log);
+    sim.advance(Duration::from_secs(1));
+    assert_eq!(kinds(&sim.log), ["check", "apply", "check"]);
+    assert_eq!(sim.targets_in_rules(), [ip("10.96.0.11")].into());
+}
+
+#[test]
+fn rules_gone_before_the_baseline_read_are_applied_again() {
+    let mut sim = Sim::new(BASE);
+    sim.log.clear();
+    sim.lose_next_apply = true;
+    sim.reload(&BASE.replace("10.96.0.10", "10.96.0.11"))
+        .expect("reload taken");
+    let applies = sim
+        .log
+        .iter()
+        .filter(|a| matches!(a, Action::ApplyRules { .. }))
+        .count();
+    assert_eq!(applies, 2, "{:?}", sim.log);
+    let applied = sim.rules.as_ref().expect("rules installed");
+    assert_eq!(sim.installed_fingerprint, format!("{applied:?}"));
+    assert_eq!(sim.control.readiness(), Ok(()));
+}
+
+#[test]
 fn failed_routes_drop_readiness_and_fail_a_start() {
     let now = crate::clock::now();
     let mut control = Control::new(config(BASE), 51820, None, now);
@@ -473,8 +547,6 @@ fn failed_routes_drop_readiness_and_fail_a_start() {
             Action::SetAddresses { .. } => control.handle_addresses_applied(Ok(()), now),
             Action::ApplyRules { .. } => control.handle_rules_applied(
                 Ok(RulesReport {
-                    fingerprint: "x".into(),
-                    rule_count: 1,
                     seconds: 0.0,
                     text: String::new(),
                 }),
@@ -823,7 +895,7 @@ fn a_reload_back_to_rules_applies_them_again() {
     assert_eq!(sim.control.readiness(), Ok(()));
     let view = sim.control.view().rules;
     assert!(view.needed && view.current);
-    assert_eq!(view.rule_count, 1);
+    assert_eq!(view.rule_count, 1, "counted from the read-back");
 
     // Also after a removal that failed: whatever it left is replaced by the new set.
     sim.remove_fail = true;
