@@ -201,18 +201,14 @@ impl Config {
         if wgquick::looks_like_wg_quick(text) {
             return Err(ConfigErrors(vec![wgquick::not_toml_error("FILE")]));
         }
-        let table: toml::Table =
-            toml::from_str(text).map_err(|e| ConfigErrors(vec![toml_error(text, &e)]))?;
-        // Every unknown key, then every other problem: one pass shows them all.
-        let mut errors = unknown_keys::unknown_keys(&table);
-        let raw: raw::RawConfig = match toml::from_str(text) {
-            Ok(raw) => raw,
-            Err(e) => {
-                errors.push(toml_error(text, &e));
-                return Err(ConfigErrors(errors));
-            }
+        // Every unknown key, then every other problem: one pass shows them all. The generic
+        // table goes before the typed parse (at 10,000 rules each is tens of MB).
+        let mut errors = {
+            let table: toml::Table =
+                toml::from_str(text).map_err(|e| ConfigErrors(vec![toml_error(text, &e)]))?;
+            unknown_keys::unknown_keys(&table)
         };
-        match validate::validate(raw, base_dir, files) {
+        match Config::parse_known_keys(text, base_dir, files) {
             Ok(config) if errors.is_empty() => Ok(config),
             Ok(_) => Err(ConfigErrors(errors)),
             Err(ConfigErrors(more)) => {
@@ -220,6 +216,20 @@ impl Config {
                 Err(ConfigErrors(errors))
             }
         }
+    }
+
+    /// [`Config::parse`] without its pass for unknown keys (where a key that is no key is
+    /// silently ignored): for text a program rendered from keys it knows and a base that
+    /// [`Config::parse`] accepted, like a proxy group's 10,000 rules, where that pass's generic
+    /// table costs tens of MB.
+    pub fn parse_known_keys(
+        text: &str,
+        base_dir: &Path,
+        files: &dyn SecretFiles,
+    ) -> Result<Config, ConfigErrors> {
+        let raw: raw::RawConfig =
+            toml::from_str(text).map_err(|e| ConfigErrors(vec![toml_error(text, &e)]))?;
+        validate::validate(raw, base_dir, files)
     }
 
     /// The tunnel address of `family` (v4 or v6) that SNAT uses, if any.

@@ -61,11 +61,52 @@ pub struct ServiceInfo {
     pub cluster_ips: Vec<String>,
     pub external_name: Option<String>,
     pub load_balancer_class: Option<String>,
-    pub annotations: BTreeMap<String, String>,
+    pub annotations: Annotations,
     pub ports: Vec<ServicePort>,
     /// `metadata.creationTimestamp` in Unix seconds: in a proxy group, the older of two Services
     /// that claim the same port keeps it.
     pub created: Option<i64>,
+}
+
+/// A Service's annotations as the sidecar keeps them: a sorted list, not a map (a map's node
+/// costs hundreds of bytes per Service, for the one to three annotations a member has).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Annotations(Vec<(String, String)>);
+
+impl Annotations {
+    /// The prefix of every annotation the sidecar reads: the API conversion keeps only these
+    /// (a `kubectl apply`'s last-applied-configuration alone is the size of the whole Service).
+    pub const PREFIX: &'static str = "tunnelgate.dev/";
+
+    pub fn get(&self, key: &str) -> Option<&String> {
+        self.position(key).ok().map(|i| &self.0[i].1)
+    }
+
+    pub fn insert(&mut self, key: String, value: String) {
+        match self.position(&key) {
+            Ok(i) => self.0[i].1 = value,
+            Err(i) => self.0.insert(i, (key, value)),
+        }
+    }
+
+    pub fn remove(&mut self, key: &str) -> Option<String> {
+        self.position(key).ok().map(|i| self.0.remove(i).1)
+    }
+
+    fn position(&self, key: &str) -> Result<usize, usize> {
+        self.0.binary_search_by(|(k, _)| k.as_str().cmp(key))
+    }
+}
+
+impl FromIterator<(String, String)> for Annotations {
+    fn from_iter<I: IntoIterator<Item = (String, String)>>(iter: I) -> Self {
+        let mut out = Annotations::default();
+        for (k, v) in iter {
+            out.insert(k, v);
+        }
+        out.0.shrink_to_fit();
+        out
+    }
 }
 
 /// One entry of `spec.ports`.
@@ -136,7 +177,7 @@ pub fn render(
         svc.namespace, svc.name
     );
     let text = config_text(&table, [&rules], &header)?;
-    let (mut rendered, _) = finish(text, &prepared, current, notes)?;
+    let (mut rendered, _) = finish(text, &prepared, current, notes, None)?;
     store_config_within(&mut rendered.data, SECRET_MAX_BYTES).map_err(|bytes| {
         Rejected(vec![format!(
             "rendered {KEY_CONFIG} needs {bytes} bytes even gzip-compressed: expected at most {SECRET_MAX_BYTES} (the API server's Secret limit)"
@@ -202,12 +243,9 @@ fn config_text<'a>(
     rules: impl IntoIterator<Item = &'a Rules>,
     header: &str,
 ) -> Result<String, Rejected> {
-    let mut table = table.clone();
-    for r in rules {
-        append(&mut table, "ingress", r.ingress.clone());
-        append(&mut table, "egress", r.egress.clone());
-    }
-    let body = to_toml(table).map_err(|e| Rejected(vec![format!("cannot write TOML: {e}")]))?;
+    let rules: Vec<&Rules> = rules.into_iter().collect();
+    let body = to_toml_with(table.clone(), &rules)
+        .map_err(|e| Rejected(vec![format!("cannot write TOML: {e}")]))?;
     Ok(format!("{header}\n{body}"))
 }
 
@@ -217,22 +255,35 @@ fn daemon_check(text: &str, key: &SecretKey) -> Result<Config, Vec<String>> {
         .map_err(|e| e.0.iter().map(ToString::to_string).collect())
 }
 
+/// [`daemon_check`] of a text rendered from a base that passed it and rules whose keys the
+/// sidecar writes itself: the same checks but the one for unknown keys, which could only find
+/// one in the base (and costs a generic copy of every rule).
+fn rendered_check(text: &str, key: &SecretKey) -> Result<Config, Vec<String>> {
+    Config::parse_known_keys(text, Path::new(MOUNT_DIR), &MountedKey(key))
+        .map_err(|e| e.0.iter().map(ToString::to_string).collect())
+}
+
 /// The Secret data for a configuration text, once the daemon would accept it, and the
-/// configuration as the daemon will load it.
+/// configuration as the daemon will load it. `checked`: that configuration, when the caller
+/// has just loaded this very text (a check of 10,000 rules is not free).
 fn finish(
     text: String,
     prepared: &Prepared,
     current: &BTreeMap<String, Vec<u8>>,
     notes: Vec<String>,
+    checked: Option<Config>,
 ) -> Result<(Rendered, Config), Rejected> {
     let key = &prepared.key;
-    let config = daemon_check(&text, key).map_err(|e| {
-        Rejected(
-            e.iter()
-                .map(|e| format!("rendered {KEY_CONFIG} is invalid: {e}"))
-                .collect(),
-        )
-    })?;
+    let config = match checked {
+        Some(config) => config,
+        None => daemon_check(&text, key).map_err(|e| {
+            Rejected(
+                e.iter()
+                    .map(|e| format!("rendered {KEY_CONFIG} is invalid: {e}"))
+                    .collect(),
+            )
+        })?,
+    };
     let ips: Vec<String> = config
         .interface
         .addresses
@@ -608,8 +659,10 @@ fn rule_table(key: &str, target: &str, ports: &[String], service: &str) -> toml:
 }
 
 /// The table as TOML text, its sections in the order of the contract's example (a `toml::Table`
-/// alone would sort them by name).
-fn to_toml(mut table: toml::Table) -> Result<String, toml::ser::Error> {
+/// alone would sort them by name), with `rules` after the base config's own `[[ingress]]` /
+/// `[[egress]]` entries, written one rule at a time: a proxy group's 10,000 rules never become
+/// one TOML document in memory (that took more than the rest of the sidecar together).
+fn to_toml_with(mut table: toml::Table, rules: &[&Rules]) -> Result<String, toml::ser::Error> {
     const ORDER: [&str; 8] = [
         "interface",
         "peer",
@@ -626,30 +679,31 @@ fn to_toml(mut table: toml::Table) -> Result<String, toml::ser::Error> {
         .collect();
     // Anything else first, so a stray top-level key stays top-level (Config::parse refuses it
     // and names it).
+    let section = |key: &str, v: toml::Value| {
+        toml::to_string(&toml::Table::from_iter([(key.to_string(), v)]))
+    };
     let mut parts = Vec::new();
     if !table.is_empty() {
         parts.push(toml::to_string(&table)?);
     }
-    for (key, v) in ordered {
-        parts.push(toml::to_string(&toml::Table::from_iter([(
-            key.to_string(),
-            v,
-        )]))?);
+    let mut ordered = ordered.into_iter().peekable();
+    for key in ORDER {
+        if let Some((_, v)) = ordered.next_if(|(k, _)| *k == key) {
+            parts.push(section(key, v)?);
+        }
+        let appended = rules.iter().flat_map(|r| match key {
+            "ingress" => r.ingress.as_slice(),
+            "egress" => r.egress.as_slice(),
+            _ => &[],
+        });
+        for rule in appended {
+            parts.push(section(
+                key,
+                toml::Value::Array(vec![toml::Value::Table(rule.clone())]),
+            )?);
+        }
     }
     Ok(parts.join("\n"))
-}
-
-/// Appends rules after the base config's own `[[ingress]]` / `[[egress]]` entries.
-fn append(table: &mut toml::Table, section: &str, rules: Vec<toml::Table>) {
-    if rules.is_empty() {
-        return;
-    }
-    let entry = table
-        .entry(section)
-        .or_insert_with(|| toml::Value::Array(Vec::new()));
-    if let Some(arr) = entry.as_array_mut() {
-        arr.extend(rules.into_iter().map(toml::Value::Table));
-    }
 }
 
 #[cfg(test)]

@@ -402,11 +402,12 @@ impl Fake {
                     name,
                     tx: mpsc::unbounded_channel().0,
                 };
-                let matching: Vec<Value> = st
+                // References: a page clones only its own Services (cloning all 10,000 for each
+                // page of 500 made this stand-in, not the sidecar, the slow part of a list).
+                let matching: Vec<&Value> = st
                     .services
                     .values()
                     .filter(|s| watcher.matches(s))
-                    .cloned()
                     .collect();
                 if !query.contains("watch=true") {
                     // Pages of `limit`, as the API server gives them (kube asks for 500): the
@@ -417,8 +418,12 @@ impl Fake {
                     let limit: usize = param(&query, "limit")
                         .and_then(|l| l.parse().ok())
                         .unwrap_or(usize::MAX);
-                    let page: Vec<Value> =
-                        matching.iter().skip(from).take(limit).cloned().collect();
+                    let page: Vec<Value> = matching
+                        .iter()
+                        .skip(from)
+                        .take(limit)
+                        .map(|s| (*s).clone())
+                        .collect();
                     let mut metadata = json!({"resourceVersion": st.resource_version.to_string()});
                     if from.saturating_add(limit) < matching.len() {
                         metadata["continue"] = json!((from + limit).to_string());
@@ -434,7 +439,7 @@ impl Fake {
                 let since: u64 = param(&query, "resourceVersion")
                     .and_then(|v| v.parse().ok())
                     .unwrap_or(0);
-                for svc in matching.iter().filter(|s| since < service_rv(s)) {
+                for svc in matching.into_iter().filter(|s| since < service_rv(s)) {
                     let _ = tx.send(watch_line(svc));
                 }
                 st.watchers.push(Watcher { tx, ..watcher });

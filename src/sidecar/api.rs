@@ -80,7 +80,14 @@ pub fn service_info(svc: &Service) -> ServiceInfo {
         cluster_ips,
         external_name: spec.external_name,
         load_balancer_class: spec.load_balancer_class,
-        annotations: svc.metadata.annotations.clone().unwrap_or_default(),
+        annotations: svc
+            .metadata
+            .annotations
+            .iter()
+            .flatten()
+            .filter(|(k, _)| k.starts_with(super::Annotations::PREFIX))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
         ports,
         created: svc
             .metadata
@@ -484,6 +491,45 @@ mod tests {
             reason: reason.into(),
             message: message.into(),
         }
+    }
+
+    #[test]
+    fn a_service_keeps_only_the_annotations_the_sidecar_reads() {
+        let mut svc = Service::default();
+        svc.metadata.annotations = Some(
+            [
+                ("tunnelgate.dev/proxy-group", "tgp"),
+                (
+                    "kubectl.kubernetes.io/last-applied-configuration",
+                    "{\"huge\": 1}",
+                ),
+                ("tunnelgate.dev/expose", "true"),
+                ("example.com/owner", "team-a"),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        );
+        let info = service_info(&svc);
+        let mut expected = crate::sidecar::Annotations::default();
+        expected.insert("tunnelgate.dev/expose".into(), "true".into());
+        expected.insert("tunnelgate.dev/proxy-group".into(), "tgp".into());
+        assert_eq!(info.annotations, expected);
+        assert_eq!(
+            info.annotations
+                .get("tunnelgate.dev/proxy-group")
+                .map(String::as_str),
+            Some("tgp")
+        );
+        assert_eq!(info.annotations.get("example.com/owner"), None);
+        let mut a = info.annotations;
+        assert_eq!(a.remove("tunnelgate.dev/expose").as_deref(), Some("true"));
+        a.insert("tunnelgate.dev/proxy-group".into(), "other".into());
+        assert_eq!(
+            a.get("tunnelgate.dev/proxy-group").map(String::as_str),
+            Some("other")
+        );
+        assert_eq!(a.get("tunnelgate.dev/expose"), None);
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! replica itself (base config, key, address pool) refuses the whole rendering. No I/O, no clock.
 
 use super::{
-    config_text, daemon_check, data_size, finish, forwards, prepare, stored_config,
+    config_text, daemon_check, data_size, finish, forwards, prepare, rendered_check, stored_config,
     tunnel_families, Rejected, Rendered, Rules, ServiceInfo, KEY_CONFIG, SECRET_MAX_BYTES,
 };
 use crate::config::{IpNet, PortMap, Proto, SecretKey};
@@ -115,9 +115,9 @@ pub fn pool_address(pool: &IpNet, ordinal: u32) -> Result<IpNet, String> {
 /// Renders replica `replica`'s Secret data from the base configuration and `services` (any
 /// Services: those not of the group are ignored). `new_key` is called only when the Secret has no
 /// `private.key` yet. The Secret never passes the API server's limit, [`SECRET_MAX_BYTES`].
-pub fn render_group(
+pub fn render_group<'a>(
     replica: &Replica,
-    services: &[ServiceInfo],
+    services: impl IntoIterator<Item = &'a ServiceInfo>,
     base: &str,
     current: &BTreeMap<String, Vec<u8>>,
     new_key: impl FnOnce() -> SecretKey,
@@ -128,9 +128,10 @@ pub fn render_group(
 /// [`render_group`] with a Secret size limit of `max_bytes`: the configuration is stored plain
 /// when it fits, gzip-compressed when only that fits, and when not even that does, the oldest
 /// Services are served up to the limit and each newer one is left out (in `refused`).
-pub fn render_group_within(
+/// `services` by reference: the sidecar's own copy of 10,000 Services is not copied again.
+pub fn render_group_within<'a>(
     replica: &Replica,
-    services: &[ServiceInfo],
+    services: impl IntoIterator<Item = &'a ServiceInfo>,
     base: &str,
     current: &BTreeMap<String, Vec<u8>>,
     new_key: impl FnOnce() -> SecretKey,
@@ -152,7 +153,7 @@ pub fn render_group_within(
     let families = tunnel_families(&table);
 
     let mut members: Vec<&ServiceInfo> = services
-        .iter()
+        .into_iter()
         .filter(|s| is_member(s, &replica.group))
         .collect();
     // Oldest first: a new Service never takes a port from one that is already served.
@@ -235,19 +236,23 @@ pub fn render_group_within(
             if names.is_empty() { "none".to_string() } else { names.join(", ") }
         )
     };
+    // The base alone gets every check, unknown keys included; the texts with the Services'
+    // rules (keys the sidecar writes) all but that one, which at 10,000 Services would cost a
+    // generic copy of every rule (see `rendered_check`).
+    let base_text = config_text(&table, [], &header(&[]))?;
+    if let Err(e) = daemon_check(&base_text, &prepared.key) {
+        return Err(Rejected(
+            e.iter()
+                .map(|e| format!("base config is invalid: {e}"))
+                .collect(),
+        ));
+    }
     let all: Vec<&ServiceInfo> = candidates.iter().map(|(s, _)| *s).collect();
     let text = config_text(&table, candidates.iter().map(|(_, r)| r), &header(&all))?;
-    let (served, text) = if daemon_check(&text, &prepared.key).is_ok() {
-        (all, text)
+    // The happy path checks the text once: its Config goes on to `finish`.
+    let (served, text, checked) = if let Ok(config) = rendered_check(&text, &prepared.key) {
+        (all, text, Some(config))
     } else {
-        let base_text = config_text(&table, [], &header(&[]))?;
-        if let Err(e) = daemon_check(&base_text, &prepared.key) {
-            return Err(Rejected(
-                e.iter()
-                    .map(|e| format!("base config is invalid: {e}"))
-                    .collect(),
-            ));
-        }
         // Each error names the rule it is about (`ingress[12].ports`): leave out the Services
         // those rules are of and check again. Only what cannot be pinned on a rule falls back
         // to adding the Services one by one, which takes one check per Service (minutes at
@@ -258,7 +263,7 @@ pub fn render_group_within(
         let mut pool_ok = false;
         for _ in 0..PINNING_ROUNDS {
             let text = config_text(&table, pool.iter().map(|(_, r)| r), &header(&[]))?;
-            let Err(errors) = daemon_check(&text, &prepared.key) else {
+            let Err(errors) = rendered_check(&text, &prepared.key) else {
                 pool_ok = true;
                 break;
             };
@@ -306,7 +311,7 @@ pub fn render_group_within(
                 kept.iter().map(|(_, r)| r).chain([&c.1]),
                 &header(&[]),
             )?;
-            match daemon_check(&trial, &prepared.key) {
+            match rendered_check(&trial, &prepared.key) {
                 Ok(_) => kept.push(c),
                 Err(e) => refused.push(Refusal {
                     namespace: c.0.namespace.clone(),
@@ -323,9 +328,9 @@ pub fn render_group_within(
         }
         let served: Vec<&ServiceInfo> = kept.iter().map(|(s, _)| *s).collect();
         let text = config_text(&table, kept.iter().map(|(_, r)| r), &header(&served))?;
-        (served, text)
+        (served, text, None)
     };
-    let (mut rendered, mut config) = finish(text, &prepared, current, notes.clone())?;
+    let (mut rendered, mut config) = finish(text, &prepared, current, notes.clone(), checked)?;
     let mut served = served;
     let mut over_limit = None;
     let others = data_size(&rendered.data)
@@ -387,7 +392,7 @@ pub fn render_group_within(
             ));
             let text = prefix_text(low)?;
             served.truncate(low);
-            (rendered, config) = finish(text, &prepared, current, notes)?;
+            (rendered, config) = finish(text, &prepared, current, notes, None)?;
             let text = rendered.data.get(KEY_CONFIG).map_or(&[][..], Vec::as_slice);
             stored_config(text, others, max_bytes).map_err(|bytes| {
                 Rejected(vec![format!(

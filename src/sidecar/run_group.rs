@@ -568,16 +568,14 @@ impl GroupLoop {
                 .map(|k| (KEY_PRIVATE.to_string(), k.clone()))
                 .collect(),
         };
-        let services: Vec<ServiceInfo> = self.members.values().map(|m| m.info.clone()).collect();
         let out = render_group(
             &self.settings.replica,
-            &services,
+            self.members.values().map(|m| &m.info),
             &base,
             &current,
             SecretKey::generate,
         )
         .map_err(Failure::Rejected)?;
-        drop(services);
         if let Some(key) = out.rendered.data.get(KEY_PRIVATE) {
             self.known_key = Some(key.clone());
         }
