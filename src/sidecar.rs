@@ -74,9 +74,16 @@ pub struct ServiceInfo {
 pub struct Annotations(Vec<(String, String)>);
 
 impl Annotations {
-    /// The prefix of every annotation the sidecar reads: the API conversion keeps only these
-    /// (a `kubectl apply`'s last-applied-configuration alone is the size of the whole Service).
+    /// The prefix of every annotation the sidecar reads.
     pub const PREFIX: &'static str = "tunnelgate.dev/";
+
+    /// Drops every annotation but the sidecar's own: what a proxy group keeps of each of its
+    /// 10,000 Services (a `kubectl apply`'s last-applied-configuration alone is the size of
+    /// the whole Service).
+    pub fn retain_own(&mut self) {
+        self.0.retain(|(k, _)| k.starts_with(Self::PREFIX));
+        self.0.shrink_to_fit();
+    }
 
     pub fn get(&self, key: &str) -> Option<&String> {
         self.position(key).ok().map(|i| &self.0[i].1)

@@ -85,7 +85,6 @@ pub fn service_info(svc: &Service) -> ServiceInfo {
             .annotations
             .iter()
             .flatten()
-            .filter(|(k, _)| k.starts_with(super::Annotations::PREFIX))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
         ports,
@@ -494,7 +493,7 @@ mod tests {
     }
 
     #[test]
-    fn a_service_keeps_only_the_annotations_the_sidecar_reads() {
+    fn a_group_member_keeps_only_the_annotations_the_sidecar_reads() {
         let mut svc = Service::default();
         svc.metadata.annotations = Some(
             [
@@ -510,7 +509,16 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
         );
-        let info = service_info(&svc);
+        let mut info = service_info(&svc);
+        // A single Service's sidecar keeps them all: a change of any annotation is a pass,
+        // which is how containers/README.md has a removed key rotated.
+        assert_eq!(
+            info.annotations
+                .get("example.com/owner")
+                .map(String::as_str),
+            Some("team-a")
+        );
+        info.annotations.retain_own();
         let mut expected = crate::sidecar::Annotations::default();
         expected.insert("tunnelgate.dev/expose".into(), "true".into());
         expected.insert("tunnelgate.dev/proxy-group".into(), "tgp".into());

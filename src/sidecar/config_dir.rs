@@ -206,12 +206,16 @@ mod tests {
             ("private.key".to_string(), b"k1".to_vec()),
             ("old".to_string(), b"gone next".to_vec()),
         ]);
-        dir.write(&first).expect("first write");
-        assert_eq!(dir.read().as_ref(), Some(&first));
-        assert_eq!(
-            std::fs::read(root.join("tunnelgate.toml")).expect("read"),
-            b"one"
-        );
+        // Each write reads back whole, the config file under its plain name.
+        let hand_over = |data: &BTreeMap<String, Vec<u8>>, config: &[u8]| {
+            dir.write(data).expect("write");
+            assert_eq!(dir.read().as_ref(), Some(data));
+            assert_eq!(
+                std::fs::read(root.join("tunnelgate.toml")).expect("read"),
+                config
+            );
+        };
+        hand_over(&first, b"one");
         let mode = std::fs::metadata(root.join("private.key"))
             .expect("stat")
             .permissions()
@@ -222,12 +226,7 @@ mod tests {
             ("tunnelgate.toml".to_string(), b"two".to_vec()),
             ("private.key".to_string(), b"k1".to_vec()),
         ]);
-        dir.write(&second).expect("second write");
-        assert_eq!(dir.read().as_ref(), Some(&second));
-        assert_eq!(
-            std::fs::read(root.join("tunnelgate.toml")).expect("read"),
-            b"two"
-        );
+        hand_over(&second, b"two");
         assert!(
             std::fs::symlink_metadata(root.join("old")).is_err(),
             "a name no longer handed over is removed"

@@ -397,7 +397,8 @@ async fn check_names(
 
 impl GroupLoop {
     fn member(&self, svc: &Service) -> Option<(Key, Member)> {
-        let info = service_info(svc);
+        let mut info = service_info(svc);
+        info.annotations.retain_own();
         is_member(&info, &self.settings.replica.group).then(|| {
             (
                 (info.namespace.clone(), info.name.clone()),
