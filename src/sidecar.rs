@@ -680,10 +680,7 @@ fn to_toml_with(mut table: toml::Table, rules: &[&Rules]) -> Result<String, toml
         "dns",
         "health",
     ];
-    let ordered: Vec<(&str, toml::Value)> = ORDER
-        .iter()
-        .filter_map(|k| Some((*k, table.remove(*k)?)))
-        .collect();
+    let own = ORDER.map(|k| table.remove(k));
     // Anything else first, so a stray top-level key stays top-level (Config::parse refuses it
     // and names it).
     let section = |key: &str, v: toml::Value| {
@@ -693,9 +690,8 @@ fn to_toml_with(mut table: toml::Table, rules: &[&Rules]) -> Result<String, toml
     if !table.is_empty() {
         parts.push(toml::to_string(&table)?);
     }
-    let mut ordered = ordered.into_iter().peekable();
-    for key in ORDER {
-        if let Some((_, v)) = ordered.next_if(|(k, _)| *k == key) {
+    for (key, own) in ORDER.into_iter().zip(own) {
+        if let Some(v) = own {
             parts.push(section(key, v)?);
         }
         let appended = rules.iter().flat_map(|r| match key {
