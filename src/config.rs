@@ -16,6 +16,7 @@ use std::time::Duration;
 pub use ipnet::IpNet;
 pub use keys::{decode_key, PublicKey, SecretKey};
 pub use ports::{PortMap, Proto};
+pub use validate::ingress_warnings;
 
 /// Default TUN MTU: 1500 minus the 80 bytes of IPv6 + UDP + WireGuard overhead.
 pub const DEFAULT_MTU: u16 = 1420;

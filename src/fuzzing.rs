@@ -59,10 +59,7 @@ pub fn config(data: &[u8]) {
             Target::Ip(_) => None,
         })
         .collect();
-    let facts = RuntimeFacts {
-        wg_port: config.interface.listen_port,
-        health_port: config.health.listen.map(|a| a.port()),
-    };
+    let facts = RuntimeFacts::fresh_start(&config, config.interface.listen_port);
     let set = desired(&config, &facts, &resolved);
     let _ = nft::render(&set);
     for family in [Family::V4, Family::V6] {

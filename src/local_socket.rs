@@ -211,8 +211,11 @@ fn probe(path: &Path) -> Result<SocketState, ClaimError> {
             path: path.to_path_buf(),
         });
     }
-    match UnixStream::connect(path) {
-        Ok(_) => Ok(SocketState::Answers),
+    match connect_nonblocking(path) {
+        Ok(()) => Ok(SocketState::Answers),
+        // Its accept queue is full: a process listens on it (busy, or stuck); a blocking
+        // connect would wait until it accepts, which it may never do.
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(SocketState::Answers),
         Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => Ok(SocketState::Refused),
         // Unlinked between the stat and the connect: its holder just went.
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(SocketState::Absent),
@@ -226,6 +229,15 @@ fn probe(path: &Path) -> Result<SocketState, ClaimError> {
             source,
         }),
     }
+}
+
+/// A `connect(2)` to a Unix stream socket that never waits: it is queued at once, or fails
+/// with `WouldBlock` when the listener's accept queue is full, so a probe of a holder that
+/// no longer accepts returns at once and the claim keeps its time limit.
+fn connect_nonblocking(path: &Path) -> io::Result<()> {
+    let socket = socket2::Socket::new(socket2::Domain::UNIX, socket2::Type::STREAM, None)?;
+    socket.set_nonblocking(true)?;
+    socket.connect(&socket2::SockAddr::unix(path)?)
 }
 
 fn remove_stale(path: &Path) -> Result<(), ClaimError> {
@@ -531,6 +543,63 @@ mod tests {
         assert!(waited >= HANDOVER_WAIT, "{waited:?}");
         assert!(waited < HANDOVER_WAIT * 3, "{waited:?}");
         assert!(first.still_ours(), "the live socket was not touched");
+    }
+
+    /// A listener whose accept queue is full, as an old instance that stopped accepting has.
+    fn full_listener(path: &Path) -> (socket2::Socket, Vec<socket2::Socket>) {
+        use socket2::{Domain, SockAddr, Socket, Type};
+        let listener = Socket::new(Domain::UNIX, Type::STREAM, None).expect("socket");
+        listener
+            .bind(&SockAddr::unix(path).expect("addr"))
+            .expect("bind");
+        listener.listen(0).expect("listen");
+        let mut queued = Vec::new();
+        for _ in 0..64 {
+            let c = Socket::new(Domain::UNIX, Type::STREAM, None).expect("socket");
+            c.set_nonblocking(true).expect("nonblocking");
+            match c.connect(&SockAddr::unix(path).expect("addr")) {
+                Ok(()) => queued.push(c),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return (listener, queued),
+                Err(e) => panic!("filling the backlog: {e}"),
+            }
+        }
+        panic!("the accept queue never filled");
+    }
+
+    /// Runs `f` on a thread and gives up after `limit` (a blocking connect would hang the test).
+    fn within<T: Send + 'static>(
+        limit: std::time::Duration,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(f());
+        });
+        rx.recv_timeout(limit)
+            .expect("the claim blocked on a listener that never accepts")
+    }
+
+    #[test]
+    fn a_holder_with_a_full_backlog_does_not_block_a_start() {
+        // Issue 27: the probe's connect waited for an accept that never came.
+        let tmp = TempDir::new("claim");
+        fs::create_dir_all(&tmp.0).expect("dir");
+        let path = tmp.0.join("tg10.sock");
+        let (_listener, _queued) = full_listener(&path);
+        let p = path.clone();
+        let started = crate::clock::now();
+        let err = within(HANDOVER_WAIT * 5, move || claim_for_interface(&p, GONE))
+            .expect_err("a live holder is refused");
+        let waited = crate::clock::now() - started;
+        assert!(matches!(err, ClaimError::InUse { .. }), "{err}");
+        assert!(
+            waited < HANDOVER_WAIT * 3,
+            "the 1 s promise holds: {waited:?}"
+        );
+        let p = path.clone();
+        let err = within(HANDOVER_WAIT, move || claim(&p)).expect_err("refused at once");
+        assert!(matches!(err, ClaimError::InUse { .. }), "{err}");
+        assert!(path.exists(), "the holder's socket is kept");
     }
 
     #[tokio::test]

@@ -6,6 +6,7 @@ pub mod dataplane;
 pub mod executor;
 pub mod firewall;
 pub mod forwarding;
+pub mod health;
 pub mod import;
 pub mod netlink;
 pub mod observe;

@@ -774,6 +774,48 @@ fn check_of_a_config_without_rules_prints_no_firewall() {
         .contains(&format!("ip route add 10.0.0.0/24 dev {}", case.name)));
 }
 
+/// Issue 27: `check` warns (exit 0, never refuses) about an ingress to loopback, which can
+/// never work, and to the gateway's own health endpoint, which would hand `/metrics` to the
+/// tunnel; a sound ingress gets no such word.
+#[test]
+fn check_warns_about_an_ingress_to_loopback_or_to_its_own_health_port() {
+    let case = Case::new();
+    let cases = [
+        (
+            "[[ingress]]\ntarget = \"127.0.0.1\"\nports = [\"8080\"]\n",
+            "listen = \"\"",
+            "ingress[0].target: 127.0.0.1 is a loopback address",
+        ),
+        (
+            "[[ingress]]\ntarget = \"192.0.2.50\"\nports = [\"80:9102\"]\n",
+            "listen = \"192.0.2.50:9102\"",
+            "this gateway's own health endpoint",
+        ),
+    ];
+    for (ingress, health, warning) in cases {
+        let text = format!(
+            "{}\n{ingress}",
+            case.base().replace("listen = \"\"", health)
+        );
+        let path = case.dir.write("tunnelgate.toml", &text);
+        let out = cli(&["check", "--config", &path.display().to_string()], None);
+        assert_eq!(out.code, Some(0), "a warning, not an error: {out:?}");
+        assert!(
+            out.stderr.contains("warning:") && out.stderr.contains(warning),
+            "{ingress}: {}",
+            out.stderr
+        );
+    }
+    let text = format!(
+        "{}\n[[ingress]]\ntarget = \"192.0.2.60\"\nports = [\"80\"]\n",
+        case.base()
+    );
+    let path = case.dir.write("tunnelgate.toml", &text);
+    let out = cli(&["check", "--config", &path.display().to_string()], None);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(!out.stderr.contains("ingress[0]"), "{}", out.stderr);
+}
+
 /// `--log-format` belongs to the subcommands that log: `run` takes it; the others refuse it as
 /// a usage error instead of silently ignoring it.
 #[test]

@@ -10,7 +10,6 @@ use tunnelgate::config::decode_key;
 use tunnelgate::config::SecretKey;
 use tunnelgate::shell::config_file::{load_config, LoadError};
 use tunnelgate::shell::daemon::{sd_notify, Daemon};
-use tunnelgate::telemetry::http::serve_health;
 use tunnelgate::telemetry::status::{query_status, status_socket_path, StatusSocket};
 use tunnelgate::telemetry::{init_logging, now_unix, render_status_text, LogFormat, Observe};
 
@@ -257,23 +256,26 @@ fn reload(config: Option<PathBuf>, interface: Option<String>) -> ExitCode {
     use tunnelgate::telemetry::status::{request_reload, ReloadOutcome};
     let name = match chosen_interface("reload", config, interface) {
         Ok(Some(n)) => n,
-        Ok(None) => match live_daemons(false).as_slice() {
-            [daemon] => daemon.name.clone(),
-            [] => {
-                eprintln!(
+        Ok(None) => match live_daemons(false).all_answered("reload") {
+            Err(code) => return code,
+            Ok(daemons) => match daemons.as_slice() {
+                [daemon] => daemon.name.clone(),
+                [] => {
+                    eprintln!(
                     "tunnelgate reload: no tunnelgate daemon is running in this network namespace (no live socket in {})",
                     tunnelgate::telemetry::status::run_dir().display()
                 );
-                return ExitCode::from(1);
-            }
-            several => {
-                let names: Vec<&str> = several.iter().map(|d| d.name.as_str()).collect();
-                eprintln!(
+                    return ExitCode::from(1);
+                }
+                several => {
+                    let names: Vec<&str> = several.iter().map(|d| d.name.as_str()).collect();
+                    eprintln!(
                     "tunnelgate reload: several daemons run in this network namespace ({}); name one with --interface or --config",
                     names.join(", ")
                 );
-                return ExitCode::from(2);
-            }
+                    return ExitCode::from(2);
+                }
+            },
         },
         Err(code) => return code,
     };
@@ -305,26 +307,63 @@ struct LiveDaemon {
     snapshot: tunnelgate::telemetry::Snapshot,
 }
 
+/// The daemons found in the run directory, and the sockets (or the directory) this user may
+/// not open: those may be daemons too, so they are never taken for "none running".
+struct Found {
+    daemons: Vec<LiveDaemon>,
+    denied: Vec<PathBuf>,
+}
+
+impl Found {
+    /// The daemons, or (having said so on stderr) exit 1 when a socket could not be opened
+    /// for lack of permission.
+    fn all_answered(self, what: &str) -> Result<Vec<LiveDaemon>, ExitCode> {
+        if self.denied.is_empty() {
+            return Ok(self.daemons);
+        }
+        for path in &self.denied {
+            eprintln!(
+                "tunnelgate {what}: permission denied: run as root (cannot open {})",
+                path.display()
+            );
+        }
+        Err(ExitCode::from(1))
+    }
+}
+
 /// Every daemon that answers on its status socket, with its snapshot; stale sockets skipped.
 /// Without `every_netns`, only those of this network namespace (the socket folder is shared
 /// by every namespace, like wireguard-go's).
-fn live_daemons(every_netns: bool) -> Vec<LiveDaemon> {
+fn live_daemons(every_netns: bool) -> Found {
+    use tunnelgate::telemetry::status::StatusError;
     use tunnelgate::telemetry::status::{own_netns_id, run_dir, same_netns, status_sockets_in};
     let own = own_netns_id();
-    status_sockets_in(&run_dir())
+    let dir = run_dir();
+    let mut denied = Vec::new();
+    if let Err(e) = std::fs::read_dir(&dir) {
+        if e.kind() == std::io::ErrorKind::PermissionDenied {
+            denied.push(dir.clone());
+        }
+    }
+    let daemons = status_sockets_in(&dir)
         .into_iter()
         .filter_map(|path| match query_status(&path) {
             Ok(snapshot) => Some(LiveDaemon {
                 name: snapshot.interface.name.clone(),
                 snapshot,
             }),
+            Err(StatusError::PermissionDenied { path }) => {
+                denied.push(path);
+                None
+            }
             Err(e) => {
                 tracing::debug!(error = %e, "skipping a status socket");
                 None
             }
         })
         .filter(|d| every_netns || same_netns(d.snapshot.netns_id.as_deref(), own.as_deref()))
-        .collect()
+        .collect();
+    Found { daemons, denied }
 }
 
 /// A snapshot as JSON, with `netns`: the daemon's namespace as status names it.
@@ -357,7 +396,10 @@ fn print_json(value: &serde_json::Value) -> ExitCode {
 /// every namespace, each with a `netns:` line), like `wg show`.
 fn status_all(every_netns: bool, json: bool) -> ExitCode {
     use tunnelgate::telemetry::status::{named_netns, netns_display, run_dir};
-    let daemons = live_daemons(every_netns);
+    let daemons = match live_daemons(every_netns).all_answered("status") {
+        Ok(d) => d,
+        Err(code) => return code,
+    };
     let named = named_netns();
     if json {
         let values: Result<Vec<serde_json::Value>, _> = daemons
@@ -442,10 +484,10 @@ fn check(path: &std::path::Path, config: &tunnelgate::config::Config) -> ExitCod
         match tunnelgate::shell::firewall::choose(config.firewall.mode) {
             Ok(backend) => {
                 // Ports the daemon would bind: the configured ones (a random port shows as 0).
-                let facts = tunnelgate::rules::desired::RuntimeFacts {
-                    wg_port: config.interface.listen_port,
-                    health_port: config.health.listen.map(|a| a.port()),
-                };
+                let facts = tunnelgate::rules::desired::RuntimeFacts::fresh_start(
+                    config,
+                    config.interface.listen_port,
+                );
                 let set = tunnelgate::rules::desired::desired(config, &facts, &Default::default());
                 Some((backend.to_string(), backend.render(&set)))
             }
@@ -561,16 +603,13 @@ async fn serve(config: tunnelgate::config::Config, path: PathBuf) -> anyhow::Res
         .with_context(|| format!("status socket for {name}"))?;
     let health = match config.health.listen {
         Some(addr) => Some(
-            tunnelgate::telemetry::http::bind_health(addr)
+            tunnelgate::shell::health::bind(addr)
                 .with_context(|| format!("health.listen {addr}"))?,
         ),
         None => None,
     };
-    let health_port = health
-        .as_ref()
-        .and_then(|l| l.local_addr().ok())
-        .map(|a| a.port());
-    let daemon = Daemon::start(config, path, health_port).await?;
+    // The daemon serves it (and moves it when a reload names another address).
+    let daemon = Daemon::start(config, path, health).await?;
     let handle = daemon.handle();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = move || {
@@ -599,13 +638,6 @@ async fn serve(config: tunnelgate::config::Config, path: PathBuf) -> anyhow::Res
             }
         }
     }));
-    if let Some(listener) = health {
-        tasks.push(tokio::spawn(serve_health(
-            listener,
-            observe.clone(),
-            stopped(),
-        )));
-    }
     tasks.push(tokio::spawn(tunnelgate::shell::daemon::systemd_watchdog(
         observe.clone(),
         stopped(),

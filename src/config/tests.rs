@@ -469,3 +469,50 @@ fn rules_carry_a_service_label_and_readiness_chooses_who_waits_for_names() {
         &["string"],
     );
 }
+
+/// Issue 27: an ingress to loopback, or to this gateway's own health endpoint, is accepted
+/// (never refused) with a warning that names the rule and says why.
+#[test]
+fn ingress_to_loopback_or_to_the_own_health_endpoint_is_warned_about() {
+    let host: std::collections::BTreeSet<IpAddr> = ["10.0.0.5".parse().expect("ip")].into();
+    let warned = |extra: &str| -> Vec<String> {
+        let c = parse(&minimal(extra)).expect("a warning never refuses the file");
+        ingress_warnings(&c, &host)
+    };
+    // Loopback, either family, any ports.
+    for target in ["127.0.0.1", "127.0.0.53", "::1"] {
+        let w = warned(&format!(
+            "[[ingress]]\ntarget = \"{target}\"\nports = [\"80\"]\n"
+        ));
+        assert_eq!(w.len(), 1, "{target}: {w:?}");
+        assert!(w[0].starts_with("ingress[0].target:"), "{w:?}");
+        assert!(
+            w[0].contains("loopback") && w[0].contains("never work"),
+            "{w:?}"
+        );
+    }
+    // The health endpoint's own address and port; or a host address, with it on 0.0.0.0.
+    let own = [
+        "[health]\nlisten = \"10.0.0.5:9002\"\n[[ingress]]\ntarget = \"10.0.0.5\"\nports = [\"9002\"]\n",
+        "[health]\nlisten = \"0.0.0.0:9002\"\n[[ingress]]\ntarget = \"10.0.0.5\"\nports = [\"80:9002\"]\n",
+        "[health]\nlisten = \"[::]:9002\"\n[[ingress]]\ntarget = \"10.0.0.5\"\n",
+    ];
+    for extra in own {
+        let w = warned(extra);
+        assert_eq!(w.len(), 1, "{extra}: {w:?}");
+        assert!(w[0].contains("/metrics") && w[0].contains("9002"), "{w:?}");
+    }
+    // Not the health endpoint: another port, UDP, another host, another address it does not
+    // listen on, or no endpoint at all.
+    let fine = [
+        "[health]\nlisten = \"0.0.0.0:9002\"\n[[ingress]]\ntarget = \"10.0.0.5\"\nports = [\"9002:80\"]\n",
+        "[health]\nlisten = \"0.0.0.0:9002\"\n[[ingress]]\ntarget = \"10.0.0.5\"\nports = [\"9002/udp\"]\n",
+        "[health]\nlisten = \"0.0.0.0:9002\"\n[[ingress]]\ntarget = \"10.96.0.10\"\n",
+        "[health]\nlisten = \"10.0.0.6:9002\"\n[[ingress]]\ntarget = \"10.0.0.5\"\n",
+        "[health]\nlisten = \"\"\n[[ingress]]\ntarget = \"10.0.0.5\"\n",
+        "[[ingress]]\ntarget_fqdn = \"db.example.internal\"\n",
+    ];
+    for extra in fine {
+        assert_eq!(warned(extra), Vec::<String>::new(), "{extra}");
+    }
+}

@@ -6,7 +6,7 @@ use super::keys::decode_key;
 use super::ports::overlap;
 use super::raw::{RawConfig, RawForward};
 use super::*;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
 struct Errors(Vec<ConfigError>);
@@ -812,6 +812,64 @@ impl PortClaims {
             }
         }
     }
+}
+
+/// Warnings (never errors) about `[[ingress]]` targets that cannot be what the user meant:
+/// a loopback address (the kernel drops a packet DNATed there from another interface, so the
+/// rule never works), or this host's own health endpoint (the rule would hand `/metrics` to
+/// every tunnel peer). `host_addrs` are the addresses of this host's interfaces, as the shell
+/// found them (empty when unknown): with the endpoint on `0.0.0.0` or `::`, any of them
+/// reaches it.
+pub fn ingress_warnings(config: &Config, host_addrs: &BTreeSet<IpAddr>) -> Vec<String> {
+    let mut out = Vec::new();
+    for (i, fwd) in config.ingress.iter().enumerate() {
+        let Target::Ip(ip) = fwd.target else { continue };
+        let ip = ip.to_canonical();
+        if ip.is_loopback() {
+            out.push(format!(
+                "ingress[{i}].target: {ip} is a loopback address: the kernel drops packets from the tunnel forwarded to loopback, so this rule can never work; expected an address of another host or of a local service reachable on a non-loopback address"
+            ));
+            continue;
+        }
+        let Some(health) = config.health.listen else {
+            continue;
+        };
+        if !reaches_health(ip, health, config, host_addrs) {
+            continue;
+        }
+        let port_hits = fwd.ports.is_empty()
+            || fwd
+                .ports
+                .iter()
+                .any(|p| p.proto == Proto::Tcp && p.target == health.port());
+        if port_hits {
+            out.push(format!(
+                "ingress[{i}].target: {ip} port {} is this gateway's own health endpoint (health.listen = \"{health}\"): the rule exposes /healthz, /readyz and /metrics to every tunnel peer; expected another target, or another port",
+                health.port()
+            ));
+        }
+    }
+    out
+}
+
+/// Whether a connection to `ip` on the health port reaches the health endpoint on `health`.
+fn reaches_health(
+    ip: IpAddr,
+    health: SocketAddr,
+    config: &Config,
+    host_addrs: &BTreeSet<IpAddr>,
+) -> bool {
+    let listen = health.ip().to_canonical();
+    if ip == listen {
+        return true;
+    }
+    if !listen.is_unspecified() {
+        return false;
+    }
+    // `0.0.0.0` answers on every IPv4 address of the host; `::` on every address (dual stack).
+    let family_ok = ip.is_ipv4() || listen.is_ipv6();
+    let own = host_addrs.contains(&ip) || config.interface.addresses.iter().any(|n| n.addr() == ip);
+    family_ok && own
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@ use crate::config::{Config, Endpoint, IpNet, PublicKey, SecretKey};
 use crate::core::backoff::Backoff;
 use crate::core::dns::{Outcome, Schedule, MAX_CONCURRENT_RESOLUTIONS, RESOLVE_TIMEOUT};
 use crate::core::routes::{self, RoutePlan};
-use crate::rules::desired::{desired, firewall_needed, RuntimeFacts};
+use crate::rules::desired::{beyond_loopback, desired, forwarding_configured, RuntimeFacts};
 use crate::rules::{Family, RuleSet};
 use crate::uapi::{DeviceSnapshot, DeviceUpdate, PeerSnapshot, UapiError};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -103,6 +103,20 @@ struct Rules {
     forwarding_recorded: bool,
 }
 
+/// The health endpoint's listener: what is bound, and a move to another address under way.
+#[derive(Debug, Clone)]
+struct HealthListener {
+    /// The `health.listen` the current listener was bound for (`None`: no listener).
+    requested: Option<SocketAddr>,
+    /// The address actually bound (the port the kernel chose for port 0).
+    bound: Option<SocketAddr>,
+    /// A [`Action::ServeHealth`] is in flight, for this `health.listen`.
+    in_flight: Option<Option<SocketAddr>>,
+    /// The `health.listen` whose bind failed: not tried again until the file asks for
+    /// another one.
+    failed: Option<Option<SocketAddr>>,
+}
+
 #[derive(Debug, Clone)]
 struct Routes {
     applied: RoutePlan,
@@ -144,7 +158,7 @@ pub struct Control {
     mode: Mode,
     config: Config,
     listen_port: u16,
-    health_port: Option<u16>,
+    health: HealthListener,
     /// `None` after UAPI removed it (as wireguard-go allows).
     private_key: Option<SecretKey>,
     fwmark: Option<u32>,
@@ -164,9 +178,15 @@ pub struct Control {
 
 impl Control {
     /// The core for a daemon whose WireGuard socket is bound to `listen_port` and whose health
-    /// endpoint (if any) listens on `health_port`. Its first actions bring everything up.
-    pub fn new(config: Config, listen_port: u16, health_port: Option<u16>, now: Instant) -> Self {
-        Control::with_mode(Mode::Daemon, config, listen_port, health_port, now)
+    /// endpoint (if any) listens on `health_bound`, bound for `config.health.listen`. Its first
+    /// actions bring everything up.
+    pub fn new(
+        config: Config,
+        listen_port: u16,
+        health_bound: Option<SocketAddr>,
+        now: Instant,
+    ) -> Self {
+        Control::with_mode(Mode::Daemon, config, listen_port, health_bound, now)
     }
 
     /// [`Control::new`] in `mode`. In [`Mode::Userspace`] the configuration only names the
@@ -175,14 +195,21 @@ impl Control {
         mode: Mode,
         config: Config,
         listen_port: u16,
-        health_port: Option<u16>,
+        health_bound: Option<SocketAddr>,
         now: Instant,
     ) -> Self {
         let userspace = mode == Mode::Userspace;
         let mut control = Control {
             mode,
             listen_port,
-            health_port,
+            health: HealthListener {
+                // The shell bound (or, with `health_bound` None, does not serve) exactly the
+                // address the file names: only a later file moves it.
+                requested: config.health.listen,
+                bound: health_bound,
+                in_flight: None,
+                failed: None,
+            },
             private_key: (!userspace).then(|| config.interface.private_key.clone()),
             fwmark: config.interface.fwmark,
             socket_mark: config.interface.fwmark,
@@ -237,6 +264,13 @@ impl Control {
     /// The running (desired) configuration.
     pub fn config(&self) -> &Config {
         &self.config
+    }
+
+    /// The `health.listen` the health endpoint is bound for now (`None`: it is off). A new
+    /// config file that names another address moves it: the shell reserves that address
+    /// before it hands the file over, and refuses the reload if it cannot.
+    pub fn health_requested(&self) -> Option<SocketAddr> {
+        self.health.requested
     }
 
     /// Ok when everything the configuration asks for is installed and every name resolved,
@@ -417,7 +451,33 @@ impl Control {
             Executed::RulesApplied(r) => self.handle_rules_applied(r, now),
             Executed::RulesChecked(r) => self.handle_rules_checked(r, now),
             Executed::RulesRemoved(r) => self.handle_rules_removed(r, now),
+            Executed::HealthBound(r) => self.handle_health_bound(r, now),
         }
+    }
+
+    /// The outcome of an [`Action::ServeHealth`]: the address now bound (the old listener is
+    /// closed), or why the new one could not be bound (the old one keeps serving).
+    pub fn handle_health_bound(
+        &mut self,
+        result: Result<Option<SocketAddr>, String>,
+        now: Instant,
+    ) {
+        let Some(requested) = self.health.in_flight.take() else {
+            return;
+        };
+        match result {
+            Ok(bound) => {
+                tracing::info!(listen = ?bound, "Health endpoint moved");
+                self.health.requested = requested;
+                self.health.bound = bound;
+                self.health.failed = None;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "Cannot move the health endpoint; the old listener stays");
+                self.health.failed = Some(requested);
+            }
+        }
+        self.step(now);
     }
 
     /// The outcome of an [`Action::SetAddresses`] (and the [`Action::SetMtu`] before it).

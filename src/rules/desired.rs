@@ -20,6 +20,22 @@ pub struct RuntimeFacts {
     pub wg_port: u16,
     /// The TCP port of the health endpoint, if it runs.
     pub health_port: Option<u16>,
+    /// Whether the health endpoint listens beyond loopback, or is about to (a reload that
+    /// moves it there binds only once the guard is in): decided from what is bound, not
+    /// from the file alone, so a reload that has not yet moved the listener keeps the guard.
+    pub health_beyond_loopback: bool,
+}
+
+impl RuntimeFacts {
+    /// The facts of a fresh start of `config` (its health address bound as written), as
+    /// `check` plans it.
+    pub fn fresh_start(config: &Config, wg_port: u16) -> RuntimeFacts {
+        RuntimeFacts {
+            wg_port,
+            health_port: config.health.listen.map(|a| a.port()),
+            health_beyond_loopback: health_beyond_loopback(config),
+        }
+    }
 }
 
 /// The rules that `config` asks for, given the current answers for each `target_fqdn`. A name
@@ -95,7 +111,8 @@ pub fn desired(
             snat: config.router.snat,
         },
         mss_clamp: config.firewall.mss_clamp,
-        input_guard: firewall_needed(config) && !config.health.allow_from_tunnel,
+        input_guard: (forwarding_configured(config) || facts.health_beyond_loopback)
+            && !config.health.allow_from_tunnel,
     }
 }
 
@@ -183,8 +200,10 @@ pub fn forwarding_configured(config: &Config) -> bool {
 /// or a specific address, which Linux answers on every interface, the tunnel included).
 /// Packets from the tunnel to a loopback address are dropped by the kernel as martians.
 pub fn health_beyond_loopback(config: &Config) -> bool {
-    config
-        .health
-        .listen
-        .is_some_and(|a| !a.ip().to_canonical().is_loopback())
+    beyond_loopback(config.health.listen)
+}
+
+/// Whether a listener on `addr` (none: no listener) answers on more than loopback.
+pub fn beyond_loopback(addr: Option<std::net::SocketAddr>) -> bool {
+    addr.is_some_and(|a| !a.ip().to_canonical().is_loopback())
 }

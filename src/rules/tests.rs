@@ -206,6 +206,7 @@ fn facts() -> RuntimeFacts {
     RuntimeFacts {
         wg_port: 51820,
         health_port: Some(9002),
+        health_beyond_loopback: false,
     }
 }
 
@@ -391,7 +392,8 @@ fn the_input_guard_comes_with_any_rule_and_with_a_health_port_beyond_loopback() 
         );
         let config = Config::parse(&text, Path::new("/"), &NoFiles).expect("valid config");
         assert_eq!(firewall_needed(&config), needed, "{body}");
-        let set = desired(&config, &facts(), &BTreeMap::new());
+        let facts = RuntimeFacts::fresh_start(&config, 51820);
+        let set = desired(&config, &facts, &BTreeMap::new());
         assert_eq!(set.input_guard, guard, "{body}");
         let input: Vec<_> = lower(&set)
             .into_iter()

@@ -54,6 +54,7 @@ pub enum LoadError {
 /// [`Config::warnings`] and secrets inline in a file others can read. Never fatal.
 pub fn warnings(path: &Path, config: &Config) -> Vec<String> {
     let mut out = config.warnings();
+    out.extend(crate::config::ingress_warnings(config, &host_addresses()));
     if let (Ok(meta), Ok(text)) = (std::fs::metadata(path), std::fs::read_to_string(path)) {
         let mode = meta.permissions().mode();
         out.extend(crate::config::inline_secret_warning(&text, mode));
@@ -213,4 +214,19 @@ mod tests {
         }
         let _ = std::fs::remove_dir_all(&dir);
     }
+}
+
+/// The addresses of this host's interfaces (empty when they cannot be listed).
+fn host_addresses() -> std::collections::BTreeSet<std::net::IpAddr> {
+    let Ok(addrs) = nix::ifaddrs::getifaddrs() else {
+        return Default::default();
+    };
+    addrs
+        .filter_map(|a| a.address)
+        .filter_map(|a| {
+            a.as_sockaddr_in()
+                .map(|v4| std::net::IpAddr::V4(v4.ip()))
+                .or_else(|| a.as_sockaddr_in6().map(|v6| std::net::IpAddr::V6(v6.ip())))
+        })
+        .collect()
 }

@@ -4,10 +4,11 @@
 //! diffs, retries, DNS scheduling and readiness are the core's.
 
 use crate::config::{Config, FirewallMode};
-use crate::core::control::{Action, Control, Lookup, Mode, Reload, View};
+use crate::core::control::{Action, Control, Executed, Lookup, Mode, Refused, Reload, View};
 use crate::local_socket::{CloseFirst, CloseRequest};
 use crate::shell::dataplane::{self, Dataplane};
 use crate::shell::executor::Executor;
+use crate::shell::health::HealthEndpoint;
 use crate::shell::netlink::Netlink;
 use crate::shell::udp::WgSocket;
 use crate::uapi::{DeviceUpdate, UapiError};
@@ -117,17 +118,20 @@ pub struct Daemon {
     commands: mpsc::Receiver<Command>,
     /// `None` in userspace mode: no file, nothing to reload.
     config_path: Option<PathBuf>,
+    /// The health endpoint (`[health] listen`), moved on reload as the core asks.
+    health: HealthEndpoint,
 }
 
 impl Daemon {
-    /// Brings the tunnel up: device, socket, addresses, peers, routes, rules, packet loops.
+    /// Brings the tunnel up: device, socket, addresses, peers, routes, rules, packet loops,
+    /// then serves the health endpoint on `health` (bound for `config.health.listen`).
     /// On any error everything done so far is undone before returning.
     pub async fn start(
         config: Config,
         config_path: PathBuf,
-        health_port: Option<u16>,
+        health: Option<tokio::net::TcpListener>,
     ) -> Result<Daemon> {
-        Daemon::start_in(Mode::Daemon, config, Some(config_path), health_port).await
+        Daemon::start_in(Mode::Daemon, config, Some(config_path), health).await
     }
 
     /// The wireguard-go drop-in (`tunnelgate userspace IFNAME`): creates the TUN device and
@@ -151,8 +155,12 @@ impl Daemon {
         mode: Mode,
         config: Config,
         config_path: Option<PathBuf>,
-        health_port: Option<u16>,
+        health: Option<tokio::net::TcpListener>,
     ) -> Result<Daemon> {
+        let health_bound = match &health {
+            Some(listener) => Some(listener.local_addr().context("health listener")?),
+            None => None,
+        };
         let iface = &config.interface;
         let workers = iface
             .workers
@@ -171,7 +179,7 @@ impl Daemon {
             mode,
             config.clone(),
             listen_port,
-            health_port,
+            health_bound,
             crate::clock::now(),
         );
         let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
@@ -185,12 +193,14 @@ impl Daemon {
             commands: tx,
             local_sockets: CloseFirst::default(),
         });
+        let observe: Arc<dyn crate::telemetry::Observe> = handle.clone();
         let mut daemon = Daemon {
             executor: Executor::new(dataplane.clone(), netlink, link_index, firewall_mode),
             handle,
             control,
             commands: rx,
             config_path,
+            health: HealthEndpoint::new(observe),
         };
         // Failures are in the core, which says below whether the start must be abandoned.
         let _ = daemon.drain().await;
@@ -203,6 +213,12 @@ impl Daemon {
             return Err(anyhow::Error::new(e).context("starting the packet loops"));
         }
         daemon.publish();
+        if let Some(listener) = health {
+            daemon
+                .health
+                .serve(listener)
+                .context("serving the health endpoint")?;
+        }
         tracing::info!(interface = %daemon.handle.name(), listen_port, workers, "Tunnel up");
         Ok(daemon)
     }
@@ -261,7 +277,10 @@ impl Daemon {
             }
         }
         self.handle.close_local_sockets().await;
+        // Before the teardown removes the input guard: the endpoint never listens unguarded.
+        self.health.close();
         self.teardown().await;
+        self.health.stop().await;
         outcome
     }
 
@@ -304,10 +323,7 @@ impl Daemon {
         for warning in crate::shell::config_file::warnings(&path, &config) {
             tracing::warn!(warning = %warning, "Configuration warning");
         }
-        match self
-            .control
-            .handle_config_loaded(config, crate::clock::now())
-        {
+        match self.take_config(config) {
             Ok(Reload::Unchanged) => {
                 tracing::info!(reason, "Reload: the configuration is unchanged");
                 Ok(Reload::Unchanged)
@@ -345,7 +361,7 @@ impl Daemon {
                 for warning in crate::shell::config_file::warnings(&path, &c) {
                     tracing::warn!(warning = %warning, "Configuration warning");
                 }
-                if let Err(refused) = self.control.handle_config_loaded(c, crate::clock::now()) {
+                if let Err(refused) = self.take_config(c) {
                     tracing::error!(error = %refused, "Reload refused: keeping the running configuration");
                 }
             }
@@ -360,12 +376,33 @@ impl Daemon {
         }
     }
 
+    /// Hands a new configuration to the core, after taking the health address it names (a
+    /// reload to one that cannot be bound is refused, and the old configuration runs on).
+    fn take_config(&mut self, config: Config) -> Result<Reload, Refused> {
+        let current = self.control.health_requested();
+        if let Err(e) = self.health.prepare(current, config.health.listen) {
+            self.control.handle_config_invalid();
+            return Err(Refused(e));
+        }
+        let taken = self
+            .control
+            .handle_config_loaded(config, crate::clock::now());
+        if !matches!(taken, Ok(Reload::Applied)) {
+            self.health.forget_reservation();
+        }
+        taken
+    }
+
     /// Runs every action the core has queued, handing each outcome back to it. Returns the
     /// first error an executor reported (the core has it too, and retries).
     async fn drain(&mut self) -> Result<(), String> {
         let mut first_error = Ok(());
         while let Some(action) = self.control.poll_action() {
-            let executed = self.executor.execute(action, self.control.config()).await;
+            let executed = match action {
+                // The listener is the daemon's, not an executor's.
+                Action::ServeHealth(want) => Some(Executed::HealthBound(self.health.switch(want))),
+                action => self.executor.execute(action, self.control.config()).await,
+            };
             let Some(executed) = executed else { continue };
             if let (Some(e), Ok(())) = (executed.error(), &first_error) {
                 first_error = Err(e.to_string());

@@ -152,6 +152,11 @@ impl Executor {
                     .release(&families);
                 None
             }
+            // The daemon owns the health listener and runs this itself.
+            Action::ServeHealth(_) => {
+                tracing::error!("ServeHealth reached the executor; ignored");
+                None
+            }
         }
     }
 

@@ -212,22 +212,41 @@ fn me() -> std::io::Result<Writer> {
 }
 
 /// Whether the process that wrote a record still runs: the same pid with the same start time
-/// (a pid reused by another process has another start time).
+/// (a pid reused by another process has another start time), and not a zombie (a daemon
+/// killed with -9 whose parent has not reaped it yet still has its `/proc` entry, but will
+/// never put a sysctl back).
 fn is_alive(writer: &Writer) -> bool {
-    start_ticks(writer.pid).is_ok_and(|t| t == writer.start_ticks)
+    proc_stat(writer.pid)
+        .is_ok_and(|(state, start)| start == writer.start_ticks && !is_dead_state(state))
 }
 
-/// Field 22 of `/proc/PID/stat`, the start time in clock ticks after boot. The command name
-/// (field 2) is in parentheses and may hold spaces, so fields are counted after the last `)`.
+/// Field 3 of `/proc/PID/stat`: `Z` (zombie), `X` (dead) and `x` (dead, old kernels) are
+/// processes that have exited.
+fn is_dead_state(state: char) -> bool {
+    matches!(state, 'Z' | 'X' | 'x')
+}
+
+/// Field 22 of `/proc/PID/stat`, the start time in clock ticks after boot.
 fn start_ticks(pid: u32) -> std::io::Result<u64> {
+    proc_stat(pid).map(|(_, start)| start)
+}
+
+/// Fields 3 (the state) and 22 (the start time) of `/proc/PID/stat`. The command name
+/// (field 2) is in parentheses and may hold spaces, so fields are counted after the last `)`.
+fn proc_stat(pid: u32) -> std::io::Result<(char, u64)> {
     let stat = std::fs::read_to_string(Path::new("/proc").join(pid.to_string()).join("stat"))?;
-    let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, "unexpected /proc/PID/stat");
-    let rest = stat.rsplit_once(')').ok_or_else(bad)?.1;
+    parse_stat(&stat).ok_or_else(|| {
+        std::io::Error::new(std::io::ErrorKind::InvalidData, "unexpected /proc/PID/stat")
+    })
+}
+
+fn parse_stat(stat: &str) -> Option<(char, u64)> {
+    let rest = stat.rsplit_once(')')?.1;
     // After `)`: field 3 (state) is the first; field 22 is the 20th.
-    rest.split_whitespace()
-        .nth(19)
-        .and_then(|t| t.parse().ok())
-        .ok_or_else(bad)
+    let mut fields = rest.split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    let start = fields.nth(18)?.parse().ok()?;
+    Some((state, start))
 }
 
 /// The forwarding sysctl of a family.
@@ -267,5 +286,46 @@ mod tests {
             ..me
         };
         assert!(!is_alive(&reused));
+    }
+
+    #[test]
+    fn a_command_name_with_spaces_and_parentheses_is_skipped() {
+        let stat = "4242 (tg (x) y) Z 1 4242 4242 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 98765 0 0";
+        assert_eq!(parse_stat(stat), Some(('Z', 98765)));
+        assert_eq!(parse_stat("4242 (tg) S 1"), None, "cut short");
+    }
+
+    /// Issue 27: a daemon killed with -9 and not yet reaped by its parent is a zombie: its
+    /// `/proc` entry (same pid, same start time) stays, but it is dead.
+    #[test]
+    fn an_unreaped_child_that_exited_is_dead() {
+        let Ok(mut child) = std::process::Command::new("sleep").arg("30").spawn() else {
+            return; // no `sleep` here
+        };
+        let pid = child.id();
+        let Ok(start) = start_ticks(pid) else {
+            return; // no /proc here
+        };
+        let writer = Writer {
+            pid,
+            start_ticks: start,
+            netns: String::new(),
+        };
+        assert!(is_alive(&writer), "a running child is alive");
+        // Killed with -9 and not reaped: wait until the kernel shows it as a zombie.
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .expect("kill");
+        let deadline = crate::clock::now() + std::time::Duration::from_secs(5);
+        while proc_stat(pid).is_ok_and(|(state, _)| state != 'Z') {
+            assert!(crate::clock::now() < deadline, "never became a zombie");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!(proc_stat(pid).map(|(s, _)| s).ok(), Some('Z'));
+        assert!(!is_alive(&writer), "a zombie is dead");
+        child.wait().expect("reap");
+        assert!(!is_alive(&writer), "a reaped process is dead");
     }
 }

@@ -178,6 +178,8 @@ pub async fn serve_health_with(
             () = &mut shutdown => break,
             accepted = listener.accept() => match accepted {
                 Ok((stream, _peer)) => stream,
+                // The listener was shut down (a reload moved the endpoint): stop as on shutdown.
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => break,
                 Err(e) => {
                     // Out of file descriptors and the like: back off rather than spin.
                     tracing::warn!(error = %e, "health endpoint: accept failed");

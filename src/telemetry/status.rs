@@ -114,7 +114,7 @@ pub enum StatusError {
     NotRunning { interface: String, path: PathBuf },
     #[error("no tunnelgate daemon for interface {interface}: nothing listens on {} (stale socket; is it running?)", .path.display())]
     Stale { interface: String, path: PathBuf },
-    #[error("permission denied on {} (run as root)", .path.display())]
+    #[error("permission denied: run as root (cannot open {})", .path.display())]
     PermissionDenied { path: PathBuf },
     #[error("{} is in use by another running tunnelgate daemon", .path.display())]
     InUse { path: PathBuf },

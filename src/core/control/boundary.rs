@@ -143,6 +143,11 @@ pub enum Action {
     /// other running tunnelgate still needs, and update the shared records
     /// ([`crate::core::forwarding::on_release`] decides). Nothing to report.
     RestoreForwarding(BTreeSet<Family>),
+    /// Serve the health endpoint on this address (`None`: stop serving it): bind the new
+    /// listener, then close the old one; report with [`Control::handle_health_bound`]. Asked
+    /// for only once the input guard is installed when the new address is beyond loopback,
+    /// and before the guard goes when it moves back to loopback.
+    ServeHealth(Option<SocketAddr>),
 }
 
 /// What an executor reports after applying rules. It reports as soon as the transaction is
@@ -173,6 +178,8 @@ pub enum Executed {
     RulesChecked(Result<String, String>),
     /// [`Action::RemoveRules`].
     RulesRemoved(Result<(), String>),
+    /// [`Action::ServeHealth`]: the address bound.
+    HealthBound(Result<Option<SocketAddr>, String>),
 }
 
 impl Executed {
@@ -184,7 +191,8 @@ impl Executed {
             | Executed::Rebound(Err(e))
             | Executed::Routes(Err(e))
             | Executed::RulesApplied(Err(e))
-            | Executed::RulesRemoved(Err(e)) => Some(e),
+            | Executed::RulesRemoved(Err(e))
+            | Executed::HealthBound(Err(e)) => Some(e),
             _ => None,
         }
     }

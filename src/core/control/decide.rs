@@ -5,7 +5,16 @@ use super::*;
 
 impl Control {
     pub(super) fn rules_needed(&self) -> bool {
-        self.mode == Mode::Daemon && firewall_needed(&self.config)
+        self.mode == Mode::Daemon && (forwarding_configured(&self.config) || self.health_exposed())
+    }
+
+    /// Whether the input guard must keep the tunnel from the health endpoint: it listens
+    /// beyond loopback now, or the configuration moves it there (the guard goes in first).
+    /// Decided from what is bound as well as from the file: a reload that moves it back to
+    /// loopback keeps the guard until the old listener is closed.
+    pub(super) fn health_exposed(&self) -> bool {
+        !self.config.health.allow_from_tunnel
+            && (beyond_loopback(self.health.bound) || beyond_loopback(self.config.health.listen))
     }
 
     /// Whether any rule of ours may be installed: applied, being applied, left by a failed
@@ -21,7 +30,8 @@ impl Control {
     pub(super) fn desired_rules(&self) -> RuleSet {
         let facts = RuntimeFacts {
             wg_port: self.listen_port,
-            health_port: self.health_port,
+            health_port: self.health.bound.map(|a| a.port()),
+            health_beyond_loopback: self.health_exposed(),
         };
         desired(&self.config, &facts, &self.dns.resolved())
     }
@@ -52,7 +62,35 @@ impl Control {
         self.step_addresses(now);
         self.step_routes(now);
         self.step_resolutions(now);
+        self.step_health();
         self.step_rules(now);
+    }
+
+    /// Moves the health endpoint to the address the configuration names, once it is safe:
+    /// beyond loopback only after the installed rules hold the input guard (so no tunnel peer
+    /// ever reaches it unguarded); back to loopback (or off) at once, the guard staying until
+    /// the old listener is reported closed.
+    pub(super) fn step_health(&mut self) {
+        let want = self.config.health.listen;
+        if self.mode != Mode::Daemon
+            || want == self.health.requested
+            || self.health.in_flight.is_some()
+            || self.health.failed == Some(want)
+        {
+            return;
+        }
+        let needs_guard = beyond_loopback(want) && !self.config.health.allow_from_tunnel;
+        if needs_guard
+            && !self
+                .rules
+                .applied
+                .as_ref()
+                .is_some_and(|r| r.input_guard && self.rules.in_flight.is_none())
+        {
+            return;
+        }
+        self.health.in_flight = Some(want);
+        self.actions.push_back(Action::ServeHealth(want));
     }
 
     pub(super) fn step_addresses(&mut self, now: Instant) {

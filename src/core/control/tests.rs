@@ -62,6 +62,13 @@ struct Sim {
     lose_next_apply: bool,
     remove_fail: bool,
     routes_fail: bool,
+    /// Where the health endpoint listens (`None`: it is off).
+    health: Option<SocketAddr>,
+    /// The next health bind fails (address in use).
+    health_fail: bool,
+    /// Started: the packet threads run, so tunnel peers reach this host from now on (the
+    /// daemon starts them after its first actions ran).
+    started: bool,
     log: Vec<Action>,
 }
 
@@ -77,8 +84,10 @@ impl Sim {
             0 => 51820,
             p => p,
         };
+        // The shell binds the health endpoint before the core starts.
+        let health = config.health.listen;
         let mut sim = Sim {
-            control: Control::new(config, port, Some(9002), now),
+            control: Control::new(config, port, health, now),
             now,
             addresses: BTreeSet::new(),
             routes: BTreeSet::new(),
@@ -94,9 +103,14 @@ impl Sim {
             lose_next_apply: false,
             remove_fail: false,
             routes_fail: false,
+            health,
+            health_fail: false,
+            started: false,
             log: Vec::new(),
         };
         sim.drive();
+        sim.started = true;
+        sim.assert_health_guarded();
         sim
     }
 
@@ -122,7 +136,25 @@ impl Sim {
         while let Some(action) = self.control.poll_action() {
             self.log.push(action.clone());
             self.execute(action);
+            self.assert_health_guarded();
         }
+    }
+
+    /// Issue 27: at no point does the health endpoint listen beyond loopback while the
+    /// installed rules lack the input guard (unless the file allows the tunnel in).
+    fn assert_health_guarded(&self) {
+        if !self.started {
+            return;
+        }
+        let exposed = crate::rules::desired::beyond_loopback(self.health)
+            && !self.control.config().health.allow_from_tunnel;
+        let guarded = self.rules.as_ref().is_some_and(|r| r.input_guard);
+        assert!(
+            !exposed || guarded,
+            "health on {:?} without the input guard; actions so far: {:?}",
+            self.health,
+            self.log
+        );
     }
 
     fn execute(&mut self, action: Action) {
@@ -211,6 +243,15 @@ impl Sim {
             }
             Action::RestoreForwarding(families) => {
                 self.forwarding.retain(|f| !families.contains(f));
+            }
+            Action::ServeHealth(addr) => {
+                if std::mem::take(&mut self.health_fail) {
+                    self.control
+                        .handle_health_bound(Err("Address already in use".into()), now);
+                    return;
+                }
+                self.health = addr;
+                self.control.handle_health_bound(Ok(addr), now);
             }
         }
     }
@@ -1160,5 +1201,115 @@ fn without_per_service_readiness_one_unresolved_name_is_not_ready() {
         sim.control.view().services[0].unresolved,
         ["gone.example"],
         "the reload kept what is known about the name"
+    );
+}
+
+/// A plain tunnel (no forwarding) with the health endpoint on `listen`.
+fn plain_with_health(listen: &str) -> String {
+    format!(
+        "addresses = [\"100.64.0.1/32\"]\n\n[[peer]]\npublic_key = \"{PEER_B}\"\nallowed_ips = [\"100.64.0.2/32\"]\n\n[health]\nlisten = \"{listen}\"\n"
+    )
+}
+
+/// The position in the log of the first action `matches` accepts.
+fn position(log: &[Action], matches: impl Fn(&Action) -> bool) -> usize {
+    log.iter()
+        .position(matches)
+        .unwrap_or_else(|| panic!("action not found in {log:?}"))
+}
+
+fn sock(s: &str) -> SocketAddr {
+    s.parse().expect("test socket address")
+}
+
+#[test]
+fn a_reload_that_narrows_the_health_endpoint_moves_it_before_the_guard_goes() {
+    let mut sim = Sim::new(&plain_with_health("0.0.0.0:9002"));
+    assert!(sim.rules.as_ref().is_some_and(|r| r.input_guard));
+    for to in ["127.0.0.1:9002", ""] {
+        let mut sim_to = Sim::new(&plain_with_health("0.0.0.0:9002"));
+        sim_to.log.clear();
+        assert_eq!(sim_to.reload(&plain_with_health(to)), Ok(Reload::Applied));
+        let want = (!to.is_empty()).then(|| sock(to));
+        let moved = position(&sim_to.log, |a| *a == Action::ServeHealth(want));
+        let removed = position(&sim_to.log, |a| *a == Action::RemoveRules);
+        assert!(moved < removed, "rebind first: {:?}", sim_to.log);
+        assert_eq!(sim_to.health, want);
+        assert_eq!(sim_to.rules, None, "no rule is needed any more");
+        assert_eq!(sim_to.control.readiness(), Ok(()));
+        assert!(!sim_to.control.view().rules.needed);
+    }
+    // And back: the guard goes in before the listener leaves loopback.
+    sim.reload(&plain_with_health("127.0.0.1:9002"))
+        .expect("narrowed");
+    sim.log.clear();
+    assert_eq!(
+        sim.reload(&plain_with_health("0.0.0.0:9002")),
+        Ok(Reload::Applied)
+    );
+    let guarded = position(
+        &sim.log,
+        |a| matches!(a, Action::ApplyRules { set, .. } if set.input_guard),
+    );
+    let moved = position(&sim.log, |a| {
+        *a == Action::ServeHealth(Some(sock("0.0.0.0:9002")))
+    });
+    assert!(guarded < moved, "guard first: {:?}", sim.log);
+    assert_eq!(sim.health, Some(sock("0.0.0.0:9002")));
+}
+
+#[test]
+fn a_health_bind_that_fails_keeps_the_old_listener_and_its_guard() {
+    let mut sim = Sim::new(&plain_with_health("0.0.0.0:9002"));
+    sim.health_fail = true;
+    sim.reload(&plain_with_health("127.0.0.1:9002"))
+        .expect("taken");
+    assert_eq!(sim.health, Some(sock("0.0.0.0:9002")), "the old one serves");
+    assert!(
+        sim.rules.as_ref().is_some_and(|r| r.input_guard),
+        "the guard stays while 0.0.0.0 is bound"
+    );
+    // It is not retried in a loop, but a new file is tried again.
+    sim.log.clear();
+    sim.advance(Duration::from_secs(60));
+    assert!(!sim.log.iter().any(|a| matches!(a, Action::ServeHealth(_))));
+    sim.reload(&plain_with_health("127.0.0.1:9003"))
+        .expect("taken");
+    assert_eq!(sim.health, Some(sock("127.0.0.1:9003")));
+    assert_eq!(sim.rules, None);
+}
+
+#[test]
+fn a_health_endpoint_widened_while_rules_fail_stays_on_loopback() {
+    let mut sim = Sim::new(&plain_with_health("127.0.0.1:9002"));
+    assert_eq!(sim.rules, None);
+    sim.rules_fail = true;
+    sim.reload(&plain_with_health("0.0.0.0:9002"))
+        .expect("taken");
+    assert_eq!(
+        sim.health,
+        Some(sock("127.0.0.1:9002")),
+        "no guard, no move"
+    );
+    assert!(sim.control.readiness().is_err());
+    sim.rules_fail = false;
+    sim.advance(Duration::from_secs(2));
+    assert_eq!(sim.health, Some(sock("0.0.0.0:9002")), "moved once guarded");
+    assert_eq!(sim.control.readiness(), Ok(()));
+}
+
+#[test]
+fn a_health_port_change_follows_into_the_rules_exemption() {
+    let base = format!("{BASE}\n[health]\nlisten = \"0.0.0.0:9002\"\n");
+    let mut sim = Sim::new(&base);
+    assert_eq!(
+        sim.rules.as_ref().map(|r| r.exemptions.health_tcp_port),
+        Some(Some(9002))
+    );
+    sim.reload(&base.replace("9002", "9003")).expect("taken");
+    assert_eq!(sim.health, Some(sock("0.0.0.0:9003")));
+    assert_eq!(
+        sim.rules.as_ref().map(|r| r.exemptions.health_tcp_port),
+        Some(Some(9003))
     );
 }

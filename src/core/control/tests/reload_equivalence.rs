@@ -18,6 +18,8 @@ struct Observed {
     readiness: Result<(), String>,
     rules_needed: bool,
     rules_current: bool,
+    /// Where the health endpoint listens.
+    health: Option<SocketAddr>,
 }
 
 impl Sim {
@@ -37,6 +39,7 @@ impl Sim {
             readiness: self.control.readiness(),
             rules_needed: view.rules.needed,
             rules_current: view.rules.current,
+            health: self.health,
         }
     }
 }
