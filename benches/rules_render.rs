@@ -46,6 +46,7 @@ fn render(c: &mut Criterion) {
     let facts = RuntimeFacts {
         wg_port: 51820,
         health_port: Some(9002),
+        health_beyond_loopback: tunnelgate::rules::desired::health_beyond_loopback(&config),
     };
     let resolved = BTreeMap::new();
     let set = desired(&config, &facts, &resolved);

@@ -65,6 +65,7 @@ fn rules(body: &str, resolved: &[(&str, &[&str])]) -> RuleSet {
     let facts = RuntimeFacts {
         wg_port: 51820,
         health_port: Some(9002),
+        health_beyond_loopback: tunnelgate::rules::desired::health_beyond_loopback(&config),
     };
     desired(&config, &facts, &resolved)
 }

@@ -40,11 +40,13 @@ fn rules(body: &str, resolved: &[(&str, &[&str])]) -> RuleSet {
             (name.to_string(), ips)
         })
         .collect();
+    let config = config(body);
     let facts = RuntimeFacts {
         wg_port: 51820,
         health_port: Some(9002),
+        health_beyond_loopback: tunnelgate::rules::desired::health_beyond_loopback(&config),
     };
-    desired(&config(body), &facts, &resolved)
+    desired(&config, &facts, &resolved)
 }
 
 /// Every case: (name, config after [interface], DNS answers).

@@ -128,6 +128,21 @@ pub fn load_config(path: &Path) -> Result<Config, LoadError> {
     })
 }
 
+/// The addresses of this host's interfaces (empty when they cannot be listed).
+fn host_addresses() -> std::collections::BTreeSet<std::net::IpAddr> {
+    let Ok(addrs) = nix::ifaddrs::getifaddrs() else {
+        return Default::default();
+    };
+    addrs
+        .filter_map(|a| a.address)
+        .filter_map(|a| {
+            a.as_sockaddr_in()
+                .map(|v4| std::net::IpAddr::V4(v4.ip()))
+                .or_else(|| a.as_sockaddr_in6().map(|v6| std::net::IpAddr::V6(v6.ip())))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -214,19 +229,4 @@ mod tests {
         }
         let _ = std::fs::remove_dir_all(&dir);
     }
-}
-
-/// The addresses of this host's interfaces (empty when they cannot be listed).
-fn host_addresses() -> std::collections::BTreeSet<std::net::IpAddr> {
-    let Ok(addrs) = nix::ifaddrs::getifaddrs() else {
-        return Default::default();
-    };
-    addrs
-        .filter_map(|a| a.address)
-        .filter_map(|a| {
-            a.as_sockaddr_in()
-                .map(|v4| std::net::IpAddr::V4(v4.ip()))
-                .or_else(|| a.as_sockaddr_in6().map(|v6| std::net::IpAddr::V6(v6.ip())))
-        })
-        .collect()
 }
