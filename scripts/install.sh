@@ -20,7 +20,10 @@
 # It installs no key and no configuration file, never overwrites one in $SYSCONFDIR/tunnelgate,
 # and starts nothing: it prints the next steps.
 set -euo pipefail
+CALLER_DIR="$PWD"
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# Paths given relative to where it was called from.
+absolute() { [[ -z "$1" || "$1" == /* ]] && echo "$1" || echo "$CALLER_DIR/$1"; }
 
 usage() {
     sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//' >&2
@@ -53,7 +56,8 @@ BINDIR="${BINDIR:-$PREFIX/bin}"
 UNITDIR="${UNITDIR:-/etc/systemd/system}"
 SYSCONFDIR="${SYSCONFDIR:-/etc}"
 DOCDIR="${DOCDIR:-/usr/share/doc/tunnelgate}"
-DESTDIR="${DESTDIR:-}"
+DESTDIR="$(absolute "${DESTDIR:-}")"
+PREBUILT="$(absolute "$PREBUILT")"
 
 BINARIES=(tunnelgate)
 ((SIDECAR)) && BINARIES+=(tunnelgate-sidecar)

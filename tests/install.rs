@@ -15,11 +15,12 @@ fn repo(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
 }
 
-/// A directory holding the binary under test as `tunnelgate` (what `--prebuilt` takes).
+/// A directory holding the binary under test as `tunnelgate` (what `--prebuilt` takes): a
+/// link, since a debug build is 250 MB and `install` copies what a link points to.
 fn prebuilt(tmp: &TempDir) -> PathBuf {
     let dir = tmp.path().join("prebuilt");
     std::fs::create_dir_all(&dir).expect("prebuilt dir");
-    std::fs::copy(tunnelgate_bin(), dir.join("tunnelgate")).expect("copy the binary");
+    std::os::unix::fs::symlink(tunnelgate_bin(), dir.join("tunnelgate")).expect("link the binary");
     dir
 }
 
@@ -167,6 +168,28 @@ fn install_sh_follows_prefix_and_sysconfdir_in_the_units() {
         ]
     );
     assert!(!unit.contains("/usr/local/bin"), "{unit}");
+}
+
+/// `--prebuilt` and `DESTDIR` given relative to where it is called from (the script itself
+/// works from the checkout).
+#[test]
+fn install_sh_takes_paths_relative_to_the_caller() {
+    let tmp = TempDir::new("tx-install-relative");
+    prebuilt(&tmp);
+    let mut cmd = Command::new(repo("scripts/install.sh"));
+    cmd.args(["--prebuilt", "prebuilt"])
+        .env("DESTDIR", "root")
+        .current_dir(tmp.path());
+    for var in ["PREFIX", "BINDIR", "UNITDIR", "SYSCONFDIR", "DOCDIR"] {
+        cmd.env_remove(var);
+    }
+    let out = output_of(cmd, None);
+    assert!(out.success(), "{out:?}");
+    assert_eq!(
+        mode(&tmp.path().join("root/usr/local/bin/tunnelgate")),
+        0o755
+    );
+    assert_eq!(mode(&tmp.path().join("root/etc/tunnelgate")), 0o700);
 }
 
 #[test]
