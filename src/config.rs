@@ -207,6 +207,11 @@ impl Config {
         let mut errors = {
             let table: toml::Table =
                 toml::from_str(text).map_err(|e| ConfigErrors(vec![toml_error(text, &e)]))?;
+            let single = single_table_sections(&table);
+            if !single.is_empty() {
+                // The typed parse would only add "invalid type: map, expected a sequence".
+                return Err(ConfigErrors(single));
+            }
             unknown_keys::unknown_keys(&table)
         };
         match Config::parse_known_keys(text, base_dir, files) {
@@ -318,6 +323,23 @@ impl Config {
         }
         out
     }
+}
+
+/// `[peer]` (one table) where `[[peer]]` (an array of tables) is meant, and the same for
+/// `[ingress]` / `[egress]`: the typed parse's own error, "invalid type: map, expected a
+/// sequence", names neither the fix nor the section.
+fn single_table_sections(table: &toml::Table) -> Vec<ConfigError> {
+    [("peer", "peer"), ("ingress", "rule"), ("egress", "rule")]
+        .into_iter()
+        .filter(|(section, _)| table.get(*section).is_some_and(toml::Value::is_table))
+        .map(|(section, what)| ConfigError {
+            key: section.to_string(),
+            problem: format!(
+                "written as [{section}] (one table): use [[{section}]] (an array of tables), \
+                 one [[{section}]] header per {what}"
+            ),
+        })
+        .collect()
 }
 
 /// True for keys that are clearly not real: every byte the same (`AAAA...=`, `AQEB...=`), or a

@@ -1,5 +1,7 @@
 //! The pictures: `contrib/grafana/tunnelgate.json` only queries metrics a real daemon's
-//! `/metrics` has (with the labels it groups by), and `benches/iperf/results/latest.svg` is the
+//! `/metrics` has (with the labels it groups by), draws one line per instance (the replicas of a
+//! proxy group all name their interface alike), shows answered handshakes and unresolved names,
+//! and has no template input it does not use; and `benches/iperf/results/latest.svg` is the
 //! chart `bench.py` draws from the committed `latest.json`.
 //!
 //! The dashboard test needs root (a daemon in a namespace):
@@ -50,6 +52,14 @@ fn metric_names(expr: &str) -> BTreeSet<String> {
     out
 }
 
+/// Labels Prometheus adds to every series of a scrape target (not in `/metrics` itself).
+const TARGET_LABELS: [&str; 2] = ["instance", "job"];
+
+fn dashboard() -> serde_json::Value {
+    let text = std::fs::read_to_string(repo("contrib/grafana/tunnelgate.json")).expect("dashboard");
+    serde_json::from_str(&text).expect("the dashboard is JSON")
+}
+
 /// The labels of `by (...)` clauses.
 fn grouped_labels(expr: &str) -> BTreeSet<String> {
     expr.match_indices("by (")
@@ -79,6 +89,14 @@ fn the_query_readers_find_names_and_labels() {
         grouped_labels(e),
         BTreeSet::from(["interface".to_string(), "reason".to_string()])
     );
+}
+
+#[test]
+fn references_finds_grafana_variables() {
+    assert!(references("x{a=~\"$instance\"}", "instance"));
+    assert!(references("{\"uid\":\"${datasource}\"}", "datasource"));
+    assert!(!references("$instances", "instance"));
+    assert!(!references("no variable", "instance"));
 }
 
 #[test]
@@ -129,6 +147,109 @@ fn the_dashboard_shows_each_peers_latest_handshake_age() {
     }
 }
 
+/// A proxy group's replicas all run `tg0`: a query that sums by `interface` alone merges them
+/// into one line. Every aggregation keeps `instance`, every query selects on `$instance`, and
+/// each legend names it.
+#[test]
+fn the_dashboard_draws_one_line_per_instance() {
+    let dash = dashboard();
+    for panel in dash["panels"].as_array().expect("panels") {
+        for t in panel["targets"].as_array().into_iter().flatten() {
+            let expr = t["expr"].as_str().unwrap_or_default();
+            let aggregates = ["sum", "max", "min", "avg", "count"]
+                .iter()
+                .any(|f| expr.contains(&format!("{f} (")) || expr.contains(&format!("{f}(")));
+            if aggregates || expr.contains(" by (") {
+                assert!(
+                    grouped_labels(expr).contains("instance"),
+                    "{}: aggregates away the instance: {expr}",
+                    panel["title"]
+                );
+            }
+            assert!(
+                expr.contains("instance=~\"$instance\""),
+                "{}: {expr}",
+                panel["title"]
+            );
+            assert!(
+                t["legendFormat"]
+                    .as_str()
+                    .is_some_and(|l| l.contains("{{instance}}")),
+                "{}: the legend names the instance: {t}",
+                panel["title"]
+            );
+        }
+    }
+}
+
+/// What a gateway does: it mostly answers handshakes (its peers initiate), and a Service whose
+/// name does not resolve is not served while `/readyz` may be 200.
+#[test]
+fn the_dashboard_shows_answered_handshakes_and_unresolved_names() {
+    let exprs = dashboard_exprs();
+    for metric in [
+        "tunnelgate_peer_handshakes_answered_total",
+        "tunnelgate_peer_handshake_attempts_total",
+        "tunnelgate_service_unresolved_names",
+    ] {
+        assert!(
+            exprs.iter().any(|e| metric_names(e).contains(metric)),
+            "no panel queries {metric}"
+        );
+    }
+    let unresolved = exprs
+        .iter()
+        .find(|e| e.contains("tunnelgate_service_unresolved_names"))
+        .expect("unresolved names panel");
+    assert!(
+        grouped_labels(unresolved).contains("service"),
+        "{unresolved}"
+    );
+}
+
+/// Whether `text` references the Grafana variable `name`: `$name` (not the start of a longer
+/// name) or `${name}` / `${name:format}`.
+fn references(text: &str, name: &str) -> bool {
+    let plain = format!("${name}");
+    text.match_indices(&plain).any(|(i, m)| {
+        !text[i + m.len()..]
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
+    }) || text.contains(&format!("${{{name}}}"))
+        || text.contains(&format!("${{{name}:"))
+}
+
+/// Every template variable is used by some query or data source, and the dashboard asks for no
+/// import input (`__inputs`) it never references: Grafana's import would prompt for it.
+#[test]
+fn the_dashboard_has_no_unused_template_inputs() {
+    let dash = dashboard();
+    let panels = serde_json::to_string(&dash["panels"]).expect("panels");
+    let templating = dash["templating"]["list"].as_array().expect("templating");
+    let others = |name: &str| -> String {
+        let rest: Vec<&serde_json::Value> =
+            templating.iter().filter(|v| v["name"] != name).collect();
+        serde_json::to_string(&rest).expect("variables")
+    };
+    for var in templating {
+        let name = var["name"].as_str().expect("variable name");
+        let used = |text: &str| references(text, name);
+        assert!(
+            used(&panels) || used(&others(name)),
+            "template variable {name} is not used"
+        );
+    }
+    for input in dash["__inputs"].as_array().into_iter().flatten() {
+        let name = input["name"].as_str().expect("input name");
+        let whole = serde_json::to_string(&dash).expect("dashboard");
+        assert!(
+            whole.contains(&format!("${{{name}}}")),
+            "import input {name} is never used"
+        );
+    }
+}
+
 #[test]
 #[ignore = "needs root"]
 fn every_metric_the_dashboard_queries_is_in_a_real_scrape() {
@@ -142,7 +263,9 @@ fn every_metric_the_dashboard_queries_is_in_a_real_scrape() {
             .keepalive(1),
     );
     // A DNS-named target, so the dns_* families exist (nothing answers: they count failures).
-    cfg.extra = "[[ingress]]\ntarget_fqdn = \"db.example.internal\"\nports = [\"8080\"]\n\n\
+    // Labelled with a service, so the per-service unresolved-names gauge is there too.
+    cfg.extra = "[[ingress]]\ntarget_fqdn = \"db.example.internal\"\nports = [\"8080\"]\n\
+                 service = \"apps/txdb\"\n\n\
                  [dns]\nnameservers = [\"127.0.0.1:5399\"]\n"
         .to_string();
     let tg = Tunnelgate::spawn(&ns, cfg);
@@ -153,6 +276,7 @@ fn every_metric_the_dashboard_queries_is_in_a_real_scrape() {
         text.contains("tunnelgate_dns_resolution_failures_total{")
             && text.contains("tunnelgate_rule_applies_total{")
             && text.contains("tunnelgate_peer_last_handshake_age_seconds{")
+            && text.contains("tunnelgate_service_unresolved_names{")
     });
     assert!(scraped, "no full scrape:\n{text}\n{}", tg.stderr());
     let samples: Vec<(String, String)> = text
@@ -183,6 +307,9 @@ fn every_metric_the_dashboard_queries_is_in_a_real_scrape() {
                 "{name} (in {expr}) is not in /metrics:\n{text}"
             );
             for label in grouped_labels(expr) {
+                if TARGET_LABELS.contains(&label.as_str()) {
+                    continue;
+                }
                 assert!(
                     series.iter().all(|l| l.contains(&format!("{label}=\""))),
                     "{name} has no label {label} (grouped by in {expr})"

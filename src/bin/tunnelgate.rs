@@ -557,6 +557,11 @@ fn config_error(e: &LoadError) -> ExitCode {
 }
 
 fn run(path: PathBuf) -> ExitCode {
+    use tunnelgate::shell::privilege;
+    if let Some(hint) = privilege::run_refusal(privilege::permitted_now()) {
+        eprintln!("tunnelgate: {hint}");
+        return ExitCode::from(1);
+    }
     let config = match load_config(&path) {
         Ok(c) => c,
         Err(e) => return config_error(&e),

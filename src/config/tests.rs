@@ -147,6 +147,40 @@ fn bad_interface_values_name_their_key() {
     );
 }
 
+/// `[peer]` for `[[peer]]` is the classic TOML slip: the error says which section and the fix,
+/// not serde's "invalid type: map, expected a sequence".
+#[test]
+fn a_single_table_where_an_array_of_tables_is_meant_says_use_double_brackets() {
+    let text = minimal(&format!(
+        "[peer]\npublic_key = \"{PUB_B}\"\nallowed_ips = [\"100.64.0.2/32\"]\n"
+    ));
+    let errs = parse(&text).expect_err("[peer] is refused").0;
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert_eq!(errs[0].key, "peer");
+    assert!(
+        errs[0]
+            .problem
+            .contains("use [[peer]] (an array of tables)"),
+        "{}",
+        errs[0].problem
+    );
+    assert!(
+        !errs[0].problem.contains("invalid type"),
+        "{}",
+        errs[0].problem
+    );
+    assert_error(
+        &minimal("[ingress]\ntarget = \"10.0.0.1\"\n"),
+        "ingress",
+        &["use [[ingress]]"],
+    );
+    assert_error(
+        &minimal("[egress]\ntarget = \"100.64.0.2\"\n"),
+        "egress",
+        &["use [[egress]]"],
+    );
+}
+
 #[test]
 fn bad_peers_name_their_key() {
     let peer = |body: &str| minimal(&format!("[[peer]]\n{body}\n"));
@@ -242,6 +276,22 @@ fn forwarding_rules_are_checked() {
         &["ingress[0]"],
     );
     assert_error(&minimal("[[ingress]]\ntarget = \"10.0.0.1\"\n[[ingress]]\ntarget = \"10.0.0.2\"\nports=[\"81\"]"), "ingress[1].ports", &["overlap"]);
+    // The error names the port and the address both rules listen on.
+    assert_error(
+        &minimal("[[ingress]]\ntarget = \"10.0.0.1\"\nports=[\"443\", \"80\"]\n[[ingress]]\ntarget = \"10.0.0.2\"\nports=[\"8080\", \"80:81\"]"),
+        "ingress[1].ports",
+        &["ingress[0]", "port 80/tcp", "100.64.0.1"],
+    );
+    assert_error(
+        &minimal("[[ingress]]\ntarget = \"fd96::1\"\n[[ingress]]\ntarget_fqdn = \"db.example\"\nports=[\"53/udp\"]"),
+        "ingress[1].ports",
+        &["port 53/udp", "fd7a::1"],
+    );
+    assert_error(
+        &minimal("[[egress]]\ntarget = \"100.64.0.2\"\nports=[\"5432\"]\n[[egress]]\ntarget = \"100.64.0.3\"\nports=[\"5432:5433\"]"),
+        "egress[1].ports",
+        &["egress[0]", "port 5432/tcp", "this host's IPv4 addresses"],
+    );
     assert_error(
         &minimal("[[egress]]\ntarget_fqdn = \"bad..name\""),
         "egress[0].target_fqdn",

@@ -430,15 +430,67 @@ fn forwards(
             service,
         };
         for j in claims.overlapping(&fwd) {
+            // `out` is in rule order: the earlier rule is found without a scan.
+            let at = out
+                .binary_search_by_key(&j, |(k, _)| *k)
+                .ok()
+                .map(|at| overlap_place(section, &fwd, &out[at].1, interface));
             errs.push(
                 format!("{key}.ports"),
-                format!("overlap with {section}[{j}] on the same address: expected each port in one rule (a rule without ports owns every port)"),
+                format!("overlap with {section}[{j}]{}: expected each port in one rule (a rule without ports owns every port)", at.unwrap_or_default()),
             );
         }
         claims.insert(i, &fwd);
         out.push((i, fwd));
     }
     out.into_iter().map(|(_, f)| f).collect()
+}
+
+/// Where two overlapping rules meet, for the error: the listen port (or every port) and the
+/// address it is taken on, e.g. ` on port 80/tcp of 100.64.0.1`. Ingress listens on the
+/// tunnel address of the family, egress on this host's own (non-tunnel) addresses.
+fn overlap_place(
+    section: &str,
+    rule: &Forward,
+    earlier: &Forward,
+    interface: &Interface,
+) -> String {
+    let listen = |p: &PortMap| format!("port {}/{}", p.listen, p.proto);
+    let port = match (rule.ports.first(), earlier.ports.first()) {
+        (None, None) => "every port".to_string(),
+        (Some(p), None) | (None, Some(p)) => listen(p),
+        (Some(_), Some(_)) => rule
+            .ports
+            .iter()
+            .find(|p| {
+                earlier
+                    .ports
+                    .iter()
+                    .any(|q| q.proto == p.proto && q.listen == p.listen)
+            })
+            .map(listen)
+            .unwrap_or_else(|| "the same port".to_string()),
+    };
+    let shared = PortClaims::families(&rule.target)
+        .iter()
+        .find(|f| PortClaims::families(&earlier.target).contains(f));
+    let v6 = shared == Some(&1);
+    let address = if section == "ingress" {
+        let tunnel: Vec<String> = interface
+            .addresses
+            .iter()
+            .filter(|a| a.addr().is_ipv6() == v6)
+            .map(|a| a.addr().to_string())
+            .collect();
+        if tunnel.is_empty() {
+            format!("the IPv{} tunnel address", if v6 { 6 } else { 4 })
+        } else {
+            tunnel.join(", ")
+        }
+    } else {
+        format!("this host's IPv{} addresses", if v6 { 6 } else { 4 })
+    };
+    format!(" on {port} of {address}")
 }
 
 /// Egress captures traffic to this host: it must never take the WireGuard or health port.

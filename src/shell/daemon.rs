@@ -186,7 +186,12 @@ impl Daemon {
         let handle = Arc::new(Handle {
             dataplane: dataplane.clone(),
             published: Mutex::new(Published {
-                view: control.view(),
+                // Not ready until the first publish, so that publish logs "Ready" for every
+                // daemon, also a plain tunnel that is ready from the start (no rules to apply).
+                view: View {
+                    readiness: Err("starting".into()),
+                    ..control.view()
+                },
                 config,
                 backend: String::new(),
             }),

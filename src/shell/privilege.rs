@@ -101,6 +101,24 @@ pub fn needed_userspace() -> Caps {
         .with(Capability::CAP_NET_BIND_SERVICE)
 }
 
+/// The one line `tunnelgate run` stops with when this process has no `CAP_NET_ADMIN` in
+/// `permitted` (not root, no file or ambient capability): everything it does needs it, and
+/// without this check the first failure is a bare "Permission denied" from deep in the start.
+pub fn run_refusal(permitted: Caps) -> Option<&'static str> {
+    (!permitted.has(Capability::CAP_NET_ADMIN)).then_some(
+        "tunnelgate run needs root or CAP_NET_ADMIN (it creates a TUN device, routes and \
+         firewall rules): run it with sudo, or as the systemd unit (systemctl start tunnelgate); \
+         `tunnelgate check` needs neither",
+    )
+}
+
+/// This process's permitted capabilities (none when they cannot be read).
+pub fn permitted_now() -> Caps {
+    caps::read(None, CapSet::Permitted)
+        .map(|set| Caps::from_known(&set))
+        .unwrap_or_default()
+}
+
 /// Whether the daemon will use iptables-legacy: the same choice its executor makes on the
 /// first apply ([`firewall::choose`]), made now while the legacy tools can still be read
 /// (without `CAP_NET_RAW`, `iptables-legacy-save` fails and `auto` would never see legacy
@@ -243,6 +261,14 @@ mod tests {
              addresses = [\"100.64.0.1/32\"]\n{body}"
         );
         Config::parse(&text, Path::new("/"), &NoFiles).expect("valid config")
+    }
+
+    #[test]
+    fn run_without_net_admin_gets_one_hint() {
+        let hint = run_refusal(Caps::default()).expect("refused without capabilities");
+        assert!(hint.contains("needs root or CAP_NET_ADMIN"), "{hint}");
+        assert!(run_refusal(Caps::default().with(CAP_NET_RAW)).is_some());
+        assert_eq!(run_refusal(Caps::default().with(CAP_NET_ADMIN)), None);
     }
 
     #[test]

@@ -506,11 +506,15 @@ impl GroupLoop {
         if next == self.members {
             return false;
         }
-        for k in next.keys().filter(|k| !self.members.contains_key(*k)) {
-            tracing::info!(service = %format!("{}/{}", k.0, k.1), "Service joined the proxy group");
-        }
+        log_membership(
+            "joined",
+            membership_log(next.keys().filter(|k| !self.members.contains_key(*k))),
+        );
+        log_membership(
+            "left",
+            membership_log(self.members.keys().filter(|k| !next.contains_key(*k))),
+        );
         for k in self.members.keys().filter(|k| !next.contains_key(*k)) {
-            tracing::info!(service = %format!("{}/{}", k.0, k.1), "Service left the proxy group");
             self.reported.remove(k);
             self.checks.reported.remove(&format!("{}/{}", k.0, k.1));
         }
@@ -768,6 +772,48 @@ impl GroupLoop {
     }
 }
 
+/// Up to this many Services that join (or leave) in one listing are logged one line each; more
+/// are one summary line, so a start at 20,000 Services logs one line, not 20,000.
+const MEMBERSHIP_LINES_MAX: usize = 5;
+
+/// How one listing's joins (or leaves) are logged.
+#[derive(Debug, PartialEq, Eq)]
+enum MembershipLog {
+    /// One line per Service (`NAMESPACE/NAME`).
+    Each(Vec<String>),
+    /// "N Services joined", naming the first few.
+    Summary { count: usize, first: Vec<String> },
+}
+
+fn membership_log<'a>(keys: impl Iterator<Item = &'a Key> + Clone) -> MembershipLog {
+    let name = |k: &Key| format!("{}/{}", k.0, k.1);
+    let count = keys.clone().count();
+    if count <= MEMBERSHIP_LINES_MAX {
+        MembershipLog::Each(keys.map(name).collect())
+    } else {
+        MembershipLog::Summary {
+            count,
+            first: keys.take(3).map(name).collect(),
+        }
+    }
+}
+
+/// `change`: "joined" or "left".
+fn log_membership(change: &str, log: MembershipLog) {
+    match log {
+        MembershipLog::Each(services) => {
+            for service in services {
+                tracing::info!(service = %service, "Service {change} the proxy group");
+            }
+        }
+        MembershipLog::Summary { count, first } => tracing::info!(
+            count,
+            first = %first.join(", "),
+            "{count} Services {change} the proxy group"
+        ),
+    }
+}
+
 /// Why a pass did not finish.
 enum Failure {
     Rejected(Rejected),
@@ -791,5 +837,33 @@ mod tests {
         // ...until the first has waited MAX_DELAY.
         assert_eq!(write_at(t, t + ms(950)), t + MAX_DELAY);
         assert_eq!(write_at(t, t + ms(5_000)), t + MAX_DELAY);
+    }
+
+    /// A start at 20,000 Services logs one summary line, not one line per Service; a few
+    /// changes (a relist after an outage) still name each Service.
+    #[test]
+    fn a_listing_of_many_services_is_logged_as_one_summary_line() {
+        let keys: Vec<Key> = (0..20_000)
+            .map(|i| (format!("ns{}", i % 20), format!("svc{i:05}")))
+            .collect();
+        assert_eq!(
+            membership_log(keys.iter()),
+            MembershipLog::Summary {
+                count: 20_000,
+                first: vec![
+                    "ns0/svc00000".to_string(),
+                    "ns1/svc00001".to_string(),
+                    "ns2/svc00002".to_string()
+                ],
+            }
+        );
+        assert_eq!(
+            membership_log(keys.iter().take(2)),
+            MembershipLog::Each(vec!["ns0/svc00000".to_string(), "ns1/svc00001".to_string()])
+        );
+        assert_eq!(
+            membership_log(keys.iter().take(0)),
+            MembershipLog::Each(vec![])
+        );
     }
 }

@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# Builds tunnelgate and installs it: the binaries, the `tunnelgate-wg` link (wg-quick's
+# userspace implementation), the systemd units, the docs and example configs, and the 0700
+# configuration directory. Run it as yourself from a checkout: it builds with your cargo and
+# asks sudo for the install steps (as root it installs directly).
+#
+#   scripts/install.sh [--sidecar] [--prebuilt DIR | --no-build]
+#
+#   --sidecar        also build and install tunnelgate-sidecar (the Kubernetes sidecar)
+#   --prebuilt DIR   install the binaries found in DIR as they are (no cargo needed)
+#   --no-build       install target/release as it is (after your own `cargo build --release`)
+#
+# Where things go (each overridable in the environment):
+#   PREFIX=/usr/local           binaries in $PREFIX/bin (BINDIR)
+#   UNITDIR=/etc/systemd/system the units; their paths follow BINDIR and SYSCONFDIR
+#   SYSCONFDIR=/etc             the configuration directory $SYSCONFDIR/tunnelgate, mode 0700
+#   DOCDIR=/usr/share/doc/tunnelgate   README, docs/router.md and config/ (the units point here)
+#   DESTDIR=                    a staging root everything above is put under (packaging, tests)
+#
+# It installs no key and no configuration file, never overwrites one in $SYSCONFDIR/tunnelgate,
+# and starts nothing: it prints the next steps.
+set -euo pipefail
+CALLER_DIR="$PWD"
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# Paths given relative to where it was called from.
+absolute() { [[ -z "$1" || "$1" == /* ]] && echo "$1" || echo "$CALLER_DIR/$1"; }
+
+usage() {
+    sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//' >&2
+    exit "${1:-2}"
+}
+
+SIDECAR=0
+PREBUILT=""
+NO_BUILD=0
+while (($#)); do
+    case "$1" in
+    --sidecar) SIDECAR=1 ;;
+    --prebuilt)
+        [[ $# -ge 2 ]] || usage
+        PREBUILT="$2"
+        shift
+        ;;
+    --no-build) NO_BUILD=1 ;;
+    -h | --help) usage 0 ;;
+    *)
+        echo "install.sh: unknown argument: $1" >&2
+        usage
+        ;;
+    esac
+    shift
+done
+
+PREFIX="${PREFIX:-/usr/local}"
+BINDIR="${BINDIR:-$PREFIX/bin}"
+UNITDIR="${UNITDIR:-/etc/systemd/system}"
+SYSCONFDIR="${SYSCONFDIR:-/etc}"
+DOCDIR="${DOCDIR:-/usr/share/doc/tunnelgate}"
+DESTDIR="$(absolute "${DESTDIR:-}")"
+PREBUILT="$(absolute "$PREBUILT")"
+
+BINARIES=(tunnelgate)
+((SIDECAR)) && BINARIES+=(tunnelgate-sidecar)
+
+# --- the binaries ------------------------------------------------------------------------------
+if [[ -n "$PREBUILT" ]]; then
+    SRC="$PREBUILT"
+elif ((NO_BUILD)); then
+    SRC=target/release
+else
+    if ! command -v cargo >/dev/null 2>&1; then
+        echo "install.sh: no cargo on PATH. Install Rust (>= $(sed -n 's/^rust-version = "\(.*\)"/\1/p' Cargo.toml)) with rustup:" >&2
+        echo "  curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh" >&2
+        echo "then run scripts/install.sh as that user (it asks sudo for the install steps)." >&2
+        exit 1
+    fi
+    # Cargo rebuilds only what changed: after an earlier release build this is quick.
+    features=()
+    ((SIDECAR)) && features=(--features sidecar)
+    echo "==> cargo build --release --locked ${features[*]}" >&2
+    cargo build --release --locked "${features[@]}"
+    SRC=target/release
+fi
+for b in "${BINARIES[@]}"; do
+    if [[ ! -x "$SRC/$b" ]]; then
+        echo "install.sh: $SRC/$b is missing: build it first (cargo build --release --locked$( ((SIDECAR)) && echo ' --features sidecar'))" >&2
+        exit 1
+    fi
+done
+
+# --- privileges --------------------------------------------------------------------------------
+# Into the real system as a normal user: the install steps go through sudo.
+AS_ROOT=()
+if [[ -z "$DESTDIR" && "$(id -u)" != "0" ]]; then
+    if command -v sudo >/dev/null 2>&1; then
+        AS_ROOT=(sudo)
+    else
+        echo "install.sh: run it as root (no sudo here), or set DESTDIR to stage the files" >&2
+        exit 1
+    fi
+fi
+run() { "${AS_ROOT[@]}" "$@"; }
+
+# --- install -----------------------------------------------------------------------------------
+echo "==> installing into ${DESTDIR:-/}: $BINDIR, $UNITDIR, $SYSCONFDIR/tunnelgate, $DOCDIR" >&2
+run install -d -m 0755 "$DESTDIR$BINDIR" "$DESTDIR$UNITDIR" "$DESTDIR$DOCDIR" "$DESTDIR$DOCDIR/config"
+for b in "${BINARIES[@]}"; do
+    run install -m 0755 "$SRC/$b" "$DESTDIR$BINDIR/$b"
+done
+# Relative, so it stays right under DESTDIR and wherever BINDIR is.
+run ln -sfn tunnelgate "$DESTDIR$BINDIR/tunnelgate-wg"
+
+# The units name /usr/local/bin and /etc: follow BINDIR and SYSCONFDIR when they differ.
+units_tmp="$(mktemp -d)"
+trap 'rm -rf "$units_tmp"' EXIT
+for unit in systemd/tunnelgate.service systemd/tunnelgate@.service; do
+    sed -e "s|/usr/local/bin/tunnelgate|$BINDIR/tunnelgate|g" \
+        -e "s|/etc/tunnelgate/|$SYSCONFDIR/tunnelgate/|g" \
+        "$unit" >"$units_tmp/$(basename "$unit")"
+    run install -m 0644 "$units_tmp/$(basename "$unit")" "$DESTDIR$UNITDIR/$(basename "$unit")"
+done
+
+run install -m 0644 README.md "$DESTDIR$DOCDIR/README.md"
+run install -m 0644 docs/router.md "$DESTDIR$DOCDIR/router.md"
+run install -m 0644 config/*.toml "$DESTDIR$DOCDIR/config/"
+
+# Keys live here: readable by root only. An existing directory keeps its files.
+run install -d -m 0700 "$DESTDIR$SYSCONFDIR/tunnelgate"
+
+# --- what is left to do ------------------------------------------------------------------------
+missing=()
+command -v nft >/dev/null 2>&1 || command -v iptables-restore >/dev/null 2>&1 ||
+    missing+=("nftables (or iptables): the firewall rules (apt-get install --no-install-recommends nftables)")
+command -v wg >/dev/null 2>&1 ||
+    missing+=("wireguard-tools (optional): wg show / wg-quick (apt-get install --no-install-recommends wireguard-tools)")
+if ((${#missing[@]})); then
+    echo "==> not installed on this host:" >&2
+    printf '    %s\n' "${missing[@]}" >&2
+fi
+cat >&2 <<EOF
+==> installed $(printf '%s ' "${BINARIES[@]}")tunnelgate-wg and the units. Next:
+    tunnelgate genkey | sudo tee $SYSCONFDIR/tunnelgate/private.key >/dev/null
+    sudo chmod 0600 $SYSCONFDIR/tunnelgate/private.key
+    sudo cp $DOCDIR/config/minimal.toml $SYSCONFDIR/tunnelgate/tunnelgate.toml   # then edit it
+    sudo tunnelgate check --config $SYSCONFDIR/tunnelgate/tunnelgate.toml
+    sudo systemctl daemon-reload && sudo systemctl enable --now tunnelgate
+EOF
