@@ -551,7 +551,7 @@ fn stall_while_exists(path: &Path) {
     }
 }
 
-/// Tells systemd (if it started us with `Type=notify`) about our state.
+/// Tells systemd (if it started us with `Type=notify`) about our state. Never blocks.
 pub fn sd_notify(state: &str) {
     let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
         return;
@@ -561,6 +561,11 @@ pub fn sd_notify(state: &str) {
         Ok(s) => s,
         Err(_) => return,
     };
+    // A receiver that does not read (its queue full) must not block the runtime thread that
+    // sends: the message is dropped instead, as a lost datagram would be.
+    if sock.set_nonblocking(true).is_err() {
+        return;
+    }
     let target: &Path = &path;
     if let Some(abstract_name) = target.to_str().and_then(|s| s.strip_prefix('@')) {
         use std::os::linux::net::SocketAddrExt;
