@@ -6,7 +6,8 @@
 //! routes and rules are up, RELOADING=1 / READY=1 around a SIGHUP, and STOPPING=1 on SIGTERM;
 //! it pings the watchdog (`WATCHDOG_USEC`) only while every packet thread is alive; and under
 //! a real systemd (booted in systemd-nspawn) `systemctl reload` reports a refused file, and a
-//! wedged packet thread gets the service killed by the watchdog and restarted.
+//! wedged packet thread or a stalled event loop gets the service killed by the watchdog and
+//! restarted.
 //!
 //! The last tests need root: `cargo test --test systemd_unit -- --ignored --test-threads=1`.
 #![allow(unsafe_code)] // ptrace(2), to freeze one packet thread of the running service.
@@ -14,7 +15,6 @@
 mod common;
 
 use common::*;
-use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -298,75 +298,6 @@ fn unit_says_what_issue_5_asks_for() {
         unit_values("Install", "WantedBy").contains(&"multi-user.target".to_string()),
         "enabled in multi-user.target"
     );
-}
-
-/// Receives sd_notify datagrams on a socket the test binds, like systemd does.
-struct NotifySocket {
-    sock: UnixDatagram,
-    path: PathBuf,
-    log: Vec<String>,
-}
-
-impl NotifySocket {
-    fn bind(dir: &TempDir) -> NotifySocket {
-        let path = dir.path().join("notify.sock");
-        let sock = UnixDatagram::bind(&path).expect("bind the notify socket");
-        sock.set_read_timeout(Some(Duration::from_millis(200)))
-            .expect("read timeout");
-        NotifySocket {
-            sock,
-            path,
-            log: vec![],
-        }
-    }
-
-    /// Waits for a datagram with the line `want` (e.g. `READY=1`); returns the datagram.
-    fn expect(&mut self, want: &str, timeout: Duration, stderr: impl Fn() -> String) -> String {
-        let deadline = clock::now() + timeout;
-        let mut buf = [0u8; 4096];
-        while clock::now() < deadline {
-            if let Ok(n) = self.sock.recv(&mut buf) {
-                let msg = String::from_utf8_lossy(&buf[..n]).into_owned();
-                self.log.push(msg.clone());
-                if msg.lines().any(|l| l == want) {
-                    return msg;
-                }
-            }
-        }
-        panic!(
-            "no {want} within {timeout:?}; received {:?}; daemon stderr:\n{}",
-            self.log,
-            stderr()
-        );
-    }
-}
-
-impl NotifySocket {
-    /// Reads (and logs) what has queued up so far, so what follows is only what comes next.
-    fn drain(&mut self) {
-        let mut buf = [0u8; 4096];
-        // Nothing for one read timeout (200 ms): the queue is empty.
-        while let Ok(n) = self.sock.recv(&mut buf) {
-            self.log
-                .push(String::from_utf8_lossy(&buf[..n]).into_owned());
-        }
-    }
-
-    /// Whether no datagram with the line `want` arrives during `window` (others are logged).
-    fn quiet(&mut self, want: &str, window: Duration) -> bool {
-        let deadline = clock::now() + window;
-        let mut buf = [0u8; 4096];
-        while clock::now() < deadline {
-            if let Ok(n) = self.sock.recv(&mut buf) {
-                let msg = String::from_utf8_lossy(&buf[..n]).into_owned();
-                self.log.push(msg.clone());
-                if msg.lines().any(|l| l == want) {
-                    return false;
-                }
-            }
-        }
-        true
-    }
 }
 
 /// `WATCHDOG=1` goes out at half of `$WATCHDOG_USEC` while every packet thread is alive, stops
@@ -691,6 +622,12 @@ struct Container {
 
 impl Container {
     fn boot(rootfs: &Path, ns: &Netns, etc: &TempDir) -> Container {
+        Container::boot_with(rootfs, ns, etc, &[])
+    }
+
+    /// [`Container::boot`] with more `systemd-nspawn` arguments before `-D` (e.g. a drop-in
+    /// directory bound in).
+    fn boot_with(rootfs: &Path, ns: &Netns, etc: &TempDir, extra: &[String]) -> Container {
         let mut cmd = Command::new("systemd-nspawn");
         cmd.args([
             "-b",
@@ -711,8 +648,9 @@ impl Container {
                 env!("CARGO_MANIFEST_DIR")
             ),
             &format!("--bind={}:/etc/tunnelgate", etc.path().display()),
-            "-D",
         ])
+        .args(extra)
+        .arg("-D")
         .arg(rootfs)
         .arg("systemd.wants=tunnelgate.service");
         let nspawn = Proc::spawn(cmd, "nspawn", etc.path());
@@ -963,6 +901,129 @@ fn a_wedged_packet_thread_gets_the_service_restarted_by_the_systemd_watchdog() {
     assert_eq!(
         container.property(unit, "NRestarts"),
         (restarts_before + 1).to_string()
+    );
+    container.poweroff();
+}
+
+/// The systemd watchdog sees the event loop too (issue 27): when the daemon's event loop stalls
+/// (a blocking call on its thread, here the `TUNNELGATE_TEST_STALL_LOOP` test hook, set by a
+/// drop-in with a short `WatchdogSec=`) while every packet thread runs on, the pings stop,
+/// systemd kills the service for a watchdog timeout and restarts it: `NRestarts` up by one, the
+/// journal says the loop stalled.
+#[test]
+#[ignore = "needs root, systemd-nspawn and a Debian rootfs (built once with debootstrap)"]
+fn a_stalled_event_loop_gets_the_service_restarted_by_the_systemd_watchdog() {
+    require_root();
+    let Some(rootfs) =
+        rootfs_or_skip("a_stalled_event_loop_gets_the_service_restarted_by_the_systemd_watchdog")
+    else {
+        return;
+    };
+    let watchdog = Duration::from_secs(6);
+    let ns = Netns::new();
+    let mut cfg = TgConfig::new(0, &["100.83.4.1/32"]);
+    cfg.health = None;
+    let etc = TempDir::new("nspawn-stall");
+    etc.write_secret("private.key", &cfg.key.private);
+    etc.write_secret("tunnelgate.toml", &cfg.render("private.key"));
+    let dropin = TempDir::new("nspawn-stall-dropin");
+    dropin.write(
+        "stall.conf",
+        &format!(
+            "[Service]\nEnvironment=TUNNELGATE_TEST_STALL_LOOP=/etc/tunnelgate/stall-loop\n\
+             WatchdogSec={}s\n",
+            watchdog.as_secs()
+        ),
+    );
+    let container = Container::boot_with(
+        &rootfs,
+        &ns,
+        &etc,
+        &[format!(
+            "--bind-ro={}:/etc/systemd/system/tunnelgate.service.d",
+            dropin.path().display()
+        )],
+    );
+    let unit = "tunnelgate.service";
+    let journal = || {
+        container
+            .inside(&["journalctl", "-u", "tunnelgate", "--no-pager"])
+            .stdout
+    };
+    let booted = poll_until(Duration::from_secs(60), || {
+        container.property(unit, "ActiveState") == "active"
+    });
+    assert!(
+        booted,
+        "{unit} active: {}\n{}",
+        journal(),
+        container.nspawn.stderr()
+    );
+    assert_eq!(
+        container.property(unit, "WatchdogUSec"),
+        format!("{}s", watchdog.as_secs()),
+        "systemd took the drop-in's WatchdogSec"
+    );
+    let first_pid = container.property(unit, "MainPID");
+    let restarts_before: u32 = container
+        .property(unit, "NRestarts")
+        .parse()
+        .expect("NRestarts");
+    // Alive and pinging before the stall.
+    std::thread::sleep(watchdog);
+    assert_eq!(
+        container.property(unit, "MainPID"),
+        first_pid,
+        "{}",
+        journal()
+    );
+
+    // Stall the loop: its next turn (within the 2 s config poll) blocks; after the stall limit
+    // (5 s) the pings stop, and systemd waits WatchdogSec from the last one.
+    etc.write("stall-loop", "");
+    let budget = Duration::from_secs(2 + 5) + watchdog + Duration::from_secs(15);
+    let restarted = poll_until(budget, || {
+        let pid = container.property(unit, "MainPID");
+        pid != first_pid && pid != "0"
+    });
+    // The new process must not stall too.
+    std::fs::remove_file(etc.path().join("stall-loop")).expect("remove the stall file");
+    let log = journal();
+    assert!(
+        restarted,
+        "{unit} was not restarted within {budget:?} of a stalled event loop:\n{log}"
+    );
+    assert!(
+        poll_until(Duration::from_secs(20), || container
+            .property(unit, "ActiveState")
+            == "active"),
+        "active again:\n{}",
+        journal()
+    );
+    let log = journal();
+    eprintln!("journal of {unit}:\n{log}");
+    assert_eq!(
+        container.property(unit, "NRestarts"),
+        (restarts_before + 1).to_string(),
+        "{log}"
+    );
+    assert!(
+        log.contains("Watchdog timeout"),
+        "the journal says it was the watchdog:\n{log}"
+    );
+    assert!(
+        log.contains("event loop stalled for")
+            && log.contains("withholding systemd watchdog pings"),
+        "the daemon said the loop stopped the pings:\n{log}"
+    );
+    // The new process serves the watchdog: it is not killed again.
+    std::thread::sleep(watchdog + Duration::from_secs(2));
+    assert_eq!(container.property(unit, "ActiveState"), "active");
+    assert_eq!(
+        container.property(unit, "NRestarts"),
+        (restarts_before + 1).to_string(),
+        "{}",
+        journal()
     );
     container.poweroff();
 }

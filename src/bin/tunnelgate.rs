@@ -664,7 +664,13 @@ async fn serve(config: tunnelgate::config::Config, path: PathBuf) -> anyhow::Res
             _ = hup.recv() => {
                 sd_notify("RELOADING=1");
                 // The event loop logs the outcome; `tunnelgate reload` is the way to wait on it.
-                let _ = handle.reload("SIGHUP").await;
+                // A stop is heard while the reload runs (its commands may hang up to their
+                // timeout): the event loop then cuts the reload short.
+                tokio::select! {
+                    _ = handle.reload("SIGHUP") => {}
+                    _ = term.recv() => break,
+                    _ = int.recv() => break,
+                }
                 sd_notify("READY=1");
             }
         }

@@ -1,11 +1,12 @@
-//! Whether the packet threads are alive: each stamps a heartbeat on every wake (a batch, or an
-//! idle timeout), and `/healthz` fails when one has not stamped for [`STALL_LIMIT`]; and the
-//! systemd watchdog built on it ([`watchdog_interval`], [`WatchdogPings`]). Time is an
-//! argument (milliseconds on the shell's monotonic clock); this file never reads a clock or the
+//! Whether the daemon is alive: each packet thread stamps a heartbeat on every wake (a batch, or
+//! an idle timeout), the event loop on every turn ([`LoopPulse`]), and `/healthz` fails when one
+//! has not stamped for [`STALL_LIMIT`]; and the systemd watchdog built on it
+//! ([`watchdog_interval`], [`WatchdogPings`]). Time is an argument (milliseconds on the shell's
+//! monotonic clock, or an `Instant` passed in); this file never reads a clock or the
 //! environment.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How often an idle packet thread wakes by itself (TUN poll timeout, UDP receive timeout),
 /// so its heartbeat moves and it notices a stop request without traffic.
@@ -111,6 +112,65 @@ pub fn check(
                 silent_ms as f64 / 1000.0
             ));
         }
+    }
+    Ok(())
+}
+
+/// How often the event loop turns by itself when nothing happens (a timer), so its pulse moves
+/// while it is idle, and while it awaits a command (an `nft` that runs up to its timeout).
+pub const LOOP_TURN: Duration = Duration::from_secs(1);
+
+/// The event loop's heartbeat: the loop stamps it on every turn, and a timer makes it turn at
+/// least every [`LOOP_TURN`], also while it awaits an external command (awaiting is not being
+/// stuck: every command has a deadline). A call that blocks the loop's thread (a hung read on
+/// the runtime) stops the stamps; [`LoopPulse::check`] then names the stall, which fails
+/// `/healthz` and withholds `WATCHDOG=1`. Starts at `epoch` (a loop that never turned is stalled
+/// once the epoch is [`STALL_LIMIT`] old).
+#[derive(Debug)]
+pub struct LoopPulse {
+    epoch: Instant,
+    /// Milliseconds since `epoch` of the last turn.
+    last_ms: AtomicU64,
+}
+
+impl LoopPulse {
+    pub fn new(epoch: Instant) -> LoopPulse {
+        LoopPulse {
+            epoch,
+            last_ms: AtomicU64::new(0),
+        }
+    }
+
+    /// One relaxed store; call on every turn of the loop.
+    pub fn beat(&self, now: Instant) {
+        self.last_ms.store(self.millis(now), Ordering::Relaxed);
+    }
+
+    /// Ok when the loop turned within `limit` of `now`; otherwise for how long it has not, e.g.
+    /// "event loop stalled for 7.2 s".
+    pub fn check(&self, now: Instant, limit: Duration) -> Result<(), String> {
+        loop_check(
+            self.last_ms.load(Ordering::Relaxed),
+            self.millis(now),
+            limit,
+        )
+    }
+
+    fn millis(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.epoch).as_millis()).unwrap_or(u64::MAX)
+    }
+}
+
+/// The event loop's liveness decision: its last turn at `last_ms`, now `now_ms`.
+pub fn loop_check(last_ms: u64, now_ms: u64, limit: Duration) -> Result<(), String> {
+    let limit_ms = u64::try_from(limit.as_millis()).unwrap_or(u64::MAX);
+    // A turn "from the future" (the loop racing this check) is fresh, not stuck.
+    let silent_ms = now_ms.saturating_sub(last_ms);
+    if silent_ms > limit_ms {
+        return Err(format!(
+            "event loop stalled for {:.1} s",
+            silent_ms as f64 / 1000.0
+        ));
     }
     Ok(())
 }
@@ -318,5 +378,57 @@ mod tests {
     #[test]
     fn a_stamp_newer_than_now_is_fresh() {
         assert_eq!(check([(PacketThread::Timers, 2_000)], 1_000, LIMIT), Ok(()));
+    }
+
+    #[test]
+    fn a_loop_that_turns_is_alive_and_a_stalled_one_says_for_how_long() {
+        let epoch = crate::clock::now();
+        let at = |ms: u64| epoch + Duration::from_millis(ms);
+        let pulse = LoopPulse::new(epoch);
+        assert_eq!(
+            pulse.check(at(5_000), LIMIT),
+            Ok(()),
+            "the limit from the epoch"
+        );
+        assert_eq!(
+            pulse.check(at(5_001), LIMIT),
+            Err("event loop stalled for 5.0 s".to_string()),
+            "a loop that never turned"
+        );
+        pulse.beat(at(10_000));
+        assert_eq!(pulse.check(at(10_000), LIMIT), Ok(()));
+        assert_eq!(pulse.check(at(15_000), LIMIT), Ok(()), "exactly the limit");
+        assert_eq!(
+            pulse.check(at(17_250), LIMIT),
+            Err("event loop stalled for 7.2 s".to_string())
+        );
+        // Turning again (the blocking call returned) is alive again at once.
+        pulse.beat(at(17_300));
+        assert_eq!(pulse.check(at(17_300), LIMIT), Ok(()));
+    }
+
+    #[test]
+    fn a_turn_newer_than_now_or_a_now_before_the_epoch_is_fresh() {
+        assert_eq!(loop_check(2_000, 1_000, LIMIT), Ok(()));
+        let epoch = crate::clock::now() + Duration::from_secs(60);
+        let pulse = LoopPulse::new(epoch);
+        assert_eq!(pulse.check(epoch - Duration::from_secs(30), LIMIT), Ok(()));
+    }
+
+    #[test]
+    fn a_stalled_loop_withholds_the_watchdog_like_a_stuck_thread() {
+        let epoch = crate::clock::now();
+        let pulse = LoopPulse::new(epoch);
+        let mut pings = WatchdogPings::default();
+        pulse.beat(epoch + Duration::from_secs(1));
+        let alive = pulse.check(epoch + Duration::from_secs(2), LIMIT);
+        assert!(pings.on_tick(&alive).ping);
+        let stalled = pulse.check(epoch + Duration::from_secs(9), LIMIT);
+        let step = pings.on_tick(&stalled);
+        assert!(!step.ping);
+        assert_eq!(
+            step.log.as_deref(),
+            Some("event loop stalled for 8.0 s: withholding systemd watchdog pings")
+        );
     }
 }

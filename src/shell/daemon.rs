@@ -2,9 +2,15 @@
 //! fails), then runs the event loop that feeds the control core ([`Control`]) and executes its
 //! actions, and removes everything it installed when stopped. Nothing here decides: reloads,
 //! diffs, retries, DNS scheduling and readiness are the core's.
+//!
+//! The loop never blocks: the config file is read and every firewall command runs on the
+//! blocking threads (each command under its timeout), and the loop stamps its pulse
+//! ([`LoopPulse`]) on every turn and every [`LOOP_TURN`] while it awaits one, so `/healthz` and
+//! the systemd watchdog see a stalled loop, not only a stuck packet thread.
 
 use crate::config::{Config, FirewallMode};
 use crate::core::control::{Action, Control, Executed, Lookup, Mode, Refused, Reload, View};
+use crate::core::liveness::{LoopPulse, LOOP_TURN};
 use crate::local_socket::{CloseFirst, CloseRequest};
 use crate::shell::dataplane::{self, Dataplane};
 use crate::shell::executor::Executor;
@@ -14,11 +20,14 @@ use crate::shell::udp::WgSocket;
 use crate::uapi::{DeviceUpdate, UapiError};
 use anyhow::{Context, Result};
 use parking_lot::Mutex;
+use std::future::Future;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
 
 /// How often the config file is compared with the running configuration. Polling (not
 /// inotify) also catches Kubernetes' atomic `..data` symlink swap and key-file changes.
@@ -28,6 +37,19 @@ const COMMAND_QUEUE: usize = 16;
 /// How long a stop waits for the local sockets to close before it goes on without them
 /// (they close in microseconds; this only bounds a stuck server).
 const SOCKETS_CLOSE_WAIT: Duration = Duration::from_secs(1);
+/// How long one config-file poll waits for its read (microseconds on a sane filesystem); a read
+/// that takes longer is collected by a later poll, and no second one is started meanwhile.
+const CONFIG_POLL_READ_WAIT: Duration = Duration::from_secs(1);
+/// How long a reload waits for the config file to be read before it is refused.
+const RELOAD_READ_WAIT: Duration = crate::shell::firewall::COMMAND_TIMEOUT;
+/// Test hook (the liveness tests only, never set in production): while the file this names
+/// exists, each turn of the event loop blocks its thread, as a hung blocking call on the
+/// runtime would; `/healthz` and the watchdog must then report the stall.
+const TEST_STALL_LOOP_ENV: &str = "TUNNELGATE_TEST_STALL_LOOP";
+
+/// The config file as read on a blocking thread, with its warnings; `Err`: why it cannot be
+/// used, as the log shows it.
+type ConfigRead = Result<(Config, Vec<String>), String>;
 
 /// A request to the event loop, answered when its actions have run.
 enum Command {
@@ -57,6 +79,8 @@ pub struct Handle {
     commands: mpsc::Sender<Command>,
     /// The UAPI and status sockets, closed first when the daemon stops.
     local_sockets: CloseFirst,
+    /// The event loop's heartbeat, which `/healthz` and the watchdog check.
+    pub(crate) event_loop: Arc<LoopPulse>,
 }
 
 impl Handle {
@@ -120,6 +144,8 @@ pub struct Daemon {
     config_path: Option<PathBuf>,
     /// The health endpoint (`[health] listen`), moved on reload as the core asks.
     health: HealthEndpoint,
+    /// A config-file read that outlived its poll's wait, collected by the next poll.
+    config_read: Option<JoinHandle<ConfigRead>>,
 }
 
 impl Daemon {
@@ -197,6 +223,7 @@ impl Daemon {
             }),
             commands: tx,
             local_sockets: CloseFirst::default(),
+            event_loop: Arc::new(LoopPulse::new(crate::clock::now())),
         });
         let observe: Arc<dyn crate::telemetry::Observe> = handle.clone();
         let mut daemon = Daemon {
@@ -206,6 +233,7 @@ impl Daemon {
             commands: rx,
             config_path,
             health: HealthEndpoint::new(observe),
+            config_read: None,
         };
         // Failures are in the core, which says below whether the start must be abandoned.
         let _ = daemon.drain().await;
@@ -224,6 +252,8 @@ impl Daemon {
                 .serve(listener)
                 .context("serving the health endpoint")?;
         }
+        // The loop's first turn is due now, not counted from the start of a slow start.
+        daemon.handle.event_loop.beat(crate::clock::now());
         tracing::info!(interface = %daemon.handle.name(), listen_port, workers, "Tunnel up");
         Ok(daemon)
     }
@@ -237,18 +267,60 @@ impl Daemon {
     /// successor can claim the interface's name at once) and tears everything down. Returns
     /// the fatal error that ended it early (the TUN device was deleted), if any: the process
     /// then exits non-zero so its supervisor restarts it.
-    pub async fn run(
-        mut self,
-        shutdown: impl std::future::Future<Output = ()>,
-    ) -> Result<(), String> {
+    ///
+    /// A shutdown kills the firewall command that runs at that moment (the turn in progress
+    /// ends at once, its apply reported failed), so a hung `nft` delays a stop by at most the
+    /// teardown's own commands, each under its timeout.
+    pub async fn run(mut self, shutdown: impl Future<Output = ()>) -> Result<(), String> {
         let mut shutdown = std::pin::pin!(shutdown);
+        let pulse = self.handle.event_loop.clone();
+        let give_up = self.executor.give_up_flag();
+        let (stopping_tx, stopping) = watch::channel(false);
+        let outcome = {
+            let mut turns = std::pin::pin!(self.turns(stopping));
+            let mut beat = tokio::time::interval(LOOP_TURN);
+            beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut stop_asked = false;
+            loop {
+                tokio::select! {
+                    outcome = &mut turns => break outcome,
+                    () = &mut shutdown, if !stop_asked => {
+                        stop_asked = true;
+                        give_up.store(true, Ordering::Relaxed);
+                        let _ = stopping_tx.send(true);
+                    }
+                    // Polled here, beside the turn in progress: awaiting a command is alive,
+                    // a turn that blocks the thread is not (this branch cannot run then).
+                    _ = beat.tick() => pulse.beat(crate::clock::now()),
+                }
+            }
+        };
+        // The teardown's commands run, each under its timeout.
+        give_up.store(false, Ordering::Relaxed);
+        self.handle.close_local_sockets().await;
+        // Before the teardown removes the input guard: the endpoint never listens unguarded.
+        self.health.close();
+        with_pulse(&pulse, self.teardown()).await;
+        self.health.stop().await;
+        outcome
+    }
+
+    /// The turns of the event loop, until `stopping` or the data plane's fatal error.
+    async fn turns(&mut self, mut stopping: watch::Receiver<bool>) -> Result<(), String> {
         let mut config_poll = tokio::time::interval(CONFIG_POLL);
         config_poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_file_error = String::new();
         let dataplane = self.handle.dataplane.clone();
         let mut fatal = std::pin::pin!(dataplane.fatal_error());
-        let mut outcome = Ok(());
+        let stall_hook = std::env::var_os(TEST_STALL_LOOP_ENV).map(PathBuf::from);
         loop {
+            if *stopping.borrow() {
+                return Ok(());
+            }
+            self.handle.event_loop.beat(crate::clock::now());
+            if let Some(path) = &stall_hook {
+                stall_while_exists(path);
+            }
             // Executors report failures to the core, which retries them on its timer.
             let _ = self.drain().await;
             // A timer already due (the read-back right after an apply) runs now, not after a
@@ -264,11 +336,10 @@ impl Daemon {
                 .poll_timeout()
                 .unwrap_or_else(|| crate::clock::now() + Duration::from_secs(3600));
             tokio::select! {
-                () = &mut shutdown => break,
+                Ok(()) = stopping.changed() => return Ok(()),
                 why = &mut fatal => {
                     // The data path logged it; the caller reports the exit.
-                    outcome = Err(why);
-                    break;
+                    return Err(why);
                 }
                 () = tokio::time::sleep_until(wake.into()) => {
                     self.control.handle_timeout(crate::clock::now());
@@ -278,15 +349,9 @@ impl Daemon {
                     self.control.handle_resolved(lookup, result, crate::clock::now());
                 }
                 Some(command) = self.commands.recv() => self.command(command).await,
-                _ = config_poll.tick() => self.poll_config_file(&mut last_file_error),
+                _ = config_poll.tick() => self.poll_config_file(&mut last_file_error).await,
             }
         }
-        self.handle.close_local_sockets().await;
-        // Before the teardown removes the input guard: the endpoint never listens unguarded.
-        self.health.close();
-        self.teardown().await;
-        self.health.stop().await;
-        outcome
     }
 
     async fn command(&mut self, command: Command) {
@@ -317,15 +382,22 @@ impl Daemon {
         let Some(path) = self.config_path.clone() else {
             return Err("no configuration file to reload (userspace mode: use wg setconf)".into());
         };
-        let config = match crate::shell::config_file::load_config(&path) {
+        let read = match finish_read(read_config(path), RELOAD_READ_WAIT).await {
+            Ok(read) => read,
+            Err(_still_running) => Err(format!(
+                "reading the config file did not finish within {} s",
+                RELOAD_READ_WAIT.as_secs()
+            )),
+        };
+        let (config, warnings) = match read {
             Ok(c) => c,
             Err(e) => {
                 self.control.handle_config_invalid();
                 tracing::error!(error = %e, reason, "Reload rejected: keeping the running configuration");
-                return Err(e.to_string());
+                return Err(e);
             }
         };
-        for warning in crate::shell::config_file::warnings(&path, &config) {
+        for warning in warnings {
             tracing::warn!(warning = %warning, "Configuration warning");
         }
         match self.take_config(config) {
@@ -354,24 +426,38 @@ impl Daemon {
         }
     }
 
-    fn poll_config_file(&mut self, last_error: &mut String) {
+    /// Compares the config file with the running configuration, read on a blocking thread: a
+    /// file on a hung filesystem delays polls, never the loop.
+    async fn poll_config_file(&mut self, last_error: &mut String) {
         let Some(path) = self.config_path.clone() else {
             return;
         };
-        match crate::shell::config_file::load_config(&path) {
-            Ok(c) if c == *self.control.config() => last_error.clear(),
-            Ok(c) => {
+        let read = self
+            .config_read
+            .take()
+            .unwrap_or_else(|| read_config(path.clone()));
+        let read = match finish_read(read, CONFIG_POLL_READ_WAIT).await {
+            Ok(read) => read,
+            Err(still_running) => {
+                if self.config_read.replace(still_running).is_none() {
+                    tracing::warn!(path = %path.display(), "Reading the config file takes more than {CONFIG_POLL_READ_WAIT:?}; the next polls collect it");
+                }
+                return;
+            }
+        };
+        match read {
+            Ok((c, _)) if c == *self.control.config() => last_error.clear(),
+            Ok((c, warnings)) => {
                 last_error.clear();
                 tracing::info!(path = %path.display(), "Config file changed");
-                for warning in crate::shell::config_file::warnings(&path, &c) {
+                for warning in warnings {
                     tracing::warn!(warning = %warning, "Configuration warning");
                 }
                 if let Err(refused) = self.take_config(c) {
                     tracing::error!(error = %refused, "Reload refused: keeping the running configuration");
                 }
             }
-            Err(e) => {
-                let text = e.to_string();
+            Err(text) => {
                 if text != *last_error {
                     self.control.handle_config_invalid();
                     tracing::error!(error = %text, "Config file is invalid: keeping the running configuration");
@@ -441,6 +527,12 @@ impl Daemon {
         for action in self.control.teardown() {
             let executed = self.executor.execute(action, self.control.config()).await;
             if let Some(executed) = executed {
+                if let Some(e) = executed.error() {
+                    tracing::error!(
+                        error = %e,
+                        "Left in place at stop; the next start of this interface replaces it"
+                    );
+                }
                 self.control.handle_executed(executed, crate::clock::now());
             }
         }
@@ -456,7 +548,52 @@ impl Daemon {
     }
 }
 
-/// Tells systemd (if it started us with `Type=notify`) about our state.
+/// Reads and validates the config file (and its warnings) on a blocking thread.
+fn read_config(path: PathBuf) -> JoinHandle<ConfigRead> {
+    tokio::task::spawn_blocking(move || {
+        let config = crate::shell::config_file::load_config(&path).map_err(|e| e.to_string())?;
+        let warnings = crate::shell::config_file::warnings(&path, &config);
+        Ok((config, warnings))
+    })
+}
+
+/// Awaits a [`read_config`] for at most `wait`; the read back when it still runs.
+async fn finish_read(
+    mut read: JoinHandle<ConfigRead>,
+    wait: Duration,
+) -> Result<ConfigRead, JoinHandle<ConfigRead>> {
+    match tokio::time::timeout(wait, &mut read).await {
+        Ok(Ok(read)) => Ok(read),
+        Ok(Err(e)) => Ok(Err(format!("reading the config file failed: {e}"))),
+        Err(_) => Err(read),
+    }
+}
+
+/// Awaits `work` while stamping `pulse` every [`LOOP_TURN`]: the loop awaits, it is not stuck.
+async fn with_pulse<T>(pulse: &LoopPulse, work: impl Future<Output = T>) -> T {
+    let mut work = std::pin::pin!(work);
+    let mut beat = tokio::time::interval(LOOP_TURN);
+    loop {
+        tokio::select! {
+            out = &mut work => return out,
+            _ = beat.tick() => pulse.beat(crate::clock::now()),
+        }
+    }
+}
+
+/// The [`TEST_STALL_LOOP_ENV`] hook: blocks the calling thread (on purpose: the event loop's)
+/// while `path` exists.
+fn stall_while_exists(path: &Path) {
+    if !path.exists() {
+        return;
+    }
+    tracing::warn!(path = %path.display(), "{TEST_STALL_LOOP_ENV}: blocking the event loop while this file exists");
+    while path.exists() {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Tells systemd (if it started us with `Type=notify`) about our state. Never blocks.
 pub fn sd_notify(state: &str) {
     let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
         return;
@@ -466,6 +603,11 @@ pub fn sd_notify(state: &str) {
         Ok(s) => s,
         Err(_) => return,
     };
+    // A receiver that does not read (its queue full) must not block the runtime thread that
+    // sends: the message is dropped instead, as a lost datagram would be.
+    if sock.set_nonblocking(true).is_err() {
+        return;
+    }
     let target: &Path = &path;
     if let Some(abstract_name) = target.to_str().and_then(|s| s.strip_prefix('@')) {
         use std::os::linux::net::SocketAddrExt;
@@ -478,9 +620,10 @@ pub fn sd_notify(state: &str) {
 }
 
 /// systemd's watchdog (`WatchdogSec=` in the unit): sends `WATCHDOG=1` at half of
-/// `$WATCHDOG_USEC` while `observe`'s liveness (every packet thread woke recently, the data
-/// path has not failed) is Ok, until `shutdown`. A wedged packet thread stops the pings and
-/// systemd kills and restarts the service. Returns at once when no watchdog is wanted.
+/// `$WATCHDOG_USEC` while `observe`'s liveness (the event loop and every packet thread turned
+/// recently, the data path has not failed) is Ok, until `shutdown`. A stalled event loop or a
+/// wedged packet thread stops the pings and systemd kills and restarts the service. Returns at
+/// once when no watchdog is wanted.
 pub async fn systemd_watchdog(
     observe: Arc<dyn crate::telemetry::Observe>,
     shutdown: impl std::future::Future<Output = ()>,

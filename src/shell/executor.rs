@@ -2,13 +2,17 @@
 //! socket, `nft`/`iptables-restore`, sysctls, DNS) and returns each outcome ([`Executed`]) for
 //! the daemon to hand to the core; it never holds the core. Decides nothing: what to do, when,
 //! and what a failure means are the core's.
+//!
+//! Nothing here blocks the event loop: netlink is async, and every blocking step (the firewall
+//! programs, each with its timeout, the sysctl and forwarding-record files) runs on the blocking
+//! threads while the loop awaits it.
 
 use crate::config::Config;
 use crate::config::FirewallMode;
 use crate::core::control::{Action, Executed, Lookup, PeerChanges, RulesReport};
 use crate::rules::{Family, RuleSet};
 use crate::shell::dataplane::Dataplane;
-use crate::shell::firewall::{self, Backend};
+use crate::shell::firewall::{self, Backend, Limits};
 use crate::shell::forwarding::SharedForwarding;
 use crate::shell::netlink::Netlink;
 use crate::shell::resolver::Resolver;
@@ -30,6 +34,8 @@ pub(crate) struct Executor {
     mtu_error: Option<String>,
     /// The forwarding sysctls shared with other tunnelgates; made on first use.
     forwarding: Option<SharedForwarding>,
+    /// The timeout of every firewall command, and the flag that kills a running one at a stop.
+    limits: Limits,
 }
 
 impl Executor {
@@ -49,7 +55,15 @@ impl Executor {
             lookups: JoinSet::new(),
             mtu_error: None,
             forwarding: None,
+            limits: Limits::default(),
         }
+    }
+
+    /// The flag that, while set, kills the firewall command that runs now and fails each one
+    /// started later: the daemon is stopping and its teardown must not wait behind a hung
+    /// `nft`. The teardown's own commands run with it cleared again, each under its timeout.
+    pub(crate) fn give_up_flag(&self) -> Arc<std::sync::atomic::AtomicBool> {
+        self.limits.stop.clone()
     }
 
     pub(crate) fn backend_name(&self) -> String {
@@ -102,7 +116,10 @@ impl Executor {
                 if src_valid_mark {
                     // Replies to marked packets must pass reverse-path filtering (wg-quick
                     // does this too).
-                    let _ = std::fs::write("/proc/sys/net/ipv4/conf/all/src_valid_mark", "1");
+                    let _ = tokio::task::spawn_blocking(|| {
+                        std::fs::write("/proc/sys/net/ipv4/conf/all/src_valid_mark", "1")
+                    })
+                    .await;
                 }
                 None
             }
@@ -123,10 +140,11 @@ impl Executor {
                 None
             }
             Action::EnableForwarding(families) => {
-                let interface = &config.interface.name;
-                self.forwarding
-                    .get_or_insert_with(|| SharedForwarding::new(interface))
-                    .enable(&families);
+                // Under a lock shared with other tunnelgates: off the event loop.
+                self.with_forwarding(&config.interface.name, move |f| {
+                    f.enable(&families);
+                })
+                .await;
                 None
             }
             Action::ApplyRules { set, installed } => Some(Executed::RulesApplied(
@@ -134,8 +152,9 @@ impl Executor {
             )),
             Action::CheckRules => {
                 let tunnel = config.interface.name.clone();
+                let limits = self.limits.clone();
                 let result = match self.backend {
-                    Some(backend) => blocking(move || backend.installed(&tunnel)).await,
+                    Some(backend) => blocking(move || backend.installed(&tunnel, &limits)).await,
                     None => Ok(String::new()),
                 };
                 Some(Executed::RulesChecked(result))
@@ -146,10 +165,8 @@ impl Executor {
             Action::RestoreForwarding(families) => {
                 // A previous run killed with -9 may have left a change for this interface, so
                 // the records are read even when this run enabled nothing itself.
-                let interface = &config.interface.name;
-                self.forwarding
-                    .get_or_insert_with(|| SharedForwarding::new(interface))
-                    .release(&families);
+                self.with_forwarding(&config.interface.name, move |f| f.release(&families))
+                    .await;
                 None
             }
             // The daemon owns the health listener and runs this itself.
@@ -167,7 +184,8 @@ impl Executor {
             return Ok(());
         };
         let tunnel = tunnel.to_string();
-        let result = blocking(move || backend.remove(&tunnel)).await;
+        let limits = self.limits.clone();
+        let result = blocking(move || backend.remove(&tunnel, &limits)).await;
         match &result {
             Ok(()) => tracing::info!(backend = %backend, "Rules removed"),
             Err(e) => {
@@ -263,15 +281,17 @@ impl Executor {
             Some(b) => b,
             None => {
                 let mode = self.firewall_mode;
-                let chosen = blocking(move || firewall::choose(mode)).await?;
+                let limits = self.limits.clone();
+                let chosen = blocking(move || firewall::choose_within(mode, &limits)).await?;
                 tracing::info!(backend = %chosen, "Firewall backend chosen");
                 self.backend = Some(chosen);
                 chosen
             }
         };
         let started = crate::clock::now();
+        let limits = self.limits.clone();
         blocking(move || {
-            backend.apply(&set, installed.as_ref())?;
+            backend.apply(&set, installed.as_ref(), &limits)?;
             Ok::<_, firewall::FirewallError>(RulesReport {
                 seconds: started.elapsed().as_secs_f64(),
                 text: backend_text(backend, &set),
@@ -279,6 +299,29 @@ impl Executor {
         })
         .await
         .map_err(|e| format!("{backend}: {e}"))
+    }
+
+    /// Runs `f` on the shared forwarding state (made on first use) on a blocking thread: it
+    /// takes a file lock another tunnelgate may hold, and writes sysctls and records.
+    async fn with_forwarding(
+        &mut self,
+        interface: &str,
+        f: impl FnOnce(&mut SharedForwarding) + Send + 'static,
+    ) {
+        let mut shared = self
+            .forwarding
+            .take()
+            .unwrap_or_else(|| SharedForwarding::new(interface));
+        match tokio::task::spawn_blocking(move || {
+            f(&mut shared);
+            shared
+        })
+        .await
+        {
+            Ok(shared) => self.forwarding = Some(shared),
+            // Logged by the runtime; a fresh state reads the records again.
+            Err(e) => tracing::error!(error = %e, "Forwarding sysctl task failed"),
+        }
     }
 
     /// The resolver for `nameservers`, made once and again only when they change.

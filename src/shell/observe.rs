@@ -20,7 +20,9 @@ fn wall_time_of(at: Instant) -> SystemTime {
 
 impl Observe for Handle {
     fn liveness(&self) -> Result<(), String> {
-        self.dataplane.liveness()
+        self.dataplane.liveness()?;
+        self.event_loop
+            .check(crate::clock::now(), crate::core::liveness::STALL_LIMIT)
     }
 
     fn readiness(&self) -> Result<(), String> {

@@ -1343,6 +1343,11 @@ impl Tunnelgate {
         self.proc.sigterm(Duration::from_secs(10))
     }
 
+    /// [`Tunnelgate::sigterm`], waiting up to `timeout` for the exit.
+    pub fn sigterm_within(&mut self, timeout: Duration) -> ExitStatus {
+        self.proc.sigterm(timeout)
+    }
+
     /// SIGKILL and reap (leaves behind whatever a crash would).
     pub fn kill9(&mut self) -> ExitStatus {
         self.proc.kill9()
@@ -2829,3 +2834,92 @@ macro_rules! per_backend {
 }
 #[allow(unused_imports)]
 pub(crate) use per_backend;
+
+/// Receives sd_notify datagrams on a socket the test binds, like systemd does.
+pub struct NotifySocket {
+    sock: std::os::unix::net::UnixDatagram,
+    pub path: PathBuf,
+    /// Every datagram received so far, in order.
+    pub log: Vec<String>,
+}
+
+impl NotifySocket {
+    pub fn bind(dir: &TempDir) -> NotifySocket {
+        let path = dir.path().join("notify.sock");
+        let sock = std::os::unix::net::UnixDatagram::bind(&path).expect("bind the notify socket");
+        sock.set_read_timeout(Some(Duration::from_millis(200)))
+            .expect("read timeout");
+        NotifySocket {
+            sock,
+            path,
+            log: vec![],
+        }
+    }
+
+    /// Waits for a datagram with the line `want` (e.g. `READY=1`); returns the datagram.
+    pub fn expect(&mut self, want: &str, timeout: Duration, stderr: impl Fn() -> String) -> String {
+        let deadline = clock::now() + timeout;
+        let mut buf = [0u8; 4096];
+        while clock::now() < deadline {
+            if let Ok(n) = self.sock.recv(&mut buf) {
+                let msg = String::from_utf8_lossy(&buf[..n]).into_owned();
+                self.log.push(msg.clone());
+                if msg.lines().any(|l| l == want) {
+                    return msg;
+                }
+            }
+        }
+        panic!(
+            "no {want} within {timeout:?}; received {:?}; daemon stderr:\n{}",
+            self.log,
+            stderr()
+        );
+    }
+}
+
+impl NotifySocket {
+    /// Reads (and logs) what has queued up so far, so what follows is only what comes next.
+    pub fn drain(&mut self) {
+        let mut buf = [0u8; 4096];
+        // Nothing for one read timeout (200 ms): the queue is empty.
+        while let Ok(n) = self.sock.recv(&mut buf) {
+            self.log
+                .push(String::from_utf8_lossy(&buf[..n]).into_owned());
+        }
+    }
+
+    /// Whether no datagram with the line `want` arrives during `window` (others are logged).
+    pub fn quiet(&mut self, want: &str, window: Duration) -> bool {
+        let deadline = clock::now() + window;
+        let mut buf = [0u8; 4096];
+        while clock::now() < deadline {
+            if let Ok(n) = self.sock.recv(&mut buf) {
+                let msg = String::from_utf8_lossy(&buf[..n]).into_owned();
+                self.log.push(msg.clone());
+                if msg.lines().any(|l| l == want) {
+                    return false;
+                }
+            }
+        }
+        true
+    }
+}
+
+impl NotifySocket {
+    /// How many datagrams with the line `want` arrive during `window` (all are logged).
+    pub fn count(&mut self, want: &str, window: Duration) -> usize {
+        let deadline = clock::now() + window;
+        let mut buf = [0u8; 4096];
+        let mut seen = 0;
+        while clock::now() < deadline {
+            if let Ok(n) = self.sock.recv(&mut buf) {
+                let msg = String::from_utf8_lossy(&buf[..n]).into_owned();
+                if msg.lines().any(|l| l == want) {
+                    seen += 1;
+                }
+                self.log.push(msg);
+            }
+        }
+        seen
+    }
+}
