@@ -21,7 +21,7 @@ export RUSTFLAGS="--cfg fuzzing -Cpasses=sancov-module -Cllvm-args=-sanitizer-co
 -Cllvm-args=-sanitizer-coverage-trace-compares -Cdebug-assertions -Coverflow-checks"
 cargo build --release --target "$triple" --features sidecar --bins
 
-read -r -a targets <<<"${TUNNELGATE_FUZZ_TARGETS:-config uapi ports receive offload sidecar}"
+read -r -a targets <<<"${TUNNELGATE_FUZZ_TARGETS:-config uapi ports receive offload wg_quick sidecar}"
 corpus_root="$(mktemp -d "${TMPDIR:-/tmp}/tunnelgate-fuzz.XXXXXX")"
 trap 'rm -rf "$corpus_root"' EXIT
 for t in "${targets[@]}"; do

@@ -67,6 +67,78 @@ pub fn config(data: &[u8]) {
     }
 }
 
+/// The key files of a fuzzed wg-quick import, read back from what the import returned.
+struct ImportedKeys(BTreeMap<String, String>);
+
+impl SecretFiles for ImportedKeys {
+    fn read_secret(&self, path: &Path) -> Result<String, String> {
+        self.0
+            .get(&*path.to_string_lossy())
+            .cloned()
+            .ok_or_else(|| "not written by the import".to_string())
+    }
+}
+
+/// The longest error line a wg-quick import may print: values are quoted as short excerpts.
+const MAX_IMPORT_ERROR_BYTES: usize = 1024;
+
+/// wg-quick INI text -> `parse_ini` and `import`, its first line also the source path named in
+/// the header comment. An import that succeeds is a config `Config::parse` accepts with the
+/// keys it returned, whose only comment is its one header line; every error is short.
+pub fn wg_quick(data: &[u8]) {
+    use crate::config::wgquick::{import, parse_ini, KeyFiles};
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let ini = match parse_ini(text) {
+        Ok(ini) => ini,
+        Err(e) => {
+            let shown = e.to_string();
+            assert!(shown.len() < MAX_IMPORT_ERROR_BYTES, "{shown}");
+            return;
+        }
+    };
+    let psk = |i: usize| format!("/etc/wireguard/wg0.peer{i}.psk");
+    let files = KeyFiles {
+        private_key: "/etc/wireguard/wg0.key",
+        preshared_key: &psk,
+    };
+    let source = text.lines().next().unwrap_or_default();
+    match import(&ini, "wg0", source, &files) {
+        Ok(imported) => {
+            for u in &imported.unmapped {
+                let shown = u.to_string();
+                assert!(shown.len() < MAX_IMPORT_ERROR_BYTES, "{shown}");
+            }
+            let mut keys = BTreeMap::from([(
+                files.private_key.to_string(),
+                imported.private_key.expose_base64(),
+            )]);
+            for (i, k) in &imported.preshared_keys {
+                keys.insert(psk(*i), k.expose_base64());
+            }
+            if let Err(e) = Config::parse(&imported.toml, Path::new("/"), &ImportedKeys(keys)) {
+                panic!(
+                    "the import wrote a config check refuses: {e}\n{}",
+                    imported.toml
+                );
+            }
+            let comments = imported
+                .toml
+                .lines()
+                .filter(|l| l.trim_start().starts_with('#'))
+                .count();
+            assert_eq!(comments, 1, "{}", imported.toml);
+        }
+        Err(errors) => {
+            for e in errors {
+                let shown = e.to_string();
+                assert!(shown.len() < MAX_IMPORT_ERROR_BYTES, "{shown}");
+            }
+        }
+    }
+}
+
 /// The device a fuzzed `set` is applied to: a key, a port, a mark and two peers (keys
 /// `22..22` and `33..33` in hex, as in `fuzz/corpus/uapi/`) holding allowed IPs, so `remove`,
 /// `update_only`, `replace_peers` and `replace_allowed_ips` have something to act on.

@@ -247,3 +247,261 @@ fn every_unknown_key_is_reported_with_a_suggestion() {
         assert!(out.stderr.contains(needle), "{needle}:\n{}", out.stderr);
     }
 }
+
+/// The names in `dir` other than the wg-quick inputs (`*.conf`).
+fn outputs_in(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .expect("dir")
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.ends_with(".conf"))
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn an_existing_key_file_is_replaced_only_with_force() {
+    let dir = TempDir::new("import-exists");
+    let conf = dir.write("wg7.conf", &wg_quick_text());
+    let conf = conf.display().to_string();
+    let theirs = format!("{PEER_PUB}\n");
+    let key = dir.write_secret("wg7.key", &theirs);
+
+    let out = import(&[&conf]);
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert!(
+        out.stderr
+            .contains(&format!("{} already exists", key.display()))
+            && out.stderr.contains("--force")
+            && out.stderr.contains("nothing was written"),
+        "{}",
+        out.stderr
+    );
+    assert!(out.stdout.is_empty(), "{}", out.stdout);
+    assert_eq!(dir.read("wg7.key"), theirs, "the other key is kept");
+    assert_eq!(outputs_in(dir.path()), ["wg7.key"], "not even the PSK");
+
+    // Only the PSK exists: still refused, and the private key is not written either.
+    std::fs::remove_file(&key).expect("rm");
+    dir.write_secret("wg7.peer0.psk", &theirs);
+    let out = import(&[&conf]);
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert!(
+        out.stderr.contains("wg7.peer0.psk already exists"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(outputs_in(dir.path()), ["wg7.peer0.psk"]);
+
+    let forced = import(&[&conf, "--force"]);
+    assert_eq!(forced.code, Some(0), "{forced:?}");
+    assert_eq!(dir.read("wg7.key").trim(), PRIVATE);
+    assert_eq!(dir.read("wg7.peer0.psk").trim(), PSK);
+    assert_eq!(mode_of(&dir.path().join("wg7.peer0.psk")), 0o600);
+    assert!(
+        forced.stderr.contains("replaced ") && forced.stderr.contains("wrote "),
+        "{}",
+        forced.stderr
+    );
+    assert_eq!(outputs_in(dir.path()), ["wg7.key", "wg7.peer0.psk"]);
+}
+
+#[test]
+fn a_failed_write_leaves_the_old_keys_and_no_temporaries() {
+    let dir = TempDir::new("import-fail");
+    let conf = dir.write("wg7.conf", &wg_quick_text());
+    let old = format!("{PEER_PUB}\n");
+    dir.write_secret("wg7.key", &old);
+    // The PSK's path is a folder: it can be neither written nor replaced.
+    std::fs::create_dir(dir.path().join("wg7.peer0.psk")).expect("mkdir");
+    let out = import(&[&conf.display().to_string(), "--force"]);
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert!(out.stderr.contains("wg7.peer0.psk"), "{}", out.stderr);
+    assert!(out.stderr.contains("nothing was written"), "{}", out.stderr);
+    assert_eq!(dir.read("wg7.key"), old, "the old key is untouched");
+    assert_eq!(outputs_in(dir.path()), ["wg7.key", "wg7.peer0.psk"]);
+    assert!(out.stdout.is_empty());
+
+    // A folder that does not exist: nothing written, truthfully.
+    let nowhere = dir.path().join("nosuch/wg7.key");
+    let out = import(&[
+        &conf.display().to_string(),
+        "--key-file",
+        &nowhere.display().to_string(),
+    ]);
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert!(out.stderr.contains("nothing was written"), "{}", out.stderr);
+    assert_eq!(outputs_in(dir.path()), ["wg7.key", "wg7.peer0.psk"]);
+}
+
+#[test]
+fn a_key_file_that_is_the_input_is_refused_however_spelt() {
+    let dir = TempDir::new("import-self");
+    let text = wg_quick_text();
+    let conf = dir.write("wg7.conf", &text);
+    let sub = dir.path().join("sub");
+    std::fs::create_dir(&sub).expect("mkdir");
+    let dotdot = format!(
+        "{}/../{}",
+        sub.display(),
+        conf.file_name().expect("name").to_string_lossy()
+    );
+    let link = dir.path().join("link.key");
+    std::os::unix::fs::symlink(&conf, &link).expect("symlink");
+    for key_file in [dotdot, link.display().to_string()] {
+        for force in [false, true] {
+            let mut args = vec![conf.to_str().expect("utf-8"), "--key-file", &key_file];
+            if force {
+                args.push("--force");
+            }
+            let out = import(&args);
+            assert_eq!(out.code, Some(2), "{key_file} {force}: {out:?}");
+            assert!(
+                out.stderr.contains("is the file being imported"),
+                "{}",
+                out.stderr
+            );
+            assert_eq!(std::fs::read_to_string(&conf).expect("conf"), text);
+        }
+    }
+    assert!(std::fs::symlink_metadata(&link).is_ok());
+    assert_eq!(outputs_in(dir.path()), ["link.key", "sub"]);
+}
+
+#[test]
+fn values_check_refuses_exit_2_and_write_nothing() {
+    let dir = TempDir::new("import-values");
+    let peer = |endpoint: &str, key: &str| {
+        format!("[Peer]\nPublicKey = {key}\nEndpoint = {endpoint}\nAllowedIPs = 100.64.0.9/32\n")
+    };
+    let base = format!("[Interface]\nPrivateKey = {PRIVATE}\nAddress = 100.64.0.2/32\n");
+    let own = {
+        let out = cli(&["pubkey"], Some(PRIVATE));
+        out.stdout.trim().to_string()
+    };
+    let cases = [
+        (peer("-oProxyCommand=x:1", PEER_PUB), "line 6: Endpoint"),
+        (peer("host:0", PEER_PUB), "line 6: Endpoint"),
+        (peer("ho\u{7}st:51820", PEER_PUB), "line 6: Endpoint"),
+        (
+            format!(
+                "{}{}",
+                peer("192.0.2.1:1", PEER_PUB),
+                peer("192.0.2.2:1", PEER_PUB).replace("100.64.0.9", "100.64.0.10")
+            ),
+            "line 9: PublicKey",
+        ),
+        (peer("192.0.2.1:1", &own), "own public key"),
+    ];
+    for (i, (peers, needle)) in cases.iter().enumerate() {
+        let name = format!("wg{i}.conf");
+        let path = dir.write(&name, &format!("{base}{peers}"));
+        let out = import(&[&path.display().to_string()]);
+        assert_eq!(out.code, Some(2), "{name}: {out:?}");
+        assert!(out.stderr.contains(needle), "{name}: {}", out.stderr);
+        assert!(!out.stderr.contains('\u{7}'), "{:?}", out.stderr);
+        assert!(out.stdout.is_empty());
+    }
+    assert!(
+        outputs_in(dir.path()).is_empty(),
+        "{:?}",
+        outputs_in(dir.path())
+    );
+}
+
+#[test]
+fn a_huge_input_is_refused_with_a_short_error() {
+    let dir = TempDir::new("import-huge");
+    // A 2 MiB line: refused at the 1 MiB bound, and not echoed.
+    let conf = dir.write(
+        "wg0.conf",
+        &format!("[Interface]\n{}\n", "A".repeat(2 << 20)),
+    );
+    let out = import(&[&conf.display().to_string()]);
+    assert_eq!(
+        out.code,
+        Some(2),
+        "{}",
+        &out.stderr[..out.stderr.len().min(500)]
+    );
+    assert!(
+        out.stderr.contains("larger than 1048576 bytes"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        out.stderr.len() < 500,
+        "{} bytes of stderr",
+        out.stderr.len()
+    );
+    // Under the bound, a long bad line is quoted as an excerpt.
+    let conf = dir.write(
+        "wg1.conf",
+        &format!("[Interface]\n{}\n", "A".repeat(500_000)),
+    );
+    let out = import(&[&conf.display().to_string()]);
+    assert_eq!(
+        out.code,
+        Some(2),
+        "{}",
+        &out.stderr[..out.stderr.len().min(500)]
+    );
+    assert!(out.stderr.contains("(500000 bytes)"), "{}", out.stderr);
+    assert!(
+        out.stderr.len() < 500,
+        "{} bytes of stderr",
+        out.stderr.len()
+    );
+    assert!(outputs_in(dir.path()).is_empty());
+}
+
+#[test]
+fn a_newline_in_the_inputs_path_stays_inside_the_comment() {
+    let dir = TempDir::new("import-newline");
+    let folder = dir.path().join("x\n[health]\nlisten = \"0.0.0.0:9002\"\n#");
+    std::fs::create_dir(&folder).expect("mkdir");
+    let conf = folder.join("wg7.conf");
+    std::fs::write(&conf, wg_quick_text()).expect("write");
+    let key = dir.path().join("wg7.key");
+    let out = import(&[
+        &conf.display().to_string(),
+        "--key-file",
+        &key.display().to_string(),
+    ]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(
+        !out.stdout.lines().any(|l| l.starts_with("[health]")),
+        "{}",
+        out.stdout
+    );
+    assert!(out.stdout.starts_with("# Imported from "), "{}", out.stdout);
+    assert!(out
+        .stdout
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .contains("\\n[health]"));
+    let toml = dir.write("tunnelgate.toml", &out.stdout);
+    let check = cli(&["check", "--config", &toml.display().to_string()], None);
+    assert_eq!(check.code, Some(0), "{check:?}");
+    assert!(!check.stdout.contains("9002"), "{}", check.stdout);
+}
+
+#[test]
+fn fwmark_stays_hex_and_the_post_down_hint_names_exec_stop_post() {
+    let dir = TempDir::new("import-small");
+    let text = format!(
+        "[Interface]\nPrivateKey = {PRIVATE}\nAddress = 100.64.0.2/32\nFwMark = 0xca6c\n\
+         PostDown = iptables -D FORWARD -i %i -j ACCEPT\n"
+    );
+    let conf = dir.write("wg7.conf", &text);
+    let out = import(&[&conf.display().to_string()]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(out.stdout.contains("fwmark = 0xca6c"), "{}", out.stdout);
+    assert!(
+        out.stderr.contains("line 5: PostDown") && out.stderr.contains("ExecStopPost="),
+        "{}",
+        out.stderr
+    );
+}

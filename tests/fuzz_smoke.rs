@@ -314,6 +314,19 @@ fn fuzz_offload() {
     run("offload", fuzzing::offload, with_corpus("offload", seeds));
 }
 
+#[test]
+fn fuzz_wg_quick() {
+    let odd = format!(
+        "/tmp/x\n[health]\nlisten = \"0.0.0.0:9002\"\n[Interface]\nPrivateKey = {KEY}\nAddress = 10.0.0.1/24\n\
+         [Peer]\nPublicKey = {KEY}\nEndpoint = -oProxyCommand=x:1\nAllowedIPs = 10.0.0.2/32\n"
+    );
+    run(
+        "wg_quick",
+        fuzzing::wg_quick,
+        with_corpus("wg_quick", text_seeds(&[&odd])),
+    );
+}
+
 #[cfg(feature = "sidecar")]
 #[test]
 fn fuzz_sidecar() {
@@ -362,6 +375,19 @@ fn committed_seeds_get_past_the_parsers() {
     for seed in with_corpus("ports", Vec::new()) {
         let parsed = text(&seed).parse::<PortMap>();
         assert!(parsed.is_ok(), "ports seed {:?}: {parsed:?}", text(&seed));
+    }
+    for seed in with_corpus("wg_quick", Vec::new()) {
+        use tunnelgate::config::wgquick::{import, parse_ini, KeyFiles};
+        let text = text(&seed);
+        let ini = parse_ini(&text).unwrap_or_else(|e| panic!("wg_quick seed {text}: {e}"));
+        let psk = |i: usize| format!("/k/wg0.peer{i}.psk");
+        let files = KeyFiles {
+            private_key: "/k/wg0.key",
+            preshared_key: &psk,
+        };
+        if let Err(e) = import(&ini, "wg0", "/k/wg0.conf", &files) {
+            panic!("wg_quick seed {text}: {e:?}");
+        }
     }
     for seed in with_corpus("config", Vec::new()) {
         let parsed = Config::parse(&text(&seed), std::path::Path::new("/"), &AnyKeyFile);

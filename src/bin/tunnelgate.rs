@@ -55,7 +55,11 @@ enum Import {
     /// FILE is wg-quick's /etc/wireguard/NAME.conf; the interface is named NAME. The private key goes to --key-file (mode 0600), each
     /// preshared key to a 0600 file beside it (KEYFILE-STEM.peerN.psk); the TOML names them
     /// by absolute path. Keys with no tunnelgate equivalent (DNS, Table, PostUp, SaveConfig,
-    /// ...) are named on stderr with their line. Exit 2 when FILE is not a wg-quick config.
+    /// ...) are named on stderr with their line. Every value is checked as `check` would.
+    /// The key files are written all or none, and an existing one is never replaced without
+    /// --force. Exit 2 when FILE is not a wg-quick config (or larger than 1 MiB), holds a value
+    /// `check` refuses, or an output path is FILE; exit 1 when a key file exists or cannot be
+    /// written; nothing is written then.
     #[command(name = "wg-quick")]
     WgQuick {
         /// The wg-quick INI file.
@@ -63,6 +67,9 @@ enum Import {
         /// Where to write the private key (default: FILE with the extension .key).
         #[arg(long, value_name = "PATH")]
         key_file: Option<PathBuf>,
+        /// Replace key files that exist already (without it, an existing file is an error).
+        #[arg(long)]
+        force: bool,
     },
 }
 
@@ -177,9 +184,11 @@ fn main() -> ExitCode {
             println!("{}", SecretKey::generate_preshared().expose_base64());
             ExitCode::SUCCESS
         }
-        Command::Import(Import::WgQuick { file, key_file }) => {
-            tunnelgate::shell::import::wg_quick(&file, key_file.as_deref())
-        }
+        Command::Import(Import::WgQuick {
+            file,
+            key_file,
+            force,
+        }) => tunnelgate::shell::import::wg_quick(&file, key_file.as_deref(), force),
         Command::Userspace {
             foreground,
             interface,

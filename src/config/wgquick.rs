@@ -2,11 +2,37 @@
 //! and mapped to tunnelgate's TOML for `tunnelgate import wg-quick`. Pure: the caller reads the
 //! file, names the key files and writes them.
 
+use std::collections::BTreeMap;
 use std::fmt::{self, Write as _};
 use std::net::IpAddr;
+use std::path::Path;
 
 use super::keys::{decode_key, SecretKey};
-use super::IpNet;
+use super::{Config, IpNet, SecretFiles};
+
+/// The most of a line or value an error quotes: a line of a megabyte is not echoed whole.
+const EXCERPT_CHARS: usize = 80;
+
+/// `text` quoted for an error message: at most [`EXCERPT_CHARS`] characters once control
+/// characters and quotes are escaped, and a note of how long it was when it was cut.
+pub fn excerpt(text: &str) -> String {
+    let mut escaped = String::new();
+    let (mut shown_chars, mut shown_bytes) = (0, 0);
+    for c in text.chars() {
+        let e = c.escape_debug();
+        if shown_chars + e.len() > EXCERPT_CHARS {
+            break;
+        }
+        shown_chars += e.len();
+        shown_bytes += c.len_utf8();
+        escaped.extend(e);
+    }
+    if shown_bytes < text.len() {
+        format!("\"{escaped}...\" ({} bytes)", text.len())
+    } else {
+        format!("\"{escaped}\"")
+    }
+}
 
 /// Which section a line belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,7 +106,10 @@ pub fn parse_ini(text: &str) -> Result<IniFile, NotWgQuick> {
             } else {
                 return Err(NotWgQuick {
                     line: Some(line),
-                    reason: format!("unknown section {stripped:?}: expected [Interface] or [Peer]"),
+                    reason: format!(
+                        "unknown section {}: expected [Interface] or [Peer]",
+                        excerpt(&stripped)
+                    ),
                 });
             };
             if kind == SectionKind::Interface
@@ -102,8 +131,8 @@ pub fn parse_ini(text: &str) -> Result<IniFile, NotWgQuick> {
             return Err(NotWgQuick {
                 line: Some(line),
                 reason: format!(
-                    "{:?} is neither a section header nor a `Key = Value` line",
-                    without_comment.trim()
+                    "{} is neither a section header nor a `Key = Value` line",
+                    excerpt(without_comment.trim())
                 ),
             });
         };
@@ -172,6 +201,16 @@ pub fn not_toml_error(file: &str) -> super::ConfigError {
     }
 }
 
+/// A key as written, or its excerpt when it is long or holds control characters (a key is
+/// whatever precedes `=` on a line).
+fn shown_key(key: &str) -> std::borrow::Cow<'_, str> {
+    if key.len() > EXCERPT_CHARS || key.chars().any(char::is_control) {
+        excerpt(key).into()
+    } else {
+        key.into()
+    }
+}
+
 /// A key the import left out, with why; printed on stderr so nothing is dropped silently.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Unmapped {
@@ -185,7 +224,9 @@ impl fmt::Display for Unmapped {
         write!(
             f,
             "line {}: {}: not imported: {}",
-            self.line, self.key, self.why
+            self.line,
+            shown_key(&self.key),
+            self.why
         )
     }
 }
@@ -200,7 +241,13 @@ pub struct ImportError {
 
 impl fmt::Display for ImportError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "line {}: {}: {}", self.line, self.key, self.problem)
+        write!(
+            f,
+            "line {}: {}: {}",
+            self.line,
+            shown_key(&self.key),
+            self.problem
+        )
     }
 }
 
@@ -241,17 +288,77 @@ fn unmapped_interface_key(lower: &str) -> Option<&'static str> {
             "tunnelgate routes every peer's allowed IPs in the main table (a default route \
              through the tunnel gets a policy rule, as wg-quick's Table = auto does)"
         }
-        "preup" | "postup" | "predown" | "postdown" => {
+        "preup" | "postup" => {
             "tunnelgate runs no hook commands; use [[ingress]]/[[egress]]/[router] for \
-             forwarding, or an ExecStartPost= in a systemd drop-in"
+             forwarding, or an ExecStartPre=/ExecStartPost= in a systemd drop-in"
+        }
+        "predown" | "postdown" => {
+            "tunnelgate runs no hook commands; the daemon removes its own rules and routes at \
+             stop, and anything else goes in an ExecStopPost= in a systemd drop-in"
         }
         "saveconfig" => "tunnelgate never writes its configuration back",
         _ => return None,
     })
 }
 
+/// Where each TOML key of an import came from: its line and the wg-quick key, so a problem
+/// [`Config::parse`] finds in the TOML is reported on the line the user wrote.
+#[derive(Default)]
+struct Origins(BTreeMap<String, (usize, String)>);
+
+impl Origins {
+    fn set(&mut self, toml_key: String, line: usize, ini_key: &str) {
+        self.0.insert(toml_key, (line, ini_key.to_string()));
+    }
+
+    /// The origin of `toml_key`, or of the nearest key or section that holds it
+    /// (`peer[1].allowed_ips[0]` -> `peer[1].allowed_ips` -> `peer[1]`).
+    fn of(&self, toml_key: &str) -> (usize, String) {
+        let mut key = toml_key;
+        loop {
+            if let Some(found) = self.0.get(key) {
+                return found.clone();
+            }
+            match key.rfind(['.', '[']) {
+                Some(cut) if cut > 0 => key = &key[..cut],
+                _ => return (0, toml_key.to_string()),
+            }
+        }
+    }
+}
+
+/// The secrets of an import, by the path the TOML names them with, so the TOML can be
+/// validated as `check` would before anything is written.
+struct ImportedSecrets(BTreeMap<String, String>);
+
+impl SecretFiles for ImportedSecrets {
+    fn read_secret(&self, path: &Path) -> Result<String, String> {
+        self.0
+            .get(&*path.to_string_lossy())
+            .cloned()
+            .ok_or_else(|| "is not a key file this import writes".to_string())
+    }
+}
+
+/// `text` on one line, its control characters escaped (`\n`, `\u{1b}`): a file name in the
+/// header comment or a message (a newline in a folder name must not become a line of TOML).
+pub fn escape_controls(text: &str) -> String {
+    text.chars()
+        .flat_map(|c| {
+            let escaped: Vec<char> = if c.is_control() {
+                c.escape_default().collect()
+            } else {
+                vec![c]
+            };
+            escaped
+        })
+        .collect()
+}
+
 /// Maps a parsed wg-quick file to tunnelgate's TOML. `source` names the file in the header
-/// comment. Every bad value is reported, with its line; nothing is returned half-done.
+/// comment. Every bad value is reported, with its line, and the TOML is validated as `check`
+/// validates a file (duplicate peers, the interface's own key as a peer, ...); nothing is
+/// returned half-done.
 pub fn import(
     ini: &IniFile,
     name: &str,
@@ -261,10 +368,12 @@ pub fn import(
     let mut errors = Vec::new();
     let mut unmapped = Vec::new();
     let mut notes = Vec::new();
+    let mut origins = Origins::default();
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "# Imported from {source} by `tunnelgate import wg-quick`.\n"
+        "# Imported from {} by `tunnelgate import wg-quick`.\n",
+        escape_controls(source)
     );
 
     let mut private_key = None;
@@ -286,11 +395,15 @@ pub fn import(
         };
         match section.kind {
             SectionKind::Interface => {
+                origins.set("interface".into(), section.line, "[Interface]");
+                origins.set("interface.addresses".into(), section.line, "Address");
                 for e in &section.entries {
                     let lower = e.key.to_ascii_lowercase();
                     match lower.as_str() {
                         "privatekey" => {
                             private_key_written = true;
+                            origins.set("interface.private_key".into(), e.line, &e.key);
+                            origins.set("interface.private_key_file".into(), e.line, &e.key);
                             match decode_key(&e.value) {
                                 Ok(k) => private_key = Some(SecretKey(k)),
                                 Err(why) => err(e, format!("the private key {why}")),
@@ -299,21 +412,47 @@ pub fn import(
                         "address" => {
                             for a in comma_list(&e.value) {
                                 match address(a, false) {
-                                    Ok((net, _)) => addresses.push(net.to_string()),
+                                    Ok((net, _)) => {
+                                        if addresses.is_empty() {
+                                            origins.set(
+                                                "interface.addresses".into(),
+                                                e.line,
+                                                &e.key,
+                                            );
+                                        }
+                                        origins.set(
+                                            format!("interface.addresses[{}]", addresses.len()),
+                                            e.line,
+                                            &e.key,
+                                        );
+                                        addresses.push(net.to_string());
+                                    }
                                     Err(why) => err(e, why),
                                 }
                             }
                         }
                         "listenport" => match e.value.parse::<u16>() {
-                            Ok(p) => listen_port = Some(p),
-                            Err(_) => err(e, format!("{:?}: expected a UDP port 0-65535", e.value)),
+                            Ok(p) => {
+                                origins.set("interface.listen_port".into(), e.line, &e.key);
+                                listen_port = Some(p);
+                            }
+                            Err(_) => err(
+                                e,
+                                format!("{}: expected a UDP port 0-65535", excerpt(&e.value)),
+                            ),
                         },
                         "mtu" => match e.value.parse::<u16>() {
-                            Ok(m) => mtu = Some(m),
-                            Err(_) => err(e, format!("{:?}: expected a number", e.value)),
+                            Ok(m) => {
+                                origins.set("interface.mtu".into(), e.line, &e.key);
+                                mtu = Some(m);
+                            }
+                            Err(_) => err(e, format!("{}: expected a number", excerpt(&e.value))),
                         },
                         "fwmark" => match parse_fwmark(&e.value) {
-                            Ok(m) => fwmark = m,
+                            Ok(m) => {
+                                origins.set("interface.fwmark".into(), e.line, &e.key);
+                                fwmark = m;
+                            }
                             Err(why) => err(e, why),
                         },
                         other => unmapped.push(Unmapped {
@@ -327,26 +466,46 @@ pub fn import(
             }
             SectionKind::Peer => {
                 let index = peers.len();
+                let at = format!("peer[{index}]");
+                origins.set(at.clone(), section.line, "[Peer]");
                 let mut public_key = None;
                 let mut lines: Vec<String> = Vec::new();
                 let mut allowed: Vec<String> = Vec::new();
                 for e in &section.entries {
                     match e.key.to_ascii_lowercase().as_str() {
                         "publickey" => match decode_key(&e.value) {
-                            Ok(k) => public_key = Some(super::PublicKey(k)),
+                            Ok(k) => {
+                                origins.set(format!("{at}.public_key"), e.line, &e.key);
+                                public_key = Some(super::PublicKey(k));
+                            }
                             Err(why) => err(e, format!("the public key {why}")),
                         },
                         "presharedkey" => match decode_key(&e.value) {
                             Ok(k) => {
+                                origins.set(format!("{at}.preshared_key_file"), e.line, &e.key);
                                 preshared_keys.retain(|(i, _)| *i != index);
                                 preshared_keys.push((index, SecretKey(k)));
                             }
                             Err(why) => err(e, format!("the preshared key {why}")),
                         },
-                        "endpoint" => {
-                            lines.retain(|l| !l.starts_with("endpoint ="));
-                            lines.push(format!("endpoint = {}", quote(&e.value)));
-                        }
+                        // `check` refuses what is no host and port (`-oProxyCommand=x:1`,
+                        // `host:0`, control characters): so does the import, on its line.
+                        "endpoint" => match super::validate::parse_endpoint(&e.value) {
+                            Ok(_) => {
+                                origins.set(format!("{at}.endpoint"), e.line, &e.key);
+                                lines.retain(|l| !l.starts_with("endpoint ="));
+                                lines.push(format!("endpoint = {}", quote(&e.value)));
+                            }
+                            Err(_) => err(
+                                e,
+                                format!(
+                                    "{} is not a host and port: expected like \
+                                     198.51.100.7:51820, [2001:db8::1]:51820 or \
+                                     vpn.example.com:51820 (port 1-65535)",
+                                    excerpt(&e.value)
+                                ),
+                            ),
+                        },
                         "allowedips" => {
                             for a in comma_list(&e.value) {
                                 match address(a, true) {
@@ -357,6 +516,11 @@ pub fn import(
                                                 e.line
                                             ));
                                         }
+                                        origins.set(
+                                            format!("{at}.allowed_ips[{}]", allowed.len()),
+                                            e.line,
+                                            &e.key,
+                                        );
                                         allowed.push(net.to_string());
                                     }
                                     Err(why) => err(e, why),
@@ -365,6 +529,7 @@ pub fn import(
                         }
                         "persistentkeepalive" => match parse_keepalive(&e.value) {
                             Ok(k) => {
+                                origins.set(format!("{at}.persistent_keepalive"), e.line, &e.key);
                                 lines.retain(|l| !l.starts_with("persistent_keepalive ="));
                                 if let Some(k) = k {
                                     lines.push(format!("persistent_keepalive = {k}"));
@@ -442,13 +607,46 @@ pub fn import(
     for p in &peers {
         let _ = write!(out, "\n{p}");
     }
-    Ok(Imported {
+    let imported = Imported {
         toml: out,
         private_key,
         preshared_keys,
         unmapped,
         notes,
-    })
+    };
+    validate_as_check(&imported, files, &origins)?;
+    Ok(imported)
+}
+
+/// Reads the imported TOML back with [`Config::parse`], its key files answered from memory:
+/// what `check` would refuse is refused now, each problem on the wg-quick line it came from.
+fn validate_as_check(
+    imported: &Imported,
+    files: &KeyFiles<'_>,
+    origins: &Origins,
+) -> Result<(), Vec<ImportError>> {
+    let mut secrets = BTreeMap::from([(
+        files.private_key.to_string(),
+        imported.private_key.expose_base64(),
+    )]);
+    for (index, psk) in &imported.preshared_keys {
+        secrets.insert((files.preshared_key)(*index), psk.expose_base64());
+    }
+    match Config::parse(&imported.toml, Path::new("/"), &ImportedSecrets(secrets)) {
+        Ok(_) => Ok(()),
+        Err(found) => Err(found
+            .0
+            .into_iter()
+            .map(|e| {
+                let (line, key) = origins.of(&e.key);
+                ImportError {
+                    line,
+                    key,
+                    problem: format!("{} (tunnelgate's {})", e.problem, e.key),
+                }
+            })
+            .collect()),
+    }
 }
 
 /// A comma-separated list (wg-quick and `wg` both split on commas); empty items are skipped.
@@ -466,7 +664,8 @@ fn address(text: &str, network: bool) -> Result<(IpNet, bool), String> {
             Ok(a) => IpNet::from(a),
             Err(_) => {
                 return Err(format!(
-                    "{text:?} is not an address: expected like 10.0.0.1/24 or fd00::1/64"
+                    "{} is not an address: expected like 10.0.0.1/24 or fd00::1/64",
+                    excerpt(text)
                 ))
             }
         },
@@ -477,23 +676,32 @@ fn address(text: &str, network: bool) -> Result<(IpNet, bool), String> {
     Ok((net, false))
 }
 
-/// `FwMark`: `off`, `0` (none) or a number, decimal or `0x` hex as `wg` reads it.
-fn parse_fwmark(value: &str) -> Result<Option<u32>, String> {
+/// `FwMark`: `off`, `0` (none) or a number, decimal or `0x` hex as `wg` reads it. The mark
+/// comes back as a TOML integer in the base it was written in (`0xca6c` stays hex: marks are
+/// spelt in hex in `ip rule` and nft, and a decimal one would not be found by grep).
+fn parse_fwmark(value: &str) -> Result<Option<String>, String> {
     if value.eq_ignore_ascii_case("off") {
         return Ok(None);
     }
-    let parsed = match value
+    let hex = value
         .strip_prefix("0x")
-        .or_else(|| value.strip_prefix("0X"))
-    {
-        Some(hex) => u32::from_str_radix(hex, 16),
-        None => value.parse::<u32>(),
+        .or_else(|| value.strip_prefix("0X"));
+    let parsed = match hex {
+        // Digits only: from_str_radix would also take a sign.
+        Some(digits) if digits.bytes().all(|b| b.is_ascii_hexdigit()) => {
+            u32::from_str_radix(digits, 16).ok()
+        }
+        Some(_) => None,
+        None if value.bytes().all(|b| b.is_ascii_digit()) => value.parse::<u32>().ok(),
+        None => None,
     };
     match parsed {
-        Ok(0) => Ok(None),
-        Ok(m) => Ok(Some(m)),
-        Err(_) => Err(format!(
-            "{value:?}: expected off or a 32-bit number (decimal or 0x hex)"
+        Some(0) => Ok(None),
+        Some(m) if hex.is_some() => Ok(Some(format!("{m:#x}"))),
+        Some(m) => Ok(Some(m.to_string())),
+        None => Err(format!(
+            "{}: expected off or a 32-bit number (decimal or 0x hex)",
+            excerpt(value)
         )),
     }
 }
@@ -506,7 +714,10 @@ fn parse_keepalive(value: &str) -> Result<Option<u16>, String> {
     match value.parse::<u16>() {
         Ok(0) => Ok(None),
         Ok(s) => Ok(Some(s)),
-        Err(_) => Err(format!("{value:?}: expected off or seconds 1-65535")),
+        Err(_) => Err(format!(
+            "{}: expected off or seconds 1-65535",
+            excerpt(value)
+        )),
     }
 }
 

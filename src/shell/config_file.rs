@@ -51,11 +51,16 @@ pub enum LoadError {
 }
 
 /// Everything worth a warning about the configuration at `path` (already loaded as `config`):
-/// [`Config::warnings`] and secrets inline in a file others can read. Never fatal.
+/// [`Config::warnings`] and secrets inline in a file others can read (the `.gz` form too: its
+/// mode is that of the file read). Never fatal.
 pub fn warnings(path: &Path, config: &Config) -> Vec<String> {
     let mut out = config.warnings();
     out.extend(crate::config::ingress_warnings(config, &host_addresses()));
-    if let (Ok(meta), Ok(text)) = (std::fs::metadata(path), std::fs::read_to_string(path)) {
+    let meta = std::fs::metadata(path).or_else(|e| match gz_twin(path) {
+        Some(gz) if e.kind() == std::io::ErrorKind::NotFound => std::fs::metadata(gz),
+        _ => Err(e),
+    });
+    if let (Ok(meta), Ok(text)) = (meta, read_config_text(path)) {
         let mode = meta.permissions().mode();
         out.extend(crate::config::inline_secret_warning(&text, mode));
     }
@@ -63,8 +68,19 @@ pub fn warnings(path: &Path, config: &Config) -> Vec<String> {
 }
 
 /// A decompressed configuration larger than this is refused: a rendered proxy group of 20,000
-/// Services is about 2 MiB, so this leaves room and still stops a decompression bomb.
-const MAX_DECOMPRESSED_BYTES: u64 = 64 << 20;
+/// Services is about 2 MiB, so this leaves room and still stops a decompression bomb. The
+/// sidecar's hand-over to its proxy container uses the same bound.
+pub const MAX_DECOMPRESSED_BYTES: u64 = 64 << 20;
+
+/// `path.gz`, the name read when `path` itself does not exist (none for a `.gz` path).
+fn gz_twin(path: &Path) -> Option<PathBuf> {
+    if path.extension().is_some_and(|e| e == "gz") {
+        return None;
+    }
+    let mut gz = path.as_os_str().to_os_string();
+    gz.push(".gz");
+    Some(PathBuf::from(gz))
+}
 
 /// The configuration text at `path`: the file itself, gunzipped when its name ends in `.gz`;
 /// when `path` does not exist, `path.gz` gunzipped.
@@ -75,12 +91,10 @@ pub fn read_config_text(path: &Path) -> Result<String, std::io::Error> {
         Ok(bytes) => String::from_utf8(bytes)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && !is_gz => {
-            let mut gz = path.as_os_str().to_os_string();
-            gz.push(".gz");
-            match std::fs::read(&gz) {
-                Ok(bytes) => gunzip(&bytes),
+            match gz_twin(path).map(std::fs::read) {
+                Some(Ok(bytes)) => gunzip(&bytes),
                 // The plain name's error: that is the file the user named.
-                Err(_) => Err(e),
+                _ => Err(e),
             }
         }
         Err(e) => Err(e),
@@ -88,23 +102,58 @@ pub fn read_config_text(path: &Path) -> Result<String, std::io::Error> {
 }
 
 fn gunzip(bytes: &[u8]) -> Result<String, std::io::Error> {
-    let mut text = String::new();
-    let read = flate2::read::GzDecoder::new(bytes)
-        .take(MAX_DECOMPRESSED_BYTES + 1)
-        .read_to_string(&mut text)
-        .map_err(|e| {
-            std::io::Error::new(
-                e.kind(),
-                format!("not a gzip-compressed UTF-8 configuration: {e}"),
-            )
-        })?;
-    if read as u64 > MAX_DECOMPRESSED_BYTES {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!("decompresses to more than {MAX_DECOMPRESSED_BYTES} bytes: expected a tunnelgate configuration"),
-        ));
+    let invalid = |problem: String| std::io::Error::new(std::io::ErrorKind::InvalidData, problem);
+    let text = gunzip_bounded(bytes, MAX_DECOMPRESSED_BYTES).map_err(invalid)?;
+    String::from_utf8(text).map_err(|e| {
+        invalid(format!(
+            "decompresses to text that is not UTF-8 (at byte {}): expected a tunnelgate \
+             configuration",
+            e.utf8_error().valid_up_to()
+        ))
+    })
+}
+
+/// Every gzip member of `bytes`, decompressed and joined (as `gzip -d` reads `cat a.gz b.gz`),
+/// never more than `limit` bytes. Refused: no gzip at all, a corrupt or cut member, and
+/// anything after the last member that is not another member (the file was cut or added to).
+pub fn gunzip_bounded(bytes: &[u8], limit: u64) -> Result<Vec<u8>, String> {
+    const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
+    if bytes.is_empty() {
+        return Err("not a gzip-compressed configuration: the file is empty".into());
     }
-    Ok(text)
+    let mut out = Vec::new();
+    let mut rest = bytes;
+    for member in 1.. {
+        let at = bytes.len() - rest.len();
+        let mut decoder = flate2::bufread::GzDecoder::new(rest);
+        let room = limit.saturating_add(1).saturating_sub(out.len() as u64);
+        let read = (&mut decoder).take(room).read_to_end(&mut out);
+        if out.len() as u64 > limit {
+            return Err(format!(
+                "decompresses to more than {limit} bytes: expected a tunnelgate configuration"
+            ));
+        }
+        if let Err(e) = read {
+            return Err(if member == 1 {
+                format!("not a gzip-compressed configuration: {e}")
+            } else {
+                format!("gzip member {member} (at byte {at}) is corrupt: {e}")
+            });
+        }
+        rest = decoder.into_inner();
+        if rest.is_empty() {
+            break;
+        }
+        if !rest.starts_with(&GZIP_MAGIC) {
+            return Err(format!(
+                "{} bytes of trailing data after gzip member {member} (at byte {}): expected \
+                 nothing but gzip members (a cut or appended file?)",
+                rest.len(),
+                bytes.len() - rest.len()
+            ));
+        }
+    }
+    Ok(out)
 }
 
 /// Reads and validates the configuration at `path` (or `path.gz`, see [`read_config_text`]).
@@ -174,6 +223,88 @@ mod tests {
         std::fs::write(&gz, "not gzip").expect("write");
         let bad = read_config_text(&gz).expect_err("not gzip");
         assert!(bad.to_string().contains("not a gzip-compressed"), "{bad}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    fn gzip(text: &[u8]) -> Vec<u8> {
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        std::io::Write::write_all(&mut encoder, text).expect("gzip");
+        encoder.finish().expect("gzip")
+    }
+
+    #[test]
+    fn every_gzip_member_is_read_and_trailing_bytes_are_refused() {
+        let (a, b) = (&b"[interface]\nname = \"tg0\"\n"[..], &b"[[peer]]\n"[..]);
+        // `cat a.gz b.gz`: gzip -d reads both, so does the daemon.
+        let two = [gzip(a), gzip(b)].concat();
+        assert_eq!(
+            gunzip_bounded(&two, MAX_DECOMPRESSED_BYTES).expect("two members"),
+            [a, b].concat()
+        );
+        for (garbage, what) in [
+            (&b"x"[..], "1 bytes of trailing data after gzip member 2"),
+            (&b"\0\0\0\0"[..], "4 bytes of trailing data"),
+        ] {
+            let err = gunzip_bounded(&[&two[..], garbage].concat(), MAX_DECOMPRESSED_BYTES)
+                .expect_err("trailing garbage");
+            assert!(err.contains(what), "{err}");
+        }
+        // A second member cut short is refused, not read as far as it goes.
+        let cut = &two[..two.len() - 3];
+        let err = gunzip_bounded(cut, MAX_DECOMPRESSED_BYTES).expect_err("cut");
+        assert!(err.contains("gzip member 2"), "{err}");
+        assert!(gunzip_bounded(b"", MAX_DECOMPRESSED_BYTES).is_err());
+    }
+
+    #[test]
+    fn the_size_limit_counts_bytes_of_multi_byte_text() {
+        // 3-byte characters: the limit falls inside one, which must not turn the refusal
+        // into a UTF-8 error (or let it through).
+        let text = "€".repeat(400);
+        let gz = gzip(text.as_bytes());
+        let err = gunzip_bounded(&gz, 1000).expect_err("1200 bytes");
+        assert!(err.contains("more than 1000 bytes"), "{err}");
+        assert_eq!(gunzip_bounded(&gz, 1200).expect("fits"), text.as_bytes());
+        // Across members the bound is the sum.
+        let two = [gzip(&[b'a'; 600]), gzip(&[b'b'; 600])].concat();
+        assert!(gunzip_bounded(&two, 1000).is_err());
+        let dir = std::env::temp_dir().join(format!("tg-config-gz-mb-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let path = dir.join("c.toml.gz");
+        std::fs::write(&path, gzip(&[0xe2, 0x82])).expect("write");
+        let err = read_config_text(&path).expect_err("not UTF-8");
+        assert!(err.to_string().contains("not UTF-8"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn an_inline_secret_in_a_readable_gz_is_a_warning_too() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = std::env::temp_dir().join(format!("tg-config-gz-warn-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let text = format!(
+            "[interface]\nprivate_key = \"{}\"\naddresses = [\"100.64.0.1/32\"]\n",
+            crate::config::SecretKey([7; 32]).expose_base64()
+        );
+        let gz = dir.join("tunnelgate.toml.gz");
+        std::fs::write(&gz, gzip(text.as_bytes())).expect("write");
+        std::fs::set_permissions(&gz, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        // Named as the .gz, and found as the twin of the plain name.
+        for path in [gz.clone(), dir.join("tunnelgate.toml")] {
+            let config = load_config(&path).expect("valid");
+            let found = warnings(&path, &config);
+            assert!(
+                found.iter().any(
+                    |w| w.contains("interface.private_key: a secret written inline")
+                        && w.contains("0644")
+                ),
+                "{}: {found:?}",
+                path.display()
+            );
+        }
+        std::fs::set_permissions(&gz, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        let config = load_config(&gz).expect("valid");
+        assert!(!warnings(&gz, &config).iter().any(|w| w.contains("inline")));
         let _ = std::fs::remove_dir_all(&dir);
     }
 

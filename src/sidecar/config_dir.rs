@@ -12,8 +12,9 @@
 //! record (the key survives the pod; peers read `public_key` from it); the volume is the hand-off.
 
 use super::{KEY_CONFIG, KEY_CONFIG_GZ, KEY_DEVICE_IPS, KEY_PRIVATE, KEY_PUBLIC};
+use crate::shell::config_file::{gunzip_bounded, MAX_DECOMPRESSED_BYTES};
 use std::collections::BTreeMap;
-use std::io::{self, Read as _, Write as _};
+use std::io::{self, Write as _};
 use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -35,13 +36,9 @@ const DIR_MODE: u32 = 0o750;
 pub fn volume_files(data: &BTreeMap<String, Vec<u8>>) -> Result<BTreeMap<String, Vec<u8>>, String> {
     let config = match (data.get(KEY_CONFIG), data.get(KEY_CONFIG_GZ)) {
         (Some(plain), _) => plain.clone(),
-        (None, Some(gz)) => {
-            let mut out = Vec::new();
-            flate2::read::GzDecoder::new(&gz[..])
-                .read_to_end(&mut out)
-                .map_err(|e| format!("{KEY_CONFIG_GZ} is not gzip: {e}"))?;
-            out
-        }
+        // Bounded like the daemon's own read of a `.gz`: a bomb in the Secret stops here.
+        (None, Some(gz)) => gunzip_bounded(gz, MAX_DECOMPRESSED_BYTES)
+            .map_err(|e| format!("{KEY_CONFIG_GZ}: {e}"))?,
         (None, None) => return Err(format!("no {KEY_CONFIG} to hand over")),
     };
     let mut files = BTreeMap::from([(KEY_CONFIG.to_string(), config)]);
@@ -184,7 +181,23 @@ mod tests {
         );
         assert_eq!(plain[KEY_CONFIG], b"[interface]\n");
         let err = volume_files(&data(KEY_CONFIG_GZ, b"not gzip".to_vec())).expect_err("bad gz");
-        assert!(err.contains("not gzip"), "{err}");
+        assert!(err.contains("not a gzip-compressed"), "{err}");
+        // Bounded like the daemon's read: a bomb in the Secret is refused, not unpacked.
+        let mib = super::super::gzip(&vec![b' '; 1 << 20]);
+        let bomb = mib.repeat((MAX_DECOMPRESSED_BYTES >> 20) as usize + 1);
+        let err = volume_files(&data(KEY_CONFIG_GZ, bomb)).expect_err("a bomb");
+        assert!(err.contains("more than 67108864 bytes"), "{err}");
+        // Every member, as the daemon reads them; garbage after the last is refused.
+        let two = [
+            super::super::gzip(b"[interface]\n"),
+            super::super::gzip(b"[[peer]]\n"),
+        ]
+        .concat();
+        let files = volume_files(&data(KEY_CONFIG_GZ, two.clone())).expect("two members");
+        assert_eq!(files[KEY_CONFIG], b"[interface]\n[[peer]]\n");
+        let err = volume_files(&data(KEY_CONFIG_GZ, [&two[..], b"junk"].concat()))
+            .expect_err("trailing garbage");
+        assert!(err.contains("trailing data"), "{err}");
         let mut no_key = data(KEY_CONFIG, Vec::new());
         no_key.remove(KEY_PRIVATE);
         assert_eq!(

@@ -273,3 +273,199 @@ fn interface_names_follow_wg_quick_rules() {
     assert_eq!(interface_name_from_stem("with space"), None);
     assert_eq!(interface_name_from_stem(""), None);
 }
+
+fn import_errors(text: &str) -> Vec<ImportError> {
+    match run_import(text) {
+        Err(e) => e,
+        Ok(i) => panic!("imported:\n{}", i.toml),
+    }
+}
+
+#[test]
+fn endpoints_check_refuses_are_refused_on_their_line() {
+    for endpoint in [
+        "-oProxyCommand=x:1",
+        "host:0",
+        "bad\u{1}host:51820",
+        "vpn.example.com",
+    ] {
+        let text = format!(
+            "[Interface]\nPrivateKey = {KEY_A}\nAddress = 10.0.0.1/24\n[Peer]\nPublicKey = {PUB_B}\n\
+             Endpoint = {endpoint}\nAllowedIPs = 10.0.0.2/32\n"
+        );
+        let errors = import_errors(&text);
+        assert_eq!(errors.len(), 1, "{endpoint}: {errors:?}");
+        assert_eq!((errors[0].line, errors[0].key.as_str()), (6, "Endpoint"));
+        let shown = errors[0].to_string();
+        assert!(shown.contains("not a host and port"), "{shown}");
+        assert!(
+            !shown.contains('\u{1}'),
+            "a control character echoed: {shown:?}"
+        );
+    }
+}
+
+#[test]
+fn duplicate_peers_and_the_interfaces_own_key_are_refused_as_check_refuses_them() {
+    let own = SecretKey(decode_key(KEY_A).expect("key"))
+        .public_key()
+        .to_base64();
+    let text = format!(
+        "[Interface]\nPrivateKey = {KEY_A}\nAddress = 10.0.0.1/24\n\
+         [Peer]\nPublicKey = {PUB_B}\nAllowedIPs = 10.0.0.2/32\n\
+         [Peer]\nPublicKey = {PUB_B}\nAllowedIPs = 10.0.0.3/32\n\
+         [Peer]\nPublicKey = {own}\nAllowedIPs = 10.0.0.4/32\n"
+    );
+    let errors = import_errors(&text);
+    let at: Vec<(usize, &str)> = errors.iter().map(|e| (e.line, e.key.as_str())).collect();
+    assert_eq!(at, [(8, "PublicKey"), (11, "PublicKey")], "{errors:?}");
+    assert!(
+        errors[0].problem.contains("already peer[0]"),
+        "{}",
+        errors[0]
+    );
+    assert!(
+        errors[1].problem.contains("own public key"),
+        "{}",
+        errors[1]
+    );
+}
+
+#[test]
+fn what_check_refuses_in_the_toml_is_reported_on_the_wg_quick_line() {
+    let text = format!(
+        "[Interface]\nPrivateKey = {KEY_A}\nAddress = 10.0.0.1/24\nMTU = 100\n\
+         [Peer]\nPublicKey = {PUB_B}\nAllowedIPs = 10.1.0.0/16\n\
+         [Peer]\nPublicKey = {PUB_C}\nAllowedIPs = 10.2.0.0/16, 10.1.0.0/16\n"
+    );
+    let errors = import_errors(&text);
+    let at: Vec<(usize, &str)> = errors.iter().map(|e| (e.line, e.key.as_str())).collect();
+    assert_eq!(at, [(4, "MTU"), (10, "AllowedIPs")], "{errors:?}");
+    assert!(errors[1].problem.contains("also an allowed IP of peer[0]"));
+    // No address at all: check refuses that too, on the [Interface] line.
+    let errors = import_errors(&format!("[Interface]\nPrivateKey = {KEY_A}\n"));
+    assert_eq!((errors[0].line, errors[0].key.as_str()), (1, "Address"));
+}
+
+#[test]
+fn errors_quote_a_short_escaped_excerpt_of_a_long_line() {
+    let long = "x".repeat(100_000);
+    let cases = [
+        format!("[Interface]\n{long}\n"),
+        format!("[{long}]\n"),
+        format!("[Interface]\nPrivateKey = {KEY_A}\nListenPort = {long}\n"),
+        format!("[Interface]\nPrivateKey = {KEY_A}\nAddress = {long}\n"),
+        format!("[Interface]\nPrivateKey = {KEY_A}\nFwMark = \u{1b}[31m{long}\n"),
+    ];
+    for text in &cases {
+        let shown = match parse_ini(text) {
+            Err(e) => e.to_string(),
+            Ok(ini) => match import(
+                &ini,
+                "wg0",
+                "/etc/wireguard/wg0.conf",
+                &KeyFiles {
+                    private_key: "/keys/wg0.key",
+                    preshared_key: &psk_file,
+                },
+            ) {
+                Err(errors) => errors[0].to_string(),
+                Ok(_) => panic!("imported a {}-byte line", long.len()),
+            },
+        };
+        assert!(
+            shown.len() < 300,
+            "{} bytes: {}",
+            shown.len(),
+            &shown[..300]
+        );
+        assert!(shown.contains("bytes)"), "says how long it was: {shown}");
+        assert!(!shown.contains('\u{1b}'), "{shown:?}");
+    }
+}
+
+#[test]
+fn the_header_comment_is_one_line_whatever_the_path_holds() {
+    let text = format!("[Interface]\nPrivateKey = {KEY_A}\nAddress = 10.0.0.1/24\n");
+    let ini = parse_ini(&text).expect("parses");
+    let source = "/tmp/x\n[health]\nlisten = \"0.0.0.0:9002\"\r\n#\u{1b}/wg0.conf";
+    let imported = import(
+        &ini,
+        "wg0",
+        source,
+        &KeyFiles {
+            private_key: "/keys/wg0.key",
+            preshared_key: &psk_file,
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e:?}"));
+    let first = imported.toml.lines().next().unwrap_or_default();
+    assert!(
+        first.starts_with("# Imported from /tmp/x\\n[health]"),
+        "{first}"
+    );
+    assert_eq!(imported.toml.lines().nth(1), Some(""), "{}", imported.toml);
+    assert!(!imported.toml.contains('\u{1b}') && !imported.toml.contains('\r'));
+    // The injected `[health] listen = "0.0.0.0:9002"` is no table: the default stays.
+    let listen = parse_toml(&imported.toml).health.listen;
+    assert!(
+        listen.is_none_or(|a| !a.ip().is_unspecified()),
+        "{listen:?}"
+    );
+}
+
+#[test]
+fn fwmark_stays_in_the_base_it_was_written_in() {
+    for (written, toml) in [
+        ("0xca6c", "fwmark = 0xca6c"),
+        ("0XCA6C", "fwmark = 0xca6c"),
+        ("51820", "fwmark = 51820"),
+    ] {
+        let text = format!(
+            "[Interface]\nPrivateKey = {KEY_A}\nAddress = 10.0.0.1/24\nFwMark = {written}\n"
+        );
+        let imported = run_import(&text).expect("imports");
+        assert!(imported.toml.contains(toml), "{written}: {}", imported.toml);
+        assert!(parse_toml(&imported.toml).interface.fwmark.is_some());
+    }
+    // A sign is no digit, in either base.
+    for written in ["0x+ca6c", "+5"] {
+        let text = format!("[Interface]\nPrivateKey = {KEY_A}\nFwMark = {written}\n");
+        let errors = import_errors(&text);
+        assert_eq!(errors[0].key, "FwMark", "{written}: {errors:?}");
+    }
+}
+
+#[test]
+fn the_post_down_hint_names_exec_stop_post() {
+    let text = format!(
+        "[Interface]\nPrivateKey = {KEY_A}\nAddress = 10.0.0.1/24\nPostDown = true\nPreDown = true\nPostUp = true\n"
+    );
+    let imported = run_import(&text).expect("imports");
+    assert!(imported.unmapped[0].why.contains("ExecStopPost="));
+    assert!(imported.unmapped[1].why.contains("ExecStopPost="));
+    assert!(imported.unmapped[2].why.contains("ExecStartPost="));
+}
+
+proptest::proptest! {
+    /// Whatever the input's path holds, the TOML has the same tables and keys as for a plain
+    /// path: the header comment carries nothing into it.
+    #[test]
+    fn no_source_path_reaches_the_toml_as_anything_but_a_comment(source in "\\PC*|[\\x00-\\x7f]{0,60}") {
+        let text = format!("[Interface]\nPrivateKey = {KEY_A}\nAddress = 10.0.0.1/24\n");
+        let ini = parse_ini(&text).expect("parses");
+        let files = KeyFiles { private_key: "/keys/wg0.key", preshared_key: &psk_file };
+        let plain = import(&ini, "wg0", "/etc/wireguard/wg0.conf", &files).expect("imports");
+        let odd = import(&ini, "wg0", &source, &files).expect("imports");
+        let table = |t: &str| t.parse::<toml::Table>().expect("TOML");
+        proptest::prop_assert_eq!(table(&plain.toml), table(&odd.toml));
+    }
+
+    /// Every error of the INI reader quotes at most a short excerpt, whatever the line.
+    #[test]
+    fn parse_errors_stay_short(line in "[^\n#]{0,2000}") {
+        if let Err(e) = parse_ini(&format!("[Interface]\n{line}\n")) {
+            proptest::prop_assert!(e.to_string().len() < 400, "{}", e);
+        }
+    }
+}
