@@ -87,6 +87,9 @@ struct Rules {
     /// The last removal failed: whatever is installed is unknown, and the removal is retried
     /// after the backoff.
     removal_failed: bool,
+    /// A daemon's first step owes a [`Action::SweepRules`] if it needs no rule (an apply
+    /// replaces whatever an earlier run left, a plain tunnel would otherwise keep it).
+    sweep_pending: bool,
     checking: bool,
     retry: Retry,
     next_check: Option<Instant>,
@@ -233,6 +236,7 @@ impl Control {
                 failed: None,
                 removing: false,
                 removal_failed: false,
+                sweep_pending: mode == Mode::Daemon,
                 checking: false,
                 retry: Retry::new(APPLY_RETRY_CAP),
                 next_check: config.firewall.repair_interval.map(|every| now + every),
@@ -451,6 +455,7 @@ impl Control {
             Executed::RulesApplied(r) => self.handle_rules_applied(r, now),
             Executed::RulesChecked(r) => self.handle_rules_checked(r, now),
             Executed::RulesRemoved(r) => self.handle_rules_removed(r, now),
+            Executed::RulesSwept(r) => self.handle_rules_swept(r),
             Executed::HealthBound(r) => self.handle_health_bound(r, now),
         }
     }
@@ -594,6 +599,18 @@ impl Control {
             }
         }
         self.step(now);
+    }
+
+    /// The outcome of an [`Action::SweepRules`]: only logged, since this run installed nothing
+    /// the sweep could have touched and readiness does not depend on an earlier run's leftovers.
+    pub fn handle_rules_swept(&mut self, result: Result<(), String>) {
+        match result {
+            Ok(()) => tracing::debug!("No rule of an earlier run is left"),
+            Err(e) => tracing::warn!(
+                error = %e,
+                "Could not remove rules an earlier run may have left; the next start that installs rules replaces them"
+            ),
+        }
     }
 
     /// The outcome of an [`Action::CheckRules`]: what is installed now, normalized.

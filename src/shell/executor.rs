@@ -162,6 +162,9 @@ impl Executor {
             Action::RemoveRules => Some(Executed::RulesRemoved(
                 self.remove_rules(&config.interface.name).await,
             )),
+            Action::SweepRules => Some(Executed::RulesSwept(
+                self.sweep_rules(&config.interface.name).await,
+            )),
             Action::RestoreForwarding(families) => {
                 // A previous run killed with -9 may have left a change for this interface, so
                 // the records are read even when this run enabled nothing itself.
@@ -193,6 +196,21 @@ impl Executor {
             }
         }
         result.map_err(|e| format!("{backend}: {e}"))
+    }
+
+    /// Removes whatever of ours an earlier run left, with the backend an apply would choose
+    /// (the one that earlier run chose on this host); none to be had: nothing can be left.
+    async fn sweep_rules(&self, tunnel: &str) -> Result<(), String> {
+        let mode = self.firewall_mode;
+        let limits = self.limits.clone();
+        let tunnel = tunnel.to_string();
+        blocking(move || match firewall::choose_within(mode, &limits) {
+            Ok(backend) => backend
+                .remove(&tunnel, &limits)
+                .map_err(|e| format!("{backend}: {e}")),
+            Err(_) => Ok(()),
+        })
+        .await
     }
 
     async fn set_addresses(

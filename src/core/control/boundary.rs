@@ -138,6 +138,11 @@ pub enum Action {
     /// Remove every rule of ours: at teardown, or when a reload leaves no rule needed; report
     /// with [`Control::handle_rules_removed`].
     RemoveRules,
+    /// At start, when the configuration needs no rule: remove any rule of ours an earlier run
+    /// of this interface left behind (killed with -9, or stopped while a firewall command
+    /// hung); report with [`Control::handle_rules_swept`]. Nothing of this run depends on it,
+    /// so a failure is only logged.
+    SweepRules,
     /// This daemon no longer needs forwarding for these families (a reload that needs fewer,
     /// or every family at teardown): put back to off each of them tunnelgate changed that no
     /// other running tunnelgate still needs, and update the shared records
@@ -178,6 +183,8 @@ pub enum Executed {
     RulesChecked(Result<String, String>),
     /// [`Action::RemoveRules`].
     RulesRemoved(Result<(), String>),
+    /// [`Action::SweepRules`].
+    RulesSwept(Result<(), String>),
     /// [`Action::ServeHealth`]: the address bound.
     HealthBound(Result<Option<SocketAddr>, String>),
 }

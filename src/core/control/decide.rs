@@ -175,7 +175,11 @@ impl Control {
         if self.rules.in_flight.is_some() || self.rules.removing || self.rules.checking {
             return;
         }
+        let sweep = std::mem::take(&mut self.rules.sweep_pending);
         if !self.rules_needed() {
+            if sweep && !self.rules_installed() {
+                self.actions.push_back(Action::SweepRules);
+            }
             self.step_rule_removal(now);
             return;
         }

@@ -69,6 +69,8 @@ struct Sim {
     /// Started: the packet threads run, so tunnel peers reach this host from now on (the
     /// daemon starts them after its first actions ran).
     started: bool,
+    /// How many [`Action::SweepRules`] ran.
+    swept: usize,
     log: Vec<Action>,
 }
 
@@ -106,6 +108,7 @@ impl Sim {
             health,
             health_fail: false,
             started: false,
+            swept: 0,
             log: Vec::new(),
         };
         sim.drive();
@@ -240,6 +243,11 @@ impl Sim {
                 self.rules = None;
                 self.installed_fingerprint.clear();
                 self.control.handle_rules_removed(Ok(()), now);
+            }
+            Action::SweepRules => {
+                self.swept += 1;
+                self.rules = None;
+                self.control.handle_rules_swept(Ok(()));
             }
             Action::RestoreForwarding(families) => {
                 self.forwarding.retain(|f| !families.contains(f));
@@ -843,6 +851,33 @@ public_key = "AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE="
 allowed_ips = ["100.64.0.2/32", "10.0.0.0/24"]
 persistent_keepalive = 25
 "#;
+
+/// Issue 27: a start that needs no rule still removes what an earlier run of the interface
+/// left (killed, or stopped while `nft` hung), once, as the stop's log promises; a start that
+/// needs rules replaces them with its apply and sweeps nothing, and neither does a reload.
+#[test]
+fn a_start_without_rules_sweeps_an_earlier_runs_leftovers_once() {
+    let mut plain = Sim::new(NO_RULES);
+    assert_eq!(plain.swept, 1, "{:?}", plain.log);
+    assert!(
+        plain.control.readiness().is_ok(),
+        "{:?}",
+        plain.control.readiness()
+    );
+    assert!(plain.reload(BASE).is_ok());
+    assert!(plain.rules.is_some());
+    assert!(plain.reload(NO_RULES).is_ok());
+    assert!(plain.rules.is_none());
+    assert_eq!(
+        plain.swept, 1,
+        "a reload removes, never sweeps: {:?}",
+        plain.log
+    );
+
+    let with_rules = Sim::new(BASE);
+    assert_eq!(with_rules.swept, 0, "{:?}", with_rules.log);
+    assert!(with_rules.rules.is_some());
+}
 
 /// Issue 23: deleting the last `[[ingress]]` and reloading removes its rules and gives up the
 /// forwarding it needed, as a fresh start of the new file would have neither.
