@@ -122,7 +122,13 @@ fn save_bin(family: Family, legacy: bool) -> &'static str {
 /// otherwise nftables if `nft` exists (iptables-nft rules live in nftables too); else iptables.
 /// `TUNNELGATE_IPTABLES=legacy|nft` chooses the iptables flavour in `iptables` mode.
 pub fn choose(mode: FirewallMode) -> Result<Backend, FirewallError> {
-    let flavour = std::env::var("TUNNELGATE_IPTABLES").ok();
+    let flavour = match iptables_flavour(std::env::var_os("TUNNELGATE_IPTABLES").as_deref()) {
+        Ok(f) => f,
+        Err(e) => {
+            tracing::warn!("{e}; choosing by the rules on the host");
+            None
+        }
+    };
     let legacy_rules = || {
         [Family::V4, Family::V6].iter().any(|f| {
             run(save_bin(*f, true), &[], None)
@@ -140,10 +146,9 @@ pub fn choose(mode: FirewallMode) -> Result<Backend, FirewallError> {
             }
         }
         FirewallMode::Iptables => {
-            let legacy = match flavour.as_deref() {
-                Some("legacy") => true,
-                Some("nft") => false,
-                _ => legacy_rules(),
+            let legacy = match flavour {
+                Some(legacy) => legacy,
+                None => legacy_rules(),
             };
             let bin = restore_bin(Family::V4, legacy);
             if exists(bin) {
@@ -166,6 +171,25 @@ pub fn choose(mode: FirewallMode) -> Result<Backend, FirewallError> {
                     program: "nft (or iptables-restore)".into(),
                 })
             }
+        }
+    }
+}
+
+/// The iptables flavour `TUNNELGATE_IPTABLES` names: `Some(true)` for `legacy`, `Some(false)`
+/// for `nft`, `None` when unset or empty (follow the host). Anything else, a typo or bytes that
+/// are not UTF-8, is named (shortened) in the error, so the fallback is not silent.
+pub fn iptables_flavour(value: Option<&std::ffi::OsStr>) -> Result<Option<bool>, String> {
+    let Some(value) = value.filter(|v| !v.is_empty()) else {
+        return Ok(None);
+    };
+    match value.to_str() {
+        Some("legacy") => Ok(Some(true)),
+        Some("nft") => Ok(Some(false)),
+        _ => {
+            let shown: String = value.to_string_lossy().chars().take(32).collect();
+            Err(format!(
+                "TUNNELGATE_IPTABLES={shown:?}: expected \"legacy\" or \"nft\""
+            ))
         }
     }
 }
@@ -289,5 +313,27 @@ impl Backend {
                 Ok(())
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_iptables_flavour_variable_names_what_it_cannot_use() {
+        use std::os::unix::ffi::OsStrExt as _;
+        let os = |b: &[u8]| std::ffi::OsStr::from_bytes(b).to_owned();
+        assert_eq!(iptables_flavour(None), Ok(None));
+        assert_eq!(iptables_flavour(Some(&os(b""))), Ok(None));
+        assert_eq!(iptables_flavour(Some(&os(b"legacy"))), Ok(Some(true)));
+        assert_eq!(iptables_flavour(Some(&os(b"nft"))), Ok(Some(false)));
+        let err = iptables_flavour(Some(&os(b"legcy"))).expect_err("typo");
+        assert!(err.contains("TUNNELGATE_IPTABLES=\"legcy\""), "{err}");
+        let err = iptables_flavour(Some(&os(b"leg\xffacy"))).expect_err("not UTF-8");
+        assert!(err.contains("expected \"legacy\" or \"nft\""), "{err}");
+        // A huge value is shortened, not echoed whole into the log.
+        let err = iptables_flavour(Some(&os(&[b'x'; 1 << 20]))).expect_err("huge");
+        assert!(err.len() < 120, "{} bytes", err.len());
     }
 }
