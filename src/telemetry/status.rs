@@ -980,6 +980,22 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_unprivileged_caller_cannot_connect() {
+        let dir = TempDir::new("ts-status");
+        let (path, stop_tx, server) = serve_in(&dir, "ts2").await;
+        let p = path.clone();
+        let outcome = tokio::task::spawn_blocking(move || crate::test_util::connect_as_nobody(&p))
+            .await
+            .expect("client");
+        match outcome {
+            Some(outcome) => assert_eq!(outcome, "EACCES"),
+            None => eprintln!("skipped: needs root and /usr/bin/python3"),
+        }
+        let _ = stop_tx.send(());
+        server.await.expect("no panic").expect("served");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn hostile_requests_get_an_error_and_the_server_keeps_answering() {
         let dir = TempDir::new("ts-status");
         let (path, stop_tx, server) = serve_in(&dir, "ts0").await;

@@ -741,6 +741,21 @@ mod tests {
         server.stop().await.expect("stop");
     }
 
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_unprivileged_caller_cannot_connect() {
+        let tmp = TempDir::created("ts-nobody");
+        let server = start(&tmp.0, "ts11", Arc::new(Fake::default()));
+        let p = server.path.clone();
+        let outcome = tokio::task::spawn_blocking(move || crate::test_util::connect_as_nobody(&p))
+            .await
+            .expect("client");
+        match outcome {
+            Some(outcome) => assert_eq!(outcome, "EACCES"),
+            None => eprintln!("skipped: needs root and /usr/bin/python3"),
+        }
+        server.stop().await.expect("stop");
+    }
+
     #[tokio::test]
     async fn racing_setters_each_get_their_answer_and_apply_whole() {
         let tmp = TempDir::created("ts-race");
