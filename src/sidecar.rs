@@ -223,7 +223,7 @@ fn prepare(
     }
     let (key, generated_key) = match current.get(KEY_PRIVATE) {
         Some(bytes) => match std::str::from_utf8(bytes)
-            .map_err(|e| e.to_string())
+            .map_err(|_| "is not UTF-8: expected a 44-character WireGuard key".to_string())
             .and_then(decode_key)
         {
             Ok(k) => (SecretKey(k), false),
@@ -495,7 +495,8 @@ fn forwards(
         Some("true") => true,
         Some(other) => {
             problems.push(format!(
-                "{who}: annotation {ANNOTATION_EXPOSE} is \"{other}\": expected \"true\" or \"false\""
+                "{who}: annotation {ANNOTATION_EXPOSE} is {}: expected \"true\" or \"false\"",
+                quoted(other)
             ));
             false
         }
@@ -561,12 +562,21 @@ fn forwards(
                 rules.egress.push(rule("target", &ip.to_string(), &ports));
             }
             Err(_) => problems.push(format!(
-                "{who}: annotation {ANNOTATION_TUNNEL_IP} \"{text}\" is not an IP address: expected like \"100.64.0.2\" or \"fd7a:115c:a1e0::2\""
+                "{who}: annotation {ANNOTATION_TUNNEL_IP} {} is not an IP address: expected like \"100.64.0.2\" or \"fd7a:115c:a1e0::2\"",
+                quoted(text)
             )),
         },
         (None, Some("")) => problems.push(format!(
             "{who}: annotation {ANNOTATION_TUNNEL_FQDN} is empty: expected a DNS name"
         )),
+        // Checked here, not only by the config's validation, whose error quotes the whole value:
+        // an annotation may hold 256 KiB, and a newline in a log line or Event forges another.
+        (None, Some(name)) if name.len() > MAX_DNS_NAME_BYTES || name.chars().any(char::is_control) => {
+            problems.push(format!(
+                "{who}: annotation {ANNOTATION_TUNNEL_FQDN} {} is not a DNS name: expected at most {MAX_DNS_NAME_BYTES} characters and no control characters",
+                quoted(name)
+            ));
+        }
         (None, Some(name)) => {
             let ports = egress_ports(svc, &who, problems);
             rules.egress.push(rule("target_fqdn", name, &ports));
@@ -574,6 +584,21 @@ fn forwards(
         (None, None) => {}
     }
     rules
+}
+
+/// The longest DNS name (RFC 1035, in its text form without the final dot).
+const MAX_DNS_NAME_BYTES: usize = 253;
+
+/// An annotation's value as an error quotes it: escaped, so a newline cannot start a line of
+/// its own in a log or an Event, and cut at 64 characters (an annotation may hold 256 KiB).
+fn quoted(value: &str) -> String {
+    const MAX_CHARS: usize = 64;
+    let head: String = value.chars().take(MAX_CHARS).collect();
+    if head.len() < value.len() {
+        format!("{head:?}... ({} bytes)", value.len())
+    } else {
+        format!("{head:?}")
+    }
 }
 
 /// Ingress listens where the Service does: `port` on the tunnel address to `port` on the

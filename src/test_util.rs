@@ -47,3 +47,33 @@ pub(crate) fn ipv4_packet(src: [u8; 4], dst: [u8; 4], payload: &[u8]) -> Vec<u8>
     p.extend_from_slice(payload);
     p
 }
+
+/// How a connect to the Unix socket `path` by an unprivileged user (uid and gid 65534, no
+/// supplementary groups) ends: `"EACCES"`, `"connected"` or another error's name. `None` when
+/// this cannot be tried here (not root, or no `/usr/bin/python3`).
+pub(crate) fn connect_as_nobody(path: &std::path::Path) -> Option<String> {
+    use std::os::unix::process::CommandExt as _;
+    let python = std::path::Path::new("/usr/bin/python3");
+    // /proc/self belongs to our effective uid.
+    let root = std::fs::metadata("/proc/self").is_ok_and(|m| {
+        use std::os::unix::fs::MetadataExt as _;
+        m.uid() == 0
+    });
+    if !root || !python.exists() {
+        return None;
+    }
+    let script = "import socket, sys\n\
+                  s = socket.socket(socket.AF_UNIX)\n\
+                  try:\n    s.connect(sys.argv[1]); print('connected')\n\
+                  except PermissionError: print('EACCES')\n\
+                  except Exception as e: print(type(e).__name__)\n";
+    let out = std::process::Command::new(python)
+        .args(["-c", script])
+        .arg(path)
+        .current_dir("/")
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .expect("run python3 as nobody");
+    Some(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}

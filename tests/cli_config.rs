@@ -999,3 +999,50 @@ fn inline_private_key_in_a_readable_gz_is_a_warning() {
     let out = cli(&["check", "--config", &cfg.display().to_string()], None);
     assert!(!out.stderr.contains("inline"), "{}", out.stderr);
 }
+
+/// Hostile environment values (not UTF-8, huge, garbage) in what systemd, journald and the
+/// operator set: a clear error naming the variable, or the documented ignore; never a panic.
+#[test]
+fn hostile_environment_values_get_an_error_or_are_ignored_never_a_panic() {
+    use std::os::unix::ffi::OsStrExt as _;
+    use std::os::unix::process::CommandExt as _;
+    let bytes = |b: &[u8]| std::ffi::OsStr::from_bytes(b).to_owned();
+    let case = Case::new();
+    let path = case.write("listen_port = 51820", "listen_port = 51820");
+
+    // Ignored by `check` (and harmless to the daemon): notify and watchdog targets, the
+    // journal's stream, the GRO switch, a typo'd iptables flavour, RUST_LOG.
+    let mut cmd = Command::new(tunnelgate_bin());
+    cmd.args(["check", "--config", &path.display().to_string()])
+        .env("NOTIFY_SOCKET", bytes(b"@garbage\xff"))
+        .env("WATCHDOG_USEC", "18446744073709551616")
+        .env("WATCHDOG_PID", "-1")
+        .env("JOURNAL_STREAM", "garbage:\u{1b}[2J")
+        .env("TUNNELGATE_NO_UDP_GRO", bytes(b"\xff"))
+        .env("TUNNELGATE_IPTABLES", "x".repeat(100_000))
+        .env("RUST_LOG", bytes(b"\xff"));
+    let out = common::output_of(cmd, None);
+    assert_eq!(out.code, Some(0), "{out:?}");
+
+    // A config path that is not UTF-8 is a path like any other: named, not found.
+    let mut cmd = Command::new(tunnelgate_bin());
+    cmd.arg("check")
+        .env("TUNNELGATE_CONFIG", bytes(b"/nonexistent-ts/\xff.toml"));
+    let out = common::output_of(cmd, None);
+    assert_eq!(out.code, Some(2), "{out:?}");
+    assert!(out.stderr.contains("/nonexistent-ts/"), "{out:?}");
+
+    // `tunnelgate-wg` reads its seccomp policy from the environment only: a value that is
+    // not UTF-8 stops it before anything else (not the default policy taken in silence).
+    let mut cmd = Command::new(tunnelgate_bin());
+    cmd.arg0("tunnelgate-wg")
+        .arg("ts/bad")
+        .env("WG_PROCESS_FOREGROUND", "1")
+        .env("TUNNELGATE_SECCOMP", bytes(b"of\xff"));
+    let out = common::output_of(cmd, None);
+    assert_eq!(out.code, Some(2), "{out:?}");
+    assert!(
+        out.stderr.contains("TUNNELGATE_SECCOMP") && out.stderr.contains("not UTF-8"),
+        "{out:?}"
+    );
+}

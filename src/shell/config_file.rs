@@ -35,7 +35,27 @@ fn read_key_file(path: &Path, refused: u32, expected: &str) -> Result<String, St
             path.display()
         ));
     }
-    std::fs::read_to_string(path).map_err(|e| format!("cannot read: {e}"))
+    let bytes = read_bounded(path, MAX_KEY_FILE_BYTES).map_err(|e| format!("cannot read: {e}"))?;
+    String::from_utf8(bytes).map_err(|_| "is not UTF-8: expected a base64 WireGuard key".into())
+}
+
+/// A key file larger than this is refused unread: a key is 44 characters and a newline.
+const MAX_KEY_FILE_BYTES: u64 = 4096;
+
+/// The first `max` bytes of `path`, or an error when it holds more: `--config /dev/zero`, or
+/// a key file that is a multi-gigabyte mistake, must not take the memory of the node.
+fn read_bounded(path: &Path, max: u64) -> Result<Vec<u8>, std::io::Error> {
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)?
+        .take(max + 1)
+        .read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > max {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("larger than {max} bytes"),
+        ));
+    }
+    Ok(bytes)
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -67,9 +87,10 @@ pub fn warnings(path: &Path, config: &Config) -> Vec<String> {
     out
 }
 
-/// A decompressed configuration larger than this is refused: a rendered proxy group of 20,000
-/// Services is about 2 MiB, so this leaves room and still stops a decompression bomb. The
-/// sidecar's hand-over to its proxy container uses the same bound.
+/// A configuration (plain, compressed or decompressed) larger than this is refused: a rendered
+/// proxy group of 20,000 Services is about 2 MiB, so this leaves room and still stops a
+/// decompression bomb or `--config /dev/zero`. The sidecar's hand-over to its proxy container
+/// uses the same bound.
 pub const MAX_DECOMPRESSED_BYTES: u64 = 64 << 20;
 
 /// `path.gz`, the name read when `path` itself does not exist (none for a `.gz` path).
@@ -86,12 +107,12 @@ fn gz_twin(path: &Path) -> Option<PathBuf> {
 /// when `path` does not exist, `path.gz` gunzipped.
 pub fn read_config_text(path: &Path) -> Result<String, std::io::Error> {
     let is_gz = path.extension().is_some_and(|e| e == "gz");
-    match std::fs::read(path) {
+    match read_bounded(path, MAX_DECOMPRESSED_BYTES) {
         Ok(bytes) if is_gz => gunzip(&bytes),
         Ok(bytes) => String::from_utf8(bytes)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && !is_gz => {
-            match gz_twin(path).map(std::fs::read) {
+            match gz_twin(path).map(|gz| read_bounded(&gz, MAX_DECOMPRESSED_BYTES)) {
                 Some(Ok(bytes)) => gunzip(&bytes),
                 // The plain name's error: that is the file the user named.
                 _ => Err(e),
@@ -195,6 +216,35 @@ fn host_addresses() -> std::collections::BTreeSet<std::net::IpAddr> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_endless_or_huge_config_or_key_file_is_refused_unread() {
+        let err = read_config_text(Path::new("/dev/zero")).expect_err("endless");
+        assert!(
+            err.to_string().contains("larger than 67108864 bytes"),
+            "{err}"
+        );
+        let dir = std::env::temp_dir().join(format!("tg-ts-bounded-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        // Sparse: 8 GiB on paper, nothing on disk.
+        let huge = dir.join("tunnelgate.toml");
+        std::fs::File::create(&huge)
+            .and_then(|f| f.set_len(8 << 30))
+            .expect("sparse file");
+        let err = load_config(&huge).expect_err("huge");
+        assert!(err.to_string().contains("larger than"), "{err}");
+        let key = dir.join("private.key");
+        std::fs::File::create(&key)
+            .and_then(|f| f.set_len(1 << 20))
+            .expect("sparse key");
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        let err = FsSecrets.read_secret(&key).expect_err("huge key file");
+        assert!(err.contains("larger than 4096 bytes"), "{err}");
+        std::fs::write(&key, b"\xff\xfe\n").expect("write");
+        let err = FsSecrets.read_secret(&key).expect_err("not UTF-8");
+        assert!(err.contains("not UTF-8"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn a_missing_plain_config_is_read_from_its_gz_twin_and_a_gz_path_directly() {

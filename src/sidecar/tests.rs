@@ -427,6 +427,70 @@ fn every_problem_is_reported_at_once() {
 }
 
 #[test]
+fn hostile_annotation_values_are_quoted_short_and_on_one_line() {
+    let huge = format!("100.64.0.2\n{}", "x".repeat(256 << 10));
+    for key in [
+        ANNOTATION_EXPOSE,
+        ANNOTATION_TUNNEL_IP,
+        ANNOTATION_TUNNEL_FQDN,
+    ] {
+        let s = annotated(svc(), &[(key, huge.as_str())]);
+        let e = rejected(&s, &base());
+        assert!(e.contains(key), "{key}: {e}");
+        assert!(e.len() < 1024, "{key}: the error is {} bytes", e.len());
+        assert!(!e.contains('\n'), "{key}: {e}");
+        assert!(e.contains("\\n"), "{key}: the newline is escaped: {e}");
+    }
+    // A name with a newline never becomes TOML of its own (a forged [health] table).
+    let forged = "db.example\n[health]\nlisten = \"0.0.0.0:9002\"";
+    let s = annotated(svc(), &[(ANNOTATION_TUNNEL_FQDN, forged)]);
+    let e = rejected(&s, &base());
+    assert!(e.contains("is not a DNS name"), "{e}");
+    // Not UTF-8 cannot reach us (the API server's strings are UTF-8); NUL and other
+    // control characters can, and are refused the same way.
+    let s = annotated(svc(), &[(ANNOTATION_TUNNEL_IP, "100.64.0.2\0")]);
+    assert!(rejected(&s, &base()).contains("\\0"));
+}
+
+#[test]
+fn a_stored_private_key_that_is_not_a_key_is_refused_and_never_echoed() {
+    use base64::Engine as _;
+    let short = base64::engine::general_purpose::STANDARD.encode([7u8; 31]);
+    let huge = "QUFB".repeat(256 << 10);
+    let cases: [(&[u8], &str); 5] = [
+        (
+            b"\xff\xfe\x00garbage",
+            "private.key is not UTF-8: expected a 44-character",
+        ),
+        (short.as_bytes(), "decodes to 31 bytes"),
+        (huge.as_bytes(), "bytes: expected a 32-byte WireGuard key"),
+        (b"", "decodes to 0 bytes"),
+        (b"c2VjcmV0LXZhbHVl!!", "is not valid base64"),
+    ];
+    for (stored, want) in cases {
+        let current = BTreeMap::from([(KEY_PRIVATE.to_string(), stored.to_vec())]);
+        let e = render(&exposed(), &base(), &current, || panic!("must not replace"))
+            .expect_err("rejected")
+            .to_string();
+        assert!(e.contains(want), "{want}: {e}");
+        assert!(
+            e.contains("delete the key to have a new one generated"),
+            "{e}"
+        );
+        assert!(e.len() < 512, "{} bytes", e.len());
+        assert!(
+            !e.contains("c2VjcmV0") && !e.contains(short.as_str()),
+            "{e}"
+        );
+    }
+    // A key stored with a trailing newline (as `tunnelgate genkey > file` writes) is kept.
+    let key = base64::engine::general_purpose::STANDARD.encode(fixed_key().0);
+    let current = BTreeMap::from([(KEY_PRIVATE.to_string(), format!("{key}\n").into_bytes())]);
+    let r = render(&exposed(), &base(), &current, || panic!("must not replace")).expect("kept");
+    assert!(!r.generated_key);
+}
+
+#[test]
 fn object_refs() {
     assert_eq!(
         parse_object_ref("tunnelgate/proxy-0").expect("valid"),

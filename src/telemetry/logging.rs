@@ -63,9 +63,20 @@ impl LogFormat {
     /// The format [`LOG_FORMAT_ENV`] asks for; `Human` when it is unset. An invalid value is
     /// an error, so a typo does not silently change what a log collector receives.
     pub fn from_env() -> Result<LogFormat, UnknownLogFormat> {
-        match std::env::var(LOG_FORMAT_ENV) {
+        LogFormat::from_var(std::env::var(LOG_FORMAT_ENV))
+    }
+
+    /// [`LogFormat::from_env`] given the variable's value: unset or blank is `Human`; a value
+    /// that is not UTF-8 is as unknown as a typo.
+    pub fn from_var(
+        value: Result<String, std::env::VarError>,
+    ) -> Result<LogFormat, UnknownLogFormat> {
+        match value {
             Ok(v) if !v.trim().is_empty() => v.parse(),
-            _ => Ok(LogFormat::Human),
+            Ok(_) | Err(std::env::VarError::NotPresent) => Ok(LogFormat::Human),
+            Err(std::env::VarError::NotUnicode(v)) => {
+                Err(UnknownLogFormat(v.to_string_lossy().into_owned()))
+            }
         }
     }
 }
@@ -162,6 +173,9 @@ pub fn init_logging(format: LogFormat) {
             Ok(f) => (f, None),
             Err(e) => (EnvFilter::new("info"), Some(format!("{spec:?}: {e}"))),
         },
+        Err(std::env::VarError::NotUnicode(spec)) => {
+            (EnvFilter::new("info"), Some(format!("{spec:?}: not UTF-8")))
+        }
         _ => (EnvFilter::new("info"), None),
     };
     let format = match format {
@@ -268,6 +282,25 @@ mod tests {
         assert!(!is_journal_stream(Some("9:12345"), 8, 12345));
         assert!(!is_journal_stream(Some("garbage"), 8, 12345));
         assert!(!is_journal_stream(None, 8, 12345));
+    }
+
+    #[test]
+    fn a_log_format_that_is_not_utf8_is_refused_like_a_typo() {
+        use std::os::unix::ffi::OsStringExt as _;
+        let not_utf8 = std::ffi::OsString::from_vec(b"js\xffon".to_vec());
+        let err = LogFormat::from_var(Err(std::env::VarError::NotUnicode(not_utf8)))
+            .expect_err("not UTF-8");
+        assert!(err.to_string().contains("expected \"human\""), "{err}");
+        assert_eq!(
+            LogFormat::from_var(Err(std::env::VarError::NotPresent)),
+            Ok(LogFormat::Human)
+        );
+        assert_eq!(LogFormat::from_var(Ok("  ".into())), Ok(LogFormat::Human));
+        let huge = "j".repeat(1 << 20);
+        assert!(LogFormat::from_var(Ok(huge)).is_err());
+        // JOURNAL_STREAM: numbers too large for a device or inode name nothing.
+        assert!(!is_journal_stream(Some("99999999999999999999999:1"), 8, 1));
+        assert!(!is_journal_stream(Some(":"), 0, 0));
     }
 
     #[test]

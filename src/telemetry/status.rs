@@ -7,19 +7,23 @@
 //! closes its side, or says nothing within [`REQUEST_WAIT`], gets the snapshot as before) or
 //! `reload`: the daemon re-reads its config file and answers one JSON [`ReloadAnswer`] once the
 //! outcome is known. The socket is root only, so asking for a reload needs no other check.
+//! Limits: a request line of at most [`MAX_REQUEST_BYTES`] and [`MAX_STATUS_CONNECTIONS`]
+//! connections at once; a line too long, not UTF-8 or cut off gets an error answer.
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::io::{ErrorKind, Read as _};
 use std::os::unix::net::{UnixListener as StdUnixListener, UnixStream as StdUnixStream};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
-use tokio::net::UnixListener;
-use tokio::task::JoinSet;
+use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::task::{AbortHandle, JoinSet};
 
 use super::{Observe, Snapshot};
 use crate::local_socket::{self, ClaimError, ClaimedPath};
@@ -37,6 +41,14 @@ pub const REQUEST_WAIT: Duration = Duration::from_millis(300);
 /// How long `tunnelgate reload` waits for the outcome (rules, routes and peers are applied
 /// before the daemon answers).
 const RELOAD_TIMEOUT: Duration = Duration::from_secs(60);
+/// The longest request line the daemon reads, its newline included (`reload` is 7 bytes):
+/// a longer one is refused after this many bytes, so no client makes the daemon hold more.
+pub const MAX_REQUEST_BYTES: usize = 4096;
+/// How many connections the status socket holds at once. A `status` or `reload` takes one
+/// for well under a second (a reload: until it is applied); at the cap a newcomer closes the
+/// connection that has waited longest for its request line, so a client that connects and
+/// says nothing cannot lock the others out, and a reload in progress is never cut.
+pub const MAX_STATUS_CONNECTIONS: usize = 64;
 
 /// What a client asks for, as its first line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -220,9 +232,17 @@ impl StatusSocket {
         // Boxed, not pinned on the stack, so it can be dropped as soon as the socket is closed.
         let mut shutdown = Box::pin(shutdown);
         let mut conns = JoinSet::new();
+        // The connections being answered, oldest first.
+        let mut open: VecDeque<OpenConnection> = VecDeque::new();
         loop {
-            while conns.try_join_next().is_some() {}
-            let mut stream = tokio::select! {
+            while let Some(done) = conns.try_join_next_with_id() {
+                let id = match done {
+                    Ok((id, ())) => id,
+                    Err(e) => e.id(),
+                };
+                open.retain(|c| c.id != id);
+            }
+            let stream = tokio::select! {
                 () = &mut shutdown => break,
                 accepted = listener.accept() => match accepted {
                     Ok((stream, _)) => stream,
@@ -233,47 +253,143 @@ impl StatusSocket {
                     }
                 },
             };
-            let (observe, reloader) = (observe.clone(), reloader.clone());
-            conns.spawn(async move {
-                let (read, mut write) = stream.split();
-                let mut line = String::new();
-                let mut reader = tokio::io::BufReader::new(read);
-                // Nothing within REQUEST_WAIT, or EOF, is a status request (older clients).
-                let _ = tokio::time::timeout(REQUEST_WAIT, reader.read_line(&mut line)).await;
-                let body = match parse_request(&line) {
-                    Ok(Request::Status) => serde_json::to_vec(&observe.snapshot()),
-                    Ok(Request::Reload) => {
-                        let answer = match &reloader {
-                            Some(r) => r.reload().await,
-                            None => Err("this daemon cannot reload".to_string()),
-                        };
-                        serde_json::to_vec(&ReloadAnswer::from_result(answer))
-                    }
-                    Err(e) => serde_json::to_vec(&ReloadAnswer::from_result(Err(e))),
-                };
-                let mut body = match body {
-                    Ok(b) => b,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "status socket: cannot encode the answer");
-                        return;
-                    }
-                };
-                body.push(b'\n');
-                let sent = tokio::time::timeout(IO_TIMEOUT, async {
-                    write.write_all(&body).await?;
-                    write.shutdown().await
-                })
-                .await;
-                if !matches!(sent, Ok(Ok(()))) {
-                    tracing::debug!("status socket: client went away");
-                }
+            if open.len() >= MAX_STATUS_CONNECTIONS && !evict_longest_waiting(&mut open) {
+                tracing::warn!(
+                    connections = open.len(),
+                    "status socket: every connection is busy with a request, closing a new one"
+                );
+                drop(stream);
+                continue;
+            }
+            let waiting = Arc::new(AtomicBool::new(true));
+            let handle = conns.spawn(answer_connection(
+                stream,
+                observe.clone(),
+                reloader.clone(),
+                waiting.clone(),
+            ));
+            open.push_back(OpenConnection {
+                id: handle.id(),
+                waiting,
+                handle,
             });
+            // Let the new connection read its request before the next accept: a real client
+            // sends it at once and is then past eviction. Without this, a burst of accepts
+            // could evict it before its task ever ran.
+            tokio::task::yield_now().await;
         }
         drop(guard);
         drop(listener);
         drop(shutdown);
         conns.abort_all();
         Ok(())
+    }
+}
+
+/// One connection of the status socket, as the accept loop sees it.
+struct OpenConnection {
+    id: tokio::task::Id,
+    /// True until its request line is in (or the loop evicts it, which sets it false first).
+    waiting: Arc<AtomicBool>,
+    handle: AbortHandle,
+}
+
+/// Closes the connection that has waited longest for its request line, to make room for a
+/// new one. A connection past its request (a reload in progress, an answer being sent) is
+/// never closed. False when every connection is past its request.
+fn evict_longest_waiting(open: &mut VecDeque<OpenConnection>) -> bool {
+    // Whoever flips `waiting` first owns the connection: the loop evicts it, or its task
+    // goes on to answer.
+    let victim = open.iter().position(|c| {
+        c.waiting
+            .compare_exchange(true, false, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    });
+    match victim.and_then(|i| open.remove(i)) {
+        Some(old) => {
+            old.handle.abort();
+            true
+        }
+        None => false,
+    }
+}
+
+/// The request a client sent as `bytes` (read up to its first newline, its end of stream, or
+/// one byte past [`MAX_REQUEST_BYTES`]); `timed_out` when [`REQUEST_WAIT`] passed first.
+/// Nothing at all is a status request (older clients send nothing); part of a line that
+/// stops without its newline, a line longer than the limit and bytes that are not UTF-8 are
+/// refused with the reason.
+pub fn request_from_bytes(bytes: &[u8], timed_out: bool) -> Result<Request, String> {
+    if bytes.len() > MAX_REQUEST_BYTES {
+        return Err(format!(
+            "request line longer than {MAX_REQUEST_BYTES} bytes (expected \"status\" or \"reload\")"
+        ));
+    }
+    if timed_out && !bytes.is_empty() {
+        return Err(format!(
+            "incomplete request: no end of line within {} ms",
+            REQUEST_WAIT.as_millis()
+        ));
+    }
+    let line = std::str::from_utf8(bytes)
+        .map_err(|_| "the request is not UTF-8 (expected \"status\" or \"reload\")".to_string())?;
+    parse_request(line)
+}
+
+/// Reads one connection's request (at most [`MAX_REQUEST_BYTES`], within [`REQUEST_WAIT`])
+/// and answers it: a JSON [`Snapshot`], or a [`ReloadAnswer`] for a reload or a refused
+/// request. Ends without an answer when the accept loop evicted it while it waited.
+async fn answer_connection(
+    mut stream: UnixStream,
+    observe: Arc<dyn Observe>,
+    reloader: Option<Arc<dyn Reloader>>,
+    waiting: Arc<AtomicBool>,
+) {
+    let (read, mut write) = stream.split();
+    let mut reader = tokio::io::BufReader::new(read.take(MAX_REQUEST_BYTES as u64 + 1));
+    let mut line = Vec::new();
+    // `read_until` keeps what it read when the timeout cancels it.
+    let timed_out =
+        match tokio::time::timeout(REQUEST_WAIT, reader.read_until(b'\n', &mut line)).await {
+            Ok(Ok(_)) => false,
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "status socket: cannot read the request");
+                return;
+            }
+            Err(_) => true,
+        };
+    if waiting
+        .compare_exchange(true, false, Ordering::AcqRel, Ordering::Acquire)
+        .is_err()
+    {
+        return; // evicted; the abort is on its way
+    }
+    let body = match request_from_bytes(&line, timed_out) {
+        Ok(Request::Status) => serde_json::to_vec(&observe.snapshot()),
+        Ok(Request::Reload) => {
+            let answer = match &reloader {
+                Some(r) => r.reload().await,
+                None => Err("this daemon cannot reload".to_string()),
+            };
+            serde_json::to_vec(&ReloadAnswer::from_result(answer))
+        }
+        Err(e) => serde_json::to_vec(&ReloadAnswer::from_result(Err(e))),
+    };
+    let mut body = match body {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::warn!(error = %e, "status socket: cannot encode the answer");
+            return;
+        }
+    };
+    body.push(b'\n');
+    let sent = tokio::time::timeout(IO_TIMEOUT, async {
+        write.write_all(&body).await?;
+        write.shutdown().await
+    })
+    .await;
+    if !matches!(sent, Ok(Ok(()))) {
+        tracing::debug!("status socket: client went away");
     }
 }
 
@@ -792,5 +908,180 @@ mod tests {
             status_sockets_in(&dir.0),
             [dir.0.join("wg0.sock"), dir.0.join("wg1.sock")]
         );
+    }
+
+    #[test]
+    fn request_lines_too_long_not_utf8_or_cut_off_are_refused() {
+        assert_eq!(request_from_bytes(b"", false), Ok(Request::Status));
+        assert_eq!(request_from_bytes(b"", true), Ok(Request::Status));
+        assert_eq!(request_from_bytes(b"reload\n", false), Ok(Request::Reload));
+        // Cut off by the end of the stream: what arrived is the request.
+        assert_eq!(request_from_bytes(b"reload", false), Ok(Request::Reload));
+        let long = vec![b'a'; MAX_REQUEST_BYTES + 1];
+        let err = request_from_bytes(&long, false).expect_err("too long");
+        assert!(err.contains("longer than 4096 bytes"), "{err}");
+        let err = request_from_bytes(b"\xff\xfe\n", false).expect_err("not UTF-8");
+        assert!(err.contains("not UTF-8"), "{err}");
+        let err = request_from_bytes(b"rel", true).expect_err("cut off");
+        assert!(err.contains("incomplete request"), "{err}");
+    }
+
+    /// Connects to `path`, sends `request` (then closes our side unless `hold_open`) and
+    /// returns what the server answered before it closed. Blocking.
+    fn raw_exchange(path: &Path, request: &[u8], hold_open: bool) -> Vec<u8> {
+        use std::io::Write as _;
+        let mut s = StdUnixStream::connect(path).expect("connect");
+        s.set_read_timeout(Some(IO_TIMEOUT)).expect("timeout");
+        s.write_all(request).expect("write");
+        if !hold_open {
+            s.shutdown(std::net::Shutdown::Write).expect("shutdown");
+        }
+        read_answer(&mut s)
+    }
+
+    /// Reads to the end of the stream. A server that closes with our bytes unread resets the
+    /// connection after its answer: what came before the reset is the answer.
+    fn read_answer(s: &mut StdUnixStream) -> Vec<u8> {
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            match s.read(&mut chunk) {
+                Ok(0) => return buf,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == ErrorKind::ConnectionReset => return buf,
+                Err(e) => panic!("read: {e}"),
+            }
+        }
+    }
+
+    fn refusal(answer: &[u8]) -> String {
+        let answer: ReloadAnswer = serde_json::from_slice(answer)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(answer)));
+        answer.into_result().expect_err("refused")
+    }
+
+    async fn serve_in(
+        dir: &TempDir,
+        interface: &str,
+    ) -> (
+        PathBuf,
+        tokio::sync::oneshot::Sender<()>,
+        tokio::task::JoinHandle<Result<(), StatusError>>,
+    ) {
+        let path = status_socket_path_in(&dir.0, interface);
+        let socket = StatusSocket::bind(&path).expect("bind");
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(
+            socket.serve(Arc::new(FakeObserve::new()), None, async move {
+                let _ = stop_rx.await;
+            }),
+        );
+        (path, stop_tx, server)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_unprivileged_caller_cannot_connect() {
+        let dir = TempDir::new("ts-status");
+        let (path, stop_tx, server) = serve_in(&dir, "ts2").await;
+        let p = path.clone();
+        let outcome = tokio::task::spawn_blocking(move || crate::test_util::connect_as_nobody(&p))
+            .await
+            .expect("client");
+        match outcome {
+            Some(outcome) => assert_eq!(outcome, "EACCES"),
+            None => eprintln!("skipped: needs root and /usr/bin/python3"),
+        }
+        let _ = stop_tx.send(());
+        server.await.expect("no panic").expect("served");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn hostile_requests_get_an_error_and_the_server_keeps_answering() {
+        let dir = TempDir::new("ts-status");
+        let (path, stop_tx, server) = serve_in(&dir, "ts0").await;
+        let p = path.clone();
+        tokio::task::spawn_blocking(move || {
+            // 64 MiB without a newline, as fast as the socket takes it: refused after 4 KiB,
+            // the writer gets a broken pipe instead of the daemon a 64 MiB buffer.
+            use std::io::Write as _;
+            let mut s = StdUnixStream::connect(&p).expect("connect");
+            s.set_read_timeout(Some(IO_TIMEOUT)).expect("timeout");
+            let mut writer = s.try_clone().expect("clone");
+            let flood = std::thread::spawn(move || {
+                let chunk = vec![b'a'; 1 << 20];
+                let mut sent = 0usize;
+                while sent < 64 << 20 {
+                    match writer.write(&chunk) {
+                        Ok(n) => sent += n,
+                        Err(_) => break,
+                    }
+                }
+                sent
+            });
+            let err = refusal(&read_answer(&mut s));
+            assert!(err.contains("longer than 4096 bytes"), "{err}");
+            drop(s);
+            let sent = flood.join().expect("writer");
+            assert!(sent < 64 << 20, "the daemon read all {sent} bytes");
+
+            let err = refusal(&raw_exchange(&p, b"\xff\xfe\xfdreload\n", false));
+            assert!(err.contains("not UTF-8"), "{err}");
+            // Part of a line, and the client waits: refused once REQUEST_WAIT has passed.
+            let err = refusal(&raw_exchange(&p, b"rel", true));
+            assert!(err.contains("incomplete request"), "{err}");
+            // Part of a line, then the end of the stream: an unknown request.
+            let err = refusal(&raw_exchange(&p, b"relo", false));
+            assert!(err.contains("unknown request \"relo\""), "{err}");
+            // A NUL and control characters are echoed escaped, on one line.
+            let answer = raw_exchange(&p, b"st\0a\x1btus\n", false);
+            assert_eq!(answer.iter().filter(|b| **b == b'\n').count(), 1);
+            assert!(refusal(&answer).contains("unknown request"));
+            // And the server still answers a real client.
+            assert!(query_status(&p).expect("status").ready);
+        })
+        .await
+        .expect("client");
+        let _ = stop_tx.send(());
+        server.await.expect("no panic").expect("served");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn five_hundred_idle_connections_neither_lock_out_a_client_nor_pile_up() {
+        let dir = TempDir::new("ts-status");
+        let (path, stop_tx, server) = serve_in(&dir, "ts1").await;
+        let p = path.clone();
+        tokio::task::spawn_blocking(move || {
+            // Clients that connect and say nothing, as a stuck script leaves them.
+            let idle: Vec<StdUnixStream> = (0..500)
+                .map(|_| StdUnixStream::connect(&p).expect("connect"))
+                .collect();
+            let start = crate::clock::now();
+            let snap = query_status(&p).expect("status");
+            assert!(snap.ready);
+            let took = start.elapsed();
+            assert!(took < Duration::from_secs(1), "status took {took:?}");
+            // The daemon held at most its cap: the idle connections beyond it were closed
+            // without an answer (end of stream), not queued for one. An answer counts as held.
+            std::thread::sleep(Duration::from_millis(200));
+            let mut still_held = 0;
+            for mut s in idle {
+                s.set_nonblocking(true).expect("nonblocking");
+                let mut byte = [0u8; 1];
+                match s.read(&mut byte) {
+                    Ok(0) => {}
+                    Ok(_) => still_held += 1,
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => still_held += 1,
+                    Err(e) => panic!("read: {e}"),
+                }
+            }
+            assert!(
+                still_held <= MAX_STATUS_CONNECTIONS,
+                "{still_held} idle connections held open"
+            );
+        })
+        .await
+        .expect("client");
+        let _ = stop_tx.send(());
+        server.await.expect("no panic").expect("served");
     }
 }

@@ -6,6 +6,7 @@
 use super::{format_errno, format_get, format_set, parse_get_response, parse_request};
 use super::{DeviceSnapshot, DeviceUpdate, Errno, Request, UapiHandler};
 use crate::local_socket::{self, ClaimError, ClaimedPath};
+use std::collections::VecDeque;
 use std::future::Future;
 use std::io;
 use std::os::unix::net::UnixListener as StdUnixListener;
@@ -14,8 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio::task::JoinSet;
+use tokio::task::{AbortHandle, JoinSet};
 
 /// Where `wg(8)` looks for userspace interfaces. Shared by every network namespace of the host.
 pub const DEFAULT_SOCKET_DIR: &str = "/var/run/wireguard";
@@ -29,7 +29,9 @@ pub const MAX_REQUEST_BYTES: usize = 256 << 20;
 pub const MAX_LINE_BYTES: usize = 4096;
 /// The largest `get` reply the client reads.
 const MAX_REPLY_BYTES: usize = 64 << 20;
-/// Connections served at once; more are closed at once (only root can connect anyway).
+/// Connections served at once. A newcomer at the cap closes the oldest connection, so clients
+/// that connect and say nothing cannot lock `wg` out for [`IDLE_TIMEOUT`]; a `wg` command's
+/// own connection lasts milliseconds and is the newest.
 const MAX_CONNECTIONS: usize = 64;
 /// A connection that sends nothing for this long is closed.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -143,8 +145,9 @@ impl UapiServer {
             source,
         })?;
         tracing::info!(interface = %name, socket = %file.path().display(), "UAPI listening");
-        let limit = Arc::new(Semaphore::new(MAX_CONNECTIONS));
         let mut connections = JoinSet::new();
+        // The open connections, oldest first.
+        let mut open: VecDeque<AbortHandle> = VecDeque::new();
         let mut watch = tokio::time::interval(WATCH_INTERVAL);
         watch.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         // Boxed, not pinned on the stack, so it can be dropped as soon as the socket is closed.
@@ -157,17 +160,28 @@ impl UapiServer {
                         break Err(ServerError::SocketRemoved { path: file.path().to_path_buf() });
                     }
                 }
-                Some(_) = connections.join_next(), if !connections.is_empty() => {}
+                Some(done) = connections.join_next_with_id(), if !connections.is_empty() => {
+                    let id = match done {
+                        Ok((id, ())) => id,
+                        Err(e) => e.id(),
+                    };
+                    open.retain(|c| c.id() != id);
+                }
                 accepted = listener.accept() => match accepted {
-                    Ok((stream, _)) => match limit.clone().try_acquire_owned() {
-                        Ok(permit) => {
-                            connections.spawn(serve_connection(stream, handler.clone(), permit));
+                    Ok((stream, _)) => {
+                        if open.len() >= MAX_CONNECTIONS {
+                            // A set in progress still completes: it runs on a blocking
+                            // thread the abort does not reach; only its reply is lost.
+                            if let Some(oldest) = open.pop_front() {
+                                oldest.abort();
+                            }
+                            tracing::debug!(
+                                interface = %name,
+                                "UAPI: {MAX_CONNECTIONS} connections open; closing the oldest"
+                            );
                         }
-                        Err(_) => tracing::warn!(
-                            interface = %name,
-                            "UAPI: {MAX_CONNECTIONS} connections open; closing a new one"
-                        ),
-                    },
+                        open.push_back(connections.spawn(serve_connection(stream, handler.clone())));
+                    }
                     Err(e) => {
                         // EMFILE and friends: back off instead of spinning.
                         tracing::warn!(interface = %name, error = %e, "UAPI accept failed");
@@ -284,11 +298,7 @@ async fn next_request(stream: &mut UnixStream, buf: &mut Vec<u8>, limit: usize) 
     }
 }
 
-async fn serve_connection(
-    mut stream: UnixStream,
-    handler: Arc<dyn UapiHandler>,
-    _permit: OwnedSemaphorePermit,
-) {
+async fn serve_connection(mut stream: UnixStream, handler: Arc<dyn UapiHandler>) {
     let mut buf = Vec::new();
     loop {
         let (request, last) = match next_request(&mut stream, &mut buf, MAX_REQUEST_BYTES).await {
@@ -702,6 +712,113 @@ mod tests {
         let snapshot = client_get(&server.path).await.expect("still serving");
         assert_eq!(snapshot, DeviceSnapshot::default());
         server.stop().await.expect("stop");
+    }
+
+    #[tokio::test]
+    async fn idle_connections_at_the_cap_do_not_lock_wg_out() {
+        let tmp = TempDir::created("ts-cap");
+        let server = start(&tmp.0, "ts9", Arc::new(Fake::default()));
+        // Clients that connect and say nothing, more than the cap.
+        let mut idle = Vec::new();
+        for _ in 0..MAX_CONNECTIONS + 10 {
+            idle.push(UnixStream::connect(&server.path).await.expect("connect"));
+        }
+        let got = tokio::time::timeout(Duration::from_secs(1), client_get(&server.path))
+            .await
+            .expect("answered within a second");
+        assert_eq!(got.expect("get"), DeviceSnapshot::default());
+        // The oldest made room and were closed; the server holds no more than its cap.
+        let mut closed = 0;
+        for s in &mut idle {
+            let mut byte = [0u8; 1];
+            if let Ok(Ok(0)) =
+                tokio::time::timeout(Duration::from_millis(20), s.read(&mut byte)).await
+            {
+                closed += 1;
+            }
+        }
+        assert!(closed >= 11, "only {closed} idle connections closed");
+        server.stop().await.expect("stop");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_unprivileged_caller_cannot_connect() {
+        let tmp = TempDir::created("ts-nobody");
+        let server = start(&tmp.0, "ts11", Arc::new(Fake::default()));
+        let p = server.path.clone();
+        let outcome = tokio::task::spawn_blocking(move || crate::test_util::connect_as_nobody(&p))
+            .await
+            .expect("client");
+        match outcome {
+            Some(outcome) => assert_eq!(outcome, "EACCES"),
+            None => eprintln!("skipped: needs root and /usr/bin/python3"),
+        }
+        server.stop().await.expect("stop");
+    }
+
+    #[tokio::test]
+    async fn racing_setters_each_get_their_answer_and_apply_whole() {
+        let tmp = TempDir::created("ts-race");
+        let fake = Arc::new(Fake::default());
+        let server = start(&tmp.0, "ts10", fake.clone());
+        let setter = |key: u8, net: u8| {
+            let path = server.path.clone();
+            async move {
+                let mut s = UnixStream::connect(&path).await.expect("connect");
+                for i in 0..50u16 {
+                    let set = format!(
+                        "set=1\nlisten_port={}\npublic_key={}\nreplace_allowed_ips=true\n\
+                         allowed_ip=10.{net}.0.0/16\nallowed_ip=fd{net:02x}::/64\n\n",
+                        1000 + i,
+                        hex::encode([key; 32])
+                    );
+                    assert_eq!(talk(&mut s, set.as_bytes()).await, "errno=0\n\n");
+                }
+            }
+        };
+        tokio::join!(setter(1, 1), setter(2, 2));
+        let updates = fake.updates.lock().clone();
+        assert_eq!(updates.len(), 100);
+        // Every update arrived whole: each peer only ever got its own networks.
+        for u in &updates {
+            assert_eq!(u.peers.len(), 1);
+            let net = u.peers[0].public_key.0[0];
+            let want: Vec<ipnet::IpNet> = vec![
+                format!("10.{net}.0.0/16").parse().expect("v4"),
+                format!("fd{net:02x}::/64").parse().expect("v6"),
+            ];
+            assert_eq!(u.peers[0].allowed_ips, want);
+        }
+        let device = fake.get();
+        assert_eq!(device.peers.len(), 2);
+        server.stop().await.expect("stop");
+    }
+
+    #[tokio::test]
+    async fn a_request_over_the_size_limit_is_refused_before_it_is_all_read() {
+        let (mut client, mut server) = UnixStream::pair().expect("pair");
+        // Short lines, never an empty one: only the request bound stops this.
+        let writer = tokio::spawn(async move {
+            let line = b"allowed_ip=10.0.0.1/32\n".repeat(1024);
+            let mut sent = 0usize;
+            while sent < 16 << 20 {
+                match client.write_all(&line).await {
+                    Ok(()) => sent += line.len(),
+                    Err(_) => break,
+                }
+            }
+            sent
+        });
+        let mut buf = Vec::new();
+        let framed = next_request(&mut server, &mut buf, 256 << 10).await;
+        assert!(matches!(framed, Framed::TooBig));
+        assert!(
+            buf.len() < (256 << 10) + 64 * 1024 + 1,
+            "read {} bytes",
+            buf.len()
+        );
+        drop(server);
+        assert!(writer.await.expect("writer") < 16 << 20);
     }
 
     #[tokio::test]
