@@ -124,10 +124,11 @@ impl Executor {
             }
             Action::EnableForwarding(families) => {
                 let interface = &config.interface.name;
-                self.forwarding
+                let result = self
+                    .forwarding
                     .get_or_insert_with(|| SharedForwarding::new(interface))
                     .enable(&families);
-                None
+                Some(Executed::Forwarding(result))
             }
             Action::ApplyRules { set, installed } => Some(Executed::RulesApplied(
                 self.apply_rules(set, installed).await,
