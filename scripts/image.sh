@@ -65,7 +65,8 @@ if [[ "${TUNNELGATE_IMAGE_SKIP_CARGO:-}" != "1" ]]; then
     echo "==> cargo build --release --locked --features sidecar --bins"
     cargo build --release --locked --features sidecar --bins
 fi
-install -D -m 0755 -t "$PREBUILT/out" target/release/tunnelgate target/release/tunnelgate-sidecar
+# Without the symbol table, as the Containerfile's own compile stage installs them.
+install -D -s -m 0755 -t "$PREBUILT/out" target/release/tunnelgate target/release/tunnelgate-sidecar
 
 # --- 3. image --------------------------------------------------------------------------------
 CA=/etc/ssl/certs/ca-certificates.crt
