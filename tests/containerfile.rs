@@ -25,7 +25,10 @@ fn build_stage_copies(containerfile: &str) -> Vec<String> {
             continue;
         }
         if let Some(args) = line.strip_prefix("COPY ") {
-            let words: Vec<&str> = args.split_whitespace().filter(|w| !w.starts_with("--")).collect();
+            let words: Vec<&str> = args
+                .split_whitespace()
+                .filter(|w| !w.starts_with("--"))
+                .collect();
             if let Some((_dest, srcs)) = words.split_last() {
                 sources.extend(srcs.iter().map(|s| s.to_string()));
             }
@@ -49,7 +52,15 @@ fn copy_tree(from: &Path, to: &Path) {
 /// loads the manifest and its targets, then stops, listing the binaries. Its stderr.
 fn cargo_load(dir: &Path) -> String {
     let out = Command::new(env!("CARGO"))
-        .args(["build", "--offline", "--locked", "--features", "sidecar", "--bin", "__none__"])
+        .args([
+            "build",
+            "--offline",
+            "--locked",
+            "--features",
+            "sidecar",
+            "--bin",
+            "__none__",
+        ])
         .current_dir(dir)
         .env("CARGO_TARGET_DIR", dir.join("target"))
         .output()

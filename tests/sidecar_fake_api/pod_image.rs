@@ -382,5 +382,8 @@ async fn statefulset_pod_from_the_image_is_ready_only_with_forwarding_and_serves
     };
     let added = size(&image()) - size(BASE_IMAGE);
     eprintln!("image {}: {added} bytes added to {BASE_IMAGE}", image());
-    assert!(added <= MAX_ADDED_BYTES, "the image adds {added} bytes to its base");
+    assert!(
+        added <= MAX_ADDED_BYTES,
+        "the image adds {added} bytes to its base"
+    );
 }
