@@ -31,6 +31,7 @@
 
 mod common;
 // The StatefulSet's pod run from the image with podman, against this file's fake (root).
+#[path = "sidecar_fake_api/pod_image.rs"]
 mod pod_image;
 
 use http_body_util::combinators::UnsyncBoxBody;
