@@ -23,6 +23,9 @@ install_missing wireguard-go wireguard-tools iperf3 nftables iptables dnsmasq ip
 # once into /var/tmp/tunnelgate-test-rootfs (skipped with a message when it cannot).
 install_missing systemd-container debootstrap util-linux ||
     echo "warning: the booted-systemd test will be skipped" >&2
+# scripts/image.sh builds the image with podman (runc) on a debootstrapped base, cached in
+# /var/tmp/tunnelgate-image-rootfs; the pod test (tests/sidecar_fake_api/pod_image.rs) runs it.
+install_missing podman runc debootstrap || echo "warning: the image and pod test will be skipped" >&2
 # The manifest and fake-API suites run `kubectl kustomize` and `kubectl apply` (Debian's
 # kubernetes-client when no kubectl is installed).
 if ! command -v kubectl >/dev/null 2>&1; then
@@ -71,6 +74,11 @@ step "cargo test (unit, golden)" "$LOG_DIR/test.log" cargo test --all-features -
 step "sidecar at scale (release: time and memory bounds)" "$LOG_DIR/scale.log" \
     cargo test --release --features sidecar --test sidecar_fake_api -- --test-threads=1 \
     group_at group_past group_converges
+# The image, from a local debootstrapped base and the release binaries of the step above (the
+# same profile: only the two binaries are linked anew); the netns step's pod test runs it.
+if is_root; then
+    step "image (podman, local base)" "$LOG_DIR/image.log" scripts/image.sh
+fi
 # Fuzz smoke: every cargo-fuzz target in fuzz/, built with libFuzzer's coverage instrumentation on
 # stable (scripts/fuzz-smoke.sh says how, and what an ASan run on nightly adds), 5 s each.
 # TUNNELGATE_FUZZ_SECS sets the time per target.

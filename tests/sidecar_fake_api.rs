@@ -30,6 +30,9 @@
 //! peer config, filled in from those reads, is brought up by `wg-quick` (root).
 
 mod common;
+// The StatefulSet's pod run from the image with podman, against this file's fake (root).
+#[path = "sidecar_fake_api/pod_image.rs"]
+mod pod_image;
 
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt as _, Full, StreamBody};
@@ -180,6 +183,15 @@ impl Fake {
         secrets: BTreeMap<Key, BTreeMap<String, Vec<u8>>>,
     ) -> Arc<Fake> {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        Fake::start_on(listener, services, secrets)
+    }
+
+    /// [`Fake::start_many`] on `listener` (one bound in a test's network namespace).
+    fn start_on(
+        listener: TcpListener,
+        services: Vec<Value>,
+        secrets: BTreeMap<Key, BTreeMap<String, Vec<u8>>>,
+    ) -> Arc<Fake> {
         let port = listener.local_addr().expect("addr").port();
         let mut state = State {
             resource_version: 1,

@@ -37,6 +37,9 @@ const APPLY_RETRY_FIRST: Duration = Duration::from_secs(1);
 const APPLY_RETRY_CAP: Duration = Duration::from_secs(30);
 /// Longest wait between retries of an endpoint name that does not resolve.
 const ENDPOINT_RETRY_CAP: Duration = Duration::from_secs(300);
+/// Longest wait between two reads of a forwarding sysctl that was off and could not be turned
+/// on: it is one file read, and a pod whose sysctl is set from outside should be ready soon.
+const FORWARDING_RETRY_CAP: Duration = Duration::from_secs(10);
 
 /// One apply that can fail and is retried with backoff.
 #[derive(Debug, Clone)]
@@ -104,6 +107,13 @@ struct Rules {
     /// Whether this run ever asked for forwarding: its record may exist even when it needs no
     /// family any more, so the stop still reads the records.
     forwarding_recorded: bool,
+    /// Requested families whose sysctl is off and could not be turned on (read-only
+    /// `/proc/sys` in a container), with the error: not ready until they are on, and asked
+    /// again after [`FORWARDING_RETRY_CAP`] at most.
+    forwarding_unavailable: BTreeMap<Family, String>,
+    forwarding_retry: Retry,
+    /// EnableForwarding actions not reported yet.
+    forwarding_in_flight: u32,
 }
 
 /// The health endpoint's listener: what is bound, and a move to another address under way.
@@ -247,6 +257,9 @@ impl Control {
                 text: String::new(),
                 forwarding_requested: BTreeSet::new(),
                 forwarding_recorded: false,
+                forwarding_unavailable: BTreeMap::new(),
+                forwarding_retry: Retry::new(FORWARDING_RETRY_CAP),
+                forwarding_in_flight: 0,
             },
             dns: Schedule::new(config.dns.reresolve_interval),
             names: BTreeMap::new(),
@@ -300,6 +313,16 @@ impl Control {
                 Some(e) => format!("rules: removing the rules no longer needed failed: {e}"),
                 None => "rules: the rules no longer needed are not removed yet".into(),
             });
+        }
+        // Rules that DNAT into a namespace that does not forward drop every packet.
+        if let Some(e) = self
+            .rules
+            .forwarding_retry
+            .error
+            .as_ref()
+            .filter(|_| !self.rules.forwarding_unavailable.is_empty())
+        {
+            return Err(format!("forwarding: {e}"));
         }
         if let Some(n) = self
             .names
@@ -457,6 +480,7 @@ impl Control {
             Executed::RulesRemoved(r) => self.handle_rules_removed(r, now),
             Executed::RulesSwept(r) => self.handle_rules_swept(r),
             Executed::HealthBound(r) => self.handle_health_bound(r, now),
+            Executed::Forwarding(r) => self.handle_forwarding_enabled(r, now),
         }
     }
 
@@ -481,6 +505,38 @@ impl Control {
                 tracing::error!(error = %e, "Cannot move the health endpoint; the old listener stays");
                 self.health.failed = Some(requested);
             }
+        }
+        self.step(now);
+    }
+
+    /// The outcome of an [`Action::EnableForwarding`]: `Err` holds each family whose sysctl is
+    /// still off, with the error of the write. Not ready until every requested family is on;
+    /// the sysctls are read again with backoff, so one turned on from outside is seen.
+    pub fn handle_forwarding_enabled(
+        &mut self,
+        result: Result<(), BTreeMap<Family, String>>,
+        now: Instant,
+    ) {
+        self.rules.forwarding_in_flight = self.rules.forwarding_in_flight.saturating_sub(1);
+        let mut missing = result.err().unwrap_or_default();
+        missing.retain(|f, _| self.rules.forwarding_requested.contains(f));
+        if missing.is_empty() {
+            if !self.rules.forwarding_unavailable.is_empty() {
+                tracing::info!("IP forwarding is on now");
+            }
+            self.rules.forwarding_unavailable.clear();
+            self.rules.forwarding_retry.succeeded();
+        } else {
+            let reason = crate::core::forwarding::unavailable_reason(
+                &missing,
+                FORWARDING_RETRY_CAP.as_secs(),
+            );
+            // Once per distinct problem: the retries every few seconds say nothing new.
+            if missing != self.rules.forwarding_unavailable {
+                tracing::error!(reason = %reason, "Not ready: IP forwarding is off");
+            }
+            self.rules.forwarding_unavailable = missing;
+            self.rules.forwarding_retry.failed(reason, now);
         }
         self.step(now);
     }
@@ -770,6 +826,12 @@ impl Control {
         );
         at.extend(self.routes.retry.at);
         at.extend(self.addresses.retry.at);
+        at.extend(
+            self.rules
+                .forwarding_retry
+                .at
+                .filter(|_| !self.rules.forwarding_unavailable.is_empty()),
+        );
         at.extend(
             self.endpoints
                 .values()

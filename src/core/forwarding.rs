@@ -154,6 +154,43 @@ pub fn on_release(
     }
 }
 
+/// The sysctl that holds a family's forwarding switch.
+pub fn sysctl_name(family: Family) -> &'static str {
+    match family {
+        Family::V4 => "net.ipv4.ip_forward",
+        Family::V6 => "net.ipv6.conf.all.forwarding",
+    }
+}
+
+/// Why the daemon is not ready when forwarding that its rules need is off and it could not turn
+/// it on (`missing`: each family with the error of the write, such as "Read-only file system"
+/// in a container), and how to fix it. `/readyz`, `tunnelgate status` and the log say this.
+/// The daemon keeps reading the sysctls, so turning them on from outside is enough.
+pub fn unavailable_reason(missing: &BTreeMap<Family, String>, retry_cap_secs: u64) -> String {
+    let what: Vec<String> = missing
+        .iter()
+        .map(|(family, error)| {
+            format!(
+                "{} is off and cannot be turned on ({error})",
+                sysctl_name(*family)
+            )
+        })
+        .collect();
+    let commands: Vec<String> = missing
+        .keys()
+        .map(|family| format!("sysctl -w {}=1", sysctl_name(*family)))
+        .collect();
+    format!(
+        "{}; the forwarding rules need it. Turn it on before tunnelgate starts: in Kubernetes \
+         with the pod's privileged init container (`sysctls` in containers/k8s) or the pod's \
+         spec.securityContext.sysctls (the kubelet must allow them: --allowed-unsafe-sysctls); \
+         elsewhere `{}` in the daemon's network namespace. tunnelgate checks again at least \
+         every {retry_cap_secs} s",
+        what.join("; "),
+        commands.join(" && "),
+    )
+}
+
 /// The file text: `key=value` lines, families as `ipv4`/`ipv6` with their flags.
 ///
 /// ```text

@@ -141,11 +141,17 @@ impl Executor {
             }
             Action::EnableForwarding(families) => {
                 // Under a lock shared with other tunnelgates: off the event loop.
-                self.with_forwarding(&config.interface.name, move |f| {
-                    f.enable(&families);
-                })
-                .await;
-                None
+                let asked = families.clone();
+                let result = self
+                    .with_forwarding(&config.interface.name, move |f| f.enable(&families))
+                    .await
+                    .unwrap_or_else(|| {
+                        Err(asked
+                            .into_iter()
+                            .map(|f| (f, "the forwarding task failed".to_string()))
+                            .collect())
+                    });
+                Some(Executed::Forwarding(result))
             }
             Action::ApplyRules { set, installed } => Some(Executed::RulesApplied(
                 self.apply_rules(set, installed).await,
@@ -321,24 +327,30 @@ impl Executor {
 
     /// Runs `f` on the shared forwarding state (made on first use) on a blocking thread: it
     /// takes a file lock another tunnelgate may hold, and writes sysctls and records.
-    async fn with_forwarding(
+    async fn with_forwarding<T: Send + 'static>(
         &mut self,
         interface: &str,
-        f: impl FnOnce(&mut SharedForwarding) + Send + 'static,
-    ) {
+        f: impl FnOnce(&mut SharedForwarding) -> T + Send + 'static,
+    ) -> Option<T> {
         let mut shared = self
             .forwarding
             .take()
             .unwrap_or_else(|| SharedForwarding::new(interface));
         match tokio::task::spawn_blocking(move || {
-            f(&mut shared);
-            shared
+            let out = f(&mut shared);
+            (shared, out)
         })
         .await
         {
-            Ok(shared) => self.forwarding = Some(shared),
+            Ok((shared, out)) => {
+                self.forwarding = Some(shared);
+                Some(out)
+            }
             // Logged by the runtime; a fresh state reads the records again.
-            Err(e) => tracing::error!(error = %e, "Forwarding sysctl task failed"),
+            Err(e) => {
+                tracing::error!(error = %e, "Forwarding sysctl task failed");
+                None
+            }
         }
     }
 

@@ -7,7 +7,7 @@
 use crate::core::forwarding::{self, ForwardingRecord, OtherRecord, Writer};
 use crate::rules::Family;
 use crate::telemetry::status::{DEFAULT_RUN_DIR, RUN_DIR_ENV};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
@@ -35,10 +35,12 @@ impl SharedForwarding {
     }
 
     /// Turns forwarding on for each of `families` unless it already is, and records that this
-    /// daemon needs them. Returns the families it turned on.
-    pub fn enable(&mut self, families: &BTreeSet<Family>) -> BTreeSet<Family> {
+    /// daemon needs them. `Err` holds each family that is still off, with the error of the
+    /// write (the core decides what that means for readiness, and logs it).
+    pub fn enable(&mut self, families: &BTreeSet<Family>) -> Result<(), BTreeMap<Family, String>> {
         let lock = self.lock();
         let mut changed = BTreeSet::new();
+        let mut off = BTreeMap::new();
         for family in families {
             match enable_sysctl(*family) {
                 Ok(true) => {
@@ -46,7 +48,10 @@ impl SharedForwarding {
                     changed.insert(*family);
                 }
                 Ok(false) => {}
-                Err(e) => tracing::warn!(%family, error = %e, "Cannot enable IP forwarding"),
+                Err(e) => {
+                    tracing::debug!(%family, error = %e, "Cannot enable IP forwarding");
+                    off.insert(*family, e.to_string());
+                }
             }
         }
         match me() {
@@ -61,7 +66,11 @@ impl SharedForwarding {
             }
         }
         drop(lock);
-        changed
+        if off.is_empty() {
+            Ok(())
+        } else {
+            Err(off)
+        }
     }
 
     /// Gives up `families` (at stop: every family; on a reload: those the new configuration no

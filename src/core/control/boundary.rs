@@ -123,7 +123,8 @@ pub enum Action {
     Resolve { lookup: Lookup, deadline: Instant },
     /// Turn forwarding on for these families unless already on, and record that this daemon
     /// needs them (and which it changed) where every tunnelgate of the namespace sees it
-    /// ([`crate::core::forwarding`]). Nothing to report.
+    /// ([`crate::core::forwarding`]); report with [`Control::handle_forwarding_enabled`]
+    /// which families are still off, and why.
     EnableForwarding(BTreeSet<Family>),
     /// Replace our rules with `set` in one transaction; report with
     /// [`Control::handle_rules_applied`]. `installed` is the set known to be installed now
@@ -187,6 +188,8 @@ pub enum Executed {
     RulesSwept(Result<(), String>),
     /// [`Action::ServeHealth`]: the address bound.
     HealthBound(Result<Option<SocketAddr>, String>),
+    /// [`Action::EnableForwarding`]: `Err` names each family still off, with the error.
+    Forwarding(Result<(), BTreeMap<Family, String>>),
 }
 
 impl Executed {

@@ -64,6 +64,33 @@ impl Control {
         self.step_resolutions(now);
         self.step_health();
         self.step_rules(now);
+        self.step_forwarding(now);
+    }
+
+    /// Forwarding found off and not writable is asked for again once its backoff has passed:
+    /// someone may have turned it on from outside (`sysctl -w` in the namespace).
+    fn step_forwarding(&mut self, now: Instant) {
+        let rules = &mut self.rules;
+        if rules.forwarding_in_flight > 0
+            || rules.forwarding_unavailable.is_empty()
+            || !rules.forwarding_retry.may_try(now)
+        {
+            return;
+        }
+        let families: BTreeSet<Family> = rules
+            .forwarding_unavailable
+            .keys()
+            .filter(|f| rules.forwarding_requested.contains(f))
+            .copied()
+            .collect();
+        if families.is_empty() {
+            rules.forwarding_unavailable.clear();
+            return;
+        }
+        // Not due again until this attempt reports (and fails, maybe, with a new backoff).
+        rules.forwarding_retry.at = None;
+        rules.forwarding_in_flight += 1;
+        self.actions.push_back(Action::EnableForwarding(families));
     }
 
     /// Moves the health endpoint to the address the configuration names, once it is safe:
@@ -199,6 +226,7 @@ impl Control {
                 .forwarding_requested
                 .extend(families.iter().copied());
             self.rules.forwarding_recorded = true;
+            self.rules.forwarding_in_flight += 1;
             self.actions.push_back(Action::EnableForwarding(families));
         }
         // A failed apply (iptables applies each family on its own) or a removal leaves the
@@ -240,6 +268,9 @@ impl Control {
         self.rules
             .forwarding_requested
             .retain(|f| needed.contains(f));
+        self.rules
+            .forwarding_unavailable
+            .retain(|f, _| needed.contains(f));
         self.actions.push_back(Action::RestoreForwarding(unneeded));
     }
 

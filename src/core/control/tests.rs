@@ -71,6 +71,11 @@ struct Sim {
     started: bool,
     /// How many [`Action::SweepRules`] ran.
     swept: usize,
+    /// `/proc/sys` is read-only (a container without its init container): forwarding that is
+    /// not on already cannot be turned on.
+    sysctls_read_only: bool,
+    /// The forwarding sysctls that are on, whoever turned them on.
+    sysctls_on: BTreeSet<Family>,
     log: Vec<Action>,
 }
 
@@ -80,6 +85,15 @@ impl Sim {
     }
 
     fn with_config(config: Config) -> Sim {
+        Sim::build(config, false)
+    }
+
+    /// [`Sim::new`] in a namespace whose `/proc/sys` is read-only, with forwarding off.
+    fn read_only_sysctls(text: &str) -> Sim {
+        Sim::build(config(text), true)
+    }
+
+    fn build(config: Config, sysctls_read_only: bool) -> Sim {
         let now = crate::clock::now();
         // The port the shell would have bound (a random one for 0: here always 51820).
         let port = match config.interface.listen_port {
@@ -109,6 +123,8 @@ impl Sim {
             health_fail: false,
             started: false,
             swept: 0,
+            sysctls_read_only,
+            sysctls_on: BTreeSet::new(),
             log: Vec::new(),
         };
         sim.drive();
@@ -212,7 +228,19 @@ impl Sim {
                 self.control.handle_routes_applied(Ok(()), now);
             }
             Action::Resolve { lookup, deadline } => self.lookups.push((lookup, deadline)),
-            Action::EnableForwarding(families) => self.forwarding.extend(families),
+            Action::EnableForwarding(families) => {
+                let off: BTreeMap<Family, String> = families
+                    .iter()
+                    .filter(|f| !self.sysctls_on.contains(f))
+                    .filter(|_| self.sysctls_read_only)
+                    .map(|f| (*f, "Read-only file system (os error 30)".to_string()))
+                    .collect();
+                self.sysctls_on
+                    .extend(families.iter().filter(|f| !off.contains_key(f)));
+                self.forwarding.extend(families);
+                let result = if off.is_empty() { Ok(()) } else { Err(off) };
+                self.control.handle_forwarding_enabled(result, now);
+            }
             Action::ApplyRules { set, .. } => {
                 if self.rules_fail {
                     self.control
@@ -1347,4 +1375,70 @@ fn a_health_port_change_follows_into_the_rules_exemption() {
         sim.rules.as_ref().map(|r| r.exemptions.health_tcp_port),
         Some(Some(9003))
     );
+}
+/// A proxy container without its init container: `/proc/sys` is read-only and forwarding is
+/// off. The rules go in, but the daemon is not ready, and the reason names the sysctl, the
+/// error and the fix; the sysctl is read again with backoff (at most 10 s apart), so once it
+/// is turned on from outside the daemon becomes ready without a restart.
+#[test]
+fn forwarding_that_cannot_be_turned_on_holds_readiness_until_it_is_on() {
+    let mut sim = Sim::read_only_sysctls(BASE);
+    assert!(sim.rules.is_some(), "the rules are installed all the same");
+    let why = sim
+        .control
+        .readiness()
+        .expect_err("not ready without forwarding");
+    assert!(
+        why.starts_with("forwarding: net.ipv4.ip_forward is off"),
+        "{why}"
+    );
+    for part in [
+        "Read-only file system",
+        "init container",
+        "securityContext.sysctls",
+        "sysctl -w net.ipv4.ip_forward=1",
+    ] {
+        assert!(why.contains(part), "{part:?} missing from {why:?}");
+    }
+    assert_eq!(sim.control.view().readiness, Err(why.clone()));
+
+    // Still off: asked again, with backoff, never more than 10 s apart.
+    let asks = |sim: &Sim| {
+        sim.log
+            .iter()
+            .filter(|a| matches!(a, Action::EnableForwarding(_)))
+            .count()
+    };
+    let first = asks(&sim);
+    for _ in 0..6 {
+        let next = sim.control.poll_timeout().expect("a retry is scheduled");
+        assert!(
+            next - sim.now <= Duration::from_secs(10),
+            "{:?}",
+            next - sim.now
+        );
+        sim.advance(next - sim.now);
+    }
+    // (One of the wake-ups may be the drift check instead.)
+    assert!(asks(&sim) >= first + 5, "{} -> {}", first, asks(&sim));
+    assert!(sim.control.readiness().is_err());
+
+    // `ip netns exec NS sysctl -w net.ipv4.ip_forward=1`: ready at the next read.
+    sim.sysctls_on.insert(Family::V4);
+    let next = sim.control.poll_timeout().expect("a retry is scheduled");
+    sim.advance(next - sim.now);
+    assert_eq!(sim.control.readiness(), Ok(()));
+    let on = asks(&sim);
+    sim.advance(Duration::from_secs(60));
+    assert_eq!(asks(&sim), on, "no more reads of the sysctl once it is on");
+}
+
+/// Forwarding that is already on in a read-only `/proc/sys` (the init container ran) is all a
+/// daemon needs: ready at once.
+#[test]
+fn forwarding_already_on_in_a_read_only_namespace_is_ready() {
+    let mut sim = Sim::build(config(NO_RULES), true);
+    sim.sysctls_on.insert(Family::V4);
+    sim.reload(BASE).expect("reload");
+    assert_eq!(sim.control.readiness(), Ok(()));
 }
