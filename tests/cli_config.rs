@@ -118,6 +118,20 @@ fn pubkey_refuses_garbage_with_exit_2() {
     }
 }
 
+/// `pubkey < /dev/zero` (or any endless input) stops at a bound instead of reading until the
+/// memory runs out.
+#[test]
+fn pubkey_of_an_endless_input_stops_at_a_bound() {
+    let out = Command::new(tunnelgate_bin())
+        .arg("pubkey")
+        .stdin(std::fs::File::open("/dev/zero").expect("/dev/zero"))
+        .output()
+        .expect("tunnelgate pubkey");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("more than 4096 bytes"), "{stderr}");
+}
+
 #[test]
 fn bad_usage_exits_2() {
     for args in [

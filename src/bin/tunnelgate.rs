@@ -539,12 +539,27 @@ fn help(command: &[String]) -> ExitCode {
     }
 }
 
+/// A private key is 44 characters; `wg genkey` output, a newline and stray whitespace fit in
+/// this many bytes. More is not a key, and `pubkey < /dev/zero` must not read forever.
+const PUBKEY_INPUT_LIMIT: u64 = 4096;
+
 fn pubkey() -> ExitCode {
-    let mut text = String::new();
-    if std::io::stdin().read_to_string(&mut text).is_err() {
+    let mut bytes = Vec::new();
+    if std::io::stdin()
+        .take(PUBKEY_INPUT_LIMIT + 1)
+        .read_to_end(&mut bytes)
+        .is_err()
+    {
         eprintln!("tunnelgate pubkey: cannot read stdin");
         return ExitCode::from(2);
     }
+    if bytes.len() as u64 > PUBKEY_INPUT_LIMIT {
+        eprintln!(
+            "tunnelgate pubkey: more than {PUBKEY_INPUT_LIMIT} bytes on stdin: expected one base64 private key"
+        );
+        return ExitCode::from(2);
+    }
+    let text = String::from_utf8_lossy(&bytes);
     match decode_key(text.trim()) {
         Ok(k) => {
             println!("{}", SecretKey(k).public_key());
