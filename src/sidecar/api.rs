@@ -441,10 +441,10 @@ async fn send_events(client: Client, mut rx: mpsc::UnboundedReceiver<PendingEven
         tokens -= 1.0;
         if let Err(err) = record_warning_on(
             client.clone(),
-            &e.kind,
+            e.kind,
             &e.object,
             e.uid.clone(),
-            &e.reason,
+            e.reason,
             &e.message,
         )
         .await
@@ -513,7 +513,7 @@ mod tests {
                 name: name.into(),
             },
             uid: None,
-            reason: reason.into(),
+            reason,
             message: message.into(),
         }
     }

@@ -646,10 +646,10 @@ impl GroupLoop {
                 (Some(text), Some(pod)) => {
                     tracing::error!(problem = %text, "Not every Service of the group fits the config Secret");
                     self.events.record(PendingEvent {
-                        kind: "Pod".into(),
+                        kind: "Pod",
                         object: pod.clone(),
                         uid: None,
-                        reason: REASON_OVER_LIMIT.into(),
+                        reason: REASON_OVER_LIMIT,
                         message: text.clone(),
                     });
                 }
@@ -682,10 +682,10 @@ impl GroupLoop {
                 self.settings.secret, self.settings.replica.ordinal, self.settings.replica.group
             );
             self.events.record(PendingEvent {
-                kind: "Service".into(),
+                kind: "Service",
                 object: obj,
                 uid,
-                reason: REASON_LEFT_OUT.into(),
+                reason: REASON_LEFT_OUT,
                 message: text,
             });
             self.reported.insert(k, reason.to_string());
@@ -740,10 +740,10 @@ impl GroupLoop {
                 name: key.1,
             };
             self.events.record(PendingEvent {
-                kind: "Service".into(),
+                kind: "Service",
                 object: obj,
                 uid: member.uid.clone(),
-                reason: REASON_NAME_UNRESOLVED.into(),
+                reason: REASON_NAME_UNRESOLVED,
                 message: text,
             });
         }
@@ -760,10 +760,10 @@ impl GroupLoop {
         if let Some(pod) = &self.settings.pod {
             let text = format!("tunnelgate config not updated, the last good one stays: {message}");
             self.events.record(PendingEvent {
-                kind: "Pod".into(),
+                kind: "Pod",
                 object: pod.clone(),
                 uid: None,
-                reason: REASON_INVALID.into(),
+                reason: REASON_INVALID,
                 message: text,
             });
         }
