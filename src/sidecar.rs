@@ -15,7 +15,7 @@ pub mod group;
 pub mod run;
 pub mod run_group;
 
-use crate::config::{decode_key, Config, SecretFiles, SecretKey};
+use crate::config::{decode_key, Config, PortMap, Proto, SecretFiles, SecretKey, Target};
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::IpAddr;
@@ -66,6 +66,26 @@ pub struct ServiceInfo {
     /// `metadata.creationTimestamp` in Unix seconds: in a proxy group, the older of two Services
     /// that claim the same port keeps it.
     pub created: Option<i64>,
+}
+
+impl ServiceInfo {
+    /// Drops what a proxy group never reads of a Service it keeps (one of 20,000): every
+    /// annotation but the sidecar's own, the ports' names, and a `type` or `protocol` that only
+    /// says the default (`ClusterIP`, `TCP`). Renders exactly as before.
+    pub fn keep_what_a_group_reads(&mut self) {
+        self.annotations.retain_own();
+        if self.type_.as_deref() == Some("ClusterIP") {
+            self.type_ = None;
+        }
+        for p in &mut self.ports {
+            p.name = None;
+            if p.protocol.as_deref() == Some("TCP") {
+                p.protocol = None;
+            }
+        }
+        self.ports.shrink_to_fit();
+        self.cluster_ips.shrink_to_fit();
+    }
 }
 
 /// A Service's annotations as the sidecar keeps them: a sorted list, not a map (a map's node
@@ -250,10 +270,40 @@ fn config_text<'a>(
     rules: impl IntoIterator<Item = &'a Rules>,
     header: &str,
 ) -> Result<String, Rejected> {
+    Ok(config_text_with_rules(table, rules, header)?.text)
+}
+
+/// A rendered `tunnelgate.toml`, and where in it each appended rule is.
+struct ConfigText {
+    text: String,
+    /// The byte range of each appended rule's table (`[[ingress]]` ...), in the text's order.
+    rules: Vec<std::ops::Range<usize>>,
+}
+
+impl ConfigText {
+    /// Each appended rule's text, in order: with the base text, what the daemon would parse.
+    fn rule_texts(&self) -> impl Iterator<Item = &str> {
+        self.rules.iter().map(|r| &self.text[r.clone()])
+    }
+}
+
+/// [`config_text`], with where each rule is in it.
+fn config_text_with_rules<'a>(
+    table: &toml::Table,
+    rules: impl IntoIterator<Item = &'a Rules>,
+    header: &str,
+) -> Result<ConfigText, Rejected> {
     let rules: Vec<&Rules> = rules.into_iter().collect();
-    let body = to_toml_with(table.clone(), &rules)
+    let mut out = ConfigText {
+        text: String::with_capacity(header.len() + 1),
+        rules: Vec::new(),
+    };
+    out.text.push_str(header);
+    out.text.push('\n');
+    write_toml_with(&mut out, table.clone(), &rules)
         .map_err(|e| Rejected(vec![format!("cannot write TOML: {e}")]))?;
-    Ok(format!("{header}\n{body}"))
+    out.rules.shrink_to_fit();
+    Ok(out)
 }
 
 /// What the daemon would make of `text` with `key` as its private key.
@@ -262,12 +312,19 @@ fn daemon_check(text: &str, key: &SecretKey) -> Result<Config, Vec<String>> {
         .map_err(|e| e.0.iter().map(ToString::to_string).collect())
 }
 
-/// [`daemon_check`] of a text rendered from a base that passed it and rules whose keys the
-/// sidecar writes itself: the same checks but the one for unknown keys, which could only find
-/// one in the base (and costs a generic copy of every rule).
-fn rendered_check(text: &str, key: &SecretKey) -> Result<Config, Vec<String>> {
-    Config::parse_known_keys(text, Path::new(MOUNT_DIR), &MountedKey(key))
-        .map_err(|e| e.0.iter().map(ToString::to_string).collect())
+/// [`daemon_check`] of a text rendered from `base` (the base alone, rendered, which passed it)
+/// and rules whose keys the sidecar writes itself: the same checks but the one for unknown keys,
+/// which could only find one in the base (and costs a generic copy of every rule). The rules
+/// are parsed one by one and added to the base's, as the daemon would read the whole text:
+/// 20,000 rules never make one TOML parse tree.
+fn rendered_check(base: &str, text: &ConfigText, key: &SecretKey) -> Result<Config, Vec<String>> {
+    Config::parse_known_keys_with_rules(
+        base,
+        text.rule_texts(),
+        Path::new(MOUNT_DIR),
+        &MountedKey(key),
+    )
+    .map_err(|e| e.0.iter().map(ToString::to_string).collect())
 }
 
 /// The Secret data for a configuration text, once the daemon would accept it, and the
@@ -472,10 +529,47 @@ fn tunnel_families(table: &toml::Table) -> (bool, bool) {
     )
 }
 
+/// The rules of one Service, compact: a proxy group keeps one of these per Service while it
+/// renders (a `toml::Table` per rule took about a kilobyte; this takes a few dozen bytes).
 #[derive(Default, Clone)]
 struct Rules {
-    ingress: Vec<toml::Table>,
-    egress: Vec<toml::Table>,
+    /// `service = "NS/NAME"` of every rule.
+    service: String,
+    ingress: Vec<Rule>,
+    egress: Vec<Rule>,
+}
+
+/// One `[[ingress]]` / `[[egress]]` rule the sidecar writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Rule {
+    target: Target,
+    ports: Vec<PortMap>,
+}
+
+impl Rule {
+    /// The rule as a TOML table, labelled with the Service (`NS/NAME`) it serves so that the
+    /// daemon's status, metrics and per-service readiness can name it. Made only to be written.
+    fn to_table(&self, service: &str) -> toml::Table {
+        let (key, target) = match &self.target {
+            Target::Ip(ip) => ("target", ip.to_string()),
+            Target::Fqdn(name) => ("target_fqdn", name.clone()),
+        };
+        let mut t = toml::Table::new();
+        t.insert(key.into(), toml::Value::String(target));
+        if !self.ports.is_empty() {
+            t.insert(
+                "ports".into(),
+                toml::Value::Array(
+                    self.ports
+                        .iter()
+                        .map(|p| toml::Value::String(p.to_string()))
+                        .collect(),
+                ),
+            );
+        }
+        t.insert("service".into(), toml::Value::String(service.into()));
+        t
+    }
 }
 
 /// The ingress and egress rules the Service's type and annotations ask for.
@@ -485,10 +579,15 @@ fn forwards(
     problems: &mut Vec<String>,
     notes: &mut Vec<String>,
 ) -> Rules {
-    let mut rules = Rules::default();
-    let label = format!("{}/{}", svc.namespace, svc.name);
-    let who = format!("Service {label}");
-    let rule = |key: &str, target: &str, ports: &[String]| rule_table(key, target, ports, &label);
+    let mut rules = Rules {
+        service: format!("{}/{}", svc.namespace, svc.name),
+        ..Rules::default()
+    };
+    let who = format!("Service {}", rules.service);
+    let rule = |target: Target, ports: &[PortMap]| Rule {
+        target,
+        ports: ports.to_vec(),
+    };
     let annotation = |k: &str| svc.annotations.get(k).map(|v| v.trim());
     let expose_annotation = match annotation(ANNOTATION_EXPOSE) {
         None | Some("false") => false,
@@ -508,7 +607,9 @@ fn forwards(
         if svc.type_.as_deref() == Some("ExternalName") {
             match svc.external_name.as_deref().map(str::trim) {
                 Some(name) if !name.is_empty() => {
-                    rules.ingress.push(rule("target_fqdn", name, &ports));
+                    rules
+                        .ingress
+                        .push(rule(Target::Fqdn(name.to_string()), &ports));
                 }
                 _ => problems.push(format!(
                     "{who} is ExternalName without spec.externalName: expected a DNS name to forward to"
@@ -531,7 +632,7 @@ fn forwards(
                 match text.parse::<IpAddr>() {
                     Ok(ip) if (ip.is_ipv4() && *v4) || (ip.is_ipv6() && *v6) => {
                         usable += 1;
-                        rules.ingress.push(rule("target", &ip.to_string(), &ports));
+                        rules.ingress.push(rule(Target::Ip(ip), &ports));
                     }
                     Ok(ip) => notes.push(format!(
                         "{who}: ClusterIP {ip} skipped: interface.addresses has no IPv{} tunnel address",
@@ -559,7 +660,7 @@ fn forwards(
         (Some(text), None) => match text.parse::<IpAddr>() {
             Ok(ip) => {
                 let ports = egress_ports(svc, &who, problems);
-                rules.egress.push(rule("target", &ip.to_string(), &ports));
+                rules.egress.push(rule(Target::Ip(ip), &ports));
             }
             Err(_) => problems.push(format!(
                 "{who}: annotation {ANNOTATION_TUNNEL_IP} {} is not an IP address: expected like \"100.64.0.2\" or \"fd7a:115c:a1e0::2\"",
@@ -579,7 +680,9 @@ fn forwards(
         }
         (None, Some(name)) => {
             let ports = egress_ports(svc, &who, problems);
-            rules.egress.push(rule("target_fqdn", name, &ports));
+            rules
+                .egress
+                .push(rule(Target::Fqdn(name.to_string()), &ports));
         }
         (None, None) => {}
     }
@@ -603,14 +706,18 @@ fn quoted(value: &str) -> String {
 
 /// Ingress listens where the Service does: `port` on the tunnel address to `port` on the
 /// ClusterIP (kube-proxy maps it on to the pods' targetPort).
-fn ingress_ports(svc: &ServiceInfo, who: &str, problems: &mut Vec<String>) -> Vec<String> {
+fn ingress_ports(svc: &ServiceInfo, who: &str, problems: &mut Vec<String>) -> Vec<PortMap> {
     let mut out = Vec::new();
     for (i, p) in svc.ports.iter().enumerate() {
         if let (Some(port), Some(proto)) = (
             port_of(p.port, who, i, "port", problems),
             proto_of(p, who, i, problems),
         ) {
-            out.push(format!("{port}/{proto}"));
+            out.push(PortMap {
+                proto,
+                listen: port,
+                target: port,
+            });
         }
     }
     out
@@ -618,7 +725,7 @@ fn ingress_ports(svc: &ServiceInfo, who: &str, problems: &mut Vec<String>) -> Ve
 
 /// Egress: traffic for the Service reaches the proxy pod on `targetPort` (kube-proxy maps
 /// `port` to it) and goes on to `port` on the tunnel target.
-fn egress_ports(svc: &ServiceInfo, who: &str, problems: &mut Vec<String>) -> Vec<String> {
+fn egress_ports(svc: &ServiceInfo, who: &str, problems: &mut Vec<String>) -> Vec<PortMap> {
     let mut out = Vec::new();
     for (i, p) in svc.ports.iter().enumerate() {
         let target = port_of(p.port, who, i, "port", problems);
@@ -635,11 +742,11 @@ fn egress_ports(svc: &ServiceInfo, who: &str, problems: &mut Vec<String>) -> Vec
         if let (Some(listen), Some(target), Some(proto)) =
             (listen, target, proto_of(p, who, i, problems))
         {
-            if listen == target {
-                out.push(format!("{listen}/{proto}"));
-            } else {
-                out.push(format!("{listen}:{target}/{proto}"));
-            }
+            out.push(PortMap {
+                proto,
+                listen,
+                target,
+            });
         }
     }
     out
@@ -657,15 +764,10 @@ fn port_of(n: i32, who: &str, i: usize, field: &str, problems: &mut Vec<String>)
     }
 }
 
-fn proto_of(
-    p: &ServicePort,
-    who: &str,
-    i: usize,
-    problems: &mut Vec<String>,
-) -> Option<&'static str> {
+fn proto_of(p: &ServicePort, who: &str, i: usize, problems: &mut Vec<String>) -> Option<Proto> {
     match p.protocol.as_deref().unwrap_or("TCP") {
-        "TCP" => Some("tcp"),
-        "UDP" => Some("udp"),
+        "TCP" => Some(Proto::Tcp),
+        "UDP" => Some(Proto::Udp),
         other => {
             problems.push(format!(
                 "{who}: spec.ports[{i}].protocol {other} is not supported: expected TCP or UDP"
@@ -675,26 +777,16 @@ fn proto_of(
     }
 }
 
-/// One `[[ingress]]` / `[[egress]]` table, labelled with the Service (`NS/NAME`) it serves so
-/// that the daemon's status, metrics and per-service readiness can name it.
-fn rule_table(key: &str, target: &str, ports: &[String], service: &str) -> toml::Table {
-    let mut t = toml::Table::new();
-    t.insert(key.into(), toml::Value::String(target.into()));
-    if !ports.is_empty() {
-        t.insert(
-            "ports".into(),
-            toml::Value::Array(ports.iter().cloned().map(toml::Value::String).collect()),
-        );
-    }
-    t.insert("service".into(), toml::Value::String(service.into()));
-    t
-}
-
-/// The table as TOML text, its sections in the order of the contract's example (a `toml::Table`
-/// alone would sort them by name), with `rules` after the base config's own `[[ingress]]` /
-/// `[[egress]]` entries, written one rule at a time: a proxy group's 10,000 rules never become
-/// one TOML document in memory (that took more than the rest of the sidecar together).
-fn to_toml_with(mut table: toml::Table, rules: &[&Rules]) -> Result<String, toml::ser::Error> {
+/// Appends the table as TOML text to `out`, its sections in the order of the contract's example
+/// (a `toml::Table` alone would sort them by name), with `rules` after the base config's own
+/// `[[ingress]]` / `[[egress]]` entries, written one rule at a time straight into the text: a
+/// proxy group's 10,000 rules never become one TOML document in memory (that took more than
+/// the rest of the sidecar together).
+fn write_toml_with(
+    out: &mut ConfigText,
+    mut table: toml::Table,
+    rules: &[&Rules],
+) -> Result<(), toml::ser::Error> {
     const ORDER: [&str; 8] = [
         "interface",
         "peer",
@@ -711,27 +803,40 @@ fn to_toml_with(mut table: toml::Table, rules: &[&Rules]) -> Result<String, toml
     let section = |key: &str, v: toml::Value| {
         toml::to_string(&toml::Table::from_iter([(key.to_string(), v)]))
     };
-    let mut parts = Vec::new();
+    // The parts are separated by an empty line; where each starts and ends.
+    let mut first = true;
+    let mut push = |out: &mut ConfigText, part: &str| {
+        if !std::mem::take(&mut first) {
+            out.text.push('\n');
+        }
+        let start = out.text.len();
+        out.text.push_str(part);
+        start..out.text.len()
+    };
     if !table.is_empty() {
-        parts.push(toml::to_string(&table)?);
+        push(out, &toml::to_string(&table)?);
     }
     for (key, own) in ORDER.into_iter().zip(own) {
         if let Some(v) = own {
-            parts.push(section(key, v)?);
+            push(out, &section(key, v)?);
         }
-        let appended = rules.iter().flat_map(|r| match key {
-            "ingress" => r.ingress.as_slice(),
-            "egress" => r.egress.as_slice(),
-            _ => &[],
-        });
-        for rule in appended {
-            parts.push(section(
-                key,
-                toml::Value::Array(vec![toml::Value::Table(rule.clone())]),
-            )?);
+        for r in rules {
+            let appended = match key {
+                "ingress" => r.ingress.as_slice(),
+                "egress" => r.egress.as_slice(),
+                _ => &[],
+            };
+            for rule in appended {
+                let table = rule.to_table(&r.service);
+                let range = push(
+                    out,
+                    &section(key, toml::Value::Array(vec![toml::Value::Table(table)]))?,
+                );
+                out.rules.push(range);
+            }
         }
     }
-    Ok(parts.join("\n"))
+    Ok(())
 }
 
 #[cfg(test)]

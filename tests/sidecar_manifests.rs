@@ -1043,3 +1043,69 @@ fn kustomize_builds_every_object_the_readme_applies() {
         }
     }
 }
+
+/// A quantity of CPU (`"2"`, `250m`) in millicores.
+fn millicores(q: &Value) -> Option<u64> {
+    let text = match q {
+        Value::String(s) => s.clone(),
+        Value::Number(n) => n.to_string(),
+        _ => return None,
+    };
+    match text.strip_suffix('m') {
+        Some(m) => m.parse().ok(),
+        None => text.parse::<u64>().ok().map(|cpus| cpus * 1000),
+    }
+}
+
+/// A quantity of memory (`64Mi`) in bytes.
+fn bytes(q: &Value) -> Option<u64> {
+    let text = q.as_str()?;
+    let (n, unit) = text.split_at(text.find(|c: char| !c.is_ascii_digit())?);
+    let unit = match unit {
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        _ => return None,
+    };
+    n.parse::<u64>().ok().map(|n| n * unit)
+}
+
+/// The proxy's packet workers follow its CPU limit (`interface.workers` unset): both pods
+/// request CPU and limit it to a whole number of CPUs, so a replica runs as many workers as it
+/// may use and never one per core of a large node; the sidecar keeps the 64 MiB its tests at
+/// 20,000 Services measure against.
+#[test]
+fn proxy_cpu_is_requested_and_limited_to_whole_cpus_and_the_sidecar_to_64_mib() {
+    for (what, proxy, sidecar) in [
+        ("single", container("proxy"), container("sidecar")),
+        (
+            "group",
+            group_container("proxy"),
+            group_container("sidecar"),
+        ),
+    ] {
+        let r = &proxy["resources"];
+        let request = millicores(&r["requests"]["cpu"]).expect("proxy CPU request");
+        let limit = millicores(&r["limits"]["cpu"]).expect("proxy CPU limit");
+        assert!(
+            request > 0 && request <= limit,
+            "{what}: proxy CPU request {request}m, limit {limit}m"
+        );
+        assert_eq!(
+            limit % 1000,
+            0,
+            "{what}: a proxy CPU limit of {limit}m gives {} workers: expected whole CPUs",
+            limit / 1000
+        );
+        assert_eq!(
+            bytes(&sidecar["resources"]["limits"]["memory"]),
+            Some(64 << 20),
+            "{what}: sidecar memory limit"
+        );
+    }
+    let base = base_config();
+    assert!(
+        !base.contains("workers"),
+        "the example base config leaves workers to the CPU limit"
+    );
+}

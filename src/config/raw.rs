@@ -71,6 +71,15 @@ pub(super) struct RawForward {
     pub service: Option<String>,
 }
 
+/// Only the rules of a configuration, a part of one: see `Config::parse_known_keys_with_rules`.
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct RawRules {
+    #[serde(default)]
+    pub ingress: Vec<RawForward>,
+    #[serde(default)]
+    pub egress: Vec<RawForward>,
+}
+
 #[derive(Debug, Default, Deserialize)]
 pub(super) struct RawRouter {
     #[serde(default)]

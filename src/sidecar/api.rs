@@ -21,7 +21,7 @@ pub const FIELD_MANAGER: &str = "tunnelgate-sidecar";
 const EVENT_MESSAGE_MAX_BYTES: usize = 1024;
 
 /// A namespaced object the sidecar works on.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ObjRef {
     pub namespace: String,
     pub name: String,
@@ -311,10 +311,10 @@ impl kube::runtime::utils::Backoff for WatchBackoff {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PendingEvent {
     /// `Service` or `Pod`.
-    pub kind: String,
+    pub kind: &'static str,
     pub object: ObjRef,
     pub uid: Option<String>,
-    pub reason: String,
+    pub reason: &'static str,
     pub message: String,
 }
 
@@ -348,37 +348,63 @@ impl EventRecorder {
     }
 }
 
-/// The queue of [`EventRecorder`]: in arrival order, one entry per (kind, object, reason).
+/// The queue of [`EventRecorder`]: in arrival order, one entry per (kind, object, reason). An
+/// entry is found again by a hash of that key, not by copies of it: at 20,000 queued Events (a
+/// group whose names do not resolve) a map keyed by copies took a third of the sidecar's memory.
 #[derive(Default)]
 struct EventQueue {
-    order: std::collections::VecDeque<(String, String, String, String)>,
-    pending: std::collections::HashMap<(String, String, String, String), PendingEvent>,
+    /// The Events waiting, oldest first; the front one is number `first` of all ever queued.
+    waiting: std::collections::VecDeque<Box<PendingEvent>>,
+    first: u64,
+    /// The hash of an Event's key -> the number of the waiting Event with that key.
+    by_key: std::collections::HashMap<u64, u64>,
     dropped: u64,
 }
 
 impl EventQueue {
+    fn key_hash(e: &PendingEvent) -> u64 {
+        use std::hash::{Hash as _, Hasher as _};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (e.kind, &e.object, e.reason).hash(&mut h);
+        h.finish()
+    }
+
     fn push(&mut self, e: PendingEvent) {
-        let key = (
-            e.kind.clone(),
-            e.object.namespace.clone(),
-            e.object.name.clone(),
-            e.reason.clone(),
-        );
-        if let Some(queued) = self.pending.get_mut(&key) {
-            *queued = e;
-            return;
+        let hash = Self::key_hash(&e);
+        if let Some(&n) = self.by_key.get(&hash) {
+            let queued = &mut self.waiting[(n - self.first) as usize];
+            // Two keys of one hash are queued apart, never merged.
+            if (queued.kind, &queued.object, queued.reason) == (e.kind, &e.object, e.reason) {
+                **queued = e;
+                return;
+            }
         }
-        if self.pending.len() >= EVENT_QUEUE_MAX {
+        if self.waiting.len() >= EVENT_QUEUE_MAX {
             self.dropped += 1;
             return;
         }
-        self.order.push_back(key.clone());
-        self.pending.insert(key, e);
+        let n = self.first + self.waiting.len() as u64;
+        self.by_key.entry(hash).or_insert(n);
+        self.waiting.push_back(Box::new(e));
     }
 
     fn pop(&mut self) -> Option<PendingEvent> {
-        let key = self.order.pop_front()?;
-        self.pending.remove(&key)
+        let e = self.waiting.pop_front()?;
+        let hash = Self::key_hash(&e);
+        if self.by_key.get(&hash) == Some(&self.first) {
+            self.by_key.remove(&hash);
+        }
+        self.first += 1;
+        if self.waiting.is_empty() {
+            // A flood's worth of room is not kept for the next one.
+            self.waiting.shrink_to(64);
+            self.by_key.shrink_to(64);
+        }
+        Some(*e)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.waiting.is_empty()
     }
 }
 
@@ -387,7 +413,7 @@ async fn send_events(client: Client, mut rx: mpsc::UnboundedReceiver<PendingEven
     let mut tokens = EVENT_BURST;
     let mut refilled = tokio::time::Instant::now();
     loop {
-        if queue.pending.is_empty() {
+        if queue.is_empty() {
             match rx.recv().await {
                 Some(e) => queue.push(e),
                 None => return,
@@ -415,10 +441,10 @@ async fn send_events(client: Client, mut rx: mpsc::UnboundedReceiver<PendingEven
         tokens -= 1.0;
         if let Err(err) = record_warning_on(
             client.clone(),
-            &e.kind,
+            e.kind,
             &e.object,
             e.uid.clone(),
-            &e.reason,
+            e.reason,
             &e.message,
         )
         .await
@@ -479,15 +505,15 @@ fn truncate(text: &str, max: usize) -> String {
 mod tests {
     use super::*;
 
-    fn event(name: &str, reason: &str, message: &str) -> PendingEvent {
+    fn event(name: &str, reason: &'static str, message: &str) -> PendingEvent {
         PendingEvent {
-            kind: "Service".into(),
+            kind: "Service",
             object: ObjRef {
                 namespace: "apps".into(),
                 name: name.into(),
             },
             uid: None,
-            reason: reason.into(),
+            reason,
             message: message.into(),
         }
     }

@@ -5,11 +5,13 @@
 //! replica itself (base config, key, address pool) refuses the whole rendering. No I/O, no clock.
 
 use super::{
-    config_text, daemon_check, data_size, finish, forwards, prepare, rendered_check, stored_config,
-    tunnel_families, Rejected, Rendered, Rules, ServiceInfo, KEY_CONFIG, SECRET_MAX_BYTES,
+    config_text, config_text_with_rules, daemon_check, data_size, finish, forwards, prepare,
+    rendered_check, stored_config, tunnel_families, Rejected, Rendered, Rule, Rules, ServiceInfo,
+    KEY_CONFIG, SECRET_MAX_BYTES,
 };
-use crate::config::{IpNet, PortMap, Proto, SecretKey};
+use crate::config::{IpNet, Proto, SecretKey};
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 use std::net::IpAddr;
 
 /// `tunnelgate.dev/proxy-group: NAME`: the Service is served by every replica of group NAME.
@@ -164,8 +166,8 @@ pub fn render_group_within<'a>(
     let mut refused = Vec::new();
     let mut candidates: Vec<(&ServiceInfo, Rules)> = Vec::new();
     // (listen port, protocol) -> the Service that claimed it, per direction.
-    let mut ingress_claims: BTreeMap<(u16, Proto), String> = BTreeMap::new();
-    let mut egress_claims: BTreeMap<(u16, Proto), String> = BTreeMap::new();
+    let mut ingress_claims: BTreeMap<(u16, Proto), &ServiceInfo> = BTreeMap::new();
+    let mut egress_claims: BTreeMap<(u16, Proto), &ServiceInfo> = BTreeMap::new();
     for svc in members {
         let who = format!("{}/{}", svc.namespace, svc.name);
         let refuse = |reason: String| Refusal {
@@ -207,16 +209,16 @@ pub fn render_group_within<'a>(
             });
         if let Some(((port, proto), owner, place)) = clash {
             refused.push(refuse(format!(
-                "Service {who} left out of proxy group {}: port {port}/{proto} on {place} is already served by Service {owner}; expected a port no other Service of the group uses",
-                replica.group
+                "Service {who} left out of proxy group {}: port {port}/{proto} on {place} is already served by Service {}/{}; expected a port no other Service of the group uses",
+                replica.group, owner.namespace, owner.name
             )));
             continue;
         }
         for c in ingress {
-            ingress_claims.insert(c, who.clone());
+            ingress_claims.insert(c, svc);
         }
         for c in egress {
-            egress_claims.insert(c, who.clone());
+            egress_claims.insert(c, svc);
         }
         notes.extend(svc_notes);
         candidates.push((svc, rules));
@@ -225,15 +227,16 @@ pub fn render_group_within<'a>(
     // Every Service together, as the daemon would load them. When that fails (a clash with the
     // base config's own rules, say), add them one by one and leave out each one that breaks it.
     let header = |served: &[&ServiceInfo]| {
-        let names: Vec<String> = served
-            .iter()
-            .map(|s| format!("{}/{}", s.namespace, s.name))
-            .collect();
+        let mut names = String::new();
+        for (i, s) in served.iter().enumerate() {
+            let comma = if i == 0 { "" } else { ", " };
+            let _ = write!(names, "{comma}{}/{}", s.namespace, s.name);
+        }
         format!(
             "# Rendered by tunnelgate-sidecar for replica {} of proxy group {} from the base config and\n# Services: {}.\n# Do not edit: the next change of any of them replaces this file.\n",
             replica.ordinal,
             replica.group,
-            if names.is_empty() { "none".to_string() } else { names.join(", ") }
+            if names.is_empty() { "none" } else { &names }
         )
     };
     // The base alone gets every check, unknown keys included; the texts with the Services'
@@ -248,10 +251,12 @@ pub fn render_group_within<'a>(
         ));
     }
     let all: Vec<&ServiceInfo> = candidates.iter().map(|(s, _)| *s).collect();
-    let text = config_text(&table, candidates.iter().map(|(_, r)| r), &header(&all))?;
+    let text = config_text_with_rules(&table, candidates.iter().map(|(_, r)| r), &header(&all))?;
     // The happy path checks the text once: its Config goes on to `finish`.
-    let (served, text, checked) = if let Ok(config) = rendered_check(&text, &prepared.key) {
-        (all, text, Some(config))
+    let (served, text, checked) = if let Ok(config) =
+        rendered_check(&base_text, &text, &prepared.key)
+    {
+        (all, text.text, Some(config))
     } else {
         // Each error names the rule it is about (`ingress[12].ports`): leave out the Services
         // those rules are of and check again. Only what cannot be pinned on a rule falls back
@@ -262,8 +267,8 @@ pub fn render_group_within<'a>(
         let mut pool: Vec<&(&ServiceInfo, Rules)> = candidates.iter().collect();
         let mut pool_ok = false;
         for _ in 0..PINNING_ROUNDS {
-            let text = config_text(&table, pool.iter().map(|(_, r)| r), &header(&[]))?;
-            let Err(errors) = rendered_check(&text, &prepared.key) else {
+            let text = config_text_with_rules(&table, pool.iter().map(|(_, r)| r), &header(&[]))?;
+            let Err(errors) = rendered_check(&base_text, &text, &prepared.key) else {
                 pool_ok = true;
                 break;
             };
@@ -306,12 +311,12 @@ pub fn render_group_within<'a>(
             pool = Vec::new();
         }
         for c in pool {
-            let trial = config_text(
+            let trial = config_text_with_rules(
                 &table,
                 kept.iter().map(|(_, r)| r).chain([&c.1]),
                 &header(&[]),
             )?;
-            match rendered_check(&trial, &prepared.key) {
+            match rendered_check(&base_text, &trial, &prepared.key) {
                 Ok(_) => kept.push(c),
                 Err(e) => refused.push(Refusal {
                     namespace: c.0.namespace.clone(),
@@ -354,10 +359,10 @@ pub fn render_group_within<'a>(
                     .iter()
                     .filter_map(|s| rules_of.get(&(s.namespace.as_str(), s.name.as_str())))
                     .copied();
-                config_text(&table, rules, &header(&served[..k]))
+                config_text_with_rules(&table, rules, &header(&served[..k]))
             };
             let fits = |k: usize| -> Result<bool, Rejected> {
-                Ok(stored_config(prefix_text(k)?.as_bytes(), others, max_bytes).is_ok())
+                Ok(stored_config(prefix_text(k)?.text.as_bytes(), others, max_bytes).is_ok())
             };
             if !fits(0)? {
                 return Err(Rejected(vec![format!(
@@ -392,7 +397,14 @@ pub fn render_group_within<'a>(
             ));
             let text = prefix_text(low)?;
             served.truncate(low);
-            (rendered, config) = finish(text, &prepared, current, notes, None)?;
+            let checked = rendered_check(&base_text, &text, &prepared.key).map_err(|e| {
+                Rejected(
+                    e.iter()
+                        .map(|e| format!("rendered {KEY_CONFIG} is invalid: {e}"))
+                        .collect(),
+                )
+            })?;
+            (rendered, config) = finish(text.text, &prepared, current, notes, Some(checked))?;
             let text = rendered.data.get(KEY_CONFIG).map_or(&[][..], Vec::as_slice);
             stored_config(text, others, max_bytes).map_err(|bytes| {
                 Rejected(vec![format!(
@@ -517,12 +529,10 @@ fn set_pool_addresses(table: &mut toml::Table, replica: &Replica, problems: &mut
 }
 
 /// The (listen port, protocol) pairs a set of rules takes.
-fn claims(rules: &[toml::Table]) -> Vec<(u16, Proto)> {
+fn claims(rules: &[Rule]) -> Vec<(u16, Proto)> {
     let mut out: Vec<(u16, Proto)> = rules
         .iter()
-        .filter_map(|r| r.get("ports")?.as_array())
-        .flatten()
-        .filter_map(|p| p.as_str()?.parse::<PortMap>().ok())
+        .flat_map(|r| &r.ports)
         .map(|p| (p.listen, p.proto))
         .collect();
     out.sort();

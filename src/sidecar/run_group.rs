@@ -38,6 +38,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::{Instant, MissedTickBehavior};
 
@@ -80,7 +81,8 @@ type Key = (String, String);
 /// A Service of the group as last seen, with its uid for Events.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Member {
-    info: ServiceInfo,
+    /// Boxed: the map's nodes, half empty, then hold a pointer instead of the whole Service.
+    info: Box<ServiceInfo>,
     uid: Option<String>,
 }
 
@@ -121,8 +123,9 @@ struct GroupLoop {
 /// The background check of the served Services' target names.
 #[derive(Debug, Default)]
 struct NameChecks {
-    /// From the last rendering written (or found up to date): `NS/NAME` -> its names.
-    names: BTreeMap<String, Vec<String>>,
+    /// From the last rendering written (or found up to date): `NS/NAME` -> its names. Shared
+    /// with the running check, not copied for it (20,000 Services' names).
+    names: Arc<BTreeMap<String, Vec<String>>>,
     nameservers: Vec<SocketAddr>,
     every: Duration,
     /// When the next check starts (once the running one, if any, is done); `None` with
@@ -135,7 +138,7 @@ struct NameChecks {
 
 /// What one check looked at, and each name's answer.
 struct Checked {
-    names: BTreeMap<String, Vec<String>>,
+    names: Arc<BTreeMap<String, Vec<String>>>,
     answers: BTreeMap<String, Result<(), String>>,
 }
 
@@ -147,8 +150,8 @@ impl NameChecks {
         nameservers: Vec<SocketAddr>,
         every: Duration,
     ) {
-        let changed = names != self.names || nameservers != self.nameservers;
-        self.names = names;
+        let changed = names != *self.names || nameservers != self.nameservers;
+        self.names = Arc::new(names);
         self.nameservers = nameservers;
         self.every = every;
         // A Service no longer served is no longer reported on.
@@ -363,7 +366,7 @@ pub async fn run_group(
 /// Looks up every name of `names` in the pod's DNS, as the daemon does (its resolver, its
 /// `dns.nameservers`, its deadline per lookup, at most as many at once).
 async fn check_names(
-    names: BTreeMap<String, Vec<String>>,
+    names: Arc<BTreeMap<String, Vec<String>>>,
     nameservers: Vec<SocketAddr>,
 ) -> Checked {
     let unique: BTreeSet<String> = names.values().flatten().cloned().collect();
@@ -398,13 +401,13 @@ async fn check_names(
 impl GroupLoop {
     fn member(&self, svc: &Service) -> Option<(Key, Member)> {
         let mut info = service_info(svc);
-        info.annotations.retain_own();
+        info.keep_what_a_group_reads();
         is_member(&info, &self.settings.replica.group).then(|| {
             (
                 (info.namespace.clone(), info.name.clone()),
                 Member {
                     uid: svc.metadata.uid.clone(),
-                    info,
+                    info: Box::new(info),
                 },
             )
         })
@@ -575,7 +578,7 @@ impl GroupLoop {
         };
         let out = render_group(
             &self.settings.replica,
-            self.members.values().map(|m| &m.info),
+            self.members.values().map(|m| &*m.info),
             &base,
             &current,
             SecretKey::generate,
@@ -647,10 +650,10 @@ impl GroupLoop {
                 (Some(text), Some(pod)) => {
                     tracing::error!(problem = %text, "Not every Service of the group fits the config Secret");
                     self.events.record(PendingEvent {
-                        kind: "Pod".into(),
+                        kind: "Pod",
                         object: pod.clone(),
                         uid: None,
-                        reason: REASON_OVER_LIMIT.into(),
+                        reason: REASON_OVER_LIMIT,
                         message: text.clone(),
                     });
                 }
@@ -683,10 +686,10 @@ impl GroupLoop {
                 self.settings.secret, self.settings.replica.ordinal, self.settings.replica.group
             );
             self.events.record(PendingEvent {
-                kind: "Service".into(),
+                kind: "Service",
                 object: obj,
                 uid,
-                reason: REASON_LEFT_OUT.into(),
+                reason: REASON_LEFT_OUT,
                 message: text,
             });
             self.reported.insert(k, reason.to_string());
@@ -741,10 +744,10 @@ impl GroupLoop {
                 name: key.1,
             };
             self.events.record(PendingEvent {
-                kind: "Service".into(),
+                kind: "Service",
                 object: obj,
                 uid: member.uid.clone(),
-                reason: REASON_NAME_UNRESOLVED.into(),
+                reason: REASON_NAME_UNRESOLVED,
                 message: text,
             });
         }
@@ -761,10 +764,10 @@ impl GroupLoop {
         if let Some(pod) = &self.settings.pod {
             let text = format!("tunnelgate config not updated, the last good one stays: {message}");
             self.events.record(PendingEvent {
-                kind: "Pod".into(),
+                kind: "Pod",
                 object: pod.clone(),
                 uid: None,
-                reason: REASON_INVALID.into(),
+                reason: REASON_INVALID,
                 message: text,
             });
         }
