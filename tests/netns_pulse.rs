@@ -297,7 +297,9 @@ fn a_stalled_event_loop_fails_healthz_and_stops_the_watchdog() {
     // Block the loop (the hook blocks its thread on its next turn, within the 2 s poll).
     dir.write("stall", "");
     let mut reason = String::new();
-    wait_until(Duration::from_secs(10), "/healthz fails", || {
+    // The next turn (within the 2 s poll) blocks; 5 s later the pulse is stale. The margin is
+    // for a loaded CI machine, where the debug build's turns and the probes are slow.
+    wait_until(Duration::from_secs(20), "/healthz fails", || {
         match tg.health_get("/healthz") {
             Ok((503, body)) => {
                 reason = body;

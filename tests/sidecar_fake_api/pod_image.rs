@@ -337,7 +337,7 @@ async fn statefulset_pod_from_the_image_is_ready_only_with_forwarding_and_serves
     wg.add_peer(
         &common::Peer::new(proxy_public.trim(), &["100.64.0.1/32"]).endpoint("10.77.0.1:51820"),
     );
-    peer.exec(&["ip", "route", "add", "100.64.0.1/32", "dev", wg.name()]);
+    peer.exec(&["ip", "route", "replace", "100.64.0.1/32", "dev", wg.name()]);
     let listen: SocketAddr = "10.96.0.10:80".parse().expect("addr");
     let connect: SocketAddr = "100.64.0.1:80".parse().expect("addr");
     let moved = common::tcp_transfer_via(
