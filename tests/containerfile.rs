@@ -44,6 +44,9 @@ fn copy_tree(from: &Path, to: &Path) {
             copy_tree(&entry.path(), &to.join(entry.file_name()));
         }
     } else {
+        if let Some(parent) = to.parent() {
+            std::fs::create_dir_all(parent).expect("mkdir");
+        }
         std::fs::copy(from, to).unwrap_or_else(|e| panic!("copy {}: {e}", from.display()));
     }
 }
