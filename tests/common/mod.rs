@@ -2858,22 +2858,29 @@ impl NotifySocket {
 
     /// Waits for a datagram with the line `want` (e.g. `READY=1`); returns the datagram.
     pub fn expect(&mut self, want: &str, timeout: Duration, stderr: impl Fn() -> String) -> String {
-        let deadline = clock::now() + timeout;
+        self.wait_for(want, timeout).unwrap_or_else(|| {
+            panic!(
+                "no {want} within {timeout:?}; received {:?}; daemon stderr:\n{}",
+                self.log,
+                stderr()
+            )
+        })
+    }
+
+    /// The first datagram with the line `want` within `window`, logging every one read.
+    fn wait_for(&mut self, want: &str, window: Duration) -> Option<String> {
+        let deadline = clock::now() + window;
         let mut buf = [0u8; 4096];
         while clock::now() < deadline {
             if let Ok(n) = self.sock.recv(&mut buf) {
                 let msg = String::from_utf8_lossy(&buf[..n]).into_owned();
                 self.log.push(msg.clone());
                 if msg.lines().any(|l| l == want) {
-                    return msg;
+                    return Some(msg);
                 }
             }
         }
-        panic!(
-            "no {want} within {timeout:?}; received {:?}; daemon stderr:\n{}",
-            self.log,
-            stderr()
-        );
+        None
     }
 }
 
@@ -2890,18 +2897,7 @@ impl NotifySocket {
 
     /// Whether no datagram with the line `want` arrives during `window` (others are logged).
     pub fn quiet(&mut self, want: &str, window: Duration) -> bool {
-        let deadline = clock::now() + window;
-        let mut buf = [0u8; 4096];
-        while clock::now() < deadline {
-            if let Ok(n) = self.sock.recv(&mut buf) {
-                let msg = String::from_utf8_lossy(&buf[..n]).into_owned();
-                self.log.push(msg.clone());
-                if msg.lines().any(|l| l == want) {
-                    return false;
-                }
-            }
-        }
-        true
+        self.wait_for(want, window).is_none()
     }
 }
 
