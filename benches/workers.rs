@@ -156,13 +156,13 @@ fn measure(pairs: &Arc<Vec<Pair>>, workers: usize, duration: Duration) -> f64 {
             })
         })
         .collect();
-    let started = tunnelgate::clock::now();
+    let started = tunnelgate::shell::clock::now();
     std::thread::sleep(duration);
     stop.store(true, Ordering::Relaxed);
     for t in threads {
         t.join().expect("worker");
     }
-    moved.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
+    moved.load(Ordering::Relaxed) as f64 / tunnelgate::shell::clock::since(started).as_secs_f64()
 }
 
 fn arg(args: &[String], name: &str) -> Option<String> {

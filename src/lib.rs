@@ -7,7 +7,6 @@
 //! - [`shell`]: I/O: TUN, UDP, packet loops, netlink, firewall commands.
 //! - [`uapi`]: the WireGuard cross-platform userspace API (`wg show` / `wg set`).
 //! - [`telemetry`]: health endpoint, Prometheus metrics, `tunnelgate status`, logging.
-//! - [`clock`]: the only reader of the system clocks (`clippy.toml` disallows them elsewhere).
 //! - [`local_socket`]: claiming the path of a local Unix-socket server (I/O), shared by the UAPI
 //!   server and the status socket.
 //! - [`cli`]: exit statuses for command-line parse failures, shared by both binaries.
@@ -17,13 +16,15 @@
 #![deny(unsafe_code)]
 
 pub mod cli;
-pub mod clock;
-pub mod config;
-pub mod core;
+/// The shell's clock, at its old path for the integration tests.
+pub use shell::clock;
+pub use tunnelgate_core::config;
+/// The pure core (its own crate, `crates/core`): the control core and its helpers at its root.
+pub use tunnelgate_core as core;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod local_socket;
-pub mod rules;
+pub use tunnelgate_core::rules;
 pub mod shell;
 #[cfg(feature = "sidecar")]
 pub mod sidecar;

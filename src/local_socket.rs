@@ -118,7 +118,7 @@ fn claim_with(
 ) -> Result<(UnixListener, ClaimedPath), ClaimError> {
     let dir = parent_dir(path);
     ensure_dir(dir)?;
-    let started = crate::clock::now();
+    let started = crate::shell::clock::now();
     let mut waited = std::time::Duration::ZERO;
     loop {
         let state = probe(path)?;
@@ -134,7 +134,7 @@ fn claim_with(
             }
             Step::Wait => {
                 std::thread::sleep(HANDOVER_POLL);
-                waited = crate::clock::now().saturating_duration_since(started);
+                waited = crate::shell::clock::now().saturating_duration_since(started);
             }
             Step::Refuse(why) => {
                 tracing::debug!(socket = %path.display(), ?why, ?waited, "socket held by a live process");
@@ -506,9 +506,9 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(150));
             drop(holder);
         });
-        let started = crate::clock::now();
+        let started = crate::shell::clock::now();
         let (_listener, successor) = claim_for_interface(&path, GONE).expect("waits, then claims");
-        let waited = crate::clock::now() - started;
+        let waited = crate::shell::clock::now() - started;
         closer.join().expect("closer");
         assert!(
             waited >= std::time::Duration::from_millis(100),
@@ -524,11 +524,11 @@ mod tests {
         let tmp = TempDir::new("claim");
         let path = tmp.0.join("tg8.sock");
         let (_holder, first) = claim(&path).expect("holder");
-        let started = crate::clock::now();
+        let started = crate::shell::clock::now();
         // `lo` exists in every network namespace.
         let err = claim_for_interface(&path, "lo").expect_err("live");
         assert!(matches!(err, ClaimError::InUse { .. }), "{err}");
-        assert!(crate::clock::now() - started < HANDOVER_WAIT / 2, "no wait");
+        assert!(crate::shell::clock::now() - started < HANDOVER_WAIT / 2, "no wait");
         assert!(first.still_ours());
     }
 
@@ -537,9 +537,9 @@ mod tests {
         let tmp = TempDir::new("claim");
         let path = tmp.0.join("tg9.sock");
         let (_holder, first) = claim(&path).expect("holder");
-        let started = crate::clock::now();
+        let started = crate::shell::clock::now();
         let err = claim_for_interface(&path, GONE).expect_err("still live after the wait");
-        let waited = crate::clock::now() - started;
+        let waited = crate::shell::clock::now() - started;
         assert!(matches!(err, ClaimError::InUse { .. }), "{err}");
         assert!(waited >= HANDOVER_WAIT, "{waited:?}");
         assert!(waited < HANDOVER_WAIT * 3, "{waited:?}");
@@ -588,10 +588,10 @@ mod tests {
         let path = tmp.0.join("tg10.sock");
         let (_listener, _queued) = full_listener(&path);
         let p = path.clone();
-        let started = crate::clock::now();
+        let started = crate::shell::clock::now();
         let err = within(HANDOVER_WAIT * 5, move || claim_for_interface(&p, GONE))
             .expect_err("a live holder is refused");
-        let waited = crate::clock::now() - started;
+        let waited = crate::shell::clock::now() - started;
         assert!(matches!(err, ClaimError::InUse { .. }), "{err}");
         assert!(
             waited < HANDOVER_WAIT * 3,

@@ -1,5 +1,6 @@
 //! I/O around the pure core: TUN device, UDP socket, packet loops, netlink, firewall commands.
 
+pub mod clock;
 pub mod config_file;
 pub mod daemon;
 pub mod dataplane;

@@ -33,21 +33,6 @@ impl Drop for TempDir {
     }
 }
 
-/// A minimal IPv4/UDP-protocol packet from `src` to `dst` carrying `payload` (no UDP header or
-/// checksum: enough for the packet decisions, which read the version, length and addresses).
-pub(crate) fn ipv4_packet(src: [u8; 4], dst: [u8; 4], payload: &[u8]) -> Vec<u8> {
-    let mut p = vec![0u8; 20];
-    p[0] = 0x45;
-    let len = u16::try_from(20 + payload.len()).expect("small packet");
-    p[2..4].copy_from_slice(&len.to_be_bytes());
-    p[8] = 64;
-    p[9] = 17;
-    p[12..16].copy_from_slice(&src);
-    p[16..20].copy_from_slice(&dst);
-    p.extend_from_slice(payload);
-    p
-}
-
 /// How a connect to the Unix socket `path` by an unprivileged user (uid and gid 65534, no
 /// supplementary groups) ends: `"EACCES"`, `"connected"` or another error's name. `None` when
 /// this cannot be tried here (not root, or no `/usr/bin/python3`).

@@ -206,7 +206,7 @@ impl Daemon {
             config.clone(),
             listen_port,
             health_bound,
-            crate::clock::now(),
+            crate::shell::clock::now(),
         );
         let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
         let handle = Arc::new(Handle {
@@ -223,7 +223,7 @@ impl Daemon {
             }),
             commands: tx,
             local_sockets: CloseFirst::default(),
-            event_loop: Arc::new(LoopPulse::new(crate::clock::now())),
+            event_loop: Arc::new(LoopPulse::new(crate::shell::clock::now())),
         });
         let observe: Arc<dyn crate::telemetry::Observe> = handle.clone();
         let mut daemon = Daemon {
@@ -253,7 +253,7 @@ impl Daemon {
                 .context("serving the health endpoint")?;
         }
         // The loop's first turn is due now, not counted from the start of a slow start.
-        daemon.handle.event_loop.beat(crate::clock::now());
+        daemon.handle.event_loop.beat(crate::shell::clock::now());
         tracing::info!(interface = %daemon.handle.name(), listen_port, workers, "Tunnel up");
         Ok(daemon)
     }
@@ -291,7 +291,7 @@ impl Daemon {
                     }
                     // Polled here, beside the turn in progress: awaiting a command is alive,
                     // a turn that blocks the thread is not (this branch cannot run then).
-                    _ = beat.tick() => pulse.beat(crate::clock::now()),
+                    _ = beat.tick() => pulse.beat(crate::shell::clock::now()),
                 }
             }
         };
@@ -317,7 +317,7 @@ impl Daemon {
             if *stopping.borrow() {
                 return Ok(());
             }
-            self.handle.event_loop.beat(crate::clock::now());
+            self.handle.event_loop.beat(crate::shell::clock::now());
             if let Some(path) = &stall_hook {
                 stall_while_exists(path);
             }
@@ -325,7 +325,7 @@ impl Daemon {
             let _ = self.drain().await;
             // A timer already due (the read-back right after an apply) runs now, not after a
             // trip through the runtime's timer wheel.
-            let now = crate::clock::now();
+            let now = crate::shell::clock::now();
             if self.control.poll_timeout().is_some_and(|at| at <= now) {
                 self.control.handle_timeout(now);
                 let _ = self.drain().await;
@@ -334,7 +334,7 @@ impl Daemon {
             let wake = self
                 .control
                 .poll_timeout()
-                .unwrap_or_else(|| crate::clock::now() + Duration::from_secs(3600));
+                .unwrap_or_else(|| crate::shell::clock::now() + Duration::from_secs(3600));
             tokio::select! {
                 Ok(()) = stopping.changed() => return Ok(()),
                 why = &mut fatal => {
@@ -342,11 +342,11 @@ impl Daemon {
                     return Err(why);
                 }
                 () = tokio::time::sleep_until(wake.into()) => {
-                    self.control.handle_timeout(crate::clock::now());
+                    self.control.handle_timeout(crate::shell::clock::now());
                 }
                 Some(done) = self.executor.next_lookup() => {
                     let (lookup, result): (Lookup, Result<Vec<IpAddr>, String>) = done;
-                    self.control.handle_resolved(lookup, result, crate::clock::now());
+                    self.control.handle_resolved(lookup, result, crate::shell::clock::now());
                 }
                 Some(command) = self.commands.recv() => self.command(command).await,
                 _ = config_poll.tick() => self.poll_config_file(&mut last_file_error).await,
@@ -363,7 +363,7 @@ impl Daemon {
             Command::Uapi { update, reply } => {
                 let outcome = self
                     .control
-                    .handle_device_update(&update, crate::clock::now());
+                    .handle_device_update(&update, crate::shell::clock::now());
                 let outcome = match outcome {
                     Ok(()) => self
                         .drain()
@@ -477,7 +477,7 @@ impl Daemon {
         }
         let taken = self
             .control
-            .handle_config_loaded(config, crate::clock::now());
+            .handle_config_loaded(config, crate::shell::clock::now());
         if !matches!(taken, Ok(Reload::Applied)) {
             self.health.forget_reservation();
         }
@@ -498,7 +498,7 @@ impl Daemon {
             if let (Some(e), Ok(())) = (executed.error(), &first_error) {
                 first_error = Err(e.to_string());
             }
-            self.control.handle_executed(executed, crate::clock::now());
+            self.control.handle_executed(executed, crate::shell::clock::now());
         }
         first_error
     }
@@ -533,7 +533,7 @@ impl Daemon {
                         "Left in place at stop; the next start of this interface replaces it"
                     );
                 }
-                self.control.handle_executed(executed, crate::clock::now());
+                self.control.handle_executed(executed, crate::shell::clock::now());
             }
         }
         // Joining waits up to a second for the loops' next wake: off the runtime.
@@ -576,7 +576,7 @@ async fn with_pulse<T>(pulse: &LoopPulse, work: impl Future<Output = T>) -> T {
     loop {
         tokio::select! {
             out = &mut work => return out,
-            _ = beat.tick() => pulse.beat(crate::clock::now()),
+            _ = beat.tick() => pulse.beat(crate::shell::clock::now()),
         }
     }
 }

@@ -119,7 +119,7 @@ impl Dataplane {
                 drops: DropCounters::default(),
                 stop: AtomicBool::new(false),
                 heartbeats: Heartbeats::new(workers),
-                epoch: crate::clock::now(),
+                epoch: crate::shell::clock::now(),
                 threads: Mutex::new(Vec::new()),
                 fatal: watch::Sender::new(None),
             }),
@@ -267,13 +267,13 @@ impl Dataplane {
         for socket in self.inner.sockets().iter() {
             socket.shutdown();
         }
-        let deadline = crate::clock::now() + STOP_WAIT;
+        let deadline = crate::shell::clock::now() + STOP_WAIT;
         let threads = std::mem::take(&mut *self.inner.threads.lock());
         // The timer thread waits for its tick parked: wake it now.
         for t in &threads {
             t.thread().unpark();
         }
-        while crate::clock::now() < deadline && !threads.iter().all(JoinHandle::is_finished) {
+        while crate::shell::clock::now() < deadline && !threads.iter().all(JoinHandle::is_finished) {
             std::thread::sleep(Duration::from_millis(10));
         }
         let mut running = Vec::new();
@@ -313,7 +313,7 @@ impl Inner {
     }
 
     fn now_ms(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+        u64::try_from(crate::shell::clock::since(self.epoch).as_millis()).unwrap_or(u64::MAX)
     }
 
     fn beat(&self, thread: PacketThread) {

@@ -312,12 +312,12 @@ impl Executor {
                 chosen
             }
         };
-        let started = crate::clock::now();
+        let started = crate::shell::clock::now();
         let limits = self.limits.clone();
         blocking(move || {
             backend.apply(&set, installed.as_ref(), &limits)?;
             Ok::<_, firewall::FirewallError>(RulesReport {
-                seconds: started.elapsed().as_secs_f64(),
+                seconds: crate::shell::clock::since(started).as_secs_f64(),
                 text: backend_text(backend, &set),
             })
         })

@@ -130,7 +130,7 @@ fn run(
             }
         }
     })?;
-    let deadline = crate::clock::now() + limits.timeout;
+    let deadline = crate::shell::clock::now() + limits.timeout;
     let out = match exchange(
         &mut child,
         stdin.unwrap_or_default().as_bytes(),
@@ -269,7 +269,7 @@ fn time_left(deadline: Instant, stop: &AtomicBool) -> Result<Duration, GaveUp> {
     if stop.load(Ordering::Relaxed) {
         return Err(GaveUp::Stopped);
     }
-    let left = deadline.saturating_duration_since(crate::clock::now());
+    let left = deadline.saturating_duration_since(crate::shell::clock::now());
     if left.is_zero() {
         return Err(GaveUp::Timeout);
     }
@@ -284,11 +284,11 @@ fn kill_and_reap(program: &str, child: &mut Child) {
         let _ = killpg(nix::unistd::Pid::from_raw(pgid), Signal::SIGKILL);
     }
     let _ = child.kill();
-    let deadline = crate::clock::now() + REAP_WAIT;
+    let deadline = crate::shell::clock::now() + REAP_WAIT;
     loop {
         match child.try_wait() {
             Ok(Some(_)) | Err(_) => return,
-            Ok(None) if crate::clock::now() >= deadline => {
+            Ok(None) if crate::shell::clock::now() >= deadline => {
                 tracing::warn!(
                     program,
                     pid = child.id(),
@@ -585,7 +585,7 @@ mod tests {
 
     #[test]
     fn a_command_that_hangs_is_killed_with_its_children_at_the_timeout() {
-        let started = crate::clock::now();
+        let started = crate::shell::clock::now();
         // The shell's child holds stdout open: killing only the shell would leave the pipe open.
         let err = run(
             "sh",
@@ -594,7 +594,7 @@ mod tests {
             &limits(300),
         )
         .expect_err("timed out");
-        let took = started.elapsed();
+        let took = crate::shell::clock::since(started);
         assert!(took < Duration::from_secs(3), "gave up after {took:?}");
         assert_eq!(
             err.to_string(),
@@ -611,10 +611,10 @@ mod tests {
     fn input_the_command_never_reads_does_not_block_past_the_timeout() {
         // Far more than a pipe holds: a blocking write would wait forever.
         let text = "x".repeat(4 << 20);
-        let started = crate::clock::now();
+        let started = crate::shell::clock::now();
         let err = run("sleep", &["30"], Some(&text), &limits(300)).expect_err("timed out");
         assert!(matches!(err, FirewallError::TimedOut { .. }), "{err}");
-        assert!(started.elapsed() < Duration::from_secs(3));
+        assert!(crate::shell::clock::since(started) < Duration::from_secs(3));
     }
 
     #[test]
@@ -625,9 +625,9 @@ mod tests {
             std::thread::sleep(Duration::from_millis(200));
             stop.store(true, Ordering::Relaxed);
         });
-        let started = crate::clock::now();
+        let started = crate::shell::clock::now();
         let err = run("sleep", &["30"], None, &limits).expect_err("stopped");
-        assert!(started.elapsed() < Duration::from_secs(3));
+        assert!(crate::shell::clock::since(started) < Duration::from_secs(3));
         assert_eq!(err.to_string(), "sleep was killed: the daemon is stopping");
         stopper.join().expect("stopper");
         let err = run("true", &[], None, &limits).expect_err("refused");

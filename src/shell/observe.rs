@@ -15,14 +15,14 @@ fn unix_secs(t: SystemTime) -> Option<u64> {
 
 /// The wall-clock time of a monotonic instant in the past.
 fn wall_time_of(at: Instant) -> SystemTime {
-    crate::clock::wall_now() - at.elapsed()
+    crate::shell::clock::wall_now() - crate::shell::clock::since(at)
 }
 
 impl Observe for Handle {
     fn liveness(&self) -> Result<(), String> {
         self.dataplane.liveness()?;
         self.event_loop
-            .check(crate::clock::now(), crate::core::liveness::STALL_LIMIT)
+            .check(crate::shell::clock::now(), crate::core::liveness::STALL_LIMIT)
     }
 
     fn readiness(&self) -> Result<(), String> {
@@ -31,7 +31,7 @@ impl Observe for Handle {
 
     fn snapshot(&self) -> Snapshot {
         let identity = self.dataplane.identity();
-        let now = crate::clock::wall_now();
+        let now = crate::shell::clock::wall_now();
         let peers = self
             .dataplane
             .peers()
@@ -133,7 +133,7 @@ impl Observe for Handle {
 impl UapiHandler for Handle {
     fn get(&self) -> DeviceSnapshot {
         let identity = self.dataplane.identity();
-        let now = crate::clock::wall_now();
+        let now = crate::shell::clock::wall_now();
         let fwmark = self.published.lock().view.fwmark;
         DeviceSnapshot {
             private_key: identity.private_key,

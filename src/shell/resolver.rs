@@ -17,7 +17,7 @@ use hickory_resolver::TokioResolver;
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use crate::clock;
+use crate::shell::clock;
 
 /// Overrides `/etc/resolv.conf` (tests; documented in the README).
 pub const RESOLV_CONF_ENV: &str = "TUNNELGATE_RESOLV_CONF";
@@ -97,7 +97,7 @@ impl Resolver {
             Ok(Err(e)) => Err(e.to_string()),
             Err(_) => Err(format!(
                 "timed out after {:.1}s",
-                started.elapsed().as_secs_f64()
+                clock::since(started).as_secs_f64()
             )),
         }
     }

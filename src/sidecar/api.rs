@@ -411,7 +411,7 @@ impl EventQueue {
 async fn send_events(client: Client, mut rx: mpsc::UnboundedReceiver<PendingEvent>) {
     let mut queue = EventQueue::default();
     let mut tokens = EVENT_BURST;
-    let mut refilled = tokio::time::Instant::now();
+    let mut refilled = crate::shell::clock::now();
     loop {
         if queue.is_empty() {
             match rx.recv().await {
@@ -429,7 +429,7 @@ async fn send_events(client: Client, mut rx: mpsc::UnboundedReceiver<PendingEven
             );
             queue.dropped = 0;
         }
-        let now = tokio::time::Instant::now();
+        let now = crate::shell::clock::now();
         tokens = (tokens + (now - refilled).as_secs_f64() * EVENTS_PER_SECOND).min(EVENT_BURST);
         refilled = now;
         if tokens < 1.0 {

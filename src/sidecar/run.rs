@@ -103,7 +103,7 @@ pub async fn run(
         if dirty && retry_at.is_none() && matches!(this.service, Seen::Present { .. }) {
             dirty = false;
             if let Some(delay) = this.pass().await {
-                retry_at = Some(Instant::now() + delay);
+                retry_at = Some(crate::shell::clock::tokio_now() + delay);
             }
         }
         let retry = async {

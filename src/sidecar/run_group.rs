@@ -160,7 +160,7 @@ impl NameChecks {
         if self.names.is_empty() {
             self.next = None;
         } else if changed || (self.next.is_none() && !self.running) {
-            self.next = Some(Instant::now());
+            self.next = Some(crate::shell::clock::tokio_now());
         }
     }
 
@@ -173,7 +173,7 @@ impl NameChecks {
     fn finished(&mut self) {
         self.running = false;
         if !self.names.is_empty() {
-            self.next = self.next.or(Some(Instant::now() + self.every));
+            self.next = self.next.or(Some(crate::shell::clock::tokio_now() + self.every));
         }
     }
 }
@@ -248,7 +248,7 @@ pub async fn run_group(
     // A change not written yet: when the first and the last of its burst came.
     let mut pending: Option<(Instant, Instant)> = None;
     let mark = |pending: &mut Option<(Instant, Instant)>| {
-        let now = Instant::now();
+        let now = crate::shell::clock::tokio_now();
         *pending = Some(pending.map_or((now, now), |(first, _)| (first, now)));
     };
     let mut retry_at: Option<Instant> = None;
@@ -260,10 +260,10 @@ pub async fn run_group(
         let due = pending
             .filter(|_| synced && retry_at.is_none())
             .map(|(first, last)| write_at(first, last));
-        if due.is_some_and(|at| at <= Instant::now()) {
+        if due.is_some_and(|at| at <= crate::shell::clock::tokio_now()) {
             pending = None;
             if let Some(delay) = this.pass().await {
-                retry_at = Some(Instant::now() + delay);
+                retry_at = Some(crate::shell::clock::tokio_now() + delay);
             }
             continue;
         }
@@ -384,7 +384,7 @@ async fn check_names(
     let resolver = &resolver;
     let answers = futures::stream::iter(unique)
         .map(|name| async move {
-            let deadline = crate::clock::now() + RESOLVE_TIMEOUT;
+            let deadline = crate::shell::clock::now() + RESOLVE_TIMEOUT;
             let answer = match resolver.resolve(&name, deadline).await {
                 Ok(addrs) if addrs.is_empty() => Err("no addresses in the answer".to_string()),
                 Ok(_) => Ok(()),
@@ -831,7 +831,7 @@ mod tests {
 
     #[test]
     fn a_burst_is_written_after_its_last_change_but_never_later_than_max_delay() {
-        let t = Instant::now();
+        let t = crate::shell::clock::tokio_now();
         let ms = Duration::from_millis;
         // A lone change: one debounce later.
         assert_eq!(write_at(t, t), t + DEBOUNCE);

@@ -207,7 +207,7 @@ pub async fn serve_health_with(
             }
         };
         let conn = Arc::new(Conn {
-            last_active: Mutex::new(Instant::now()),
+            last_active: Mutex::new(crate::shell::clock::tokio_now()),
             close: Notify::new(),
         });
         let id = {
@@ -258,7 +258,7 @@ async fn serve_connection(
     let service = {
         let conn = conn.clone();
         hyper::service::service_fn(move |req: Request<Incoming>| {
-            *conn.last_active.lock() = Instant::now();
+            *conn.last_active.lock() = crate::shell::clock::tokio_now();
             let resp = route(&req, &*observe, limits.max_metrics_bytes);
             async move { Ok::<_, Infallible>(resp) }
         })
@@ -286,7 +286,7 @@ async fn serve_connection(
             }
             () = tokio::time::sleep_until(deadline) => {
                 // A request in between moved the deadline: wait again.
-                if *conn.last_active.lock() + limits.idle_timeout <= Instant::now() {
+                if *conn.last_active.lock() + limits.idle_timeout <= crate::shell::clock::tokio_now() {
                     tracing::debug!("health endpoint: idle connection timed out");
                     return;
                 }
@@ -646,10 +646,10 @@ mod tests {
         let (silent, dribbled) = call(move || {
             let mut silent = std::net::TcpStream::connect(addr).expect("connect");
             let mut dribbler = std::net::TcpStream::connect(addr).expect("connect");
-            let started = crate::clock::now();
+            let started = crate::shell::clock::now();
             // One byte every 50 ms: never a complete head.
             let mut dribble_closed = false;
-            while started.elapsed() < Duration::from_secs(3) {
+            while crate::shell::clock::since(started) < Duration::from_secs(3) {
                 if dribbler.write_all(b"G").is_err() {
                     dribble_closed = true;
                     break;
@@ -659,7 +659,7 @@ mod tests {
                     break;
                 }
             }
-            let dribbled = dribble_closed.then(|| started.elapsed());
+            let dribbled = dribble_closed.then(|| crate::shell::clock::since(started));
             (closed_within(&mut silent, Duration::from_secs(2)), dribbled)
         })
         .await;
@@ -695,7 +695,7 @@ mod tests {
 
     #[test]
     fn eviction_picks_the_longest_idle() {
-        let t0 = Instant::now();
+        let t0 = crate::shell::clock::tokio_now();
         let at = |ms| t0 + Duration::from_millis(ms);
         let open = [(1, at(30)), (2, at(10)), (3, at(20))];
         assert_eq!(pick_eviction(open.into_iter()), Some(2));

@@ -155,7 +155,7 @@ mod tests {
     fn reads_this_process() {
         let s = read().expect("/proc is mounted");
         assert!(s.resident_memory_bytes > 0 && s.open_fds > 0, "{s:?}");
-        let now = crate::clock::wall_now()
+        let now = crate::shell::clock::wall_now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs_f64())
             .unwrap_or_default();

@@ -1055,10 +1055,10 @@ mod tests {
             let idle: Vec<StdUnixStream> = (0..500)
                 .map(|_| StdUnixStream::connect(&p).expect("connect"))
                 .collect();
-            let start = crate::clock::now();
+            let start = crate::shell::clock::now();
             let snap = query_status(&p).expect("status");
             assert!(snap.ready);
-            let took = start.elapsed();
+            let took = crate::shell::clock::since(start);
             assert!(took < Duration::from_secs(1), "status took {took:?}");
             // The daemon held at most its cap: the idle connections beyond it were closed
             // without an answer (end of stream), not queued for one. An answer counts as held.

@@ -341,7 +341,7 @@ pub(super) fn timer_loop(inner: &Inner) {
         inner.beat(PacketThread::Timers);
         // Parked, not asleep: `Dataplane::stop` unparks it, so a stop does not wait a tick.
         std::thread::park_timeout(TIMER_TICK);
-        let now = crate::clock::now();
+        let now = crate::shell::clock::now();
         let table = inner.snapshot();
         if limiter_reset.due(now) {
             table.limiter().reset_count();

@@ -2,7 +2,7 @@
 //! configuration would install. Pure: the same functions the daemon applies from.
 
 use crate::config::Config;
-use crate::core::routes;
+use crate::routes;
 use std::fmt::Write;
 
 /// `firewall` is the rendered rule text for the chosen backend (None: no rules needed).

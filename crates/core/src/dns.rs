@@ -6,7 +6,7 @@
 //! once, each with its own [`RESOLVE_TIMEOUT`]: 100 dead names cost one timeout per 16, not
 //! one after another.
 
-use crate::core::backoff::Backoff;
+use crate::backoff::Backoff;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
@@ -203,7 +203,7 @@ mod tests {
 
     #[test]
     fn resolves_at_start_then_every_interval() {
-        let t0 = crate::clock::now();
+        let t0 = crate::test_util::now();
         let mut s = Schedule::new(Duration::from_secs(600));
         s.set_names(&["db.example".into()], t0);
         assert_eq!(s.due(t0), vec!["db.example".to_string()]);
@@ -231,7 +231,7 @@ mod tests {
 
     #[test]
     fn failures_back_off_exponentially_up_to_the_interval_and_keep_last_good() {
-        let t0 = crate::clock::now();
+        let t0 = crate::test_util::now();
         let interval = Duration::from_secs(20);
         let mut s = Schedule::new(interval);
         s.set_names(&["n".into()], t0);
@@ -265,7 +265,7 @@ mod tests {
 
     #[test]
     fn empty_answer_is_a_failure_and_never_resolved_is_visible() {
-        let t0 = crate::clock::now();
+        let t0 = crate::test_util::now();
         let mut s = Schedule::new(Duration::from_secs(600));
         s.set_names(&["gone".into()], t0);
         assert!(matches!(
@@ -282,7 +282,7 @@ mod tests {
 
     #[test]
     fn set_names_keeps_state_of_remaining_names() {
-        let t0 = crate::clock::now();
+        let t0 = crate::test_util::now();
         let i = Duration::from_secs(60);
         let mut s = Schedule::new(i);
         s.set_names(&["a".into(), "b".into()], t0);

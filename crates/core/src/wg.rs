@@ -470,7 +470,7 @@ mod tests {
             other => panic!("expected response, got {other:?}"),
         };
         let _ = ta.decapsulate(src, &resp, &mut out);
-        let t0 = crate::clock::now();
+        let t0 = crate::test_util::now();
         // Off: no keepalive however much time passes.
         assert!(!matches!(
             ta.update_timers(t0 + Duration::from_secs(60), &mut buf),

@@ -7,7 +7,7 @@
 //! packet, so they allocate nothing, take no lock and stay `#[inline]`.
 
 use crate::config::{PublicKey, SecretKey};
-use crate::core::wg::{self, Incoming, Limiter, Outcome, Session};
+use crate::wg::{self, Incoming, Limiter, Outcome, Session};
 use serde::{Deserialize, Serialize};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -3,8 +3,8 @@
 
 use super::*;
 use crate::config::IpNet;
-use crate::core::allowed_ips::AllowedIps;
-use crate::core::wg::Tunnel;
+use crate::allowed_ips::AllowedIps;
+use crate::wg::Tunnel;
 use crate::test_util::ipv4_packet;
 
 /// Our side of the tunnel ("local", the daemon) and one remote peer, with real keys.

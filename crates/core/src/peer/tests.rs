@@ -4,9 +4,9 @@
 
 use super::*;
 use crate::config::IpNet;
-use crate::core::allowed_ips::AllowedIps;
-use crate::core::packet::DropReason;
-use crate::core::wg::Limiter;
+use crate::allowed_ips::AllowedIps;
+use crate::packet::DropReason;
+use crate::wg::Limiter;
 use crate::test_util::ipv4_packet;
 use std::net::SocketAddr;
 
@@ -153,7 +153,7 @@ fn a_handshake_the_peer_initiated_is_answered_counted_and_roams_to_its_sender() 
 fn a_keepalive_peer_starts_its_first_handshake_from_the_timer_once() {
     let mut p = pair(Some(25), Some(path(REMOTE)));
     let mut buf = vec![0u8; 2048];
-    let t0 = crate::clock::now();
+    let t0 = crate::test_util::now();
     let tick = p.local.on_tick(t0, &mut buf);
     let (len, to) = tick.send.expect("a handshake initiation");
     assert_eq!(Handshake::of(&buf[..len]), Some(Handshake::Initiation));
@@ -169,11 +169,11 @@ fn a_keepalive_peer_starts_its_first_handshake_from_the_timer_once() {
 fn a_peer_without_keepalive_or_endpoint_sends_nothing_from_its_timer() {
     let mut p = pair(Some(25), None);
     let mut buf = vec![0u8; 2048];
-    let tick = p.local.on_tick(crate::clock::now(), &mut buf);
+    let tick = p.local.on_tick(crate::test_util::now(), &mut buf);
     assert_eq!(tick, Tick::default());
     let mut p = pair(None, Some(path(REMOTE)));
     assert_eq!(
-        p.local.on_tick(crate::clock::now(), &mut buf),
+        p.local.on_tick(crate::test_util::now(), &mut buf),
         Tick::default()
     );
 }
@@ -183,7 +183,7 @@ fn keepalives_follow_the_time_given_and_a_completed_handshake_is_reported_once()
     let mut p = pair(None, None);
     let (mut buf, mut landing) = (vec![0u8; 2048], vec![0u8; 2048]);
     establish(&mut p, &mut buf, &mut landing);
-    let t0 = crate::clock::now();
+    let t0 = crate::test_util::now();
     assert!(p.local.on_tick(t0, &mut buf).handshake_completed);
     assert!(
         !p.local
@@ -313,7 +313,7 @@ fn a_rekey_is_sent_to_the_peer_and_counted_as_initiated() {
     };
     let mut peer = Peer::with_session(session, None, Some(path(REMOTE)));
     let mut buf = vec![0u8; 2048];
-    let tick = peer.on_tick(crate::clock::now(), &mut buf);
+    let tick = peer.on_tick(crate::test_util::now(), &mut buf);
     assert_eq!(tick.send, Some((148, path(REMOTE))));
     let c = peer.stats().counters;
     assert_eq!(
@@ -329,7 +329,7 @@ fn a_rekey_without_an_endpoint_goes_nowhere_and_is_not_counted() {
         ..Scripted::default()
     };
     let mut peer = Peer::with_session(session, None, None);
-    let tick = peer.on_tick(crate::clock::now(), &mut vec![0u8; 2048]);
+    let tick = peer.on_tick(crate::test_util::now(), &mut vec![0u8; 2048]);
     assert_eq!(tick.send, None);
     assert_eq!(peer.stats().counters, PeerCounters::default());
 }
@@ -342,7 +342,7 @@ fn an_expired_session_is_not_a_failure_and_giving_up_is() {
         ..Scripted::default()
     };
     let mut peer = Peer::with_session(expired, None, Some(path(REMOTE)));
-    assert_eq!(peer.on_tick(crate::clock::now(), &mut buf).send, None);
+    assert_eq!(peer.on_tick(crate::test_util::now(), &mut buf).send, None);
     assert_eq!(peer.stats().counters.handshake_failures, 0);
 
     let gave_up = Scripted {
@@ -350,7 +350,7 @@ fn an_expired_session_is_not_a_failure_and_giving_up_is() {
         ..Scripted::default()
     };
     let mut peer = Peer::with_session(gave_up, None, Some(path(REMOTE)));
-    assert_eq!(peer.on_tick(crate::clock::now(), &mut buf).send, None);
+    assert_eq!(peer.on_tick(crate::test_util::now(), &mut buf).send, None);
     assert_eq!(peer.stats().counters.handshake_failures, 1);
 }
 
@@ -391,7 +391,7 @@ fn a_removed_local_source_is_forgotten_only_by_peers_that_used_it() {
 #[test]
 fn the_limiter_resets_once_a_second_of_the_time_given() {
     let mut reset = LimiterReset::default();
-    let t0 = crate::clock::now();
+    let t0 = crate::test_util::now();
     assert!(!reset.due(t0), "the first call starts the interval");
     assert!(!reset.due(t0 + Duration::from_millis(900)));
     assert!(reset.due(t0 + Duration::from_secs(1)));
@@ -401,7 +401,7 @@ fn the_limiter_resets_once_a_second_of_the_time_given() {
 
 #[test]
 fn every_message_of_a_session_is_steered_to_the_worker_that_owns_its_peer() {
-    use crate::core::packet::steering::{owning_worker, worker_of_peer};
+    use crate::packet::steering::{owning_worker, worker_of_peer};
     let mut p = pair(None, None);
     let (mut buf, mut landing) = (vec![0u8; 2048], vec![0u8; 2048]);
     let Inbound::Reply(len) = remote_initiates(&mut p, &mut buf, &mut landing) else {

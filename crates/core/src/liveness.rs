@@ -382,7 +382,7 @@ mod tests {
 
     #[test]
     fn a_loop_that_turns_is_alive_and_a_stalled_one_says_for_how_long() {
-        let epoch = crate::clock::now();
+        let epoch = crate::test_util::now();
         let at = |ms: u64| epoch + Duration::from_millis(ms);
         let pulse = LoopPulse::new(epoch);
         assert_eq!(
@@ -410,14 +410,14 @@ mod tests {
     #[test]
     fn a_turn_newer_than_now_or_a_now_before_the_epoch_is_fresh() {
         assert_eq!(loop_check(2_000, 1_000, LIMIT), Ok(()));
-        let epoch = crate::clock::now() + Duration::from_secs(60);
+        let epoch = crate::test_util::now() + Duration::from_secs(60);
         let pulse = LoopPulse::new(epoch);
         assert_eq!(pulse.check(epoch - Duration::from_secs(30), LIMIT), Ok(()));
     }
 
     #[test]
     fn a_stalled_loop_withholds_the_watchdog_like_a_stuck_thread() {
-        let epoch = crate::clock::now();
+        let epoch = crate::test_util::now();
         let pulse = LoopPulse::new(epoch);
         let mut pings = WatchdogPings::default();
         pulse.beat(epoch + Duration::from_secs(1));

@@ -2,7 +2,7 @@
 //! the core asks for, what executors report back, and the view the shell publishes.
 
 use crate::config::{Config, Endpoint, IpNet, PublicKey, SecretKey};
-use crate::core::routes::PlanDiff;
+use crate::routes::PlanDiff;
 use crate::rules::{Family, RuleSet};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
@@ -123,7 +123,7 @@ pub enum Action {
     Resolve { lookup: Lookup, deadline: Instant },
     /// Turn forwarding on for these families unless already on, and record that this daemon
     /// needs them (and which it changed) where every tunnelgate of the namespace sees it
-    /// ([`crate::core::forwarding`]); report with [`Control::handle_forwarding_enabled`]
+    /// ([`crate::forwarding`]); report with [`Control::handle_forwarding_enabled`]
     /// which families are still off, and why.
     EnableForwarding(BTreeSet<Family>),
     /// Replace our rules with `set` in one transaction; report with
@@ -147,7 +147,7 @@ pub enum Action {
     /// This daemon no longer needs forwarding for these families (a reload that needs fewer,
     /// or every family at teardown): put back to off each of them tunnelgate changed that no
     /// other running tunnelgate still needs, and update the shared records
-    /// ([`crate::core::forwarding::on_release`] decides). Nothing to report.
+    /// ([`crate::forwarding::on_release`] decides). Nothing to report.
     RestoreForwarding(BTreeSet<Family>),
     /// Serve the health endpoint on this address (`None`: stop serving it): bind the new
     /// listener, then close the old one; report with [`Control::handle_health_bound`]. Asked

@@ -94,7 +94,7 @@ impl Sim {
     }
 
     fn build(config: Config, sysctls_read_only: bool) -> Sim {
-        let now = crate::clock::now();
+        let now = crate::test_util::now();
         // The port the shell would have bound (a random one for 0: here always 51820).
         let port = match config.interface.listen_port {
             0 => 51820,
@@ -616,7 +616,7 @@ fn rules_gone_before_the_baseline_read_are_applied_again() {
 
 #[test]
 fn failed_routes_drop_readiness_and_fail_a_start() {
-    let now = crate::clock::now();
+    let now = crate::test_util::now();
     let mut control = Control::new(config(BASE), 51820, None, now);
     while let Some(a) = control.poll_action() {
         match a {
@@ -1057,7 +1057,7 @@ fn userspace_mode_installs_no_addresses_routes_or_rules_and_starts_without_a_key
                 allowed_ips = [\"10.0.0.0/24\", \"0.0.0.0/0\"]\n\
                 [[ingress]]\ntarget = \"10.96.0.10\"\n";
     let config = Config::parse(text, Path::new("/"), &NoFiles).expect("valid");
-    let now = crate::clock::now();
+    let now = crate::test_util::now();
     let mut daemon = Control::with_mode(Mode::Daemon, config.clone(), 51820, None, now);
     let daemon_actions: Vec<Action> = std::iter::from_fn(|| daemon.poll_action()).collect();
     assert!(

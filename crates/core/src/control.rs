@@ -13,9 +13,9 @@
 //! each executor reports back, so "applied" always means "an executor said so".
 
 use crate::config::{Config, Endpoint, IpNet, PublicKey, SecretKey};
-use crate::core::backoff::Backoff;
-use crate::core::dns::{Outcome, Schedule, MAX_CONCURRENT_RESOLUTIONS, RESOLVE_TIMEOUT};
-use crate::core::routes::{self, RoutePlan};
+use crate::backoff::Backoff;
+use crate::dns::{Outcome, Schedule, MAX_CONCURRENT_RESOLUTIONS, RESOLVE_TIMEOUT};
+use crate::routes::{self, RoutePlan};
 use crate::rules::desired::{beyond_loopback, desired, forwarding_configured, RuntimeFacts};
 use crate::rules::{Family, RuleSet};
 use crate::uapi::{DeviceSnapshot, DeviceUpdate, PeerSnapshot, UapiError};
@@ -527,7 +527,7 @@ impl Control {
             self.rules.forwarding_unavailable.clear();
             self.rules.forwarding_retry.succeeded();
         } else {
-            let reason = crate::core::forwarding::unavailable_reason(
+            let reason = crate::forwarding::unavailable_reason(
                 &missing,
                 FORWARDING_RETRY_CAP.as_secs(),
             );

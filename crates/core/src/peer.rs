@@ -6,9 +6,9 @@
 //! its own handshake timers).
 
 use crate::config::{PublicKey, SecretKey};
-use crate::core::control::PeerSpec;
-use crate::core::packet::{self, Inbound, Outbound, PeerLookup, PeerPath};
-use crate::core::wg::{Handshake, Limiter, Outcome, Session, Tunnel, TunnelError};
+use crate::control::PeerSpec;
+use crate::packet::{self, Inbound, Outbound, PeerLookup, PeerPath};
+use crate::wg::{Handshake, Limiter, Outcome, Session, Tunnel, TunnelError};
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
