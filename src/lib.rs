@@ -18,9 +18,9 @@
 pub mod cli;
 /// The shell's clock, at its old path for the integration tests.
 pub use shell::clock;
-pub use tunnelgate_core::config;
 /// The pure core (its own crate, `crates/core`): the control core and its helpers at its root.
 pub use tunnelgate_core as core;
+pub use tunnelgate_core::config;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod local_socket;

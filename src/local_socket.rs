@@ -528,7 +528,10 @@ mod tests {
         // `lo` exists in every network namespace.
         let err = claim_for_interface(&path, "lo").expect_err("live");
         assert!(matches!(err, ClaimError::InUse { .. }), "{err}");
-        assert!(crate::shell::clock::now() - started < HANDOVER_WAIT / 2, "no wait");
+        assert!(
+            crate::shell::clock::now() - started < HANDOVER_WAIT / 2,
+            "no wait"
+        );
         assert!(first.still_ours());
     }
 

@@ -1,19 +1,18 @@
 //! The Kubernetes sidecar's pure core: a Service (as [`ServiceInfo`]), the base configuration and
 //! the config Secret's current data in; the Secret data the proxy needs out, or every reason it
 //! cannot be built. No Kubernetes types, no I/O, no clock: randomness for a new private key comes in
-//! as a closure. The I/O (kube client, watch, apply, events) lives in [`run`] and [`api`]; the
-//! daemon never calls into any of this.
+//! as a closure. The I/O (kube client, watch, apply, events, the mounted config folder) lives
+//! in [`shell`]; the daemon never calls into any of this.
 //!
 //! The rendered `tunnelgate.toml` is the base configuration (a TOML table) with
 //! `interface.private_key_file = "private.key"` and the `[[ingress]]` / `[[egress]]` rules the
 //! Service asks for appended (each labelled `service = "NS/NAME"`), and it is checked with [`Config::parse`] before it is offered for
 //! writing, so the sidecar never writes a configuration the daemon would refuse.
 
-pub mod api;
-pub mod config_dir;
 pub mod group;
-pub mod run;
-pub mod run_group;
+pub mod shell;
+
+pub use shell::{api, config_dir, run, run_group};
 
 use crate::config::{decode_key, Config, PortMap, Proto, SecretFiles, SecretKey, Target};
 use std::collections::BTreeMap;

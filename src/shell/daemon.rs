@@ -498,7 +498,8 @@ impl Daemon {
             if let (Some(e), Ok(())) = (executed.error(), &first_error) {
                 first_error = Err(e.to_string());
             }
-            self.control.handle_executed(executed, crate::shell::clock::now());
+            self.control
+                .handle_executed(executed, crate::shell::clock::now());
         }
         first_error
     }
@@ -533,7 +534,8 @@ impl Daemon {
                         "Left in place at stop; the next start of this interface replaces it"
                     );
                 }
-                self.control.handle_executed(executed, crate::shell::clock::now());
+                self.control
+                    .handle_executed(executed, crate::shell::clock::now());
             }
         }
         // Joining waits up to a second for the loops' next wake: off the runtime.

@@ -273,7 +273,8 @@ impl Dataplane {
         for t in &threads {
             t.thread().unpark();
         }
-        while crate::shell::clock::now() < deadline && !threads.iter().all(JoinHandle::is_finished) {
+        while crate::shell::clock::now() < deadline && !threads.iter().all(JoinHandle::is_finished)
+        {
             std::thread::sleep(Duration::from_millis(10));
         }
         let mut running = Vec::new();

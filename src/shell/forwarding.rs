@@ -329,7 +329,10 @@ mod tests {
         .expect("kill");
         let deadline = crate::shell::clock::now() + std::time::Duration::from_secs(5);
         while proc_stat(pid).is_ok_and(|(state, _)| state != 'Z') {
-            assert!(crate::shell::clock::now() < deadline, "never became a zombie");
+            assert!(
+                crate::shell::clock::now() < deadline,
+                "never became a zombie"
+            );
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
         assert_eq!(proc_stat(pid).map(|(s, _)| s).ok(), Some('Z'));

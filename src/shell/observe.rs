@@ -21,8 +21,10 @@ fn wall_time_of(at: Instant) -> SystemTime {
 impl Observe for Handle {
     fn liveness(&self) -> Result<(), String> {
         self.dataplane.liveness()?;
-        self.event_loop
-            .check(crate::shell::clock::now(), crate::core::liveness::STALL_LIMIT)
+        self.event_loop.check(
+            crate::shell::clock::now(),
+            crate::core::liveness::STALL_LIMIT,
+        )
     }
 
     fn readiness(&self) -> Result<(), String> {

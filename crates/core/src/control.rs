@@ -12,8 +12,8 @@
 //! Every change it asks for is a diff in both directions (what to add and what to remove), and
 //! each executor reports back, so "applied" always means "an executor said so".
 
-use crate::config::{Config, Endpoint, IpNet, PublicKey, SecretKey};
 use crate::backoff::Backoff;
+use crate::config::{Config, Endpoint, IpNet, PublicKey, SecretKey};
 use crate::dns::{Outcome, Schedule, MAX_CONCURRENT_RESOLUTIONS, RESOLVE_TIMEOUT};
 use crate::routes::{self, RoutePlan};
 use crate::rules::desired::{beyond_loopback, desired, forwarding_configured, RuntimeFacts};
@@ -527,10 +527,8 @@ impl Control {
             self.rules.forwarding_unavailable.clear();
             self.rules.forwarding_retry.succeeded();
         } else {
-            let reason = crate::forwarding::unavailable_reason(
-                &missing,
-                FORWARDING_RETRY_CAP.as_secs(),
-            );
+            let reason =
+                crate::forwarding::unavailable_reason(&missing, FORWARDING_RETRY_CAP.as_secs());
             // Once per distinct problem: the retries every few seconds say nothing new.
             if missing != self.rules.forwarding_unavailable {
                 tracing::error!(reason = %reason, "Not ready: IP forwarding is off");

@@ -15,6 +15,7 @@
 pub mod allowed_ips;
 pub mod backoff;
 pub mod check_report;
+pub mod config;
 pub mod control;
 pub mod dns;
 pub mod forwarding;
@@ -23,11 +24,10 @@ pub mod offload;
 pub mod packet;
 pub mod peer;
 pub mod routes;
+pub mod rules;
 pub mod seccomp;
 pub mod socket_handover;
-pub mod wg;
-pub mod config;
-pub mod rules;
 #[cfg(test)]
 mod test_util;
 pub mod uapi;
+pub mod wg;

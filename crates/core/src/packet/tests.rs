@@ -2,10 +2,10 @@
 //! reason, a handshake answered, delivery, and roaming only on authenticated datagrams.
 
 use super::*;
-use crate::config::IpNet;
 use crate::allowed_ips::AllowedIps;
-use crate::wg::Tunnel;
+use crate::config::IpNet;
 use crate::test_util::ipv4_packet;
+use crate::wg::Tunnel;
 
 /// Our side of the tunnel ("local", the daemon) and one remote peer, with real keys.
 struct Setup {

@@ -3,11 +3,11 @@
 //! (rekeys, expiry, giving up).
 
 use super::*;
-use crate::config::IpNet;
 use crate::allowed_ips::AllowedIps;
+use crate::config::IpNet;
 use crate::packet::DropReason;
-use crate::wg::Limiter;
 use crate::test_util::ipv4_packet;
+use crate::wg::Limiter;
 use std::net::SocketAddr;
 
 /// The peer table as the decisions see it: peer 0 is the remote, owning `10.0.0.2/32`.

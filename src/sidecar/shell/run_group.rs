@@ -2,7 +2,7 @@
 //! namespaces it is given), keep those of its group, poll the base configuration, and bring this
 //! replica's own Secret up to date when the rendering changes. Writes only on change; a Service
 //! that cannot be served gets one Warning Event per distinct problem and never blocks the others.
-//! What to render is decided by the pure [`super::group::render_group`].
+//! What to render is decided by the pure [`crate::sidecar::group::render_group`].
 //!
 //! After each write, the served Services' target names are looked up in the background, in the
 //! pod's DNS with the daemon's own resolver settings (the daemon's state is not visible from
@@ -21,14 +21,14 @@ use super::api::{
     ObjRef, PendingEvent, SecretStore, WatchBackoff,
 };
 use super::config_dir::{volume_files, ConfigDir};
-use super::group::{is_member, render_group, Replica};
 use super::run::{
     read_base, BASE_CONFIG_POLL, REASON_INVALID, RESYNC_INTERVAL, RETRY_MAX, RETRY_MIN,
 };
-use super::{changed_keys, Backoff, Rejected, ServiceInfo, KEY_PRIVATE};
 use crate::config::SecretKey;
 use crate::core::dns::{MAX_CONCURRENT_RESOLUTIONS, RESOLVE_TIMEOUT};
 use crate::shell::resolver::Resolver;
+use crate::sidecar::group::{is_member, render_group, Replica};
+use crate::sidecar::{changed_keys, Backoff, Rejected, ServiceInfo, KEY_PRIVATE};
 use futures::{Stream, StreamExt as _};
 use k8s_openapi::api::core::v1::{Secret, Service};
 use kube::runtime::{watcher, WatchStreamExt as _};
@@ -173,7 +173,9 @@ impl NameChecks {
     fn finished(&mut self) {
         self.running = false;
         if !self.names.is_empty() {
-            self.next = self.next.or(Some(crate::shell::clock::tokio_now() + self.every));
+            self.next = self
+                .next
+                .or(Some(crate::shell::clock::tokio_now() + self.every));
         }
     }
 }
@@ -592,7 +594,7 @@ impl GroupLoop {
         }
         // A key of the config this sidecar no longer sends (plain after gz, or gz after plain)
         // must go too: the apply drops it.
-        let stale = [super::KEY_CONFIG, super::KEY_CONFIG_GZ]
+        let stale = [crate::sidecar::KEY_CONFIG, crate::sidecar::KEY_CONFIG_GZ]
             .into_iter()
             .any(|k| current.contains_key(k) && !out.rendered.data.contains_key(k));
         let changed = changed_keys(&out.rendered.data, &current).join(",");
@@ -644,7 +646,11 @@ impl GroupLoop {
 
     /// A Warning Event on each Service left out, once per distinct reason, and on the pod when
     /// the group does not fit its Secret; queued, so they never delay a write.
-    fn report_refusals(&mut self, refused: &[super::group::Refusal], over_limit: Option<String>) {
+    fn report_refusals(
+        &mut self,
+        refused: &[crate::sidecar::group::Refusal],
+        over_limit: Option<String>,
+    ) {
         if over_limit != self.reported_over_limit {
             match (&over_limit, &self.settings.pod) {
                 (Some(text), Some(pod)) => {
@@ -699,7 +705,8 @@ impl GroupLoop {
     /// After a check: a Warning Event on each served Service whose names do not resolve, once
     /// per distinct set of names. Recorded in the background: an Event never delays a write.
     fn names_checked(&mut self, checked: Checked) {
-        let unresolved = super::group::unresolved_services(&checked.names, &checked.answers);
+        let unresolved =
+            crate::sidecar::group::unresolved_services(&checked.names, &checked.answers);
         tracing::debug!(
             services = checked.names.len(),
             unresolved = unresolved.len(),

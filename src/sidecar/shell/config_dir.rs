@@ -11,8 +11,8 @@
 //! in the manifests, and `kubectl scale` alone cannot add one. The Secret stays the durable
 //! record (the key survives the pod; peers read `public_key` from it); the volume is the hand-off.
 
-use super::{KEY_CONFIG, KEY_CONFIG_GZ, KEY_DEVICE_IPS, KEY_PRIVATE, KEY_PUBLIC};
 use crate::shell::config_file::{gunzip_bounded, MAX_DECOMPRESSED_BYTES};
+use crate::sidecar::{KEY_CONFIG, KEY_CONFIG_GZ, KEY_DEVICE_IPS, KEY_PRIVATE, KEY_PUBLIC};
 use std::collections::BTreeMap;
 use std::io::{self, Write as _};
 use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
@@ -173,7 +173,7 @@ mod tests {
     fn the_volume_gets_the_plain_config_whichever_form_the_secret_holds() {
         let plain = volume_files(&data(KEY_CONFIG, b"[interface]\n".to_vec())).expect("plain");
         let gz =
-            volume_files(&data(KEY_CONFIG_GZ, super::super::gzip(b"[interface]\n"))).expect("gz");
+            volume_files(&data(KEY_CONFIG_GZ, crate::sidecar::gzip(b"[interface]\n"))).expect("gz");
         assert_eq!(plain, gz);
         assert_eq!(
             plain.keys().map(String::as_str).collect::<Vec<_>>(),
@@ -183,14 +183,14 @@ mod tests {
         let err = volume_files(&data(KEY_CONFIG_GZ, b"not gzip".to_vec())).expect_err("bad gz");
         assert!(err.contains("not a gzip-compressed"), "{err}");
         // Bounded like the daemon's read: a bomb in the Secret is refused, not unpacked.
-        let mib = super::super::gzip(&vec![b' '; 1 << 20]);
+        let mib = crate::sidecar::gzip(&vec![b' '; 1 << 20]);
         let bomb = mib.repeat((MAX_DECOMPRESSED_BYTES >> 20) as usize + 1);
         let err = volume_files(&data(KEY_CONFIG_GZ, bomb)).expect_err("a bomb");
         assert!(err.contains("more than 67108864 bytes"), "{err}");
         // Every member, as the daemon reads them; garbage after the last is refused.
         let two = [
-            super::super::gzip(b"[interface]\n"),
-            super::super::gzip(b"[[peer]]\n"),
+            crate::sidecar::gzip(b"[interface]\n"),
+            crate::sidecar::gzip(b"[[peer]]\n"),
         ]
         .concat();
         let files = volume_files(&data(KEY_CONFIG_GZ, two.clone())).expect("two members");

@@ -4,7 +4,7 @@
 //! decided by the pure [`crate::sidecar::render`]. Also what an API failure means in words
 //! (an unreachable server is not a missing Role) and the watches' capped backoff.
 
-use super::{Backoff, ServiceInfo, ServicePort, TargetPort};
+use crate::sidecar::{Backoff, ServiceInfo, ServicePort, TargetPort};
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference, Secret, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;

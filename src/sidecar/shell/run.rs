@@ -5,8 +5,8 @@
 //! keeping the last good Secret.
 
 use super::api::{record_warning, secret_write_failed, service_info, ObjRef, SecretStore};
-use super::{changed_keys, render, Backoff, Rejected, ServiceInfo};
 use crate::config::SecretKey;
+use crate::sidecar::{changed_keys, render, Backoff, Rejected, ServiceInfo};
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Service;
 use kube::runtime::{watcher, WatchStreamExt as _};
