@@ -9,6 +9,7 @@ pub mod firewall;
 pub mod forwarding;
 pub mod health;
 pub mod import;
+pub mod logging;
 pub mod netlink;
 pub mod observe;
 pub mod privilege;

@@ -9,7 +9,6 @@
 //! never emits them.
 
 pub mod http;
-pub mod logging;
 pub mod process;
 pub mod status;
 
@@ -23,7 +22,8 @@ use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
 
 pub use crate::core::packet::{DropReason, DropStats};
-pub use logging::{init_logging, LogFormat};
+/// Logging is set up by the shell; its old path stays for the binaries.
+pub use crate::shell::logging::{self, init_logging, LogFormat};
 
 /// What the daemon exposes to the health endpoint, metrics and status. Implemented by the daemon.
 ///
