@@ -6,10 +6,10 @@
 
 use super::{
     config_text, config_text_with_rules, daemon_check, data_size, finish, forwards, prepare,
-    rendered_check, stored_config, tunnel_families, Rejected, Rendered, Rule, Rules, ServiceInfo,
-    KEY_CONFIG, SECRET_MAX_BYTES,
+    rendered_check, stored_config, tunnel_families, Prepared, Rejected, Rendered, Rule, Rules,
+    ServiceInfo, KEY_CONFIG, SECRET_MAX_BYTES,
 };
-use crate::config::{IpNet, Proto, SecretKey};
+use crate::config::{Config, IpNet, Proto, SecretKey};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::IpAddr;
@@ -139,293 +139,474 @@ pub fn render_group_within<'a>(
     new_key: impl FnOnce() -> SecretKey,
     max_bytes: usize,
 ) -> Result<GroupRendered, Rejected> {
-    let mut prepared = prepare(base, current, new_key);
-    let mut notes = Vec::new();
-    if let Some(table) = &mut prepared.table {
-        set_pool_addresses(table, replica, &mut prepared.problems);
-        set_per_service_readiness(table, &mut notes);
-        set_key_files_readable_by_group(table);
-    }
-    let Some(table) = prepared.table.take() else {
-        return Err(Rejected(prepared.problems));
-    };
-    if !prepared.problems.is_empty() {
-        return Err(Rejected(prepared.problems));
-    }
-    let families = tunnel_families(&table);
-
-    let mut members: Vec<&ServiceInfo> = services
-        .into_iter()
-        .filter(|s| is_member(s, &replica.group))
-        .collect();
-    // Oldest first: a new Service never takes a port from one that is already served.
-    members.sort_by(|a, b| {
-        (a.created, &a.namespace, &a.name).cmp(&(b.created, &b.namespace, &b.name))
-    });
-
+    let (base, mut notes) = Base::checked(replica, base, current, new_key, max_bytes)?;
+    let members = members_oldest_first(services, &replica.group);
     let mut refused = Vec::new();
-    let mut candidates: Vec<(&ServiceInfo, Rules)> = Vec::new();
-    // (listen port, protocol) -> the Service that claimed it, per direction.
-    let mut ingress_claims: BTreeMap<(u16, Proto), &ServiceInfo> = BTreeMap::new();
-    let mut egress_claims: BTreeMap<(u16, Proto), &ServiceInfo> = BTreeMap::new();
-    for svc in members {
-        let who = format!("{}/{}", svc.namespace, svc.name);
-        let refuse = |reason: String| Refusal {
-            namespace: svc.namespace.clone(),
-            name: svc.name.clone(),
-            reason,
+    let candidates = base.claim_ports(members, &mut refused, &mut notes);
+    let (served, text, checked) = base.valid_services(&candidates, &mut refused)?;
+    let (rendered, config) = finish(text, &base.prepared, current, notes.clone(), checked)?;
+    let mut draft = Draft {
+        rendered,
+        config,
+        served,
+    };
+    let over_limit = base.fit_secret(&candidates, &mut draft, notes, &mut refused)?;
+    Ok(group_rendered(draft, refused, over_limit))
+}
+
+/// A member Service the replica may serve, with the rules it asks for.
+type Candidate<'s> = (&'s ServiceInfo, Rules);
+
+/// What every step of one replica's rendering reads: the replica, its base configuration with
+/// the replica's own settings (checked), its key, and the Secret's current data and size limit.
+struct Base<'a> {
+    replica: &'a Replica,
+    current: &'a BTreeMap<String, Vec<u8>>,
+    max_bytes: usize,
+    /// The base configuration with the replica's settings.
+    table: toml::Table,
+    /// `table` rendered without any Service, with every check of the daemon passed.
+    text: String,
+    /// The key; its `table` is taken (it is [`Base::table`]).
+    prepared: Prepared,
+}
+
+/// The rendering so far: the Secret data, the configuration it holds, and the Services it
+/// serves (oldest first).
+struct Draft<'s> {
+    rendered: Rendered,
+    config: Config,
+    served: Vec<&'s ServiceInfo>,
+}
+
+impl<'a> Base<'a> {
+    /// The base configuration with the replica's settings (its pool addresses, per-service
+    /// readiness, group-readable key files) and the notes on what they replaced. A problem here
+    /// is the replica's own and refuses the whole rendering. The base alone gets every check,
+    /// unknown keys included; the texts with the Services' rules (keys the sidecar writes) all
+    /// but that one, which at 10,000 Services would cost a generic copy of every rule (see
+    /// `rendered_check`).
+    fn checked(
+        replica: &'a Replica,
+        base: &str,
+        current: &'a BTreeMap<String, Vec<u8>>,
+        new_key: impl FnOnce() -> SecretKey,
+        max_bytes: usize,
+    ) -> Result<(Self, Vec<String>), Rejected> {
+        let mut prepared = prepare(base, current, new_key);
+        let mut notes = Vec::new();
+        if let Some(table) = &mut prepared.table {
+            set_pool_addresses(table, replica, &mut prepared.problems);
+            set_per_service_readiness(table, &mut notes);
+            set_key_files_readable_by_group(table);
+        }
+        let Some(table) = prepared.table.take() else {
+            return Err(Rejected(prepared.problems));
         };
-        let mut problems = Vec::new();
-        let mut svc_notes = Vec::new();
-        let rules = forwards(svc, &families, &mut problems, &mut svc_notes);
-        if rules.ingress.is_empty() && rules.egress.is_empty() && problems.is_empty() {
-            problems.push(format!(
-                "Service {who} is in proxy group {} but asks for nothing: expected tunnelgate.dev/expose: \"true\", tunnelgate.dev/tunnel-ip or tunnelgate.dev/tunnel-fqdn",
-                replica.group
+        if !prepared.problems.is_empty() {
+            return Err(Rejected(prepared.problems));
+        }
+        let text = config_text(&table, [], &header(replica, &[]))?;
+        if let Err(e) = daemon_check(&text, &prepared.key) {
+            return Err(Rejected(
+                e.iter()
+                    .map(|e| format!("base config is invalid: {e}"))
+                    .collect(),
             ));
         }
-        if svc.ports.is_empty() && problems.is_empty() {
-            problems.push(format!(
-                "Service {who} has no ports: expected at least one (in a proxy group every Service claims its own ports)"
-            ));
-        }
-        if !problems.is_empty() {
-            refused.push(refuse(problems.join("; ")));
-            continue;
-        }
-        let ingress = claims(&rules.ingress);
-        let egress = claims(&rules.egress);
-        let clash = ingress
-            .iter()
-            .find_map(|c| {
-                ingress_claims
-                    .get(c)
-                    .map(|o| (c, o, "the tunnel addresses"))
-            })
-            .or_else(|| {
-                egress
-                    .iter()
-                    .find_map(|c| egress_claims.get(c).map(|o| (c, o, "the pod address")))
-            });
-        if let Some(((port, proto), owner, place)) = clash {
-            refused.push(refuse(format!(
-                "Service {who} left out of proxy group {}: port {port}/{proto} on {place} is already served by Service {}/{}; expected a port no other Service of the group uses",
-                replica.group, owner.namespace, owner.name
-            )));
-            continue;
-        }
-        for c in ingress {
-            ingress_claims.insert(c, svc);
-        }
-        for c in egress {
-            egress_claims.insert(c, svc);
-        }
-        notes.extend(svc_notes);
-        candidates.push((svc, rules));
+        let base = Base {
+            replica,
+            current,
+            max_bytes,
+            table,
+            text,
+            prepared,
+        };
+        Ok((base, notes))
     }
 
-    // Every Service together, as the daemon would load them. When that fails (a clash with the
-    // base config's own rules, say), add them one by one and leave out each one that breaks it.
-    let header = |served: &[&ServiceInfo]| {
-        let mut names = String::new();
-        for (i, s) in served.iter().enumerate() {
-            let comma = if i == 0 { "" } else { ", " };
-            let _ = write!(names, "{comma}{}/{}", s.namespace, s.name);
-        }
-        format!(
-            "# Rendered by tunnelgate-sidecar for replica {} of proxy group {} from the base config and\n# Services: {}.\n# Do not edit: the next change of any of them replaces this file.\n",
-            replica.ordinal,
-            replica.group,
-            if names.is_empty() { "none" } else { &names }
-        )
-    };
-    // The base alone gets every check, unknown keys included; the texts with the Services'
-    // rules (keys the sidecar writes) all but that one, which at 10,000 Services would cost a
-    // generic copy of every rule (see `rendered_check`).
-    let base_text = config_text(&table, [], &header(&[]))?;
-    if let Err(e) = daemon_check(&base_text, &prepared.key) {
-        return Err(Rejected(
-            e.iter()
-                .map(|e| format!("base config is invalid: {e}"))
-                .collect(),
-        ));
-    }
-    let all: Vec<&ServiceInfo> = candidates.iter().map(|(s, _)| *s).collect();
-    let text = config_text_with_rules(&table, candidates.iter().map(|(_, r)| r), &header(&all))?;
-    // The happy path checks the text once: its Config goes on to `finish`.
-    let (served, text, checked) = if let Ok(config) =
-        rendered_check(&base_text, &text, &prepared.key)
-    {
-        (all, text.text, Some(config))
-    } else {
-        // Each error names the rule it is about (`ingress[12].ports`): leave out the Services
-        // those rules are of and check again. Only what cannot be pinned on a rule falls back
-        // to adding the Services one by one, which takes one check per Service (minutes at
-        // 10,000 Services).
-        let section_len = |k: &str| table.get(k).and_then(|v| v.as_array()).map_or(0, Vec::len);
-        let (base_ingress, base_egress) = (section_len("ingress"), section_len("egress"));
-        let mut pool: Vec<&(&ServiceInfo, Rules)> = candidates.iter().collect();
-        let mut pool_ok = false;
-        for _ in 0..PINNING_ROUNDS {
-            let text = config_text_with_rules(&table, pool.iter().map(|(_, r)| r), &header(&[]))?;
-            let Err(errors) = rendered_check(&base_text, &text, &prepared.key) else {
-                pool_ok = true;
-                break;
-            };
-            let (mut owner_ingress, mut owner_egress) = (Vec::new(), Vec::new());
-            for (i, (_, r)) in pool.iter().enumerate() {
-                owner_ingress.extend(std::iter::repeat_n(i, r.ingress.len()));
-                owner_egress.extend(std::iter::repeat_n(i, r.egress.len()));
-            }
-            let mut bad: BTreeMap<usize, Vec<String>> = BTreeMap::new();
-            for e in &errors {
-                let owner = rule_of_error(e).and_then(|(section, n)| match section {
-                    "ingress" => owner_ingress.get(n.checked_sub(base_ingress)?),
-                    _ => owner_egress.get(n.checked_sub(base_egress)?),
-                });
-                if let Some(&i) = owner {
-                    bad.entry(i).or_default().push(e.clone());
+    /// The members (oldest first) the replica can serve, each with its rules. A Service that
+    /// asks for nothing usable ([`service_rules`]), or for a port and protocol an older member
+    /// already takes on the same side (tunnel addresses for ingress, the pod address for
+    /// egress), is refused; the notes of the others go to `notes`.
+    fn claim_ports<'s>(
+        &self,
+        members: Vec<&'s ServiceInfo>,
+        refused: &mut Vec<Refusal>,
+        notes: &mut Vec<String>,
+    ) -> Vec<Candidate<'s>> {
+        let families = tunnel_families(&self.table);
+        let group = &self.replica.group;
+        let mut candidates: Vec<Candidate<'s>> = Vec::new();
+        // (listen port, protocol) -> the Service that claimed it, per direction.
+        let mut ingress_claims: BTreeMap<(u16, Proto), &ServiceInfo> = BTreeMap::new();
+        let mut egress_claims: BTreeMap<(u16, Proto), &ServiceInfo> = BTreeMap::new();
+        for svc in members {
+            let mut svc_notes = Vec::new();
+            let rules = match service_rules(svc, group, &families, &mut svc_notes) {
+                Ok(rules) => rules,
+                Err(reason) => {
+                    refused.push(refusal(svc, reason));
+                    continue;
                 }
+            };
+            let ingress = claims(&rules.ingress);
+            let egress = claims(&rules.egress);
+            let clash = ingress
+                .iter()
+                .find_map(|c| {
+                    ingress_claims
+                        .get(c)
+                        .map(|o| (c, o, "the tunnel addresses"))
+                })
+                .or_else(|| {
+                    egress
+                        .iter()
+                        .find_map(|c| egress_claims.get(c).map(|o| (c, o, "the pod address")))
+                });
+            if let Some(((port, proto), owner, place)) = clash {
+                let who = format!("{}/{}", svc.namespace, svc.name);
+                refused.push(refusal(svc, format!(
+                    "Service {who} left out of proxy group {group}: port {port}/{proto} on {place} is already served by Service {}/{}; expected a port no other Service of the group uses",
+                    owner.namespace, owner.name
+                )));
+                continue;
             }
+            for c in ingress {
+                ingress_claims.insert(c, svc);
+            }
+            for c in egress {
+                egress_claims.insert(c, svc);
+            }
+            notes.extend(svc_notes);
+            candidates.push((svc, rules));
+        }
+        candidates
+    }
+
+    /// Every candidate together, as the daemon would load them: the served Services, the text,
+    /// and its Config when the check that passed already parsed it (the happy path checks the
+    /// text once). When that fails (a clash with the base config's own rules, say), the
+    /// Services the errors name are left out ([`Base::leave_out_pinned`]), then the rest is
+    /// added one by one ([`Base::add_one_by_one`]).
+    fn valid_services<'s>(
+        &self,
+        candidates: &[Candidate<'s>],
+        refused: &mut Vec<Refusal>,
+    ) -> Result<(Vec<&'s ServiceInfo>, String, Option<Config>), Rejected> {
+        let all: Vec<&ServiceInfo> = candidates.iter().map(|(s, _)| *s).collect();
+        let rules = candidates.iter().map(|(_, r)| r);
+        let text = config_text_with_rules(&self.table, rules, &header(self.replica, &all))?;
+        if let Ok(config) = rendered_check(&self.text, &text, &self.prepared.key) {
+            return Ok((all, text.text, Some(config)));
+        }
+        let (pool, pool_ok) = self.leave_out_pinned(candidates, refused)?;
+        let (kept, rest) = if pool_ok {
+            (pool, Vec::new())
+        } else {
+            (Vec::new(), pool)
+        };
+        let kept = self.add_one_by_one(kept, rest, refused)?;
+        let served: Vec<&ServiceInfo> = kept.iter().map(|(s, _)| *s).collect();
+        let rules = kept.iter().map(|(_, r)| r);
+        let text = config_text(&self.table, rules, &header(self.replica, &served))?;
+        Ok((served, text, None))
+    }
+
+    /// Up to [`PINNING_ROUNDS`] times, leaves out the Services whose rules the check's errors
+    /// name (`ingress[12].ports`): the candidates still in, and whether they pass together.
+    /// Only what cannot be pinned on a rule is left to [`Base::add_one_by_one`], which takes
+    /// one check per Service (minutes at 10,000 Services).
+    fn leave_out_pinned<'c, 's>(
+        &self,
+        candidates: &'c [Candidate<'s>],
+        refused: &mut Vec<Refusal>,
+    ) -> Result<(Vec<&'c Candidate<'s>>, bool), Rejected> {
+        let section_len = |k: &str| {
+            self.table
+                .get(k)
+                .and_then(|v| v.as_array())
+                .map_or(0, Vec::len)
+        };
+        let base_rules = (section_len("ingress"), section_len("egress"));
+        let mut pool: Vec<&Candidate<'s>> = candidates.iter().collect();
+        for _ in 0..PINNING_ROUNDS {
+            let rules = pool.iter().map(|(_, r)| r);
+            let text = config_text_with_rules(&self.table, rules, &header(self.replica, &[]))?;
+            let Err(errors) = rendered_check(&self.text, &text, &self.prepared.key) else {
+                return Ok((pool, true));
+            };
+            let bad = errors_by_candidate(&pool, &errors, base_rules);
             if bad.is_empty() {
                 break;
             }
             for (i, errors) in bad.iter().rev() {
                 let c = pool.remove(*i);
-                refused.push(Refusal {
-                    namespace: c.0.namespace.clone(),
-                    name: c.0.name.clone(),
-                    reason: format!(
-                        "Service {}/{} left out of proxy group {}: with it the configuration is invalid: {}",
-                        c.0.namespace,
-                        c.0.name,
-                        replica.group,
-                        errors.join("; ")
-                    ),
-                });
+                refused.push(self.invalid_with(c.0, errors));
             }
         }
-        let mut kept: Vec<&(&ServiceInfo, Rules)> = Vec::new();
-        if pool_ok {
-            kept = pool;
-            pool = Vec::new();
-        }
-        for c in pool {
-            let trial = config_text_with_rules(
-                &table,
-                kept.iter().map(|(_, r)| r).chain([&c.1]),
-                &header(&[]),
-            )?;
-            match rendered_check(&base_text, &trial, &prepared.key) {
-                Ok(_) => kept.push(c),
-                Err(e) => refused.push(Refusal {
-                    namespace: c.0.namespace.clone(),
-                    name: c.0.name.clone(),
-                    reason: format!(
-                        "Service {}/{} left out of proxy group {}: with it the configuration is invalid: {}",
-                        c.0.namespace,
-                        c.0.name,
-                        replica.group,
-                        e.join("; ")
-                    ),
-                }),
-            }
-        }
-        let served: Vec<&ServiceInfo> = kept.iter().map(|(s, _)| *s).collect();
-        let text = config_text(&table, kept.iter().map(|(_, r)| r), &header(&served))?;
-        (served, text, None)
-    };
-    let (mut rendered, mut config) = finish(text, &prepared, current, notes.clone(), checked)?;
-    let mut served = served;
-    let mut over_limit = None;
-    let others = data_size(&rendered.data)
-        - KEY_CONFIG.len()
-        - rendered.data.get(KEY_CONFIG).map_or(0, Vec::len);
-    let stored = match stored_config(
-        rendered.data.get(KEY_CONFIG).map_or(&[][..], Vec::as_slice),
-        others,
-        max_bytes,
-    ) {
-        Ok(stored) => stored,
-        Err(needed) => {
-            // Oldest first: the longest prefix of the served Services that fits. A subset of
-            // a valid configuration is valid, so only the final one is checked again.
-            let rules_of: BTreeMap<(&str, &str), &Rules> = candidates
-                .iter()
-                .map(|(s, r)| ((s.namespace.as_str(), s.name.as_str()), r))
-                .collect();
-            let prefix_text = |k: usize| {
-                let rules = served[..k]
-                    .iter()
-                    .filter_map(|s| rules_of.get(&(s.namespace.as_str(), s.name.as_str())))
-                    .copied();
-                config_text_with_rules(&table, rules, &header(&served[..k]))
-            };
-            let fits = |k: usize| -> Result<bool, Rejected> {
-                Ok(stored_config(prefix_text(k)?.text.as_bytes(), others, max_bytes).is_ok())
-            };
-            if !fits(0)? {
-                return Err(Rejected(vec![format!(
-                    "the base config alone does not fit the config Secret's limit of {max_bytes} bytes, even gzip-compressed"
-                )]));
-            }
-            // Invariant: fits(low), !fits(high).
-            let (mut low, mut high) = (0, served.len());
-            while high - low > 1 {
-                let mid = low + (high - low) / 2;
-                if fits(mid)? {
-                    low = mid;
-                } else {
-                    high = mid;
-                }
-            }
-            let total = served.len();
-            for s in &served[low..] {
-                refused.push(Refusal {
-                    namespace: s.namespace.clone(),
-                    name: s.name.clone(),
-                    reason: format!(
-                        "Service {}/{} left out of proxy group {}: the config Secret would pass the API server's limit of {max_bytes} bytes (all {total} Services need {needed} bytes gzip-compressed); the {low} oldest Services are served; expected fewer Services in the group (or a second group)",
-                        s.namespace, s.name, replica.group
-                    ),
-                });
-            }
-            over_limit = Some(format!(
-                "proxy group {} has more Services than its config Secret can hold: the {low} oldest of {total} are served, {} newer ones are left out (each has a Warning Event); all of them need {needed} bytes gzip-compressed, the limit is {max_bytes}",
-                replica.group,
-                total - low
-            ));
-            let text = prefix_text(low)?;
-            served.truncate(low);
-            let checked = rendered_check(&base_text, &text, &prepared.key).map_err(|e| {
-                Rejected(
-                    e.iter()
-                        .map(|e| format!("rendered {KEY_CONFIG} is invalid: {e}"))
-                        .collect(),
-                )
-            })?;
-            (rendered, config) = finish(text.text, &prepared, current, notes, Some(checked))?;
-            let text = rendered.data.get(KEY_CONFIG).map_or(&[][..], Vec::as_slice);
-            stored_config(text, others, max_bytes).map_err(|bytes| {
-                Rejected(vec![format!(
-                    "the config Secret needs {bytes} bytes: expected at most {max_bytes}"
-                )])
-            })?
-        }
-    };
-    if stored.0 != KEY_CONFIG {
-        rendered.data.remove(KEY_CONFIG);
-        rendered.data.insert(stored.0.to_string(), stored.1);
+        Ok((pool, false))
     }
-    // Only the Services' own rules: a name of the base config is the replica's problem, and
-    // the daemon's readiness reports that one.
+
+    /// `kept` (which pass together) and each Service of `rest` in turn that still passes with
+    /// them; each one with which the configuration is invalid is refused.
+    fn add_one_by_one<'c, 's>(
+        &self,
+        mut kept: Vec<&'c Candidate<'s>>,
+        rest: Vec<&'c Candidate<'s>>,
+        refused: &mut Vec<Refusal>,
+    ) -> Result<Vec<&'c Candidate<'s>>, Rejected> {
+        for c in rest {
+            let trial = config_text_with_rules(
+                &self.table,
+                kept.iter().map(|(_, r)| r).chain([&c.1]),
+                &header(self.replica, &[]),
+            )?;
+            match rendered_check(&self.text, &trial, &self.prepared.key) {
+                Ok(_) => kept.push(c),
+                Err(e) => refused.push(self.invalid_with(c.0, &e)),
+            }
+        }
+        Ok(kept)
+    }
+
+    /// The refusal of `svc`: with it the configuration is invalid, for `errors`.
+    fn invalid_with(&self, svc: &ServiceInfo, errors: &[String]) -> Refusal {
+        refusal(
+            svc,
+            format!(
+                "Service {}/{} left out of proxy group {}: with it the configuration is invalid: {}",
+                svc.namespace,
+                svc.name,
+                self.replica.group,
+                errors.join("; ")
+            ),
+        )
+    }
+
+    /// How the configuration is stored in the Secret: plain when it fits, gzip-compressed when
+    /// only that fits. When not even that does, only the oldest Services that fit are served
+    /// ([`Base::serve_oldest_that_fit`]), and the note that says so is returned.
+    fn fit_secret(
+        &self,
+        candidates: &[Candidate<'_>],
+        draft: &mut Draft<'_>,
+        notes: Vec<String>,
+        refused: &mut Vec<Refusal>,
+    ) -> Result<Option<String>, Rejected> {
+        let max_bytes = self.max_bytes;
+        let data = &draft.rendered.data;
+        let others = data_size(data) - KEY_CONFIG.len() - data.get(KEY_CONFIG).map_or(0, Vec::len);
+        let mut over_limit = None;
+        let text = data.get(KEY_CONFIG).map_or(&[][..], Vec::as_slice);
+        let stored = match stored_config(text, others, max_bytes) {
+            Ok(stored) => stored,
+            Err(needed) => {
+                over_limit = Some(
+                    self.serve_oldest_that_fit(candidates, draft, needed, others, notes, refused)?,
+                );
+                let text = draft.rendered.data.get(KEY_CONFIG);
+                let text = text.map_or(&[][..], Vec::as_slice);
+                stored_config(text, others, max_bytes).map_err(|bytes| {
+                    Rejected(vec![format!(
+                        "the config Secret needs {bytes} bytes: expected at most {max_bytes}"
+                    )])
+                })?
+            }
+        };
+        if stored.0 != KEY_CONFIG {
+            draft.rendered.data.remove(KEY_CONFIG);
+            draft.rendered.data.insert(stored.0.to_string(), stored.1);
+        }
+        Ok(over_limit)
+    }
+
+    /// Not every served Service fits the Secret (all need `needed` bytes compressed, besides
+    /// `others` of other data): the longest prefix of them that fits (oldest first) is served,
+    /// each newer one refused, and `draft` rendered again from that prefix. A subset of a
+    /// valid configuration is valid, so only the final one is checked again. Returns the note
+    /// for the replica's pod; when not even the base config fits, refuses the whole rendering.
+    fn serve_oldest_that_fit(
+        &self,
+        candidates: &[Candidate<'_>],
+        draft: &mut Draft<'_>,
+        needed: usize,
+        others: usize,
+        notes: Vec<String>,
+        refused: &mut Vec<Refusal>,
+    ) -> Result<String, Rejected> {
+        let (max_bytes, group) = (self.max_bytes, &self.replica.group);
+        let rules_of: BTreeMap<(&str, &str), &Rules> = candidates
+            .iter()
+            .map(|(s, r)| ((s.namespace.as_str(), s.name.as_str()), r))
+            .collect();
+        let served = &draft.served;
+        let prefix_text = |k: usize| {
+            let rules = served[..k]
+                .iter()
+                .filter_map(|s| rules_of.get(&(s.namespace.as_str(), s.name.as_str())))
+                .copied();
+            config_text_with_rules(&self.table, rules, &header(self.replica, &served[..k]))
+        };
+        let fits = |k: usize| -> Result<bool, Rejected> {
+            Ok(stored_config(prefix_text(k)?.text.as_bytes(), others, max_bytes).is_ok())
+        };
+        if !fits(0)? {
+            return Err(Rejected(vec![format!(
+                "the base config alone does not fit the config Secret's limit of {max_bytes} bytes, even gzip-compressed"
+            )]));
+        }
+        let low = longest_fitting(served.len(), fits)?;
+        let total = served.len();
+        for s in &served[low..] {
+            refused.push(refusal(s, format!(
+                "Service {}/{} left out of proxy group {group}: the config Secret would pass the API server's limit of {max_bytes} bytes (all {total} Services need {needed} bytes gzip-compressed); the {low} oldest Services are served; expected fewer Services in the group (or a second group)",
+                s.namespace, s.name
+            )));
+        }
+        let over_limit = format!(
+            "proxy group {group} has more Services than its config Secret can hold: the {low} oldest of {total} are served, {} newer ones are left out (each has a Warning Event); all of them need {needed} bytes gzip-compressed, the limit is {max_bytes}",
+            total - low
+        );
+        let text = prefix_text(low)?;
+        draft.served.truncate(low);
+        let checked = rendered_check(&self.text, &text, &self.prepared.key).map_err(|e| {
+            Rejected(
+                e.iter()
+                    .map(|e| format!("rendered {KEY_CONFIG} is invalid: {e}"))
+                    .collect(),
+            )
+        })?;
+        let prepared = &self.prepared;
+        (draft.rendered, draft.config) =
+            finish(text.text, prepared, self.current, notes, Some(checked))?;
+        Ok(over_limit)
+    }
+}
+
+/// The members of `group` among `services`, oldest first: a new Service never takes a port
+/// from one that is already served.
+fn members_oldest_first<'a>(
+    services: impl IntoIterator<Item = &'a ServiceInfo>,
+    group: &str,
+) -> Vec<&'a ServiceInfo> {
+    let mut members: Vec<&ServiceInfo> = services
+        .into_iter()
+        .filter(|s| is_member(s, group))
+        .collect();
+    members.sort_by(|a, b| {
+        (a.created, &a.namespace, &a.name).cmp(&(b.created, &b.namespace, &b.name))
+    });
+    members
+}
+
+/// The rules member `svc` of `group` asks for, or why it cannot be served: a bad annotation,
+/// nothing asked for, or no ports (in a proxy group every Service claims its own ports).
+fn service_rules(
+    svc: &ServiceInfo,
+    group: &str,
+    families: &(bool, bool),
+    notes: &mut Vec<String>,
+) -> Result<Rules, String> {
+    let who = format!("{}/{}", svc.namespace, svc.name);
+    let mut problems = Vec::new();
+    let rules = forwards(svc, families, &mut problems, notes);
+    if rules.ingress.is_empty() && rules.egress.is_empty() && problems.is_empty() {
+        problems.push(format!(
+            "Service {who} is in proxy group {group} but asks for nothing: expected tunnelgate.dev/expose: \"true\", tunnelgate.dev/tunnel-ip or tunnelgate.dev/tunnel-fqdn"
+        ));
+    }
+    if svc.ports.is_empty() && problems.is_empty() {
+        problems.push(format!(
+            "Service {who} has no ports: expected at least one (in a proxy group every Service claims its own ports)"
+        ));
+    }
+    if !problems.is_empty() {
+        return Err(problems.join("; "));
+    }
+    Ok(rules)
+}
+
+/// The comment heading the rendered configuration: the replica, its group, and the Services
+/// it serves.
+fn header(replica: &Replica, served: &[&ServiceInfo]) -> String {
+    let mut names = String::new();
+    for (i, s) in served.iter().enumerate() {
+        let comma = if i == 0 { "" } else { ", " };
+        let _ = write!(names, "{comma}{}/{}", s.namespace, s.name);
+    }
+    format!(
+        "# Rendered by tunnelgate-sidecar for replica {} of proxy group {} from the base config and\n# Services: {}.\n# Do not edit: the next change of any of them replaces this file.\n",
+        replica.ordinal,
+        replica.group,
+        if names.is_empty() { "none" } else { &names }
+    )
+}
+
+/// Which candidates of `pool` the check's `errors` are about: pool index -> its errors. The
+/// Services' rules follow the base config's own (`base_rules`: how many ingress and egress
+/// rules it has); an error about one of those, or about no rule, is nobody's.
+fn errors_by_candidate(
+    pool: &[&Candidate<'_>],
+    errors: &[String],
+    (base_ingress, base_egress): (usize, usize),
+) -> BTreeMap<usize, Vec<String>> {
+    let (mut owner_ingress, mut owner_egress) = (Vec::new(), Vec::new());
+    for (i, (_, r)) in pool.iter().enumerate() {
+        owner_ingress.extend(std::iter::repeat_n(i, r.ingress.len()));
+        owner_egress.extend(std::iter::repeat_n(i, r.egress.len()));
+    }
+    let mut bad: BTreeMap<usize, Vec<String>> = BTreeMap::new();
+    for e in errors {
+        let owner = rule_of_error(e).and_then(|(section, n)| match section {
+            "ingress" => owner_ingress.get(n.checked_sub(base_ingress)?),
+            _ => owner_egress.get(n.checked_sub(base_egress)?),
+        });
+        if let Some(&i) = owner {
+            bad.entry(i).or_default().push(e.clone());
+        }
+    }
+    bad
+}
+
+/// The largest `k` in `0..len` with `fits(k)`, by bisection, given `fits(0)` and that
+/// `fits` holds for a prefix of `0..=len` only. Invariant: fits(low), !fits(high).
+fn longest_fitting(
+    len: usize,
+    fits: impl Fn(usize) -> Result<bool, Rejected>,
+) -> Result<usize, Rejected> {
+    let (mut low, mut high) = (0, len);
+    while high - low > 1 {
+        let mid = low + (high - low) / 2;
+        if fits(mid)? {
+            low = mid;
+        } else {
+            high = mid;
+        }
+    }
+    Ok(low)
+}
+
+/// The result: the Secret data and what it serves and leaves out, with the names each served
+/// Service's rules use. Only the Services' own rules: a name of the base config is the
+/// replica's problem, and the daemon's readiness reports that one.
+fn group_rendered(
+    draft: Draft<'_>,
+    refused: Vec<Refusal>,
+    over_limit: Option<String>,
+) -> GroupRendered {
+    let Draft {
+        rendered,
+        config,
+        served,
+    } = draft;
     let mut names: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for (name, users) in config.fqdn_users() {
         for service in users.services {
             names.entry(service).or_default().push(name.clone());
         }
     }
-    Ok(GroupRendered {
+    GroupRendered {
         rendered,
         served: served
             .iter()
@@ -436,7 +617,16 @@ pub fn render_group_within<'a>(
         names,
         nameservers: config.dns.nameservers,
         reresolve_interval: config.dns.reresolve_interval,
-    })
+    }
+}
+
+/// `svc` left out, for `reason`.
+fn refusal(svc: &ServiceInfo, reason: String) -> Refusal {
+    Refusal {
+        namespace: svc.namespace.clone(),
+        name: svc.name.clone(),
+        reason,
+    }
 }
 
 /// How often the Services that errors name are left out before the rest is checked one by one.

@@ -153,74 +153,148 @@ pub fn lower_mapped(set: &RuleSet) -> Lowered {
     }
 }
 
+/// The rules of `set` in order: prerouting, postrouting, forward, input, then MSS, each chain
+/// in evaluation order. A port of a group in `maps` is that group's one lookup rule per chain,
+/// where the group's first port's rule would be; every other entry is a rule of its own.
 fn lower_with(set: &RuleSet, maps: &BTreeMap<MapId, Map>) -> Vec<Rule> {
-    let mapped =
-        |section: Section, family: Family, port: Option<crate::config::PortMap>, n: usize| {
-            port.filter(|_| n == 1)
-                .map(|p| MapId::group(section, family, p.proto))
-                .filter(|id| maps.contains_key(id))
-        };
-    // Each group's rules are emitted once, where its first port's rule would be.
-    let mut emitted: BTreeSet<(Chain, MapId)> = BTreeSet::new();
-    let mut first = |chain: Chain, id: MapId| emitted.insert((chain, id));
-    let mut out = Vec::new();
-    let tun = set.tunnel.as_str();
-    let iif = || Match::InIface {
-        name: tun.into(),
-        negate: false,
+    let mut l = Lowering {
+        set,
+        maps,
+        emitted: BTreeSet::new(),
+        out: Vec::new(),
     };
-    let not_iif = |name: &str| Match::InIface {
-        name: name.into(),
-        negate: true,
-    };
-    let oif = || Match::OutIface {
-        name: tun.into(),
-        negate: false,
-    };
-    let not_oif = || Match::OutIface {
-        name: tun.into(),
-        negate: true,
-    };
-    let mut push = |chain, family, matches: Vec<Match>, verdict, comment: String| {
-        out.push(Rule {
+    // Prerouting: ingress first (only from the tunnel), then egress (only from elsewhere),
+    // each egress rule behind the exemptions that keep the daemon's own ports reachable.
+    l.ingress_dnat();
+    l.egress_exemptions();
+    l.egress_dnat();
+    // Postrouting: each DNAT's partner, matching the translated destination.
+    l.ingress_masquerade();
+    l.egress_snat();
+    l.router_masquerade();
+    // Forward: replies first, then what the config grants; everything else from the tunnel
+    // is dropped (an exit node grants everything, so it has no drop).
+    l.forward_replies();
+    l.forward_ingress();
+    l.forward_egress();
+    l.forward_exit_node_lan();
+    l.forward_router();
+    // Input, then MSS.
+    l.input_guard();
+    l.mss_clamp();
+    l.out
+}
+
+/// One run of [`lower_with`]: the rules so far, in order, and which map groups already have
+/// their rule in each chain.
+struct Lowering<'a> {
+    set: &'a RuleSet,
+    /// Empty for [`lower`]: every port is a rule of its own.
+    maps: &'a BTreeMap<MapId, Map>,
+    /// Each group's rules are emitted once, where its first port's rule would be.
+    emitted: BTreeSet<(Chain, MapId)>,
+    out: Vec<Rule>,
+}
+
+impl Lowering<'_> {
+    /// The map group that holds an entry with `port` and `n` targets, if it is in one: only a
+    /// single-target port of a group that has a map.
+    fn mapped(
+        &self,
+        section: Section,
+        family: Family,
+        port: Option<crate::config::PortMap>,
+        n: usize,
+    ) -> Option<MapId> {
+        port.filter(|_| n == 1)
+            .map(|p| MapId::group(section, family, p.proto))
+            .filter(|id| self.maps.contains_key(id))
+    }
+
+    /// Whether `id`'s rule in `chain` is still to be emitted (true once per chain and group).
+    fn first(&mut self, chain: Chain, id: MapId) -> bool {
+        self.emitted.insert((chain, id))
+    }
+
+    fn push(
+        &mut self,
+        chain: Chain,
+        family: Option<Family>,
+        matches: Vec<Match>,
+        verdict: Verdict,
+        comment: String,
+    ) {
+        self.out.push(Rule {
             chain,
             family,
             matches,
             verdict,
             comment,
         })
-    };
-
-    // Prerouting: ingress first (only from the tunnel), then egress (only from elsewhere),
-    // each egress rule behind the exemptions that keep the daemon's own ports reachable.
-    for r in &set.ingress {
-        if let Some(g) = mapped(Section::Ingress, r.family, r.port, r.targets.len()) {
-            if first(Chain::Prerouting, g) {
-                let v = Verdict::DnatMap(g);
-                push(
-                    Chain::Prerouting,
-                    Some(g.family),
-                    vec![iif()],
-                    v,
-                    g.comment(),
-                );
-            }
-            continue;
-        }
-        let mut m = vec![iif(), Match::Daddr(hosts(&r.tunnel_addrs))];
-        m.extend(r.port.map(|p| Match::Dport(p.proto, p.listen)));
-        let verdict = dnat(r.port, &r.targets);
-        push(
-            Chain::Prerouting,
-            Some(r.family),
-            m,
-            verdict,
-            r.origin.to_string(),
-        );
     }
-    // Exemptions apply to the families that have egress rules (`None`: both).
-    let egress_families: BTreeSet<Family> = set.egress.iter().map(|r| r.family).collect();
-    if !egress_families.is_empty() {
+
+    /// Arrived on the tunnel.
+    fn iif(&self) -> Match {
+        Match::InIface {
+            name: self.set.tunnel.clone(),
+            negate: false,
+        }
+    }
+
+    /// Arrived on any other interface (or locally generated).
+    fn not_iif(&self) -> Match {
+        Match::InIface {
+            name: self.set.tunnel.clone(),
+            negate: true,
+        }
+    }
+
+    /// Leaves on the tunnel.
+    fn oif(&self) -> Match {
+        Match::OutIface {
+            name: self.set.tunnel.clone(),
+            negate: false,
+        }
+    }
+
+    /// Leaves on any other interface.
+    fn not_oif(&self) -> Match {
+        Match::OutIface {
+            name: self.set.tunnel.clone(),
+            negate: true,
+        }
+    }
+
+    /// Prerouting, ingress: what arrives on the tunnel for a tunnel address (and port) is
+    /// DNATed to its targets; a mapped group is one map lookup.
+    fn ingress_dnat(&mut self) {
+        let set = self.set;
+        for r in &set.ingress {
+            if let Some(g) = self.mapped(Section::Ingress, r.family, r.port, r.targets.len()) {
+                if self.first(Chain::Prerouting, g) {
+                    let v = Verdict::DnatMap(g);
+                    let m = vec![self.iif()];
+                    self.push(Chain::Prerouting, Some(g.family), m, v, g.comment());
+                }
+                continue;
+            }
+            let mut m = vec![self.iif(), Match::Daddr(hosts(&r.tunnel_addrs))];
+            m.extend(r.port.map(|p| Match::Dport(p.proto, p.listen)));
+            let verdict = dnat(r.port, &r.targets);
+            let c = r.origin.to_string();
+            self.push(Chain::Prerouting, Some(r.family), m, verdict, c);
+        }
+    }
+
+    /// Prerouting, before any egress DNAT: loopback, the WireGuard port and the health port
+    /// are never captured. Only when there is egress, for the families that have it (`None`:
+    /// both).
+    fn egress_exemptions(&mut self) {
+        let set = self.set;
+        let egress_families: BTreeSet<Family> = set.egress.iter().map(|r| r.family).collect();
+        if egress_families.is_empty() {
+            return;
+        }
         let family = match egress_families.len() {
             1 => egress_families.first().copied(),
             _ => None,
@@ -230,7 +304,7 @@ fn lower_with(set: &RuleSet, maps: &BTreeMap<MapId, Map>) -> Vec<Rule> {
             negate: false,
         };
         let c = COMMENT_LOOPBACK.into();
-        push(Chain::Prerouting, family, vec![lo], Verdict::Return, c);
+        self.push(Chain::Prerouting, family, vec![lo], Verdict::Return, c);
         let exempt = [
             (set.exemptions.wg_udp_port, Proto::Udp, COMMENT_WG_PORT),
             (
@@ -241,8 +315,8 @@ fn lower_with(set: &RuleSet, maps: &BTreeMap<MapId, Map>) -> Vec<Rule> {
         ];
         for (port, proto, comment) in exempt {
             if let Some(port) = port {
-                let m = vec![not_iif(tun), Match::Dport(proto, port)];
-                push(
+                let m = vec![self.not_iif(), Match::Dport(proto, port)];
+                self.push(
                     Chain::Prerouting,
                     family,
                     m,
@@ -252,219 +326,260 @@ fn lower_with(set: &RuleSet, maps: &BTreeMap<MapId, Map>) -> Vec<Rule> {
             }
         }
     }
-    for r in &set.egress {
-        if let Some(g) = mapped(Section::Egress, r.family, r.port, r.targets.len()) {
-            if first(Chain::Prerouting, g) {
-                let m = vec![not_iif(tun), Match::LocalDaddrOnInIface];
-                let v = Verdict::DnatMap(g);
-                push(Chain::Prerouting, Some(g.family), m, v, g.comment());
-            }
-            continue;
-        }
-        let mut m = vec![not_iif(tun), Match::LocalDaddrOnInIface];
-        m.extend(r.port.map(|p| Match::Dport(p.proto, p.listen)));
-        let verdict = dnat(r.port, &r.targets);
-        push(
-            Chain::Prerouting,
-            Some(r.family),
-            m,
-            verdict,
-            r.origin.to_string(),
-        );
-    }
 
-    // Postrouting: each DNAT's partner, matching the translated destination.
-    for r in &set.ingress {
-        if let Some(g) = mapped(Section::Ingress, r.family, r.port, r.targets.len()) {
-            if first(Chain::Postrouting, g) {
-                let conn = Match::InSet(g.with(MapKind::IngressConn));
-                let m = vec![iif(), not_oif(), Match::L4(g.proto), ct_dnat(), conn];
-                let (f, c) = (Some(g.family), g.comment());
-                push(Chain::Postrouting, f, m, Verdict::Masquerade, c);
-            }
-            continue;
-        }
-        let mut m = vec![iif(), not_oif(), Match::Daddr(hosts(&r.targets))];
-        m.extend(r.port.map(|p| Match::Dport(p.proto, p.target)));
-        m.push(Match::CtDnat {
-            orig_daddr: r.tunnel_addrs.clone(),
-            orig_dport: r.port.map(|p| p.listen),
-        });
-        let c = r.origin.to_string();
-        push(
-            Chain::Postrouting,
-            Some(r.family),
-            m,
-            Verdict::Masquerade,
-            c,
-        );
-    }
-    for r in &set.egress {
-        if let Some(g) = mapped(Section::Egress, r.family, r.port, r.targets.len()) {
-            if first(Chain::Postrouting, g) {
-                let m = vec![not_iif(tun), oif(), Match::L4(g.proto), ct_dnat()];
-                let v = Verdict::SnatMap(g.with(MapKind::EgressSnat));
-                push(Chain::Postrouting, Some(g.family), m, v, g.comment());
-            }
-            continue;
-        }
-        let mut m = vec![not_iif(tun), oif(), Match::Daddr(hosts(&r.targets))];
-        m.extend(r.port.map(|p| Match::Dport(p.proto, p.target)));
-        m.push(Match::CtDnat {
-            orig_daddr: BTreeSet::new(),
-            orig_dport: r.port.map(|p| p.listen),
-        });
-        let c = r.origin.to_string();
-        push(
-            Chain::Postrouting,
-            Some(r.family),
-            m,
-            Verdict::Snat(r.snat_to),
-            c,
-        );
-    }
-    if set.router.snat {
-        for (family, dst, comment) in router_scopes(set) {
-            let mut m = vec![iif(), not_oif()];
-            m.extend(dst);
-            push(Chain::Postrouting, family, m, Verdict::Masquerade, comment);
-        }
-    }
-
-    // Forward: replies first, then what the config grants; everything else from the tunnel
-    // is dropped (an exit node grants everything, so it has no drop).
-    for dir in [iif(), oif()] {
-        let m = vec![dir, Match::CtEstablished];
-        push(
-            Chain::Forward,
-            None,
-            m,
-            Verdict::Accept,
-            COMMENT_RETURN.into(),
-        );
-    }
-    for r in &set.ingress {
-        if let Some(g) = mapped(Section::Ingress, r.family, r.port, r.targets.len()) {
-            if first(Chain::Forward, g) {
-                let conn = Match::InSet(g.with(MapKind::IngressConn));
-                let m = vec![iif(), Match::L4(g.proto), ct_dnat(), conn];
-                let (f, c) = (Some(g.family), g.comment());
-                push(Chain::Forward, f, m, Verdict::Accept, c);
-            }
-            continue;
-        }
-        let mut m = vec![iif(), Match::Daddr(hosts(&r.targets))];
-        m.extend(r.port.map(|p| Match::Dport(p.proto, p.target)));
-        m.push(Match::CtDnat {
-            orig_daddr: r.tunnel_addrs.clone(),
-            orig_dport: r.port.map(|p| p.listen),
-        });
-        let c = r.origin.to_string();
-        push(Chain::Forward, Some(r.family), m, Verdict::Accept, c);
-    }
-    for r in &set.egress {
-        if let Some(g) = mapped(Section::Egress, r.family, r.port, r.targets.len()) {
-            if first(Chain::Forward, g) {
-                let conn = Match::InSet(g.with(MapKind::EgressConn));
-                let m = vec![not_iif(tun), oif(), Match::L4(g.proto), ct_dnat(), conn];
-                let (f, c) = (Some(g.family), g.comment());
-                push(Chain::Forward, f, m, Verdict::Accept, c);
-            }
-            continue;
-        }
-        let mut m = vec![not_iif(tun), oif(), Match::Daddr(hosts(&r.targets))];
-        m.extend(r.port.map(|p| Match::Dport(p.proto, p.target)));
-        m.push(Match::CtDnat {
-            orig_daddr: BTreeSet::new(),
-            orig_dport: r.port.map(|p| p.listen),
-        });
-        let c = r.origin.to_string();
-        push(Chain::Forward, Some(r.family), m, Verdict::Accept, c);
-    }
-    if set.router.exit_node && !set.router.exit_node_lan {
-        // Before the exit node's "anywhere": its advertised networks stay reachable, the other
-        // private ranges do not.
-        for (family, dst, comment) in advertised_scopes(set) {
-            let mut m = vec![iif()];
-            m.extend(dst);
-            push(Chain::Forward, family, m, Verdict::Accept, comment);
-        }
-        for f in Family::ALL {
-            let m = vec![iif(), Match::Daddr(private_networks(f))];
-            let c = COMMENT_EXIT_LAN.into();
-            push(Chain::Forward, Some(f), m, Verdict::Drop, c);
-        }
-    }
-    for (family, dst, comment) in router_scopes(set) {
-        let mut m = vec![iif()];
-        m.extend(dst);
-        push(Chain::Forward, family, m, Verdict::Accept, comment);
-    }
-    if !set.router.exit_node {
-        let c = COMMENT_DROP.into();
-        push(Chain::Forward, None, vec![iif()], Verdict::Drop, c);
-    }
-
-    // Input: the tunnel reaches no listener of this host (the health port, sshd, ...): only
-    // replies to connections the host opened, ICMP, and connections our ingress DNAT sent to
-    // a target that is a local address. Forwarded ingress never passes here.
-    if set.input_guard {
-        let m = vec![iif(), Match::CtEstablished];
-        let c = COMMENT_INPUT_RETURN.into();
-        push(Chain::Input, None, m, Verdict::Accept, c);
-        for f in Family::ALL {
-            let c = COMMENT_INPUT_ICMP.into();
-            push(
-                Chain::Input,
-                Some(f),
-                vec![iif(), Match::Icmp],
-                Verdict::Accept,
-                c,
-            );
-        }
-        for r in &set.ingress {
-            if let Some(g) = mapped(Section::Ingress, r.family, r.port, r.targets.len()) {
-                if first(Chain::Input, g) {
-                    let conn = Match::InSet(g.with(MapKind::IngressConn));
-                    let m = vec![iif(), Match::L4(g.proto), ct_dnat(), conn];
-                    let c = format!("{} to this host", g.comment());
-                    push(Chain::Input, Some(g.family), m, Verdict::Accept, c);
+    /// Prerouting, egress: what arrives elsewhere for a local address of its interface (and
+    /// port) is DNATed across the tunnel to its targets; a mapped group is one map lookup.
+    fn egress_dnat(&mut self) {
+        let set = self.set;
+        for r in &set.egress {
+            if let Some(g) = self.mapped(Section::Egress, r.family, r.port, r.targets.len()) {
+                if self.first(Chain::Prerouting, g) {
+                    let m = vec![self.not_iif(), Match::LocalDaddrOnInIface];
+                    let v = Verdict::DnatMap(g);
+                    self.push(Chain::Prerouting, Some(g.family), m, v, g.comment());
                 }
                 continue;
             }
-            let mut m = vec![iif(), Match::Daddr(hosts(&r.targets))];
+            let mut m = vec![self.not_iif(), Match::LocalDaddrOnInIface];
+            m.extend(r.port.map(|p| Match::Dport(p.proto, p.listen)));
+            let verdict = dnat(r.port, &r.targets);
+            let c = r.origin.to_string();
+            self.push(Chain::Prerouting, Some(r.family), m, verdict, c);
+        }
+    }
+
+    /// Postrouting, ingress: a connection the ingress DNAT sent off the tunnel is masqueraded,
+    /// matched on its target and its original tunnel address and port.
+    fn ingress_masquerade(&mut self) {
+        let set = self.set;
+        for r in &set.ingress {
+            if let Some(g) = self.mapped(Section::Ingress, r.family, r.port, r.targets.len()) {
+                if self.first(Chain::Postrouting, g) {
+                    let conn = Match::InSet(g.with(MapKind::IngressConn));
+                    let m = vec![
+                        self.iif(),
+                        self.not_oif(),
+                        Match::L4(g.proto),
+                        ct_dnat(),
+                        conn,
+                    ];
+                    let (f, c) = (Some(g.family), g.comment());
+                    self.push(Chain::Postrouting, f, m, Verdict::Masquerade, c);
+                }
+                continue;
+            }
+            let mut m = vec![self.iif(), self.not_oif(), Match::Daddr(hosts(&r.targets))];
             m.extend(r.port.map(|p| Match::Dport(p.proto, p.target)));
             m.push(Match::CtDnat {
                 orig_daddr: r.tunnel_addrs.clone(),
                 orig_dport: r.port.map(|p| p.listen),
             });
-            // Its own comment: the same matches as the forward accept, in another chain.
-            let c = format!("{} to this host", r.origin);
-            push(Chain::Input, Some(r.family), m, Verdict::Accept, c);
-        }
-        // Refused rather than dropped: unreachable either way, and a peer that connects to
-        // an unlisted port of the tunnel address fails at once, as it did before the guard.
-        let m = vec![iif(), Match::L4(Proto::Tcp)];
-        let (c, reject) = (COMMENT_INPUT_DROP, Verdict::Reject { tcp_reset: true });
-        push(Chain::Input, None, m, reject, c.into());
-        let reject = Verdict::Reject { tcp_reset: false };
-        push(Chain::Input, None, vec![iif()], reject, c.into());
-    }
-
-    // MSS: exactly one rule per direction.
-    if set.mss_clamp {
-        for dir in [iif(), oif()] {
-            let m = vec![dir, Match::TcpSyn];
-            push(
-                Chain::Mss,
-                None,
+            let c = r.origin.to_string();
+            self.push(
+                Chain::Postrouting,
+                Some(r.family),
                 m,
-                Verdict::ClampMssToPmtu,
-                COMMENT_MSS.into(),
+                Verdict::Masquerade,
+                c,
             );
         }
     }
-    out
+
+    /// Postrouting, egress: a connection the egress DNAT sent into the tunnel is SNATed to the
+    /// tunnel address, matched on its target and its original port.
+    fn egress_snat(&mut self) {
+        let set = self.set;
+        for r in &set.egress {
+            if let Some(g) = self.mapped(Section::Egress, r.family, r.port, r.targets.len()) {
+                if self.first(Chain::Postrouting, g) {
+                    let m = vec![self.not_iif(), self.oif(), Match::L4(g.proto), ct_dnat()];
+                    let v = Verdict::SnatMap(g.with(MapKind::EgressSnat));
+                    self.push(Chain::Postrouting, Some(g.family), m, v, g.comment());
+                }
+                continue;
+            }
+            let mut m = vec![self.not_iif(), self.oif(), Match::Daddr(hosts(&r.targets))];
+            m.extend(r.port.map(|p| Match::Dport(p.proto, p.target)));
+            m.push(Match::CtDnat {
+                orig_daddr: BTreeSet::new(),
+                orig_dport: r.port.map(|p| p.listen),
+            });
+            let c = r.origin.to_string();
+            let v = Verdict::Snat(r.snat_to);
+            self.push(Chain::Postrouting, Some(r.family), m, v, c);
+        }
+    }
+
+    /// Postrouting, `router.snat`: tunnel traffic routed out of another interface, to where
+    /// `[router]` lets it go, is masqueraded.
+    fn router_masquerade(&mut self) {
+        if !self.set.router.snat {
+            return;
+        }
+        for (family, dst, comment) in router_scopes(self.set) {
+            let mut m = vec![self.iif(), self.not_oif()];
+            m.extend(dst);
+            self.push(Chain::Postrouting, family, m, Verdict::Masquerade, comment);
+        }
+    }
+
+    /// Forward: packets of known connections, either way, pass before any other rule.
+    fn forward_replies(&mut self) {
+        for dir in [self.iif(), self.oif()] {
+            let m = vec![dir, Match::CtEstablished];
+            let c = COMMENT_RETURN.into();
+            self.push(Chain::Forward, None, m, Verdict::Accept, c);
+        }
+    }
+
+    /// Forward, ingress: exactly the connections the ingress DNAT sent, to their targets.
+    fn forward_ingress(&mut self) {
+        let set = self.set;
+        for r in &set.ingress {
+            if let Some(g) = self.mapped(Section::Ingress, r.family, r.port, r.targets.len()) {
+                if self.first(Chain::Forward, g) {
+                    let conn = Match::InSet(g.with(MapKind::IngressConn));
+                    let m = vec![self.iif(), Match::L4(g.proto), ct_dnat(), conn];
+                    let (f, c) = (Some(g.family), g.comment());
+                    self.push(Chain::Forward, f, m, Verdict::Accept, c);
+                }
+                continue;
+            }
+            let mut m = vec![self.iif(), Match::Daddr(hosts(&r.targets))];
+            m.extend(r.port.map(|p| Match::Dport(p.proto, p.target)));
+            m.push(Match::CtDnat {
+                orig_daddr: r.tunnel_addrs.clone(),
+                orig_dport: r.port.map(|p| p.listen),
+            });
+            let c = r.origin.to_string();
+            self.push(Chain::Forward, Some(r.family), m, Verdict::Accept, c);
+        }
+    }
+
+    /// Forward, egress: exactly the connections the egress DNAT sent into the tunnel.
+    fn forward_egress(&mut self) {
+        let set = self.set;
+        for r in &set.egress {
+            if let Some(g) = self.mapped(Section::Egress, r.family, r.port, r.targets.len()) {
+                if self.first(Chain::Forward, g) {
+                    let conn = Match::InSet(g.with(MapKind::EgressConn));
+                    let m = vec![
+                        self.not_iif(),
+                        self.oif(),
+                        Match::L4(g.proto),
+                        ct_dnat(),
+                        conn,
+                    ];
+                    let (f, c) = (Some(g.family), g.comment());
+                    self.push(Chain::Forward, f, m, Verdict::Accept, c);
+                }
+                continue;
+            }
+            let mut m = vec![self.not_iif(), self.oif(), Match::Daddr(hosts(&r.targets))];
+            m.extend(r.port.map(|p| Match::Dport(p.proto, p.target)));
+            m.push(Match::CtDnat {
+                orig_daddr: BTreeSet::new(),
+                orig_dport: r.port.map(|p| p.listen),
+            });
+            let c = r.origin.to_string();
+            self.push(Chain::Forward, Some(r.family), m, Verdict::Accept, c);
+        }
+    }
+
+    /// Forward, `router.exit_node_lan = false`: before the exit node's "anywhere", its
+    /// advertised networks stay reachable, the other private ranges do not.
+    fn forward_exit_node_lan(&mut self) {
+        if !self.set.router.exit_node || self.set.router.exit_node_lan {
+            return;
+        }
+        for (family, dst, comment) in advertised_scopes(self.set) {
+            let mut m = vec![self.iif()];
+            m.extend(dst);
+            self.push(Chain::Forward, family, m, Verdict::Accept, comment);
+        }
+        for f in Family::ALL {
+            let m = vec![self.iif(), Match::Daddr(private_networks(f))];
+            let c = COMMENT_EXIT_LAN.into();
+            self.push(Chain::Forward, Some(f), m, Verdict::Drop, c);
+        }
+    }
+
+    /// Forward, `[router]`: tunnel traffic may go where the router grants (anywhere for an
+    /// exit node); everything else from the tunnel is dropped, except on an exit node.
+    fn forward_router(&mut self) {
+        for (family, dst, comment) in router_scopes(self.set) {
+            let mut m = vec![self.iif()];
+            m.extend(dst);
+            self.push(Chain::Forward, family, m, Verdict::Accept, comment);
+        }
+        if !self.set.router.exit_node {
+            let c = COMMENT_DROP.into();
+            self.push(Chain::Forward, None, vec![self.iif()], Verdict::Drop, c);
+        }
+    }
+
+    /// Input, `input_guard`: the tunnel reaches no listener of this host (the health port,
+    /// sshd, ...): only replies to connections the host opened, ICMP, and connections our
+    /// ingress DNAT sent to a target that is a local address. Forwarded ingress never passes
+    /// here. The rest is refused rather than dropped: unreachable either way, and a peer that
+    /// connects to an unlisted port of the tunnel address fails at once, as it did before the
+    /// guard.
+    fn input_guard(&mut self) {
+        if !self.set.input_guard {
+            return;
+        }
+        let m = vec![self.iif(), Match::CtEstablished];
+        let c = COMMENT_INPUT_RETURN.into();
+        self.push(Chain::Input, None, m, Verdict::Accept, c);
+        for f in Family::ALL {
+            let m = vec![self.iif(), Match::Icmp];
+            let c = COMMENT_INPUT_ICMP.into();
+            self.push(Chain::Input, Some(f), m, Verdict::Accept, c);
+        }
+        self.input_ingress();
+        let m = vec![self.iif(), Match::L4(Proto::Tcp)];
+        let (c, reject) = (COMMENT_INPUT_DROP, Verdict::Reject { tcp_reset: true });
+        self.push(Chain::Input, None, m, reject, c.into());
+        let reject = Verdict::Reject { tcp_reset: false };
+        self.push(Chain::Input, None, vec![self.iif()], reject, c.into());
+    }
+
+    /// Input, ingress to a local target: the forward accepts' matches, each with its own
+    /// comment ("... to this host").
+    fn input_ingress(&mut self) {
+        let set = self.set;
+        for r in &set.ingress {
+            if let Some(g) = self.mapped(Section::Ingress, r.family, r.port, r.targets.len()) {
+                if self.first(Chain::Input, g) {
+                    let conn = Match::InSet(g.with(MapKind::IngressConn));
+                    let m = vec![self.iif(), Match::L4(g.proto), ct_dnat(), conn];
+                    let c = format!("{} to this host", g.comment());
+                    self.push(Chain::Input, Some(g.family), m, Verdict::Accept, c);
+                }
+                continue;
+            }
+            let mut m = vec![self.iif(), Match::Daddr(hosts(&r.targets))];
+            m.extend(r.port.map(|p| Match::Dport(p.proto, p.target)));
+            m.push(Match::CtDnat {
+                orig_daddr: r.tunnel_addrs.clone(),
+                orig_dport: r.port.map(|p| p.listen),
+            });
+            let c = format!("{} to this host", r.origin);
+            self.push(Chain::Input, Some(r.family), m, Verdict::Accept, c);
+        }
+    }
+
+    /// MSS, `firewall.mss_clamp`: exactly one rule per direction.
+    fn mss_clamp(&mut self) {
+        if !self.set.mss_clamp {
+            return;
+        }
+        for dir in [self.iif(), self.oif()] {
+            let m = vec![dir, Match::TcpSyn];
+            let c = COMMENT_MSS.into();
+            self.push(Chain::Mss, None, m, Verdict::ClampMssToPmtu, c);
+        }
+    }
 }
 
 fn private_networks(family: Family) -> BTreeSet<IpNet> {
