@@ -134,8 +134,8 @@ pub const COMMENT_INPUT_RETURN: &str = "input: replies to connections this host 
 pub const COMMENT_INPUT_ICMP: &str = "input: icmp";
 pub const COMMENT_INPUT_DROP: &str = "input: nothing else from the tunnel to this host";
 
-/// Every rule of `set`, grouped by chain in [`Chain::ALL`] order, each chain in evaluation
-/// order: one rule per forwarded port (what iptables installs).
+/// Every rule of `set`, grouped by chain (Prerouting, Postrouting, Forward, Input, Mss: the
+/// order of [`lower_with`]'s steps), each chain in evaluation order: one rule per forwarded port (what iptables installs).
 pub fn lower(set: &RuleSet) -> Vec<Rule> {
     lower_with(set, &BTreeMap::new())
 }
@@ -619,7 +619,6 @@ fn hosts(addrs: &BTreeSet<IpAddr>) -> BTreeSet<IpNet> {
     addrs.iter().map(|a| IpNet::from(*a)).collect()
 }
 
-/// Whether a network is a single address (rendered without a prefix length in nftables).
 /// DNAT to `targets`, rewriting the port only where the mapping changes it.
 fn dnat(port: Option<crate::config::PortMap>, targets: &BTreeSet<IpAddr>) -> Verdict {
     Verdict::Dnat {
@@ -628,6 +627,7 @@ fn dnat(port: Option<crate::config::PortMap>, targets: &BTreeSet<IpAddr>) -> Ver
     }
 }
 
+/// Whether a network is a single address (rendered without a prefix length in nftables).
 pub fn is_host(net: &IpNet) -> bool {
     net.prefix_len() == net.max_prefix_len()
 }
