@@ -101,7 +101,7 @@ fn the_build_stage_copies_a_package_cargo_can_load() {
 fn without_the_test_and_bench_files_cargo_refuses_the_manifest() {
     let dir = std::env::temp_dir().join(format!("tg-containerfile-bare-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    for src in ["Cargo.toml", "Cargo.lock", "src"] {
+    for src in ["Cargo.toml", "Cargo.lock", "crates", "src"] {
         copy_tree(&repo().join(src), &dir.join(src));
     }
     let stderr = cargo_load(&dir);
