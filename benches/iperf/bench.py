@@ -83,7 +83,12 @@ BASELINE_SETUP = "tunnelgate-baseline"
 # udpmax: iperf3 UDP with 1392-byte datagrams at about the rate plain veth carries (--udp-max-rate);
 # pps64/pps64r: 64-byte UDP datagrams as fast as iperf3 sends them, a -> b and b -> a (-R).
 TESTS = ("tcp1", "tcp4", "udp", "udpmax", "ping")
-ALL_TESTS = TESTS + ("pps64", "pps64r")
+# uso/uso-off: a UDP_SEGMENT sender (benches/iperf/udpgso.py, as QUIC stacks send) a -> b, with
+# the tunnel interface's UDP segmentation offload (USO) on, and off (`ethtool -K IF
+# tx-udp-segmentation off`: the kernel then splits each super-datagram before the daemon sees it).
+ALL_TESTS = TESTS + ("pps64", "pps64r", "uso", "uso-off")
+UDPGSO = Path(__file__).resolve().parent / "udpgso.py"
+USO_PORT = 5301
 # The wireguard-go builds with offloads; headline ratios are against the faster of them.
 WGGO_STRONG = ("wireguard-go-upstream", "wireguard-go-tailscale")
 UDP_MAX_RATE = ["2.2G"]  # set by --udp-max-rate
@@ -487,8 +492,50 @@ def ping_rtt(setup: Setup) -> dict:
     }
 
 
+def uso_run(setup: Setup, duration: int, off: bool) -> dict:
+    """Delivered Gbit/s of a UDP_SEGMENT sender through the tunnel, USO on or off on side a's
+    tunnel interface (for plain veth: the veth's)."""
+    dev = setup.daemons["a"].ifname if setup.tunneled else f"{IF_PREFIX}{PID}s{setup.index}va"
+    r: dict = {}
+    if off:
+        p = nsx(setup.ns["a"], "ethtool", "-K", dev, "tx-udp-segmentation", "off", check=False)
+        if p.returncode != 0:
+            return {"error": f"ethtool -K {dev} tx-udp-segmentation off: {(p.stderr or p.stdout).strip()[:200]}"}
+    r["uso_feature"] = nsx(setup.ns["a"], "ethtool", "-k", dev, check=False).stdout.count("tx-udp-segmentation: on") > 0
+    server = subprocess.Popen(["ip", "netns", "exec", setup.ns["b"], sys.executable, str(UDPGSO), "server", str(USO_PORT), str(duration)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    try:
+        if not server.stdout or server.stdout.readline().strip() != "listening":
+            return {"error": f"udpgso server did not start: {server.stderr.read()[-200:] if server.stderr else ''}"}
+        before = setup.cpu()
+        client = nsx(setup.ns["a"], sys.executable, str(UDPGSO), "client", setup.target(), str(USO_PORT), str(duration), check=False, timeout=duration + 30)
+        after = setup.cpu()
+        out, _ = server.communicate(timeout=duration + 30)
+        got, sent = json.loads(out.strip().splitlines()[-1]), json.loads(client.stdout.strip().splitlines()[-1])
+    except (json.JSONDecodeError, IndexError, subprocess.TimeoutExpired) as e:
+        return {"error": f"udpgso: {e}"}
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+        if off:
+            nsx(setup.ns["a"], "ethtool", "-K", dev, "tx-udp-segmentation", "on", check=False)
+    r.update(bps=got["bytes"] * 8 / got["seconds"] if got["seconds"] else None, bytes=got["bytes"],
+             offered_bps=sent["bytes"] * 8 / sent["seconds"] if sent["seconds"] else None,
+             lost_percent=round(100 * (1 - got["bytes"] / sent["bytes"]), 2) if sent["bytes"] else None)
+    cpu = {k: (after[k] - before[k]) / CLK_TCK for k in before if before[k] is not None and after[k] is not None}
+    r["cpu_s"] = cpu
+    if cpu and got["bytes"]:
+        r["cpu_s_per_gb"] = round(sum(cpu.values()) / (got["bytes"] / 1e9), 3)
+    return r
+
+
 def measure(setup: Setup, test: str, duration: int, udp_window: str) -> dict:
     try:
+        if test.startswith("uso"):
+            r = uso_run(setup, duration, off=test == "uso-off")
+            setup.record_peak()
+            return r
         r = ping_rtt(setup) if test == "ping" else iperf(setup, test, duration, udp_window)
     except (subprocess.SubprocessError, OSError, SetupFailed) as e:
         r = {"error": f"{test}: {e}"}
@@ -553,7 +600,7 @@ def values(setup: dict, test: str, key: str) -> list[float]:
 def report(results: dict) -> str:
     m = results.get("meta", {})
     rows = [("setup", "TCP 1 Gbit/s", "TCP 4 Gbit/s", "UDP 1G loss %", "UDP Gbit/s", f"UDP {m.get('udpmax_offered', '?')} 1392B Gbit/s", "loss %",
-             "64B kpps a>b", "64B kpps b>a", "RTT ms", "CPU s/GB tcp1 (a+b)", "peak RSS MB a/b")]
+             "64B kpps a>b", "64B kpps b>a", "UDP_SEGMENT sender Gbit/s USO on/off", "RTT ms", "CPU s/GB tcp1 (a+b)", "peak RSS MB a/b")]
     for name, s in results["setups"].items():
         if s["status"] != "ok":
             rows.append((name, f"FAILED: {s['reason'][:200]}") + ("",) * (len(rows[0]) - 2))
@@ -571,6 +618,7 @@ def report(results: dict) -> str:
                 med_spread(values(s, "udpmax", "lost_percent"), 1, "{:.2f}"),
                 med_spread(values(s, "pps64", "pps"), 1e3, "{:.0f}"),
                 med_spread(values(s, "pps64r", "pps"), 1e3, "{:.0f}"),
+                med_spread(values(s, "uso", "bps"), 1e9) + " / " + med_spread(values(s, "uso-off", "bps"), 1e9),
                 med_spread(values(s, "ping", "rtt_avg_ms"), 1, "{:.3f}"),
                 med_spread(values(s, "tcp1", "cpu_s_per_gb"), 1, "{:.2f}") if s["daemons"] else "-",
                 rss_s if s["daemons"] else "-",
