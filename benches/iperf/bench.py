@@ -67,6 +67,10 @@ SETUPS = {
     # single stream, which runs on one worker either way.
     "tunnelgate-1worker": ("tunnelgate-1worker", "tunnelgate-1worker"),
     "wireguard-go": ("wireguard-go", "wireguard-go"),
+    # wireguard-go with TUN offloads (GSO/GRO), the strongest userspace peers: upstream master and
+    # Tailscale's fork, built in ../shared/bin (see its README). Skipped, with the reason, when absent.
+    "wireguard-go-upstream": ("wireguard-go-upstream", "wireguard-go-upstream"),
+    "wireguard-go-tailscale": ("wireguard-go-tailscale", "wireguard-go-tailscale"),
     "boringtun": ("boringtun", "boringtun"),
     "boringtun-t1": ("boringtun-t1", "boringtun-t1"),
     # Mullvad's fork of boringtun (gotatun-cli 0.10 has no --threads option).
@@ -76,7 +80,27 @@ SETUPS = {
 # With --baseline BIN: the same tunnelgate setup run by an earlier build, in the same run, to
 # show a change kept the packet path's speed on this very machine.
 BASELINE_SETUP = "tunnelgate-baseline"
-TESTS = ("tcp1", "tcp4", "udp", "ping")
+# udpmax: iperf3 UDP with 1392-byte datagrams at about the rate plain veth carries (--udp-max-rate);
+# pps64/pps64r: 64-byte UDP datagrams as fast as iperf3 sends them, a -> b and b -> a (-R).
+TESTS = ("tcp1", "tcp4", "udp", "udpmax", "ping")
+# uso/uso-off: a UDP_SEGMENT sender (benches/iperf/udpgso.py, as QUIC stacks send) a -> b, with
+# the tunnel interface's UDP segmentation offload (USO) on, and off (`ethtool -K IF
+# tx-udp-segmentation off`: the kernel then splits each super-datagram before the daemon sees it).
+ALL_TESTS = TESTS + ("pps64", "pps64r", "uso", "uso-off")
+UDPGSO = Path(__file__).resolve().parent / "udpgso.py"
+USO_PORT = 5301
+# The wireguard-go builds with offloads; headline ratios are against the faster of them.
+WGGO_STRONG = ("wireguard-go-upstream", "wireguard-go-tailscale")
+UDP_MAX_RATE = ["2.2G"]  # set by --udp-max-rate
+
+
+def shared_bin_dir() -> Path | None:
+    """../shared/bin beside the repository (a worktree under wt/ looks one level higher too), or
+    $TUNNELGATE_PEERS_BIN."""
+    env = os.environ.get("TUNNELGATE_PEERS_BIN")
+    candidates = [Path(env)] if env else []
+    candidates += [REPO.parent / "shared" / "bin", REPO.parents[1] / "shared" / "bin"]
+    return next((c for c in candidates if c.is_dir()), None)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -111,10 +135,25 @@ class WgStyle(Daemon):
 
 
 class WireguardGo(WgStyle):
+    """Debian's wireguard-go (PATH), or a build from ../shared/bin (`kind` names it)."""
+
     kind = "wireguard-go"
 
+    def __init__(self, ns, ifname, workdir, kind: str = "wireguard-go"):
+        super().__init__(ns, ifname, workdir)
+        self.kind = kind
+
+    def binary(self) -> str:
+        if self.kind == "wireguard-go":
+            return "wireguard-go"
+        d = shared_bin_dir()
+        path = d / self.kind if d else None
+        if path is None or not os.access(path, os.X_OK):
+            raise SetupFailed(f"skipped: no {self.kind} binary in ../shared/bin or $TUNNELGATE_PEERS_BIN (see shared/bin/README.md)")
+        return str(path)
+
     def start(self, side, peer_pub, peer_port):
-        self.spawn(["wireguard-go", "-f", self.ifname], {"WG_PROCESS_FOREGROUND": "1"})
+        self.spawn([self.binary(), "-f", self.ifname], {"WG_PROCESS_FOREGROUND": "1"})
         self.wait_socket()
         self.configure(side, peer_pub, peer_port)
 
@@ -156,6 +195,7 @@ class Tunnelgate(Daemon):
     unavailable = ""
 
     baseline = ""
+    baseline_env: dict[str, str] = {}
 
     def __init__(self, ns, ifname, workdir, seccomp: str = "enforce", baseline: bool = False, workers: int = 0):
         super().__init__(ns, ifname, workdir)
@@ -199,7 +239,10 @@ listen = ""
         # An earlier build may predate --seccomp: it runs with its own defaults.
         command = ([Tunnelgate.baseline, "run", "--config", str(config)] if self.use_baseline
                    else [Tunnelgate.binary, "run", "--config", str(config), "--seccomp", self.seccomp])
-        self.spawn(command, {"RUST_LOG": os.environ.get("RUST_LOG", "warn")})
+        env = {"RUST_LOG": os.environ.get("RUST_LOG", "warn")}
+        if self.use_baseline:
+            env.update(Tunnelgate.baseline_env)
+        self.spawn(command, env)
 
         self.wait_configured()
 
@@ -235,8 +278,8 @@ class Setup:
         ifname = f"{IF_PREFIX}{PID}s{self.index}{side}"
         assert len(ifname) <= 15, ifname
         ns = self.ns[side]
-        if kind == "wireguard-go":
-            return WireguardGo(ns, ifname, self.workdir)
+        if kind in ("wireguard-go",) + WGGO_STRONG:
+            return WireguardGo(ns, ifname, self.workdir, kind)
         if kind == "boringtun":
             return Boringtun(ns, ifname, self.workdir, None)
         if kind == "boringtun-t1":
@@ -345,6 +388,17 @@ def udp_counters(ns: str, port: int) -> tuple[int, int]:
     return rcvbuf, drops
 
 
+def tun_dropped(setup: Setup) -> dict[str, int]:
+    """Per side, the packets the kernel dropped on the tunnel interface (tx_dropped: its queue to
+    the daemon, the TUN ring of txqueuelen packets, was full; plus rx_dropped)."""
+    out = {}
+    for side, d in setup.daemons.items():
+        p = nsx(setup.ns[side], "cat", f"/sys/class/net/{d.ifname}/statistics/tx_dropped", f"/sys/class/net/{d.ifname}/statistics/rx_dropped", check=False)
+        nums = [int(x) for x in p.stdout.split() if x.isdigit()]
+        out[side] = sum(nums) if p.returncode == 0 else 0
+    return out
+
+
 def iperf(setup: Setup, test: str, duration: int, udp_window: str) -> dict:
     try:
         server = iperf3_server(setup.ns["b"], IPERF_PORT)
@@ -355,12 +409,18 @@ def iperf(setup: Setup, test: str, duration: int, udp_window: str) -> dict:
         args += ["--connect-timeout", "5000"]
         if test == "tcp4":
             args += ["-P", "4"]
-        elif test == "udp":
-            args += ["-u", "-b", "1G"]
+        elif test in ("udp", "udpmax", "pps64", "pps64r"):
+            rate = {"udp": "1G", "udpmax": UDP_MAX_RATE[0], "pps64": "0", "pps64r": "0"}[test]
+            args += ["-u", "-b", rate]
+            if test == "udpmax":
+                args += ["-l", "1392"]
+            elif test.startswith("pps64"):
+                args += ["-l", "64"] + (["-R"] if test == "pps64r" else [])
             if udp_window not in ("", "0"):
                 args += ["-w", udp_window]
         before = setup.cpu()
         counters_before = {side: udp_counters(setup.ns[side], 51820) for side in "ab"}
+        tun_before = tun_dropped(setup)
         t0 = time.monotonic()
         try:
             p = nsx(setup.ns["a"], *args, check=False, timeout=duration + 30)
@@ -369,6 +429,7 @@ def iperf(setup: Setup, test: str, duration: int, udp_window: str) -> dict:
         wall = time.monotonic() - t0
         after = setup.cpu()
         counters_after = {side: udp_counters(setup.ns[side], 51820) for side in "ab"}
+        tun_after = tun_dropped(setup)
         try:
             j = json.loads(p.stdout)
         except json.JSONDecodeError:
@@ -377,7 +438,7 @@ def iperf(setup: Setup, test: str, duration: int, udp_window: str) -> dict:
             return {"error": f"iperf3: {j['error']}"}
         end = j.get("end", {})
         r: dict = {"wall_s": round(wall, 3)}
-        if test == "udp":
+        if test != "tcp1" and test != "tcp4":
             s = end.get("sum", {})
             recv = end.get("sum_received", s)
             r.update(
@@ -389,6 +450,9 @@ def iperf(setup: Setup, test: str, duration: int, udp_window: str) -> dict:
                 jitter_ms=s.get("jitter_ms"),
                 blksize=j.get("start", {}).get("test_start", {}).get("blksize"),
             )
+            # Datagrams delivered per second (the receiver's count: sent minus lost).
+            if s.get("packets") is not None and s.get("lost_packets") is not None and s.get("seconds"):
+                r["pps"] = round((s["packets"] - s["lost_packets"]) / s["seconds"])
         else:
             recv, sent = end.get("sum_received", {}), end.get("sum_sent", {})
             r.update(bps=recv.get("bits_per_second"), bytes=recv.get("bytes"), retransmits=sent.get("retransmits"))
@@ -406,6 +470,7 @@ def iperf(setup: Setup, test: str, duration: int, udp_window: str) -> dict:
             "daemon_b": d_sock["b"] if setup.tunneled else None,
             "other_b": d_rcv["b"] - (d_sock["b"] if setup.tunneled else 0),
         }
+        r["tun_dropped"] = {k: tun_after[k] - tun_before.get(k, 0) for k in tun_after}
         if cpu and r.get("bytes"):
             r["cpu_s_per_gb"] = round(sum(cpu.values()) / (r["bytes"] / 1e9), 3)
         return r
@@ -427,8 +492,50 @@ def ping_rtt(setup: Setup) -> dict:
     }
 
 
+def uso_run(setup: Setup, duration: int, off: bool) -> dict:
+    """Delivered Gbit/s of a UDP_SEGMENT sender through the tunnel, USO on or off on side a's
+    tunnel interface (for plain veth: the veth's)."""
+    dev = setup.daemons["a"].ifname if setup.tunneled else f"{IF_PREFIX}{PID}s{setup.index}va"
+    r: dict = {}
+    if off:
+        p = nsx(setup.ns["a"], "ethtool", "-K", dev, "tx-udp-segmentation", "off", check=False)
+        if p.returncode != 0:
+            return {"error": f"ethtool -K {dev} tx-udp-segmentation off: {(p.stderr or p.stdout).strip()[:200]}"}
+    r["uso_feature"] = nsx(setup.ns["a"], "ethtool", "-k", dev, check=False).stdout.count("tx-udp-segmentation: on") > 0
+    server = subprocess.Popen(["ip", "netns", "exec", setup.ns["b"], sys.executable, str(UDPGSO), "server", str(USO_PORT), str(duration)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    try:
+        if not server.stdout or server.stdout.readline().strip() != "listening":
+            return {"error": f"udpgso server did not start: {server.stderr.read()[-200:] if server.stderr else ''}"}
+        before = setup.cpu()
+        client = nsx(setup.ns["a"], sys.executable, str(UDPGSO), "client", setup.target(), str(USO_PORT), str(duration), check=False, timeout=duration + 30)
+        after = setup.cpu()
+        out, _ = server.communicate(timeout=duration + 30)
+        got, sent = json.loads(out.strip().splitlines()[-1]), json.loads(client.stdout.strip().splitlines()[-1])
+    except (json.JSONDecodeError, IndexError, subprocess.TimeoutExpired) as e:
+        return {"error": f"udpgso: {e}"}
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+        if off:
+            nsx(setup.ns["a"], "ethtool", "-K", dev, "tx-udp-segmentation", "on", check=False)
+    r.update(bps=got["bytes"] * 8 / got["seconds"] if got["seconds"] else None, bytes=got["bytes"],
+             offered_bps=sent["bytes"] * 8 / sent["seconds"] if sent["seconds"] else None,
+             lost_percent=round(100 * (1 - got["bytes"] / sent["bytes"]), 2) if sent["bytes"] else None)
+    cpu = {k: (after[k] - before[k]) / CLK_TCK for k in before if before[k] is not None and after[k] is not None}
+    r["cpu_s"] = cpu
+    if cpu and got["bytes"]:
+        r["cpu_s_per_gb"] = round(sum(cpu.values()) / (got["bytes"] / 1e9), 3)
+    return r
+
+
 def measure(setup: Setup, test: str, duration: int, udp_window: str) -> dict:
     try:
+        if test.startswith("uso"):
+            r = uso_run(setup, duration, off=test == "uso-off")
+            setup.record_peak()
+            return r
         r = ping_rtt(setup) if test == "ping" else iperf(setup, test, duration, udp_window)
     except (subprocess.SubprocessError, OSError, SetupFailed) as e:
         r = {"error": f"{test}: {e}"}
@@ -491,10 +598,12 @@ def values(setup: dict, test: str, key: str) -> list[float]:
 
 
 def report(results: dict) -> str:
-    rows = [("setup", "TCP 1 Gbit/s", "TCP 4 Gbit/s", "UDP 1G loss %", "UDP Gbit/s", "RTT ms", "CPU s/GB tcp1 (a+b)", "peak RSS MB a/b")]
+    m = results.get("meta", {})
+    rows = [("setup", "TCP 1 Gbit/s", "TCP 4 Gbit/s", "UDP 1G loss %", "UDP Gbit/s", f"UDP {m.get('udpmax_offered', '?')} 1392B Gbit/s", "loss %",
+             "64B kpps a>b", "64B kpps b>a", "UDP_SEGMENT sender Gbit/s USO on/off", "RTT ms", "CPU s/GB tcp1 (a+b)", "peak RSS MB a/b")]
     for name, s in results["setups"].items():
         if s["status"] != "ok":
-            rows.append((name, f"FAILED: {s['reason'][:200]}", "", "", "", "", "", ""))
+            rows.append((name, f"FAILED: {s['reason'][:200]}") + ("",) * (len(rows[0]) - 2))
             continue
         rss = s.get("peak_rss_kib", {})
         rss_s = "/".join(f"{rss[k] / 1024:.1f}" if rss.get(k) else "-" for k in sorted(rss)) or "-"
@@ -505,6 +614,11 @@ def report(results: dict) -> str:
                 med_spread(values(s, "tcp4", "bps"), 1e9),
                 med_spread(values(s, "udp", "lost_percent"), 1, "{:.2f}"),
                 med_spread(values(s, "udp", "bps"), 1e9),
+                med_spread(values(s, "udpmax", "bps"), 1e9),
+                med_spread(values(s, "udpmax", "lost_percent"), 1, "{:.2f}"),
+                med_spread(values(s, "pps64", "pps"), 1e3, "{:.0f}"),
+                med_spread(values(s, "pps64r", "pps"), 1e3, "{:.0f}"),
+                med_spread(values(s, "uso", "bps"), 1e9) + " / " + med_spread(values(s, "uso-off", "bps"), 1e9),
                 med_spread(values(s, "ping", "rtt_avg_ms"), 1, "{:.3f}"),
                 med_spread(values(s, "tcp1", "cpu_s_per_gb"), 1, "{:.2f}") if s["daemons"] else "-",
                 rss_s if s["daemons"] else "-",
@@ -529,6 +643,16 @@ def report(results: dict) -> str:
             other = values(s, "tcp1", "bps") if s["status"] == "ok" else []
             if name != "tunnelgate" and other:
                 out.append(f"  tunnelgate / {name:<{width}} {statistics.median(tg1) / statistics.median(other):6.2f}x")
+        strong = {n: statistics.median(v) for n in WGGO_STRONG
+                  if results["setups"].get(n, {}).get("status") == "ok" and (v := values(results["setups"][n], "tcp1", "bps"))}
+        if strong:
+            best = max(strong, key=strong.get)
+            out.append(f"Headline: tunnelgate / the faster wireguard-go with offloads ({best}) = {statistics.median(tg1) / strong[best]:.2f}x single stream")
+            cpu = {n: values(results["setups"][n], "tcp1", "cpu_s_per_gb") for n in [best, "tunnelgate"]}
+            if all(cpu.values()):
+                out.append(f"  CPU s/GB (both daemons): tunnelgate {statistics.median(cpu['tunnelgate']):.2f}, {best} {statistics.median(cpu[best]):.2f}")
+        else:
+            out.append("Headline: no wireguard-go build with offloads ran (../shared/bin missing?): no headline ratio.")
     else:
         out.append("TCP single-stream ratios: no tunnelgate figures (the tunnelgate setup did not run).")
     return "\n".join(out)
@@ -590,10 +714,13 @@ def main() -> int:
         help="iperf3 -w for the UDP test (default %(default)s; 0 = iperf3's default, whose ~208 KB "
         "receive buffer drops datagrams in the iperf3 server itself, even on plain veth)",
     )
+    ap.add_argument("--udp-max-rate", default="2.2G", help="iperf3 -b of the udpmax test (1392-byte datagrams; default %(default)s, about what plain veth carries here)")
+    ap.add_argument("--tests", default=",".join(TESTS), help=f"comma-separated subset of: {', '.join(ALL_TESTS)} (default %(default)s)")
     ap.add_argument("--setups", default=",".join(SETUPS), help=f"comma-separated subset of: {', '.join(SETUPS)}")
     add_output_args(ap, "iperf")
     ap.add_argument("--no-build", action="store_true", help="do not run cargo build --release")
     ap.add_argument("--baseline", metavar="BIN", help=f"an earlier tunnelgate binary: adds setup {BASELINE_SETUP} (tunnelgate <-> tunnelgate with it)")
+    ap.add_argument("--baseline-env", default="", metavar="K=V,...", help=f"environment of the {BASELINE_SETUP} daemons only (e.g. the same binary with TUNNELGATE_SOCKET_BUFFER=... to compare queue sizes)")
     ap.add_argument("--tunnelgate", help="tunnelgate binary (default target/release/tunnelgate, built first)")
     ap.add_argument("--boringtun", help="boringtun-cli binary (default: PATH, else cargo install into the cache)")
     ap.add_argument("--gotatun", help="gotatun binary (default: PATH, else cargo install gotatun-cli into the cache)")
@@ -612,9 +739,14 @@ def main() -> int:
         if not os.access(args.baseline, os.X_OK):
             ap.error(f"--baseline {args.baseline}: not an executable")
         Tunnelgate.baseline = os.path.abspath(args.baseline)
+        Tunnelgate.baseline_env = dict(kv.split("=", 1) for kv in args.baseline_env.split(",") if "=" in kv)
         SETUPS[BASELINE_SETUP] = (BASELINE_SETUP, BASELINE_SETUP)
         if BASELINE_SETUP not in args.setups:
             args.setups += f",{BASELINE_SETUP}"
+    UDP_MAX_RATE[0] = args.udp_max_rate
+    tests = [t.strip() for t in args.tests.split(",") if t.strip()]
+    if any(t not in ALL_TESTS for t in tests):
+        ap.error(f"unknown test(s) in {args.tests}; known: {', '.join(ALL_TESTS)}")
     names = [s.strip() for s in args.setups.split(",") if s.strip()]
     unknown = [n for n in names if n not in SETUPS]
     if unknown:
@@ -646,6 +778,9 @@ def main() -> int:
             "loadavg_start": open("/proc/loadavg").read().split()[:3],
             "mtu": MTU,
             "udp_offered": "1G",
+            "udpmax_offered": args.udp_max_rate,
+            "tests": tests,
+            "wireguard_go_builds": str(shared_bin_dir() or ""),
             "udp_window": args.udp_window,
         },
         "setups": {},
@@ -664,10 +799,12 @@ def main() -> int:
         results["meta"]["versions"] = {
             "iperf3": version_of(["iperf3", "--version"]),
             "wireguard-go": version_of(["wireguard-go", "--version"]),
+            **{k: version_of([str(d / k), "--version"]) for d in [shared_bin_dir()] if d for k in WGGO_STRONG if (d / k).exists()},
             "boringtun-cli": version_of([Boringtun.binary, "--version"]) if Boringtun.binary else None,
             "gotatun": version_of([Gotatun.binary, "--version"]) if Gotatun.binary else None,
             "tunnelgate": Tunnelgate.binary or None,
             BASELINE_SETUP: Tunnelgate.baseline or None,
+            BASELINE_SETUP + "-env": Tunnelgate.baseline_env or None,
         }
         for s in setups:
             log(f"==> starting {s.name}")
@@ -687,18 +824,20 @@ def main() -> int:
                     continue
                 n += 1
                 log(f"==> round {rnd + 1}/{args.rounds}, {s.name} ({n}/{total})")
-                for test in TESTS:
+                for test in tests:
                     r = measure(s, test, args.duration, args.udp_window)
                     r.update(round=rnd + 1, test=test)
                     s.runs.append(r)
                     summary = r.get("error") or ", ".join(
                         f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
                         for k, v in r.items()
-                        if k in ("bps", "lost_percent", "rtt_avg_ms", "cpu_s_per_gb", "retransmits")
+                        if k in ("bps", "lost_percent", "rtt_avg_ms", "cpu_s_per_gb", "retransmits", "pps")
                     )
                     drops = r.get("udp_rcvbuf_drops") or {}
                     if any(drops.values()):
                         summary += ", rcvbuf drops " + " ".join(f"{k}={v}" for k, v in drops.items() if v)
+                    if any((r.get("tun_dropped") or {}).values()):
+                        summary += ", tun drops " + " ".join(f"{k}={v}" for k, v in r["tun_dropped"].items() if v)
                     log(f"    {test:5} {summary}")
                     try:
                         s.check_alive()

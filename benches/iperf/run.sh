@@ -15,6 +15,6 @@ if [[ "$(id -u)" != "0" ]]; then
 fi
 
 source scripts/packages.sh
-install_missing iperf3 wireguard-go wireguard-tools iproute2 iputils-ping python3 || true
+install_missing iperf3 wireguard-go wireguard-tools iproute2 iputils-ping python3 ethtool || true
 
 exec python3 benches/iperf/bench.py "$@"

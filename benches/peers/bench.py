@@ -115,6 +115,22 @@ mtu = {MTU}
         self.wait_configured()
 
 
+WGGO_BUILDS = ("wireguard-go-upstream", "wireguard-go-tailscale")
+
+
+def wggo_binary(kind: str) -> str:
+    """Debian's wireguard-go (PATH), or one of the builds with offloads in ../shared/bin beside the
+    repository (a worktree under wt/ looks one level higher), or $TUNNELGATE_PEERS_BIN."""
+    if kind == "wireguard-go":
+        return "wireguard-go"
+    env = os.environ.get("TUNNELGATE_PEERS_BIN")
+    dirs = ([Path(env)] if env else []) + [REPO.parent / "shared" / "bin", REPO.parents[1] / "shared" / "bin"]
+    for d in dirs:
+        if os.access(d / kind, os.X_OK):
+            return str(d / kind)
+    raise CommandFailed(f"skipped: no {kind} binary in ../shared/bin or $TUNNELGATE_PEERS_BIN (see shared/bin/README.md)")
+
+
 class Client(Daemon):
     """One client peer: a bare interface (`tunnelgate userspace` or wireguard-go) set up with `wg`
     and `ip`, whose tunnel routes the gateway's address and the server subnet."""
@@ -124,8 +140,8 @@ class Client(Daemon):
         self.index, self.kind, self.binary = index, kind, binary
 
     def start(self, gateway_pub: str) -> None:
-        if self.kind == "wireguard-go":
-            self.spawn(["wireguard-go", "-f", self.ifname], {"WG_PROCESS_FOREGROUND": "1"})
+        if self.kind.startswith("wireguard-go"):
+            self.spawn([wggo_binary(self.kind), "-f", self.ifname], {"WG_PROCESS_FOREGROUND": "1"})
         else:
             self.spawn([self.binary, "userspace", "-f", self.ifname], {"RUST_LOG": os.environ.get("RUST_LOG", "warn")})
         self.wait_socket()
@@ -488,7 +504,7 @@ def main() -> int:
         help="a tunnelgate build to run as the gateway; repeat it to compare builds in one run (default: this tree's target/release/tunnelgate, built first)",
     )
     ap.add_argument("--no-build", action="store_true", help="without --binary: use target/release/tunnelgate as it is")
-    ap.add_argument("--client", choices=("tunnelgate", "wireguard-go"), default="tunnelgate", help="what the client peers run (default %(default)s: `tunnelgate userspace`)")
+    ap.add_argument("--client", choices=("tunnelgate", "wireguard-go") + WGGO_BUILDS, default="tunnelgate", help="what the client peers run (default %(default)s: `tunnelgate userspace`)")
     ap.add_argument("--client-binary", metavar="PATH", help="the tunnelgate for `--client tunnelgate` (default: the first gateway build)")
     ap.add_argument("--server-at", choices=("subnet", "gateway"), default="subnet", help="iperf3 servers in a namespace behind the gateway (default) or on its tunnel address")
     add_output_args(ap, "peers")
@@ -508,6 +524,11 @@ def main() -> int:
     if os.geteuid() != 0:
         ap.error("needs root (network namespaces): run benches/peers/run.sh as root")
     needed = ("iperf3", "wg", "ip", "ping", "ss", "nft") + (("wireguard-go",) if args.client == "wireguard-go" else ())
+    if args.client in WGGO_BUILDS:
+        try:
+            wggo_binary(args.client)
+        except CommandFailed as e:
+            ap.error(str(e))
     missing = [t for t in needed if not shutil.which(t)]
     if missing:
         ap.error(f"missing tools: {', '.join(missing)} (benches/peers/run.sh installs them)")
@@ -550,7 +571,7 @@ def main() -> int:
         results["meta"]["gateway_binaries"] = dict(builds)
         results["meta"]["versions"] = {
             "iperf3": version_of(["iperf3", "--version"]),
-            "client": version_of(["wireguard-go", "--version"]) if args.client == "wireguard-go" else args.client_binary,
+            "client": version_of([wggo_binary(args.client), "--version"]) if args.client.startswith("wireguard-go") else args.client_binary,
         }
         topologies = [Topology(i, label, path, peer_counts[-1], args, workdir) for i, (label, path) in enumerate(builds)]
         for t in topologies:

@@ -22,6 +22,16 @@ pub enum TunError {
 /// Senders' socket buffers still bound what can pile up here.
 const TX_QUEUE_PACKETS: u32 = 4096;
 
+/// `TX_QUEUE_PACKETS`, or `TUNNELGATE_TUN_TXQUEUELEN` (16 to 65536) for the benchmarks that
+/// compare queue lengths.
+fn tx_queue_packets() -> u32 {
+    std::env::var("TUNNELGATE_TUN_TXQUEUELEN")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+        .filter(|n| (16..=65536).contains(n))
+        .unwrap_or(TX_QUEUE_PACKETS)
+}
+
 /// Creates `name` with one queue. Refuses to take over an existing interface: a second daemon
 /// with the same name must not silently share (and on exit delete) the first one's device.
 pub fn create(name: &str, mtu: u16) -> Result<SyncDevice, TunError> {
@@ -48,7 +58,7 @@ pub fn create_queues(name: &str, mtu: u16, queues: usize) -> Result<Vec<SyncDevi
         .mtu(mtu)
         .offload(true)
         .multi_queue(queues > 1)
-        .tx_queue_len(TX_QUEUE_PACKETS)
+        .tx_queue_len(tx_queue_packets())
         .build_sync()
         .map_err(failed)?;
     let mut all = Vec::with_capacity(queues);

@@ -21,6 +21,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// Kernel socket buffer size. The default ~208 KB drops packets at a few hundred Mbit/s;
 /// wireguard-go upstream settled on 7 MB.
 const SOCKET_BUFFER_BYTES: usize = 7 << 20;
+
+/// The socket buffer size: `SOCKET_BUFFER_BYTES`, or `TUNNELGATE_SOCKET_BUFFER` (bytes, 64 KiB to
+/// 64 MiB) for the benchmarks that compare sizes.
+fn socket_buffer_bytes() -> usize {
+    std::env::var("TUNNELGATE_SOCKET_BUFFER")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|n| (64 << 10..=64 << 20).contains(n))
+        .unwrap_or(SOCKET_BUFFER_BYTES)
+}
 /// Messages moved per system call.
 pub const BATCH: usize = 64;
 /// Largest datagram we accept in one piece.
@@ -117,25 +127,26 @@ impl WgSocket {
             }
         };
         // Force past rmem_max as root; fall back to the capped request otherwise.
+        let buffer = socket_buffer_bytes();
         if set_int(
             &socket,
             libc::SOL_SOCKET,
             libc::SO_RCVBUFFORCE,
-            SOCKET_BUFFER_BYTES as libc::c_int,
+            buffer as libc::c_int,
         )
         .is_err()
         {
-            let _ = socket.set_recv_buffer_size(SOCKET_BUFFER_BYTES);
+            let _ = socket.set_recv_buffer_size(buffer);
         }
         if set_int(
             &socket,
             libc::SOL_SOCKET,
             libc::SO_SNDBUFFORCE,
-            SOCKET_BUFFER_BYTES as libc::c_int,
+            buffer as libc::c_int,
         )
         .is_err()
         {
-            let _ = socket.set_send_buffer_size(SOCKET_BUFFER_BYTES);
+            let _ = socket.set_send_buffer_size(buffer);
         }
         if let Some(mark) = fwmark {
             socket.set_mark(mark)?;
