@@ -285,6 +285,42 @@ pub fn lan_pair(a4: &str, a6: &str, b4: &str, b6: &str) -> (Netns, Netns, Veth) 
     (a, b, v)
 }
 
+/// Two fresh namespaces joined by a veth pair with IPv4 only: `a` gets `a4/24`, `b` gets `b4/24`.
+pub fn lan_pair_v4(a4: &str, b4: &str) -> (Netns, Netns, Veth) {
+    let a = Netns::new();
+    let b = Netns::new();
+    let v = veth(&a, &[&format!("{a4}/24")], &b, &[&format!("{b4}/24")]);
+    (a, b, v)
+}
+
+/// The three-namespace lab most forwarding suites use: a client, a proxy and a cluster
+/// namespace, fresh (root is required), the client and the proxy on one veth pair, the proxy
+/// and the cluster on another. Addresses are CIDRs (`192.168.74.1/24`).
+pub struct Lab3 {
+    pub client: Netns,
+    pub proxy: Netns,
+    pub cluster: Netns,
+}
+
+impl Lab3 {
+    pub fn new(
+        client: &[&str],
+        proxy_lan: &[&str],
+        proxy_cluster: &[&str],
+        cluster: &[&str],
+    ) -> Lab3 {
+        require_root();
+        let lab = Lab3 {
+            client: Netns::new(),
+            proxy: Netns::new(),
+            cluster: Netns::new(),
+        };
+        veth(&lab.client, client, &lab.proxy, proxy_lan);
+        veth(&lab.proxy, proxy_cluster, &lab.cluster, cluster);
+        lab
+    }
+}
+
 /// `ip addr add ADDR dev DEV` (with `nodad` for IPv6).
 pub fn add_addr(ns: &Netns, dev: &str, addr: &str) {
     if addr.contains(':') {
