@@ -155,27 +155,7 @@ impl Tunnelgate {
 
     /// [`Tunnelgate::spawn`] with extra environment variables (e.g. `RUST_LOG`).
     pub fn spawn_env(ns: &Netns, cfg: TgConfig, env: &[(&str, &str)]) -> Tunnelgate {
-        let dir = TempDir::new(&cfg.name);
-        dir.write_secret("private.key", &format!("{}\n", cfg.key.private));
-        let config_path = dir.write("tunnelgate.toml", &cfg.render("private.key"));
-        let mut cmd = ns.command(&[
-            tunnelgate_bin(),
-            "run",
-            "--config",
-            &config_path.display().to_string(),
-        ]);
-        cmd.env("RUST_BACKTRACE", "1");
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let proc = Proc::spawn(cmd, "tunnelgate", dir.path());
-        Tunnelgate {
-            ns: ns.name.clone(),
-            cfg,
-            dir,
-            config_path,
-            proc,
-        }
+        Tunnelgate::spawn_args_env(ns, cfg, &[], env)
     }
 
     /// Waits until the TUN device is up, the UAPI socket exists and (if health is enabled)

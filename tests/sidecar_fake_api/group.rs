@@ -109,6 +109,26 @@ pub(crate) fn replica(inputs: &Inputs, ordinal: u32, tag: &str) -> Sidecar {
     )
 }
 
+/// Replica 0 of the group, with a `resolv.conf` whose name server (127.0.0.1:53, where nothing
+/// listens) answers nothing: only `/etc/hosts` names resolve.
+pub(crate) fn replica_without_dns(inputs: &Inputs, tag: &str) -> Sidecar {
+    let resolv = inputs.dir.join("resolv.conf");
+    std::fs::write(&resolv, "nameserver 127.0.0.1\n").expect("resolv.conf");
+    let resolv = resolv.display().to_string();
+    let pod = format!("{GROUP}-0");
+    Sidecar::start_with(
+        inputs,
+        &format!("{pod}-{tag}"),
+        &["--proxy-group", GROUP],
+        &[
+            ("POD_NAME", pod.as_str()),
+            ("POD_NAMESPACE", NS),
+            ("TUNNELGATE_ADDRESS_POOLS", POOL),
+            ("TUNNELGATE_RESOLV_CONF", resolv.as_str()),
+        ],
+    )
+}
+
 pub(crate) fn is_patch_of(name: &str) -> impl Fn(&Recorded) -> bool + '_ {
     move |r| {
         r.method == Method::PATCH && r.path == format!("/api/v1/namespaces/{NS}/secrets/{name}")
@@ -406,21 +426,8 @@ async fn group_service_whose_name_does_not_resolve_gets_a_warning_event() {
     let inputs = Inputs::new(&fake, "group-dns");
     // The pod's DNS: /etc/hosts answers `localhost`; the name server (nothing listens on
     // 127.0.0.1:53) answers nothing else.
-    let resolv = inputs.dir.join("resolv.conf");
-    std::fs::write(&resolv, "nameserver 127.0.0.1\n").expect("resolv.conf");
-    let resolv = resolv.display().to_string();
+    let r0 = replica_without_dns(&inputs, "dns");
     let pod = format!("{GROUP}-0");
-    let r0 = Sidecar::start_with(
-        &inputs,
-        "tgp-0-dns",
-        &["--proxy-group", GROUP],
-        &[
-            ("POD_NAME", pod.as_str()),
-            ("POD_NAMESPACE", NS),
-            ("TUNNELGATE_ADDRESS_POOLS", POOL),
-            ("TUNNELGATE_RESOLV_CONF", resolv.as_str()),
-        ],
-    );
     let name_events = || -> Vec<Value> {
         events(&fake)
             .into_iter()

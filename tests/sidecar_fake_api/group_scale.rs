@@ -295,21 +295,7 @@ async fn group_at_20000_services_fits_the_secret_and_memory_stays_under_64_mib()
     let fake = Fake::start_many(services, replica_secrets(1)).await;
     let inputs = Inputs::new(&fake, "scale-20k");
     // The pod's DNS: nothing listens on 127.0.0.1:53, so no name resolves.
-    let resolv = inputs.dir.join("resolv.conf");
-    std::fs::write(&resolv, "nameserver 127.0.0.1\n").expect("resolv.conf");
-    let resolv = resolv.display().to_string();
-    let pod = format!("{GROUP}-0");
-    let r0 = Sidecar::start_with(
-        &inputs,
-        "tgp-0-20k",
-        &["--proxy-group", GROUP],
-        &[
-            ("POD_NAME", pod.as_str()),
-            ("POD_NAMESPACE", NS),
-            ("TUNNELGATE_ADDRESS_POOLS", POOL),
-            ("TUNNELGATE_RESOLV_CONF", resolv.as_str()),
-        ],
-    );
+    let r0 = replica_without_dns(&inputs, "20k");
     let started = tokio::time::Instant::now();
     serves(&fake, &r0, 0, 1, 20_000).await;
     let converged = started.elapsed();
