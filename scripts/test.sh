@@ -19,7 +19,7 @@ is_root() { [[ "$(id -u)" == "0" ]]; }
 source scripts/packages.sh
 install_missing wireguard-go wireguard-tools iperf3 nftables iptables dnsmasq iproute2 iputils-ping procps ||
     echo "warning: the netns suites need them" >&2
-# tests/systemd_unit.rs boots a real systemd in systemd-nspawn, on a Debian rootfs it debootstraps
+# tests/systemd_unit/ boots a real systemd in systemd-nspawn, on a Debian rootfs it debootstraps
 # once into /var/tmp/tunnelgate-test-rootfs (skipped with a message when it cannot).
 install_missing systemd-container debootstrap util-linux ||
     echo "warning: the booted-systemd test will be skipped" >&2

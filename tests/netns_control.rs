@@ -58,14 +58,7 @@ fn a_reload_removes_a_tunnel_address_that_left_the_config() {
 #[ignore = "needs root"]
 fn a_keepalive_only_change_keeps_the_session() {
     require_root();
-    let a = Netns::new();
-    let b = Netns::new();
-    veth(
-        &a,
-        &[&format!("{A_LAN4}/24")],
-        &b,
-        &[&format!("{B_LAN4}/24")],
-    );
+    let (a, b, _) = lan_pair_v4(A_LAN4, B_LAN4);
     let wg = WgGo::start(&b, WG_PORT, &["100.64.8.2/32"]);
     let cfg = TgConfig::new(TG_PORT, &["100.64.8.1/32"]).peer(
         Peer::new(wg.public_key(), &["100.64.8.2/32"])

@@ -123,69 +123,11 @@ fn ingress(ports: &[u16]) -> String {
     )
 }
 
-/// A directory with an `nft` that fails while `fail` exists and logs each call (time, args).
-struct NftShim {
-    dir: TempDir,
-}
-
-impl NftShim {
-    fn new() -> NftShim {
-        let real = run(&["sh", "-c", "command -v nft"]);
-        let dir = TempDir::new("nftshim");
-        let log = dir.path().join("calls");
-        let flag = dir.path().join("fail");
-        dir.write_mode(
-            "nft",
-            &format!(
-                "#!/bin/sh\n\
-                 if [ -e '{flag}' ]; then\n\
-                   echo \"$(date +%s.%N) FAIL $*\" >> '{log}'\n\
-                   echo 'nft: injected failure (fault test)' >&2\n\
-                   exit 1\n\
-                 fi\n\
-                 echo \"$(date +%s.%N) ok $*\" >> '{log}'\n\
-                 exec {real} \"$@\"\n",
-                flag = flag.display(),
-                log = log.display(),
-                real = real.trim(),
-            ),
-            0o755,
-        );
-        NftShim { dir }
-    }
-
-    fn path_env(&self) -> String {
-        format!(
-            "{}:{}",
-            self.dir.path().display(),
-            std::env::var("PATH").unwrap_or_default()
-        )
-    }
-
-    fn set_failing(&self, fail: bool) {
-        if fail {
-            self.dir.write("fail", "");
-        } else {
-            let _ = std::fs::remove_file(self.dir.path().join("fail"));
-        }
-    }
-
-    /// The times of the failed `nft -f -` calls (applies), in seconds.
-    fn failed_applies(&self) -> Vec<f64> {
-        std::fs::read_to_string(self.dir.path().join("calls"))
-            .unwrap_or_default()
-            .lines()
-            .filter(|l| l.contains(" FAIL -f -"))
-            .filter_map(|l| l.split_whitespace().next()?.parse().ok())
-            .collect()
-    }
-}
-
 #[test]
 #[ignore = "needs root"]
 fn nft_failing_mid_run_keeps_old_rules_and_recovers_with_backoff() {
     let lab = Lab::new(&[8080, 9090]);
-    let shim = NftShim::new();
+    let shim = PathShim::new("nft", ShimFault::Fail);
     let path = shim.path_env();
     let mut tg = Tunnelgate::spawn_env(
         &lab.proxy,
@@ -200,7 +142,7 @@ fn nft_failing_mid_run_keeps_old_rules_and_recovers_with_backoff() {
     assert!(nft_forwards_port(&before, 8080), "{before}");
 
     // nft breaks; a reload asks for a second port.
-    shim.set_failing(true);
+    shim.set_faulty(true);
     let broke = clock::now();
     let mut cfg = tg.cfg.clone();
     cfg.extra = ingress(&[8080, 9090]);
@@ -237,7 +179,7 @@ fn nft_failing_mid_run_keeps_old_rules_and_recovers_with_backoff() {
     // Retries back off: 1 s, 2 s, 4 s ... (each gap at least ~1.5x the one before).
     // One apply may run nft twice: an element-only change first, then the full replace it
     // falls back to. Calls a moment apart are one attempt.
-    let mut fails = shim.failed_applies();
+    let mut fails = shim.failed_calls("-f -");
     fails.dedup_by(|later, earlier| *later - *earlier < 0.2);
     let gaps: Vec<f64> = fails.windows(2).map(|w| w[1] - w[0]).collect();
     eprintln!("failed nft applies: {}, gaps {gaps:.2?} s", fails.len());
@@ -255,7 +197,7 @@ fn nft_failing_mid_run_keeps_old_rules_and_recovers_with_backoff() {
     }
 
     // nft works again: the next retry (at most 30 s away) applies the new rules.
-    shim.set_failing(false);
+    shim.set_faulty(false);
     wait_until(Duration::from_secs(35), "/readyz back to 200", || {
         tg.health_get("/readyz").map(|r| r.0) == Ok(200)
     });

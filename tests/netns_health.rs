@@ -212,14 +212,7 @@ fn own_get(ns: &Netns, addr: &str) -> Result<u16, String> {
 #[ignore = "needs root and network namespaces"]
 fn reloads_that_move_the_health_endpoint_never_open_it_to_the_tunnel() {
     require_root();
-    let a = Netns::new();
-    let b = Netns::new();
-    veth(
-        &a,
-        &[&format!("{TH_A_LAN}/24")],
-        &b,
-        &[&format!("{TH_B_LAN}/24")],
-    );
+    let (a, b, _) = lan_pair_v4(TH_A_LAN, TH_B_LAN);
     let wg = WgGo::start(&b, TH_WG_PORT, &[&format!("{TH_B_TUN}/24")]);
     let mut cfg = TgConfig::new(TH_TG_PORT, &[&format!("{TH_A_TUN}/32")]).peer(
         Peer::new(wg.public_key(), &[&format!("{TH_B_TUN}/32")])

@@ -67,20 +67,14 @@ struct Lab {
 
 impl Lab {
     fn new(backend: Backend) -> Lab {
-        require_root();
-        let client = Netns::new();
-        let proxy = Netns::new();
-        let cluster = Netns::new();
-        veth(
-            &client,
+        let Lab3 {
+            client,
+            proxy,
+            cluster,
+        } = Lab3::new(
             &[&format!("{CLIENT_UNDERLAY}/24")],
-            &proxy,
             &[&format!("{PROXY_UNDERLAY}/24")],
-        );
-        veth(
-            &proxy,
             &[&format!("{PROXY_CLUSTER}/24")],
-            &cluster,
             &["10.96.0.10/24", "10.96.0.11/24"],
         );
         assert_eq!(proxy.sysctl_get(IP_FORWARD), "0", "a fresh namespace");

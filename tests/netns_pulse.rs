@@ -39,69 +39,6 @@ fn rules(ports: &[u16]) -> String {
     )
 }
 
-/// A directory with an `nft` that runs the real one, or hangs while `hang` exists.
-struct HangingNft {
-    dir: TempDir,
-}
-
-impl HangingNft {
-    fn new() -> HangingNft {
-        let real = run(&["sh", "-c", "command -v nft"]);
-        let dir = TempDir::new("tpshim");
-        let flag = dir.path().join("hang");
-        dir.write_mode(
-            "nft",
-            &format!(
-                "#!/bin/sh\n\
-                 if [ -e '{flag}' ]; then\n\
-                   sleep {HANG_MARK}000\n\
-                   exit 0\n\
-                 fi\n\
-                 exec {real} \"$@\"\n",
-                flag = flag.display(),
-                real = real.trim(),
-            ),
-            0o755,
-        );
-        HangingNft { dir }
-    }
-
-    fn path_env(&self) -> String {
-        format!(
-            "{}:{}",
-            self.dir.path().display(),
-            std::env::var("PATH").unwrap_or_default()
-        )
-    }
-
-    fn set_hanging(&self, hang: bool) {
-        if hang {
-            self.dir.write("hang", "");
-        } else {
-            let _ = std::fs::remove_file(self.dir.path().join("hang"));
-        }
-    }
-}
-
-/// The pids of the shim's hanging `sleep`s (in any namespace: pids are global here).
-fn hanging_sleeps() -> Vec<u32> {
-    let Ok(procs) = std::fs::read_dir("/proc") else {
-        return vec![];
-    };
-    procs
-        .filter_map(Result::ok)
-        .filter_map(|p| {
-            let pid: u32 = p.file_name().to_str()?.parse().ok()?;
-            let cmdline = std::fs::read(p.path().join("cmdline")).ok()?;
-            let mark = format!("sleep\0{HANG_MARK}000\0");
-            cmdline
-                .windows(mark.len())
-                .any(|w| w == mark.as_bytes())
-                .then_some(pid)
-        })
-        .collect()
-}
-
 /// The zombie children of `pid` (commands it did not reap).
 fn zombie_children(pid: u32) -> Vec<u32> {
     let Ok(procs) = std::fs::read_dir("/proc") else {
@@ -125,7 +62,7 @@ fn zombie_children(pid: u32) -> Vec<u32> {
 fn a_hung_nft_is_killed_reported_and_does_not_stall_the_loop_or_the_stop() {
     require_root();
     let ns = Netns::new();
-    let shim = HangingNft::new();
+    let shim = PathShim::new("nft", ShimFault::Hang(HANG_MARK));
     let dir = TempDir::new("tppulse");
     let mut notify = NotifySocket::bind(&dir);
     let notify_path = notify.path.display().to_string();
@@ -147,7 +84,7 @@ fn a_hung_nft_is_killed_reported_and_does_not_stall_the_loop_or_the_stop() {
     assert!(nft_forwards_port(&installed, 8080), "{installed}");
 
     // nft hangs; a reload (SIGHUP) asks for a second port.
-    shim.set_hanging(true);
+    shim.set_faulty(true);
     let mut next = cfg.clone();
     next.extra = rules(&[8080, 9090]);
     tg.write_config(next.clone());
@@ -163,7 +100,7 @@ fn a_hung_nft_is_killed_reported_and_does_not_stall_the_loop_or_the_stop() {
         tg.stderr()
     );
     assert!(
-        !hanging_sleeps().is_empty(),
+        !PathShim::hanging_sleeps(HANG_MARK).is_empty(),
         "the shim's nft hangs now: {}",
         tg.stderr()
     );
@@ -213,7 +150,7 @@ fn a_hung_nft_is_killed_reported_and_does_not_stall_the_loop_or_the_stop() {
     assert_eq!(zombie_children(tg.pid()), Vec::<u32>::new(), "reaped");
     // The retries (1 s, 2 s, ... apart) hang too, one at a time; each is killed whole.
     for _ in 0..20 {
-        let sleeps = hanging_sleeps();
+        let sleeps = PathShim::hanging_sleeps(HANG_MARK);
         assert!(sleeps.len() <= 1, "killed commands are gone: {sleeps:?}");
         std::thread::sleep(Duration::from_millis(250));
     }
@@ -221,7 +158,7 @@ fn a_hung_nft_is_killed_reported_and_does_not_stall_the_loop_or_the_stop() {
     // SIGTERM while a retry hangs: the stop does not wait behind it, and its own removal of
     // the rules is killed after the timeout and logged.
     wait_until(Duration::from_secs(35), "a retry that hangs", || {
-        !hanging_sleeps().is_empty()
+        !PathShim::hanging_sleeps(HANG_MARK).is_empty()
     });
     let stopping = clock::now();
     let status = tg.sigterm_within(Duration::from_secs(20));
@@ -237,7 +174,7 @@ fn a_hung_nft_is_killed_reported_and_does_not_stall_the_loop_or_the_stop() {
         "the log names what it could not remove: {log}"
     );
     assert_eq!(
-        hanging_sleeps(),
+        PathShim::hanging_sleeps(HANG_MARK),
         Vec::<u32>::new(),
         "no command outlives the daemon"
     );
@@ -249,7 +186,7 @@ fn a_hung_nft_is_killed_reported_and_does_not_stall_the_loop_or_the_stop() {
     drop(tg);
 
     // A normal start (real nft) replaces the leftover table, and its stop removes it.
-    shim.set_hanging(false);
+    shim.set_faulty(false);
     let mut tg = Tunnelgate::spawn_env(&ns, next.clone(), &env);
     tg.wait_ready(Duration::from_secs(15))
         .unwrap_or_else(|e| panic!("{e}"));

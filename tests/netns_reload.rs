@@ -117,14 +117,7 @@ fn handshake(iface: &str, peer: &str) -> u64 {
 #[test]
 #[ignore = "needs root"]
 fn secret_style_symlink_swap_reloads_without_disturbing_a_running_stream() {
-    let a = Netns::new();
-    let b = Netns::new();
-    veth(
-        &a,
-        &[&format!("{A_LAN4}/24")],
-        &b,
-        &[&format!("{B_LAN4}/24")],
-    );
+    let (a, b, _) = lan_pair_v4(A_LAN4, B_LAN4);
     let wg = WgGo::start(&b, WG_PORT, &[&format!("{B_TUN4}/24")]);
     let key = Keypair::generate();
     let mut cfg = TgConfig::new(TG_PORT, &[&cidr(A_TUN4)]).peer(
@@ -354,20 +347,14 @@ fn readyz(tg: &Tunnelgate) -> Result<(u16, String), String> {
 }
 
 fn reload_without_the_last_ingress_removes_its_rules(backend: Backend) {
-    require_root();
-    let client = Netns::new();
-    let proxy = Netns::new();
-    let cluster = Netns::new();
-    veth(
-        &client,
+    let Lab3 {
+        client,
+        proxy,
+        cluster,
+    } = Lab3::new(
         &[&format!("{RZ_CLIENT_LAN}/24")],
-        &proxy,
         &[&format!("{RZ_PROXY_LAN}/24")],
-    );
-    veth(
-        &proxy,
         &[&format!("{RZ_PROXY_CLUSTER}/24")],
-        &cluster,
         &[&format!("{RZ_TARGET}/24")],
     );
     let forward_before = proxy.sysctl_get(IP_FORWARD);

@@ -113,23 +113,17 @@ fn handles(proxy: &Netns, table: &str) -> Vec<String> {
 #[test]
 #[ignore = "needs root"]
 fn a_thousand_ports_forward_and_one_service_change_touches_only_its_elements() {
-    require_root();
-    let client = Netns::new();
-    let proxy = Netns::new();
-    let cluster = Netns::new();
-    veth(
-        &client,
+    let Lab3 {
+        client,
+        proxy,
+        cluster,
+    } = Lab3::new(
         &[&format!("{CLIENT_LAN}/24")],
-        &proxy,
         &[&format!("{PROXY_LAN}/24")],
-    );
-    veth(
-        &proxy,
         &[
             &format!("{PROXY_CLUSTER_V4}/24"),
             &format!("{PROXY_CLUSTER_V6}/64"),
         ],
-        &cluster,
         &[
             &format!("{BACKEND_A}/24"),
             &format!("{BACKEND_B}/24"),

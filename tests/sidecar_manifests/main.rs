@@ -1,0 +1,30 @@
+//! Checks the example Kubernetes manifests in containers/k8s (one Service) and
+//! containers/k8s/group (a proxy group of 2 replicas): every document parses and is valid against
+//! the Kubernetes 1.33 OpenAPI schemas (`kubernetes-validate --strict`); the Role grants only what
+//! the sidecar needs (the one Secret by name; for the group, each replica's Secret by name and
+//! Services cluster-wide); the proxy container has NET_ADMIN, the Secret read-only with mode 0400
+//! and probes on the health port the base config listens on; images are not pulled when present;
+//! the sidecar has no extra privileges and holds the only API token; the group has a PDB,
+//! anti-affinity over nodes, a UDP LoadBalancer per replica and a NetworkPolicy keeping the health
+//! port to the nodes and the monitoring namespace; and the base config in the ConfigMap renders,
+//! with the example Services, into a configuration the daemon accepts (for each replica);
+//! `kubectl kustomize` of each example (what `apply -k` sends) holds exactly the files' objects.
+
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use tunnelgate::config::{Config, SecretFiles, SecretKey};
+use tunnelgate::sidecar::{api::service_info, render};
+
+const NS: &str = "tunnelgate";
+
+mod group;
+mod kustomize;
+mod manifests;
+mod schemas;
+mod single_service;
+
+use group::*;
+use manifests::*;
+use single_service::*;
