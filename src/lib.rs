@@ -16,8 +16,6 @@
 #![deny(unsafe_code)]
 
 pub mod cli;
-/// The shell's clock, at its old path for the integration tests.
-pub use shell::clock;
 /// The pure core (its own crate, `crates/core`): the control core and its helpers at its root.
 pub use tunnelgate_core as core;
 pub use tunnelgate_core::config;

@@ -6,7 +6,7 @@
 
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::time::Duration;
-use tunnelgate::clock;
+use tunnelgate::shell::clock;
 use tunnelgate::fuzzing;
 
 /// Each target stops after this many inputs or this long, whichever comes first.
@@ -130,7 +130,7 @@ fn run(name: &str, body: fn(&[u8]), seeds: Vec<Vec<u8>>) {
     for s in &seeds {
         try_one(s);
     }
-    while tried < inputs && start.elapsed() < limit {
+    while tried < inputs && tunnelgate::shell::clock::since(start) < limit {
         let mut input = seeds[rng.below(seeds.len())].clone();
         mutate(&mut rng, &seeds, &mut input);
         try_one(&input);
@@ -139,7 +139,7 @@ fn run(name: &str, body: fn(&[u8]), seeds: Vec<Vec<u8>>) {
     eprintln!(
         "{name}: {} seeds, {tried} mutated inputs in {:?}",
         seeds.len(),
-        start.elapsed()
+        tunnelgate::shell::clock::since(start)
     );
     assert!(tried > 0, "{name}: no mutated input ran");
 }

@@ -10,7 +10,7 @@ mod common;
 
 use common::*;
 use std::time::{Duration, UNIX_EPOCH};
-use tunnelgate::clock;
+use tunnelgate::shell::clock;
 
 const A_LAN4: &str = "192.168.61.1";
 const B_LAN4: &str = "192.168.61.2";
@@ -331,7 +331,7 @@ fn wg_setconf_with_130k_allowed_ips_applies_and_wg_show_lists_them_all() {
     let (rss_before, _) = memory_kib(tg.pid());
     let started = clock::now();
     run(&["wg", "setconf", tg.name(), &file.display().to_string()]);
-    let took = started.elapsed();
+    let took = tunnelgate::shell::clock::since(started);
     let (rss_after, hwm) = memory_kib(tg.pid());
     let listed = run(&["wg", "show", tg.name(), "allowed-ips"]);
     let line = listed
@@ -477,7 +477,7 @@ fn wg_quick_up_and_down_with_tunnelgate_wg_as_the_userspace_implementation() {
         "wg-quick used tunnelgate-wg:\n{}",
         up.stderr
     );
-    eprintln!("wg-quick up took {:?}", started.elapsed());
+    eprintln!("wg-quick up took {:?}", tunnelgate::shell::clock::since(started));
     let daemons = a.pids();
     assert_eq!(
         daemons.len(),

@@ -9,7 +9,7 @@ mod common;
 use common::*;
 use std::net::UdpSocket;
 use std::time::Duration;
-use tunnelgate::clock;
+use tunnelgate::shell::clock;
 
 const A_LAN4: &str = "192.168.61.1";
 const B_LAN4: &str = "192.168.61.2";
@@ -148,7 +148,7 @@ fn names_that_never_answer_are_resolved_concurrently() {
             })
         })
     });
-    let took = started.elapsed();
+    let took = tunnelgate::shell::clock::since(started);
     let status = tg.status_json().expect("status");
     let error = status["names"][0]["last_error"]
         .as_str()

@@ -11,7 +11,7 @@ mod common;
 
 use common::*;
 use std::time::Duration;
-use tunnelgate::clock;
+use tunnelgate::shell::clock;
 use tunnelgate::config::SecretKey;
 use tunnelgate::core::liveness::STALL_LIMIT;
 use tunnelgate::shell::dataplane::Dataplane;
@@ -205,7 +205,7 @@ fn stopping_the_data_path_ends_every_packet_thread() {
 
         let t = clock::now();
         dataplane.stop().expect("every thread ends");
-        assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+        assert!(tunnelgate::shell::clock::since(t) < Duration::from_secs(3), "{:?}", tunnelgate::shell::clock::since(t));
         for name in threads {
             assert!(!started(name), "{name} still running after stop()");
         }

@@ -24,7 +24,7 @@ use common::*;
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
-use tunnelgate::clock;
+use tunnelgate::shell::clock;
 
 const DOMAIN: &str = "test.internal";
 const PORT: u16 = 8080;
@@ -179,7 +179,7 @@ fn changed_answer_moves_new_connections_and_leaves_no_stale_rule() {
             false
         }
     });
-    let took = changed.elapsed();
+    let took = tunnelgate::shell::clock::since(changed);
     assert!(
         moved,
         "new connections still land on {last} {:?} after the change; stderr:\n{}",
@@ -572,13 +572,13 @@ fn readyz_waits_for_a_slow_first_answer() {
     let tg = Tunnelgate::spawn(&lab.proxy, lab.config(&[(&name, PORT)], ""));
     let start = clock::now();
     let mut codes = Vec::new();
-    while start.elapsed() < Duration::from_secs(4) {
+    while tunnelgate::shell::clock::since(start) < Duration::from_secs(4) {
         if let Ok((code, body)) = tg.health_get("/readyz") {
             assert_ne!(
                 code,
                 200,
                 "/readyz is 200 {:?} after start although {name} never resolved: {body}",
-                start.elapsed()
+                tunnelgate::shell::clock::since(start)
             );
             codes.push(code);
         }
@@ -606,7 +606,7 @@ fn readyz_is_200_only_once_the_answers_are_in_the_installed_rules() {
     // Poll fast: the first answer used to be applied an apply's time after /readyz said 200.
     let mut first_ready = None;
     let start = clock::now();
-    while first_ready.is_none() && start.elapsed() < Duration::from_secs(15) {
+    while first_ready.is_none() && tunnelgate::shell::clock::since(start) < Duration::from_secs(15) {
         if let Ok((200, _)) = tg.health_get("/readyz") {
             // What the kernel has right now, not what the daemon says.
             first_ready = Some(lab.proxy.nft_tunnelgate_table());

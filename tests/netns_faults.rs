@@ -21,7 +21,7 @@ use common::*;
 use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
-use tunnelgate::clock;
+use tunnelgate::shell::clock;
 use tunnelgate::rules::desired::MAX_ADDRESSES_PER_TARGET;
 use tunnelgate::rules::nft::normalize_listing;
 
@@ -165,7 +165,7 @@ fn nft_failing_mid_run_keeps_old_rules_and_recovers_with_backoff() {
         "/readyz gives the reason: {reason}"
     );
     // Held broken for ~8 s: the old rules stay and traffic keeps flowing.
-    while broke.elapsed() < Duration::from_secs(8) {
+    while tunnelgate::shell::clock::since(broke) < Duration::from_secs(8) {
         lab.through(8080)
             .expect("traffic flows on the old rules during the outage");
         std::thread::sleep(Duration::from_millis(500));
@@ -243,7 +243,7 @@ fn unreachable_endpoint_retries_handshakes_without_busy_looping() {
         .unwrap_or(100.0);
     let (t0, w0) = (ticks(tg.pid()), clock::now());
     std::thread::sleep(Duration::from_secs(10));
-    let (t1, wall) = (ticks(tg.pid()), w0.elapsed().as_secs_f64());
+    let (t1, wall) = (ticks(tg.pid()), tunnelgate::shell::clock::since(w0).as_secs_f64());
     let cpu = (t1 - t0) as f64 / hz;
     let share = cpu / wall;
     let _ = ping.wait_timeout(Duration::from_secs(10));
@@ -319,7 +319,7 @@ fn silent_dns_server_never_stalls_the_data_path() {
     black_hole(&dns_ns);
     let start = clock::now();
     let (mut sent, mut answered) = (0, 0);
-    while start.elapsed() < Duration::from_secs(10) {
+    while tunnelgate::shell::clock::since(start) < Duration::from_secs(10) {
         sent += 1;
         if ping(&lab.client, TUNNEL) {
             answered += 1;
@@ -376,7 +376,7 @@ fn five_hundred_a_records_give_bounded_rules() {
     );
     // The data path keeps working while the big answer is re-resolved every second.
     let start = clock::now();
-    while start.elapsed() < Duration::from_secs(4) {
+    while tunnelgate::shell::clock::since(start) < Duration::from_secs(4) {
         assert!(ping(&lab.client, TUNNEL), "ping through the tunnel");
         std::thread::sleep(Duration::from_millis(250));
     }

@@ -16,7 +16,7 @@ mod common;
 use common::*;
 use std::net::UdpSocket;
 use std::time::Duration;
-use tunnelgate::clock;
+use tunnelgate::shell::clock;
 use tunnelgate::config::{decode_key, PublicKey, SecretKey};
 use tunnelgate::core::wg::{Limiter, Outcome, Tunnel, MIN_OUTPUT};
 
@@ -90,7 +90,7 @@ fn handshake_flood_keeps_an_established_peer_and_the_log_quiet() {
             }
             // Pace at RATE: sleep until this tick's slot is over.
             let due = Duration::from_millis(10 * u64::from(tick + 1));
-            if let Some(wait) = due.checked_sub(start.elapsed()) {
+            if let Some(wait) = due.checked_sub(tunnelgate::shell::clock::since(start)) {
                 std::thread::sleep(wait);
             }
         }
@@ -106,7 +106,7 @@ fn handshake_flood_keeps_an_established_peer_and_the_log_quiet() {
     // The established peer keeps answering throughout.
     let (mut pings, mut answered) = (0, 0);
     let start = clock::now();
-    while start.elapsed() < Duration::from_secs(u64::from(SECONDS)) {
+    while tunnelgate::shell::clock::since(start) < Duration::from_secs(u64::from(SECONDS)) {
         pings += 1;
         // One probe: up to 3 echo requests, answered within 2 s (single pings are lost to a
         // loaded 2-core machine's scheduling even without a flood).

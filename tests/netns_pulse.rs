@@ -16,7 +16,7 @@ mod common;
 use common::*;
 use std::path::PathBuf;
 use std::time::Duration;
-use tunnelgate::clock;
+use tunnelgate::shell::clock;
 
 /// The ingress target: never reached, the rules only have to be applied.
 const TARGET: &str = "10.74.0.10";
@@ -122,7 +122,7 @@ fn a_hung_nft_is_killed_reported_and_does_not_stall_the_loop_or_the_stop() {
             _ => false,
         },
     );
-    let failed_after = hung.elapsed();
+    let failed_after = tunnelgate::shell::clock::since(hung);
     assert!(
         failed_after >= COMMAND_TIMEOUT - Duration::from_millis(500),
         "reported only after the timeout: {failed_after:?}"
@@ -162,7 +162,7 @@ fn a_hung_nft_is_killed_reported_and_does_not_stall_the_loop_or_the_stop() {
     });
     let stopping = clock::now();
     let status = tg.sigterm_within(Duration::from_secs(20));
-    let stop_took = stopping.elapsed();
+    let stop_took = tunnelgate::shell::clock::since(stopping);
     let log = tg.stderr();
     assert!(
         stop_took < Duration::from_secs(15),

@@ -15,7 +15,7 @@ mod common;
 use common::*;
 use std::net::UdpSocket;
 use std::time::Duration;
-use tunnelgate::clock;
+use tunnelgate::shell::clock;
 
 const SHORT: Duration = Duration::from_secs(10);
 const WG1_V4: &str = "192.168.241.1";
@@ -55,7 +55,7 @@ impl WgBin {
         cmd.env("PATH", &self.path)
             .env_remove("WG_PROCESS_FOREGROUND");
         let out = output_of(cmd, None);
-        let took = started.elapsed();
+        let took = tunnelgate::shell::clock::since(started);
         assert!(
             out.success(),
             "tunnelgate-wg {name} failed to start in {}: {}{}",
@@ -75,7 +75,7 @@ impl WgBin {
             .env_remove("WG_PROCESS_FOREGROUND");
         let out = output_of(cmd, None);
         assert!(!out.success(), "a second tunnelgate-wg {name} started");
-        (out.stderr, started.elapsed())
+        (out.stderr, tunnelgate::shell::clock::since(started))
     }
 }
 
@@ -777,10 +777,10 @@ fn deleting_the_interface_removes_the_uapi_socket_at_once() {
     let socket = wg_socket(&name);
     ns.exec(&["ip", "link", "del", &name]);
     let deleted = clock::now();
-    while socket.exists() && deleted.elapsed() < SHORT {
+    while socket.exists() && tunnelgate::shell::clock::since(deleted) < SHORT {
         std::thread::sleep(Duration::from_millis(1));
     }
-    let took = deleted.elapsed();
+    let took = tunnelgate::shell::clock::since(deleted);
     eprintln!("UAPI socket gone {took:?} after ip link del");
     assert!(!socket.exists(), "UAPI socket removed");
     assert!(

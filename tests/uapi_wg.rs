@@ -8,7 +8,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 use tokio::sync::oneshot;
-use tunnelgate::clock;
+use tunnelgate::shell::clock;
 use tunnelgate::config::{IpNet, SecretKey};
 use tunnelgate::uapi::server::{ServerError, UapiServer, DEFAULT_SOCKET_DIR};
 use tunnelgate::uapi::{DeviceSnapshot, DeviceUpdate, Errno, PeerSnapshot, UapiError, UapiHandler};

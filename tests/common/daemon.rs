@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
 use std::time::Duration;
-use tunnelgate::clock;
+use tunnelgate::shell::clock;
 
 use nix::sys::signal::Signal;
 

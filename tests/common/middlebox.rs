@@ -4,7 +4,7 @@ use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
-use tunnelgate::clock;
+use tunnelgate::shell::clock;
 
 use super::*;
 
@@ -164,7 +164,7 @@ pub fn tcp_transfer_via(
     let server_side = accepted
         .join()
         .map_err(|_| "server thread panicked".to_string())?;
-    let secs = start.elapsed().as_secs_f64();
+    let secs = tunnelgate::shell::clock::since(start).as_secs_f64();
     let c = client_side?;
     let (from, s) = server_side?;
     let (sent, (got, got_sum)) = match (c.sent.or(s.sent), s.received.or(c.received)) {

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Once;
 use std::time::Duration;
-use tunnelgate::clock;
+use tunnelgate::shell::clock;
 
 use super::*;
 

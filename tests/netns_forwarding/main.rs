@@ -21,7 +21,7 @@ use serde_json::Value;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-use tunnelgate::clock;
+use tunnelgate::shell::clock;
 
 const MB: u64 = 1024 * 1024;
 const TG_PORT: u16 = 51820;

@@ -17,7 +17,7 @@ use common::*;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
-use tunnelgate::clock;
+use tunnelgate::shell::clock;
 
 const MB: u64 = 1024 * 1024;
 

@@ -69,7 +69,7 @@ fn handshake_is_logged_and_sigterm_is_quick_under_load() {
         client.stderr()
     );
     // Mid-transfer: about 3 s into the 10.
-    std::thread::sleep(Duration::from_secs(3).saturating_sub(started.elapsed()));
+    std::thread::sleep(Duration::from_secs(3).saturating_sub(tunnelgate::shell::clock::since(started)));
     assert!(
         client.is_running(),
         "iperf3 finished before the SIGTERM: {}{}",
@@ -82,7 +82,7 @@ fn handshake_is_logged_and_sigterm_is_quick_under_load() {
 
     let t0 = clock::now();
     let status = tg.sigterm();
-    let took = t0.elapsed();
+    let took = tunnelgate::shell::clock::since(t0);
     let log = tg.stderr();
     eprintln!(
         "SIGTERM under load ({packets} packets so far) took {took:?}; log ({} lines):\n{log}",

@@ -18,7 +18,7 @@ use std::net::{SocketAddr, TcpListener, UdpSocket};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::time::Duration;
-use tunnelgate::clock;
+use tunnelgate::shell::clock;
 
 const MB: u64 = 1024 * 1024;
 

@@ -118,10 +118,10 @@ pub(crate) const TIMED: bool = !cfg!(debug_assertions);
 
 /// Polls `f` until it holds, for up to [`SCALE_WAIT`].
 pub(crate) async fn wait_long(sidecar: &Sidecar, what: &str, f: impl Fn() -> bool) {
-    let deadline = tokio::time::Instant::now() + SCALE_WAIT;
+    let deadline = tunnelgate::shell::clock::tokio_now() + SCALE_WAIT;
     while !f() {
         assert!(
-            tokio::time::Instant::now() < deadline,
+            tunnelgate::shell::clock::tokio_now() < deadline,
             "timed out waiting for {what}; sidecar log:\n{}",
             sidecar.log()
         );
@@ -132,7 +132,7 @@ pub(crate) async fn wait_long(sidecar: &Sidecar, what: &str, f: impl Fn() -> boo
 /// Waits until replica `ordinal` has written at least `writes` times and serves `n` Services.
 pub(crate) async fn serves(fake: &Fake, sidecar: &Sidecar, ordinal: u32, writes: usize, n: usize) {
     let what = format!("replica {ordinal} serving {n} Services");
-    let deadline = tokio::time::Instant::now() + SCALE_WAIT;
+    let deadline = tunnelgate::shell::clock::tokio_now() + SCALE_WAIT;
     loop {
         if replica_patches(fake, ordinal) >= writes
             && served_services(&replica_secret(fake, ordinal)).len() == n
@@ -140,7 +140,7 @@ pub(crate) async fn serves(fake: &Fake, sidecar: &Sidecar, ordinal: u32, writes:
             return;
         }
         assert!(
-            tokio::time::Instant::now() < deadline,
+            tunnelgate::shell::clock::tokio_now() < deadline,
             "timed out waiting for {what}; sidecar log:\n{}",
             sidecar.log()
         );
@@ -216,14 +216,14 @@ async fn group_at_10000_services_with_20_percent_clashes_converges_and_events_fo
     let services = scale_services(0, 10_000, 5, &mut next_port, false);
     let fake = Fake::start_many(services, replica_secrets(2)).await;
     let inputs = Inputs::new(&fake, "scale-clash");
-    let started = tokio::time::Instant::now();
+    let started = tunnelgate::shell::clock::now();
     let r0 = replica(&inputs, 0, "a");
     let r1 = replica(&inputs, 1, "a");
     wait_long(&r0, "both Secrets written", || {
         replica_patches(&fake, 0) >= 1 && replica_patches(&fake, 1) >= 1
     })
     .await;
-    let converged = started.elapsed();
+    let converged = tunnelgate::shell::clock::since(started);
     for (i, r) in [&r0, &r1].into_iter().enumerate() {
         serves(&fake, r, i as u32, 1, 8_000).await;
         // The Secret went out before any Event about a Service left out.
@@ -244,7 +244,7 @@ async fn group_at_10000_services_with_20_percent_clashes_converges_and_events_fo
     // The Events follow, at a bounded rate: a burst, then about 10 a second per replica.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let sent = events(&fake).len();
-    let elapsed = started.elapsed().as_secs_f64();
+    let elapsed = tunnelgate::shell::clock::since(started).as_secs_f64();
     assert!(sent >= 20, "only {sent} Events");
     assert!(
         (sent as f64) <= 2.0 * (25.0 + 10.0 * elapsed) + 2.0,
@@ -296,9 +296,9 @@ async fn group_at_20000_services_fits_the_secret_and_memory_stays_under_64_mib()
     let inputs = Inputs::new(&fake, "scale-20k");
     // The pod's DNS: nothing listens on 127.0.0.1:53, so no name resolves.
     let r0 = replica_without_dns(&inputs, "20k");
-    let started = tokio::time::Instant::now();
+    let started = tunnelgate::shell::clock::now();
     serves(&fake, &r0, 0, 1, 20_000).await;
-    let converged = started.elapsed();
+    let converged = tunnelgate::shell::clock::since(started);
     let converged_rss = peak_rss(r0.child.id());
     let data = replica_secret(&fake, 0);
     assert!(data.contains_key("tunnelgate.toml.gz"), "{:?}", data.keys());
@@ -439,13 +439,13 @@ async fn group_secret_deleted_or_edited_is_restored_with_its_key() {
     .await;
     let first = replica_secret(&fake, 0);
 
-    let deleted = tokio::time::Instant::now();
+    let deleted = tunnelgate::shell::clock::now();
     fake.delete_secret(NS, "tgp-0");
     wait_for(&r0, "the Secret restored", || {
         replica_secret(&fake, 0) == first
     })
     .await;
-    let restored = deleted.elapsed();
+    let restored = tunnelgate::shell::clock::since(deleted);
     assert!(
         restored <= Duration::from_secs(3),
         "restored after {restored:?}"
@@ -484,12 +484,12 @@ async fn group_converges_within_5_s_after_a_10_s_api_outage() {
     }
     tokio::time::sleep(Duration::from_secs(10)).await;
     fake.restart().await;
-    let back = tokio::time::Instant::now();
+    let back = tunnelgate::shell::clock::now();
     for (i, r) in [&r0, &r1].into_iter().enumerate() {
         serves(&fake, r, i as u32, 2, 1_001).await;
         assert!(config_text(&replica_secret(&fake, i as u32)).contains("10.99.99.99"));
     }
-    let converged = back.elapsed();
+    let converged = tunnelgate::shell::clock::since(back);
     eprintln!("converged {converged:?} after the API server came back");
     assert!(
         !TIMED || converged <= Duration::from_secs(5),

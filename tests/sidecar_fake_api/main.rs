@@ -49,7 +49,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
-use tunnelgate::clock;
+use tunnelgate::shell::clock;
 use tunnelgate::config::{Config, SecretFiles, SecretKey};
 
 const NS: &str = "tg";

@@ -181,10 +181,10 @@ impl Drop for Sidecar {
 
 /// Polls `f` until it holds; panics with the sidecar's log after [`WAIT`].
 pub(crate) async fn wait_for(sidecar: &Sidecar, what: &str, f: impl Fn() -> bool) {
-    let deadline = tokio::time::Instant::now() + WAIT;
+    let deadline = tunnelgate::shell::clock::tokio_now() + WAIT;
     while !f() {
         assert!(
-            tokio::time::Instant::now() < deadline,
+            tunnelgate::shell::clock::tokio_now() < deadline,
             "timed out waiting for {what}; sidecar log:\n{}",
             sidecar.log()
         );

@@ -19,7 +19,7 @@ use common::*;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
-use tunnelgate::clock;
+use tunnelgate::shell::clock;
 
 mod booted;
 mod container;
