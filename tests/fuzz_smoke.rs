@@ -6,8 +6,8 @@
 
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::time::Duration;
-use tunnelgate::shell::clock;
 use tunnelgate::fuzzing;
+use tunnelgate::shell::clock;
 
 /// Each target stops after this many inputs or this long, whichever comes first.
 const DEFAULT_INPUTS: usize = 4000;

@@ -477,7 +477,10 @@ fn wg_quick_up_and_down_with_tunnelgate_wg_as_the_userspace_implementation() {
         "wg-quick used tunnelgate-wg:\n{}",
         up.stderr
     );
-    eprintln!("wg-quick up took {:?}", tunnelgate::shell::clock::since(started));
+    eprintln!(
+        "wg-quick up took {:?}",
+        tunnelgate::shell::clock::since(started)
+    );
     let daemons = a.pids();
     assert_eq!(
         daemons.len(),

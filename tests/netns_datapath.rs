@@ -11,9 +11,9 @@ mod common;
 
 use common::*;
 use std::time::Duration;
-use tunnelgate::shell::clock;
 use tunnelgate::config::SecretKey;
 use tunnelgate::core::liveness::STALL_LIMIT;
+use tunnelgate::shell::clock;
 use tunnelgate::shell::dataplane::Dataplane;
 use tunnelgate::shell::udp::WgSocket;
 
@@ -205,7 +205,11 @@ fn stopping_the_data_path_ends_every_packet_thread() {
 
         let t = clock::now();
         dataplane.stop().expect("every thread ends");
-        assert!(tunnelgate::shell::clock::since(t) < Duration::from_secs(3), "{:?}", tunnelgate::shell::clock::since(t));
+        assert!(
+            tunnelgate::shell::clock::since(t) < Duration::from_secs(3),
+            "{:?}",
+            tunnelgate::shell::clock::since(t)
+        );
         for name in threads {
             assert!(!started(name), "{name} still running after stop()");
         }

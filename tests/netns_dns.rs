@@ -606,7 +606,8 @@ fn readyz_is_200_only_once_the_answers_are_in_the_installed_rules() {
     // Poll fast: the first answer used to be applied an apply's time after /readyz said 200.
     let mut first_ready = None;
     let start = clock::now();
-    while first_ready.is_none() && tunnelgate::shell::clock::since(start) < Duration::from_secs(15) {
+    while first_ready.is_none() && tunnelgate::shell::clock::since(start) < Duration::from_secs(15)
+    {
         if let Ok((200, _)) = tg.health_get("/readyz") {
             // What the kernel has right now, not what the daemon says.
             first_ready = Some(lab.proxy.nft_tunnelgate_table());

@@ -21,9 +21,9 @@ use common::*;
 use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
-use tunnelgate::shell::clock;
 use tunnelgate::rules::desired::MAX_ADDRESSES_PER_TARGET;
 use tunnelgate::rules::nft::normalize_listing;
+use tunnelgate::shell::clock;
 
 const TUNNEL: &str = "100.71.0.1";
 const BACKEND: &str = "10.71.0.10";
@@ -243,7 +243,10 @@ fn unreachable_endpoint_retries_handshakes_without_busy_looping() {
         .unwrap_or(100.0);
     let (t0, w0) = (ticks(tg.pid()), clock::now());
     std::thread::sleep(Duration::from_secs(10));
-    let (t1, wall) = (ticks(tg.pid()), tunnelgate::shell::clock::since(w0).as_secs_f64());
+    let (t1, wall) = (
+        ticks(tg.pid()),
+        tunnelgate::shell::clock::since(w0).as_secs_f64(),
+    );
     let cpu = (t1 - t0) as f64 / hz;
     let share = cpu / wall;
     let _ = ping.wait_timeout(Duration::from_secs(10));

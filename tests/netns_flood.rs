@@ -16,9 +16,9 @@ mod common;
 use common::*;
 use std::net::UdpSocket;
 use std::time::Duration;
-use tunnelgate::shell::clock;
 use tunnelgate::config::{decode_key, PublicKey, SecretKey};
 use tunnelgate::core::wg::{Limiter, Outcome, Tunnel, MIN_OUTPUT};
+use tunnelgate::shell::clock;
 
 /// Distinct initiations made up front, then sent round-robin.
 const DISTINCT: usize = 300;

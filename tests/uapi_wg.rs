@@ -8,8 +8,8 @@ use std::time::{Duration, UNIX_EPOCH};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 use tokio::sync::oneshot;
-use tunnelgate::shell::clock;
 use tunnelgate::config::{IpNet, SecretKey};
+use tunnelgate::shell::clock;
 use tunnelgate::uapi::server::{ServerError, UapiServer, DEFAULT_SOCKET_DIR};
 use tunnelgate::uapi::{DeviceSnapshot, DeviceUpdate, Errno, PeerSnapshot, UapiError, UapiHandler};
 

@@ -69,7 +69,9 @@ fn handshake_is_logged_and_sigterm_is_quick_under_load() {
         client.stderr()
     );
     // Mid-transfer: about 3 s into the 10.
-    std::thread::sleep(Duration::from_secs(3).saturating_sub(tunnelgate::shell::clock::since(started)));
+    std::thread::sleep(
+        Duration::from_secs(3).saturating_sub(tunnelgate::shell::clock::since(started)),
+    );
     assert!(
         client.is_running(),
         "iperf3 finished before the SIGTERM: {}{}",

@@ -49,8 +49,8 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
-use tunnelgate::shell::clock;
 use tunnelgate::config::{Config, SecretFiles, SecretKey};
+use tunnelgate::shell::clock;
 
 const NS: &str = "tg";
 const SERVICE: &str = "web";
