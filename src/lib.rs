@@ -8,8 +8,6 @@
 //! - [`uapi`]: the WireGuard cross-platform userspace API (`wg show` / `wg set`).
 //! - [`telemetry`]: health endpoint, Prometheus metrics, `tunnelgate status`, logging.
 //! - [`clock`]: the only reader of the system clocks (`clippy.toml` disallows them elsewhere).
-//! - [`local_socket`]: claiming the path of a local Unix-socket server (I/O), shared by the UAPI
-//!   server and the status socket.
 //! - [`cli`]: exit statuses for command-line parse failures, shared by both binaries.
 //! - [`sidecar`]: the Kubernetes sidecar: Service + base config -> the config Secret (pure), and
 //!   its kube I/O (`tunnelgate-sidecar` only, built with `--features sidecar`; the daemon
@@ -22,7 +20,6 @@ pub mod config;
 pub mod core;
 #[doc(hidden)]
 pub mod fuzzing;
-pub mod local_socket;
 pub mod rules;
 pub mod shell;
 #[cfg(feature = "sidecar")]

@@ -18,8 +18,6 @@
 //! positive value. `wg show` only accepts `errno=0` in a `get` reply (it cannot parse a sign
 //! there), which is all [`format_get`] ever writes.
 
-pub mod server;
-
 use crate::config::{IpNet, PublicKey, SecretKey};
 use std::fmt::{self, Write as _};
 use std::net::SocketAddr;

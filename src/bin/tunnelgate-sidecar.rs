@@ -116,7 +116,7 @@ fn main() -> ExitCode {
         );
     }
     init_logging(cli.log_format);
-    tunnelgate::telemetry::process::return_large_buffers_to_the_kernel();
+    tunnelgate::shell::procfs::return_large_buffers_to_the_kernel();
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

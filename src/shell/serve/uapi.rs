@@ -1,11 +1,11 @@
 //! The UAPI Unix socket (`/var/run/wireguard/<name>.sock`): claiming it (through
-//! [`crate::local_socket`]), serving `get`/`set` to a [`UapiHandler`], removing it on
+//! [`crate::shell::serve::local_socket`]), serving `get`/`set` to a [`UapiHandler`], removing it on
 //! shutdown; plus a small client for the same socket. Thin I/O: every byte of protocol is
 //! parsed and formatted by [`crate::uapi`].
 
-use super::{format_errno, format_get, format_set, parse_get_response, parse_request};
-use super::{DeviceSnapshot, DeviceUpdate, Errno, Request, UapiHandler};
-use crate::local_socket::{self, ClaimError, ClaimedPath};
+use crate::shell::serve::local_socket::{self, ClaimError, ClaimedPath};
+use crate::uapi::{format_errno, format_get, format_set, parse_get_response, parse_request};
+use crate::uapi::{DeviceSnapshot, DeviceUpdate, Errno, Request, UapiHandler};
 use std::collections::VecDeque;
 use std::future::Future;
 use std::io;
@@ -408,7 +408,7 @@ async fn exchange(socket: &Path, request: &str) -> io::Result<String> {
     }
 }
 
-fn client_error(e: super::UapiError) -> io::Error {
+fn client_error(e: crate::uapi::UapiError) -> io::Error {
     let kind = io::Error::from_raw_os_error(e.errno.code()).kind();
     io::Error::new(kind, e.to_string())
 }
@@ -423,9 +423,9 @@ fn bad_reply(reply: &str) -> io::Error {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{PeerSnapshot, PeerUpdate, UapiError};
     use super::*;
     use crate::config::{PublicKey, SecretKey};
+    use crate::uapi::{PeerSnapshot, PeerUpdate, UapiError};
     use parking_lot::Mutex;
     use std::fs;
     use std::os::unix::fs::{FileTypeExt, PermissionsExt};
@@ -871,7 +871,7 @@ mod tests {
         let tmp = TempDir::created("closefirst");
         let server = UapiServer::bind_in(&tmp.0, "tg8").expect("bind");
         let path = server.socket_path().to_path_buf();
-        let sockets = crate::local_socket::CloseFirst::default();
+        let sockets = crate::shell::serve::local_socket::CloseFirst::default();
         let task = tokio::spawn(server.run(Arc::new(Fake::default()), sockets.request()));
         // An open connection in the middle of a request.
         let mut s = UnixStream::connect(&path).await.expect("connect");

@@ -1,0 +1,834 @@
+//! The health endpoint (`[health] listen`): `GET /healthz`, `GET /readyz`, `GET /metrics`, and
+//! its listener while the daemon runs ([`HealthEndpoint`]: served at start, moved when a reload
+//! names another `health.listen`; when to move it is the core's call, `Action::ServeHealth`).
+//!
+//! `/healthz` asks [`Observe::liveness`]: 200 while the daemon's event loop and every packet
+//! thread have turned within their stall limit, 503 with the reason otherwise ("event loop
+//! stalled for 7.2 s", "packet thread tg-tun-rx-0 stuck for 5.1 s"). Being answered at all only
+//! proves that some thread of the tokio runtime is free; the event loop (a task on the same
+//! runtime, which a blocking call would hold) and the packet loops (threads of their own, which
+//! a lock or a blocking write can wedge) can be stuck while this server answers happily, so
+//! their heartbeats are checked.
+//!
+//! `/readyz` asks [`Observe::readiness`]; `/metrics` renders [`Observe::snapshot`] with
+//! [`render_metrics`], which never emits keys or peer endpoints. Bodies are plain text.
+//!
+//! Hostile or broken clients (issue 15) cannot starve the probes:
+//! - every connection gets [`Limits::idle_timeout`] from its accept, or from its last request,
+//!   to deliver a complete request head and take the response; one that sends nothing, or
+//!   dribbles bytes, is closed then (hyper's own header timeout covers the head as well);
+//! - at most [`Limits::max_connections`] are open; a new connection at the cap closes the one
+//!   idle longest ([`pick_eviction`]) at once instead of waiting in the backlog, so a probe
+//!   always gets in and is the last to be evicted; at most one descriptor beyond the cap;
+//! - a `/metrics` body longer than [`Limits::max_metrics_bytes`] is cut at a line boundary
+//!   and ends with a `# tunnelgate: /metrics truncated ...` comment ([`bound_metrics`]).
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::pin::pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::header::{HeaderValue, ACCEPT, ALLOW, CACHE_CONTROL, CONTENT_TYPE};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use parking_lot::Mutex;
+use tokio::net::{TcpListener, TcpSocket};
+use tokio::sync::{oneshot, watch, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::task::{JoinHandle, JoinSet};
+use tokio::time::Instant;
+
+use crate::telemetry::http::{bound_metrics, OPENMETRICS_TEXT, PLAIN_TEXT, PROMETHEUS_TEXT};
+use crate::telemetry::{now_unix, render_metrics, Observe};
+
+/// How much the health endpoint gives each client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Connections open at once (each holds one file descriptor).
+    pub max_connections: usize,
+    /// From the accept, or from the last request, until a complete request head has arrived
+    /// and the response to it has been handed to the kernel.
+    pub idle_timeout: Duration,
+    /// The longest `/metrics` body.
+    pub max_metrics_bytes: usize,
+    /// How long open connections get to finish once shutdown starts.
+    pub drain_timeout: Duration,
+}
+
+impl Limits {
+    /// What the daemon uses. 256 connections is far more than any set of probes and scrapers,
+    /// and few enough descriptors for the default 1024 limit. 5 s covers a slow scraper on a
+    /// loaded node; the kubelet's probes time out after 1 s by default and send their request
+    /// at once. 4 MiB holds the metrics of thousands of peers.
+    pub const DEFAULT: Limits = Limits {
+        max_connections: 256,
+        idle_timeout: Duration::from_secs(5),
+        max_metrics_bytes: 4 * 1024 * 1024,
+        drain_timeout: Duration::from_secs(1),
+    };
+}
+
+/// One open connection, as the eviction decision sees it.
+struct Conn {
+    /// The accept, or the last request head that arrived.
+    last_active: Mutex<Instant>,
+    /// Notified when the connection is evicted.
+    close: Notify,
+}
+
+/// The open connections by id.
+#[derive(Default)]
+struct Open {
+    next_id: u64,
+    conns: HashMap<u64, Arc<Conn>>,
+}
+
+/// Removes a connection from [`Open`] and frees its slot when its task ends, however it ends.
+struct Registered {
+    open: Arc<Mutex<Open>>,
+    id: u64,
+    _slot: OwnedSemaphorePermit,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        self.open.lock().conns.remove(&self.id);
+    }
+}
+
+/// Which of the `open` connections (id, last activity) to close when a new one arrives at the
+/// cap: the one idle longest (ties: the older id). A probe is active the moment its request
+/// arrives, so silent and dribbling clients go first.
+pub fn pick_eviction(open: impl Iterator<Item = (u64, Instant)>) -> Option<u64> {
+    open.min_by_key(|(id, at)| (*at, *id)).map(|(id, _)| id)
+}
+
+/// Asks the `n` connections idle longest to close (see [`pick_eviction`]). More than one at
+/// a time: under a flood of new connections each wait for a closing task is a round trip,
+/// and the accept loop must drain the backlog faster than an attacker fills it.
+fn evict_longest_idle(open: &Mutex<Open>, n: usize) {
+    let mut o = open.lock();
+    let mut evicted = Vec::with_capacity(n);
+    for _ in 0..n {
+        let victim = pick_eviction(o.conns.iter().map(|(id, c)| (*id, *c.last_active.lock())));
+        let Some(old) = victim.and_then(|id| o.conns.remove(&id)) else {
+            break;
+        };
+        evicted.push(old);
+    }
+    // Notify after releasing the lock: a woken task ends by taking it (`Registered`'s drop).
+    drop(o);
+    for old in evicted {
+        // A stored permit: the task closes even if it is not waiting yet.
+        old.close.notify_one();
+    }
+}
+
+/// The listen backlog of the health port: a slowloris fills the accept queue while the
+/// accept loop makes room, and a full queue drops the probes' SYNs (the standard library's
+/// and mio's default is 128). The kernel caps it at `net.core.somaxconn` (4096 by default).
+pub const LISTEN_BACKLOG: u32 = 4096;
+
+/// Serves the health endpoint on `listener` until `shutdown` completes, then stops accepting,
+/// lets in-flight requests finish for up to a second and returns. The daemon binds the listener
+/// itself, so a bad or busy address fails the start rather than this task.
+pub async fn serve_health(
+    listener: TcpListener,
+    observe: Arc<dyn Observe>,
+    shutdown: impl Future<Output = ()>,
+) {
+    serve_health_with(listener, observe, shutdown, Limits::DEFAULT).await;
+}
+
+/// [`serve_health`] with other [`Limits`] (tests use short timeouts).
+pub async fn serve_health_with(
+    listener: TcpListener,
+    observe: Arc<dyn Observe>,
+    shutdown: impl Future<Output = ()>,
+    limits: Limits,
+) {
+    let mut shutdown = pin!(shutdown);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let open = Arc::new(Mutex::new(Open::default()));
+    let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let mut conns = JoinSet::new();
+    loop {
+        // Reap finished connection tasks so the set does not grow.
+        while conns.try_join_next().is_some() {}
+        let stream = tokio::select! {
+            () = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _peer)) => stream,
+                // The listener was shut down (a reload moved the endpoint): stop as on shutdown.
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => break,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off rather than spin.
+                    tracing::warn!(error = %e, "health endpoint: accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        // At the cap, the connection idle longest is closed to make room; its task ends at
+        // once and hands back its slot, so at most one descriptor beyond the cap is open.
+        let permit = match slots.clone().try_acquire_owned() {
+            Ok(p) => p,
+            Err(_) => {
+                evict_longest_idle(&open, (limits.max_connections / 16).max(1));
+                tokio::select! {
+                    () = &mut shutdown => break,
+                    p = slots.clone().acquire_owned() => match p {
+                        Ok(p) => p,
+                        Err(_) => break, // the semaphore is never closed
+                    },
+                }
+            }
+        };
+        let conn = Arc::new(Conn {
+            last_active: Mutex::new(Instant::now()),
+            close: Notify::new(),
+        });
+        let id = {
+            let mut o = open.lock();
+            let id = o.next_id;
+            o.next_id += 1;
+            o.conns.insert(id, conn.clone());
+            id
+        };
+        conns.spawn(serve_connection(
+            stream,
+            conn,
+            Registered {
+                open: open.clone(),
+                id,
+                _slot: permit,
+            },
+            observe.clone(),
+            stop_rx.clone(),
+            limits,
+        ));
+        // Let the new connection read its request before the next accept: a probe sends it
+        // at once and is then the most recently active, last in line for eviction. Without
+        // this, a burst of accepts could evict it before its task ever ran.
+        tokio::task::yield_now().await;
+    }
+    drop(listener);
+    let _ = stop_tx.send(true);
+    let drained = tokio::time::timeout(limits.drain_timeout, async {
+        while conns.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        conns.abort_all();
+    }
+}
+
+/// One connection: HTTP/1.1 with keep-alive, until the client leaves, it idles past the
+/// limit, it is evicted, or shutdown starts.
+async fn serve_connection(
+    stream: tokio::net::TcpStream,
+    conn: Arc<Conn>,
+    _registered: Registered,
+    observe: Arc<dyn Observe>,
+    mut stop: watch::Receiver<bool>,
+    limits: Limits,
+) {
+    let service = {
+        let conn = conn.clone();
+        hyper::service::service_fn(move |req: Request<Incoming>| {
+            *conn.last_active.lock() = Instant::now();
+            let resp = route(&req, &*observe, limits.max_metrics_bytes);
+            async move { Ok::<_, Infallible>(resp) }
+        })
+    };
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.idle_timeout)
+        .max_buf_size(16 * 1024);
+    let http = builder.serve_connection(TokioIo::new(stream), service);
+    let mut http = pin!(http);
+    loop {
+        let deadline = *conn.last_active.lock() + limits.idle_timeout;
+        tokio::select! {
+            // Errors here are clients misbehaving (bad requests, resets, timeouts).
+            res = http.as_mut() => {
+                if let Err(e) = res {
+                    tracing::debug!(error = %e, "health endpoint: connection ended");
+                }
+                return;
+            }
+            () = conn.close.notified() => {
+                tracing::debug!("health endpoint: idle connection closed for a new one");
+                return;
+            }
+            () = tokio::time::sleep_until(deadline) => {
+                // A request in between moved the deadline: wait again.
+                if *conn.last_active.lock() + limits.idle_timeout <= Instant::now() {
+                    tracing::debug!("health endpoint: idle connection timed out");
+                    return;
+                }
+            }
+            _ = stop.changed() => {
+                http.as_mut().graceful_shutdown();
+                let _ = tokio::time::timeout(limits.drain_timeout, http.as_mut()).await;
+                return;
+            }
+        }
+    }
+}
+
+/// The response to one request. Only the method, path and `Accept` header matter.
+fn route<B>(
+    req: &Request<B>,
+    observe: &dyn Observe,
+    max_metrics_bytes: usize,
+) -> Response<Full<Bytes>> {
+    let path = req.uri().path();
+    let known = matches!(path, "/healthz" | "/readyz" | "/metrics");
+    if !known {
+        return text(StatusCode::NOT_FOUND, "not found\n");
+    }
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        let mut r = text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
+        r.headers_mut()
+            .insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
+        return r;
+    }
+    match path {
+        "/healthz" => match observe.liveness() {
+            Ok(()) => text(StatusCode::OK, "ok\n"),
+            Err(reason) => text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("not alive: {}\n", one_line(&reason)),
+            ),
+        },
+        "/readyz" => match observe.readiness() {
+            Ok(()) => text(StatusCode::OK, "ready\n"),
+            Err(reason) => text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("not ready: {}\n", one_line(&reason)),
+            ),
+        },
+        _ => {
+            let body = bound_metrics(
+                render_metrics(&observe.snapshot(), now_unix()),
+                max_metrics_bytes,
+            );
+            let openmetrics = req
+                .headers()
+                .get_all(ACCEPT)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .any(|v| v.contains("application/openmetrics-text"));
+            let (body, ct) = if openmetrics {
+                (body, OPENMETRICS_TEXT)
+            } else {
+                (crate::telemetry::classic_text(&body), PROMETHEUS_TEXT)
+            };
+            let mut r = text(StatusCode::OK, body);
+            r.headers_mut()
+                .insert(CONTENT_TYPE, HeaderValue::from_static(ct));
+            r
+        }
+    }
+}
+
+/// Keeps a multi-line reason on one line, as probes and `curl` users expect.
+fn one_line(s: &str) -> String {
+    s.trim().replace(['\r', '\n'], " ")
+}
+
+fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(body.into()));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(PLAIN_TEXT));
+    r.headers_mut()
+        .insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    r
+}
+
+/// How long a stop waits for the closed listeners' open requests to finish.
+const RETIRED_DRAIN_WAIT: Duration = Duration::from_secs(2);
+
+/// Binds `addr` for the health endpoint without listening yet: the address is taken (a busy
+/// one fails here), and a connection to it is refused until [`listen`].
+pub fn reserve(addr: SocketAddr) -> io::Result<TcpSocket> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    // A listener this daemon closed on the same port does not block the next one.
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    Ok(socket)
+}
+
+/// Listens on a [`reserve`]d socket with the health endpoint's backlog.
+pub fn listen(socket: TcpSocket) -> io::Result<TcpListener> {
+    socket.listen(LISTEN_BACKLOG)
+}
+
+/// [`reserve`] and [`listen`]: the listener the daemon binds at start, before the tunnel comes
+/// up, so a busy address fails the start.
+pub fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
+    listen(reserve(addr)?)
+}
+
+/// One listener being served.
+struct Serving {
+    addr: SocketAddr,
+    /// A duplicate of the listener's descriptor: `shutdown(2)` on it stops the listener at
+    /// once (new connections are refused), whatever the serving task is doing.
+    close: OwnedFd,
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<()>,
+}
+
+/// The daemon's health endpoint: at most one listener, moved by [`HealthEndpoint::switch`].
+pub struct HealthEndpoint {
+    observe: Arc<dyn Observe>,
+    serving: Option<Serving>,
+    /// The address a reload reserved before the core took the new file.
+    reserved: Option<(SocketAddr, TcpSocket)>,
+    /// Tasks of closed listeners, still answering the requests they had accepted.
+    retired: Vec<JoinHandle<()>>,
+}
+
+impl HealthEndpoint {
+    pub fn new(observe: Arc<dyn Observe>) -> HealthEndpoint {
+        HealthEndpoint {
+            observe,
+            serving: None,
+            reserved: None,
+            retired: Vec::new(),
+        }
+    }
+
+    /// Starts serving `listener`. Must run on a tokio runtime.
+    pub fn serve(&mut self, listener: TcpListener) -> io::Result<SocketAddr> {
+        let addr = listener.local_addr()?;
+        let close = listener.as_fd().try_clone_to_owned()?;
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(serve_health(listener, self.observe.clone(), async move {
+            let _ = stopped.await;
+        }));
+        self.close_current();
+        self.serving = Some(Serving {
+            addr,
+            close,
+            stop,
+            task,
+        });
+        Ok(addr)
+    }
+
+    /// Before a new file is handed to the core: when it names another address than
+    /// `current` (the one served now), take that address, so that a reload to an address
+    /// that cannot be bound is refused while the old configuration still runs. An address
+    /// busy only because our own listener holds its port is moved by closing that first.
+    pub fn prepare(
+        &mut self,
+        current: Option<SocketAddr>,
+        want: Option<SocketAddr>,
+    ) -> Result<(), String> {
+        self.reserved = None;
+        let Some(addr) = want.filter(|w| Some(*w) != current) else {
+            return Ok(());
+        };
+        match reserve(addr) {
+            Ok(socket) => {
+                self.reserved = Some((addr, socket));
+                Ok(())
+            }
+            Err(e) if self.holds_port_of(addr, &e) => Ok(()),
+            Err(e) => Err(format!("health.listen {addr}: cannot bind: {e}")),
+        }
+    }
+
+    /// Forgets a reservation the core did not use (it refused the file).
+    pub fn forget_reservation(&mut self) {
+        self.reserved = None;
+    }
+
+    /// Moves the endpoint to `want` (`None`: stops it): binds the new listener, then closes
+    /// the old one. When the old one holds the port, it is closed first; if the new one then
+    /// cannot be bound, the old address is bound again. Returns the address now served.
+    pub fn switch(&mut self, want: Option<SocketAddr>) -> Result<Option<SocketAddr>, String> {
+        let Some(addr) = want else {
+            self.close_current();
+            return Ok(None);
+        };
+        let reserved = self.reserved.take().filter(|(a, _)| *a == addr);
+        let socket = match reserved.map_or_else(|| reserve(addr), |(_, s)| Ok(s)) {
+            Ok(s) => s,
+            Err(e) if self.holds_port_of(addr, &e) => {
+                let old = self.serving.as_ref().map(|s| s.addr);
+                self.close_current();
+                match reserve(addr) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        if let Some(old) = old {
+                            if let Err(again) = bind(old).and_then(|l| self.serve(l)) {
+                                tracing::error!(listen = %old, error = %again, "Cannot bind the old health address again: the health endpoint is off");
+                            }
+                        }
+                        return Err(format!("health.listen {addr}: cannot bind: {e}"));
+                    }
+                }
+            }
+            Err(e) => return Err(format!("health.listen {addr}: cannot bind: {e}")),
+        };
+        let listener = listen(socket).map_err(|e| format!("health.listen {addr}: {e}"))?;
+        let bound = self
+            .serve(listener)
+            .map_err(|e| format!("health.listen {addr}: {e}"))?;
+        Ok(Some(bound))
+    }
+
+    /// Stops the listener at once (the requests it had accepted are still answered): a stop
+    /// does it before the input guard is removed.
+    pub fn close(&mut self) {
+        self.close_current();
+    }
+
+    /// Closes the listener and waits (a bounded time) for the requests it had accepted.
+    pub async fn stop(&mut self) {
+        self.close_current();
+        let retired = std::mem::take(&mut self.retired);
+        let _ = tokio::time::timeout(RETIRED_DRAIN_WAIT, futures::future::join_all(retired)).await;
+    }
+
+    /// Whether `error` binding `addr` comes from our own listener holding that port.
+    fn holds_port_of(&self, addr: SocketAddr, error: &io::Error) -> bool {
+        error.kind() == io::ErrorKind::AddrInUse
+            && self
+                .serving
+                .as_ref()
+                .is_some_and(|s| s.addr.port() == addr.port())
+    }
+
+    /// Stops the current listener at once (its task finishes the requests it had accepted).
+    fn close_current(&mut self) {
+        let Some(old) = self.serving.take() else {
+            return;
+        };
+        if let Err(e) =
+            nix::sys::socket::shutdown(old.close.as_raw_fd(), nix::sys::socket::Shutdown::Both)
+        {
+            tracing::warn!(listen = %old.addr, error = %e, "Cannot shut the old health listener down");
+        }
+        let _ = old.stop.send(());
+        self.retired.retain(|t| !t.is_finished());
+        self.retired.push(old.task);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read as _, Write as _};
+
+    use super::*;
+    use crate::telemetry::tests::{
+        parse_prometheus, value, FakeObserve, ENDPOINT_A, ENDPOINT_B, PEER_A,
+    };
+
+    struct Reply {
+        status: u16,
+        head: String,
+        body: String,
+    }
+
+    /// One HTTP/1.1 request on a fresh blocking connection; reads until the server closes.
+    fn raw(addr: std::net::SocketAddr, request: &str) -> Reply {
+        let mut s = std::net::TcpStream::connect(addr).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        s.write_all(request.as_bytes()).expect("write");
+        let mut buf = Vec::new();
+        s.read_to_end(&mut buf).expect("read");
+        let text = String::from_utf8(buf).expect("utf-8");
+        let (head, body) = text.split_once("\r\n\r\n").expect("head and body");
+        let status = head
+            .split(' ')
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .expect("status code");
+        Reply {
+            status,
+            head: head.to_string(),
+            body: body.to_string(),
+        }
+    }
+
+    fn get(addr: std::net::SocketAddr, path: &str) -> Reply {
+        raw(
+            addr,
+            &format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
+        )
+    }
+
+    /// Runs a blocking client closure off the runtime thread.
+    async fn call<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+        tokio::task::spawn_blocking(f).await.expect("client")
+    }
+
+    #[tokio::test]
+    async fn serves_health_ready_and_metrics() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let fake = Arc::new(FakeObserve::new());
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve_health(listener, fake.clone(), async move {
+            let _ = stop_rx.await;
+        }));
+
+        let r = call(move || get(addr, "/healthz")).await;
+        assert_eq!(r.status, 200);
+        assert_eq!(r.body, "ok\n");
+
+        let r = call(move || get(addr, "/readyz")).await;
+        assert_eq!((r.status, r.body.as_str()), (200, "ready\n"));
+
+        fake.set_not_ready(Some("rules: apply failed: nft: exit status 1\nmore"));
+        let r = call(move || get(addr, "/readyz")).await;
+        assert_eq!(r.status, 503);
+        assert_eq!(
+            r.body,
+            "not ready: rules: apply failed: nft: exit status 1 more\n"
+        );
+        // Liveness does not depend on readiness.
+        let r = call(move || get(addr, "/healthz")).await;
+        assert_eq!(r.status, 200);
+        fake.set_not_alive(Some("packet thread tg-tun-rx stuck for 7.0 s"));
+        let r = call(move || get(addr, "/healthz")).await;
+        assert_eq!(
+            (r.status, r.body.as_str()),
+            (503, "not alive: packet thread tg-tun-rx stuck for 7.0 s\n")
+        );
+        fake.set_not_alive(None);
+        let r = call(move || get(addr, "/healthz")).await;
+        assert_eq!(r.status, 200);
+
+        let r = call(move || get(addr, "/metrics")).await;
+        assert_eq!(r.status, 200);
+        let head = r.head.to_ascii_lowercase();
+        assert!(
+            head.contains("content-type: text/plain; version=0.0.4"),
+            "{head}"
+        );
+        let samples = parse_prometheus(&r.body).unwrap_or_else(|e| panic!("{e}\n{}", r.body));
+        assert_eq!(value(&samples, "tunnelgate_ready", &[]), Some(0.0));
+        assert_eq!(
+            value(
+                &samples,
+                "tunnelgate_peer_rx_bytes_total",
+                &[("peer", PEER_A)]
+            ),
+            Some(123_456.0)
+        );
+        for leak in [ENDPOINT_A, ENDPOINT_B] {
+            assert!(!r.body.contains(leak));
+        }
+
+        let r = call(move || {
+            raw(
+                addr,
+                "GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: application/openmetrics-text;version=1.0.0,text/plain;q=0.5\r\nConnection: close\r\n\r\n",
+            )
+        })
+        .await;
+        assert!(r
+            .head
+            .to_ascii_lowercase()
+            .contains("content-type: application/openmetrics-text"));
+
+        let r = call(move || get(addr, "/nope")).await;
+        assert_eq!(r.status, 404);
+        let r = call(move || get(addr, "/healthz?verbose=1")).await;
+        assert_eq!(r.status, 200);
+        let r = call(move || {
+            raw(
+                addr,
+                "POST /readyz HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+            )
+        })
+        .await;
+        assert_eq!(r.status, 405);
+        assert!(r.head.to_ascii_lowercase().contains("allow: get, head"));
+        let r = call(move || {
+            raw(
+                addr,
+                "HEAD /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            )
+        })
+        .await;
+        assert_eq!((r.status, r.body.as_str()), (200, ""));
+
+        // Garbage gets a 400 (or a closed connection), and the server keeps serving.
+        let _ = call(move || {
+            let mut s = std::net::TcpStream::connect(addr).expect("connect");
+            s.set_read_timeout(Some(Duration::from_secs(10)))
+                .expect("timeout");
+            let _ = s.write_all(b"\x16\x03\x01\x00\xa5garbage\r\n\r\n");
+            let mut buf = Vec::new();
+            let _ = s.read_to_end(&mut buf);
+            buf
+        })
+        .await;
+        // A client that connects and says nothing does not block others.
+        let idle = std::net::TcpStream::connect(addr).expect("connect");
+        let r = call(move || get(addr, "/healthz")).await;
+        assert_eq!(r.status, 200);
+
+        let _ = stop_tx.send(());
+        tokio::time::timeout(Duration::from_secs(5), server)
+            .await
+            .expect("stops promptly despite an idle client")
+            .expect("no panic");
+        drop(idle);
+        assert!(
+            std::net::TcpStream::connect(addr).is_err(),
+            "still listening"
+        );
+    }
+
+    #[tokio::test]
+    async fn keep_alive_connections_serve_several_requests() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve_health(
+            listener,
+            Arc::new(FakeObserve::new()),
+            async move {
+                let _ = stop_rx.await;
+            },
+        ));
+        let body = call(move || {
+            let mut s = std::net::TcpStream::connect(addr).expect("connect");
+            s.set_read_timeout(Some(Duration::from_secs(10)))
+                .expect("timeout");
+            s.write_all(
+                b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\nGET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            )
+            .expect("write");
+            let mut buf = String::new();
+            s.read_to_string(&mut buf).expect("read");
+            buf
+        })
+        .await;
+        assert_eq!(body.matches("HTTP/1.1 200 OK").count(), 2, "{body}");
+        assert!(body.ends_with("ready\n"), "{body}");
+        let _ = stop_tx.send(());
+        server.await.expect("no panic");
+    }
+
+    /// The server with short limits on an ephemeral port; the sender stops it.
+    async fn start_with(
+        limits: Limits,
+    ) -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(serve_health_with(
+            listener,
+            Arc::new(FakeObserve::new()),
+            async move {
+                let _ = stop_rx.await;
+            },
+            limits,
+        ));
+        (addr, stop_tx)
+    }
+
+    /// Whether the server closed `s` within `within` (EOF or reset), reading whatever it sent.
+    fn closed_within(s: &mut std::net::TcpStream, within: Duration) -> bool {
+        s.set_read_timeout(Some(within)).expect("timeout");
+        let mut buf = [0u8; 512];
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) => return true,
+                Ok(_) => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return false,
+                Err(e) if e.kind() == std::io::ErrorKind::TimedOut => return false,
+                Err(_) => return true,
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn silent_and_dribbling_clients_are_closed_after_the_idle_timeout() {
+        let limits = Limits {
+            idle_timeout: Duration::from_millis(300),
+            ..Limits::DEFAULT
+        };
+        let (addr, _stop) = start_with(limits).await;
+        let (silent, dribbled) = call(move || {
+            let mut silent = std::net::TcpStream::connect(addr).expect("connect");
+            let mut dribbler = std::net::TcpStream::connect(addr).expect("connect");
+            let started = crate::clock::now();
+            // One byte every 50 ms: never a complete head.
+            let mut dribble_closed = false;
+            while started.elapsed() < Duration::from_secs(3) {
+                if dribbler.write_all(b"G").is_err() {
+                    dribble_closed = true;
+                    break;
+                }
+                if closed_within(&mut dribbler, Duration::from_millis(50)) {
+                    dribble_closed = true;
+                    break;
+                }
+            }
+            let dribbled = dribble_closed.then(|| started.elapsed());
+            (closed_within(&mut silent, Duration::from_secs(2)), dribbled)
+        })
+        .await;
+        assert!(silent, "a client that sends nothing is closed");
+        let dribbled = dribbled.expect("a client that dribbles bytes is closed");
+        assert!(dribbled < Duration::from_secs(2), "{dribbled:?}");
+    }
+
+    #[tokio::test]
+    async fn at_the_cap_the_longest_idle_connection_makes_room() {
+        let limits = Limits {
+            max_connections: 4,
+            ..Limits::DEFAULT
+        };
+        let (addr, _stop) = start_with(limits).await;
+        let r = call(move || {
+            let mut idle: Vec<std::net::TcpStream> = (0..4)
+                .map(|_| {
+                    let s = std::net::TcpStream::connect(addr).expect("connect");
+                    std::thread::sleep(Duration::from_millis(20));
+                    s
+                })
+                .collect();
+            // A fifth client is served at once, and the first idle one was closed for it.
+            let r = get(addr, "/readyz");
+            let first_closed = closed_within(&mut idle[0], Duration::from_secs(1));
+            let last_open = !closed_within(&mut idle[3], Duration::from_millis(200));
+            (r.status, first_closed, last_open)
+        })
+        .await;
+        assert_eq!(r, (200, true, true));
+    }
+
+    #[test]
+    fn eviction_picks_the_longest_idle() {
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let open = [(1, at(30)), (2, at(10)), (3, at(20))];
+        assert_eq!(pick_eviction(open.into_iter()), Some(2));
+        assert_eq!(pick_eviction([(7, at(5)), (3, at(5))].into_iter()), Some(3));
+        assert_eq!(pick_eviction(std::iter::empty()), None);
+    }
+}
