@@ -13,17 +13,17 @@
 //! `/readyz` asks [`Observe::readiness`]; `/metrics` renders [`Observe::snapshot`] with
 //! [`render_metrics`], which never emits keys or peer endpoints. Bodies are plain text.
 //!
-//! Hostile or broken clients (issue 15) cannot starve the probes:
-//! - every connection gets [`Limits::idle_timeout`] from its accept, or from its last request,
-//!   to deliver a complete request head and take the response; one that sends nothing, or
-//!   dribbles bytes, is closed then (hyper's own header timeout covers the head as well);
-//! - at most [`Limits::max_connections`] are open; a new connection at the cap closes the one
-//!   idle longest ([`pick_eviction`]) at once instead of waiting in the backlog, so a probe
+//! Hostile or broken clients (issue 15) cannot starve the probes; connections follow the one
+//! policy of the accept loop ([`super::accept`]) with the values of [`Limits::DEFAULT`]:
+//! - every connection gets the policy's idle timeout from its accept, or from its last
+//!   request, to deliver a complete request head and take the response; one that sends
+//!   nothing, or dribbles bytes, is closed then (hyper's own header timeout covers the head);
+//! - at most its `max_connections` are open; a new connection at the cap closes the one idle
+//!   longest ([`accept::pick_eviction`]) at once instead of waiting in the backlog, so a probe
 //!   always gets in and is the last to be evicted; at most one descriptor beyond the cap;
 //! - a `/metrics` body longer than [`Limits::max_metrics_bytes`] is cut at a line boundary
 //!   and ends with a `# tunnelgate: /metrics truncated ...` comment ([`bound_metrics`]).
 
-use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::io;
@@ -38,11 +38,11 @@ use hyper::body::{Bytes, Incoming};
 use hyper::header::{HeaderValue, ACCEPT, ALLOW, CACHE_CONTROL, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use parking_lot::Mutex;
 use tokio::net::{TcpListener, TcpSocket};
-use tokio::sync::{oneshot, watch, Notify, OwnedSemaphorePermit, Semaphore};
-use tokio::task::{JoinHandle, JoinSet};
-use tokio::time::Instant;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use super::accept::{self, Conn, Policy};
 
 use crate::telemetry::http::{bound_metrics, OPENMETRICS_TEXT, PLAIN_TEXT, PROMETHEUS_TEXT};
 use crate::telemetry::{now_unix, render_metrics, Observe};
@@ -50,15 +50,12 @@ use crate::telemetry::{now_unix, render_metrics, Observe};
 /// How much the health endpoint gives each client.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
-    /// Connections open at once (each holds one file descriptor).
-    pub max_connections: usize,
-    /// From the accept, or from the last request, until a complete request head has arrived
-    /// and the response to it has been handed to the kernel.
-    pub idle_timeout: Duration,
+    /// The connection policy. Its idle timeout runs from the accept, or from the last request,
+    /// until a complete request head has arrived and the response to it has been handed to the
+    /// kernel; its drain timeout is how long open connections get to finish at shutdown.
+    pub policy: Policy,
     /// The longest `/metrics` body.
     pub max_metrics_bytes: usize,
-    /// How long open connections get to finish once shutdown starts.
-    pub drain_timeout: Duration,
 }
 
 impl Limits {
@@ -67,67 +64,13 @@ impl Limits {
     /// loaded node; the kubelet's probes time out after 1 s by default and send their request
     /// at once. 4 MiB holds the metrics of thousands of peers.
     pub const DEFAULT: Limits = Limits {
-        max_connections: 256,
-        idle_timeout: Duration::from_secs(5),
+        policy: Policy {
+            max_connections: 256,
+            idle_timeout: Duration::from_secs(5),
+            drain_timeout: Duration::from_secs(1),
+        },
         max_metrics_bytes: 4 * 1024 * 1024,
-        drain_timeout: Duration::from_secs(1),
     };
-}
-
-/// One open connection, as the eviction decision sees it.
-struct Conn {
-    /// The accept, or the last request head that arrived.
-    last_active: Mutex<Instant>,
-    /// Notified when the connection is evicted.
-    close: Notify,
-}
-
-/// The open connections by id.
-#[derive(Default)]
-struct Open {
-    next_id: u64,
-    conns: HashMap<u64, Arc<Conn>>,
-}
-
-/// Removes a connection from [`Open`] and frees its slot when its task ends, however it ends.
-struct Registered {
-    open: Arc<Mutex<Open>>,
-    id: u64,
-    _slot: OwnedSemaphorePermit,
-}
-
-impl Drop for Registered {
-    fn drop(&mut self) {
-        self.open.lock().conns.remove(&self.id);
-    }
-}
-
-/// Which of the `open` connections (id, last activity) to close when a new one arrives at the
-/// cap: the one idle longest (ties: the older id). A probe is active the moment its request
-/// arrives, so silent and dribbling clients go first.
-pub fn pick_eviction(open: impl Iterator<Item = (u64, Instant)>) -> Option<u64> {
-    open.min_by_key(|(id, at)| (*at, *id)).map(|(id, _)| id)
-}
-
-/// Asks the `n` connections idle longest to close (see [`pick_eviction`]). More than one at
-/// a time: under a flood of new connections each wait for a closing task is a round trip,
-/// and the accept loop must drain the backlog faster than an attacker fills it.
-fn evict_longest_idle(open: &Mutex<Open>, n: usize) {
-    let mut o = open.lock();
-    let mut evicted = Vec::with_capacity(n);
-    for _ in 0..n {
-        let victim = pick_eviction(o.conns.iter().map(|(id, c)| (*id, *c.last_active.lock())));
-        let Some(old) = victim.and_then(|id| o.conns.remove(&id)) else {
-            break;
-        };
-        evicted.push(old);
-    }
-    // Notify after releasing the lock: a woken task ends by taking it (`Registered`'s drop).
-    drop(o);
-    for old in evicted {
-        // A stored permit: the task closes even if it is not waiting yet.
-        old.close.notify_one();
-    }
 }
 
 /// The listen backlog of the health port: a slowloris fills the accept queue while the
@@ -153,96 +96,28 @@ pub async fn serve_health_with(
     shutdown: impl Future<Output = ()>,
     limits: Limits,
 ) {
-    let mut shutdown = pin!(shutdown);
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let open = Arc::new(Mutex::new(Open::default()));
-    let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
-    let mut conns = JoinSet::new();
-    loop {
-        // Reap finished connection tasks so the set does not grow.
-        while conns.try_join_next().is_some() {}
-        let stream = tokio::select! {
-            () = &mut shutdown => break,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _peer)) => stream,
-                // The listener was shut down (a reload moved the endpoint): stop as on shutdown.
-                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => break,
-                Err(e) => {
-                    // Out of file descriptors and the like: back off rather than spin.
-                    tracing::warn!(error = %e, "health endpoint: accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-        };
-        // At the cap, the connection idle longest is closed to make room; its task ends at
-        // once and hands back its slot, so at most one descriptor beyond the cap is open.
-        let permit = match slots.clone().try_acquire_owned() {
-            Ok(p) => p,
-            Err(_) => {
-                evict_longest_idle(&open, (limits.max_connections / 16).max(1));
-                tokio::select! {
-                    () = &mut shutdown => break,
-                    p = slots.clone().acquire_owned() => match p {
-                        Ok(p) => p,
-                        Err(_) => break, // the semaphore is never closed
-                    },
-                }
-            }
-        };
-        let conn = Arc::new(Conn {
-            last_active: Mutex::new(Instant::now()),
-            close: Notify::new(),
-        });
-        let id = {
-            let mut o = open.lock();
-            let id = o.next_id;
-            o.next_id += 1;
-            o.conns.insert(id, conn.clone());
-            id
-        };
-        conns.spawn(serve_connection(
-            stream,
-            conn,
-            Registered {
-                open: open.clone(),
-                id,
-                _slot: permit,
-            },
-            observe.clone(),
-            stop_rx.clone(),
-            limits,
-        ));
-        // Let the new connection read its request before the next accept: a probe sends it
-        // at once and is then the most recently active, last in line for eviction. Without
-        // this, a burst of accepts could evict it before its task ever ran.
-        tokio::task::yield_now().await;
-    }
-    drop(listener);
-    let _ = stop_tx.send(true);
-    let drained = tokio::time::timeout(limits.drain_timeout, async {
-        while conns.join_next().await.is_some() {}
-    })
+    accept::serve(
+        "health endpoint",
+        listener,
+        limits.policy,
+        move |stream, conn| serve_connection(stream, conn, observe.clone(), limits),
+        shutdown,
+    )
     .await;
-    if drained.is_err() {
-        conns.abort_all();
-    }
 }
 
-/// One connection: HTTP/1.1 with keep-alive, until the client leaves, it idles past the
-/// limit, it is evicted, or shutdown starts.
+/// One connection: HTTP/1.1 with keep-alive, until the client leaves or shutdown starts (the
+/// accept loop closes it when it idles past the limit or is evicted).
 async fn serve_connection(
     stream: tokio::net::TcpStream,
-    conn: Arc<Conn>,
-    _registered: Registered,
+    mut conn: Conn,
     observe: Arc<dyn Observe>,
-    mut stop: watch::Receiver<bool>,
     limits: Limits,
 ) {
     let service = {
-        let conn = conn.clone();
+        let active = conn.activity();
         hyper::service::service_fn(move |req: Request<Incoming>| {
-            *conn.last_active.lock() = Instant::now();
+            active.touch();
             let resp = route(&req, &*observe, limits.max_metrics_bytes);
             async move { Ok::<_, Infallible>(resp) }
         })
@@ -250,36 +125,20 @@ async fn serve_connection(
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
         .timer(TokioTimer::new())
-        .header_read_timeout(limits.idle_timeout)
+        .header_read_timeout(limits.policy.idle_timeout)
         .max_buf_size(16 * 1024);
     let http = builder.serve_connection(TokioIo::new(stream), service);
     let mut http = pin!(http);
-    loop {
-        let deadline = *conn.last_active.lock() + limits.idle_timeout;
-        tokio::select! {
-            // Errors here are clients misbehaving (bad requests, resets, timeouts).
-            res = http.as_mut() => {
-                if let Err(e) = res {
-                    tracing::debug!(error = %e, "health endpoint: connection ended");
-                }
-                return;
+    tokio::select! {
+        // Errors here are clients misbehaving (bad requests, resets, timeouts).
+        res = http.as_mut() => {
+            if let Err(e) = res {
+                tracing::debug!(error = %e, "health endpoint: connection ended");
             }
-            () = conn.close.notified() => {
-                tracing::debug!("health endpoint: idle connection closed for a new one");
-                return;
-            }
-            () = tokio::time::sleep_until(deadline) => {
-                // A request in between moved the deadline: wait again.
-                if *conn.last_active.lock() + limits.idle_timeout <= Instant::now() {
-                    tracing::debug!("health endpoint: idle connection timed out");
-                    return;
-                }
-            }
-            _ = stop.changed() => {
-                http.as_mut().graceful_shutdown();
-                let _ = tokio::time::timeout(limits.drain_timeout, http.as_mut()).await;
-                return;
-            }
+        }
+        () = conn.stopping() => {
+            http.as_mut().graceful_shutdown();
+            let _ = tokio::time::timeout(limits.policy.drain_timeout, http.as_mut()).await;
         }
     }
 }
@@ -768,7 +627,10 @@ mod tests {
     #[tokio::test]
     async fn silent_and_dribbling_clients_are_closed_after_the_idle_timeout() {
         let limits = Limits {
-            idle_timeout: Duration::from_millis(300),
+            policy: Policy {
+                idle_timeout: Duration::from_millis(300),
+                ..Limits::DEFAULT.policy
+            },
             ..Limits::DEFAULT
         };
         let (addr, _stop) = start_with(limits).await;
@@ -800,7 +662,10 @@ mod tests {
     #[tokio::test]
     async fn at_the_cap_the_longest_idle_connection_makes_room() {
         let limits = Limits {
-            max_connections: 4,
+            policy: Policy {
+                max_connections: 4,
+                ..Limits::DEFAULT.policy
+            },
             ..Limits::DEFAULT
         };
         let (addr, _stop) = start_with(limits).await;
@@ -820,15 +685,5 @@ mod tests {
         })
         .await;
         assert_eq!(r, (200, true, true));
-    }
-
-    #[test]
-    fn eviction_picks_the_longest_idle() {
-        let t0 = Instant::now();
-        let at = |ms| t0 + Duration::from_millis(ms);
-        let open = [(1, at(30)), (2, at(10)), (3, at(20))];
-        assert_eq!(pick_eviction(open.into_iter()), Some(2));
-        assert_eq!(pick_eviction([(7, at(5)), (3, at(5))].into_iter()), Some(3));
-        assert_eq!(pick_eviction(std::iter::empty()), None);
     }
 }

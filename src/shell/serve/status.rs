@@ -4,24 +4,31 @@
 //! [`MAX_STATUS_CONNECTIONS`] connections at once; a line too long, not UTF-8 or cut off gets
 //! an error answer.
 
-use std::collections::VecDeque;
 use std::future::Future;
 use std::os::unix::net::UnixListener as StdUnixListener;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
-use tokio::net::{UnixListener, UnixStream};
-use tokio::task::{AbortHandle, JoinSet};
+use tokio::net::UnixStream;
 
+use super::accept::{self, Conn, LocalListener, Policy};
 use super::local_socket::{self, ClaimError, ClaimedPath};
 use crate::telemetry::status::{
     request_from_bytes, ReloadAnswer, Reloader, Request, StatusError, IO_TIMEOUT,
     MAX_REQUEST_BYTES, MAX_STATUS_CONNECTIONS, REQUEST_WAIT,
 };
 use crate::telemetry::Observe;
+
+/// The status socket's connection policy. A `status` or `reload` holds a connection for well
+/// under a second (a reload: until it is applied); at the cap a newcomer closes the connection
+/// that has waited longest for its request line, so a client that connects and says nothing
+/// cannot lock the others out, and a reload in progress is never cut.
+pub const POLICY: Policy = Policy {
+    max_connections: MAX_STATUS_CONNECTIONS,
+    idle_timeout: IO_TIMEOUT,
+    drain_timeout: std::time::Duration::ZERO,
+};
 
 /// A bound status socket. Dropping it (or the end of [`StatusSocket::serve`]) removes the
 /// socket file, unless another process has replaced it since.
@@ -79,93 +86,22 @@ impl StatusSocket {
         shutdown: impl Future<Output = ()>,
     ) -> Result<(), StatusError> {
         let StatusSocket { listener, guard } = self;
-        let listener = UnixListener::from_std(listener).map_err(|source| StatusError::Io {
-            what: "cannot listen on",
-            path: guard.path().to_path_buf(),
-            source,
-        })?;
-        // Boxed, not pinned on the stack, so it can be dropped as soon as the socket is closed.
-        let mut shutdown = Box::pin(shutdown);
-        let mut conns = JoinSet::new();
-        // The connections being answered, oldest first.
-        let mut open: VecDeque<OpenConnection> = VecDeque::new();
-        loop {
-            while let Some(done) = conns.try_join_next_with_id() {
-                let id = match done {
-                    Ok((id, ())) => id,
-                    Err(e) => e.id(),
-                };
-                open.retain(|c| c.id != id);
-            }
-            let stream = tokio::select! {
-                () = &mut shutdown => break,
-                accepted = listener.accept() => match accepted {
-                    Ok((stream, _)) => stream,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "status socket: accept failed");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        continue;
-                    }
-                },
-            };
-            if open.len() >= MAX_STATUS_CONNECTIONS && !evict_longest_waiting(&mut open) {
-                tracing::warn!(
-                    connections = open.len(),
-                    "status socket: every connection is busy with a request, closing a new one"
-                );
-                drop(stream);
-                continue;
-            }
-            let waiting = Arc::new(AtomicBool::new(true));
-            let handle = conns.spawn(answer_connection(
-                stream,
-                observe.clone(),
-                reloader.clone(),
-                waiting.clone(),
-            ));
-            open.push_back(OpenConnection {
-                id: handle.id(),
-                waiting,
-                handle,
-            });
-            // Let the new connection read its request before the next accept: a real client
-            // sends it at once and is then past eviction. Without this, a burst of accepts
-            // could evict it before its task ever ran.
-            tokio::task::yield_now().await;
-        }
-        drop(guard);
-        drop(listener);
-        drop(shutdown);
-        conns.abort_all();
+        let path = guard.path().to_path_buf();
+        let listener =
+            LocalListener::new(listener, guard, false).map_err(|source| StatusError::Io {
+                what: "cannot listen on",
+                path,
+                source,
+            })?;
+        accept::serve(
+            "status socket",
+            listener,
+            POLICY,
+            move |stream, conn| answer_connection(stream, observe.clone(), reloader.clone(), conn),
+            shutdown,
+        )
+        .await;
         Ok(())
-    }
-}
-
-/// One connection of the status socket, as the accept loop sees it.
-struct OpenConnection {
-    id: tokio::task::Id,
-    /// True until its request line is in (or the loop evicts it, which sets it false first).
-    waiting: Arc<AtomicBool>,
-    handle: AbortHandle,
-}
-
-/// Closes the connection that has waited longest for its request line, to make room for a
-/// new one. A connection past its request (a reload in progress, an answer being sent) is
-/// never closed. False when every connection is past its request.
-fn evict_longest_waiting(open: &mut VecDeque<OpenConnection>) -> bool {
-    // Whoever flips `waiting` first owns the connection: the loop evicts it, or its task
-    // goes on to answer.
-    let victim = open.iter().position(|c| {
-        c.waiting
-            .compare_exchange(true, false, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-    });
-    match victim.and_then(|i| open.remove(i)) {
-        Some(old) => {
-            old.handle.abort();
-            true
-        }
-        None => false,
     }
 }
 
@@ -176,7 +112,7 @@ async fn answer_connection(
     mut stream: UnixStream,
     observe: Arc<dyn Observe>,
     reloader: Option<Arc<dyn Reloader>>,
-    waiting: Arc<AtomicBool>,
+    conn: Conn,
 ) {
     let (read, mut write) = stream.split();
     let mut reader = tokio::io::BufReader::new(read.take(MAX_REQUEST_BYTES as u64 + 1));
@@ -191,12 +127,10 @@ async fn answer_connection(
             }
             Err(_) => true,
         };
-    if waiting
-        .compare_exchange(true, false, Ordering::AcqRel, Ordering::Acquire)
-        .is_err()
-    {
-        return; // evicted; the abort is on its way
-    }
+    // Past its request: a reload in progress is never cut for a newcomer.
+    let Some(_busy) = conn.busy() else {
+        return; // evicted; the loop closes it
+    };
     let body = match request_from_bytes(&line, timed_out) {
         Ok(Request::Status) => serde_json::to_vec(&observe.snapshot()),
         Ok(Request::Reload) => {
@@ -245,7 +179,8 @@ mod tests {
     use std::os::unix::net::UnixStream as StdUnixStream;
     use std::path::PathBuf;
     use std::pin::Pin;
-    use std::sync::atomic::AtomicUsize;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
 
     use super::*;
     use crate::shell::status_client::{query_status, request_reload};
