@@ -8,6 +8,7 @@ pub mod executor;
 pub mod firewall;
 pub mod forwarding;
 pub mod import;
+pub mod logging;
 pub mod netlink;
 pub mod observe;
 pub mod privilege;

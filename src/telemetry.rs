@@ -9,7 +9,6 @@
 //! never emits them.
 
 pub mod http;
-pub mod logging;
 pub mod process;
 pub mod status;
 
@@ -23,7 +22,6 @@ use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
 
 pub use crate::core::packet::{DropReason, DropStats};
-pub use logging::{init_logging, LogFormat};
 
 /// What the daemon exposes to the health endpoint, metrics and status. Implemented by the daemon.
 ///

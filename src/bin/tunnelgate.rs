@@ -7,8 +7,9 @@ use std::process::ExitCode;
 use tunnelgate::config::decode_key;
 use tunnelgate::config::SecretKey;
 use tunnelgate::shell::config_file::{load_config, LoadError};
+use tunnelgate::shell::logging::{init_logging, LogFormat};
 use tunnelgate::shell::status_client::{query_status, status_socket_path};
-use tunnelgate::telemetry::{init_logging, now_unix, render_status_text, LogFormat};
+use tunnelgate::telemetry::{now_unix, render_status_text};
 
 const DEFAULT_CONFIG: &str = "/etc/tunnelgate/tunnelgate.toml";
 
@@ -30,7 +31,7 @@ struct Cli {
 struct LogArgs {
     /// Log format: human, json or journal (human turns into journal entries by itself when
     /// stderr is the systemd journal). The level comes from RUST_LOG (default info).
-    #[arg(long, value_enum, env = tunnelgate::telemetry::logging::LOG_FORMAT_ENV, default_value_t)]
+    #[arg(long, value_enum, env = tunnelgate::shell::logging::LOG_FORMAT_ENV, default_value_t)]
     log_format: LogFormat,
 }
 

@@ -8,8 +8,8 @@
 //! the arguments and goes to the background; `shell::process` runs the rest.
 #![allow(unsafe_code)]
 
+use crate::shell::logging::{init_logging, LogFormat};
 use crate::shell::process::{Mode, OnReady};
-use crate::telemetry::{init_logging, LogFormat};
 use std::io::{Read, Write};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::process::ExitCode;
