@@ -54,10 +54,11 @@ impl Mode {
 }
 
 /// Runs `mode` to its end: drops privileges (before any thread: capabilities are per thread),
-/// starts the runtime and [`serve`]s. Exit 0 on a clean stop, 1 on a failure (said on stderr and
-/// in the log).
+/// starts the runtime and [`serve`]s. Exit 0 on a clean stop, 1 on a failure (said in the log,
+/// and on stderr in userspace mode).
 pub fn main(mut mode: Mode) -> ExitCode {
     let program = mode.program();
+    let userspace = matches!(mode, Mode::Userspace { .. });
     let dropped = match &mode {
         Mode::Run { config, .. } => crate::shell::privilege::drop_for(config),
         Mode::Userspace { .. } => crate::shell::privilege::drop_for_userspace(),
@@ -77,7 +78,10 @@ pub fn main(mut mode: Mode) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %format!("{e:#}"), "{program} failed");
-            eprintln!("{program}: {e:#}");
+            // `run` logs to stderr already; the drop-in's log may be gone with its terminal.
+            if userspace {
+                eprintln!("{program}: {e:#}");
+            }
             ExitCode::from(1)
         }
     }
