@@ -1,4 +1,5 @@
-//! I/O around the pure core: TUN device, UDP socket, packet loops, netlink, firewall commands.
+//! I/O around the pure core: TUN device, UDP socket, packet loops, netlink, firewall commands,
+//! the local servers ([`serve`]) and the process that assembles them ([`process`]).
 
 pub mod clock;
 pub mod config_file;
@@ -7,14 +8,17 @@ pub mod dataplane;
 pub mod executor;
 pub mod firewall;
 pub mod forwarding;
-pub mod health;
 pub mod import;
 pub mod logging;
 pub mod netlink;
 pub mod observe;
 pub mod privilege;
+pub mod process;
+pub mod procfs;
 pub mod resolver;
 pub mod seccomp;
+pub mod serve;
+pub mod status_client;
 pub mod tun;
 pub mod udp;
 pub mod userspace;

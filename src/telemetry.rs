@@ -22,8 +22,6 @@ use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
 
 pub use crate::core::packet::{DropReason, DropStats};
-/// Logging is set up by the shell; its old path stays for the binaries.
-pub use crate::shell::logging::{self, init_logging, LogFormat};
 
 /// What the daemon exposes to the health endpoint, metrics and status. Implemented by the daemon.
 ///

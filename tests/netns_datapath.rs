@@ -164,7 +164,7 @@ fn a_deleted_tun_device_ends_the_daemon_non_zero_and_removes_the_rest() {
         "rules left behind"
     );
     assert!(!wg_socket(&iface).exists(), "UAPI socket left behind");
-    let status_socket = tunnelgate::telemetry::status::status_socket_path(&iface);
+    let status_socket = tunnelgate::shell::status_client::status_socket_path(&iface);
     assert!(
         !status_socket.exists(),
         "status socket {} left behind",

@@ -10,7 +10,7 @@ use tokio::net::UnixStream;
 use tokio::sync::oneshot;
 use tunnelgate::config::{IpNet, SecretKey};
 use tunnelgate::shell::clock;
-use tunnelgate::uapi::server::{ServerError, UapiServer, DEFAULT_SOCKET_DIR};
+use tunnelgate::shell::serve::uapi::{ServerError, UapiServer, DEFAULT_SOCKET_DIR};
 use tunnelgate::uapi::{DeviceSnapshot, DeviceUpdate, Errno, PeerSnapshot, UapiError, UapiHandler};
 
 const WG: &str = "/usr/bin/wg";

@@ -7,12 +7,12 @@ use clap::{ArgGroup, Parser};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use tunnelgate::config::IpNet;
+use tunnelgate::shell::logging::{init_logging, LogFormat};
 use tunnelgate::sidecar::api::{connect, ObjRef};
 use tunnelgate::sidecar::group::{ordinal_of, pool_address, Replica};
 use tunnelgate::sidecar::parse_object_ref;
 use tunnelgate::sidecar::run::{run, Settings};
 use tunnelgate::sidecar::run_group::{run_group, GroupSettings};
-use tunnelgate::telemetry::{init_logging, LogFormat};
 
 #[derive(Parser)]
 #[command(
@@ -70,7 +70,7 @@ struct Cli {
     /// Log format: human (one readable line per event; the default), json (one JSON object
     /// per line, for log collectors) or journal (systemd journal entries). The level comes
     /// from RUST_LOG (default info).
-    #[arg(long, value_enum, env = tunnelgate::telemetry::logging::LOG_FORMAT_ENV, default_value_t)]
+    #[arg(long, value_enum, env = tunnelgate::shell::logging::LOG_FORMAT_ENV, default_value_t)]
     log_format: LogFormat,
 }
 
@@ -116,7 +116,7 @@ fn main() -> ExitCode {
         );
     }
     init_logging(cli.log_format);
-    tunnelgate::telemetry::process::return_large_buffers_to_the_kernel();
+    tunnelgate::shell::procfs::return_large_buffers_to_the_kernel();
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -1,17 +1,15 @@
 //! The `tunnelgate` command: parse the CLI, load the config, and run, check or query the daemon.
 
-use anyhow::Context;
 use clap::{Parser, Subcommand};
 use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 use tunnelgate::config::decode_key;
 use tunnelgate::config::SecretKey;
 use tunnelgate::shell::config_file::{load_config, LoadError};
-use tunnelgate::shell::daemon::{sd_notify, Daemon};
-use tunnelgate::telemetry::status::{query_status, status_socket_path, StatusSocket};
-use tunnelgate::telemetry::{init_logging, now_unix, render_status_text, LogFormat, Observe};
+use tunnelgate::shell::logging::{init_logging, LogFormat};
+use tunnelgate::shell::status_client::{query_status, status_socket_path};
+use tunnelgate::telemetry::{now_unix, render_status_text};
 
 const DEFAULT_CONFIG: &str = "/etc/tunnelgate/tunnelgate.toml";
 
@@ -33,7 +31,7 @@ struct Cli {
 struct LogArgs {
     /// Log format: human, json or journal (human turns into journal entries by itself when
     /// stderr is the systemd journal). The level comes from RUST_LOG (default info).
-    #[arg(long, value_enum, env = tunnelgate::telemetry::logging::LOG_FORMAT_ENV, default_value_t)]
+    #[arg(long, value_enum, env = tunnelgate::shell::logging::LOG_FORMAT_ENV, default_value_t)]
     log_format: LogFormat,
 }
 
@@ -262,7 +260,8 @@ fn chosen_interface(
 }
 
 fn reload(config: Option<PathBuf>, interface: Option<String>) -> ExitCode {
-    use tunnelgate::telemetry::status::{request_reload, ReloadOutcome};
+    use tunnelgate::shell::status_client::request_reload;
+    use tunnelgate::telemetry::status::ReloadOutcome;
     let name = match chosen_interface("reload", config, interface) {
         Ok(Some(n)) => n,
         Ok(None) => match live_daemons(false).all_answered("reload") {
@@ -272,7 +271,7 @@ fn reload(config: Option<PathBuf>, interface: Option<String>) -> ExitCode {
                 [] => {
                     eprintln!(
                     "tunnelgate reload: no tunnelgate daemon is running in this network namespace (no live socket in {})",
-                    tunnelgate::telemetry::status::run_dir().display()
+                    tunnelgate::shell::status_client::run_dir().display()
                 );
                     return ExitCode::from(1);
                 }
@@ -344,8 +343,9 @@ impl Found {
 /// Without `every_netns`, only those of this network namespace (the socket folder is shared
 /// by every namespace, like wireguard-go's).
 fn live_daemons(every_netns: bool) -> Found {
+    use tunnelgate::shell::status_client::{own_netns_id, run_dir, status_sockets_in};
+    use tunnelgate::telemetry::status::same_netns;
     use tunnelgate::telemetry::status::StatusError;
-    use tunnelgate::telemetry::status::{own_netns_id, run_dir, same_netns, status_sockets_in};
     let own = own_netns_id();
     let dir = run_dir();
     let mut denied = Vec::new();
@@ -404,7 +404,8 @@ fn print_json(value: &serde_json::Value) -> ExitCode {
 /// `tunnelgate status` with no daemon named: every daemon of this namespace (`--all`: of
 /// every namespace, each with a `netns:` line), like `wg show`.
 fn status_all(every_netns: bool, json: bool) -> ExitCode {
-    use tunnelgate::telemetry::status::{named_netns, netns_display, run_dir};
+    use tunnelgate::shell::status_client::{named_netns, run_dir};
+    use tunnelgate::telemetry::status::netns_display;
     let daemons = match live_daemons(every_netns).all_answered("status") {
         Ok(d) => d,
         Err(code) => return code,
@@ -463,7 +464,7 @@ fn status(config: Option<PathBuf>, interface: Option<String>, all: bool, json: b
     };
     match query_status(&status_socket_path(&name)) {
         Ok(snap) if json => {
-            let named = tunnelgate::telemetry::status::named_netns();
+            let named = tunnelgate::shell::status_client::named_netns();
             match snapshot_json(&snap, &named) {
                 Ok(value) => print_json(&value),
                 Err(e) => {
@@ -593,134 +594,8 @@ fn run(path: PathBuf) -> ExitCode {
     for w in tunnelgate::shell::config_file::warnings(&path, &config) {
         tracing::warn!("{w}");
     }
-    // Before the runtime: capabilities are per thread, so they are dropped while there is one.
-    if let Err(e) = tunnelgate::shell::privilege::drop_for(&config) {
-        eprintln!("tunnelgate: cannot drop privileges: {e}");
-        return ExitCode::from(1);
-    }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("tunnelgate: cannot start the runtime: {e}");
-            return ExitCode::from(1);
-        }
-    };
-    match runtime.block_on(serve(config, path)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!(error = %format!("{e:#}"), "tunnelgate failed");
-            ExitCode::from(1)
-        }
-    }
-}
-
-async fn serve(config: tunnelgate::config::Config, path: PathBuf) -> anyhow::Result<()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
-    let mut int = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
-    let mut hup = signal(SignalKind::hangup()).context("installing SIGHUP handler")?;
-    let name = config.interface.name.clone();
-    // Everything that can be refused (sockets in use) is claimed before the tunnel comes up,
-    // so a failed start changes nothing on the system.
-    let uapi = tunnelgate::uapi::server::UapiServer::bind(&name)
-        .with_context(|| format!("UAPI socket for {name}"))?;
-    let status_socket = StatusSocket::bind_for_interface(&status_socket_path(&name), &name)
-        .with_context(|| format!("status socket for {name}"))?;
-    let health = match config.health.listen {
-        Some(addr) => Some(
-            tunnelgate::shell::health::bind(addr)
-                .with_context(|| format!("health.listen {addr}"))?,
-        ),
-        None => None,
-    };
-    // The daemon serves it (and moves it when a reload names another address).
-    let daemon = Daemon::start(config, path, health).await?;
-    let handle = daemon.handle();
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let stopped = move || {
-        let mut rx = stop_rx.clone();
-        async move {
-            let _ = rx.wait_for(|s| *s).await;
-        }
-    };
-    let handler: Arc<dyn tunnelgate::uapi::UapiHandler> = handle.clone();
-    let observe: Arc<dyn Observe> = handle.clone();
-    // The UAPI and status sockets close when the event loop stops, before its teardown.
-    let mut tasks = vec![tokio::spawn({
-        let stop = handle.close_request();
-        async move {
-            if let Err(e) = uapi.run(handler, stop).await {
-                tracing::error!(error = %e, "UAPI server failed");
-            }
-        }
-    })];
-    tasks.push(tokio::spawn({
-        let (stop, observe) = (handle.close_request(), observe.clone());
-        let reloader: Arc<dyn tunnelgate::telemetry::status::Reloader> = handle.clone();
-        async move {
-            if let Err(e) = status_socket.serve(observe, Some(reloader), stop).await {
-                tracing::error!(error = %e, "status socket failed");
-            }
-        }
-    }));
-    tasks.push(tokio::spawn(tunnelgate::shell::daemon::systemd_watchdog(
-        observe.clone(),
-        stopped(),
-    )));
-    let (loop_stop_tx, loop_stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let mut event_loop = tokio::spawn(daemon.run(async move {
-        let _ = loop_stop_rx.await;
-    }));
-    sd_notify("READY=1\nSTATUS=tunnel up");
-    let mut ended_early = None;
-    loop {
-        tokio::select! {
-            _ = term.recv() => break,
-            _ = int.recv() => break,
-            ended = &mut event_loop => {
-                ended_early = Some(ended);
-                break;
-            }
-            _ = hup.recv() => {
-                sd_notify("RELOADING=1");
-                // The event loop logs the outcome; `tunnelgate reload` is the way to wait on it.
-                // A stop is heard while the reload runs (its commands may hang up to their
-                // timeout): the event loop then cuts the reload short.
-                tokio::select! {
-                    _ = handle.reload("SIGHUP") => {}
-                    _ = term.recv() => break,
-                    _ = int.recv() => break,
-                }
-                sd_notify("READY=1");
-            }
-        }
-    }
-    sd_notify("STOPPING=1");
-    tracing::info!("Shutting down");
-    let _ = loop_stop_tx.send(());
-    let ended = match ended_early {
-        Some(ended) => ended,
-        None => event_loop.await,
-    };
-    let fatal = match ended {
-        Ok(Ok(())) => None,
-        Ok(Err(why)) => Some(why),
-        Err(e) => Some(format!("the event loop failed: {e}")),
-    };
-    // Already closed by the event loop, unless it failed.
-    handle.close_local_sockets().await;
-    let _ = stop_tx.send(true);
-    let _ = tokio::time::timeout(
-        std::time::Duration::from_secs(2),
-        futures::future::join_all(tasks),
-    )
-    .await;
-    match fatal {
-        Some(why) => Err(anyhow::anyhow!(why)),
-        None => Ok(()),
-    }
+    tunnelgate::shell::process::main(tunnelgate::shell::process::Mode::Run {
+        config: Box::new(config),
+        path,
+    })
 }

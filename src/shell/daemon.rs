@@ -11,11 +11,11 @@
 use crate::config::{Config, FirewallMode};
 use crate::core::control::{Action, Control, Executed, Lookup, Mode, Refused, Reload, View};
 use crate::core::liveness::{LoopPulse, LOOP_TURN};
-use crate::local_socket::{CloseFirst, CloseRequest};
 use crate::shell::dataplane::{self, Dataplane};
 use crate::shell::executor::Executor;
-use crate::shell::health::HealthEndpoint;
 use crate::shell::netlink::Netlink;
+use crate::shell::serve::health::HealthEndpoint;
+use crate::shell::serve::local_socket::{CloseFirst, CloseRequest};
 use crate::shell::udp::WgSocket;
 use crate::uapi::{DeviceUpdate, UapiError};
 use anyhow::{Context, Result};
@@ -34,9 +34,6 @@ use tokio::task::JoinHandle;
 const CONFIG_POLL: Duration = Duration::from_secs(2);
 /// Commands (reloads, UAPI sets) that may wait for the event loop at once.
 const COMMAND_QUEUE: usize = 16;
-/// How long a stop waits for the local sockets to close before it goes on without them
-/// (they close in microseconds; this only bounds a stuck server).
-const SOCKETS_CLOSE_WAIT: Duration = Duration::from_secs(1);
 /// How long one config-file poll waits for its read (microseconds on a sane filesystem); a read
 /// that takes longer is collected by a later poll, and no second one is started meanwhile.
 const CONFIG_POLL_READ_WAIT: Duration = Duration::from_secs(1);
@@ -118,15 +115,9 @@ impl Handle {
         self.local_sockets.request()
     }
 
-    /// Asks the servers of [`Handle::close_request`] to close and waits (up to a second) until
-    /// they have. The event loop does it when it stops; a caller whose event loop failed does
-    /// it too. Later calls return at once.
-    pub async fn close_local_sockets(&self) {
-        if !self.local_sockets.close(SOCKETS_CLOSE_WAIT).await {
-            tracing::warn!(
-                "A local socket did not close within {SOCKETS_CLOSE_WAIT:?}; stopping anyway"
-            );
-        }
+    /// The local sockets' closing, which `shell::process` runs first when the daemon stops.
+    pub(crate) fn local_sockets(&self) -> &CloseFirst {
+        &self.local_sockets
     }
 
     pub fn listen_port(&self) -> u16 {
@@ -162,8 +153,12 @@ impl Daemon {
 
     /// The wireguard-go drop-in (`tunnelgate userspace IFNAME`): creates the TUN device and
     /// the WireGuard socket (random port) and nothing else; the device has no key, no peers
-    /// and no addresses until `wg` and `ip` (or wg-quick) configure it.
-    pub async fn start_userspace(name: &str) -> Result<Daemon> {
+    /// and no addresses until `wg` and `ip` (or wg-quick) configure it. Serves the health
+    /// endpoint on `health` when given (it never moves: there is no file to reload).
+    pub async fn start_userspace(
+        name: &str,
+        health: Option<tokio::net::TcpListener>,
+    ) -> Result<Daemon> {
         // The configuration only names the device: its key and address are placeholders the
         // core ignores in this mode (validation wants both).
         let text = format!(
@@ -174,7 +169,7 @@ impl Daemon {
         let mut config = Config::parse(&text, Path::new("/"), &NoFiles)
             .map_err(|e| anyhow::anyhow!("interface name {name:?}: {e}"))?;
         config.interface.addresses.clear();
-        Daemon::start_in(Mode::Userspace, config, None, None).await
+        Daemon::start_in(Mode::Userspace, config, None, health).await
     }
 
     async fn start_in(
@@ -263,46 +258,48 @@ impl Daemon {
     }
 
     /// The event loop: until `shutdown` completes, feeds timers, lookups, commands and config
-    /// file changes to the core and runs what it asks for; then closes the local sockets (so a
-    /// successor can claim the interface's name at once) and tears everything down. Returns
-    /// the fatal error that ended it early (the TUN device was deleted), if any: the process
-    /// then exits non-zero so its supervisor restarts it.
+    /// file changes to the core and runs what it asks for. Returns the fatal error that ended it
+    /// early (the TUN device was deleted), if any: the process then exits non-zero so its
+    /// supervisor restarts it. Nothing is torn down here: the caller closes the local sockets
+    /// and then calls [`Daemon::stop`] (`shell::process` owns that order).
     ///
     /// A shutdown kills the firewall command that runs at that moment (the turn in progress
     /// ends at once, its apply reported failed), so a hung `nft` delays a stop by at most the
     /// teardown's own commands, each under its timeout.
-    pub async fn run(mut self, shutdown: impl Future<Output = ()>) -> Result<(), String> {
+    pub async fn run(&mut self, shutdown: impl Future<Output = ()>) -> Result<(), String> {
         let mut shutdown = std::pin::pin!(shutdown);
         let pulse = self.handle.event_loop.clone();
         let give_up = self.executor.give_up_flag();
         let (stopping_tx, stopping) = watch::channel(false);
-        let outcome = {
-            let mut turns = std::pin::pin!(self.turns(stopping));
-            let mut beat = tokio::time::interval(LOOP_TURN);
-            beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let mut stop_asked = false;
-            loop {
-                tokio::select! {
-                    outcome = &mut turns => break outcome,
-                    () = &mut shutdown, if !stop_asked => {
-                        stop_asked = true;
-                        give_up.store(true, Ordering::Relaxed);
-                        let _ = stopping_tx.send(true);
-                    }
-                    // Polled here, beside the turn in progress: awaiting a command is alive,
-                    // a turn that blocks the thread is not (this branch cannot run then).
-                    _ = beat.tick() => pulse.beat(crate::shell::clock::now()),
+        let mut turns = std::pin::pin!(self.turns(stopping));
+        let mut beat = tokio::time::interval(LOOP_TURN);
+        beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut stop_asked = false;
+        loop {
+            tokio::select! {
+                outcome = &mut turns => break outcome,
+                () = &mut shutdown, if !stop_asked => {
+                    stop_asked = true;
+                    give_up.store(true, Ordering::Relaxed);
+                    let _ = stopping_tx.send(true);
                 }
+                // Polled here, beside the turn in progress: awaiting a command is alive,
+                // a turn that blocks the thread is not (this branch cannot run then).
+                _ = beat.tick() => pulse.beat(crate::shell::clock::now()),
             }
-        };
+        }
+    }
+
+    /// After [`Daemon::run`] and once the local sockets are closed: closes the health listener,
+    /// tears down what was installed, and waits (bounded) for the health requests in flight.
+    pub async fn stop(mut self) {
         // The teardown's commands run, each under its timeout.
-        give_up.store(false, Ordering::Relaxed);
-        self.handle.close_local_sockets().await;
+        self.executor.give_up_flag().store(false, Ordering::Relaxed);
         // Before the teardown removes the input guard: the endpoint never listens unguarded.
         self.health.close();
+        let pulse = self.handle.event_loop.clone();
         with_pulse(&pulse, self.teardown()).await;
         self.health.stop().await;
-        outcome
     }
 
     /// The turns of the event loop, until `stopping` or the data plane's fatal error.
@@ -595,76 +592,6 @@ fn stall_while_exists(path: &Path) {
     }
 }
 
-/// Tells systemd (if it started us with `Type=notify`) about our state. Never blocks.
-pub fn sd_notify(state: &str) {
-    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
-        return;
-    };
-    let path = PathBuf::from(path);
-    let sock = match std::os::unix::net::UnixDatagram::unbound() {
-        Ok(s) => s,
-        Err(_) => return,
-    };
-    // A receiver that does not read (its queue full) must not block the runtime thread that
-    // sends: the message is dropped instead, as a lost datagram would be.
-    if sock.set_nonblocking(true).is_err() {
-        return;
-    }
-    let target: &Path = &path;
-    if let Some(abstract_name) = target.to_str().and_then(|s| s.strip_prefix('@')) {
-        use std::os::linux::net::SocketAddrExt;
-        if let Ok(addr) = std::os::unix::net::SocketAddr::from_abstract_name(abstract_name) {
-            let _ = sock.send_to_addr(state.as_bytes(), &addr);
-        }
-    } else {
-        let _ = sock.send_to(state.as_bytes(), target);
-    }
-}
-
-/// systemd's watchdog (`WatchdogSec=` in the unit): sends `WATCHDOG=1` at half of
-/// `$WATCHDOG_USEC` while `observe`'s liveness (the event loop and every packet thread turned
-/// recently, the data path has not failed) is Ok, until `shutdown`. A stalled event loop or a
-/// wedged packet thread stops the pings and systemd kills and restarts the service. Returns at
-/// once when no watchdog is wanted.
-pub async fn systemd_watchdog(
-    observe: Arc<dyn crate::telemetry::Observe>,
-    shutdown: impl std::future::Future<Output = ()>,
-) {
-    use crate::core::liveness::{watchdog_interval, WatchdogPings};
-    let usec = std::env::var("WATCHDOG_USEC").ok();
-    let pid = std::env::var("WATCHDOG_PID").ok();
-    let every = match watchdog_interval(usec.as_deref(), pid.as_deref(), std::process::id()) {
-        Ok(Some(every)) => every,
-        Ok(None) => return,
-        Err(e) => {
-            tracing::warn!(error = %e, "systemd watchdog not served");
-            return;
-        }
-    };
-    tracing::info!(every = ?every, "Serving the systemd watchdog");
-    let mut shutdown = std::pin::pin!(shutdown);
-    let mut ticks = tokio::time::interval(every);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut pings = WatchdogPings::default();
-    loop {
-        tokio::select! {
-            () = &mut shutdown => return,
-            _ = ticks.tick() => {}
-        }
-        let step = pings.on_tick(&observe.liveness());
-        if let Some(line) = step.log {
-            if step.ping {
-                tracing::info!("{line}");
-            } else {
-                tracing::error!("{line}");
-            }
-        }
-        if step.ping {
-            sd_notify("WATCHDOG=1");
-        }
-    }
-}
-
 /// Secret files for a configuration that names none.
 struct NoFiles;
 
@@ -692,9 +619,9 @@ impl crate::telemetry::status::Reloader for Handle {
     > {
         use crate::telemetry::status::ReloadOutcome;
         Box::pin(async move {
-            sd_notify("RELOADING=1");
+            crate::shell::process::sd_notify("RELOADING=1");
             let outcome = Handle::reload(self, "tunnelgate reload").await;
-            sd_notify("READY=1");
+            crate::shell::process::sd_notify("READY=1");
             outcome.map(|r| match r {
                 Reload::Applied => ReloadOutcome::Applied,
                 Reload::Unchanged => ReloadOutcome::Unchanged,

@@ -63,8 +63,8 @@ impl Observe for Handle {
             .collect();
         let drops = self.dataplane.drops();
         // System calls first: the published view's lock is held for copying only.
-        let process = crate::telemetry::process::read();
-        let netns_id = crate::telemetry::status::own_netns_id();
+        let process = crate::shell::procfs::read();
+        let netns_id = crate::shell::status_client::own_netns_id();
         let listen_port = self.listen_port();
         let published = self.published.lock();
         let (view, config) = (&published.view, &published.config);

@@ -4,18 +4,15 @@
 //! socket (`tunnelgate status --interface IFNAME`), and `/healthz`, `/readyz`, `/metrics` when
 //! asked (`--health ADDR`, or `$TUNNELGATE_HEALTH` for `tunnelgate-wg`), nothing else; goes to
 //! the background once they are ready (unless `-f` or `WG_PROCESS_FOREGROUND=1`), and exits when
-//! the interface is deleted, its UAPI socket is removed, or on SIGTERM/SIGINT.
+//! the interface is deleted, its UAPI socket is removed, or on SIGTERM/SIGINT. This file parses
+//! the arguments and goes to the background; `shell::process` runs the rest.
 #![allow(unsafe_code)]
 
-use crate::shell::daemon::Daemon;
-use crate::telemetry::status::{status_socket_path, StatusSocket};
-use crate::telemetry::{init_logging, LogFormat, Observe};
-use crate::uapi::server::UapiServer;
-use anyhow::Context;
+use crate::shell::logging::{init_logging, LogFormat};
+use crate::shell::process::{Mode, OnReady};
 use std::io::{Read, Write};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::process::ExitCode;
-use std::sync::Arc;
 
 /// The name under which the binary behaves as `tunnelgate userspace`.
 pub const WG_NAME: &str = "tunnelgate-wg";
@@ -67,7 +64,7 @@ pub fn wg_main() -> ExitCode {
 /// Runs the drop-in for interface `name` (with the health endpoint on `health`, if given). In
 /// the background (the default), returns in the parent once the child has the interface, the
 /// UAPI and status sockets (and the health endpoint) ready (exit 0), or has failed (exit 1, its
-/// error printed).
+/// error printed). The child runs [`crate::shell::process::main`].
 pub fn run(
     foreground: bool,
     name: &str,
@@ -78,13 +75,19 @@ pub fn run(
         || std::env::var(FOREGROUND_ENV)
             .map(|v| v == "1")
             .unwrap_or(false);
-    let ready = if foreground {
+    let ready: Option<OnReady> = if foreground {
         None
     } else {
         // Before any thread exists: fork copies only the calling thread.
         match daemonize() {
             Ok(Forked::Parent(code)) => return code,
-            Ok(Forked::Child(pipe)) => Some(Ready(pipe)),
+            Ok(Forked::Child(pipe)) => {
+                let ready = Ready(pipe);
+                Some(Box::new(move |started: Result<(), String>| match started {
+                    Ok(()) => ready.ok(),
+                    Err(why) => ready.failed(&why),
+                }))
+            }
             Err(e) => {
                 eprintln!("{WG_NAME}: cannot go to the background: {e}");
                 return ExitCode::from(1);
@@ -92,158 +95,11 @@ pub fn run(
         }
     };
     init_logging(log_format);
-    // Before the runtime, like `tunnelgate run`: capabilities are per thread.
-    if let Err(e) = crate::shell::privilege::drop_for_userspace() {
-        let why = format!("cannot drop privileges: {e}");
-        if let Some(r) = ready {
-            r.failed(&why);
-        }
-        eprintln!("{WG_NAME}: {why}");
-        return ExitCode::from(1);
-    }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            let why = format!("cannot start the runtime: {e}");
-            if let Some(r) = ready {
-                r.failed(&why);
-            }
-            eprintln!("{WG_NAME}: {why}");
-            return ExitCode::from(1);
-        }
-    };
-    match runtime.block_on(serve(name, health, ready)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!(error = %format!("{e:#}"), "{WG_NAME} failed");
-            eprintln!("{WG_NAME}: {e:#}");
-            ExitCode::from(1)
-        }
-    }
-}
-
-async fn serve(
-    name: &str,
-    health: Option<std::net::SocketAddr>,
-    mut ready: Option<Ready>,
-) -> anyhow::Result<()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let result = start(name, health).await;
-    let (uapi, status_socket, health, daemon) = match result {
-        Ok(started) => started,
-        Err(e) => {
-            if let Some(r) = ready.take() {
-                r.failed(&format!("{e:#}"));
-            }
-            return Err(e);
-        }
-    };
-    let mut term = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
-    let mut int = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
-    let handle = daemon.handle();
-    let handler: Arc<dyn crate::uapi::UapiHandler> = handle.clone();
-    let observe: Arc<dyn Observe> = handle.clone();
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let stopped = move || {
-        let mut rx = stop_rx.clone();
-        async move {
-            let _ = rx.wait_for(|s| *s).await;
-        }
-    };
-    // The UAPI and status sockets close when the event loop stops, first thing, before its
-    // teardown (a new instance of the same name may be waiting for them).
-    let mut uapi_task = tokio::spawn(uapi.run(handler, handle.close_request()));
-    // No reloader: there is no file to reload (`wg setconf` is the way).
-    let mut side_tasks = vec![tokio::spawn({
-        let (stop, observe) = (handle.close_request(), observe.clone());
-        async move {
-            if let Err(e) = status_socket.serve(observe, None, stop).await {
-                tracing::error!(error = %e, "status socket failed");
-            }
-        }
-    })];
-    if let Some(listener) = health {
-        side_tasks.push(tokio::spawn(crate::telemetry::http::serve_health(
-            listener,
-            observe.clone(),
-            stopped(),
-        )));
-    }
-    side_tasks.push(tokio::spawn(crate::shell::daemon::systemd_watchdog(
-        observe,
-        stopped(),
-    )));
-    let (loop_stop_tx, loop_stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let mut event_loop = tokio::spawn(daemon.run(async move {
-        let _ = loop_stop_rx.await;
-    }));
-    if let Some(r) = ready.take() {
-        r.ok();
-    }
-    tracing::info!(interface = name, "Interface and UAPI socket ready");
-    let mut ended = None;
-    let mut uapi_ended = false;
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-        e = &mut event_loop => ended = Some(e),
-        e = &mut uapi_task => {
-            uapi_ended = true;
-            if let Ok(Err(e)) = e {
-                tracing::info!(error = %e, "UAPI socket gone; stopping");
-            }
-        }
-    }
-    let _ = loop_stop_tx.send(());
-    let _ = stop_tx.send(true);
-    let ended = match ended {
-        Some(e) => e,
-        None => event_loop.await,
-    };
-    if !uapi_ended {
-        // Already closed by the event loop, unless it failed.
-        handle.close_local_sockets().await;
-        let _ = uapi_task.await;
-    }
-    let _ = tokio::time::timeout(
-        std::time::Duration::from_secs(2),
-        futures::future::join_all(side_tasks),
-    )
-    .await;
-    match ended {
-        // The interface was deleted (`ip link del`, `wg-quick down`): the normal way to stop.
-        Ok(Err(why)) => tracing::info!(reason = %why, "Interface gone; exiting"),
-        Err(e) => anyhow::bail!("the event loop failed: {e}"),
-        Ok(Ok(())) => {}
-    }
-    Ok(())
-}
-
-type Started = (
-    UapiServer,
-    StatusSocket,
-    Option<tokio::net::TcpListener>,
-    Daemon,
-);
-
-async fn start(name: &str, health: Option<std::net::SocketAddr>) -> anyhow::Result<Started> {
-    // Claimed first: a name or port in use fails before a device is created.
-    let uapi = UapiServer::bind(name).with_context(|| format!("UAPI socket for {name}"))?;
-    let status_socket = StatusSocket::bind(&status_socket_path(name))
-        .with_context(|| format!("status socket for {name}"))?;
-    let health = match health {
-        Some(addr) => Some(
-            crate::telemetry::http::bind_health(addr)
-                .with_context(|| format!("--health {addr}"))?,
-        ),
-        None => None,
-    };
-    let daemon = Daemon::start_userspace(name).await?;
-    Ok((uapi, status_socket, health, daemon))
+    crate::shell::process::main(Mode::Userspace {
+        name: name.to_string(),
+        health,
+        ready,
+    })
 }
 
 enum Forked {

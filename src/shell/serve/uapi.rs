@@ -1,12 +1,12 @@
 //! The UAPI Unix socket (`/var/run/wireguard/<name>.sock`): claiming it (through
-//! [`crate::local_socket`]), serving `get`/`set` to a [`UapiHandler`], removing it on
-//! shutdown; plus a small client for the same socket. Thin I/O: every byte of protocol is
+//! [`super::local_socket`]), serving `get`/`set` to a [`UapiHandler`] in the accept loop of
+//! [`super::accept`], removing it on shutdown; plus a small client for the same socket. Thin I/O: every byte of protocol is
 //! parsed and formatted by [`crate::uapi`].
 
-use super::{format_errno, format_get, format_set, parse_get_response, parse_request};
-use super::{DeviceSnapshot, DeviceUpdate, Errno, Request, UapiHandler};
-use crate::local_socket::{self, ClaimError, ClaimedPath};
-use std::collections::VecDeque;
+use super::accept::{self, Conn, Ended, LocalListener, Policy};
+use super::local_socket::{self, ClaimError, ClaimedPath};
+use crate::uapi::{format_errno, format_get, format_set, parse_get_response, parse_request};
+use crate::uapi::{DeviceSnapshot, DeviceUpdate, Errno, Request, UapiHandler};
 use std::future::Future;
 use std::io;
 use std::os::unix::net::UnixListener as StdUnixListener;
@@ -14,8 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{UnixListener, UnixStream};
-use tokio::task::{AbortHandle, JoinSet};
+use tokio::net::UnixStream;
 
 /// Where `wg(8)` looks for userspace interfaces. Shared by every network namespace of the host.
 pub const DEFAULT_SOCKET_DIR: &str = "/var/run/wireguard";
@@ -29,14 +28,19 @@ pub const MAX_REQUEST_BYTES: usize = 256 << 20;
 pub const MAX_LINE_BYTES: usize = 4096;
 /// The largest `get` reply the client reads.
 const MAX_REPLY_BYTES: usize = 64 << 20;
-/// Connections served at once. A newcomer at the cap closes the oldest connection, so clients
-/// that connect and say nothing cannot lock `wg` out for [`IDLE_TIMEOUT`]; a `wg` command's
-/// own connection lasts milliseconds and is the newest.
+/// Connections served at once. A newcomer at the cap closes the connections idle longest, so
+/// clients that connect and say nothing cannot lock `wg` out for [`IDLE_TIMEOUT`]; a `wg`
+/// command's own connection lasts milliseconds and is the most recently active.
 const MAX_CONNECTIONS: usize = 64;
-/// A connection that sends nothing for this long is closed.
+/// A connection that sends nothing for this long is closed (and the client waits this long
+/// for a reply).
 const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
-/// How often the server checks that its socket file is still there and still its own.
-const WATCH_INTERVAL: Duration = Duration::from_secs(2);
+/// The UAPI server's connection policy: open connections are closed at once on shutdown.
+pub const POLICY: Policy = Policy {
+    max_connections: MAX_CONNECTIONS,
+    idle_timeout: IDLE_TIMEOUT,
+    drain_timeout: Duration::ZERO,
+};
 /// Linux `IFNAMSIZ - 1`.
 const MAX_NAME_LEN: usize = 15;
 
@@ -127,10 +131,11 @@ impl UapiServer {
 
     /// Serves until `shutdown` completes (then returns `Ok`) or the socket file is deleted or
     /// replaced (then returns [`ServerError::SocketRemoved`]; the xplatform spec says a
-    /// userspace implementation should then exit). Either way the listener is closed and the
-    /// socket file removed (if it is still ours) first, then `shutdown` is dropped (a
-    /// [`local_socket::CloseRequest`] so tells its sender the socket is gone), then open
-    /// connections are closed. Must run inside a tokio runtime.
+    /// userspace implementation should then exit), in the accept loop of [`super::accept`]
+    /// under [`POLICY`]. Either way the listener is closed and the socket file removed (if it
+    /// is still ours) first, then `shutdown` is dropped (a [`local_socket::CloseRequest`] so
+    /// tells its sender the socket is gone), then open connections are closed. Must run inside
+    /// a tokio runtime.
     pub async fn run<F>(self, handler: Arc<dyn UapiHandler>, shutdown: F) -> Result<(), ServerError>
     where
         F: Future<Output = ()>,
@@ -140,63 +145,26 @@ impl UapiServer {
             file,
             name,
         } = self;
-        let listener = UnixListener::from_std(listener).map_err(|source| ServerError::Io {
-            path: file.path().to_path_buf(),
-            source,
-        })?;
-        tracing::info!(interface = %name, socket = %file.path().display(), "UAPI listening");
-        let mut connections = JoinSet::new();
-        // The open connections, oldest first.
-        let mut open: VecDeque<AbortHandle> = VecDeque::new();
-        let mut watch = tokio::time::interval(WATCH_INTERVAL);
-        watch.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-        // Boxed, not pinned on the stack, so it can be dropped as soon as the socket is closed.
-        let mut shutdown = Box::pin(shutdown);
-        let result = loop {
-            tokio::select! {
-                () = &mut shutdown => break Ok(()),
-                _ = watch.tick() => {
-                    if !file.still_ours() {
-                        break Err(ServerError::SocketRemoved { path: file.path().to_path_buf() });
-                    }
-                }
-                Some(done) = connections.join_next_with_id(), if !connections.is_empty() => {
-                    let id = match done {
-                        Ok((id, ())) => id,
-                        Err(e) => e.id(),
-                    };
-                    open.retain(|c| c.id() != id);
-                }
-                accepted = listener.accept() => match accepted {
-                    Ok((stream, _)) => {
-                        if open.len() >= MAX_CONNECTIONS {
-                            // A set in progress still completes: it runs on a blocking
-                            // thread the abort does not reach; only its reply is lost.
-                            if let Some(oldest) = open.pop_front() {
-                                oldest.abort();
-                            }
-                            tracing::debug!(
-                                interface = %name,
-                                "UAPI: {MAX_CONNECTIONS} connections open; closing the oldest"
-                            );
-                        }
-                        open.push_back(connections.spawn(serve_connection(stream, handler.clone())));
-                    }
-                    Err(e) => {
-                        // EMFILE and friends: back off instead of spinning.
-                        tracing::warn!(interface = %name, error = %e, "UAPI accept failed");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                    }
-                },
-            }
-        };
-        // Unlinked and closed before anything slow, so `wg` and a successor see it gone at once.
-        drop(file);
-        drop(listener);
-        drop(shutdown);
-        connections.shutdown().await;
+        let path = file.path().to_path_buf();
+        let listener =
+            LocalListener::new(listener, file, true).map_err(|source| ServerError::Io {
+                path: path.clone(),
+                source,
+            })?;
+        tracing::info!(interface = %name, socket = %path.display(), "UAPI listening");
+        let ended = accept::serve(
+            "UAPI",
+            listener,
+            POLICY,
+            move |stream, conn| serve_connection(stream, handler.clone(), conn),
+            shutdown,
+        )
+        .await;
         tracing::info!(interface = %name, "UAPI stopped");
-        result
+        match ended {
+            Ended::Shutdown => Ok(()),
+            Ended::Removed => Err(ServerError::SocketRemoved { path }),
+        }
     }
 }
 
@@ -266,7 +234,14 @@ fn open_line_start(buf: &[u8], from: usize, line_start: usize) -> usize {
         .map_or(line_start, |i| from + i + 1)
 }
 
-async fn next_request(stream: &mut UnixStream, buf: &mut Vec<u8>, limit: usize) -> Framed {
+/// Reads until `buf` holds a whole request (or cannot); `on_read` is called for every chunk
+/// that arrives.
+async fn next_request(
+    stream: &mut UnixStream,
+    buf: &mut Vec<u8>,
+    limit: usize,
+    on_read: &(dyn Fn() + Sync),
+) -> Framed {
     let mut searched = 0;
     let mut line_start = 0;
     let mut chunk = vec![0u8; 64 * 1024];
@@ -292,16 +267,20 @@ async fn next_request(stream: &mut UnixStream, buf: &mut Vec<u8>, limit: usize) 
         }
         match tokio::time::timeout(IDLE_TIMEOUT, stream.read(&mut chunk)).await {
             Ok(Ok(0)) => return Framed::Eof,
-            Ok(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
+            Ok(Ok(n)) => {
+                on_read();
+                buf.extend_from_slice(&chunk[..n]);
+            }
             Ok(Err(_)) | Err(_) => return Framed::Gone,
         }
     }
 }
 
-async fn serve_connection(mut stream: UnixStream, handler: Arc<dyn UapiHandler>) {
+async fn serve_connection(mut stream: UnixStream, handler: Arc<dyn UapiHandler>, conn: Conn) {
     let mut buf = Vec::new();
     loop {
-        let (request, last) = match next_request(&mut stream, &mut buf, MAX_REQUEST_BYTES).await {
+        let framed = next_request(&mut stream, &mut buf, MAX_REQUEST_BYTES, &|| conn.touch()).await;
+        let (request, last) = match framed {
             Framed::Request(end) => (buf.drain(..end).collect::<Vec<u8>>(), false),
             Framed::Eof if buf.is_empty() => return,
             // A request cut short: tell the client what is wrong with it, then close.
@@ -318,8 +297,14 @@ async fn serve_connection(mut stream: UnixStream, handler: Arc<dyn UapiHandler>)
             }
             Framed::Gone => return,
         };
+        // Busy until the reply is out: never evicted in the middle of a `set`.
+        let Some(busy) = conn.busy() else {
+            return; // evicted; the loop closes it
+        };
         let reply = respond(&request, &handler).await;
-        if stream.write_all(reply.as_bytes()).await.is_err() || last {
+        let sent = stream.write_all(reply.as_bytes()).await;
+        drop(busy);
+        if sent.is_err() || last {
             return;
         }
     }
@@ -391,7 +376,7 @@ async fn exchange(socket: &Path, request: &str) -> io::Result<String> {
     let mut stream = UnixStream::connect(socket).await?;
     stream.write_all(request.as_bytes()).await?;
     let mut buf = Vec::new();
-    match next_request(&mut stream, &mut buf, MAX_REPLY_BYTES).await {
+    match next_request(&mut stream, &mut buf, MAX_REPLY_BYTES, &|| {}).await {
         Framed::Request(end) => {
             buf.truncate(end);
             String::from_utf8(buf).map_err(|_| bad_reply("(not UTF-8)"))
@@ -408,7 +393,7 @@ async fn exchange(socket: &Path, request: &str) -> io::Result<String> {
     }
 }
 
-fn client_error(e: super::UapiError) -> io::Error {
+fn client_error(e: crate::uapi::UapiError) -> io::Error {
     let kind = io::Error::from_raw_os_error(e.errno.code()).kind();
     io::Error::new(kind, e.to_string())
 }
@@ -423,9 +408,9 @@ fn bad_reply(reply: &str) -> io::Error {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{PeerSnapshot, PeerUpdate, UapiError};
     use super::*;
     use crate::config::{PublicKey, SecretKey};
+    use crate::uapi::{PeerSnapshot, PeerUpdate, UapiError};
     use parking_lot::Mutex;
     use std::fs;
     use std::os::unix::fs::{FileTypeExt, PermissionsExt};
@@ -486,7 +471,7 @@ mod tests {
     async fn talk(stream: &mut UnixStream, request: &[u8]) -> String {
         stream.write_all(request).await.expect("write");
         let mut buf = Vec::new();
-        match next_request(stream, &mut buf, MAX_REPLY_BYTES).await {
+        match next_request(stream, &mut buf, MAX_REPLY_BYTES, &|| {}).await {
             Framed::Request(end) => String::from_utf8(buf[..end].to_vec()).expect("utf8"),
             _ => panic!("no reply; got {:?}", String::from_utf8_lossy(&buf)),
         }
@@ -615,12 +600,14 @@ mod tests {
             .await
             .expect("write");
         let mut buf = Vec::new();
-        let Framed::Request(end) = next_request(&mut s, &mut buf, MAX_REPLY_BYTES).await else {
+        let Framed::Request(end) = next_request(&mut s, &mut buf, MAX_REPLY_BYTES, &|| {}).await
+        else {
             panic!("no first reply");
         };
         assert!(String::from_utf8_lossy(&buf[..end]).ends_with("errno=0\n\n"));
         buf.drain(..end);
-        let Framed::Request(end) = next_request(&mut s, &mut buf, MAX_REPLY_BYTES).await else {
+        let Framed::Request(end) = next_request(&mut s, &mut buf, MAX_REPLY_BYTES, &|| {}).await
+        else {
             panic!("no second reply");
         };
         assert_eq!(&buf[..end], b"errno=0\n\n");
@@ -727,7 +714,7 @@ mod tests {
             .await
             .expect("answered within a second");
         assert_eq!(got.expect("get"), DeviceSnapshot::default());
-        // The oldest made room and were closed; the server holds no more than its cap.
+        // The longest idle made room and were closed; the server holds no more than its cap.
         let mut closed = 0;
         for s in &mut idle {
             let mut byte = [0u8; 1];
@@ -810,7 +797,7 @@ mod tests {
             sent
         });
         let mut buf = Vec::new();
-        let framed = next_request(&mut server, &mut buf, 256 << 10).await;
+        let framed = next_request(&mut server, &mut buf, 256 << 10, &|| {}).await;
         assert!(matches!(framed, Framed::TooBig));
         assert!(
             buf.len() < (256 << 10) + 64 * 1024 + 1,
@@ -871,7 +858,7 @@ mod tests {
         let tmp = TempDir::created("closefirst");
         let server = UapiServer::bind_in(&tmp.0, "tg8").expect("bind");
         let path = server.socket_path().to_path_buf();
-        let sockets = crate::local_socket::CloseFirst::default();
+        let sockets = crate::shell::serve::local_socket::CloseFirst::default();
         let task = tokio::spawn(server.run(Arc::new(Fake::default()), sockets.request()));
         // An open connection in the middle of a request.
         let mut s = UnixStream::connect(&path).await.expect("connect");
@@ -895,7 +882,7 @@ mod tests {
         fs::remove_file(&server.path).expect("rm");
         // A successor takes the name before the old server notices.
         let successor = UapiServer::bind_in(&tmp.0, "tg7").expect("successor binds");
-        let result = tokio::time::timeout(WATCH_INTERVAL * 3, server.task)
+        let result = tokio::time::timeout(super::super::accept::WATCH_INTERVAL * 3, server.task)
             .await
             .expect("server noticed")
             .expect("task");
