@@ -66,7 +66,8 @@ if [[ "${TUNNELGATE_IMAGE_SKIP_CARGO:-}" != "1" ]]; then
     cargo build --release --locked --features sidecar --bins
 fi
 # Without the symbol table, as the Containerfile's own compile stage installs them.
-install -D -s -m 0755 -t "$PREBUILT/out" target/release/tunnelgate target/release/tunnelgate-sidecar
+release="${CARGO_TARGET_DIR:-target}/release"
+install -D -s -m 0755 -t "$PREBUILT/out" "$release/tunnelgate" "$release/tunnelgate-sidecar"
 
 # --- 3. image --------------------------------------------------------------------------------
 CA=/etc/ssl/certs/ca-certificates.crt
