@@ -351,38 +351,14 @@ impl Lowering<'_> {
     /// Postrouting, ingress: a connection the ingress DNAT sent off the tunnel is masqueraded,
     /// matched on its target and its original tunnel address and port.
     fn ingress_masquerade(&mut self) {
-        let set = self.set;
-        for r in &set.ingress {
-            if let Some(g) = self.mapped(Section::Ingress, r.family, r.port, r.targets.len()) {
-                if self.first(Chain::Postrouting, g) {
-                    let conn = Match::InSet(g.with(MapKind::IngressConn));
-                    let m = vec![
-                        self.iif(),
-                        self.not_oif(),
-                        Match::L4(g.proto),
-                        ct_dnat(),
-                        conn,
-                    ];
-                    let (f, c) = (Some(g.family), g.comment());
-                    self.push(Chain::Postrouting, f, m, Verdict::Masquerade, c);
-                }
-                continue;
-            }
-            let mut m = vec![self.iif(), self.not_oif(), Match::Daddr(hosts(&r.targets))];
-            m.extend(r.port.map(|p| Match::Dport(p.proto, p.target)));
-            m.push(Match::CtDnat {
-                orig_daddr: r.tunnel_addrs.clone(),
-                orig_dport: r.port.map(|p| p.listen),
-            });
-            let c = r.origin.to_string();
-            self.push(
-                Chain::Postrouting,
-                Some(r.family),
-                m,
-                Verdict::Masquerade,
-                c,
-            );
-        }
+        let ifaces = vec![self.iif(), self.not_oif()];
+        self.dnatted_connections(
+            Section::Ingress,
+            Chain::Postrouting,
+            ifaces,
+            Verdict::Masquerade,
+            "",
+        );
     }
 
     /// Postrouting, egress: a connection the egress DNAT sent into the tunnel is SNATed to the
@@ -434,56 +410,20 @@ impl Lowering<'_> {
 
     /// Forward, ingress: exactly the connections the ingress DNAT sent, to their targets.
     fn forward_ingress(&mut self) {
-        let set = self.set;
-        for r in &set.ingress {
-            if let Some(g) = self.mapped(Section::Ingress, r.family, r.port, r.targets.len()) {
-                if self.first(Chain::Forward, g) {
-                    let conn = Match::InSet(g.with(MapKind::IngressConn));
-                    let m = vec![self.iif(), Match::L4(g.proto), ct_dnat(), conn];
-                    let (f, c) = (Some(g.family), g.comment());
-                    self.push(Chain::Forward, f, m, Verdict::Accept, c);
-                }
-                continue;
-            }
-            let mut m = vec![self.iif(), Match::Daddr(hosts(&r.targets))];
-            m.extend(r.port.map(|p| Match::Dport(p.proto, p.target)));
-            m.push(Match::CtDnat {
-                orig_daddr: r.tunnel_addrs.clone(),
-                orig_dport: r.port.map(|p| p.listen),
-            });
-            let c = r.origin.to_string();
-            self.push(Chain::Forward, Some(r.family), m, Verdict::Accept, c);
-        }
+        let ifaces = vec![self.iif()];
+        self.dnatted_connections(
+            Section::Ingress,
+            Chain::Forward,
+            ifaces,
+            Verdict::Accept,
+            "",
+        );
     }
 
     /// Forward, egress: exactly the connections the egress DNAT sent into the tunnel.
     fn forward_egress(&mut self) {
-        let set = self.set;
-        for r in &set.egress {
-            if let Some(g) = self.mapped(Section::Egress, r.family, r.port, r.targets.len()) {
-                if self.first(Chain::Forward, g) {
-                    let conn = Match::InSet(g.with(MapKind::EgressConn));
-                    let m = vec![
-                        self.not_iif(),
-                        self.oif(),
-                        Match::L4(g.proto),
-                        ct_dnat(),
-                        conn,
-                    ];
-                    let (f, c) = (Some(g.family), g.comment());
-                    self.push(Chain::Forward, f, m, Verdict::Accept, c);
-                }
-                continue;
-            }
-            let mut m = vec![self.not_iif(), self.oif(), Match::Daddr(hosts(&r.targets))];
-            m.extend(r.port.map(|p| Match::Dport(p.proto, p.target)));
-            m.push(Match::CtDnat {
-                orig_daddr: BTreeSet::new(),
-                orig_dport: r.port.map(|p| p.listen),
-            });
-            let c = r.origin.to_string();
-            self.push(Chain::Forward, Some(r.family), m, Verdict::Accept, c);
-        }
+        let ifaces = vec![self.not_iif(), self.oif()];
+        self.dnatted_connections(Section::Egress, Chain::Forward, ifaces, Verdict::Accept, "");
     }
 
     /// Forward, `router.exit_node_lan = false`: before the exit node's "anywhere", its
@@ -547,25 +487,48 @@ impl Lowering<'_> {
     /// Input, ingress to a local target: the forward accepts' matches, each with its own
     /// comment ("... to this host").
     fn input_ingress(&mut self) {
-        let set = self.set;
-        for r in &set.ingress {
-            if let Some(g) = self.mapped(Section::Ingress, r.family, r.port, r.targets.len()) {
-                if self.first(Chain::Input, g) {
-                    let conn = Match::InSet(g.with(MapKind::IngressConn));
-                    let m = vec![self.iif(), Match::L4(g.proto), ct_dnat(), conn];
-                    let c = format!("{} to this host", g.comment());
-                    self.push(Chain::Input, Some(g.family), m, Verdict::Accept, c);
+        let ifaces = vec![self.iif()];
+        let suffix = " to this host";
+        self.dnatted_connections(
+            Section::Ingress,
+            Chain::Input,
+            ifaces,
+            Verdict::Accept,
+            suffix,
+        );
+    }
+
+    /// One rule per DNATed connection of `section` (ingress or egress) in `chain`: `ifaces`,
+    /// then either its map group's protocol and connection set (once per group) or its
+    /// targets, port and original destination; `verdict`, and its comment with `suffix`.
+    fn dnatted_connections(
+        &mut self,
+        section: Section,
+        chain: Chain,
+        ifaces: Vec<Match>,
+        verdict: Verdict,
+        suffix: &str,
+    ) {
+        for d in dnatted(self.set, section) {
+            if let Some(g) = self.mapped(section, d.family, d.port, d.targets.len()) {
+                if self.first(chain, g) {
+                    let conn = Match::InSet(g.with(d.conn_map));
+                    let mut m = ifaces.clone();
+                    m.extend([Match::L4(g.proto), ct_dnat(), conn]);
+                    let c = format!("{}{suffix}", g.comment());
+                    self.push(chain, Some(g.family), m, verdict.clone(), c);
                 }
                 continue;
             }
-            let mut m = vec![self.iif(), Match::Daddr(hosts(&r.targets))];
-            m.extend(r.port.map(|p| Match::Dport(p.proto, p.target)));
+            let mut m = ifaces.clone();
+            m.push(Match::Daddr(hosts(d.targets)));
+            m.extend(d.port.map(|p| Match::Dport(p.proto, p.target)));
             m.push(Match::CtDnat {
-                orig_daddr: r.tunnel_addrs.clone(),
-                orig_dport: r.port.map(|p| p.listen),
+                orig_daddr: d.orig_daddr.clone(),
+                orig_dport: d.port.map(|p| p.listen),
             });
-            let c = format!("{} to this host", r.origin);
-            self.push(Chain::Input, Some(r.family), m, Verdict::Accept, c);
+            let c = format!("{}{suffix}", d.origin);
+            self.push(chain, Some(d.family), m, verdict.clone(), c);
         }
     }
 
@@ -630,6 +593,48 @@ fn dnat(port: Option<crate::config::PortMap>, targets: &BTreeSet<IpAddr>) -> Ver
 /// Whether a network is a single address (rendered without a prefix length in nftables).
 pub fn is_host(net: &IpNet) -> bool {
     net.prefix_len() == net.max_prefix_len()
+}
+
+/// What the rules after a DNAT need of one ingress or egress rule.
+struct Dnatted<'a> {
+    family: Family,
+    port: Option<crate::config::PortMap>,
+    targets: &'a BTreeSet<IpAddr>,
+    /// The destination before the DNAT: the tunnel addresses (ingress), any (egress).
+    orig_daddr: BTreeSet<IpAddr>,
+    origin: &'a super::Origin,
+    /// The set of a map group's connections.
+    conn_map: MapKind,
+}
+
+/// The ingress or egress rules of `set`, as the rules after their DNAT see them.
+fn dnatted(set: &RuleSet, section: Section) -> Vec<Dnatted<'_>> {
+    match section {
+        Section::Ingress => set
+            .ingress
+            .iter()
+            .map(|r| Dnatted {
+                family: r.family,
+                port: r.port,
+                targets: &r.targets,
+                orig_daddr: r.tunnel_addrs.clone(),
+                origin: &r.origin,
+                conn_map: MapKind::IngressConn,
+            })
+            .collect(),
+        Section::Egress => set
+            .egress
+            .iter()
+            .map(|r| Dnatted {
+                family: r.family,
+                port: r.port,
+                targets: &r.targets,
+                orig_daddr: BTreeSet::new(),
+                origin: &r.origin,
+                conn_map: MapKind::EgressConn,
+            })
+            .collect(),
+    }
 }
 
 /// A DNATed connection, whatever its original destination (a map lookup says which).
