@@ -20,5 +20,6 @@ pub mod seccomp;
 pub mod serve;
 pub mod status_client;
 pub mod tun;
+pub mod tuning;
 pub mod udp;
 pub mod userspace;

@@ -25,11 +25,10 @@ const TX_QUEUE_PACKETS: u32 = 4096;
 /// `TX_QUEUE_PACKETS`, or `TUNNELGATE_TUN_TXQUEUELEN` (16 to 65536) for the benchmarks that
 /// compare queue lengths.
 fn tx_queue_packets() -> u32 {
-    std::env::var("TUNNELGATE_TUN_TXQUEUELEN")
-        .ok()
-        .and_then(|v| v.parse::<u32>().ok())
-        .filter(|n| (16..=65536).contains(n))
-        .unwrap_or(TX_QUEUE_PACKETS)
+    let default = u64::from(TX_QUEUE_PACKETS);
+    let packets =
+        crate::shell::tuning::from_env("TUNNELGATE_TUN_TXQUEUELEN", &(16..=65536), default);
+    u32::try_from(packets).unwrap_or(TX_QUEUE_PACKETS)
 }
 
 /// Creates `name` with one queue. Refuses to take over an existing interface: a second daemon

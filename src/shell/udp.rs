@@ -23,13 +23,18 @@ use std::sync::atomic::{AtomicBool, Ordering};
 const SOCKET_BUFFER_BYTES: usize = 7 << 20;
 
 /// The socket buffer size: `SOCKET_BUFFER_BYTES`, or `TUNNELGATE_SOCKET_BUFFER` (bytes, 64 KiB to
-/// 64 MiB) for the benchmarks that compare sizes.
+/// 64 MiB) for the benchmarks that compare sizes. Read (and a bad value warned about) once.
 fn socket_buffer_bytes() -> usize {
-    std::env::var("TUNNELGATE_SOCKET_BUFFER")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .filter(|n| (64 << 10..=64 << 20).contains(n))
-        .unwrap_or(SOCKET_BUFFER_BYTES)
+    static BYTES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *BYTES.get_or_init(|| {
+        let default = SOCKET_BUFFER_BYTES as u64;
+        let bytes = crate::shell::tuning::from_env(
+            "TUNNELGATE_SOCKET_BUFFER",
+            &(64 << 10..=64 << 20),
+            default,
+        );
+        usize::try_from(bytes).unwrap_or(SOCKET_BUFFER_BYTES)
+    })
 }
 /// Messages moved per system call.
 pub const BATCH: usize = 64;
