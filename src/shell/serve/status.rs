@@ -160,18 +160,6 @@ async fn answer_connection(
     }
 }
 
-/// Binds `path` ([`StatusSocket::bind`]) and serves it ([`StatusSocket::serve`]) until
-/// `shutdown`. Prefer the two steps when a bind error must fail the daemon's start.
-pub async fn serve_status(
-    path: &Path,
-    observe: Arc<dyn Observe>,
-    shutdown: impl Future<Output = ()>,
-) -> Result<(), StatusError> {
-    StatusSocket::bind(path)?
-        .serve(observe, None, shutdown)
-        .await
-}
-
 #[cfg(test)]
 mod tests {
     use std::io::{ErrorKind, Read as _};

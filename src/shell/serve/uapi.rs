@@ -168,20 +168,6 @@ impl UapiServer {
     }
 }
 
-/// [`UapiServer::bind`] then [`UapiServer::run`].
-pub async fn serve<F>(
-    interface_name: &str,
-    handler: Arc<dyn UapiHandler>,
-    shutdown: F,
-) -> Result<(), ServerError>
-where
-    F: Future<Output = ()>,
-{
-    UapiServer::bind(interface_name)?
-        .run(handler, shutdown)
-        .await
-}
-
 fn validate_name(name: &str) -> Result<(), ServerError> {
     let why = if name.is_empty() {
         Some("it is empty")
