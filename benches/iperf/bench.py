@@ -703,6 +703,36 @@ def svg_chart(results: dict) -> str:
 # --------------------------------------------------------------------------------------------------
 
 
+def use_baseline(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--baseline BIN (shared with benches/latency): adds the setup tunnelgate-baseline, both
+    ends that binary, with --baseline-env in its daemons' environment."""
+    if not args.baseline:
+        return
+    if not os.access(args.baseline, os.X_OK):
+        ap.error(f"--baseline {args.baseline}: not an executable")
+    Tunnelgate.baseline = os.path.abspath(args.baseline)
+    Tunnelgate.baseline_env = dict(kv.split("=", 1) for kv in args.baseline_env.split(",") if "=" in kv)
+    SETUPS[BASELINE_SETUP] = (BASELINE_SETUP, BASELINE_SETUP)
+    if BASELINE_SETUP not in args.setups:
+        args.setups += f",{BASELINE_SETUP}"
+
+
+def checked_setups(ap: argparse.ArgumentParser, args: argparse.Namespace, bench: str) -> list[str]:
+    """The setups --setups names (shared with benches/latency), once each is known, we are
+    root and the tools they need are installed (benches/BENCH/run.sh installs them)."""
+    names = [s.strip() for s in args.setups.split(",") if s.strip()]
+    unknown = [n for n in names if n not in SETUPS]
+    if unknown:
+        ap.error(f"unknown setup(s) {unknown}; known: {', '.join(SETUPS)}")
+    if os.geteuid() != 0:
+        ap.error(f"needs root (network namespaces): run benches/{bench}/run.sh as root")
+    wggo = ("wireguard-go",) if any("wireguard-go" in SETUPS[n] for n in names) else ()
+    missing = [t for t in ("iperf3", "wg", "ip", "ping", "ss") + wggo if not shutil.which(t)]
+    if missing:
+        ap.error(f"missing tools: {', '.join(missing)} (benches/{bench}/run.sh installs them)")
+    return names
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=3, help="rounds, interleaved across setups (default 3)")
@@ -735,27 +765,12 @@ def main() -> int:
         return 0
     if args.quick:
         args.rounds, args.duration = 1, 5
-    if args.baseline:
-        if not os.access(args.baseline, os.X_OK):
-            ap.error(f"--baseline {args.baseline}: not an executable")
-        Tunnelgate.baseline = os.path.abspath(args.baseline)
-        Tunnelgate.baseline_env = dict(kv.split("=", 1) for kv in args.baseline_env.split(",") if "=" in kv)
-        SETUPS[BASELINE_SETUP] = (BASELINE_SETUP, BASELINE_SETUP)
-        if BASELINE_SETUP not in args.setups:
-            args.setups += f",{BASELINE_SETUP}"
+    use_baseline(ap, args)
     UDP_MAX_RATE[0] = args.udp_max_rate
     tests = [t.strip() for t in args.tests.split(",") if t.strip()]
     if any(t not in ALL_TESTS for t in tests):
         ap.error(f"unknown test(s) in {args.tests}; known: {', '.join(ALL_TESTS)}")
-    names = [s.strip() for s in args.setups.split(",") if s.strip()]
-    unknown = [n for n in names if n not in SETUPS]
-    if unknown:
-        ap.error(f"unknown setup(s) {unknown}; known: {', '.join(SETUPS)}")
-    if os.geteuid() != 0:
-        ap.error("needs root (network namespaces): run benches/iperf/run.sh as root")
-    missing = [t for t in ("iperf3", "wg", "ip", "ping", "ss") + (("wireguard-go",) if any("wireguard-go" in SETUPS[n] for n in names) else ()) if not shutil.which(t)]
-    if missing:
-        ap.error(f"missing tools: {', '.join(missing)} (benches/iperf/run.sh installs them)")
+    names = checked_setups(ap, args, "iperf")
     try:
         out = results_path(args, "iperf")
     except SetupFailed as e:

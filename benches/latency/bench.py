@@ -182,20 +182,8 @@ def main() -> int:
     args = ap.parse_args()
     if args.quick:
         args.rounds, args.duration = 1, 6
-    if args.baseline:
-        ib.Tunnelgate.baseline = os.path.abspath(args.baseline)
-        ib.Tunnelgate.baseline_env = dict(kv.split("=", 1) for kv in args.baseline_env.split(",") if "=" in kv)
-        ib.SETUPS[ib.BASELINE_SETUP] = (ib.BASELINE_SETUP, ib.BASELINE_SETUP)
-        args.setups += f",{ib.BASELINE_SETUP}"
-    names = [s.strip() for s in args.setups.split(",") if s.strip()]
-    unknown = [n for n in names if n not in ib.SETUPS]
-    if unknown:
-        ap.error(f"unknown setup(s) {unknown}; known: {', '.join(ib.SETUPS)}")
-    if os.geteuid() != 0:
-        ap.error("needs root (network namespaces): run benches/latency/run.sh as root")
-    missing = [t for t in ("iperf3", "wg", "ip", "ping", "ss") if not shutil.which(t)]
-    if missing:
-        ap.error(f"missing tools: {', '.join(missing)} (benches/latency/run.sh installs them)")
+    ib.use_baseline(ap, args)
+    names = ib.checked_setups(ap, args, "latency")
     try:
         out = results_path(args, "latency")
     except CommandFailed as e:
