@@ -73,8 +73,21 @@ def with_lost(r: dict) -> list[float]:
     return r["rtt_ms"] + [LOST_PING_MS] * r["lost"]
 
 
+# The stream's TCP congestion control: the machine's default unless --congestion names one.
+CONGESTION: str | None = None
+
+
+def default_congestion() -> str:
+    try:
+        return open("/proc/sys/net/ipv4/tcp_congestion_control").read().strip()
+    except OSError:
+        return "?"
+
+
 def tcp_stream(setup, duration: int) -> subprocess.Popen:
     args = ["iperf3", "-c", setup.target(), "-p", str(ib.IPERF_PORT), "-t", str(duration), "-J", "--connect-timeout", "5000"]
+    if CONGESTION:
+        args += ["-C", CONGESTION]
     return subprocess.Popen(["ip", "netns", "exec", setup.ns["a"], *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
 
 
@@ -178,8 +191,15 @@ def main() -> int:
     ap.add_argument("--baseline-env", default="", metavar="K=V,...", help=f"environment of the {ib.BASELINE_SETUP} daemons only")
     ap.add_argument("--tunnelgate", help="tunnelgate binary (default target/release/tunnelgate, built first)")
     ap.add_argument("--no-build", action="store_true", help="do not run cargo build --release")
+    ap.add_argument("--congestion", metavar="ALG", help="the stream's TCP congestion control (iperf3 -C), e.g. cubic or bbr (default: the machine's, recorded)")
     add_output_args(ap, "latency")
     args = ap.parse_args()
+    global CONGESTION
+    if args.congestion:
+        available = open("/proc/sys/net/ipv4/tcp_available_congestion_control").read().split()
+        if args.congestion not in available:
+            ap.error(f"--congestion {args.congestion}: not available here (tcp_available_congestion_control: {' '.join(available)})")
+        CONGESTION = args.congestion
     if args.quick:
         args.rounds, args.duration = 1, 6
     ib.use_baseline(ap, args)
@@ -200,6 +220,7 @@ def main() -> int:
             "commit": git_commit(), "host": platform.node(), "kernel": platform.release(), "cpus": os.cpu_count(),
             "cpu_model": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?"),
             "rounds": args.rounds, "duration_s": args.duration, "mtu": ib.MTU,
+            "congestion": CONGESTION or default_congestion(),
             "ping_interval_s": PING_INTERVAL, "sparse_interval_s": SPARSE_INTERVAL, "lost_ping_counts_as_ms": LOST_PING_MS,
             "loadavg_start": open("/proc/loadavg").read().split()[:3],
             "wireguard_go_builds": str(ib.shared_bin_dir() or ""),
@@ -285,7 +306,7 @@ def main() -> int:
     out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"\nlatency under load: {m['rounds']} round(s) x {m['duration_s']} s, commit {m['commit']}, {m['cpus']} CPUs ({m['cpu_model']}), "
           f"load {' '.join(m['loadavg_start'])} -> {' '.join(m['loadavg_end'])}")
-    print("pings every 10 ms and a 64-byte TCP request every 20 ms while one iperf3 TCP stream runs; a lost ping counts as 1 s\n")
+    print(f"pings every 10 ms and a 64-byte TCP request every 20 ms while one iperf3 TCP stream ({m.get('congestion', '?')}) runs; a lost ping counts as 1 s\n")
     print(report(results))
     print(f"\nraw results: {out}")
     return 130 if interrupted else 0

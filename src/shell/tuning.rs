@@ -1,9 +1,11 @@
-//! The queue-size knobs the benchmarks turn (`TUNNELGATE_SOCKET_BUFFER`,
-//! `TUNNELGATE_TUN_TXQUEUELEN`): a number in a range, read from the environment once. A value
-//! that is not one is named in a warning and the default stays, as for `TUNNELGATE_IPTABLES`.
+//! The queue knobs the benchmarks turn (`TUNNELGATE_SOCKET_BUFFER`,
+//! `TUNNELGATE_TUN_TXQUEUELEN`, `TUNNELGATE_AQM_TARGET_US`): a number in a range, read from
+//! the environment once. A value that is not one is named in a warning and the default stays,
+//! as for `TUNNELGATE_IPTABLES`.
 
 use std::ffi::OsStr;
 use std::ops::RangeInclusive;
+use std::time::Duration;
 
 /// `value` of variable `name` as a number in `range`: `Ok(None)` when unset or empty, `Err`
 /// (naming the variable, an escaped excerpt of at most 32 characters and the range) otherwise.
@@ -38,6 +40,35 @@ pub fn from_env(name: &str, range: &RangeInclusive<u64>, default: u64) -> u64 {
             default
         }
     }
+}
+
+/// The variable that sets the receive queue's AQM target, and its range in microseconds.
+const AQM_TARGET_VAR: &str = "TUNNELGATE_AQM_TARGET_US";
+const AQM_TARGET_RANGE: RangeInclusive<u64> = 0..=100_000;
+
+/// The receive queue's AQM target (`core::aqm`): `TUNNELGATE_AQM_TARGET_US` microseconds (0
+/// turns AQM off, for the benchmarks that compare; at most 100 ms), else 1 ms. Read once; a bad
+/// value is warned about and the default stays.
+pub fn aqm_target() -> Option<Duration> {
+    static TARGET: std::sync::OnceLock<Option<Duration>> = std::sync::OnceLock::new();
+    *TARGET.get_or_init(|| {
+        aqm_target_from(std::env::var_os(AQM_TARGET_VAR).as_deref()).unwrap_or_else(|e| {
+            tracing::warn!(
+                "{e}; using the default {:?}",
+                crate::core::aqm::DEFAULT_TARGET
+            );
+            Some(crate::core::aqm::DEFAULT_TARGET)
+        })
+    })
+}
+
+/// [`aqm_target`] for a given value of its variable.
+fn aqm_target_from(value: Option<&OsStr>) -> Result<Option<Duration>, String> {
+    Ok(match bounded(AQM_TARGET_VAR, value, &AQM_TARGET_RANGE)? {
+        None => Some(crate::core::aqm::DEFAULT_TARGET),
+        Some(0) => None,
+        Some(micros) => Some(Duration::from_micros(micros)),
+    })
 }
 
 #[cfg(test)]
@@ -75,6 +106,24 @@ mod tests {
             assert!(e.starts_with("TUNNELGATE_X=\""), "{e}");
             assert!(e.ends_with("expected a number from 16 to 65536"), "{e}");
             assert!(e.len() < 160, "{e}");
+        }
+    }
+
+    #[test]
+    fn the_aqm_target_is_microseconds_zero_is_off_and_garbage_is_named() {
+        let target = |raw: &[u8]| aqm_target_from(Some(OsStr::from_bytes(raw)));
+        let default = Some(crate::core::aqm::DEFAULT_TARGET);
+        assert_eq!(aqm_target_from(None), Ok(default));
+        assert_eq!(target(b""), Ok(default));
+        assert_eq!(target(b"0"), Ok(None));
+        assert_eq!(target(b"500"), Ok(Some(Duration::from_micros(500))));
+        assert_eq!(target(b"100000"), Ok(Some(Duration::from_millis(100))));
+        for bad in [&b"100001"[..], b"-1", b"1ms", b"\xff", &[b'9'; 100_000]] {
+            let e = target(bad).expect_err("refused");
+            assert!(
+                e.starts_with("TUNNELGATE_AQM_TARGET_US=") && e.len() < 120,
+                "{e}"
+            );
         }
     }
 }

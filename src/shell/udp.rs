@@ -17,6 +17,7 @@ use std::mem::{size_of, zeroed};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr, SocketAddrV6};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, SystemTime};
 
 /// Kernel socket buffer size. The default ~208 KB drops packets at a few hundred Mbit/s;
 /// wireguard-go upstream settled on 7 MB.
@@ -49,8 +50,9 @@ const GSO_MAX_BYTES: usize = 65000;
 const UDP_SEGMENT: libc::c_int = 103;
 const UDP_GRO: libc::c_int = 104;
 /// Room for the control messages of one message, 8-byte aligned: a UDP_GRO/UDP_SEGMENT value
-/// (24 bytes with its header) plus an `in6_pktinfo` (40) or `in_pktinfo` (32).
-type CmsgBuf = [u64; 12];
+/// (24 bytes with its header), an `in6_pktinfo` (40) or `in_pktinfo` (32), and a receive
+/// timestamp (`SCM_TIMESTAMPNS`, 32), with room to spare.
+type CmsgBuf = [u64; 16];
 
 pub struct WgSocket {
     socket: Socket,
@@ -59,6 +61,9 @@ pub struct WgSocket {
     gro: bool,
     /// Whether the local address of each datagram is reported (`IP_PKTINFO`).
     pktinfo: bool,
+    /// Whether each message carries the time the kernel received it (`SO_TIMESTAMPNS`), which
+    /// is what the receive queue's AQM measures.
+    timestamps: bool,
     /// Set by [`WgSocket::shutdown`]: a shut-down UDP socket does not make `recvmmsg` return 0
     /// (it returns empty "datagrams" at once, forever), so the reader must be told.
     closed: AtomicBool,
@@ -169,12 +174,17 @@ impl WgSocket {
                 "IP_PKTINFO unavailable: replies leave from the kernel's choice of source"
             );
         }
+        // Each message's arrival time, for the receive queue's AQM (only when it is on: the
+        // kernel then stamps every packet it receives, a small cost for everyone).
+        let timestamps = crate::shell::tuning::aqm_target().is_some()
+            && set_int(&socket, libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1).is_ok();
         Ok(WgSocket {
             socket,
             dual_stack,
             gso: AtomicBool::new(gso),
             gro,
             pktinfo,
+            timestamps,
             closed: AtomicBool::new(false),
         })
     }
@@ -184,6 +194,11 @@ impl WgSocket {
         addr.as_socket()
             .map(|a| a.port())
             .ok_or_else(|| io::Error::other("socket has no inet address"))
+    }
+
+    /// Whether received messages carry their arrival time (the AQM's input).
+    pub fn has_receive_timestamps(&self) -> bool {
+        self.timestamps
     }
 
     /// Whether segmentation and coalescing offloads are in use, for the startup log.
@@ -225,7 +240,7 @@ impl WgSocket {
             iov_base: data.as_ptr() as *mut libc::c_void,
             iov_len: data.len(),
         };
-        let mut control: CmsgBuf = [0; 12];
+        let mut control: CmsgBuf = [0; 16];
         let mut local = to.local.filter(|_| self.pktinfo);
         loop {
             // SAFETY: msghdr is plain data; every pointer below outlives the call.
@@ -299,11 +314,12 @@ impl WgSocket {
                 let got = r as usize;
                 for i in 0..got {
                     batch.lens[i] = batch.msgs.hdrs[i].msg_len as usize;
-                    let (gro, local) = parse_cmsgs(&batch.msgs.hdrs[i].msg_hdr);
+                    let (gro, local, arrived) = parse_cmsgs(&batch.msgs.hdrs[i].msg_hdr);
                     batch.from[i] = PeerPath {
                         remote: storage_to_addr(&batch.msgs.names[i]),
                         local,
                     };
+                    batch.arrived[i] = arrived;
                     batch.segment[i] = gro.unwrap_or(batch.lens[i]).max(1);
                 }
                 batch.count = got;
@@ -441,10 +457,11 @@ fn set_int(
 }
 
 /// From the control messages the kernel attached to a received message: the segment size of
-/// a GRO-coalesced message (UDP_GRO), and the local address the datagram was sent to
-/// (IP_PKTINFO / IPV6_PKTINFO; a link-local one is not kept, it would need its interface).
-fn parse_cmsgs(h: &libc::msghdr) -> (Option<usize>, Option<IpAddr>) {
-    let (mut gro, mut local) = (None, None);
+/// a GRO-coalesced message (UDP_GRO), the local address the datagram was sent to
+/// (IP_PKTINFO / IPV6_PKTINFO; a link-local one is not kept, it would need its interface), and
+/// when the kernel received it (SCM_TIMESTAMPNS: wall-clock time since the Unix epoch).
+fn parse_cmsgs(h: &libc::msghdr) -> (Option<usize>, Option<IpAddr>, Option<Duration>) {
+    let (mut gro, mut local, mut arrived) = (None, None, None);
     // SAFETY: the CMSG_* macros walk the control buffer the kernel filled, within msg_controllen;
     // each payload is read unaligned with the type its level and type say it has.
     unsafe {
@@ -468,6 +485,13 @@ fn parse_cmsgs(h: &libc::msghdr) -> (Option<usize>, Option<IpAddr>) {
                         None => IpAddr::V6(ip),
                     });
                 }
+                (libc::SOL_SOCKET, libc::SCM_TIMESTAMPNS) => {
+                    let t = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::timespec>());
+                    arrived = u64::try_from(t.tv_sec)
+                        .ok()
+                        .zip(u32::try_from(t.tv_nsec).ok())
+                        .map(|(secs, nanos)| Duration::new(secs, nanos));
+                }
                 _ => {}
             }
             c = libc::CMSG_NXTHDR(h, c);
@@ -477,7 +501,7 @@ fn parse_cmsgs(h: &libc::msghdr) -> (Option<usize>, Option<IpAddr>) {
         IpAddr::V6(v6) => (v6.segments()[0] & 0xffc0) == 0xfe80,
         IpAddr::V4(v4) => v4.is_unspecified(),
     };
-    (gro, local.filter(|ip| !link_local(ip)))
+    (gro, local.filter(|ip| !link_local(ip)), arrived)
 }
 
 /// Writes a pktinfo control message naming `src` as the source at `c` (inside `h`'s control
@@ -564,7 +588,7 @@ impl MmsgScratch {
                 .collect(),
             // SAFETY: plain data, zero is valid.
             names: (0..BATCH).map(|_| unsafe { zeroed() }).collect(),
-            cmsgs: vec![[0; 12]; BATCH],
+            cmsgs: vec![[0; 16]; BATCH],
             // SAFETY: plain data, zero is valid.
             hdrs: (0..BATCH).map(|_| unsafe { zeroed() }).collect(),
         }
@@ -577,6 +601,8 @@ pub struct RecvBatch {
     lens: Vec<usize>,
     from: Vec<PeerPath>,
     segment: Vec<usize>,
+    /// When the kernel received each message (since the Unix epoch), where it says.
+    arrived: Vec<Option<Duration>>,
     count: usize,
     msgs: MmsgScratch,
 }
@@ -591,6 +617,7 @@ impl Default for RecvBatch {
             lens: vec![0; BATCH],
             from: vec![PeerPath::to(SocketAddr::from(([0, 0, 0, 0], 0))); BATCH],
             segment: vec![1; BATCH],
+            arrived: vec![None; BATCH],
             count: 0,
             msgs: MmsgScratch::new(),
         }
@@ -598,6 +625,15 @@ impl Default for RecvBatch {
 }
 
 impl RecvBatch {
+    /// How long the oldest message of the batch waited in the socket buffer before `now` (the
+    /// wall clock, as the kernel's receive timestamps are); `None` without timestamps. A
+    /// timestamp in the future (the wall clock stepped back) counts as no wait.
+    pub fn oldest_wait(&self, now: SystemTime) -> Option<Duration> {
+        let now = now.duration_since(SystemTime::UNIX_EPOCH).ok()?;
+        let oldest = self.arrived[..self.count].iter().flatten().min()?;
+        Some(now.saturating_sub(*oldest))
+    }
+
     /// Every datagram received, with where it came from and the local address it was sent to;
     /// coalesced messages split at their segment size.
     pub fn datagrams(&self) -> impl Iterator<Item = (PeerPath, &[u8])> + '_ {
@@ -741,7 +777,7 @@ impl SendBatch {
                 h.msg_control = self.msgs.cmsgs[msgs].as_mut_ptr().cast();
                 h.msg_controllen = size_of::<CmsgBuf>();
                 let mut used = 0;
-                // SAFETY: CMSG_SPACE/LEN are pure arithmetic; the 96-byte buffer holds a
+                // SAFETY: CMSG_SPACE/LEN are pure arithmetic; the 128-byte buffer holds a
                 // UDP_SEGMENT message (24 bytes) and a pktinfo (at most 40). The second header
                 // is placed by hand: CMSG_NXTHDR would read the stale length left there by an
                 // earlier batch.
@@ -767,5 +803,47 @@ impl SendBatch {
             i = j;
         }
         msgs
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shell::clock;
+
+    /// The AQM's input: how long the oldest datagram of a batch sat in the socket buffer, from
+    /// the kernel's receive timestamps.
+    #[test]
+    fn a_batch_knows_how_long_its_oldest_datagram_waited() {
+        let socket = WgSocket::bind(0, None).expect("bind");
+        assert!(
+            socket.has_receive_timestamps(),
+            "AQM is on by default, so the socket asks for receive timestamps"
+        );
+        let port = socket.local_port().expect("port");
+        // The kernel turns receive timestamping on from a work item, moments after the first
+        // socket asks; until then packets are stamped when read, not when they arrive.
+        std::thread::sleep(Duration::from_millis(100));
+        let sender = std::net::UdpSocket::bind("127.0.0.1:0").expect("sender");
+        sender
+            .send_to(&[4u8; 600], ("127.0.0.1", port))
+            .expect("send");
+        std::thread::sleep(Duration::from_millis(40));
+        sender
+            .send_to(&[4u8; 600], ("127.0.0.1", port))
+            .expect("send");
+        let mut batch = RecvBatch::default();
+        // Both are queued; MSG_WAITFORONE takes them in one call on a loopback that delivered
+        // them synchronously.
+        socket.recv_batch(&mut batch).expect("receive");
+        assert_eq!(batch.datagrams().count(), 2, "both datagrams in one batch");
+        let waited = batch.oldest_wait(clock::wall_now()).expect("timestamps");
+        assert!(
+            waited >= Duration::from_millis(40) && waited < Duration::from_secs(10),
+            "the first datagram waited {waited:?}"
+        );
+        // A wall clock stepped back behind the arrival counts as no wait, not as a huge one.
+        let before = SystemTime::UNIX_EPOCH + Duration::from_secs(1);
+        assert_eq!(batch.oldest_wait(before), Some(Duration::ZERO));
     }
 }

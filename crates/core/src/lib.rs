@@ -13,6 +13,7 @@
 #![deny(unsafe_code)]
 
 pub mod allowed_ips;
+pub mod aqm;
 pub mod backoff;
 pub mod check_report;
 pub mod config;

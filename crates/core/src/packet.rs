@@ -39,10 +39,15 @@ pub enum DropReason {
     /// alert on user drops stays quiet on a healthy idle tunnel. Last, so earlier reasons keep
     /// their place in `/metrics` and [`DropStats`].
     LinkLocalMulticast,
+    /// A full-size data message dropped before decryption by the receive queue's AQM
+    /// ([`crate::aqm`]): the queue in front of the reader stood above its target, and one drop
+    /// tells the bulk flow's sender to slow down. Deliberate, like a router's: counted apart
+    /// from faults. Last, so earlier reasons keep their place.
+    Aqm,
 }
 
 impl DropReason {
-    pub const COUNT: usize = 9;
+    pub const COUNT: usize = 10;
     /// Every reason, in the fixed order (`ALL[r as usize] == r`).
     pub const ALL: [DropReason; DropReason::COUNT] = [
         DropReason::NoPeer,
@@ -54,6 +59,7 @@ impl DropReason {
         DropReason::TunWrite,
         DropReason::UdpSend,
         DropReason::LinkLocalMulticast,
+        DropReason::Aqm,
     ];
 
     /// The `reason` label in metrics and the field name in the status JSON.
@@ -68,6 +74,7 @@ impl DropReason {
             DropReason::TunWrite => "tun_write",
             DropReason::UdpSend => "udp_send",
             DropReason::LinkLocalMulticast => "link_local_multicast",
+            DropReason::Aqm => "aqm",
         }
     }
 }
@@ -106,6 +113,7 @@ pub struct DropStats {
     pub tun_write: u64,
     pub udp_send: u64,
     pub link_local_multicast: u64,
+    pub aqm: u64,
 }
 
 impl DropStats {
@@ -120,6 +128,7 @@ impl DropStats {
             DropReason::TunWrite => self.tun_write,
             DropReason::UdpSend => self.udp_send,
             DropReason::LinkLocalMulticast => self.link_local_multicast,
+            DropReason::Aqm => self.aqm,
         }
     }
 
@@ -134,6 +143,7 @@ impl DropStats {
             DropReason::TunWrite => &mut self.tun_write,
             DropReason::UdpSend => &mut self.udp_send,
             DropReason::LinkLocalMulticast => &mut self.link_local_multicast,
+            DropReason::Aqm => &mut self.aqm,
         }
     }
 

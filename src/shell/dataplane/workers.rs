@@ -5,14 +5,15 @@
 
 use super::table::{PeerSlot, PeerTable};
 use super::Inner;
+use crate::core::aqm;
 use crate::core::liveness::{PacketThread, IDLE_WAKE};
 use crate::core::offload::{self, Coalescer, VNET_HDR_LEN};
 use crate::core::packet::{self, steering, DropReason, Inbound, Outbound, PeerPath, Sender};
 use crate::core::peer::LimiterReset;
 use crate::core::wg;
 use crate::shell::seccomp::{self, Confinement};
-use crate::shell::tun;
 use crate::shell::udp::{RecvBatch, SendBatch, WgSocket, MAX_DATAGRAM};
+use crate::shell::{clock, tun, tuning};
 use std::net::IpAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -197,6 +198,9 @@ pub(super) fn udp_loop(inner: &Inner, worker: usize, socket: &WgSocket) {
     let mut replies = SendBatch::new(MAX_DATAGRAM);
     let mut coalescer = Coalescer::new(COALESCE_SLOTS, tun.udp_gso());
     let mut cookie = [0u8; 64];
+    // AQM on the socket buffer in front of this thread (off without receive timestamps).
+    let mut queue =
+        aqm::ReceiveQueue::new(tuning::aqm_target().filter(|_| socket.has_receive_timestamps()));
     if let Err(e) = socket.set_receive_timeout(IDLE_WAKE) {
         tracing::warn!(error = %e, "UDP receive timeout not set: an idle reader looks stuck");
     }
@@ -227,6 +231,10 @@ pub(super) fn udp_loop(inner: &Inner, worker: usize, socket: &WgSocket) {
                 .add(DropReason::UnknownPeer, batch.datagrams().count() as u64);
             continue;
         };
+        if queue.is_on() {
+            // Two clock reads per batch, none per datagram.
+            queue.on_batch(batch.oldest_wait(clock::wall_now()), clock::now());
+        }
         for (from, datagram) in batch.datagrams() {
             let identified = packet::identify(
                 &*table,
@@ -253,6 +261,10 @@ pub(super) fn udp_loop(inner: &Inner, worker: usize, socket: &WgSocket) {
                     continue;
                 }
             };
+            if queue.take_drop(datagram) {
+                inner.drops.add(DropReason::Aqm, 1);
+                continue;
+            }
             if coalescer.needs_drain() {
                 write_tun(inner, tun, &mut coalescer);
             }

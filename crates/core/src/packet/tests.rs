@@ -185,7 +185,8 @@ fn reasons_have_a_fixed_order_and_their_labels_are_the_json_fields() {
             "tun_read",
             "tun_write",
             "udp_send",
-            "link_local_multicast"
+            "link_local_multicast",
+            "aqm"
         ]
     );
 }
