@@ -12,6 +12,7 @@ pub mod import;
 pub mod logging;
 pub mod netlink;
 pub mod observe;
+pub mod priority;
 pub mod privilege;
 pub mod process;
 pub mod procfs;

@@ -581,7 +581,7 @@ fn userspace_foreground_creates_a_bare_interface_and_sigterm_removes_it() {
     });
     // Least privilege as in `run`: CAP_NET_ADMIN (TUN, fwmark) and CAP_NET_BIND_SERVICE (a
     // listen-port below 1024) in every thread, no-new-privs, the packet threads under seccomp.
-    let want = format!("{:016x}", (1u64 << 12) | (1u64 << 10));
+    let want = format!("{:016x}", (1u64 << 12) | (1u64 << 10) | realtime_kept_cap());
     let threads = thread_privileges_once_confined(proc.pid());
     for (tid, f) in &threads {
         let get = |k: &str| f.get(k).map(String::as_str).unwrap_or("missing");

@@ -1,5 +1,5 @@
 //! Issue 15, least privilege: a running daemon keeps only `CAP_NET_ADMIN` (plus `CAP_NET_RAW`
-//! with iptables-legacy) in every thread's effective, permitted and bounding sets, nothing
+//! with iptables-legacy, and `CAP_SYS_NICE` where real-time priority needs it) in every thread's effective, permitted and bounding sets, nothing
 //! inheritable or ambient, and no-new-privs; and with only that, the `nft` /
 //! `iptables-restore` it runs still work: a reload that changes addresses and rules is
 //! applied, and SIGTERM removes everything. The packet threads, and only they, run under the
@@ -53,7 +53,7 @@ fn run(legacy: bool) {
         CAP_NET_ADMIN | CAP_NET_RAW
     } else {
         CAP_NET_ADMIN
-    };
+    } | realtime_kept_cap();
     let threads = thread_privileges_once_confined(tg.pid());
     assert!(
         threads.len() > 3,
@@ -183,4 +183,76 @@ fn seccomp_off_leaves_every_thread_unfiltered_and_says_so() {
     assert!(tg.stderr().contains("seccomp is off"), "{}", tg.stderr());
     let status = tg.sigterm();
     assert!(status.success(), "exit {status:?}: {}", tg.stderr());
+}
+
+/// `(thread name, scheduling policy)` of every thread of `pid` (`policy` of
+/// `/proc/PID/task/TID/sched`: 0 normal, 1 `SCHED_FIFO`).
+fn thread_policies(pid: u32) -> Vec<(String, u32)> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("/proc/<pid>/task");
+    tasks
+        .flatten()
+        .filter_map(|t| {
+            let name = std::fs::read_to_string(t.path().join("comm")).ok()?;
+            let sched = std::fs::read_to_string(t.path().join("sched")).ok()?;
+            let policy = sched
+                .lines()
+                .find(|l| l.starts_with("policy"))?
+                .rsplit(':')
+                .next()?
+                .trim()
+                .parse()
+                .ok()?;
+            Some((name.trim_end().to_string(), policy))
+        })
+        .collect()
+}
+
+/// Issue 29, latency under load: the packet readers run at real-time priority (`SCHED_FIFO`,
+/// so a packet does not wait for a CPU behind other work), nothing else of the daemon does,
+/// and `TUNNELGATE_RT_PRIORITY=0` keeps every thread at normal priority. As root the daemon
+/// gets there by `RLIMIT_RTPRIO` or, where that cannot be raised, by keeping `CAP_SYS_NICE`.
+#[test]
+#[ignore = "needs root"]
+fn the_packet_readers_run_at_real_time_priority_unless_turned_off() {
+    require_root();
+    const SCHED_FIFO: u32 = 1;
+    let ns = Netns::new();
+    let mut cfg = TgConfig::new(0, &["100.64.0.1/32"]);
+    cfg.workers = Some(2);
+    let tg = Tunnelgate::start(&ns, cfg);
+    let mut policies = Vec::new();
+    let readers_up = poll_until(Duration::from_secs(5), || {
+        policies = thread_policies(tg.pid());
+        policies
+            .iter()
+            .filter(|(n, p)| n.starts_with("tg-") && n.contains("-rx-") && *p == SCHED_FIFO)
+            .count()
+            == 4
+    });
+    assert!(
+        readers_up,
+        "two workers' TUN and UDP readers at SCHED_FIFO: {policies:?}\n{}",
+        tg.stderr()
+    );
+    for (name, policy) in &policies {
+        if !name.contains("-rx-") {
+            assert_ne!(*policy, SCHED_FIFO, "{name} is real-time: {policies:?}");
+        }
+    }
+
+    let other_ns = Netns::new();
+    let mut cfg = TgConfig::new(0, &["100.64.0.2/32"]);
+    cfg.workers = Some(2);
+    let off = Tunnelgate::spawn_env(&other_ns, cfg, &[("TUNNELGATE_RT_PRIORITY", "0")]);
+    off.wait_ready(Duration::from_secs(15)).expect("ready");
+    std::thread::sleep(Duration::from_millis(500));
+    let policies = thread_policies(off.pid());
+    assert!(
+        policies.iter().any(|(n, _)| n.starts_with("tg-udp-rx-")),
+        "{policies:?}"
+    );
+    assert!(
+        policies.iter().all(|(_, p)| *p != SCHED_FIFO),
+        "TUNNELGATE_RT_PRIORITY=0, yet: {policies:?}"
+    );
 }

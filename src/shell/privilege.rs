@@ -19,6 +19,11 @@
 //!   denied (you must be root)"; nft and iptables-nft use netlink only).
 //! - `CAP_NET_BIND_SERVICE`, only when the configuration binds a port below 1024 (WireGuard
 //!   `listen_port` or the health port), since a reload or `wg set` rebinds the WireGuard socket.
+//! - `CAP_SYS_NICE`, only when the packet threads' real-time priority is on
+//!   (`TUNNELGATE_RT_PRIORITY`, default 1), `RLIMIT_RTPRIO` could not be raised to it (no
+//!   `CAP_SYS_RESOURCE`: some containers) and the process has it: a packet thread moves itself
+//!   between `SCHED_FIFO` and normal priority (`core::priority`), and its seccomp filter lets
+//!   it do so for itself only.
 //!
 //! Everything else leaves the effective, permitted, inheritable, ambient and bounding sets,
 //! and `PR_SET_NO_NEW_PRIVS` is set. A child run as uid 0 gets the bounding set as its
@@ -41,6 +46,10 @@ pub struct Caps(pub u64);
 impl Caps {
     pub fn with(self, cap: Capability) -> Caps {
         Caps(self.0 | cap.bitmask())
+    }
+
+    pub fn union(self, other: Caps) -> Caps {
+        Caps(self.0 | other.0)
     }
 
     pub fn has(self, cap: Capability) -> bool {
@@ -186,11 +195,34 @@ pub fn drop_to(keep: Caps) -> Result<Dropped, PrivilegeError> {
     })
 }
 
+/// How the packet threads may enter real-time priority once the capabilities are gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Realtime {
+    /// Real-time priority is off (`TUNNELGATE_RT_PRIORITY=0`).
+    Off,
+    /// `RLIMIT_RTPRIO` allows it: no capability needed.
+    ByLimit,
+    /// Only `CAP_SYS_NICE` can: kept if the process has it.
+    ByCapability,
+}
+
+impl Realtime {
+    /// What to keep, beyond [`needed`], out of what the process has (`permitted`).
+    pub fn keeps(self, permitted: Caps) -> Caps {
+        match self {
+            Realtime::ByCapability if permitted.has(Capability::CAP_SYS_NICE) => {
+                Caps::default().with(Capability::CAP_SYS_NICE)
+            }
+            _ => Caps::default(),
+        }
+    }
+}
+
 /// Drops to what `config` needs and logs the result; the daemon calls this before it builds
 /// its runtime.
-pub fn drop_for(config: &Config) -> Result<Dropped, PrivilegeError> {
+pub fn drop_for(config: &Config, realtime: Realtime) -> Result<Dropped, PrivilegeError> {
     let keep = needed(config, uses_legacy_iptables(config.firewall.mode));
-    let dropped = drop_to(keep)?;
+    let dropped = drop_to(keep.union(realtime.keeps(permitted_now())))?;
     tracing::info!(kept = %dropped.kept, "Capabilities dropped to what the daemon needs");
     if dropped.bounding_kept != Caps::default() {
         tracing::warn!(
@@ -202,8 +234,8 @@ pub fn drop_for(config: &Config) -> Result<Dropped, PrivilegeError> {
 }
 
 /// [`drop_to`] [`needed_userspace`], logged like [`drop_for`].
-pub fn drop_for_userspace() -> Result<Dropped, PrivilegeError> {
-    let dropped = drop_to(needed_userspace())?;
+pub fn drop_for_userspace(realtime: Realtime) -> Result<Dropped, PrivilegeError> {
+    let dropped = drop_to(needed_userspace().union(realtime.keeps(permitted_now())))?;
     tracing::info!(kept = %dropped.kept, "Capabilities dropped to what the interface needs");
     Ok(dropped)
 }
@@ -269,6 +301,19 @@ mod tests {
         assert!(hint.contains("needs root or CAP_NET_ADMIN"), "{hint}");
         assert!(run_refusal(Caps::default().with(CAP_NET_RAW)).is_some());
         assert_eq!(run_refusal(Caps::default().with(CAP_NET_ADMIN)), None);
+    }
+
+    #[test]
+    fn sys_nice_is_kept_only_when_real_time_needs_it_and_the_process_has_it() {
+        let nice = Caps::default().with(Capability::CAP_SYS_NICE);
+        let all = Caps(!0);
+        assert_eq!(Realtime::ByCapability.keeps(all), nice);
+        assert_eq!(
+            Realtime::ByCapability.keeps(Caps::default()),
+            Caps::default()
+        );
+        assert_eq!(Realtime::ByLimit.keeps(all), Caps::default());
+        assert_eq!(Realtime::Off.keeps(all), Caps::default());
     }
 
     #[test]

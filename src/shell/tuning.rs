@@ -1,6 +1,6 @@
-//! The queue knobs the benchmarks turn (`TUNNELGATE_SOCKET_BUFFER`,
-//! `TUNNELGATE_TUN_TXQUEUELEN`, `TUNNELGATE_AQM_TARGET_US`): a number in a range, read from
-//! the environment once. A value that is not one is named in a warning and the default stays,
+//! The queue and scheduling knobs (`TUNNELGATE_SOCKET_BUFFER`, `TUNNELGATE_TUN_TXQUEUELEN`,
+//! `TUNNELGATE_AQM_TARGET_US`, `TUNNELGATE_RT_PRIORITY`): a number in a range, read from the
+//! environment once. A value that is not one is named in a warning and the default stays,
 //! as for `TUNNELGATE_IPTABLES`.
 
 use std::ffi::OsStr;
@@ -59,6 +59,36 @@ pub fn aqm_target() -> Option<Duration> {
             );
             Some(crate::core::aqm::DEFAULT_TARGET)
         })
+    })
+}
+
+/// The variable that sets the packet threads' real-time priority, and its range: 0 keeps them at
+/// normal priority; at most 49, below the kernel's interrupt threads (50).
+const RT_PRIORITY_VAR: &str = "TUNNELGATE_RT_PRIORITY";
+const RT_PRIORITY_RANGE: RangeInclusive<u64> = 0..=49;
+/// The default: the lowest real-time priority, above every ordinary thread and below every other
+/// real-time one.
+const DEFAULT_RT_PRIORITY: i32 = 1;
+
+/// The packet threads' `SCHED_FIFO` priority (`core::priority`): `TUNNELGATE_RT_PRIORITY`, else
+/// 1; `None` when 0 (normal priority only). Read once; a bad value is warned about and the
+/// default stays.
+pub fn rt_priority() -> Option<i32> {
+    static PRIORITY: std::sync::OnceLock<Option<i32>> = std::sync::OnceLock::new();
+    *PRIORITY.get_or_init(|| {
+        rt_priority_from(std::env::var_os(RT_PRIORITY_VAR).as_deref()).unwrap_or_else(|e| {
+            tracing::warn!("{e}; using the default {DEFAULT_RT_PRIORITY}");
+            Some(DEFAULT_RT_PRIORITY)
+        })
+    })
+}
+
+/// [`rt_priority`] for a given value of its variable.
+fn rt_priority_from(value: Option<&OsStr>) -> Result<Option<i32>, String> {
+    Ok(match bounded(RT_PRIORITY_VAR, value, &RT_PRIORITY_RANGE)? {
+        None => Some(DEFAULT_RT_PRIORITY),
+        Some(0) => None,
+        Some(p) => i32::try_from(p).ok(),
     })
 }
 
@@ -122,6 +152,22 @@ mod tests {
             let e = target(bad).expect_err("refused");
             assert!(
                 e.starts_with("TUNNELGATE_AQM_TARGET_US=") && e.len() < 120,
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_rt_priority_is_1_to_49_zero_is_off_and_garbage_is_named() {
+        let priority = |raw: &[u8]| rt_priority_from(Some(OsStr::from_bytes(raw)));
+        assert_eq!(rt_priority_from(None), Ok(Some(DEFAULT_RT_PRIORITY)));
+        assert_eq!(priority(b""), Ok(Some(DEFAULT_RT_PRIORITY)));
+        assert_eq!(priority(b"0"), Ok(None));
+        assert_eq!(priority(b"49"), Ok(Some(49)));
+        for bad in [&b"50"[..], b"99", b"-1", b"fifo", b"\xff", &[b'1'; 100_000]] {
+            let e = priority(bad).expect_err("refused");
+            assert!(
+                e.starts_with("TUNNELGATE_RT_PRIORITY=") && e.len() < 120,
                 "{e}"
             );
         }

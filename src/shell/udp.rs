@@ -625,6 +625,13 @@ impl Default for RecvBatch {
 }
 
 impl RecvBatch {
+    /// How many datagrams the batch holds, coalesced ones counted one by one (no copying).
+    pub fn datagram_count(&self) -> usize {
+        (0..self.count)
+            .map(|i| self.lens[i].div_ceil(self.segment[i]))
+            .sum()
+    }
+
     /// How long the oldest message of the batch waited in the socket buffer before `now` (the
     /// wall clock, as the kernel's receive timestamps are); `None` without timestamps. A
     /// timestamp in the future (the wall clock stepped back) counts as no wait.
@@ -837,6 +844,7 @@ mod tests {
         // them synchronously.
         socket.recv_batch(&mut batch).expect("receive");
         assert_eq!(batch.datagrams().count(), 2, "both datagrams in one batch");
+        assert_eq!(batch.datagram_count(), 2);
         let waited = batch.oldest_wait(clock::wall_now()).expect("timestamps");
         assert!(
             waited >= Duration::from_millis(40) && waited < Duration::from_secs(10),

@@ -387,6 +387,34 @@ pub fn is_packet_thread(name: &str) -> bool {
     worker("tg-tun-rx-") || worker("tg-udp-rx-") || name == "tg-timers"
 }
 
+/// `CAP_SYS_NICE` (bit 23) when a daemon started by this test process keeps it for its packet
+/// threads' real-time priority (`shell::privilege::Realtime`): it cannot raise
+/// `RLIMIT_RTPRIO` (no `CAP_SYS_RESOURCE`, a hard limit of 0: some sandboxes and containers)
+/// but has `CAP_SYS_NICE`. 0 otherwise (a host's root raises the limit instead).
+pub fn realtime_kept_cap() -> u64 {
+    const CAP_SYS_NICE: u64 = 1 << 23;
+    const CAP_SYS_RESOURCE: u64 = 1 << 24;
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let effective = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .unwrap_or(0);
+    let limits = std::fs::read_to_string("/proc/self/limits").unwrap_or_default();
+    let rtprio_hard = limits
+        .lines()
+        .find(|l| l.starts_with("Max realtime priority"))
+        .and_then(|l| l.split_whitespace().nth(4))
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0);
+    let limit_works = effective & CAP_SYS_RESOURCE != 0 || rtprio_hard >= 1;
+    if limit_works {
+        0
+    } else {
+        effective & CAP_SYS_NICE
+    }
+}
+
 /// [`thread_privileges`] once every packet thread runs under its seccomp filter (or after 5 s):
 /// each confines itself when its own setup is done, which may be a moment after the daemon
 /// says it is ready or serves UAPI.

@@ -24,6 +24,7 @@ pub mod liveness;
 pub mod offload;
 pub mod packet;
 pub mod peer;
+pub mod priority;
 pub mod routes;
 pub mod rules;
 pub mod seccomp;

@@ -231,12 +231,23 @@ const ALLOWED_FCNTL_GETFD: Option<(&str, libc::c_long)> = Some(("fcntl", libc::S
 #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 const ALLOWED_FCNTL_GETFD: Option<(&str, libc::c_long)> = None;
 
+/// `sched_setscheduler`, allowed only on the calling thread (pid 0): a packet thread moves
+/// itself between real-time and normal priority (`core::priority`); it may not move another
+/// process.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+const ALLOWED_SCHED_SELF: Option<(&str, libc::c_long)> =
+    Some(("sched_setscheduler", libc::SYS_sched_setscheduler));
+
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+const ALLOWED_SCHED_SELF: Option<(&str, libc::c_long)> = None;
+
 /// The names on the list, for the log line and the docs.
 pub fn allowed_names() -> Vec<&'static str> {
     ALLOWED
         .iter()
         .chain(ALLOWED_NOT_EXECUTABLE)
         .chain(ALLOWED_FCNTL_GETFD.iter())
+        .chain(ALLOWED_SCHED_SELF.iter())
         .map(|(name, _)| *name)
         .collect()
 }
@@ -295,6 +306,14 @@ fn build(arch: u32, deny: u32, refuse: u32) -> Option<Vec<Instruction>> {
         p.push(jump(BPF_JMP | BPF_JEQ | BPF_K, nr(n)?, 0, 4));
         p.push(stmt(BPF_LD | BPF_W | BPF_ABS, offset_arg_low(1)));
         p.push(jump(BPF_JMP | BPF_JEQ | BPF_K, libc::F_GETFD as u32, 1, 0));
+        p.push(stmt(BPF_RET | BPF_K, deny));
+        p.push(stmt(BPF_RET | BPF_K, RET_ALLOW));
+    }
+    if let Some((_, n)) = ALLOWED_SCHED_SELF {
+        // The pid is an int: its low word is the whole of it.
+        p.push(jump(BPF_JMP | BPF_JEQ | BPF_K, nr(n)?, 0, 4));
+        p.push(stmt(BPF_LD | BPF_W | BPF_ABS, offset_arg_low(0)));
+        p.push(jump(BPF_JMP | BPF_JEQ | BPF_K, 0, 1, 0));
         p.push(stmt(BPF_RET | BPF_K, deny));
         p.push(stmt(BPF_RET | BPF_K, RET_ALLOW));
     }
@@ -439,6 +458,25 @@ mod tests {
                 RET_KILL_PROCESS,
                 "{name} executable, high bits"
             );
+        }
+    }
+
+    #[test]
+    fn a_thread_may_set_its_own_scheduling_policy_and_no_one_elses() {
+        let p = enforce();
+        let Some((_, nr)) = ALLOWED_SCHED_SELF else {
+            return;
+        };
+        let mut call = Call::new(nr);
+        call.args[0] = 0;
+        assert_eq!(run(&p, &call), RET_ALLOW, "the calling thread");
+        for pid in [1u64, 4242, u64::from(u32::MAX)] {
+            call.args[0] = pid;
+            assert_eq!(run(&p, &call), RET_KILL_PROCESS, "pid {pid}");
+        }
+        // sched_setattr and sched_setparam are not on the list at all.
+        for other in [libc::SYS_sched_setattr, libc::SYS_sched_setparam] {
+            assert_eq!(run(&p, &Call::new(other)), RET_KILL_PROCESS, "{other}");
         }
     }
 

@@ -10,10 +10,11 @@ use crate::core::liveness::{PacketThread, IDLE_WAKE};
 use crate::core::offload::{self, Coalescer, VNET_HDR_LEN};
 use crate::core::packet::{self, steering, DropReason, Inbound, Outbound, PeerPath, Sender};
 use crate::core::peer::LimiterReset;
+use crate::core::priority::{Priority, PriorityGuard};
 use crate::core::wg;
 use crate::shell::seccomp::{self, Confinement};
-use crate::shell::udp::{RecvBatch, SendBatch, WgSocket, MAX_DATAGRAM};
-use crate::shell::{clock, tun, tuning};
+use crate::shell::udp::{RecvBatch, SendBatch, WgSocket, BATCH, MAX_DATAGRAM};
+use crate::shell::{clock, priority, tun, tuning};
 use std::net::IpAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -57,6 +58,60 @@ fn confine(thread: PacketThread) {
     }
 }
 
+/// A packet thread's scheduling priority: real-time while it keeps draining its queue, normal
+/// once it has been busy too long (`core::priority`). Switches only when the guard says so: no
+/// system call on the packet path otherwise.
+struct ThreadPriority {
+    guard: PriorityGuard,
+    realtime_priority: i32,
+}
+
+impl ThreadPriority {
+    fn new() -> ThreadPriority {
+        let realtime_priority = tuning::rt_priority();
+        ThreadPriority {
+            guard: PriorityGuard::new(realtime_priority.is_some()),
+            realtime_priority: realtime_priority.unwrap_or(0),
+        }
+    }
+
+    /// The queue is empty: the thread is about to block, having handled `work` packets since
+    /// it last was.
+    #[inline]
+    fn drained(&mut self, now: std::time::Instant, work: u64) {
+        if let Some(to) = self.guard.on_drained(now, work) {
+            self.switch(to);
+        }
+    }
+
+    /// The thread took work and more is queued.
+    #[inline]
+    fn busy(&mut self, now: std::time::Instant) {
+        if let Some(to) = self.guard.on_busy(now) {
+            self.switch(to);
+        }
+    }
+
+    fn switch(&mut self, to: Priority) {
+        static REFUSED: std::sync::Once = std::sync::Once::new();
+        if let Err(e) = priority::set_current_thread(to, self.realtime_priority) {
+            let stayed = match to {
+                Priority::Realtime => Priority::Normal,
+                Priority::Normal => Priority::Realtime,
+            };
+            self.guard.on_refused(stayed);
+            REFUSED.call_once(|| {
+                tracing::info!(
+                    error = %e,
+                    "Packet threads stay at normal priority: real-time scheduling was refused \
+                     (it needs root, CAP_SYS_NICE or RLIMIT_RTPRIO; systemd: LimitRTPRIO=, \
+                     RestrictRealtime=no); under load, packets then wait for a CPU behind other work"
+                )
+            });
+        }
+    }
+}
+
 /// Errors of a TUN read that no retry can fix: the device was deleted (`ip link del`) or its
 /// descriptor is unusable.
 fn tun_is_gone(e: &std::io::Error) -> bool {
@@ -72,6 +127,10 @@ pub(super) fn tun_loop(inner: &Inner, worker: usize) {
     let mut read = vec![0u8; TUN_READ_BYTES];
     let mut out = SendBatch::new(MAX_DATAGRAM);
     let mut reads_since_beat = 0u32;
+    let mut priority = ThreadPriority::new();
+    priority.drained(clock::now(), 0);
+    // Packets read since the queue was last empty (the guard's measure of batching).
+    let mut work = 0u64;
     // Non-blocking reads drain whatever the kernel queued before one batched send: small
     // packets (UDP, ACKs) cost one system call per packet otherwise, and the TUN queue
     // overflows at high packet rates.
@@ -85,6 +144,7 @@ pub(super) fn tun_loop(inner: &Inner, worker: usize) {
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 flush(inner, &inner.sockets()[worker], &mut out);
+                priority.drained(clock::now(), std::mem::take(&mut work));
                 // Bounded, so an idle reader still stamps its heartbeat and sees `stop`.
                 if let Err(e) = tun::wait_readable(tun, IDLE_WAKE) {
                     if e.kind() != std::io::ErrorKind::Interrupted {
@@ -113,6 +173,7 @@ pub(super) fn tun_loop(inner: &Inner, worker: usize) {
         reads_since_beat += 1;
         if reads_since_beat == HEARTBEAT_EVERY_READS {
             inner.beat(thread);
+            priority.busy(clock::now());
             reads_since_beat = 0;
         }
         let read = &mut read[..n];
@@ -126,6 +187,7 @@ pub(super) fn tun_loop(inner: &Inner, worker: usize) {
         };
         let table = inner.snapshot();
         let count = plan.count();
+        work += count as u64;
         if table.private_key().is_none() {
             // No key, no identity: nothing can be sent (wireguard-go drops it too).
             let first = plan.segment(read, 0);
@@ -201,6 +263,10 @@ pub(super) fn udp_loop(inner: &Inner, worker: usize, socket: &WgSocket) {
     // AQM on the socket buffer in front of this thread (off without receive timestamps).
     let mut queue =
         aqm::ReceiveQueue::new(tuning::aqm_target().filter(|_| socket.has_receive_timestamps()));
+    let mut priority = ThreadPriority::new();
+    priority.drained(clock::now(), 0);
+    // Datagrams taken since the queue was last empty (the guard's measure of batching).
+    let mut work = 0u64;
     if let Err(e) = socket.set_receive_timeout(IDLE_WAKE) {
         tracing::warn!(error = %e, "UDP receive timeout not set: an idle reader looks stuck");
     }
@@ -209,11 +275,23 @@ pub(super) fn udp_loop(inner: &Inner, worker: usize, socket: &WgSocket) {
     while !inner.stop.load(Ordering::Relaxed) {
         let received = socket.recv_batch(&mut batch);
         inner.beat(thread);
+        let now = clock::now();
         match received {
             Ok(0) => return, // shut down: this socket was replaced or the daemon stops
-            Ok(_) => {}
+            // A short batch emptied the socket's queue; a full one may have left more.
+            Ok(n) if n < BATCH => {
+                work += batch.datagram_count() as u64;
+                priority.drained(now, std::mem::take(&mut work));
+            }
+            Ok(_) => {
+                work += batch.datagram_count() as u64;
+                priority.busy(now);
+            }
             // The receive timeout: an idle wake.
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                priority.drained(now, std::mem::take(&mut work));
+                continue;
+            }
             Err(e) => {
                 if inner.stop.load(Ordering::Relaxed) {
                     return;
@@ -232,8 +310,8 @@ pub(super) fn udp_loop(inner: &Inner, worker: usize, socket: &WgSocket) {
             continue;
         };
         if queue.is_on() {
-            // Two clock reads per batch, none per datagram.
-            queue.on_batch(batch.oldest_wait(clock::wall_now()), clock::now());
+            // One more clock read per batch, none per datagram.
+            queue.on_batch(batch.oldest_wait(clock::wall_now()), now);
         }
         for (from, datagram) in batch.datagrams() {
             let identified = packet::identify(
