@@ -92,6 +92,7 @@ def main() -> int:
     ap.add_argument("--tunnelgate", help="tunnelgate binary (default target/release/tunnelgate)")
     ap.add_argument("--no-build", action="store_true")
     ap.add_argument("--frequency", type=int, default=999, help="perf -F (default 999 Hz per CPU)")
+    ap.add_argument("--udp", metavar="RATE", help="profile a UDP stream of 1392-byte datagrams at RATE (iperf3 -b, e.g. 2.2G, the iperf benchmark's udpmax) instead of TCP")
     add_output_args(ap, "profile")
     args = ap.parse_args()
     if os.geteuid() != 0:
@@ -110,7 +111,8 @@ def main() -> int:
         setup.start()
         server = iperf3_server(setup.ns["b"], ib.IPERF_PORT)
         try:
-            stream = subprocess.Popen(["ip", "netns", "exec", setup.ns["a"], "iperf3", "-c", setup.target(), "-p", str(ib.IPERF_PORT), "-t", str(args.duration + 4), "-J"],
+            udp = ["-u", "-b", args.udp, "-l", "1392", "-w", "4M"] if args.udp else []
+            stream = subprocess.Popen(["ip", "netns", "exec", setup.ns["a"], "iperf3", "-c", setup.target(), "-p", str(ib.IPERF_PORT), "-t", str(args.duration + 4), "-J", *udp],
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             time.sleep(2)
             data = workdir / "perf.data"
@@ -118,7 +120,10 @@ def main() -> int:
             subprocess.run(["perf", "record", "-a", "-F", str(args.frequency), "-o", str(data), "--", "sleep", str(args.duration)], capture_output=True, check=True)
             after = setup.cpu()
             so, _ = stream.communicate(timeout=args.duration + 30)
-            bps = json.loads(so)["end"]["sum_received"]["bits_per_second"]
+            end = json.loads(so)["end"]
+            # UDP: what arrived ("sum"), and what was lost on the way.
+            bps = end.get("sum_received", end.get("sum", {})).get("bits_per_second", 0)
+            lost_percent = end["sum"].get("lost_percent") if args.udp else None
         finally:
             stop_process(server)
         rep = subprocess.run(["perf", "report", "-i", str(data), "--no-children", "--sort", "comm,dso,sym", "--stdio", "-g", "none", "--percent-limit", "0.01"],
@@ -141,7 +146,8 @@ def main() -> int:
         "meta": {"started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "commit": git_commit(), "setup": args.setup,
                  "host": platform.node(), "kernel": platform.release(), "cpus": os.cpu_count(), "duration_s": args.duration,
                  "loadavg_start": load_start, "loadavg_end": open("/proc/loadavg").read().split()[:3],
-                 "stream_gbps": round(bps / 1e9, 3),
+                 "stream": f"UDP 1392 B at {args.udp} offered" if args.udp else "TCP", "stream_gbps": round(bps / 1e9, 3),
+                 "udp_lost_percent": lost_percent,
                  "daemon_cpu_s": {s: (after[s] - before[s]) / ib.CLK_TCK for s in before if before[s] is not None and after[s] is not None}},
         "by_category_percent": dict(sorted(by_cat.items(), key=lambda kv: -kv[1])),
         "by_process_percent": dict(sorted(by_proc.items(), key=lambda kv: -kv[1])),
@@ -151,7 +157,7 @@ def main() -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     m = result["meta"]
-    print(f"perf record -a, {args.duration} s of one TCP stream through {args.setup} ({m['stream_gbps']} Gbit/s), commit {m['commit']}, load {' '.join(load_start)} -> {' '.join(m['loadavg_end'])}\n")
+    print(f"perf record -a, {args.duration} s of one {m.get('stream', 'TCP')} stream through {args.setup} ({m['stream_gbps']} Gbit/s), commit {m['commit']}, load {' '.join(load_start)} -> {' '.join(m['loadavg_end'])}\n")
     procs = [p for p in ("tunnelgate", "peer daemon", "iperf3", "other", "idle") if p in by_proc]
     print("| category | all samples % | " + " | ".join(procs) + " |")
     print("|---|---|" + "---|" * len(procs))
