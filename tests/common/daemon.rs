@@ -387,13 +387,22 @@ pub fn is_packet_thread(name: &str) -> bool {
     worker("tg-tun-rx-") || worker("tg-udp-rx-") || name == "tg-timers"
 }
 
-/// `CAP_SYS_NICE` (bit 23) when a daemon started by this test process keeps it for its packet
-/// threads' real-time priority (`shell::privilege::Realtime`): it cannot raise
-/// `RLIMIT_RTPRIO` (no `CAP_SYS_RESOURCE`, a hard limit of 0: some sandboxes and containers)
-/// but has `CAP_SYS_NICE`. 0 otherwise (a host's root raises the limit instead).
-pub fn realtime_kept_cap() -> u64 {
+/// Whether a daemon started by this test process can put its packet readers at real-time
+/// priority at all: it has `CAP_SYS_NICE`, or can raise `RLIMIT_RTPRIO` (`CAP_SYS_RESOURCE`, or
+/// a hard limit of at least 1 already).
+pub fn realtime_possible() -> bool {
     const CAP_SYS_NICE: u64 = 1 << 23;
+    let (effective, rtprio_hard) = caps_and_rtprio();
+    effective & CAP_SYS_NICE != 0 || realtime_by_limit(effective, rtprio_hard)
+}
+
+fn realtime_by_limit(effective: u64, rtprio_hard: u64) -> bool {
     const CAP_SYS_RESOURCE: u64 = 1 << 24;
+    effective & CAP_SYS_RESOURCE != 0 || rtprio_hard >= 1
+}
+
+/// This process's effective capabilities and `RLIMIT_RTPRIO` hard limit.
+fn caps_and_rtprio() -> (u64, u64) {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     let effective = status
         .lines()
@@ -407,8 +416,17 @@ pub fn realtime_kept_cap() -> u64 {
         .and_then(|l| l.split_whitespace().nth(4))
         .and_then(|v| v.parse::<u64>().ok())
         .unwrap_or(0);
-    let limit_works = effective & CAP_SYS_RESOURCE != 0 || rtprio_hard >= 1;
-    if limit_works {
+    (effective, rtprio_hard)
+}
+
+/// `CAP_SYS_NICE` (bit 23) when a daemon started by this test process keeps it for its packet
+/// threads' real-time priority (`shell::privilege::Realtime`): it cannot raise
+/// `RLIMIT_RTPRIO` (no `CAP_SYS_RESOURCE`, a hard limit of 0: some sandboxes and containers)
+/// but has `CAP_SYS_NICE`. 0 otherwise (a host's root raises the limit instead).
+pub fn realtime_kept_cap() -> u64 {
+    const CAP_SYS_NICE: u64 = 1 << 23;
+    let (effective, rtprio_hard) = caps_and_rtprio();
+    if realtime_by_limit(effective, rtprio_hard) {
         0
     } else {
         effective & CAP_SYS_NICE
