@@ -133,11 +133,15 @@ impl PriorityGuard {
         fast && small
     }
 
-    /// The system refused a switch (no `CAP_SYS_NICE` or `RLIMIT_RTPRIO`, a container's or a
-    /// unit's restriction): the thread stays where it is, and the guard asks no more.
-    pub fn on_refused(&mut self, stayed: Priority) {
+    /// The system refused the switch the guard just asked for (no `CAP_SYS_NICE` or
+    /// `RLIMIT_RTPRIO`, a container's or a unit's restriction): the thread stayed where it was,
+    /// and the guard asks no more.
+    pub fn on_refused(&mut self) {
         self.enabled = false;
-        self.current = stayed;
+        self.current = match self.current {
+            Priority::Realtime => Priority::Normal,
+            Priority::Normal => Priority::Realtime,
+        };
     }
 }
 

@@ -95,11 +95,7 @@ impl ThreadPriority {
     fn switch(&mut self, to: Priority) {
         static REFUSED: std::sync::Once = std::sync::Once::new();
         if let Err(e) = priority::set_current_thread(to, self.realtime_priority) {
-            let stayed = match to {
-                Priority::Realtime => Priority::Normal,
-                Priority::Normal => Priority::Realtime,
-            };
-            self.guard.on_refused(stayed);
+            self.guard.on_refused();
             REFUSED.call_once(|| {
                 tracing::info!(
                     error = %e,

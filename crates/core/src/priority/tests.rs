@@ -46,7 +46,7 @@ fn a_disabled_or_refused_guard_never_asks_for_realtime() {
     let mut off = PriorityGuard::new(false);
     let mut refused = PriorityGuard::new(true);
     assert_eq!(refused.on_drained(t0, 1), Some(Priority::Realtime));
-    refused.on_refused(Priority::Normal);
+    refused.on_refused();
     for k in 0..50u32 {
         let now = t0 + COOL_DOWN * k;
         for guard in [&mut off, &mut refused] {
