@@ -4,7 +4,20 @@
 #![allow(unsafe_code)]
 
 use crate::core::priority::Priority;
+use crate::shell::privilege::Realtime;
 use std::io;
+
+/// Makes room for the packet threads' real-time priority (`TUNNELGATE_RT_PRIORITY`) while the
+/// capabilities to do so are still held, and says how they will get it: a raised
+/// `RLIMIT_RTPRIO`, else `CAP_SYS_NICE` kept (where the process has it). Called before the
+/// capabilities drop.
+pub fn prepare_realtime() -> Realtime {
+    match crate::shell::tuning::rt_priority() {
+        None => Realtime::Off,
+        Some(priority) if allow_realtime(priority) => Realtime::ByLimit,
+        Some(_) => Realtime::ByCapability,
+    }
+}
 
 /// Raises `RLIMIT_RTPRIO` to `priority` (if lower), so the packet threads may enter
 /// `SCHED_FIFO` after the capabilities are gone (an unprivileged thread may, up to that
@@ -12,7 +25,7 @@ use std::io;
 /// `CAP_SYS_RESOURCE`. Returns whether the limit now allows `priority`; where it does not, the
 /// daemon keeps `CAP_SYS_NICE` if it has it ([`crate::shell::privilege`]), else the threads
 /// stay at normal priority (said once, when they try).
-pub fn allow_realtime(priority: i32) -> bool {
+fn allow_realtime(priority: i32) -> bool {
     let want = libc::rlim_t::try_from(priority).unwrap_or(0);
     // SAFETY: getrlimit/setrlimit with a pointer to a local rlimit that outlives the call.
     unsafe {

@@ -59,18 +59,7 @@ impl Mode {
 pub fn main(mut mode: Mode) -> ExitCode {
     let program = mode.program();
     let userspace = matches!(mode, Mode::Userspace { .. });
-    // Room for the packet threads' real-time priority, while the capability to make it is
-    // held: a raised RLIMIT_RTPRIO, else CAP_SYS_NICE kept (where the process has it).
-    let realtime = crate::shell::tuning::rt_priority().map_or(
-        crate::shell::privilege::Realtime::Off,
-        |priority| {
-            if crate::shell::priority::allow_realtime(priority) {
-                crate::shell::privilege::Realtime::ByLimit
-            } else {
-                crate::shell::privilege::Realtime::ByCapability
-            }
-        },
-    );
+    let realtime = crate::shell::priority::prepare_realtime();
     let dropped = match &mode {
         Mode::Run { config, .. } => crate::shell::privilege::drop_for(config, realtime),
         Mode::Userspace { .. } => crate::shell::privilege::drop_for_userspace(realtime),

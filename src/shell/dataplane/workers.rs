@@ -274,14 +274,14 @@ pub(super) fn udp_loop(inner: &Inner, worker: usize, socket: &WgSocket) {
         let now = clock::now();
         match received {
             Ok(0) => return, // shut down: this socket was replaced or the daemon stops
-            // A short batch emptied the socket's queue; a full one may have left more.
-            Ok(n) if n < BATCH => {
+            Ok(n) => {
                 work += batch.datagram_count() as u64;
-                priority.drained(now, std::mem::take(&mut work));
-            }
-            Ok(_) => {
-                work += batch.datagram_count() as u64;
-                priority.busy(now);
+                // A short batch emptied the socket's queue; a full one may have left more.
+                if n < BATCH {
+                    priority.drained(now, std::mem::take(&mut work));
+                } else {
+                    priority.busy(now);
+                }
             }
             // The receive timeout: an idle wake.
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
