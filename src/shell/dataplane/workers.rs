@@ -59,7 +59,8 @@ fn confine(thread: PacketThread) {
 }
 
 /// A packet thread's scheduling priority: real-time while it keeps draining its queue, normal
-/// once it has been busy too long (`core::priority`). Switches only when the guard says so: no
+/// for a while once it has been busy too long or is woken for nearly every packet
+/// (`core::priority`). Switches only when the guard says so: no
 /// system call on the packet path otherwise.
 struct ThreadPriority {
     guard: PriorityGuard,
