@@ -113,16 +113,26 @@ pub fn on_stop(own: &ForwardingRecord, others: &[OtherRecord]) -> StopPlan {
 /// `released` but keeps running (a reload to a config with fewer or no forwarding rules): the
 /// same as a stop for those families, so a reload leaves the sysctls as a fresh start of the new
 /// configuration would. Families it still needs are neither put back nor dropped from its
-/// record. Records of other namespaces are left alone.
+/// record. Changes left in dead daemons' records that no running daemon needs go back too.
+/// Records of other namespaces are left alone.
 pub fn on_release(
     own: &ForwardingRecord,
     released: &BTreeSet<Family>,
     others: &[OtherRecord],
 ) -> StopPlan {
     let still_needed: BTreeSet<Family> = own.needed.difference(released).copied().collect();
+    // A dead daemon's change is put back by whoever next gives something up, not only by the
+    // daemon that gives up that family: the run that inherited the job may never have needed
+    // the family (a -9 between a stop that left the change for it and its restart with
+    // another config), and once its record is gone nobody else would look.
+    let orphaned = others
+        .iter()
+        .filter(|o| o.record.writer.netns == own.writer.netns && !o.alive)
+        .flat_map(|o| o.record.changed.iter().copied());
     let restore: BTreeSet<Family> = released
         .iter()
         .copied()
+        .chain(orphaned)
         .filter(|f| !still_needed.contains(f) && restore_family(*f, own, others))
         .collect();
     let kept: BTreeSet<Family> = own.changed.difference(&restore).copied().collect();

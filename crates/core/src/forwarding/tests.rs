@@ -99,6 +99,33 @@ fn a_family_given_up_on_reload_goes_back_as_at_stop_and_the_rest_stays() {
     );
 }
 
+/// tg-a stopped and left its ipv6 change for tg-b; tg-b was killed and came back needing only
+/// ipv4; a reload to no forwarding at all removes its record, so this is the last chance to put
+/// ipv6 back (found by the simulation below).
+#[test]
+fn a_reload_that_gives_up_everything_also_puts_back_a_dead_daemons_change() {
+    let a = other("tg-a", record(1, &[], &[V6]), false);
+    let plan = on_release(
+        &record(3, &[V4], &[V4]),
+        &set(&[V4]),
+        std::slice::from_ref(&a),
+    );
+    assert_eq!(plan.restore, set(&[V4, V6]));
+    assert_eq!(plan.own, None);
+    assert_eq!(
+        plan.others,
+        BTreeMap::from([("tg-a".to_string(), None)]),
+        "its change is put back: nothing left to record"
+    );
+
+    // A running daemon that needs ipv6 keeps it on; so does this one while it still needs it.
+    let b = other("tg-b", record(2, &[V6], &[]), true);
+    let plan = on_release(&record(3, &[V4], &[V4]), &set(&[V4]), &[a.clone(), b]);
+    assert_eq!(plan.restore, set(&[V4]));
+    let plan = on_release(&record(3, &[V4, V6], &[V4]), &set(&[V4]), &[a]);
+    assert_eq!(plan.restore, set(&[V4]));
+}
+
 #[test]
 fn releasing_a_family_it_neither_needed_nor_changed_changes_nothing() {
     let own = record(1, &[V4], &[V4]);
