@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds every cargo-fuzz target in fuzz/ with libFuzzer's coverage instrumentation and runs each
 # for a few seconds, from the committed seeds (fuzz/corpus/<target>/) with its dictionary
-# (fuzz/dict/<target>.dict): scripts/fuzz-smoke.sh [SECONDS per target, default 5].
-# TUNNELGATE_FUZZ_TARGETS="uapi ports" runs only those.
+# (fuzz/dict/<target>.dict): scripts/fuzz-smoke.sh [--build-only] [SECONDS per target, default 5].
+# TUNNELGATE_FUZZ_TARGETS="uapi ports" runs only those. --build-only stops after the build
+# (scripts/test.sh runs it in the background beside the netns suites, which mostly wait).
 #
 # It runs on the stable toolchain. cargo-fuzz itself needs nightly only for -Zsanitizer; the
 # coverage that guides libFuzzer (SanitizerCoverage: inline 8-bit counters, PC table, compare
@@ -14,12 +15,20 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../fuzz"
 
+build_only=0
+if [[ "${1:-}" == "--build-only" ]]; then
+    build_only=1
+    shift
+fi
 secs="${1:-${TUNNELGATE_FUZZ_SECS:-5}}"
 triple="$(rustc -vV | sed -n 's/^host: //p')"
 export RUSTFLAGS="--cfg fuzzing -Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4 \
 -Cllvm-args=-sanitizer-coverage-inline-8bit-counters -Cllvm-args=-sanitizer-coverage-pc-table \
 -Cllvm-args=-sanitizer-coverage-trace-compares -Cdebug-assertions -Coverflow-checks"
 cargo build --release --target "$triple" --features sidecar --bins
+if ((build_only)); then
+    exit 0
+fi
 
 read -r -a targets <<<"${TUNNELGATE_FUZZ_TARGETS:-config uapi ports receive offload wg_quick sidecar}"
 corpus_root="$(mktemp -d "${TMPDIR:-/tmp}/tunnelgate-fuzz.XXXXXX")"
