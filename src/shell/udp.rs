@@ -273,8 +273,7 @@ impl WgSocket {
     /// (or the receive timeout passes: `WouldBlock`); 0 means the socket was shut down. Use
     /// [`RecvBatch::datagrams`] to walk what arrived.
     pub fn recv_batch(&self, batch: &mut RecvBatch) -> io::Result<usize> {
-        let n = BATCH;
-        for i in 0..n {
+        for i in 0..BATCH {
             batch.msgs.iov[i] = libc::iovec {
                 iov_base: batch.buf_mut(i).as_mut_ptr().cast(),
                 iov_len: RECV_BUFFER,
@@ -302,7 +301,7 @@ impl WgSocket {
                 libc::recvmmsg(
                     self.socket.as_raw_fd(),
                     batch.msgs.hdrs.as_mut_ptr(),
-                    n as u32,
+                    BATCH as u32,
                     libc::MSG_WAITFORONE,
                     std::ptr::null_mut(),
                 )

@@ -387,17 +387,19 @@ pub fn is_packet_thread(name: &str) -> bool {
     worker("tg-tun-rx-") || worker("tg-udp-rx-") || name == "tg-timers"
 }
 
+/// Capability bits of `/proc/PID/status` (`CapEff:`) that real-time priority depends on.
+const CAP_SYS_NICE: u64 = 1 << 23;
+const CAP_SYS_RESOURCE: u64 = 1 << 24;
+
 /// Whether a daemon started by this test process can put its packet readers at real-time
 /// priority at all: it has `CAP_SYS_NICE`, or can raise `RLIMIT_RTPRIO` (`CAP_SYS_RESOURCE`, or
 /// a hard limit of at least 1 already).
 pub fn realtime_possible() -> bool {
-    const CAP_SYS_NICE: u64 = 1 << 23;
     let (effective, rtprio_hard) = caps_and_rtprio();
     effective & CAP_SYS_NICE != 0 || realtime_by_limit(effective, rtprio_hard)
 }
 
 fn realtime_by_limit(effective: u64, rtprio_hard: u64) -> bool {
-    const CAP_SYS_RESOURCE: u64 = 1 << 24;
     effective & CAP_SYS_RESOURCE != 0 || rtprio_hard >= 1
 }
 
@@ -424,7 +426,6 @@ fn caps_and_rtprio() -> (u64, u64) {
 /// `RLIMIT_RTPRIO` (no `CAP_SYS_RESOURCE`, a hard limit of 0: some sandboxes and containers)
 /// but has `CAP_SYS_NICE`. 0 otherwise (a host's root raises the limit instead).
 pub fn realtime_kept_cap() -> u64 {
-    const CAP_SYS_NICE: u64 = 1 << 23;
     let (effective, rtprio_hard) = caps_and_rtprio();
     if realtime_by_limit(effective, rtprio_hard) {
         0
