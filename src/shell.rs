@@ -1,6 +1,7 @@
 //! I/O around the pure core: TUN device, UDP socket, packet loops, netlink, firewall commands,
 //! the local servers ([`serve`]) and the process that assembles them ([`process`]).
 
+pub mod cgroup;
 pub mod clock;
 pub mod config_file;
 pub mod daemon;

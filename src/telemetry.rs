@@ -11,6 +11,7 @@
 pub mod http;
 pub mod process;
 pub mod status;
+pub mod tuning;
 
 use std::fmt::Write as _;
 
@@ -68,6 +69,8 @@ pub struct Snapshot {
     /// of `/proc/self/ns/net`), so `tunnelgate status` can show only the daemons of its own
     /// namespace: the socket folder is shared by all of them. `None`: unknown (an older daemon).
     pub netns_id: Option<String>,
+    /// The tuning in force: the packet readers' priority and why, the AQM, the workers.
+    pub tuning: tuning::TuningStatus,
 }
 
 impl Snapshot {
@@ -229,6 +232,7 @@ pub fn render_metrics(snap: &Snapshot, now_unix: u64) -> String {
     reg.register("packets_dropped", "Packets dropped, by reason", dropped);
 
     render_rule_metrics(reg, &snap.rules);
+    tuning::register_metrics(reg, &snap.tuning);
     render_name_metrics(reg, &snap.names);
     render_service_metrics(reg, &snap.services);
 
@@ -666,6 +670,12 @@ fn write_status(out: &mut String, snap: &Snapshot, now: u64) -> std::fmt::Result
                 )?,
             }
         }
+    }
+
+    // A daemon too old to send its tuning sends no workers.
+    if snap.tuning.workers > 0 {
+        writeln!(out)?;
+        tuning::write_tuning(out, &snap.tuning)?;
     }
     Ok(())
 }

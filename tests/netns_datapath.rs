@@ -15,7 +15,8 @@ use std::time::Duration;
 use tunnelgate::config::SecretKey;
 use tunnelgate::core::liveness::STALL_LIMIT;
 use tunnelgate::shell::clock;
-use tunnelgate::shell::dataplane::Dataplane;
+use tunnelgate::shell::dataplane::{Dataplane, ThreadSetup};
+use tunnelgate::shell::tuning::Tuning;
 use tunnelgate::shell::udp::WgSocket;
 
 /// Time for the health endpoint to notice: the stall limit plus a probe's slack.
@@ -189,10 +190,14 @@ fn stopping_the_data_path_ends_every_packet_thread() {
         "tg-timers",
     ];
     ns.in_ns(|| {
-        let queues = tunnelgate::shell::tun::create_queues(&iface, 1420, 2).expect("TUN queues");
-        let sockets = WgSocket::bind_group(0, None, 2).expect("UDP sockets");
-        let dataplane =
-            Dataplane::new(queues, sockets, Some(SecretKey::generate())).expect("data plane");
+        let setup = ThreadSetup::normal_priority(Tuning::default());
+        let tuning = &setup.tuning;
+        let queues = tunnelgate::shell::tun::create_queues(&iface, 1420, 2, tuning.tun_txqueuelen)
+            .expect("TUN queues");
+        let sockets =
+            WgSocket::bind_group(0, None, 2, &tuning.socket_options()).expect("UDP sockets");
+        let dataplane = Dataplane::new(queues, sockets, Some(SecretKey::generate()), setup)
+            .expect("data plane");
         dataplane.start().expect("start");
         assert!(
             poll_until(Duration::from_secs(5), || threads

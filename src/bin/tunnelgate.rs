@@ -88,6 +88,9 @@ enum Command {
         /// The configuration file to validate (TOML).
         #[arg(long, env = "TUNNELGATE_CONFIG", default_value = DEFAULT_CONFIG)]
         config: PathBuf,
+        /// Print JSON: the plan's text, the firewall backend and the tuning a start would get.
+        #[arg(long)]
+        json: bool,
     },
     /// Show the running daemon's interface, peers, rules and resolved names. With neither
     /// --interface nor --config (nor $TUNNELGATE_CONFIG): every tunnelgate running in this
@@ -198,8 +201,8 @@ fn main() -> ExitCode {
             tunnelgate::shell::userspace::run(foreground, &interface, health, log.log_format)
         }
         Command::Help { command } => help(&command),
-        Command::Check { config } => match load_config(&config) {
-            Ok(c) => check(&config, &c),
+        Command::Check { config, json } => match load_config(&config) {
+            Ok(c) => check(&config, &c, json),
             Err(e) => config_error(&e),
         },
         Command::Run {
@@ -484,10 +487,15 @@ fn status(config: Option<PathBuf>, interface: Option<String>, all: bool, json: b
     }
 }
 
-/// Prints the plan: routes, sysctls and the exact firewall text for the chosen backend.
-fn check(path: &std::path::Path, config: &tunnelgate::config::Config) -> ExitCode {
+/// Prints the plan: routes, sysctls, the exact firewall text for the chosen backend, and the
+/// tuning a start would get (the environment's knobs, the packet readers' priority and why).
+fn check(path: &std::path::Path, config: &tunnelgate::config::Config, json: bool) -> ExitCode {
     use tunnelgate::rules::desired::firewall_needed;
-    for w in tunnelgate::shell::config_file::warnings(path, config) {
+    let tuning = tunnelgate::shell::tuning::Tuning::from_env();
+    for w in tunnelgate::shell::config_file::warnings(path, config)
+        .into_iter()
+        .chain(tuning.warnings.iter().cloned())
+    {
         eprintln!("tunnelgate check: warning: {w}");
     }
     let firewall = if firewall_needed(config) {
@@ -509,12 +517,43 @@ fn check(path: &std::path::Path, config: &tunnelgate::config::Config) -> ExitCod
     } else {
         None
     };
-    let plan = tunnelgate::core::check_report::render_plan(
+    let mut plan = tunnelgate::core::check_report::render_plan(
         config,
         firewall.as_ref().map(|(b, t)| (b.as_str(), t.as_str())),
     );
+    let tuning = check_tuning(config, tuning);
+    if json {
+        return print_json(&serde_json::json!({
+            "interface": config.interface.name,
+            "firewall_backend": firewall.as_ref().map(|(b, _)| b),
+            "plan": plan,
+            "tuning": tuning,
+        }));
+    }
+    plan.push('\n');
+    let _ = tunnelgate::telemetry::tuning::write_tuning(&mut plan, &tuning);
     let _ = std::io::stdout().write_all(plan.as_bytes());
     ExitCode::SUCCESS
+}
+
+/// The tuning a start of `config` would get here: `tuning`, the workers it would run, and how
+/// its packet readers would reach real-time priority (read from this process, nothing changed).
+fn check_tuning(
+    config: &tunnelgate::config::Config,
+    tuning: tunnelgate::shell::tuning::Tuning,
+) -> tunnelgate::telemetry::tuning::TuningStatus {
+    use tunnelgate::shell::dataplane::{default_workers, ThreadSetup};
+    let facts = tunnelgate::shell::priority::facts(&tuning);
+    let access = tunnelgate::core::priority::access::access(tuning.rt_priority, &facts);
+    let workers = config
+        .interface
+        .workers
+        .map_or_else(default_workers, usize::from);
+    let setup = ThreadSetup {
+        access,
+        ..ThreadSetup::normal_priority(tuning)
+    };
+    tunnelgate::shell::observe::tuning_status(&setup, workers, None)
 }
 
 /// `tunnelgate help [COMMAND...]`: exactly what `tunnelgate COMMAND... --help` prints.

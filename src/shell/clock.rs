@@ -33,3 +33,13 @@ pub fn tokio_now() -> tokio::time::Instant {
 pub fn wall_now() -> SystemTime {
     SystemTime::now()
 }
+
+/// The calling thread's CPU clock (`CLOCK_THREAD_CPUTIME_ID`): the CPU time it has used, what
+/// the packet readers' real-time budget is counted in. A system call (the vDSO does not serve
+/// this clock): the readers read it once per batch, and only at real-time priority.
+#[must_use]
+pub fn thread_cpu() -> Duration {
+    nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID
+        .now()
+        .map_or(Duration::ZERO, Duration::from)
+}

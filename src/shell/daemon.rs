@@ -11,7 +11,7 @@
 use crate::config::{Config, FirewallMode};
 use crate::core::control::{Action, Control, Executed, Lookup, Mode, Refused, Reload, View};
 use crate::core::liveness::{LoopPulse, LOOP_TURN};
-use crate::shell::dataplane::{self, Dataplane};
+use crate::shell::dataplane::{self, Dataplane, ThreadSetup};
 use crate::shell::executor::Executor;
 use crate::shell::netlink::Netlink;
 use crate::shell::serve::health::HealthEndpoint;
@@ -147,8 +147,9 @@ impl Daemon {
         config: Config,
         config_path: PathBuf,
         health: Option<tokio::net::TcpListener>,
+        threads: ThreadSetup,
     ) -> Result<Daemon> {
-        Daemon::start_in(Mode::Daemon, config, Some(config_path), health).await
+        Daemon::start_in(Mode::Daemon, config, Some(config_path), health, threads).await
     }
 
     /// The wireguard-go drop-in (`tunnelgate userspace IFNAME`): creates the TUN device and
@@ -158,6 +159,7 @@ impl Daemon {
     pub async fn start_userspace(
         name: &str,
         health: Option<tokio::net::TcpListener>,
+        threads: ThreadSetup,
     ) -> Result<Daemon> {
         // The configuration only names the device: its key and address are placeholders the
         // core ignores in this mode (validation wants both).
@@ -169,7 +171,7 @@ impl Daemon {
         let mut config = Config::parse(&text, Path::new("/"), &NoFiles)
             .map_err(|e| anyhow::anyhow!("interface name {name:?}: {e}"))?;
         config.interface.addresses.clear();
-        Daemon::start_in(Mode::Userspace, config, None, health).await
+        Daemon::start_in(Mode::Userspace, config, None, health, threads).await
     }
 
     async fn start_in(
@@ -177,6 +179,7 @@ impl Daemon {
         config: Config,
         config_path: Option<PathBuf>,
         health: Option<tokio::net::TcpListener>,
+        threads: ThreadSetup,
     ) -> Result<Daemon> {
         let health_bound = match &health {
             Some(listener) => Some(listener.local_addr().context("health listener")?),
@@ -186,15 +189,26 @@ impl Daemon {
         let workers = iface
             .workers
             .map_or_else(dataplane::default_workers, usize::from);
-        let queues = crate::shell::tun::create_queues(&iface.name, iface.mtu, workers)?;
+        let tuning = threads.tuning.clone();
+        let queues = crate::shell::tun::create_queues(
+            &iface.name,
+            iface.mtu,
+            workers,
+            tuning.tun_txqueuelen,
+        )?;
         // From here on, dropping `queues` deletes the device and with it its addresses and routes.
         let netlink = Netlink::connect()?;
         let link_index = netlink.link_index(&iface.name).await?;
-        let sockets = WgSocket::bind_group(iface.listen_port, iface.fwmark, workers)
-            .with_context(|| format!("cannot bind the WireGuard UDP port {}", iface.listen_port))?;
+        let sockets = WgSocket::bind_group(
+            iface.listen_port,
+            iface.fwmark,
+            workers,
+            &tuning.socket_options(),
+        )
+        .with_context(|| format!("cannot bind the WireGuard UDP port {}", iface.listen_port))?;
         let listen_port = sockets[0].local_port()?;
         let key = (mode == Mode::Daemon).then(|| iface.private_key.clone());
-        let dataplane = Arc::new(Dataplane::new(queues, sockets, key)?);
+        let dataplane = Arc::new(Dataplane::new(queues, sockets, key, threads)?);
         let firewall_mode: FirewallMode = config.firewall.mode;
         let control = Control::with_mode(
             mode,

@@ -10,9 +10,11 @@
 //! flow's packets stay in order. No lock guard lives across a system call: a peer's lock is
 //! taken for one encrypt or decrypt into a batch slot, and the batch is sent after.
 
+mod readers;
 mod table;
 mod workers;
 
+pub use readers::ReadersView;
 pub use table::TableChange;
 
 use crate::config::{PublicKey, SecretKey};
@@ -20,6 +22,9 @@ use crate::core::control::{PeerChanges, PeerSpec};
 use crate::core::liveness::{Heartbeats, PacketThread, STALL_LIMIT};
 use crate::core::packet::{DropCounters, DropStats};
 use crate::core::peer::PeerStats;
+use crate::core::priority::{Access, SharedBudget};
+use crate::shell::priority::ReaderSpawner;
+use crate::shell::tuning::Tuning;
 use crate::shell::udp::WgSocket;
 use parking_lot::{Mutex, RwLock};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -45,6 +50,27 @@ pub fn default_workers() -> usize {
     std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(MAX_DEFAULT_WORKERS)
+}
+
+/// How the packet threads run, decided once at start by the composition root: the tuning in
+/// force, how the readers reach real-time priority, and what starts them.
+#[derive(Clone)]
+pub struct ThreadSetup {
+    pub tuning: Arc<Tuning>,
+    pub access: Access,
+    pub spawner: ReaderSpawner,
+}
+
+impl ThreadSetup {
+    /// `tuning` with the readers at normal priority, started like any thread: for tests and
+    /// benches that build a data plane without the composition root.
+    pub fn normal_priority(tuning: Tuning) -> ThreadSetup {
+        ThreadSetup {
+            tuning: Arc::new(tuning),
+            access: Access::Off,
+            spawner: ReaderSpawner::default(),
+        }
+    }
 }
 
 /// One peer as status, metrics and UAPI `get` see it.
@@ -89,7 +115,13 @@ struct Inner {
     heartbeats: Heartbeats,
     epoch: Instant,
     /// Every packet thread started (UDP readers of replaced sockets included), for the join.
-    threads: Mutex<Vec<JoinHandle<()>>>,
+    handles: Mutex<Vec<JoinHandle<()>>>,
+    /// How the packet threads run.
+    threads: ThreadSetup,
+    /// What all packet readers together may spend at real-time priority.
+    realtime_budget: SharedBudget,
+    /// Each reader's priority as it runs.
+    readers: readers::ReaderStates,
     /// Set once when the data path cannot go on (the TUN device is gone).
     fatal: watch::Sender<Option<String>>,
 }
@@ -102,6 +134,7 @@ impl Dataplane {
         queues: Vec<SyncDevice>,
         sockets: Vec<WgSocket>,
         private_key: Option<SecretKey>,
+        threads: ThreadSetup,
     ) -> std::io::Result<Dataplane> {
         if queues.is_empty() || queues.len() != sockets.len() {
             return Err(std::io::Error::other(format!(
@@ -111,6 +144,12 @@ impl Dataplane {
             )));
         }
         let workers = queues.len();
+        let epoch = crate::shell::clock::now();
+        let realtime_budget = SharedBudget::new(
+            threads.tuning.rt_budget,
+            threads.tuning.usable_cpus_milli(),
+            epoch,
+        );
         Ok(Dataplane {
             inner: Arc::new(Inner {
                 table: RwLock::new(Arc::new(PeerTable::empty(private_key))),
@@ -119,8 +158,11 @@ impl Dataplane {
                 drops: DropCounters::default(),
                 stop: AtomicBool::new(false),
                 heartbeats: Heartbeats::new(workers),
-                epoch: crate::shell::clock::now(),
-                threads: Mutex::new(Vec::new()),
+                epoch,
+                handles: Mutex::new(Vec::new()),
+                threads,
+                realtime_budget,
+                readers: readers::ReaderStates::new(workers),
                 fatal: watch::Sender::new(None),
             }),
             stopped: AtomicBool::new(false),
@@ -162,7 +204,8 @@ impl Dataplane {
     /// Replaces the sockets with a new group on `port` (0: any); the old readers end with their
     /// sockets. Returns the port bound.
     pub fn rebind(&self, port: u16, fwmark: Option<u32>) -> std::io::Result<u16> {
-        let group = WgSocket::bind_group(port, fwmark, self.workers())?;
+        let options = self.inner.threads.tuning.socket_options();
+        let group = WgSocket::bind_group(port, fwmark, self.workers(), &options)?;
         let bound = group[0].local_port()?;
         let old = std::mem::replace(&mut *self.inner.sockets.write(), Arc::new(group));
         for socket in old.iter() {
@@ -224,6 +267,16 @@ impl Dataplane {
         self.inner.drops.snapshot()
     }
 
+    /// The packet readers' priority as they run.
+    pub fn readers(&self) -> ReadersView {
+        self.inner.readers.view()
+    }
+
+    /// How the packet threads run (the tuning in force, the readers' real-time access).
+    pub fn thread_setup(&self) -> &ThreadSetup {
+        &self.inner.threads
+    }
+
     /// Ok while every packet thread wakes within [`STALL_LIMIT`] and the data path has not
     /// failed; otherwise why not (a thread's name, or the fatal error). Cheap: what `/healthz`
     /// asks on every probe.
@@ -268,7 +321,7 @@ impl Dataplane {
             socket.shutdown();
         }
         let deadline = crate::shell::clock::now() + STOP_WAIT;
-        let threads = std::mem::take(&mut *self.inner.threads.lock());
+        let threads = std::mem::take(&mut *self.inner.handles.lock());
         // The timer thread waits for its tick parked: wake it now.
         for t in &threads {
             t.thread().unpark();
@@ -348,17 +401,23 @@ impl Inner {
         Ok(())
     }
 
+    /// Starts `thread`: a packet reader through the reader spawner (where only the readers may
+    /// hold `CAP_SYS_NICE`), the timer thread directly.
     fn spawn(
         self: &Arc<Self>,
         thread: PacketThread,
         body: impl FnOnce(&Inner) + Send + 'static,
     ) -> std::io::Result<()> {
         let inner = self.clone();
-        let handle = std::thread::Builder::new()
-            .name(thread.name())
-            .spawn(move || body(&inner))?;
+        let run = move || body(&inner);
+        let handle = match thread {
+            PacketThread::Timers => std::thread::Builder::new().name(thread.name()).spawn(run)?,
+            PacketThread::TunReader(_) | PacketThread::UdpReader(_) => {
+                self.threads.spawner.spawn(thread.name(), run)?
+            }
+        };
         {
-            let mut threads = self.threads.lock();
+            let mut threads = self.handles.lock();
             threads.retain(|t| !t.is_finished());
             threads.push(handle);
         }

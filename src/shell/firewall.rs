@@ -118,6 +118,8 @@ fn run(
     // A group of its own: a timeout kills what it started too (a wrapper script's children),
     // which would otherwise hold its pipes open.
     cmd.process_group(0);
+    // No real-time class for what the daemon runs, whatever its packet readers may have.
+    crate::shell::priority::no_realtime_for(&mut cmd);
     let mut child = cmd.spawn().map_err(|source| {
         if source.kind() == std::io::ErrorKind::NotFound {
             FirewallError::Missing {

@@ -2,7 +2,10 @@
 //! `tunnelgate status`, and the UAPI `get`/`set` of [`Handle`]. Copies what the event loop
 //! published and the live counters; never waits on I/O.
 
+use crate::core::priority::{Access, StepDown};
 use crate::shell::daemon::Handle;
+use crate::shell::dataplane::{ReadersView, ThreadSetup};
+use crate::telemetry::tuning::{ReadersStatus, TuningStatus};
 use crate::telemetry::{
     InterfaceStatus, NameStatus, Observe, PeerStatus, RulesStatus, ServiceStatus, Snapshot,
 };
@@ -62,6 +65,11 @@ impl Observe for Handle {
             })
             .collect();
         let drops = self.dataplane.drops();
+        let tuning = tuning_status(
+            self.dataplane.thread_setup(),
+            self.dataplane.workers(),
+            Some(&self.dataplane.readers()),
+        );
         // System calls first: the published view's lock is held for copying only.
         let process = crate::shell::procfs::read();
         let netns_id = crate::shell::status_client::own_netns_id();
@@ -124,11 +132,60 @@ impl Observe for Handle {
             ready: false,
             not_ready_reason: None,
             version: env!("CARGO_PKG_VERSION").to_string(),
+            tuning,
         };
         let readiness = view.readiness.clone();
         drop(published);
         snap.set_readiness(readiness);
         snap
+    }
+}
+
+/// The tuning in force as status, metrics and `check` show it: `setup` and the `workers` the
+/// data plane runs, with what its readers did (`None` from `check`: nothing runs).
+pub fn tuning_status(
+    setup: &ThreadSetup,
+    workers: usize,
+    readers: Option<&ReadersView>,
+) -> TuningStatus {
+    let t = &setup.tuning;
+    let refused = readers.and_then(|r| r.refused.clone());
+    let (priority, access, why) = match (&setup.access, refused) {
+        (_, Some(why)) => (None, "refused".to_string(), why),
+        (access @ (Access::Limit | Access::Capability), None) => (
+            t.rt_priority,
+            access.label().to_string(),
+            access.to_string(),
+        ),
+        (access, None) => (None, access.label().to_string(), access.to_string()),
+    };
+    let micros = |d: std::time::Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+    TuningStatus {
+        readers: ReadersStatus {
+            priority,
+            access,
+            why,
+            running: readers.map(|r| r.count),
+            realtime_now: readers.map(|r| r.realtime),
+            share_percent: t.rt_budget.share_percent,
+            burst_ms: u64::try_from(t.rt_budget.burst.as_millis()).unwrap_or(u64::MAX),
+            process_rate_milli: t.rt_budget.process_rate(t.usable_cpus_milli()),
+            realtime_cpu_seconds: readers.map_or(0.0, |r| r.realtime_cpu_ns as f64 / 1e9),
+            step_downs: StepDown::ALL
+                .iter()
+                .zip(readers.map_or([0; StepDown::ALL.len()], |r| r.step_downs))
+                .map(|(why, n)| (why.label().to_string(), n))
+                .collect(),
+        },
+        aqm_target_us: t.aqm.map(|a| micros(a.target)),
+        aqm_interval_us: t.aqm.map(|a| micros(a.interval)),
+        workers: u32::try_from(workers).unwrap_or(u32::MAX),
+        cpus: u32::try_from(t.cpus.affinity).unwrap_or(u32::MAX),
+        cpu_quota_milli: t.cpus.quota_milli,
+        socket_buffer_bytes: u64::try_from(t.socket_buffer_bytes).unwrap_or(u64::MAX),
+        tun_txqueuelen: t.tun_txqueuelen,
+        udp_gro: t.udp_gro,
+        udp_gso: t.udp_gso,
     }
 }
 

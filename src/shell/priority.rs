@@ -1,53 +1,94 @@
 //! Applies the scheduling priority `core::priority` asks a packet thread to be in: `SCHED_FIFO`
-//! at the packet priority, or back to `SCHED_OTHER`, always for the calling thread only; and
-//! makes room for it (`RLIMIT_RTPRIO`) before the daemon drops its capabilities.
+//! at the packet priority, or back to `SCHED_OTHER`, always for the calling thread only. Before
+//! the daemon drops its capabilities it finds out how the readers can get there
+//! ([`prepare_realtime`]: a raised `RLIMIT_RTPRIO`, else `CAP_SYS_NICE`), and where it is the
+//! capability, [`ReaderSpawner`] keeps it to the packet readers alone.
 #![allow(unsafe_code)]
 
-use crate::core::priority::Priority;
-use crate::shell::privilege::Realtime;
+use crate::core::priority::{self, Access, Facts, Priority};
+use crate::shell::privilege::{self, Caps};
+use crate::shell::tuning::Tuning;
+use caps::Capability;
 use std::io;
+use std::sync::mpsc;
+use std::thread::JoinHandle;
 
-/// Makes room for the packet threads' real-time priority (`TUNNELGATE_RT_PRIORITY`) while the
-/// capabilities to do so are still held, and says how they will get it: a raised
-/// `RLIMIT_RTPRIO`, else `CAP_SYS_NICE` kept (where the process has it). Called before the
-/// capabilities drop.
-pub fn prepare_realtime() -> Realtime {
-    match crate::shell::tuning::rt_priority() {
-        None => Realtime::Off,
-        Some(priority) if allow_realtime(priority) => Realtime::ByLimit,
-        Some(_) => Realtime::ByCapability,
+/// Finds out how the packet readers can reach `tuning.rt_priority` and makes room for it while
+/// the capabilities to do so are still held: raises `RLIMIT_RTPRIO` where the limit is the way
+/// (then no capability is needed). Called by the composition root before the capabilities drop.
+pub fn prepare_realtime(tuning: &Tuning) -> Access {
+    let facts = facts(tuning);
+    let access = priority::access::access(tuning.rt_priority, &facts);
+    match (access, tuning.rt_priority) {
+        (Access::Limit, Some(want)) if priority::access::raise_rtprio(want, &facts) => {
+            match raise_rtprio(want) {
+                Ok(()) => Access::Limit,
+                Err(e) => {
+                    tracing::debug!(error = %e, "RLIMIT_RTPRIO not raised");
+                    // Without the limit, the capability is the other way in.
+                    let no_limit = Facts {
+                        rtprio: (facts.rtprio.0, facts.rtprio.0),
+                        sys_resource: false,
+                        ..facts
+                    };
+                    priority::access::access(tuning.rt_priority, &no_limit)
+                }
+            }
+        }
+        (access, _) => access,
     }
 }
 
-/// Raises `RLIMIT_RTPRIO` to `priority` (if lower), so the packet threads may enter
-/// `SCHED_FIFO` after the capabilities are gone (an unprivileged thread may, up to that
-/// limit). Called before the capabilities drop: raising the hard limit needs
-/// `CAP_SYS_RESOURCE`. Returns whether the limit now allows `priority`; where it does not, the
-/// daemon keeps `CAP_SYS_NICE` if it has it ([`crate::shell::privilege`]), else the threads
-/// stay at normal priority (said once, when they try).
-fn allow_realtime(priority: i32) -> bool {
+/// What [`prepare_realtime`] decides from, read from this process (nothing changed): for
+/// `check`, which shows what a start would get.
+pub fn facts(tuning: &Tuning) -> Facts {
+    let permitted = privilege::permitted_now();
+    let (soft, hard) = rtprio_limit().unwrap_or((0, 0));
+    Facts {
+        // SAFETY: geteuid cannot fail and touches no memory of ours.
+        uid: unsafe { libc::geteuid() },
+        sys_nice: permitted.has(Capability::CAP_SYS_NICE),
+        sys_resource: permitted.has(Capability::CAP_SYS_RESOURCE),
+        rtprio: (soft, hard),
+        cgroup_rt_runtime_us: tuning.cpus.rt_runtime_us,
+    }
+}
+
+/// `RLIMIT_RTPRIO` (soft, hard); `u64::MAX` is unlimited.
+fn rtprio_limit() -> io::Result<(u64, u64)> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit with a pointer to a local rlimit that outlives the call.
+    if unsafe { libc::getrlimit(libc::RLIMIT_RTPRIO, &mut limit) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((limit.rlim_cur, limit.rlim_max))
+}
+
+/// Raises `RLIMIT_RTPRIO` to `priority` (its hard limit too, if lower: that needs
+/// `CAP_SYS_RESOURCE`), so the packet threads may enter `SCHED_FIFO` with no capability.
+fn raise_rtprio(priority: i32) -> io::Result<()> {
     let want = libc::rlim_t::try_from(priority).unwrap_or(0);
-    // SAFETY: getrlimit/setrlimit with a pointer to a local rlimit that outlives the call.
-    unsafe {
-        let mut limit = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        if libc::getrlimit(libc::RLIMIT_RTPRIO, &mut limit) != 0 {
-            return false;
-        }
-        if limit.rlim_cur >= want {
-            return true;
-        }
-        let raised = libc::rlimit {
-            rlim_cur: want,
-            rlim_max: limit.rlim_max.max(want),
-        };
-        if libc::setrlimit(libc::RLIMIT_RTPRIO, &raised) != 0 {
-            tracing::debug!(error = %io::Error::last_os_error(), "RLIMIT_RTPRIO not raised");
-            return false;
-        }
-        true
+    let (_, hard) = rtprio_limit()?;
+    let raised = libc::rlimit {
+        rlim_cur: want,
+        rlim_max: hard.max(want),
+    };
+    // SAFETY: setrlimit with a pointer to a local rlimit that outlives the call.
+    if unsafe { libc::setrlimit(libc::RLIMIT_RTPRIO, &raised) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// What the daemon keeps of `CAP_SYS_NICE` beyond what it needs otherwise: the capability, for
+/// the packet readers, when that is how they reach real-time priority.
+pub fn keeps(access: &Access) -> Caps {
+    match access {
+        Access::Capability => Caps::default().with(Capability::CAP_SYS_NICE),
+        _ => Caps::default(),
     }
 }
 
@@ -67,5 +108,100 @@ pub fn set_current_thread(priority: Priority, realtime_priority: i32) -> io::Res
         Ok(())
     } else {
         Err(io::Error::last_os_error())
+    }
+}
+
+/// A thread start handed to the spawner.
+type Start = Box<dyn FnOnce() + Send>;
+
+/// Starts the packet readers. Where they reach real-time priority by `CAP_SYS_NICE` only they
+/// may hold it, and capabilities are per thread, inherited from the thread that starts one: so
+/// the readers are started by one thread kept for that (`tg-spawner`, which holds the
+/// capability and does nothing else), while the main thread gives it up before any other
+/// thread exists ([`ReaderSpawner::start`]). The runtime, the timer thread and every child
+/// (`nft`, `iptables-restore`) then never have it. Elsewhere the readers start like any thread.
+#[derive(Clone, Default)]
+pub struct ReaderSpawner {
+    starts: Option<mpsc::Sender<Start>>,
+}
+
+impl ReaderSpawner {
+    /// For `access` [`Access::Capability`]: starts the spawner thread, then drops
+    /// `CAP_SYS_NICE` from the calling (main) thread. Otherwise a spawner that starts threads
+    /// directly. Call once, after the capabilities drop, before the runtime starts.
+    pub fn start(access: &Access) -> io::Result<ReaderSpawner> {
+        if *access != Access::Capability {
+            return Ok(ReaderSpawner::default());
+        }
+        let (starts, queue) = mpsc::channel::<Start>();
+        std::thread::Builder::new()
+            .name("tg-spawner".into())
+            .spawn(move || {
+                // Ends when the last sender is gone (the data plane stopped).
+                while let Ok(start) = queue.recv() {
+                    start();
+                }
+            })?;
+        privilege::give_up(Capability::CAP_SYS_NICE).map_err(io::Error::other)?;
+        Ok(ReaderSpawner {
+            starts: Some(starts),
+        })
+    }
+
+    /// Starts a packet reader named `name` running `body`.
+    pub fn spawn(
+        &self,
+        name: String,
+        body: impl FnOnce() + Send + 'static,
+    ) -> io::Result<JoinHandle<()>> {
+        let Some(starts) = &self.starts else {
+            return std::thread::Builder::new().name(name).spawn(body);
+        };
+        let (reply, started) = mpsc::sync_channel(1);
+        starts
+            .send(Box::new(move || {
+                let _ = reply.send(std::thread::Builder::new().name(name).spawn(body));
+            }))
+            .map_err(|_| io::Error::other("the reader spawner thread is gone"))?;
+        started
+            .recv()
+            .map_err(|_| io::Error::other("the reader spawner thread is gone"))?
+    }
+}
+
+/// Says once, at start, how the packet readers reach real-time priority, or why they do not.
+pub fn log_access(access: &Access, priority: Option<i32>) {
+    match (access, priority) {
+        (Access::Limit | Access::Capability, Some(p)) => tracing::info!(
+            priority = p,
+            how = %access,
+            "Packet readers may run at real-time priority (SCHED_FIFO)"
+        ),
+        (Access::Unavailable(why), _) => tracing::warn!(
+            reason = %why,
+            "Packet readers stay at normal priority: under load, packets then wait for a CPU behind other work"
+        ),
+        _ => tracing::info!("Packet readers run at normal priority (TUNNELGATE_RT_PRIORITY=0)"),
+    }
+}
+
+/// Makes `command`'s process unable to enter a real-time class: its `RLIMIT_RTPRIO` is set to
+/// 0 between fork and exec (the daemon may have raised it for its readers, and a limit is
+/// inherited). With no `CAP_SYS_NICE` in the bounding set either, a firewall tool never gets one.
+pub fn no_realtime_for(command: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: setrlimit is async-signal-safe, allocates nothing and touches only a local value,
+    // as a pre-exec hook must.
+    unsafe {
+        command.pre_exec(|| {
+            let none = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            if libc::setrlimit(libc::RLIMIT_RTPRIO, &none) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
     }
 }

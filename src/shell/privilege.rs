@@ -21,14 +21,18 @@
 //!   `listen_port` or the health port), since a reload or `wg set` rebinds the WireGuard socket.
 //! - `CAP_SYS_NICE`, only when the packet threads' real-time priority is on
 //!   (`TUNNELGATE_RT_PRIORITY`, default 1), `RLIMIT_RTPRIO` could not be raised to it (no
-//!   `CAP_SYS_RESOURCE`: some containers) and the process has it: a packet thread moves itself
-//!   between `SCHED_FIFO` and normal priority (`core::priority`), and its seccomp filter lets
-//!   it do so for itself only.
+//!   `CAP_SYS_RESOURCE`: the systemd units, containers) and the process has it: a packet
+//!   reader moves itself between `SCHED_FIFO` and normal priority (`core::priority`), and its
+//!   seccomp filter lets it do so for itself only. It is kept in the permitted set but never in
+//!   the bounding set, and only the packet readers keep it: `shell::priority::ReaderSpawner`
+//!   starts them from a thread of its own and the main thread gives it up ([`give_up`]) before
+//!   the runtime's threads exist.
 //!
 //! Everything else leaves the effective, permitted, inheritable, ambient and bounding sets,
 //! and `PR_SET_NO_NEW_PRIVS` is set. A child run as uid 0 gets the bounding set as its
-//! permitted set on `execve`, which is exactly the kept set, so `nft` and
-//! `iptables-restore` keep working; with no-new-privs nothing can ever gain more.
+//! permitted set on `execve`, which is exactly the kept set less `CAP_SYS_NICE`, so `nft` and
+//! `iptables-restore` keep working and never get a real-time class; with no-new-privs nothing
+//! can ever gain more.
 
 use std::fmt;
 
@@ -164,10 +168,10 @@ pub struct Dropped {
     pub bounding_kept: Caps,
 }
 
-/// Reduces this process to `keep` (intersected with what it has): bounding set, ambient and
-/// inheritable sets cleared of the rest, no-new-privs set, then effective = permitted =
-/// `keep`. Must run while the process has one thread.
-pub fn drop_to(keep: Caps) -> Result<Dropped, PrivilegeError> {
+/// Reduces this process to `keep` (intersected with what it has): the bounding set to `bound`
+/// (what children may ever get; a subset of `keep`), ambient and inheritable sets cleared, no-new-privs
+/// set, then effective = permitted = `keep`. Must run while the process has one thread.
+pub fn drop_to(keep: Caps, bound: Caps) -> Result<Dropped, PrivilegeError> {
     let threads = thread_count();
     if threads > 1 {
         return Err(PrivilegeError::Threads(threads));
@@ -176,7 +180,7 @@ pub fn drop_to(keep: Caps) -> Result<Dropped, PrivilegeError> {
     // The bounding set first: dropping from it needs CAP_SETPCAP, which goes with the capset.
     // A drop the kernel refuses shows in `bounding_kept` below.
     let bounding = caps::read(None, CapSet::Bounding).map_err(failed("read the bounding set"))?;
-    for cap in bounding.into_iter().filter(|c| !keep.has(*c)) {
+    for cap in bounding.into_iter().filter(|c| !bound.has(*c)) {
         let _ = caps::drop(None, CapSet::Bounding, cap);
     }
     // Ambient capabilities would survive execve; kernels before 4.3 have none (EINVAL).
@@ -188,56 +192,47 @@ pub fn drop_to(keep: Caps) -> Result<Dropped, PrivilegeError> {
     caps::clear(None, CapSet::Inheritable).map_err(failed("capset inheritable"))?;
     caps::set(None, CapSet::Effective, &kept.known()).map_err(failed("capset effective"))?;
     caps::set(None, CapSet::Permitted, &kept.known()).map_err(failed("capset permitted"))?;
-    let bounding_kept = Caps(bounding_now().0 & !keep.0);
+    let bounding_kept = Caps(bounding_now().0 & !bound.0);
     Ok(Dropped {
         kept,
         bounding_kept,
     })
 }
 
-/// How the packet threads may enter real-time priority once the capabilities are gone.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Realtime {
-    /// Real-time priority is off (`TUNNELGATE_RT_PRIORITY=0`).
-    Off,
-    /// `RLIMIT_RTPRIO` allows it: no capability needed.
-    ByLimit,
-    /// Only `CAP_SYS_NICE` can: kept if the process has it.
-    ByCapability,
-}
-
-impl Realtime {
-    /// What to keep, beyond [`needed`], out of what the process has (`permitted`).
-    pub fn keeps(self, permitted: Caps) -> Caps {
-        match self {
-            Realtime::ByCapability if permitted.has(Capability::CAP_SYS_NICE) => {
-                Caps::default().with(Capability::CAP_SYS_NICE)
-            }
-            _ => Caps::default(),
-        }
-    }
-}
-
-/// Drops to what `config` needs and logs the result; the daemon calls this before it builds
-/// its runtime.
-pub fn drop_for(config: &Config, realtime: Realtime) -> Result<Dropped, PrivilegeError> {
+/// Drops to what `config` needs (plus `CAP_SYS_NICE` for the packet readers when `realtime`
+/// says so, never in the bounding set) and logs the result; the daemon calls this before it
+/// builds its runtime.
+pub fn drop_for(config: &Config, realtime: Caps) -> Result<Dropped, PrivilegeError> {
     let keep = needed(config, uses_legacy_iptables(config.firewall.mode));
-    let dropped = drop_to(keep.union(realtime.keeps(permitted_now())))?;
-    tracing::info!(kept = %dropped.kept, "Capabilities dropped to what the daemon needs");
+    let dropped = drop_to(keep.union(realtime), keep)?;
+    log_dropped(&dropped, "Capabilities dropped to what the daemon needs");
+    Ok(dropped)
+}
+
+/// [`drop_to`] [`needed_userspace`] (plus `realtime`, as for [`drop_for`]), logged like it.
+pub fn drop_for_userspace(realtime: Caps) -> Result<Dropped, PrivilegeError> {
+    let keep = needed_userspace();
+    let dropped = drop_to(keep.union(realtime), keep)?;
+    log_dropped(&dropped, "Capabilities dropped to what the interface needs");
+    Ok(dropped)
+}
+
+fn log_dropped(dropped: &Dropped, what: &str) {
+    tracing::info!(kept = %dropped.kept, "{what}");
     if dropped.bounding_kept != Caps::default() {
         tracing::warn!(
             bounding = %dropped.bounding_kept,
             "Without CAP_SETPCAP these stay in the bounding set (no-new-privs still keeps children from gaining them)"
         );
     }
-    Ok(dropped)
 }
 
-/// [`drop_to`] [`needed_userspace`], logged like [`drop_for`].
-pub fn drop_for_userspace(realtime: Realtime) -> Result<Dropped, PrivilegeError> {
-    let dropped = drop_to(needed_userspace().union(realtime.keeps(permitted_now())))?;
-    tracing::info!(kept = %dropped.kept, "Capabilities dropped to what the interface needs");
-    Ok(dropped)
+/// Drops `cap` from the calling thread's effective and permitted sets, for good: the thread,
+/// and every thread and child it starts from now on, never has it again.
+pub fn give_up(cap: Capability) -> Result<(), PrivilegeError> {
+    let failed = |what| move |source| PrivilegeError::Caps { what, source };
+    caps::drop(None, CapSet::Effective, cap).map_err(failed("capset effective"))?;
+    caps::drop(None, CapSet::Permitted, cap).map_err(failed("capset permitted"))
 }
 
 /// `Threads:` of /proc/self/status (1 if unreadable: the check is a guard, not a gate).
@@ -301,19 +296,6 @@ mod tests {
         assert!(hint.contains("needs root or CAP_NET_ADMIN"), "{hint}");
         assert!(run_refusal(Caps::default().with(CAP_NET_RAW)).is_some());
         assert_eq!(run_refusal(Caps::default().with(CAP_NET_ADMIN)), None);
-    }
-
-    #[test]
-    fn sys_nice_is_kept_only_when_real_time_needs_it_and_the_process_has_it() {
-        let nice = Caps::default().with(Capability::CAP_SYS_NICE);
-        let all = Caps(!0);
-        assert_eq!(Realtime::ByCapability.keeps(all), nice);
-        assert_eq!(
-            Realtime::ByCapability.keeps(Caps::default()),
-            Caps::default()
-        );
-        assert_eq!(Realtime::ByLimit.keeps(all), Caps::default());
-        assert_eq!(Realtime::Off.keeps(all), Caps::default());
     }
 
     #[test]

@@ -6,9 +6,11 @@
 
 use crate::config::Config;
 use crate::shell::daemon::Daemon;
+use crate::shell::dataplane::ThreadSetup;
 use crate::shell::serve::local_socket::CloseFirst;
 use crate::shell::serve::status::StatusSocket;
 use crate::shell::serve::uapi::UapiServer;
+use crate::shell::tuning::Tuning;
 use crate::telemetry::status::Reloader;
 use crate::telemetry::Observe;
 use anyhow::Context;
@@ -57,9 +59,16 @@ impl Mode {
 /// starts the runtime and [`serve`]s. Exit 0 on a clean stop, 1 on a failure (said in the log,
 /// and on stderr in userspace mode).
 pub fn main(mut mode: Mode) -> ExitCode {
+    use crate::shell::priority;
     let program = mode.program();
     let userspace = matches!(mode, Mode::Userspace { .. });
-    let realtime = crate::shell::priority::prepare_realtime();
+    // The knobs, read once here and passed down; nothing below reads them again.
+    let tuning = Tuning::from_env();
+    for warning in &tuning.warnings {
+        tracing::warn!("{warning}");
+    }
+    let access = priority::prepare_realtime(&tuning);
+    let realtime = priority::keeps(&access);
     let dropped = match &mode {
         Mode::Run { config, .. } => crate::shell::privilege::drop_for(config, realtime),
         Mode::Userspace { .. } => crate::shell::privilege::drop_for_userspace(realtime),
@@ -67,6 +76,19 @@ pub fn main(mut mode: Mode) -> ExitCode {
     if let Err(e) = dropped {
         return failed_before_start(&mut mode, format!("cannot drop privileges: {e}"));
     }
+    // Before any other thread: from here on only the packet readers may hold CAP_SYS_NICE.
+    let spawner = match priority::ReaderSpawner::start(&access) {
+        Ok(spawner) => spawner,
+        Err(e) => {
+            return failed_before_start(&mut mode, format!("cannot start the reader spawner: {e}"))
+        }
+    };
+    priority::log_access(&access, tuning.rt_priority);
+    let threads = ThreadSetup {
+        tuning: Arc::new(tuning),
+        access,
+        spawner,
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -75,7 +97,7 @@ pub fn main(mut mode: Mode) -> ExitCode {
         Ok(r) => r,
         Err(e) => return failed_before_start(&mut mode, format!("cannot start the runtime: {e}")),
     };
-    match runtime.block_on(serve(mode)) {
+    match runtime.block_on(serve(mode, threads)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %format!("{e:#}"), "{program} failed");
@@ -107,7 +129,7 @@ struct Started {
 
 /// Claims everything that can be refused (the UAPI and status sockets, the health address)
 /// before the tunnel comes up, so a failed start changes nothing on the system; then starts it.
-async fn start(mode: &Mode) -> anyhow::Result<Started> {
+async fn start(mode: &Mode, threads: ThreadSetup) -> anyhow::Result<Started> {
     let name = match mode {
         Mode::Run { config, .. } => config.interface.name.as_str(),
         Mode::Userspace { name, .. } => name.as_str(),
@@ -120,11 +142,11 @@ async fn start(mode: &Mode) -> anyhow::Result<Started> {
         Mode::Run { config, path } => {
             let health = bind_health(config.health.listen, "health.listen")?;
             // The daemon serves it (and moves it when a reload names another address).
-            Daemon::start((**config).clone(), path.clone(), health).await?
+            Daemon::start((**config).clone(), path.clone(), health, threads).await?
         }
         Mode::Userspace { name, health, .. } => {
             let health = bind_health(*health, "--health")?;
-            Daemon::start_userspace(name, health).await?
+            Daemon::start_userspace(name, health, threads).await?
         }
     };
     Ok(Started {
@@ -196,7 +218,7 @@ enum Ended {
 
 /// Serves `mode` until a signal, the daemon's fatal error or (userspace) the UAPI socket's
 /// removal, then stops in order. The one `serve` of both modes.
-pub async fn serve(mut mode: Mode) -> anyhow::Result<()> {
+pub async fn serve(mut mode: Mode, threads: ThreadSetup) -> anyhow::Result<()> {
     let ready = match &mut mode {
         Mode::Userspace { ready, .. } => ready.take(),
         Mode::Run { .. } => None,
@@ -204,7 +226,7 @@ pub async fn serve(mut mode: Mode) -> anyhow::Result<()> {
     let userspace = matches!(mode, Mode::Userspace { .. });
     let started = async {
         let signals = Signals::install(!userspace)?;
-        Ok::<_, anyhow::Error>((signals, start(&mode).await?))
+        Ok::<_, anyhow::Error>((signals, start(&mode, threads).await?))
     };
     let (
         mut signals,

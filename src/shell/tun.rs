@@ -16,25 +16,10 @@ pub enum TunError {
     Create { name: String, cause: io::Error },
 }
 
-/// Packets the kernel queues for us before dropping (Linux's TUN default is 500). A 1 Gbit/s
-/// burst of small UDP packets outruns the reader for a moment while it shares the CPU; 500
-/// lost up to 10 % of iperf3's datagrams at 1 Gbit/s offered, 4096 none in the same runs.
-/// Senders' socket buffers still bound what can pile up here.
-const TX_QUEUE_PACKETS: u32 = 4096;
-
-/// `TX_QUEUE_PACKETS`, or `TUNNELGATE_TUN_TXQUEUELEN` (16 to 65536) for the benchmarks that
-/// compare queue lengths.
-fn tx_queue_packets() -> u32 {
-    let default = u64::from(TX_QUEUE_PACKETS);
-    let packets =
-        crate::shell::tuning::from_env("TUNNELGATE_TUN_TXQUEUELEN", &(16..=65536), default);
-    u32::try_from(packets).unwrap_or(TX_QUEUE_PACKETS)
-}
-
 /// Creates `name` with one queue. Refuses to take over an existing interface: a second daemon
 /// with the same name must not silently share (and on exit delete) the first one's device.
-pub fn create(name: &str, mtu: u16) -> Result<SyncDevice, TunError> {
-    let mut queues = create_queues(name, mtu, 1)?;
+pub fn create(name: &str, mtu: u16, txqueuelen: u32) -> Result<SyncDevice, TunError> {
+    let mut queues = create_queues(name, mtu, 1, txqueuelen)?;
     queues.pop().ok_or_else(|| TunError::Create {
         name: name.into(),
         cause: io::Error::other("no queue"),
@@ -42,9 +27,15 @@ pub fn create(name: &str, mtu: u16) -> Result<SyncDevice, TunError> {
 }
 
 /// Creates `name` with `queues` queues (`IFF_MULTI_QUEUE` when more than one): one per packet
-/// worker. The kernel keeps each flow on one queue, and moves a flow to the queue that last
-/// wrote its other direction, so a flow's packets stay in order.
-pub fn create_queues(name: &str, mtu: u16, queues: usize) -> Result<Vec<SyncDevice>, TunError> {
+/// worker, with a transmit queue of `txqueuelen` packets (`Tuning::tun_txqueuelen`). The kernel
+/// keeps each flow on one queue, and moves a flow to the queue that last wrote its other
+/// direction, so a flow's packets stay in order.
+pub fn create_queues(
+    name: &str,
+    mtu: u16,
+    queues: usize,
+    txqueuelen: u32,
+) -> Result<Vec<SyncDevice>, TunError> {
     if Path::new("/sys/class/net").join(name).exists() {
         return Err(TunError::Exists(name.into()));
     }
@@ -57,7 +48,7 @@ pub fn create_queues(name: &str, mtu: u16, queues: usize) -> Result<Vec<SyncDevi
         .mtu(mtu)
         .offload(true)
         .multi_queue(queues > 1)
-        .tx_queue_len(tx_queue_packets())
+        .tx_queue_len(txqueuelen)
         .build_sync()
         .map_err(failed)?;
     let mut all = Vec::with_capacity(queues);

@@ -1,11 +1,154 @@
 //! The queue and scheduling knobs (`TUNNELGATE_SOCKET_BUFFER`, `TUNNELGATE_TUN_TXQUEUELEN`,
-//! `TUNNELGATE_AQM_TARGET_US`, `TUNNELGATE_RT_PRIORITY`): a number in a range, read from the
-//! environment once. A value that is not one is named in a warning and the default stays,
-//! as for `TUNNELGATE_IPTABLES`.
+//! `TUNNELGATE_AQM_TARGET_US`, `TUNNELGATE_AQM_INTERVAL_US`, `TUNNELGATE_RT_PRIORITY`,
+//! `TUNNELGATE_RT_SHARE_PERCENT`, `TUNNELGATE_NO_UDP_GRO`, `TUNNELGATE_NO_UDP_GSO`) and the CPUs
+//! the process may use, read once by the composition root (`shell::process::main`) into one
+//! [`Tuning`] and passed down: the data plane, the sockets and the TUN device take their values
+//! from it, and `check` and `status` show it. A value that is not a number in range is named in
+//! a warning and the default stays, as for `TUNNELGATE_IPTABLES`.
 
-use std::ffi::OsStr;
+use crate::core::aqm;
+use crate::core::priority::Budget;
+use std::ffi::{OsStr, OsString};
 use std::ops::RangeInclusive;
 use std::time::Duration;
+
+/// Kernel socket buffer size. The default ~208 KB drops packets at a few hundred Mbit/s;
+/// wireguard-go upstream settled on 7 MB.
+pub const DEFAULT_SOCKET_BUFFER_BYTES: usize = 7 << 20;
+
+/// Packets the kernel queues for us before dropping (Linux's TUN default is 500). A 1 Gbit/s
+/// burst of small UDP packets outruns the reader for a moment while it shares the CPU; 500
+/// lost up to 10 % of iperf3's datagrams at 1 Gbit/s offered, 4096 none in the same runs.
+/// Senders' socket buffers still bound what can pile up here.
+pub const DEFAULT_TUN_TXQUEUELEN: u32 = 4096;
+
+/// The default real-time priority: the lowest, above every ordinary thread and below every
+/// other real-time one.
+pub const DEFAULT_RT_PRIORITY: i32 = 1;
+
+/// The knobs in force. Made once at start ([`Tuning::from_env`]); nothing reads the
+/// environment for them afterwards.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tuning {
+    /// The packet readers' `SCHED_FIFO` priority; `None`: normal priority only.
+    pub rt_priority: Option<i32>,
+    /// How much CPU time the readers may spend at real-time priority.
+    pub rt_budget: Budget,
+    /// CoDel on each receive queue; `None`: off.
+    pub aqm: Option<aqm::Settings>,
+    /// Each WireGuard socket's send and receive buffer.
+    pub socket_buffer_bytes: usize,
+    /// The TUN device's transmit queue, in packets.
+    pub tun_txqueuelen: u32,
+    /// UDP generic receive offload on the WireGuard sockets (off: `TUNNELGATE_NO_UDP_GRO`).
+    pub udp_gro: bool,
+    /// UDP segmentation offload on the WireGuard sockets (off: `TUNNELGATE_NO_UDP_GSO`).
+    pub udp_gso: bool,
+    /// The CPUs the process may use: its affinity, and its cgroup's quota.
+    pub cpus: crate::shell::cgroup::Cpus,
+    /// Values not taken, each naming its variable, for the start's log and `check`.
+    pub warnings: Vec<String>,
+}
+
+impl Default for Tuning {
+    /// The defaults, with the CPUs of the machine (no quota): for tests and benches that build
+    /// a data plane without the composition root.
+    fn default() -> Tuning {
+        Tuning::from_vars(|_| None, crate::shell::cgroup::Cpus::default())
+    }
+}
+
+impl Tuning {
+    /// Reads the knobs from this process's environment and the CPUs from its affinity and
+    /// cgroup. Called once, by the composition root.
+    pub fn from_env() -> Tuning {
+        Tuning::from_vars(
+            |name| std::env::var_os(name),
+            crate::shell::cgroup::Cpus::read(),
+        )
+    }
+
+    /// The knobs from `var` (a variable's value, `None` when unset), with `cpus`.
+    pub fn from_vars(
+        var: impl Fn(&str) -> Option<OsString>,
+        cpus: crate::shell::cgroup::Cpus,
+    ) -> Tuning {
+        let mut warnings = Vec::new();
+        let mut number = |name: &str, range: RangeInclusive<u64>, default: u64| -> u64 {
+            match bounded(name, var(name).as_deref(), &range) {
+                Ok(value) => value.unwrap_or(default),
+                Err(e) => {
+                    warnings.push(format!("{e}; using the default {default}"));
+                    default
+                }
+            }
+        };
+        let socket_buffer_bytes = number(
+            "TUNNELGATE_SOCKET_BUFFER",
+            64 << 10..=64 << 20,
+            DEFAULT_SOCKET_BUFFER_BYTES as u64,
+        );
+        let tun_txqueuelen = number(
+            "TUNNELGATE_TUN_TXQUEUELEN",
+            16..=65536,
+            u64::from(DEFAULT_TUN_TXQUEUELEN),
+        );
+        let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        let aqm_target = number(
+            "TUNNELGATE_AQM_TARGET_US",
+            0..=100_000,
+            micros(aqm::DEFAULT_TARGET),
+        );
+        let aqm_interval = number(
+            "TUNNELGATE_AQM_INTERVAL_US",
+            1_000..=1_000_000,
+            micros(aqm::DEFAULT_INTERVAL),
+        );
+        // 0 keeps the readers at normal priority; at most 49, below the kernel's interrupt
+        // threads (50).
+        let rt_priority = number("TUNNELGATE_RT_PRIORITY", 0..=49, DEFAULT_RT_PRIORITY as u64);
+        // At most 95 %: the kernel's own limit for all real-time threads together.
+        let share = number(
+            "TUNNELGATE_RT_SHARE_PERCENT",
+            5..=95,
+            u64::from(crate::core::priority::budget::DEFAULT_SHARE_PERCENT),
+        );
+        Tuning {
+            rt_priority: i32::try_from(rt_priority).ok().filter(|p| *p > 0),
+            rt_budget: Budget {
+                share_percent: u32::try_from(share).unwrap_or(50),
+                ..Budget::default()
+            },
+            aqm: (aqm_target > 0).then(|| aqm::Settings {
+                target: Duration::from_micros(aqm_target),
+                interval: Duration::from_micros(aqm_interval),
+            }),
+            socket_buffer_bytes: usize::try_from(socket_buffer_bytes)
+                .unwrap_or(DEFAULT_SOCKET_BUFFER_BYTES),
+            tun_txqueuelen: u32::try_from(tun_txqueuelen).unwrap_or(DEFAULT_TUN_TXQUEUELEN),
+            udp_gro: var("TUNNELGATE_NO_UDP_GRO").is_none(),
+            udp_gso: var("TUNNELGATE_NO_UDP_GSO").is_none(),
+            cpus,
+            warnings,
+        }
+    }
+
+    /// The thousandths of a CPU all packet readers together may use (affinity or quota,
+    /// whichever is lower): the base of the process's real-time budget.
+    pub fn usable_cpus_milli(&self) -> u64 {
+        crate::core::cgroup::usable_milli(self.cpus.affinity, self.cpus.quota_milli)
+    }
+
+    /// What the WireGuard sockets are made with.
+    pub fn socket_options(&self) -> crate::shell::udp::SocketOptions {
+        crate::shell::udp::SocketOptions {
+            buffer_bytes: self.socket_buffer_bytes,
+            gro: self.udp_gro,
+            gso: self.udp_gso,
+            timestamps: self.aqm.is_some(),
+        }
+    }
+}
 
 /// `value` of variable `name` as a number in `range`: `Ok(None)` when unset or empty, `Err`
 /// (naming the variable, an escaped excerpt of at most 32 characters and the range) otherwise.
@@ -30,86 +173,24 @@ pub fn bounded(
     }
 }
 
-/// Variable `name` from the environment ([`bounded`]), or `default` (with a warning when it is
-/// set to something else).
-pub fn from_env(name: &str, range: &RangeInclusive<u64>, default: u64) -> u64 {
-    match bounded(name, std::env::var_os(name).as_deref(), range) {
-        Ok(value) => value.unwrap_or(default),
-        Err(e) => {
-            tracing::warn!("{e}; using the default {default}");
-            default
-        }
-    }
-}
-
-/// The variable that sets the receive queue's AQM target, and its range in microseconds.
-const AQM_TARGET_VAR: &str = "TUNNELGATE_AQM_TARGET_US";
-const AQM_TARGET_RANGE: RangeInclusive<u64> = 0..=100_000;
-
-/// The receive queue's AQM target (`core::aqm`): `TUNNELGATE_AQM_TARGET_US` microseconds (0
-/// turns AQM off, for the benchmarks that compare; at most 100 ms), else 1 ms. Read once; a bad
-/// value is warned about and the default stays.
-pub fn aqm_target() -> Option<Duration> {
-    static TARGET: std::sync::OnceLock<Option<Duration>> = std::sync::OnceLock::new();
-    *TARGET.get_or_init(|| {
-        aqm_target_from(std::env::var_os(AQM_TARGET_VAR).as_deref()).unwrap_or_else(|e| {
-            tracing::warn!(
-                "{e}; using the default {:?}",
-                crate::core::aqm::DEFAULT_TARGET
-            );
-            Some(crate::core::aqm::DEFAULT_TARGET)
-        })
-    })
-}
-
-/// The variable that sets the packet threads' real-time priority, and its range: 0 keeps them at
-/// normal priority; at most 49, below the kernel's interrupt threads (50).
-const RT_PRIORITY_VAR: &str = "TUNNELGATE_RT_PRIORITY";
-const RT_PRIORITY_RANGE: RangeInclusive<u64> = 0..=49;
-/// The default: the lowest real-time priority, above every ordinary thread and below every other
-/// real-time one.
-const DEFAULT_RT_PRIORITY: i32 = 1;
-
-/// The packet threads' `SCHED_FIFO` priority (`core::priority`): `TUNNELGATE_RT_PRIORITY`, else
-/// 1; `None` when 0 (normal priority only). Read once; a bad value is warned about and the
-/// default stays.
-pub fn rt_priority() -> Option<i32> {
-    static PRIORITY: std::sync::OnceLock<Option<i32>> = std::sync::OnceLock::new();
-    *PRIORITY.get_or_init(|| {
-        rt_priority_from(std::env::var_os(RT_PRIORITY_VAR).as_deref()).unwrap_or_else(|e| {
-            tracing::warn!("{e}; using the default {DEFAULT_RT_PRIORITY}");
-            Some(DEFAULT_RT_PRIORITY)
-        })
-    })
-}
-
-/// [`rt_priority`] for a given value of its variable.
-fn rt_priority_from(value: Option<&OsStr>) -> Result<Option<i32>, String> {
-    Ok(match bounded(RT_PRIORITY_VAR, value, &RT_PRIORITY_RANGE)? {
-        None => Some(DEFAULT_RT_PRIORITY),
-        Some(0) => None,
-        Some(p) => i32::try_from(p).ok(),
-    })
-}
-
-/// [`aqm_target`] for a given value of its variable.
-fn aqm_target_from(value: Option<&OsStr>) -> Result<Option<Duration>, String> {
-    Ok(match bounded(AQM_TARGET_VAR, value, &AQM_TARGET_RANGE)? {
-        None => Some(crate::core::aqm::DEFAULT_TARGET),
-        Some(0) => None,
-        Some(micros) => Some(Duration::from_micros(micros)),
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
     use std::os::unix::ffi::OsStrExt as _;
 
     const RANGE: RangeInclusive<u64> = 16..=65536;
 
     fn parse(raw: &[u8]) -> Result<Option<u64>, String> {
         bounded("TUNNELGATE_X", Some(OsStr::from_bytes(raw)), &RANGE)
+    }
+
+    fn tuning(vars: &[(&str, &[u8])]) -> Tuning {
+        let vars: BTreeMap<String, OsString> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), OsStr::from_bytes(v).to_os_string()))
+            .collect();
+        Tuning::from_vars(|name| vars.get(name).cloned(), Default::default())
     }
 
     #[test]
@@ -140,35 +221,78 @@ mod tests {
     }
 
     #[test]
-    fn the_aqm_target_is_microseconds_zero_is_off_and_garbage_is_named() {
-        let target = |raw: &[u8]| aqm_target_from(Some(OsStr::from_bytes(raw)));
-        let default = Some(crate::core::aqm::DEFAULT_TARGET);
-        assert_eq!(aqm_target_from(None), Ok(default));
-        assert_eq!(target(b""), Ok(default));
-        assert_eq!(target(b"0"), Ok(None));
-        assert_eq!(target(b"500"), Ok(Some(Duration::from_micros(500))));
-        assert_eq!(target(b"100000"), Ok(Some(Duration::from_millis(100))));
-        for bad in [&b"100001"[..], b"-1", b"1ms", b"\xff", &[b'9'; 100_000]] {
-            let e = target(bad).expect_err("refused");
-            assert!(
-                e.starts_with("TUNNELGATE_AQM_TARGET_US=") && e.len() < 120,
-                "{e}"
-            );
-        }
+    fn the_defaults_with_nothing_set() {
+        let t = tuning(&[]);
+        assert_eq!(t.rt_priority, Some(DEFAULT_RT_PRIORITY));
+        assert_eq!(t.rt_budget, Budget::default());
+        assert_eq!(t.aqm, Some(aqm::Settings::default()));
+        assert_eq!(t.socket_buffer_bytes, DEFAULT_SOCKET_BUFFER_BYTES);
+        assert_eq!(t.tun_txqueuelen, DEFAULT_TUN_TXQUEUELEN);
+        assert!(t.udp_gro && t.udp_gso);
+        assert!(t.warnings.is_empty());
     }
 
     #[test]
-    fn the_rt_priority_is_1_to_49_zero_is_off_and_garbage_is_named() {
-        let priority = |raw: &[u8]| rt_priority_from(Some(OsStr::from_bytes(raw)));
-        assert_eq!(rt_priority_from(None), Ok(Some(DEFAULT_RT_PRIORITY)));
-        assert_eq!(priority(b""), Ok(Some(DEFAULT_RT_PRIORITY)));
-        assert_eq!(priority(b"0"), Ok(None));
-        assert_eq!(priority(b"49"), Ok(Some(49)));
-        for bad in [&b"50"[..], b"99", b"-1", b"fifo", b"\xff", &[b'1'; 100_000]] {
-            let e = priority(bad).expect_err("refused");
+    fn each_knob_is_taken_and_zero_turns_aqm_and_realtime_off() {
+        let t = tuning(&[
+            ("TUNNELGATE_AQM_TARGET_US", b"500"),
+            ("TUNNELGATE_AQM_INTERVAL_US", b"100000"),
+            ("TUNNELGATE_RT_PRIORITY", b"49"),
+            ("TUNNELGATE_RT_SHARE_PERCENT", b"80"),
+            ("TUNNELGATE_SOCKET_BUFFER", b"262144"),
+            ("TUNNELGATE_TUN_TXQUEUELEN", b"512"),
+            ("TUNNELGATE_NO_UDP_GRO", b"1"),
+        ]);
+        assert_eq!(
+            t.aqm,
+            Some(aqm::Settings {
+                target: Duration::from_micros(500),
+                interval: Duration::from_millis(100)
+            })
+        );
+        assert_eq!(t.rt_priority, Some(49));
+        assert_eq!(t.rt_budget.share_percent, 80);
+        assert_eq!((t.socket_buffer_bytes, t.tun_txqueuelen), (262_144, 512));
+        assert!(!t.udp_gro && t.udp_gso);
+        assert!(t.warnings.is_empty(), "{:?}", t.warnings);
+        let off = tuning(&[
+            ("TUNNELGATE_AQM_TARGET_US", b"0"),
+            ("TUNNELGATE_RT_PRIORITY", b"0"),
+        ]);
+        assert_eq!((off.aqm, off.rt_priority), (None, None));
+        assert!(!off.socket_options().timestamps);
+    }
+
+    #[test]
+    fn every_bad_value_is_named_once_and_its_default_stays() {
+        let long = [b'9'; 100_000];
+        let t = tuning(&[
+            ("TUNNELGATE_AQM_TARGET_US", b"1ms"),
+            ("TUNNELGATE_AQM_INTERVAL_US", b"999"),
+            ("TUNNELGATE_RT_PRIORITY", b"50"),
+            ("TUNNELGATE_RT_SHARE_PERCENT", b"100"),
+            ("TUNNELGATE_SOCKET_BUFFER", &long),
+            ("TUNNELGATE_TUN_TXQUEUELEN", b"\xff"),
+        ]);
+        assert_eq!(
+            t,
+            Tuning {
+                warnings: t.warnings.clone(),
+                ..tuning(&[])
+            }
+        );
+        assert_eq!(t.warnings.len(), 6, "{:?}", t.warnings);
+        for (w, name) in t.warnings.iter().zip([
+            "TUNNELGATE_SOCKET_BUFFER=",
+            "TUNNELGATE_TUN_TXQUEUELEN=",
+            "TUNNELGATE_AQM_TARGET_US=",
+            "TUNNELGATE_AQM_INTERVAL_US=",
+            "TUNNELGATE_RT_PRIORITY=",
+            "TUNNELGATE_RT_SHARE_PERCENT=",
+        ]) {
             assert!(
-                e.starts_with("TUNNELGATE_RT_PRIORITY=") && e.len() < 120,
-                "{e}"
+                w.starts_with(name) && w.contains("using the default") && w.len() < 160,
+                "{w}"
             );
         }
     }

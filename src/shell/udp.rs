@@ -19,24 +19,19 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
-/// Kernel socket buffer size. The default ~208 KB drops packets at a few hundred Mbit/s;
-/// wireguard-go upstream settled on 7 MB.
-const SOCKET_BUFFER_BYTES: usize = 7 << 20;
-
-/// The socket buffer size: `SOCKET_BUFFER_BYTES`, or `TUNNELGATE_SOCKET_BUFFER` (bytes, 64 KiB to
-/// 64 MiB) for the benchmarks that compare sizes. Read (and a bad value warned about) once.
-fn socket_buffer_bytes() -> usize {
-    static BYTES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *BYTES.get_or_init(|| {
-        let default = SOCKET_BUFFER_BYTES as u64;
-        let bytes = crate::shell::tuning::from_env(
-            "TUNNELGATE_SOCKET_BUFFER",
-            &(64 << 10..=64 << 20),
-            default,
-        );
-        usize::try_from(bytes).unwrap_or(SOCKET_BUFFER_BYTES)
-    })
+/// How the WireGuard sockets are made (from `shell::tuning::Tuning`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SocketOptions {
+    /// Send and receive buffer size.
+    pub buffer_bytes: usize,
+    /// Ask for UDP generic receive offload.
+    pub gro: bool,
+    /// Use UDP segmentation offload when the kernel has it.
+    pub gso: bool,
+    /// Stamp each received message with its arrival time (the AQM's input).
+    pub timestamps: bool,
 }
+
 /// Messages moved per system call.
 pub const BATCH: usize = 64;
 /// Largest datagram we accept in one piece.
@@ -71,23 +66,28 @@ pub struct WgSocket {
 
 impl WgSocket {
     /// Binds `[::]:port` accepting IPv4 too, or `0.0.0.0:port` where IPv6 is disabled.
-    pub fn bind(port: u16, fwmark: Option<u32>) -> io::Result<WgSocket> {
-        WgSocket::bind_with(port, fwmark, false)
+    pub fn bind(port: u16, fwmark: Option<u32>, options: &SocketOptions) -> io::Result<WgSocket> {
+        WgSocket::bind_with(port, fwmark, false, options)
     }
 
     /// One socket per packet worker, all on `port` (`SO_REUSEPORT`), with a steering program
     /// that hands every datagram of a session to the worker that owns its peer (see
     /// [`steering_program`]): a peer's datagrams stay in order on one worker, and peers spread
     /// over all of them. One worker gets one plain socket.
-    pub fn bind_group(port: u16, fwmark: Option<u32>, workers: usize) -> io::Result<Vec<WgSocket>> {
+    pub fn bind_group(
+        port: u16,
+        fwmark: Option<u32>,
+        workers: usize,
+        options: &SocketOptions,
+    ) -> io::Result<Vec<WgSocket>> {
         if workers <= 1 {
-            return Ok(vec![WgSocket::bind(port, fwmark)?]);
+            return Ok(vec![WgSocket::bind(port, fwmark, options)?]);
         }
         // A plain bind first: a port another process holds is refused here, instead of this
         // group joining (as the same user may) an existing reuse-port group on it.
-        let port = WgSocket::bind(port, None)?.local_port()?;
+        let port = WgSocket::bind(port, None, options)?.local_port()?;
         let group = (0..workers)
-            .map(|_| WgSocket::bind_with(port, fwmark, true))
+            .map(|_| WgSocket::bind_with(port, fwmark, true, options))
             .collect::<io::Result<Vec<WgSocket>>>()?;
         let workers = u32::try_from(workers).map_err(io::Error::other)?;
         let mut program = steering_program(workers);
@@ -113,7 +113,12 @@ impl WgSocket {
         Ok(group)
     }
 
-    fn bind_with(port: u16, fwmark: Option<u32>, reuse_port: bool) -> io::Result<WgSocket> {
+    fn bind_with(
+        port: u16,
+        fwmark: Option<u32>,
+        reuse_port: bool,
+        options: &SocketOptions,
+    ) -> io::Result<WgSocket> {
         let (socket, dual_stack) = match Socket::new(Domain::IPV6, Type::DGRAM, Some(Protocol::UDP))
         {
             Ok(s) => {
@@ -137,7 +142,7 @@ impl WgSocket {
             }
         };
         // Force past rmem_max as root; fall back to the capped request otherwise.
-        let buffer = socket_buffer_bytes();
+        let buffer = options.buffer_bytes;
         if set_int(
             &socket,
             libc::SOL_SOCKET,
@@ -161,9 +166,8 @@ impl WgSocket {
         if let Some(mark) = fwmark {
             socket.set_mark(mark)?;
         }
-        let gro = std::env::var_os("TUNNELGATE_NO_UDP_GRO").is_none()
-            && set_int(&socket, libc::SOL_UDP, UDP_GRO, 1).is_ok();
-        let gso = std::env::var_os("TUNNELGATE_NO_UDP_GSO").is_none() && gso_supported(&socket);
+        let gro = options.gro && set_int(&socket, libc::SOL_UDP, UDP_GRO, 1).is_ok();
+        let gso = options.gso && gso_supported(&socket);
         // IPv4 (also v4-mapped on the dual-stack socket) and IPv6 destination addresses.
         let mut pktinfo = set_int(&socket, libc::IPPROTO_IP, libc::IP_PKTINFO, 1).is_ok();
         if dual_stack {
@@ -176,7 +180,7 @@ impl WgSocket {
         }
         // Each message's arrival time, for the receive queue's AQM (only when it is on: the
         // kernel then stamps every packet it receives, a small cost for everyone).
-        let timestamps = crate::shell::tuning::aqm_target().is_some()
+        let timestamps = options.timestamps
             && set_int(&socket, libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1).is_ok();
         Ok(WgSocket {
             socket,
@@ -834,7 +838,8 @@ mod tests {
     /// the kernel's receive timestamps.
     #[test]
     fn a_batch_knows_how_long_its_oldest_datagram_waited() {
-        let socket = WgSocket::bind(0, None).expect("bind");
+        let options = crate::shell::tuning::Tuning::default().socket_options();
+        let socket = WgSocket::bind(0, None, &options).expect("bind");
         assert!(
             socket.has_receive_timestamps(),
             "AQM is on by default, so the socket asks for receive timestamps"

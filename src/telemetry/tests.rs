@@ -114,6 +114,36 @@ pub(crate) fn sample_snapshot() -> Snapshot {
             max_fds: 1024,
             start_time_seconds: 1_763_900_000.0,
         }),
+        tuning: sample_tuning(),
+    }
+}
+
+pub(crate) fn sample_tuning() -> tuning::TuningStatus {
+    tuning::TuningStatus {
+        readers: tuning::ReadersStatus {
+            priority: Some(1),
+            access: "capability".into(),
+            why: "by CAP_SYS_NICE, held by the packet readers alone".into(),
+            running: Some(4),
+            realtime_now: Some(3),
+            share_percent: 50,
+            burst_ms: 10,
+            process_rate_milli: 1000,
+            realtime_cpu_seconds: 2.5,
+            step_downs: [("budget", 7), ("process_budget", 0), ("ping_pong", 2)]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect(),
+        },
+        aqm_target_us: Some(1000),
+        aqm_interval_us: Some(10_000),
+        workers: 2,
+        cpus: 2,
+        cpu_quota_milli: Some(1500),
+        socket_buffer_bytes: 7 << 20,
+        tun_txqueuelen: 4096,
+        udp_gro: true,
+        udp_gso: false,
     }
 }
 
@@ -400,6 +430,56 @@ fn metrics_carry_the_snapshot_values() {
     }
     assert_eq!(v("tunnelgate_config_reloads_total", &[]), 3.0);
     assert_eq!(v("tunnelgate_config_reload_failures_total", &[]), 1.0);
+    assert_eq!(
+        v(
+            "tunnelgate_packet_reader_priority",
+            &[("access", "capability")]
+        ),
+        1.0
+    );
+    assert_eq!(v("tunnelgate_packet_readers", &[]), 4.0);
+    assert_eq!(v("tunnelgate_packet_readers_realtime", &[]), 3.0);
+    assert_eq!(
+        v("tunnelgate_packet_reader_realtime_cpu_seconds_total", &[]),
+        2.5
+    );
+    for (reason, n) in [("budget", 7.0), ("process_budget", 0.0), ("ping_pong", 2.0)] {
+        assert_eq!(
+            v(
+                "tunnelgate_packet_reader_step_downs_total",
+                &[("reason", reason)]
+            ),
+            n
+        );
+    }
+}
+
+#[test]
+fn readers_that_cannot_have_real_time_show_priority_zero_and_why() {
+    let mut snap = sample_snapshot();
+    snap.tuning.readers.priority = None;
+    snap.tuning.readers.access = "refused".into();
+    snap.tuning.readers.why = "real-time scheduling was refused (Operation not permitted)".into();
+    let text = render_metrics(&snap, NOW);
+    let s = parse_prometheus(&text).expect("parses");
+    assert_eq!(
+        value(
+            &s,
+            "tunnelgate_packet_reader_priority",
+            &[("access", "refused")]
+        ),
+        Some(0.0)
+    );
+    let status = render_status_text(&snap, NOW);
+    assert!(
+        status.lines().any(|l| l
+            == "  packet readers: normal priority: real-time scheduling was refused (Operation not permitted)"),
+        "{status}"
+    );
+    assert!(
+        !status.contains("budget:"),
+        "no budget for readers that never go up:\n{status}"
+    );
 }
 
 #[test]
@@ -519,6 +599,14 @@ fn status_text_reads_like_wg_show() {
         "  apps/db: names resolved",
         "  apps/gone: unresolved gone.example (its rules wait for it)",
         "  apps/web: no names to resolve",
+        "tuning:",
+        "  packet readers: real-time (SCHED_FIFO 1), by CAP_SYS_NICE, held by the packet readers alone",
+        "    at real-time now: 3 of 4",
+        "    budget: 50 % of the time each, 1.00 CPU for all, bursts of 10 ms",
+        "    spent at real-time: 2.500 s of CPU; step-downs: budget 7, ping_pong 2, process_budget 0",
+        "  receive queue AQM: CoDel, target 1000 us, interval 10000 us",
+        "  workers: 2 (2 CPUs, a CPU quota of 1.50)",
+        "  queues: socket buffers 7340032 bytes (GRO on, GSO off), TUN txqueuelen 4096",
     ];
     let lines: BTreeSet<&str> = text.lines().collect();
     for want in expected_lines {
@@ -531,6 +619,7 @@ fn status_text_reads_like_wg_show() {
     assert!(pos(PEER_B) < pos("rules:"));
     assert!(pos("rules:") < pos("names:"));
     assert!(pos("names:") < pos("services:"));
+    assert!(pos("services:") < pos("tuning:"));
     // A name the replica itself waits for says nothing about readiness.
     let mut own = sample_snapshot();
     own.names[0].per_service = false;

@@ -21,8 +21,24 @@ pub const DEFAULT_TARGET: Duration = Duration::from_millis(1);
 /// CoDel's interval is the time a queue may stand above target before the first drop, and the
 /// scale of the drop schedule; RFC 8289 asks for a worst-case RTT of the flows. 10 ms covers
 /// a tunnel between hosts of one region; longer paths see later, gentler drops, not wrong ones.
-pub fn interval_for(target: Duration) -> Duration {
-    target * 10
+pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(10);
+
+/// CoDel's two parameters (`TUNNELGATE_AQM_TARGET_US`, `TUNNELGATE_AQM_INTERVAL_US`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settings {
+    /// The standing queue that is too long.
+    pub target: Duration,
+    /// How long it may stand above `target` before the first drop.
+    pub interval: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Settings {
+        Settings {
+            target: DEFAULT_TARGET,
+            interval: DEFAULT_INTERVAL,
+        }
+    }
 }
 
 /// The CoDel state of one queue (RFC 8289 section 5, with one dequeue per batch).
@@ -40,10 +56,10 @@ pub struct Codel {
 }
 
 impl Codel {
-    pub fn new(target: Duration) -> Codel {
+    pub fn new(settings: Settings) -> Codel {
         Codel {
-            target,
-            interval: interval_for(target),
+            target: settings.target,
+            interval: settings.interval,
             first_above: None,
             dropping: false,
             drop_next: None,
@@ -124,10 +140,10 @@ pub struct ReceiveQueue {
 }
 
 impl ReceiveQueue {
-    /// With `target` `None` the queue is left alone (AQM off, or no receive timestamps).
-    pub fn new(target: Option<Duration>) -> ReceiveQueue {
+    /// With `settings` `None` the queue is left alone (AQM off, or no receive timestamps).
+    pub fn new(settings: Option<Settings>) -> ReceiveQueue {
         ReceiveQueue {
-            codel: target.map(Codel::new),
+            codel: settings.map(Codel::new),
             owed: 0,
         }
     }

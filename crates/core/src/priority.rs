@@ -1,15 +1,20 @@
 //! When a packet thread runs at real-time priority and when it steps down: the guard that lets
 //! the data path preempt ordinary work the way the kernel's own network processing (softirq)
-//! does, without ever letting a flood take a CPU from everything else. Pure: `now` is an
-//! argument; the shell applies the priority the guard asks for.
+//! does, without ever letting a flood take a CPU from everything else. Pure: `now` and the
+//! thread's CPU clock are arguments; the shell applies the priority the guard asks for.
 //!
 //! Why: on a busy host a packet thread at normal priority waits for a CPU behind whatever else
 //! runs there (on the benchmark's two vCPUs, both iperf3 ends), and every packet queued behind
 //! it waits too; that wait, not the tunnel's buffers, was most of the latency under load. At
-//! `SCHED_FIFO` priority 1 a thread runs as soon as its queue has work, and blocks again as soon
-//! as it is drained. The guard: a thread that has not drained its queue for [`BUSY_LIMIT`]
-//! (a flood, or more traffic than the CPU can carry) steps down to normal priority for
-//! [`COOL_DOWN`], so other work keeps at least COOL_DOWN / (BUSY_LIMIT + COOL_DOWN) of the CPU.
+//! `SCHED_FIFO` a thread runs as soon as its queue has work, and blocks again as soon as it is
+//! drained.
+//!
+//! The bound is CPU time ([`budget`]): the thread reads its own CPU clock once per batch while
+//! at real-time priority and pays for it from its bucket and the process's; when either is
+//! empty it steps down to normal priority, and it goes back up once its bucket holds half its
+//! burst again and the process's is not empty. Counting drains (the first guard) did not
+//! bound it: a flood of small batches drains every time and kept a reader at real-time
+//! priority most of the time.
 //!
 //! The other way real-time priority goes wrong is ping-pong: a producer (an application writing
 //! unsegmented UDP to the TUN device, a peer sending small datagrams) that is slower than the
@@ -17,19 +22,20 @@
 //! own instead of sharing them with a batch (measured: 4x the CPU per byte, and the producer
 //! and consumer starved). So a thread that drains its queue [`PING_PONG_DRAINS`] times within
 //! [`PING_PONG_SPAN`] (over 10,000 wake-ups a second) having handled fewer than
-//! [`PING_PONG_WORK`] packets per wake-up steps down too, for the same cool-down: at normal
-//! priority the packets queue up and are taken in batches again. A bulk TCP stream (offload
-//! super-packets of dozens of segments per read) and sparse traffic (a few wake-ups a
-//! millisecond) keep real-time priority.
+//! [`PING_PONG_WORK`] packets per wake-up steps down for [`COOL_DOWN`]: at normal priority the
+//! packets queue up and are taken in batches again. A bulk TCP stream (offload super-packets of
+//! dozens of segments per read) and sparse traffic (a few wake-ups a millisecond) keep
+//! real-time priority.
+
+pub mod access;
+pub mod budget;
+
+pub use access::{Access, Facts};
+pub use budget::{Bucket, Budget, SharedBudget};
 
 use std::time::{Duration, Instant};
 
-/// The longest a packet thread runs at real-time priority without once draining its queue
-/// (the kernel hands softirq work to a normal-priority thread after 2 ms; a few of those).
-pub const BUSY_LIMIT: Duration = Duration::from_millis(10);
-
-/// How long a thread that hit [`BUSY_LIMIT`] stays at normal priority before it may go back:
-/// under a flood, other work keeps at least 10/11 of the CPU.
+/// How long a thread in a ping-pong stays at normal priority before it may go back.
 pub const COOL_DOWN: Duration = Duration::from_millis(100);
 
 /// Ping-pong detection: this many drains ...
@@ -48,15 +54,58 @@ pub enum Priority {
     Normal,
 }
 
+/// Why a thread stepped down from real-time priority.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepDown {
+    /// It spent its own budget (CPU time at real-time priority).
+    Budget,
+    /// The readers together spent the process's budget.
+    ProcessBudget,
+    /// It was woken for nearly every packet.
+    PingPong,
+}
+
+impl StepDown {
+    /// Every reason, in the order `/metrics` lists them.
+    pub const ALL: [StepDown; 3] = [
+        StepDown::Budget,
+        StepDown::ProcessBudget,
+        StepDown::PingPong,
+    ];
+
+    /// The metrics label.
+    pub fn label(self) -> &'static str {
+        match self {
+            StepDown::Budget => "budget",
+            StepDown::ProcessBudget => "process_budget",
+            StepDown::PingPong => "ping_pong",
+        }
+    }
+}
+
+/// What the guard asks of the thread after one call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Switch {
+    /// Go (back) up to real-time priority; then tell the guard the CPU clock
+    /// ([`PriorityGuard::realtime_from`]).
+    Up,
+    /// Step down to normal priority, for this reason.
+    Down(StepDown),
+}
+
 /// One packet thread's guard. Tell it when the thread drained its queue and when it is still
-/// busy; it answers with the priority to switch to, if any.
+/// busy, with its CPU clock while it is at real-time priority; it answers with the switch to
+/// make, if any.
 #[derive(Debug, Clone)]
 pub struct PriorityGuard {
     enabled: bool,
     current: Priority,
-    /// When the thread last went from drained to busy (`None` while drained).
-    busy_since: Option<Instant>,
-    /// A thread stepped down stays down until then.
+    bucket: Bucket,
+    /// The thread's CPU clock when it was last charged (at real-time priority only).
+    charged_to: Option<Duration>,
+    /// CPU time spent at real-time priority, all told.
+    realtime_cpu: Duration,
+    /// A thread stepped down for ping-pong stays down until then.
     down_until: Option<Instant>,
     /// The current ping-pong window: when it started, its drains and the packets handled.
     window_start: Option<Instant>,
@@ -66,11 +115,13 @@ pub struct PriorityGuard {
 
 impl PriorityGuard {
     /// A thread starts at normal priority; with `enabled` false it never leaves it.
-    pub fn new(enabled: bool) -> PriorityGuard {
+    pub fn new(enabled: bool, budget: Budget) -> PriorityGuard {
         PriorityGuard {
             enabled,
             current: Priority::Normal,
-            busy_since: None,
+            bucket: Bucket::new(budget),
+            charged_to: None,
+            realtime_cpu: Duration::ZERO,
             down_until: None,
             window_start: None,
             window_drains: 0,
@@ -83,38 +134,96 @@ impl PriorityGuard {
         self.current
     }
 
+    /// Whether the next call needs the thread's CPU clock (it is at real-time priority).
+    pub fn wants_cpu_clock(&self) -> bool {
+        self.current == Priority::Realtime
+    }
+
+    /// CPU time the thread has spent at real-time priority.
+    pub fn realtime_cpu(&self) -> Duration {
+        self.realtime_cpu
+    }
+
+    /// The thread is now at real-time priority (after [`Switch::Up`]); its CPU clock reads
+    /// `cpu`, from which its time there is charged.
+    pub fn realtime_from(&mut self, cpu: Duration) {
+        self.charged_to = Some(cpu);
+    }
+
     /// The thread found its queue empty (it is about to block), having handled `work` packets
-    /// since it last did. Returns `Realtime` when it should go (back) up, `Normal` when it is
-    /// in a ping-pong with its producer and should step down.
-    pub fn on_drained(&mut self, now: Instant, work: u64) -> Option<Priority> {
-        self.busy_since = None;
-        if self.ping_pong(now, work) && self.current == Priority::Realtime {
-            return Some(self.step_down(now));
+    /// since it last did; `cpu` is its CPU clock (needed at real-time priority, see
+    /// [`PriorityGuard::wants_cpu_clock`]).
+    pub fn on_drained(
+        &mut self,
+        now: Instant,
+        cpu: Option<Duration>,
+        work: u64,
+        process: &SharedBudget,
+    ) -> Option<Switch> {
+        self.account(now, cpu, process);
+        let ping_pong = self.ping_pong(now, work);
+        if self.current == Priority::Realtime {
+            if ping_pong {
+                self.down_until = Some(now + COOL_DOWN);
+                return Some(self.step_down(StepDown::PingPong));
+            }
+            return self.over_budget(process).map(|why| self.step_down(why));
         }
         let cooled = self.down_until.is_none_or(|until| now >= until);
-        if self.enabled && self.current == Priority::Normal && cooled {
+        if self.enabled && cooled && self.bucket.recovered() && !process.spent() {
             self.down_until = None;
             self.current = Priority::Realtime;
-            return Some(Priority::Realtime);
+            return Some(Switch::Up);
         }
         None
     }
 
-    /// The thread took work and more is queued. Returns `Normal` when it has been busy for
-    /// [`BUSY_LIMIT`] at real-time priority and must step down.
-    pub fn on_busy(&mut self, now: Instant) -> Option<Priority> {
-        let since = *self.busy_since.get_or_insert(now);
-        if self.current == Priority::Realtime && now.saturating_duration_since(since) >= BUSY_LIMIT
-        {
-            return Some(self.step_down(now));
+    /// The thread took work and more is queued; `cpu` as for [`PriorityGuard::on_drained`].
+    pub fn on_busy(
+        &mut self,
+        now: Instant,
+        cpu: Option<Duration>,
+        process: &SharedBudget,
+    ) -> Option<Switch> {
+        self.account(now, cpu, process);
+        if self.current != Priority::Realtime {
+            return None;
         }
-        None
+        self.over_budget(process).map(|why| self.step_down(why))
     }
 
-    fn step_down(&mut self, now: Instant) -> Priority {
+    /// Refills the buckets and charges the CPU time since the last charge.
+    fn account(&mut self, now: Instant, cpu: Option<Duration>, process: &SharedBudget) {
+        self.bucket.refill(now);
+        process.refill(now);
+        if self.current != Priority::Realtime {
+            return;
+        }
+        if let Some(cpu) = cpu {
+            let spent = self
+                .charged_to
+                .map_or(Duration::ZERO, |from| cpu.saturating_sub(from));
+            self.charged_to = Some(cpu);
+            self.realtime_cpu += spent;
+            self.bucket.charge(spent);
+            process.charge(spent);
+        }
+    }
+
+    fn over_budget(&self, process: &SharedBudget) -> Option<StepDown> {
+        if self.bucket.spent() {
+            Some(StepDown::Budget)
+        } else if process.spent() {
+            Some(StepDown::ProcessBudget)
+        } else {
+            None
+        }
+    }
+
+    fn step_down(&mut self, why: StepDown) -> Switch {
         self.current = Priority::Normal;
-        self.down_until = Some(now + COOL_DOWN);
-        Priority::Normal
+        self.charged_to = None;
+        Switch::Down(why)
     }
 
     /// Counts one drain into the window; true when a full window was a ping-pong.
@@ -138,6 +247,7 @@ impl PriorityGuard {
     /// and the guard asks no more.
     pub fn on_refused(&mut self) {
         self.enabled = false;
+        self.charged_to = None;
         self.current = match self.current {
             Priority::Realtime => Priority::Normal,
             Priority::Normal => Priority::Realtime,

@@ -3,6 +3,7 @@
 //! the peer table; a peer's lock is held for one call into `core::peer` and released before
 //! any send or write; nothing here logs per packet.
 
+use super::readers::ThreadPriority;
 use super::table::{PeerSlot, PeerTable};
 use super::Inner;
 use crate::core::aqm;
@@ -10,11 +11,10 @@ use crate::core::liveness::{PacketThread, IDLE_WAKE};
 use crate::core::offload::{self, Coalescer, VNET_HDR_LEN};
 use crate::core::packet::{self, steering, DropReason, Inbound, Outbound, PeerPath, Sender};
 use crate::core::peer::LimiterReset;
-use crate::core::priority::{Priority, PriorityGuard};
 use crate::core::wg;
 use crate::shell::seccomp::{self, Confinement};
 use crate::shell::udp::{RecvBatch, SendBatch, WgSocket, BATCH, MAX_DATAGRAM};
-use crate::shell::{clock, priority, tun, tuning};
+use crate::shell::{clock, tun};
 use std::net::IpAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -28,8 +28,11 @@ const TUN_READ_BYTES: usize = VNET_HDR_LEN + 65535;
 /// Super-packets assembled per batch of TUN writes on the receive path.
 const COALESCE_SLOTS: usize = 16;
 /// A busy TUN reader may never see an empty queue (and so never an idle wake): it also stamps
-/// its heartbeat every this many reads, which keeps the clock read off the per-packet path.
-const HEARTBEAT_EVERY_READS: u32 = 64;
+/// its heartbeat and pays its real-time budget every this many reads, or this many segments
+/// (64 full-size segments are about 0.1 ms of sealing), which keeps the clock reads off the
+/// per-packet path and bounds what one charge can come late by.
+const CHECK_EVERY_READS: u32 = 64;
+const CHECK_EVERY_SEGMENTS: u32 = 64;
 
 /// Confines the calling packet thread, once its setup is done, to the seccomp allow-list
 /// (`core::seccomp`). The outcome is logged once per process; a thread that could not be
@@ -58,57 +61,6 @@ fn confine(thread: PacketThread) {
     }
 }
 
-/// A packet thread's scheduling priority: real-time while it keeps draining its queue, normal
-/// for a while once it has been busy too long or is woken for nearly every packet
-/// (`core::priority`). Switches only when the guard says so: no
-/// system call on the packet path otherwise.
-struct ThreadPriority {
-    guard: PriorityGuard,
-    realtime_priority: i32,
-}
-
-impl ThreadPriority {
-    fn new() -> ThreadPriority {
-        let realtime_priority = tuning::rt_priority();
-        ThreadPriority {
-            guard: PriorityGuard::new(realtime_priority.is_some()),
-            realtime_priority: realtime_priority.unwrap_or(0),
-        }
-    }
-
-    /// The queue is empty: the thread is about to block, having handled `work` packets since
-    /// it last was.
-    #[inline]
-    fn drained(&mut self, now: std::time::Instant, work: u64) {
-        if let Some(to) = self.guard.on_drained(now, work) {
-            self.switch(to);
-        }
-    }
-
-    /// The thread took work and more is queued.
-    #[inline]
-    fn busy(&mut self, now: std::time::Instant) {
-        if let Some(to) = self.guard.on_busy(now) {
-            self.switch(to);
-        }
-    }
-
-    fn switch(&mut self, to: Priority) {
-        static REFUSED: std::sync::Once = std::sync::Once::new();
-        if let Err(e) = priority::set_current_thread(to, self.realtime_priority) {
-            self.guard.on_refused();
-            REFUSED.call_once(|| {
-                tracing::info!(
-                    error = %e,
-                    "Packet threads stay at normal priority: real-time scheduling was refused \
-                     (it needs root, CAP_SYS_NICE or RLIMIT_RTPRIO; systemd: LimitRTPRIO=, \
-                     RestrictRealtime=no); under load, packets then wait for a CPU behind other work"
-                )
-            });
-        }
-    }
-}
-
 /// Errors of a TUN read that no retry can fix: the device was deleted (`ip link del`) or its
 /// descriptor is unusable.
 fn tun_is_gone(e: &std::io::Error) -> bool {
@@ -123,8 +75,8 @@ pub(super) fn tun_loop(inner: &Inner, worker: usize) {
     let tun = &inner.queues[worker];
     let mut read = vec![0u8; TUN_READ_BYTES];
     let mut out = SendBatch::new(MAX_DATAGRAM);
-    let mut reads_since_beat = 0u32;
-    let mut priority = ThreadPriority::new();
+    let (mut reads_since_check, mut segments_since_check) = (0u32, 0u32);
+    let mut priority = ThreadPriority::new(inner, thread);
     priority.drained(clock::now(), 0);
     // Packets read since the queue was last empty (the guard's measure of batching).
     let mut work = 0u64;
@@ -150,7 +102,7 @@ pub(super) fn tun_loop(inner: &Inner, worker: usize) {
                     }
                 }
                 inner.beat(thread);
-                reads_since_beat = 0;
+                (reads_since_check, segments_since_check) = (0, 0);
                 continue;
             }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
@@ -167,11 +119,11 @@ pub(super) fn tun_loop(inner: &Inner, worker: usize) {
                 continue;
             }
         };
-        reads_since_beat += 1;
-        if reads_since_beat == HEARTBEAT_EVERY_READS {
+        reads_since_check += 1;
+        if reads_since_check == CHECK_EVERY_READS || segments_since_check >= CHECK_EVERY_SEGMENTS {
             inner.beat(thread);
             priority.busy(clock::now());
-            reads_since_beat = 0;
+            (reads_since_check, segments_since_check) = (0, 0);
         }
         let read = &mut read[..n];
         let plan = match offload::plan_split(read) {
@@ -185,6 +137,8 @@ pub(super) fn tun_loop(inner: &Inner, worker: usize) {
         let table = inner.snapshot();
         let count = plan.count();
         work += count as u64;
+        segments_since_check =
+            segments_since_check.saturating_add(u32::try_from(count).unwrap_or(u32::MAX));
         if table.private_key().is_none() {
             // No key, no identity: nothing can be sent (wireguard-go drops it too).
             let first = plan.segment(read, 0);
@@ -258,9 +212,14 @@ pub(super) fn udp_loop(inner: &Inner, worker: usize, socket: &WgSocket) {
     let mut coalescer = Coalescer::new(COALESCE_SLOTS, tun.udp_gso());
     let mut cookie = [0u8; 64];
     // AQM on the socket buffer in front of this thread (off without receive timestamps).
-    let mut queue =
-        aqm::ReceiveQueue::new(tuning::aqm_target().filter(|_| socket.has_receive_timestamps()));
-    let mut priority = ThreadPriority::new();
+    let mut queue = aqm::ReceiveQueue::new(
+        inner
+            .threads
+            .tuning
+            .aqm
+            .filter(|_| socket.has_receive_timestamps()),
+    );
+    let mut priority = ThreadPriority::new(inner, thread);
     priority.drained(clock::now(), 0);
     // Datagrams taken since the queue was last empty (the guard's measure of batching).
     let mut work = 0u64;

@@ -4,6 +4,10 @@ use proptest::prelude::*;
 const TARGET: Duration = Duration::from_millis(1);
 const INTERVAL: Duration = Duration::from_millis(10);
 const BATCH_EVERY: Duration = Duration::from_micros(100);
+const SETTINGS: Settings = Settings {
+    target: TARGET,
+    interval: INTERVAL,
+};
 
 /// Runs `codel` over batches every [`BATCH_EVERY`] from `start` for `span`, each batch's oldest
 /// datagram having waited `sojourn`; returns the times of the drops.
@@ -21,7 +25,7 @@ fn run(codel: &mut Codel, start: Instant, span: Duration, sojourn: Duration) -> 
 
 #[test]
 fn a_queue_below_target_is_never_dropped_from() {
-    let mut codel = Codel::new(TARGET);
+    let mut codel = Codel::new(SETTINGS);
     let drops = run(
         &mut codel,
         crate::test_util::now(),
@@ -34,7 +38,7 @@ fn a_queue_below_target_is_never_dropped_from() {
 
 #[test]
 fn a_burst_shorter_than_the_interval_is_let_through() {
-    let mut codel = Codel::new(TARGET);
+    let mut codel = Codel::new(SETTINGS);
     let start = crate::test_util::now();
     // 9 ms above target, then the queue drains: no drop.
     assert!(run(
@@ -53,7 +57,7 @@ fn a_burst_shorter_than_the_interval_is_let_through() {
 
 #[test]
 fn a_standing_queue_is_dropped_from_after_one_interval_then_ever_more_often() {
-    let mut codel = Codel::new(TARGET);
+    let mut codel = Codel::new(SETTINGS);
     let start = crate::test_util::now();
     let drops = run(&mut codel, start, Duration::from_millis(200), TARGET * 3);
     // The first drop one interval after the queue went above target (the first batch).
@@ -76,7 +80,7 @@ fn a_standing_queue_is_dropped_from_after_one_interval_then_ever_more_often() {
 
 #[test]
 fn once_the_queue_drains_below_target_the_drops_stop() {
-    let mut codel = Codel::new(TARGET);
+    let mut codel = Codel::new(SETTINGS);
     let start = crate::test_util::now();
     assert!(!run(&mut codel, start, INTERVAL * 5, TARGET * 3).is_empty());
     assert_eq!(codel.on_dequeue(TARGET / 2, start + INTERVAL * 5), 0);
@@ -86,7 +90,7 @@ fn once_the_queue_drains_below_target_the_drops_stop() {
 
 #[test]
 fn a_queue_that_comes_back_soon_resumes_near_the_old_drop_rate() {
-    let mut codel = Codel::new(TARGET);
+    let mut codel = Codel::new(SETTINGS);
     let start = crate::test_util::now();
     let first = run(&mut codel, start, Duration::from_millis(100), TARGET * 3);
     assert!(codel.on_dequeue(Duration::ZERO, start + Duration::from_millis(100)) == 0);
@@ -103,7 +107,7 @@ fn a_queue_that_comes_back_soon_resumes_near_the_old_drop_rate() {
 
 #[test]
 fn a_late_batch_owes_at_most_a_few_drops() {
-    let mut codel = Codel::new(TARGET);
+    let mut codel = Codel::new(SETTINGS);
     let start = crate::test_util::now();
     assert_eq!(codel.on_dequeue(TARGET * 3, start), 0);
     assert_eq!(codel.on_dequeue(TARGET * 3, start + INTERVAL), 1);
@@ -132,8 +136,18 @@ fn only_full_size_data_messages_may_be_dropped() {
 }
 
 #[test]
-fn the_interval_is_ten_targets() {
-    assert_eq!(interval_for(DEFAULT_TARGET), Duration::from_millis(10));
+fn a_longer_interval_waits_longer_for_the_first_drop_and_spaces_the_next() {
+    let wan = Settings {
+        target: TARGET,
+        interval: Duration::from_millis(100),
+    };
+    let mut codel = Codel::new(wan);
+    let start = crate::test_util::now();
+    let drops = run(&mut codel, start, Duration::from_millis(400), TARGET * 3);
+    assert_eq!(drops[0], start + wan.interval);
+    assert!(drops[1] - drops[0] >= wan.interval, "{drops:?}");
+    // 300 ms of the control law at a 100 ms interval: 10/sqrt(n) summed reaches 3 at n = 4.
+    assert!((3..=6).contains(&drops.len()), "{} drops", drops.len());
 }
 
 proptest! {
@@ -144,7 +158,7 @@ proptest! {
         history in proptest::collection::vec((0u64..20_000, 0u64..2_000), 0..200),
         short in 0u64..1_000,
     ) {
-        let mut codel = Codel::new(TARGET);
+        let mut codel = Codel::new(SETTINGS);
         let mut now = crate::test_util::now();
         for (sojourn_us, step_us) in history {
             codel.on_dequeue(Duration::from_micros(sojourn_us), now);
@@ -160,7 +174,7 @@ proptest! {
     fn drops_are_bounded_and_never_early(
         steps in proptest::collection::vec((0u64..5_000, 1u64..3_000), 1..300),
     ) {
-        let mut codel = Codel::new(TARGET);
+        let mut codel = Codel::new(SETTINGS);
         let mut now = crate::test_util::now();
         let mut above_since: Option<Instant> = None;
         for (sojourn_us, step_us) in steps {
@@ -189,7 +203,7 @@ fn data_message(len: usize) -> Vec<u8> {
 
 #[test]
 fn a_receive_queue_takes_its_drops_from_full_size_data_only_and_owes_at_most_a_few() {
-    let mut queue = ReceiveQueue::new(Some(TARGET));
+    let mut queue = ReceiveQueue::new(Some(SETTINGS));
     assert!(queue.is_on());
     let start = crate::test_util::now();
     queue.on_batch(Some(TARGET * 3), start);
@@ -217,7 +231,7 @@ fn a_receive_queue_takes_its_drops_from_full_size_data_only_and_owes_at_most_a_f
 
 #[test]
 fn a_drained_receive_queue_owes_nothing() {
-    let mut queue = ReceiveQueue::new(Some(TARGET));
+    let mut queue = ReceiveQueue::new(Some(SETTINGS));
     let start = crate::test_util::now();
     queue.on_batch(Some(TARGET * 3), start);
     queue.on_batch(Some(TARGET * 3), start + INTERVAL);
@@ -230,7 +244,7 @@ fn a_receive_queue_without_target_or_timestamps_never_drops() {
     let bulk = data_message(1452);
     let mut off = ReceiveQueue::new(None);
     assert!(!off.is_on());
-    let mut blind = ReceiveQueue::new(Some(TARGET));
+    let mut blind = ReceiveQueue::new(Some(SETTINGS));
     let start = crate::test_util::now();
     for k in 0..1000u32 {
         let now = start + BATCH_EVERY * k;

@@ -2,140 +2,300 @@ use super::*;
 use proptest::prelude::*;
 
 const MS: Duration = Duration::from_millis(1);
+const US: Duration = Duration::from_micros(1);
 
-#[test]
-fn a_thread_goes_up_when_it_first_drains_its_queue_and_stays_up_while_it_keeps_draining() {
-    let mut guard = PriorityGuard::new(true);
-    let t0 = crate::test_util::now();
-    assert_eq!(guard.current(), Priority::Normal);
-    assert_eq!(guard.on_drained(t0, 1), Some(Priority::Realtime));
-    // Bursts shorter than the limit, each drained: no switch at all (no system call).
-    for k in 0..100u32 {
-        let start = t0 + MS * (k * 20);
-        assert_eq!(guard.on_busy(start), None);
-        assert_eq!(guard.on_busy(start + BUSY_LIMIT - MS), None);
-        assert_eq!(guard.on_drained(start + BUSY_LIMIT - MS, 1), None);
+/// A process budget that never binds (a thousand CPUs), for the single-thread tests.
+fn roomy(epoch: Instant) -> SharedBudget {
+    SharedBudget::new(Budget::default(), 1_000_000, epoch)
+}
+
+/// A simulated reader: its wall clock, its CPU clock and its guard.
+struct Reader {
+    guard: PriorityGuard,
+    now: Instant,
+    cpu: Duration,
+}
+
+impl Reader {
+    fn new(t0: Instant) -> Reader {
+        Reader {
+            guard: PriorityGuard::new(true, Budget::default()),
+            now: t0,
+            cpu: Duration::ZERO,
+        }
     }
-    assert_eq!(guard.current(), Priority::Realtime);
+
+    fn clock(&self) -> Option<Duration> {
+        self.guard.wants_cpu_clock().then_some(self.cpu)
+    }
+
+    /// Applies a switch the way the shell does (tells the guard the CPU clock after going up).
+    fn apply(&mut self, switch: Option<Switch>) -> Option<Switch> {
+        if switch == Some(Switch::Up) {
+            self.guard.realtime_from(self.cpu);
+        }
+        switch
+    }
+
+    /// `wall` passes, of which the thread ran `cpu` (at most `wall`), then it drains.
+    fn drains(
+        &mut self,
+        wall: Duration,
+        cpu: Duration,
+        work: u64,
+        p: &SharedBudget,
+    ) -> Option<Switch> {
+        self.now += wall;
+        self.cpu += cpu.min(wall);
+        let s = self.guard.on_drained(self.now, self.clock(), work, p);
+        self.apply(s)
+    }
+
+    fn busy(&mut self, wall: Duration, cpu: Duration, p: &SharedBudget) -> Option<Switch> {
+        self.now += wall;
+        self.cpu += cpu.min(wall);
+        let s = self.guard.on_busy(self.now, self.clock(), p);
+        self.apply(s)
+    }
 }
 
 #[test]
-fn a_thread_busy_for_the_limit_steps_down_and_waits_out_the_cool_down() {
-    let mut guard = PriorityGuard::new(true);
+fn a_thread_goes_up_when_it_first_drains_and_stays_up_while_it_uses_less_than_its_share() {
     let t0 = crate::test_util::now();
-    guard.on_drained(t0, 1);
-    assert_eq!(guard.on_busy(t0), None);
-    assert_eq!(guard.on_busy(t0 + BUSY_LIMIT - MS), None);
-    assert_eq!(guard.on_busy(t0 + BUSY_LIMIT), Some(Priority::Normal));
-    // Still busy: it stays down, no switch asked again.
-    assert_eq!(guard.on_busy(t0 + BUSY_LIMIT * 3), None);
-    // Drained during the cool-down: still down.
-    let down = t0 + BUSY_LIMIT;
-    assert_eq!(guard.on_drained(down + COOL_DOWN - MS, 1), None);
-    assert_eq!(guard.current(), Priority::Normal);
-    // Drained after it: up again.
+    let process = roomy(t0);
+    let mut r = Reader::new(t0);
+    assert_eq!(r.guard.current(), Priority::Normal);
+    assert_eq!(r.drains(US, Duration::ZERO, 1, &process), Some(Switch::Up));
+    // A stream that keeps it busy 40 % of the time, in bursts of 2 ms: no switch at all.
+    for _ in 0..1_000 {
+        assert_eq!(r.busy(MS, MS, &process), None);
+        assert_eq!(r.drains(MS * 4, MS, 40, &process), None);
+    }
+    assert_eq!(r.guard.current(), Priority::Realtime);
+    assert_eq!(r.guard.realtime_cpu(), MS * 2_000);
+}
+
+#[test]
+fn a_thread_that_uses_more_than_its_share_steps_down_then_comes_back() {
+    let t0 = crate::test_util::now();
+    let process = roomy(t0);
+    let mut r = Reader::new(t0);
+    r.drains(US, Duration::ZERO, 1, &process);
+    // Busy all the time, checked every 100 us: the burst (10 ms) plus what half the wall time
+    // earns meanwhile lasts 20 ms, less the first step's earnings (the bucket starts full).
+    let mut down_at = None;
+    for k in 1..=400u32 {
+        if let Some(s) = r.busy(US * 100, US * 100, &process) {
+            assert_eq!(s, Switch::Down(StepDown::Budget));
+            down_at = Some(k);
+            break;
+        }
+    }
+    assert_eq!(down_at, Some(199), "down after 19.9 ms of CPU");
+    // It drains soon after, but its bucket holds less than half the burst: it stays down ...
+    assert_eq!(r.drains(MS, MS, 10, &process), None);
+    assert_eq!(r.guard.current(), Priority::Normal);
+    // ... and goes up once half the burst has come back (10 ms at half the wall time).
     assert_eq!(
-        guard.on_drained(down + COOL_DOWN, 1),
-        Some(Priority::Realtime)
+        r.drains(MS * 10, Duration::ZERO, 10, &process),
+        Some(Switch::Up)
     );
+}
+
+#[test]
+fn the_process_budget_binds_readers_that_each_stay_within_their_own() {
+    let t0 = crate::test_util::now();
+    // One CPU to share, half of it at real-time: 0.5 CPU for all readers.
+    let process = SharedBudget::new(Budget::default(), 1000, t0);
+    assert_eq!(process.rate_milli(), 500);
+    let mut readers: Vec<Reader> = (0..4).map(|_| Reader::new(t0)).collect();
+    for r in &mut readers {
+        r.drains(US, Duration::ZERO, 1, &process);
+    }
+    // Each busy 40 % (within its own share), 160 % together: the process budget steps some down.
+    let mut process_downs = 0;
+    for _ in 0..200 {
+        for r in &mut readers {
+            if r.busy(MS, US * 400, &process) == Some(Switch::Down(StepDown::ProcessBudget)) {
+                process_downs += 1;
+            }
+            if r.drains(Duration::ZERO, Duration::ZERO, 40, &process)
+                == Some(Switch::Down(StepDown::ProcessBudget))
+            {
+                process_downs += 1;
+            }
+        }
+    }
+    assert!(process_downs > 0);
+    assert!(readers
+        .iter()
+        .all(|r| r.guard.realtime_cpu() < MS * 200 * 4 / 10));
 }
 
 #[test]
 fn a_disabled_or_refused_guard_never_asks_for_realtime() {
     let t0 = crate::test_util::now();
-    let mut off = PriorityGuard::new(false);
-    let mut refused = PriorityGuard::new(true);
-    assert_eq!(refused.on_drained(t0, 1), Some(Priority::Realtime));
-    refused.on_refused();
-    for k in 0..50u32 {
-        let now = t0 + COOL_DOWN * k;
-        for guard in [&mut off, &mut refused] {
-            assert_eq!(guard.on_drained(now, 1), None);
-            assert_eq!(guard.on_busy(now + BUSY_LIMIT * 2), None);
-            assert_eq!(guard.current(), Priority::Normal);
+    let process = roomy(t0);
+    let mut off = Reader::new(t0);
+    off.guard = PriorityGuard::new(false, Budget::default());
+    let mut refused = Reader::new(t0);
+    assert_eq!(
+        refused.guard.on_drained(t0, None, 1, &process),
+        Some(Switch::Up)
+    );
+    refused.guard.on_refused();
+    for _ in 0..50 {
+        for r in [&mut off, &mut refused] {
+            assert_eq!(r.drains(COOL_DOWN, Duration::ZERO, 1, &process), None);
+            assert_eq!(r.busy(MS * 50, MS * 50, &process), None);
+            assert_eq!(r.guard.current(), Priority::Normal);
         }
     }
 }
 
 #[test]
 fn a_thread_woken_for_every_packet_steps_down_and_batches_again() {
-    let mut guard = PriorityGuard::new(true);
     let t0 = crate::test_util::now();
-    assert_eq!(guard.on_drained(t0, 0), Some(Priority::Realtime));
+    let process = roomy(t0);
+    let mut r = Reader::new(t0);
+    assert_eq!(
+        r.drains(Duration::ZERO, Duration::ZERO, 0, &process),
+        Some(Switch::Up)
+    );
     // A UDP sender slower than the thread: a wake-up and one packet every 20 us.
-    let step = Duration::from_micros(20);
+    let step = US * 20;
     let mut switched = None;
     for k in 1..PING_PONG_DRAINS * 2 {
-        if let Some(to) = guard.on_drained(t0 + step * k, 1) {
+        if let Some(to) = r.drains(step, US * 5, 1, &process) {
             switched = Some((k, to));
         }
     }
     // The first window (the drain at t0 was its first) ends at drain 64: down, and down it stays.
-    assert_eq!(switched, Some((PING_PONG_DRAINS - 1, Priority::Normal)));
-    // Back up only after the cool-down.
-    let later = t0 + step * (PING_PONG_DRAINS * 2);
-    assert_eq!(guard.on_drained(later + COOL_DOWN / 2, 1), None);
     assert_eq!(
-        guard.on_drained(later + COOL_DOWN, 50),
-        Some(Priority::Realtime)
+        switched,
+        Some((PING_PONG_DRAINS - 1, Switch::Down(StepDown::PingPong)))
+    );
+    // Back up only after the cool-down.
+    assert_eq!(r.drains(COOL_DOWN / 2, Duration::ZERO, 1, &process), None);
+    assert_eq!(
+        r.drains(COOL_DOWN / 2, Duration::ZERO, 50, &process),
+        Some(Switch::Up)
     );
 }
 
 #[test]
 fn bulk_reads_and_sparse_wake_ups_keep_realtime() {
     let t0 = crate::test_util::now();
-    // A TCP stream: as many wake-ups, but each read a super-packet of 40 segments.
-    let mut bulk = PriorityGuard::new(true);
-    bulk.on_drained(t0, 0);
+    let process = roomy(t0);
+    // A TCP stream: a wake-up every 20 us, each read a super-packet of 40 segments taking 8 us.
+    let mut bulk = Reader::new(t0);
+    bulk.drains(Duration::ZERO, Duration::ZERO, 0, &process);
     // Pings: one packet a wake-up, 1,000 wake-ups a second.
-    let mut sparse = PriorityGuard::new(true);
-    sparse.on_drained(t0, 0);
-    for k in 1..10_000u32 {
-        assert_eq!(
-            bulk.on_drained(t0 + Duration::from_micros(20) * k, 40),
-            None
-        );
-        assert_eq!(sparse.on_drained(t0 + MS * k, 1), None);
+    let mut sparse = Reader::new(t0);
+    sparse.drains(Duration::ZERO, Duration::ZERO, 0, &process);
+    for _ in 1..10_000u32 {
+        assert_eq!(bulk.drains(US * 20, US * 8, 40, &process), None);
+        assert_eq!(sparse.drains(MS, US * 5, 1, &process), None);
     }
-    assert_eq!(bulk.current(), Priority::Realtime);
-    assert_eq!(sparse.current(), Priority::Realtime);
+    assert_eq!(bulk.guard.current(), Priority::Realtime);
+    assert_eq!(sparse.guard.current(), Priority::Realtime);
+}
+
+/// The longest one batch may run between two charges in the property tests.
+const MAX_BATCH_US: u64 = 2_000;
+
+/// One step of a reader in the property tests: wall time passed, CPU time used in it (capped at
+/// the wall time), drained or still busy, packets handled.
+fn steps() -> impl Strategy<Value = Vec<(u64, u64, bool, u64)>> {
+    proptest::collection::vec(
+        (
+            0u64..MAX_BATCH_US,
+            0u64..MAX_BATCH_US,
+            any::<bool>(),
+            0u64..64,
+        ),
+        1..600,
+    )
+}
+
+/// For every pair of charge points: the CPU time spent at real-time priority between them is at
+/// most `rate_percent` of the wall time between them plus `slack`.
+fn within_budget(
+    timeline: &[(Instant, Duration)],
+    rate_percent: u32,
+    slack: Duration,
+) -> Result<(), TestCaseError> {
+    for (i, (from, rt_from)) in timeline.iter().enumerate() {
+        for (to, rt_to) in &timeline[i..] {
+            let spent = *rt_to - *rt_from;
+            let allowed = to.saturating_duration_since(*from) * rate_percent / 100 + slack;
+            prop_assert!(
+                spent <= allowed,
+                "{spent:?} at real-time in {:?}, allowed {allowed:?}",
+                to.saturating_duration_since(*from)
+            );
+        }
+    }
+    Ok(())
 }
 
 proptest! {
-    /// Under any pattern of work, a thread is never at real-time priority for more than the
-    /// busy limit without draining its queue, and after stepping down it never goes up within
-    /// the cool-down: other work gets its share of the CPU.
+    /// Whatever the arrival pattern (a flood of small batches that drain every time, a
+    /// saturating stream, idle gaps), a reader's CPU time at real-time priority over any
+    /// stretch never exceeds its share of that stretch plus its burst, plus one batch (the
+    /// charge comes after the batch it pays for).
     #[test]
-    fn realtime_never_outlasts_the_busy_limit_and_the_cool_down_holds(
-        events in proptest::collection::vec((any::<bool>(), 0u64..30_000), 1..400),
-    ) {
-        let mut guard = PriorityGuard::new(true);
-        let mut now = crate::test_util::now();
-        let mut busy_since: Option<Instant> = None;
-        let mut stepped_down: Option<Instant> = None;
-        for (drained, step_us) in events {
-            let switch = if drained {
-                busy_since = None;
-                guard.on_drained(now, 100)
+    fn realtime_cpu_never_exceeds_the_share_plus_one_burst_in_any_window(events in steps()) {
+        let t0 = crate::test_util::now();
+        let process = roomy(t0);
+        let mut r = Reader::new(t0);
+        // (when, realtime CPU so far) at every call.
+        let mut timeline = vec![(t0, Duration::ZERO)];
+        for (wall_us, cpu_us, drained, work) in events {
+            let (wall, cpu) = (US * wall_us as u32, US * cpu_us as u32);
+            if drained {
+                r.drains(wall, cpu, work, &process);
             } else {
-                busy_since.get_or_insert(now);
-                guard.on_busy(now)
-            };
-            match switch {
-                Some(Priority::Normal) => stepped_down = Some(now),
-                Some(Priority::Realtime) => {
-                    if let Some(at) = stepped_down {
-                        prop_assert!(now >= at + COOL_DOWN);
-                    }
-                }
-                None => {}
+                r.busy(wall, cpu, &process);
             }
-            if guard.current() == Priority::Realtime {
-                if let Some(since) = busy_since {
-                    prop_assert!(now.saturating_duration_since(since) < BUSY_LIMIT);
-                }
-            }
-            now += Duration::from_micros(step_us);
+            timeline.push((r.now, r.guard.realtime_cpu()));
         }
+        let budget = Budget::default();
+        within_budget(&timeline, budget.share_percent, budget.burst + US * MAX_BATCH_US as u32)?;
+    }
+
+    /// Readers that share one process budget (a quota of one CPU) spend together, over any
+    /// stretch, at most the process's rate of it plus its depth, plus one batch each.
+    #[test]
+    fn all_readers_together_stay_within_the_process_budget(
+        a in steps(), b in steps(), c in steps(),
+    ) {
+        let t0 = crate::test_util::now();
+        let budget = Budget::default();
+        let process = SharedBudget::new(budget, 1000, t0);
+        let mut readers = [Reader::new(t0), Reader::new(t0), Reader::new(t0)];
+        let mut timeline = vec![(t0, Duration::ZERO)];
+        // The readers run side by side: one step of each in turn, on one shared wall clock.
+        let longest = a.len().max(b.len()).max(c.len());
+        let mut now = t0;
+        for k in 0..longest {
+            let mut step_wall = Duration::ZERO;
+            for (r, events) in readers.iter_mut().zip([&a, &b, &c]) {
+                let Some(&(wall_us, cpu_us, drained, work)) = events.get(k) else { continue };
+                let wall = US * wall_us as u32;
+                step_wall = step_wall.max(wall);
+                r.now = now;
+                if drained {
+                    r.drains(wall, US * cpu_us as u32, work, &process);
+                } else {
+                    r.busy(wall, US * cpu_us as u32, &process);
+                }
+            }
+            now += step_wall;
+            let total: Duration = readers.iter().map(|r| r.guard.realtime_cpu()).sum();
+            timeline.push((now, total));
+        }
+        // The process's rate is half a CPU (50 % of 1000 thousandths).
+        within_budget(&timeline, 50, budget.burst + US * (3 * MAX_BATCH_US) as u32)?;
     }
 }
