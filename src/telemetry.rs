@@ -230,6 +230,17 @@ pub fn render_metrics(snap: &Snapshot, now_unix: u64) -> String {
         dropped.get_or_create(&label("reason", reason)).inc_by(n);
     }
     reg.register("packets_dropped", "Packets dropped, by reason", dropped);
+    let dropped_bytes = Family::<Labels, Counter>::default();
+    for (reason, n) in snap.drops.received_bytes_by_reason() {
+        dropped_bytes
+            .get_or_create(&label("reason", reason))
+            .inc_by(n);
+    }
+    reg.register(
+        "received_bytes_dropped",
+        "Bytes of received WireGuard datagrams dropped before they counted as a peer's rx bytes (unknown sender, failed authentication, AQM), by reason: with the peers' rx bytes, what arrived adds up",
+        dropped_bytes,
+    );
 
     render_rule_metrics(reg, &snap.rules);
     tuning::register_metrics(reg, &snap.tuning);

@@ -1,6 +1,7 @@
 //! Issue 15, least privilege: a running daemon keeps only `CAP_NET_ADMIN` (plus `CAP_NET_RAW`
-//! with iptables-legacy, and `CAP_SYS_NICE` where real-time priority needs it) in every thread's effective, permitted and bounding sets, nothing
-//! inheritable or ambient, and no-new-privs; and with only that, the `nft` /
+//! with iptables-legacy) in every thread's effective, permitted and bounding sets, and
+//! `CAP_SYS_NICE` where real-time priority needs it in its packet readers alone (issue 38),
+//! nothing inheritable or ambient, and no-new-privs; and with only that, the `nft` /
 //! `iptables-restore` it runs still work: a reload that changes addresses and rules is
 //! applied, and SIGTERM removes everything. The packet threads, and only they, run under the
 //! seccomp allow-list (mode 2, one filter) unless `--seccomp off`.
@@ -53,7 +54,7 @@ fn run(legacy: bool) {
         CAP_NET_ADMIN | CAP_NET_RAW
     } else {
         CAP_NET_ADMIN
-    } | realtime_kept_cap();
+    };
     let threads = thread_privileges_once_confined(tg.pid());
     assert!(
         threads.len() > 3,
@@ -62,8 +63,15 @@ fn run(legacy: bool) {
     for (tid, f) in &threads {
         let get = |k: &str| f.get(k).map(String::as_str).unwrap_or("missing");
         let what = format!("thread {tid} ({})", get("Name"));
-        assert_eq!(get("CapEff"), mask(want), "{what} CapEff");
-        assert_eq!(get("CapPrm"), mask(want), "{what} CapPrm");
+        // CAP_SYS_NICE, where real-time needs it, in the packet readers (and the thread that
+        // starts them) alone, and never in the bounding set: no child can have it.
+        let held = if holds_sys_nice(get("Name")) {
+            want | realtime_kept_cap()
+        } else {
+            want
+        };
+        assert_eq!(get("CapEff"), mask(held), "{what} CapEff");
+        assert_eq!(get("CapPrm"), mask(held), "{what} CapPrm");
         assert_eq!(get("CapBnd"), mask(want), "{what} CapBnd");
         assert_eq!(get("CapInh"), mask(0), "{what} CapInh");
         assert_eq!(get("CapAmb"), mask(0), "{what} CapAmb");
@@ -185,25 +193,11 @@ fn seccomp_off_leaves_every_thread_unfiltered_and_says_so() {
     assert!(status.success(), "exit {status:?}: {}", tg.stderr());
 }
 
-/// `(thread name, scheduling policy)` of every thread of `pid` (`policy` of
-/// `/proc/PID/task/TID/sched`: 0 normal, 1 `SCHED_FIFO`).
+/// `(thread name, scheduling policy)` of every thread of `pid`.
 fn thread_policies(pid: u32) -> Vec<(String, u32)> {
-    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("/proc/<pid>/task");
-    tasks
-        .flatten()
-        .filter_map(|t| {
-            let name = std::fs::read_to_string(t.path().join("comm")).ok()?;
-            let sched = std::fs::read_to_string(t.path().join("sched")).ok()?;
-            let policy = sched
-                .lines()
-                .find(|l| l.starts_with("policy"))?
-                .rsplit(':')
-                .next()?
-                .trim()
-                .parse()
-                .ok()?;
-            Some((name.trim_end().to_string(), policy))
-        })
+    thread_scheduling(pid)
+        .into_iter()
+        .map(|(name, policy, _)| (name, policy))
         .collect()
 }
 
@@ -217,7 +211,6 @@ fn thread_policies(pid: u32) -> Vec<(String, u32)> {
 #[ignore = "needs root"]
 fn the_packet_readers_run_at_real_time_priority_unless_turned_off() {
     require_root();
-    const SCHED_FIFO: u32 = 1;
     let ns = Netns::new();
     let mut cfg = TgConfig::new(0, &["100.64.0.1/32"]);
     cfg.workers = Some(2);
@@ -225,7 +218,7 @@ fn the_packet_readers_run_at_real_time_priority_unless_turned_off() {
     if !realtime_possible() {
         let said = poll_until(Duration::from_secs(5), || {
             tg.stderr()
-                .matches("Packet threads stay at normal priority")
+                .matches("Packet readers stay at normal priority")
                 .count()
                 == 1
         });
@@ -256,6 +249,13 @@ fn the_packet_readers_run_at_real_time_priority_unless_turned_off() {
             assert_ne!(*policy, SCHED_FIFO, "{name} is real-time: {policies:?}");
         }
     }
+    // Status says so, and how.
+    let status = tunnelgate_status_json(tg.name()).expect("status");
+    let readers = &status["tuning"]["readers"];
+    assert_eq!(readers["priority"], 1, "{status}");
+    assert_eq!(readers["running"], 4, "{status}");
+    let access = readers["access"].as_str().unwrap_or_default();
+    assert!(access == "capability" || access == "rlimit", "{status}");
 
     let other_ns = Netns::new();
     let mut cfg = TgConfig::new(0, &["100.64.0.2/32"]);

@@ -185,15 +185,25 @@ pub fn log_access(access: &Access, priority: Option<i32>) {
     }
 }
 
-/// Makes `command`'s process unable to enter a real-time class: its `RLIMIT_RTPRIO` is set to
-/// 0 between fork and exec (the daemon may have raised it for its readers, and a limit is
-/// inherited). With no `CAP_SYS_NICE` in the bounding set either, a firewall tool never gets one.
+/// Makes `command`'s process unable to enter a real-time class, whatever thread starts it and
+/// whenever: between fork and exec it drops `CAP_SYS_NICE` from its sets (and, where it may, from
+/// its bounding set), sets no-new-privs so the exec cannot give it back, and sets
+/// `RLIMIT_RTPRIO` to 0 (the daemon may have raised it for its readers, and limits are
+/// inherited). The firewall tools are run so: also the probe for iptables-legacy, which runs
+/// before the daemon drops its capabilities.
 pub fn no_realtime_for(command: &mut std::process::Command) {
     use std::os::unix::process::CommandExt;
-    // SAFETY: setrlimit is async-signal-safe, allocates nothing and touches only a local value,
-    // as a pre-exec hook must.
+    // SAFETY: the hook makes only system calls (prctl, capget, capset, setrlimit), all
+    // async-signal-safe, on local values; it allocates nothing, as a pre-exec hook must.
     unsafe {
         command.pre_exec(|| {
+            // Best effort: without CAP_SETPCAP (systemd's bounding set) no-new-privs below is
+            // what keeps the exec from giving the capability back.
+            libc::prctl(libc::PR_CAPBSET_DROP, CAP_SYS_NICE_NUMBER, 0, 0, 0);
+            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            drop_sys_nice_raw()?;
             let none = libc::rlimit {
                 rlim_cur: 0,
                 rlim_max: 0,
@@ -204,4 +214,51 @@ pub fn no_realtime_for(command: &mut std::process::Command) {
             Ok(())
         });
     }
+}
+
+/// `CAP_SYS_NICE`'s number (linux/capability.h).
+const CAP_SYS_NICE_NUMBER: libc::c_ulong = 23;
+/// `_LINUX_CAPABILITY_VERSION_3`: two 32-bit words per set.
+const CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: libc::c_int,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+/// Clears `CAP_SYS_NICE` from the calling thread's effective, permitted and inheritable sets
+/// with the raw system calls (the `caps` crate allocates, which a pre-exec hook must not).
+///
+/// # Safety
+/// Only system calls on local values; safe to call between fork and exec.
+unsafe fn drop_sys_nice_raw() -> io::Result<()> {
+    let mut header = CapHeader {
+        version: CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    let mut data = [CapData {
+        effective: 0,
+        permitted: 0,
+        inheritable: 0,
+    }; 2];
+    if libc::syscall(libc::SYS_capget, &mut header, data.as_mut_ptr()) != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let bit = 1u32 << CAP_SYS_NICE_NUMBER;
+    data[0].effective &= !bit;
+    data[0].permitted &= !bit;
+    data[0].inheritable &= !bit;
+    if libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()) != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }

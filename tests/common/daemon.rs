@@ -422,9 +422,11 @@ fn caps_and_rtprio() -> (u64, u64) {
 }
 
 /// `CAP_SYS_NICE` (bit 23) when a daemon started by this test process keeps it for its packet
-/// threads' real-time priority (`shell::privilege::Realtime`): it cannot raise
+/// readers' real-time priority (`core::priority::Access::Capability`): it cannot raise
 /// `RLIMIT_RTPRIO` (no `CAP_SYS_RESOURCE`, a hard limit of 0: some sandboxes and containers)
-/// but has `CAP_SYS_NICE`. 0 otherwise (a host's root raises the limit instead).
+/// but has `CAP_SYS_NICE`. 0 otherwise (a host's root raises the limit instead). Only the
+/// packet readers and the thread that starts them (`tg-spawner`) hold it, never in the
+/// bounding set: see [`holds_sys_nice`].
 pub fn realtime_kept_cap() -> u64 {
     let (effective, rtprio_hard) = caps_and_rtprio();
     if realtime_by_limit(effective, rtprio_hard) {
@@ -432,6 +434,38 @@ pub fn realtime_kept_cap() -> u64 {
     } else {
         effective & CAP_SYS_NICE
     }
+}
+
+/// Whether a thread of this name may hold `CAP_SYS_NICE` (where [`realtime_kept_cap`] says the
+/// daemon keeps it): the packet readers and their spawner.
+pub fn holds_sys_nice(thread: &str) -> bool {
+    thread == "tg-spawner" || is_packet_reader(thread)
+}
+
+/// A packet reader: `tg-tun-rx-N` or `tg-udp-rx-N`.
+pub fn is_packet_reader(thread: &str) -> bool {
+    thread.starts_with("tg-tun-rx-") || thread.starts_with("tg-udp-rx-")
+}
+
+/// `SCHED_FIFO` in `/proc/PID/task/TID/stat`'s policy field.
+pub const SCHED_FIFO: u32 = 1;
+
+/// `(thread name, scheduling policy, real-time priority)` of every thread of `pid`, from
+/// `/proc/PID/task/TID/stat` (fields 41 and 40; policy 0 normal, 1 `SCHED_FIFO`).
+pub fn thread_scheduling(pid: u32) -> Vec<(String, u32, u32)> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("/proc/<pid>/task");
+    tasks
+        .flatten()
+        .filter_map(|t| {
+            let name = std::fs::read_to_string(t.path().join("comm")).ok()?;
+            let stat = std::fs::read_to_string(t.path().join("stat")).ok()?;
+            // Fields after the command's closing parenthesis start at field 3.
+            let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+            let rt_priority = fields.get(40 - 3)?.parse().ok()?;
+            let policy = fields.get(41 - 3)?.parse().ok()?;
+            Some((name.trim_end().to_string(), policy, rt_priority))
+        })
+        .collect()
 }
 
 /// [`thread_privileges`] once every packet thread runs under its seccomp filter (or after 5 s):

@@ -57,6 +57,30 @@ fn missing_prerequisite() -> Option<String> {
     None
 }
 
+/// What podman needs here for a container to have real-time threads at all, which a Kubernetes
+/// node does not: this VM's kernel has real-time group scheduling (`CONFIG_RT_GROUP_SCHED`, cpu
+/// controller on cgroup v1), under which a cgroup gets no real-time time unless it and its
+/// parents are given some (`cpu.rt_runtime_us`; podman's parent `libpod_parent` has 0). The
+/// kernels of Debian and Ubuntu nodes are built without it, and cgroup v2 has no such limit, so
+/// there `SYS_NICE` is all it takes. Gives the parent the host's runtime and the container half
+/// of it (room for another at once); nothing on a host without it.
+fn realtime_in_containers() -> Vec<String> {
+    let root = std::path::Path::new("/sys/fs/cgroup/cpu");
+    let Ok(runtime) = std::fs::read_to_string(root.join("cpu.rt_runtime_us")) else {
+        return Vec::new();
+    };
+    let runtime = runtime.trim().to_string();
+    let parent = root.join("libpod_parent");
+    if !parent.is_dir() {
+        // podman makes it on its first container: one that exits at once.
+        let _ = podman(&["run", "--rm", "--pull", "never", &image(), "true"]);
+    }
+    std::fs::write(parent.join("cpu.rt_runtime_us"), &runtime)
+        .expect("give podman's parent cgroup real-time time");
+    let half = runtime.parse::<u64>().expect("cpu.rt_runtime_us") / 2;
+    vec![format!("--cpu-rt-runtime={half}")]
+}
+
 /// A podman container, removed (with its processes) on drop.
 struct Container {
     name: String,
@@ -263,6 +287,13 @@ async fn statefulset_pod_from_the_image_is_ready_only_with_forwarding_and_serves
         args.extend(["--cap-add".into(), cap]);
     }
     assert_eq!(security["readOnlyRootFilesystem"], true);
+    // The manifest's CPU limit, as the kubelet sets it (the cgroup's CPU quota).
+    let cpu_limit = proxy_spec["resources"]["limits"]["cpu"]
+        .as_str()
+        .expect("limits.cpu")
+        .to_string();
+    args.extend(["--cpus".into(), cpu_limit.clone()]);
+    args.extend(realtime_in_containers());
     args.extend([
         "--read-only".into(),
         "--security-opt".into(),
@@ -331,6 +362,38 @@ async fn statefulset_pod_from_the_image_is_ready_only_with_forwarding_and_serves
         proxy_ref.logs()
     );
     assert!(went_ready(&proxy_ref.logs()), "{}", proxy_ref.logs());
+
+    // With the manifest's SYS_NICE, the packet readers run at real-time priority in the
+    // container, within its CPU limit, and status says so.
+    let pid: u32 = podman_ok(&["inspect", "--format", "{{.State.Pid}}", &proxy_ref.name])
+        .trim()
+        .parse()
+        .expect("the proxy's pid");
+    let mut scheduling = Vec::new();
+    let realtime = common::poll_until(Duration::from_secs(5), || {
+        scheduling = common::thread_scheduling(pid);
+        scheduling.iter().any(|(name, policy, _)| {
+            common::is_packet_reader(name) && *policy == common::SCHED_FIFO
+        })
+    });
+    assert!(
+        realtime,
+        "no reader at SCHED_FIFO: {scheduling:?}\n{}",
+        proxy_ref.logs()
+    );
+    let status = proxy_ref.exec(&["tunnelgate", "status", "--json", "--interface", &iface]);
+    let status: serde_json::Value = serde_json::from_str(&status.stdout).expect("status JSON");
+    let tuning = &status["tuning"];
+    assert_eq!(tuning["readers"]["access"], "capability", "{tuning}");
+    assert_eq!(tuning["readers"]["priority"], 1, "{tuning}");
+    let limit_milli = (cpu_limit.parse::<f64>().expect("a whole number of CPUs") * 1000.0) as u64;
+    assert_eq!(tuning["cpu_quota_milli"], limit_milli, "{tuning}");
+    // Half of the CPUs the limit allows, for all readers together.
+    assert_eq!(
+        tuning["readers"]["process_rate_milli"],
+        limit_milli.min(2000) / 2,
+        "{tuning}"
+    );
 
     // The peer reaches the Service's backend through the proxy: the handshake, then bytes.
     let proxy_public = String::from_utf8(data["public_key"].clone()).expect("utf-8");

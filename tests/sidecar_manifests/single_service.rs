@@ -92,16 +92,16 @@ fn role_grants_only_the_one_secret_and_the_service() {
     find("ServiceAccount", sa.as_str().expect("service account"));
 }
 
-/// Issue 15: the proxy container drops every capability but the two the daemon may keep
-/// (it drops further itself), cannot gain privileges and runs under the runtime's seccomp
-/// profile.
+/// Issue 15: the proxy container drops every capability but those the daemon may keep (it
+/// drops further itself; SYS_NICE, issue 38, only in its packet readers), cannot gain
+/// privileges and runs under the runtime's seccomp profile.
 pub(crate) fn assert_least_privilege(proxy: &Value) {
     let sc = &proxy["securityContext"];
     let set =
         |names: &[&str]| -> BTreeSet<String> { names.iter().map(|s| s.to_string()).collect() };
     assert_eq!(strs(&sc["capabilities"]["drop"]), set(&["ALL"]), "{sc}");
     let add = strs(&sc["capabilities"]["add"]);
-    assert_eq!(add, set(&["NET_ADMIN", "NET_RAW"]), "{sc}");
+    assert_eq!(add, set(&["NET_ADMIN", "NET_RAW", "SYS_NICE"]), "{sc}");
     assert_eq!(sc["allowPrivilegeEscalation"], false, "{sc}");
     assert_ne!(sc["privileged"], true, "{sc}");
     assert_eq!(sc["seccompProfile"]["type"], "RuntimeDefault", "{sc}");

@@ -1,6 +1,9 @@
-//! The daemon started as the unit starts it (no real systemd): watchdog pings, sd_notify states, iptables-legacy with the unit's capabilities.
+//! The daemon started as the unit starts it (no real systemd): watchdog pings, sd_notify
+//! states, iptables-legacy with the unit's capabilities, the packet readers at real-time
+//! priority and the firewall tools without it.
 
 use super::*;
+use std::collections::BTreeMap;
 
 /// `WATCHDOG=1` goes out at half of `$WATCHDOG_USEC` while every packet thread is alive, stops
 /// while one is frozen (and the daemon logs which), resumes when it runs again; none is sent
@@ -137,6 +140,9 @@ pub(crate) fn started_like_the_unit(firewall: &str, env: &[(&str, &str)]) {
     for (k, v) in env {
         cmd.env(k, v);
     }
+    // Every firewall tool the daemon runs goes through a shim that records what it was given.
+    let shims = FirewallShims::install(&dir);
+    cmd.env("PATH", shims.path());
     let mut daemon = Proc::spawn(cmd, "tunnelgate", dir.path());
     let pid = daemon.pid();
     let stderr = || std::fs::read_to_string(dir.path().join("tunnelgate.err")).unwrap_or_default();
@@ -177,9 +183,9 @@ pub(crate) fn started_like_the_unit(firewall: &str, env: &[(&str, &str)]) {
         .map(str::trim)
         .unwrap_or_default()
         .to_string();
-    // CAP_NET_BIND_SERVICE is bit 10, CAP_NET_ADMIN bit 12, CAP_NET_RAW bit 13.
+    // CAP_NET_BIND_SERVICE is bit 10, CAP_NET_ADMIN bit 12, CAP_NET_RAW bit 13, CAP_SYS_NICE 23.
     assert_eq!(
-        bnd, "0000000000003400",
+        bnd, "0000000000803400",
         "the daemon ran with the unit's bounding set"
     );
     // Within it, the daemon keeps only what it uses: CAP_NET_RAW only for iptables-legacy.
@@ -201,6 +207,43 @@ pub(crate) fn started_like_the_unit(firewall: &str, env: &[(&str, &str)]) {
     assert_eq!(field("CapEff:"), kept, "effective capabilities");
     assert_eq!(field("CapPrm:"), kept, "permitted capabilities");
     assert_eq!(field("NoNewPrivs:"), "1");
+
+    // The unit keeps CAP_SYS_NICE for the packet readers (this machine's root cannot raise
+    // RLIMIT_RTPRIO): they run at SCHED_FIFO 1, nothing else of the daemon does, and the
+    // firewall tools it ran got neither the capability nor a real-time limit.
+    let mut scheduling = Vec::new();
+    let readers_up = poll_until(Duration::from_secs(5), || {
+        scheduling = thread_scheduling(pid);
+        scheduling
+            .iter()
+            .filter(|(name, policy, priority)| {
+                is_packet_reader(name) && *policy == SCHED_FIFO && *priority == 1
+            })
+            .count()
+            >= 2
+    });
+    assert!(
+        readers_up,
+        "readers at SCHED_FIFO 1: {scheduling:?}\n{}",
+        stderr()
+    );
+    for (name, policy, _) in &scheduling {
+        assert!(
+            is_packet_reader(name) || *policy != SCHED_FIFO,
+            "{name} is real-time: {scheduling:?}"
+        );
+    }
+    let children = shims.runs();
+    assert!(
+        !children.is_empty(),
+        "no firewall tool ran through the shims"
+    );
+    for run in &children {
+        let tool = &run.tool;
+        assert_eq!(run.cap("CapEff") & CAP_SYS_NICE_BIT, 0, "{tool}: {run:?}");
+        assert_eq!(run.cap("CapPrm") & CAP_SYS_NICE_BIT, 0, "{tool}: {run:?}");
+        assert_eq!(run.rtprio.as_deref(), Some("0 0"), "{tool}: {run:?}");
+    }
 
     // ExecReload, as systemd runs it (binary and file are the test's): exit 0 around
     // RELOADING=1 / READY=1; with a refused file, non-zero and the daemon runs on.
@@ -248,4 +291,113 @@ pub(crate) fn started_like_the_unit(firewall: &str, env: &[(&str, &str)]) {
     assert!(!ns
         .exec(&["iptables-legacy-save"])
         .contains("router.advertise_routes"));
+}
+
+/// `CAP_SYS_NICE` in a `/proc/PID/status` capability mask.
+const CAP_SYS_NICE_BIT: u64 = 1 << 23;
+
+/// The firewall tools (`nft`, the iptables family) as shims in a folder put first on the
+/// daemon's `PATH`: each records its capabilities and `RLIMIT_RTPRIO`, then runs the real tool.
+struct FirewallShims {
+    dir: PathBuf,
+    log: PathBuf,
+}
+
+/// What one shimmed tool was started with.
+#[derive(Debug)]
+struct ShimRun {
+    tool: String,
+    caps: BTreeMap<String, u64>,
+    /// `Max realtime priority` soft and hard, as `/proc/PID/limits` shows them.
+    rtprio: Option<String>,
+}
+
+impl ShimRun {
+    fn cap(&self, set: &str) -> u64 {
+        *self.caps.get(set).unwrap_or(&u64::MAX)
+    }
+}
+
+impl FirewallShims {
+    const TOOLS: [&'static str; 7] = [
+        "nft",
+        "iptables-restore",
+        "ip6tables-restore",
+        "iptables-legacy-restore",
+        "ip6tables-legacy-restore",
+        "iptables-legacy-save",
+        "ip6tables-legacy-save",
+    ];
+
+    fn install(dir: &TempDir) -> FirewallShims {
+        let shims = dir.path().join("shims");
+        std::fs::create_dir_all(&shims).expect("shim folder");
+        let log = dir.path().join("shims.log");
+        for tool in Self::TOOLS {
+            let Ok(real) = which(tool) else { continue };
+            let script = format!(
+                "#!/bin/sh\n{{ echo \"tool {tool}\"; grep -E '^Cap(Eff|Prm)' /proc/$$/status; \
+                 grep 'Max realtime priority' /proc/$$/limits; echo end; }} >> {log}\n\
+                 exec {real} \"$@\"\n",
+                log = log.display(),
+            );
+            let path = shims.join(tool);
+            std::fs::write(&path, script).expect("write shim");
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
+                .expect("chmod shim");
+        }
+        FirewallShims { dir: shims, log }
+    }
+
+    /// The shims first, then the usual places.
+    fn path(&self) -> String {
+        format!(
+            "{}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            self.dir.display()
+        )
+    }
+
+    fn runs(&self) -> Vec<ShimRun> {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let mut runs = Vec::new();
+        let mut current: Option<ShimRun> = None;
+        for line in text.lines() {
+            if let Some(tool) = line.strip_prefix("tool ") {
+                current = Some(ShimRun {
+                    tool: tool.to_string(),
+                    caps: BTreeMap::new(),
+                    rtprio: None,
+                });
+            } else if line == "end" {
+                runs.extend(current.take());
+            } else if let Some(run) = current.as_mut() {
+                if let Some((set, value)) = line.split_once(':') {
+                    if let Ok(mask) = u64::from_str_radix(value.trim(), 16) {
+                        run.caps.insert(set.to_string(), mask);
+                        continue;
+                    }
+                }
+                if let Some(rest) = line.strip_prefix("Max realtime priority") {
+                    let words: Vec<&str> = rest.split_whitespace().collect();
+                    run.rtprio = Some(words.iter().take(2).copied().collect::<Vec<_>>().join(" "));
+                }
+            }
+        }
+        runs
+    }
+}
+
+/// The absolute path of `tool` on this machine's `PATH`.
+fn which(tool: &str) -> Result<String, String> {
+    let out = Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .output()
+        .map_err(|e| e.to_string())?;
+    let path = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    if out.status.success() && path.starts_with('/') {
+        Ok(path)
+    } else {
+        Err(format!("{tool} not found"))
+    }
 }

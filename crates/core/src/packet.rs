@@ -62,6 +62,12 @@ impl DropReason {
         DropReason::Aqm,
     ];
 
+    /// Whether a received datagram dropped for this reason had authenticated first, and so
+    /// already counts in its peer's `rx_bytes` (an inner source outside the peer's allowed IPs).
+    pub const fn after_authentication(self) -> bool {
+        matches!(self, DropReason::BadSource)
+    }
+
     /// The `reason` label in metrics and the field name in the status JSON.
     pub const fn label(self) -> &'static str {
         match self {
@@ -79,21 +85,36 @@ impl DropReason {
     }
 }
 
-/// The live drop counters the packet loops bump: one relaxed atomic per [`DropReason`].
+/// The live drop counters the packet loops bump: one relaxed atomic per [`DropReason`], and
+/// the bytes of the received WireGuard datagrams among them.
 #[derive(Debug, Default)]
-pub struct DropCounters([AtomicU64; DropReason::COUNT]);
+pub struct DropCounters {
+    packets: [AtomicU64; DropReason::COUNT],
+    received_bytes: [AtomicU64; DropReason::COUNT],
+}
 
 impl DropCounters {
     #[inline]
     pub fn add(&self, reason: DropReason, packets: u64) {
-        self.0[reason as usize].fetch_add(packets, Ordering::Relaxed);
+        self.packets[reason as usize].fetch_add(packets, Ordering::Relaxed);
+    }
+
+    /// A received WireGuard datagram of `bytes` dropped before it counted as received (a
+    /// peer's `rx_bytes` counts only what authenticated): with these, what crossed the wire
+    /// adds up.
+    #[inline]
+    pub fn add_received(&self, reason: DropReason, bytes: usize) {
+        self.add(reason, 1);
+        self.received_bytes[reason as usize].fetch_add(bytes as u64, Ordering::Relaxed);
     }
 
     /// What `/metrics` and `tunnelgate status` show.
     pub fn snapshot(&self) -> DropStats {
         let mut stats = DropStats::default();
         for reason in DropReason::ALL {
-            *stats.count_mut(reason) = self.0[reason as usize].load(Ordering::Relaxed);
+            let i = reason as usize;
+            *stats.count_mut(reason) = self.packets[i].load(Ordering::Relaxed);
+            stats.received_bytes[i] = self.received_bytes[i].load(Ordering::Relaxed);
         }
         stats
     }
@@ -114,6 +135,8 @@ pub struct DropStats {
     pub udp_send: u64,
     pub link_local_multicast: u64,
     pub aqm: u64,
+    /// Bytes of received WireGuard datagrams dropped, by reason in [`DropReason::ALL`] order.
+    pub received_bytes: [u64; DropReason::COUNT],
 }
 
 impl DropStats {
@@ -150,6 +173,11 @@ impl DropStats {
     /// `(reason, count)` for every reason, in the fixed order.
     pub fn by_reason(&self) -> [(&'static str, u64); DropReason::COUNT] {
         DropReason::ALL.map(|r| (r.label(), self.count(r)))
+    }
+
+    /// `(reason, bytes of received datagrams dropped)` for every reason, in the fixed order.
+    pub fn received_bytes_by_reason(&self) -> [(&'static str, u64); DropReason::COUNT] {
+        DropReason::ALL.map(|r| (r.label(), self.received_bytes[r as usize]))
     }
 }
 

@@ -260,9 +260,11 @@ pub(super) fn udp_loop(inner: &Inner, worker: usize, socket: &WgSocket) {
         let table = inner.snapshot();
         let Some(private_key) = table.private_key() else {
             // No key: no handshake can be answered and no session is kept.
-            inner
-                .drops
-                .add(DropReason::UnknownPeer, batch.datagrams().count() as u64);
+            for (_, datagram) in batch.datagrams() {
+                inner
+                    .drops
+                    .add_received(DropReason::UnknownPeer, datagram.len());
+            }
             continue;
         };
         if queue.is_on() {
@@ -291,12 +293,12 @@ pub(super) fn udp_loop(inner: &Inner, worker: usize, socket: &WgSocket) {
                     continue;
                 }
                 Err(reason) => {
-                    inner.drops.add(reason, 1);
+                    inner.drops.add_received(reason, datagram.len());
                     continue;
                 }
             };
             if queue.take_drop(datagram) {
-                inner.drops.add(DropReason::Aqm, 1);
+                inner.drops.add_received(DropReason::Aqm, datagram.len());
                 continue;
             }
             if coalescer.needs_drain() {
@@ -371,9 +373,13 @@ impl Received<'_> {
                 }
             }
             Inbound::Nothing => coalescer.abandon(),
-            Inbound::Drop(reason) => {
+            Inbound::Drop(reason) if reason.after_authentication() => {
                 coalescer.abandon();
                 inner.drops.add(reason, 1);
+            }
+            Inbound::Drop(reason) => {
+                coalescer.abandon();
+                inner.drops.add_received(reason, self.datagram.len());
             }
         }
     }
