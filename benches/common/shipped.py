@@ -331,9 +331,19 @@ class RtCgroup:
         self.dir.mkdir(exist_ok=True)
         if self.mode == "none":
             return
-        self.ratio = self.available_ratio() * 0.99
         parent_period = int((self.dir / "cpu.rt_period_us").read_text())
-        (self.dir / "cpu.rt_runtime_us").write_text(str(int(self.ratio * parent_period)))
+        # A cpu cgroup removed a moment ago (an earlier run's) keeps its runtime reserved until
+        # the kernel has taken it offline, which it does asynchronously: try again for a while.
+        deadline = time.monotonic() + 10
+        while True:
+            self.ratio = self.available_ratio() * 0.99
+            try:
+                (self.dir / "cpu.rt_runtime_us").write_text(str(int(self.ratio * parent_period)))
+                return
+            except OSError as e:
+                if time.monotonic() > deadline:
+                    raise CommandFailed(f"{self.dir}/cpu.rt_runtime_us = {int(self.ratio * parent_period)}: {e}")
+                time.sleep(0.5)
 
     def initial_runtime(self) -> int:
         """--cpu-rt-runtime for a new container."""

@@ -330,6 +330,9 @@ class UnitTunnelgate(Tunnelgate):
     def facts(self) -> dict:
         f = process_facts(self.pid)
         if self.container:
+            init = self.container.init_pid()
+            # What the container allows at most: a unit cannot keep a capability nspawn dropped.
+            f["container_init"] = process_facts(init)["main"] if init else None
             f["unit"] = self.container.properties()
             f["how"] = shipped.unit_reproduction_note()
             f["unit_log"] = [l for l in self.container.journal().splitlines() if "priority" in l.lower() or "realtime" in l.lower() or "real-time" in l.lower()][-5:]
@@ -760,6 +763,8 @@ def add_shipped_args(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--nspawn-rootfs", type=Path, default=shipped.nspawn_rootfs_default(),
                    help="the Debian rootfs with systemd that the unit setup boots (default: the booted-systemd tests' cache, "
                         "$TUNNELGATE_TEST_ROOTFS else %(default)s; debootstrapped when missing)")
+    g.add_argument("--unit-file", type=Path, default=shipped.UNIT_FILE,
+                   help="the systemd unit the unit setup runs (default: the repository's, %(default)s)")
     g.add_argument("--image", default=PodTunnelgate.image,
                    help="the podman image of the pod setups (default %(default)s; built with scripts/image.sh when missing, "
                         "its debootstrap base in $TUNNELGATE_IMAGE_ROOTFS else /var/tmp/tg-bench-rootfs)")
@@ -793,6 +798,7 @@ def prepare_shipped(args, names: list[str], workdir: Path) -> None:
     """The unit setup's rootfs and the pod setups' image and cgroup parent; what cannot be had
     fails those setups (with the reason), not the run."""
     if "unit" in names:
+        shipped.UNIT_FILE = args.unit_file.resolve()
         try:
             UnitTunnelgate.rootfs = shipped.ensure_nspawn_rootfs(args.nspawn_rootfs)
         except (SetupFailed, subprocess.SubprocessError, OSError) as e:
@@ -807,17 +813,20 @@ def prepare_shipped(args, names: list[str], workdir: Path) -> None:
             shipped.MANIFEST = args.manifest.resolve()
             PodTunnelgate.bind_binary = args.pod_binary == "host"
             rt = shipped.RtCgroup(args.pod_rt, args.pod_rt_period)
+            PodTunnelgate.rt = rt  # before prepare(): the run's cleanup removes what it made
             rt.prepare()
-            PodTunnelgate.rt = rt
         except (SetupFailed, subprocess.SubprocessError, OSError) as e:
             log(f"pod setups: {e}")
+            if PodTunnelgate.rt is not None:
+                PodTunnelgate.rt.cleanup()
+                PodTunnelgate.rt = None
 
 
 def shipped_meta(args, names: list[str]) -> dict:
     """What the shipped setups were run with, for the results."""
     m: dict = {}
     if "unit" in names:
-        m["unit"] = {"file": str(shipped.UNIT_FILE.relative_to(REPO)), "rootfs": str(args.nspawn_rootfs), "how": shipped.unit_reproduction_note()}
+        m["unit"] = {"file": str(shipped.UNIT_FILE.relative_to(REPO)) if shipped.UNIT_FILE.is_relative_to(REPO) else str(shipped.UNIT_FILE), "rootfs": str(args.nspawn_rootfs), "how": shipped.unit_reproduction_note()}
     if any(n in POD_SETUPS for n in names):
         rt = PodTunnelgate.rt
         m["pod"] = {"manifest": str(shipped.MANIFEST.relative_to(REPO)) if shipped.MANIFEST.is_relative_to(REPO) else str(shipped.MANIFEST), "image": args.image, "binary": args.pod_binary,
