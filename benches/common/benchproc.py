@@ -194,6 +194,7 @@ class Daemon:
         self.logfile = workdir / f"{ifname}.log"
         self.key = self.pub = ""
         self.port = 0
+        self.cpus = ""  # when set, started under `taskset -c CPUS` (all its threads, from the start)
 
     @property
     def pid(self) -> int:
@@ -203,6 +204,8 @@ class Daemon:
     def spawn(self, args: list[str], env: dict[str, str] | None = None) -> None:
         e = dict(os.environ)
         e.update(env or {})
+        if self.cpus:
+            args = ["taskset", "-c", self.cpus, *args]
         with open(self.logfile, "w") as out:
             # `ip netns exec NS cmd` execs cmd itself: proc.pid is the daemon.
             self.proc = subprocess.Popen(
@@ -366,3 +369,179 @@ def results_path(args: argparse.Namespace, name: str) -> Path:
                 f"place with ${OUT_ENV}=DIR or --out FILE"
             )
     return d / "latest.json"
+
+
+# --------------------------------------------------------------------------------------------------
+# Scheduling: what class the packet threads are in, and how much CPU they take
+# --------------------------------------------------------------------------------------------------
+
+# /proc/PID/task/TID/stat field 41 (policy): 0 SCHED_OTHER, 1 SCHED_FIFO, 2 SCHED_RR, 3 SCHED_BATCH,
+# 5 SCHED_IDLE, 6 SCHED_DEADLINE.
+POLICY_NAMES = {0: "other", 1: "fifo", 2: "rr", 3: "batch", 5: "idle", 6: "deadline"}
+# tunnelgate's packet readers, the threads that ask for real-time priority (core::liveness names them).
+READER_PREFIXES = ("tg-tun-rx-", "tg-udp-rx-")
+
+
+def thread_sched(pid: int, tid: int) -> tuple[str, int, int, int] | None:
+    """(name, policy, rt_priority, CPU nanoseconds) of one thread; None when it is gone. The CPU
+    time is the first field of /proc/PID/task/TID/schedstat (exact, where utime+stime is in 10 ms ticks)."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            head, rest = f.read().rsplit(")", 1)
+        fields = rest.split()
+        name = head.split("(", 1)[1]
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                cpu_ns = int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            cpu_ns = (int(fields[11]) + int(fields[12])) * (1_000_000_000 // CLK_TCK)
+        # Fields after ")" start at field 3 (state): rt_priority is field 40, policy field 41.
+        return name, int(fields[38]), int(fields[37]), cpu_ns
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def threads_named(pid: int, prefixes: tuple[str, ...] = READER_PREFIXES) -> dict[int, str]:
+    """tid -> name of the threads of `pid` whose name starts with one of `prefixes`."""
+    out = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                name = f.read().strip()
+        except OSError:
+            continue
+        if name.startswith(prefixes):
+            out[int(tid)] = name
+    return out
+
+
+class ThreadSampler:
+    """Samples, every `interval` s in a background thread, the scheduling class of the named
+    threads of some processes (by default tunnelgate's readers), and takes their CPU time at the
+    start and the end: `stop()` returns, per process label, per thread, the fraction of samples at
+    SCHED_FIFO and the share of one CPU the thread used over the window."""
+
+    def __init__(self, pids: dict[str, int], interval: float = 0.01, prefixes: tuple[str, ...] = READER_PREFIXES):
+        import threading
+
+        self.pids, self.interval, self.prefixes = pids, interval, prefixes
+        self.threads = {label: threads_named(pid, prefixes) for label, pid in pids.items()}
+        self.counts: dict[tuple[str, int], dict[str, int]] = {}
+        self.start_cpu: dict[tuple[str, int], int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.t0 = 0.0
+
+    def __enter__(self) -> "ThreadSampler":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._thread.is_alive():
+            self.stop()
+
+    def start(self) -> None:
+        for label, tids in self.threads.items():
+            for tid in tids:
+                s = thread_sched(self.pids[label], tid)
+                if s:
+                    self.start_cpu[(label, tid)] = s[3]
+        self.t0 = time.monotonic()
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            for label, tids in self.threads.items():
+                for tid in tids:
+                    s = thread_sched(self.pids[label], tid)
+                    if s is None:
+                        continue
+                    c = self.counts.setdefault((label, tid), {})
+                    key = POLICY_NAMES.get(s[1], str(s[1]))
+                    c[key] = c.get(key, 0) + 1
+
+    def stop(self) -> dict:
+        self._stop.set()
+        self._thread.join()
+        wall = time.monotonic() - self.t0
+        out: dict = {}
+        for label, tids in self.threads.items():
+            per = {}
+            for tid, name in sorted(tids.items(), key=lambda kv: kv[1]):
+                s = thread_sched(self.pids[label], tid)
+                c = self.counts.get((label, tid), {})
+                n = sum(c.values())
+                cpu = (s[3] - self.start_cpu[(label, tid)]) / 1e9 if s and (label, tid) in self.start_cpu else None
+                per[name] = {
+                    "samples": n,
+                    "classes": c,
+                    "fifo_fraction": round(c.get("fifo", 0) / n, 3) if n else None,
+                    "cpu_share": round(cpu / wall, 3) if cpu is not None and wall > 0 else None,
+                }
+            n_all = sum(t["samples"] for t in per.values())
+            fifo_all = sum((t["classes"].get("fifo", 0)) for t in per.values())
+            out[label] = {
+                "window_s": round(wall, 2),
+                "interval_s": self.interval,
+                "fifo_fraction": round(fifo_all / n_all, 3) if n_all else None,
+                "cpu_share": round(sum(t["cpu_share"] or 0 for t in per.values()), 3) if per else None,
+                "threads": per,
+            }
+        return out
+
+
+def cpu_cgroup(pid: int) -> dict:
+    """The cpu controller's cgroup of `pid` (cgroup v1 here) with its real-time runtime and CFS
+    quota: what decides whether SCHED_FIFO is allowed (RT group scheduling) and what a CPU limit is."""
+    out: dict = {}
+    try:
+        for line in open(f"/proc/{pid}/cgroup"):
+            _, ctrls, path = line.rstrip("\n").split(":", 2)
+            if "cpu" in ctrls.split(","):
+                out["path"] = path
+            elif ctrls == "" and "path" not in out:
+                out["v2_path"] = path
+    except OSError:
+        return out
+    if "path" in out:
+        d = Path("/sys/fs/cgroup/cpu") / out["path"].lstrip("/")
+        for f in ("cpu.rt_runtime_us", "cpu.rt_period_us", "cpu.cfs_quota_us", "cpu.cfs_period_us", "cpu.shares"):
+            try:
+                out[f] = int((d / f).read_text())
+            except (OSError, ValueError):
+                pass
+    return out
+
+
+def process_facts(pid: int) -> dict:
+    """What a daemon process runs with, read from /proc: capabilities of its main thread and of
+    its first reader (capabilities are per thread), no-new-privs, seccomp mode, RLIMIT_RTPRIO and
+    its cpu cgroup. Evidence for 'measured as users run it'."""
+    def status(p: str) -> dict:
+        out = {}
+        try:
+            for line in open(p):
+                k, _, v = line.partition(":")
+                if k in ("CapEff", "CapPrm", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp", "Cpus_allowed_list", "NSpid"):
+                    out[k] = v.strip()
+        except OSError:
+            pass
+        return out
+
+    facts: dict = {"main": status(f"/proc/{pid}/status")}
+    readers = threads_named(pid)
+    for tid, name in sorted(readers.items(), key=lambda kv: kv[1])[:1]:
+        facts["reader"] = {"name": name, **status(f"/proc/{pid}/task/{tid}/status")}
+    try:
+        for line in open(f"/proc/{pid}/limits"):
+            if line.startswith("Max realtime priority"):
+                parts = line.split()
+                facts["rlimit_rtprio"] = {"soft": parts[3], "hard": parts[4]}
+    except OSError:
+        pass
+    facts["cpu_cgroup"] = cpu_cgroup(pid)
+    return facts

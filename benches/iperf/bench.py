@@ -26,6 +26,7 @@ Usage: benches/iperf/run.sh [--quick] [--rounds N] [--duration S] [--setups a,b]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
@@ -44,7 +45,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))
 from benchproc import CommandFailed as SetupFailed  # noqa: E402
 from benchproc import CLK_TCK, Daemon, add_ns, add_output_args, results_path, log, run, nsx, cpu_ticks, status_kib, tail, wait_for, kill_ns, genkey, git_commit, med_spread  # noqa: E402
-from benchproc import build_release_tunnelgate, iperf3_server, raise_on_signals, stop_process, sweep_stale  # noqa: E402
+from benchproc import build_release_tunnelgate, iperf3_server, pid_alive, process_facts, raise_on_signals, stop_process, sweep_stale  # noqa: E402
+import shipped  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tunnelgate-bench"
@@ -76,7 +78,35 @@ SETUPS = {
     # Mullvad's fork of boringtun (gotatun-cli 0.10 has no --threads option).
     "gotatun": ("gotatun", "gotatun"),
     "tunnelgate-wggo": ("tunnelgate", "wireguard-go"),
+    # As users run it (issue 38): both ends under the repository's systemd unit, booted by systemd
+    # in systemd-nspawn; both ends as the Kubernetes proxy container run by podman with the
+    # manifest's securityContext and a CPU limit of 2 or 1 (benches/common/shipped.py).
+    "unit": ("tunnelgate-unit", "tunnelgate-unit"),
+    "pod-cpu2": ("tunnelgate-pod-cpu2", "tunnelgate-pod-cpu2"),
+    "pod-cpu1": ("tunnelgate-pod-cpu1", "tunnelgate-pod-cpu1"),
+    # As a gateway runs: the receiving end (b) alone on a CPU of its own, the sender and the
+    # benchmark's own processes (iperf3 ends, ping) on the others (GATEWAY_SETUPS).
+    "gateway": ("tunnelgate", "tunnelgate"),
+    "gateway-wireguard-go-upstream": ("wireguard-go-upstream", "wireguard-go-upstream"),
+    "gateway-wireguard-go-tailscale": ("wireguard-go-tailscale", "wireguard-go-tailscale"),
 }
+GATEWAY_SETUPS = ("gateway", "gateway-wireguard-go-upstream", "gateway-wireguard-go-tailscale")
+POD_SETUPS = ("pod-cpu2", "pod-cpu1")
+# --daemon-env SETUP:K=V,...: extra environment of a setup's tunnelgate daemons.
+SETUP_ENV: dict[str, dict[str, str]] = {}
+
+
+def needs_tunnelgate(names: list[str]) -> bool:
+    return any(k and k.startswith("tunnelgate") for n in names for k in SETUPS[n])
+
+
+def gateway_cpus() -> tuple[str, str]:
+    """(the gateway's CPU, the others) for the gateway setups: the last CPU this process may use,
+    and the rest."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SetupFailed(f"the gateway setups need 2 CPUs, this process may use {cpus}")
+    return str(cpus[-1]), ",".join(map(str, cpus[:-1]))
 # With --baseline BIN: the same tunnelgate setup run by an earlier build, in the same run, to
 # show a change kept the packet path's speed on this very machine.
 BASELINE_SETUP = "tunnelgate-baseline"
@@ -111,6 +141,7 @@ def shared_bin_dir() -> Path | None:
 def sweep_stale_runs() -> None:
     """Removes namespaces and sockets that an earlier, killed benchmark run left behind."""
     sweep_stale(NS_PREFIX + r"(\d+)s\d+[ab]", IF_PREFIX + r"(\d+)s\d+[ab]\.sock")
+    shipped.sweep_stale_pods()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -202,6 +233,7 @@ class Tunnelgate(Daemon):
         self.seccomp = seccomp
         self.use_baseline = baseline
         self.workers = workers
+        self.extra_env: dict[str, str] = {}
         if seccomp == "off":
             self.kind = "tunnelgate-noseccomp"
         if workers == 1:
@@ -209,16 +241,9 @@ class Tunnelgate(Daemon):
         if baseline:
             self.kind = BASELINE_SETUP
 
-    def start(self, side, peer_pub, peer_port):
-        if Tunnelgate.unavailable:
-            raise SetupFailed(Tunnelgate.unavailable)
+    def config_text(self, side: str, peer_pub: str, peer_port: int, keyfile: str) -> str:
         other = "b" if side == "a" else "a"
-        keyfile = self.workdir / f"{self.ifname}.key"
-        keyfile.write_text(self.key + "\n")
-        keyfile.chmod(0o600)
-        config = self.workdir / f"{self.ifname}.toml"
-        config.write_text(
-            f"""# written by benches/iperf/bench.py
+        return f"""# written by benches/iperf/bench.py
 [interface]
 name = "{self.ifname}"
 private_key_file = "{keyfile}"
@@ -235,16 +260,142 @@ allowed_ips = ["{TUNNEL[other][0]}/32", "{TUNNEL[other][1]}/128"]
 [health]
 listen = ""
 """
-        )
+
+    def env(self, quiet_log: bool = True) -> dict[str, str]:
+        """The daemon's environment beyond what it inherits: RUST_LOG (warn unless set; not for
+        the shipped setups, which log as users see it), the baseline's --baseline-env, and the
+        setup's --daemon-env."""
+        env = {"RUST_LOG": os.environ.get("RUST_LOG", "warn")} if quiet_log or "RUST_LOG" in os.environ else {}
+        if self.use_baseline:
+            env.update(Tunnelgate.baseline_env)
+        env.update(self.extra_env)
+        return env
+
+    def start(self, side, peer_pub, peer_port):
+        if Tunnelgate.unavailable:
+            raise SetupFailed(Tunnelgate.unavailable)
+        keyfile = self.workdir / f"{self.ifname}.key"
+        keyfile.write_text(self.key + "\n")
+        keyfile.chmod(0o600)
+        config = self.workdir / f"{self.ifname}.toml"
+        config.write_text(self.config_text(side, peer_pub, peer_port, str(keyfile)))
         # An earlier build may predate --seccomp: it runs with its own defaults.
         command = ([Tunnelgate.baseline, "run", "--config", str(config)] if self.use_baseline
                    else [Tunnelgate.binary, "run", "--config", str(config), "--seccomp", self.seccomp])
-        env = {"RUST_LOG": os.environ.get("RUST_LOG", "warn")}
-        if self.use_baseline:
-            env.update(Tunnelgate.baseline_env)
-        self.spawn(command, env)
+        self.spawn(command, self.env())
 
         self.wait_configured()
+
+    def facts(self) -> dict:
+        return process_facts(self.pid)
+
+
+class UnitTunnelgate(Tunnelgate):
+    """tunnelgate under the repository's systemd unit, started by systemd booted in a
+    systemd-nspawn container that joins the setup's namespace (benches/common/shipped.py)."""
+
+    kind = "tunnelgate-unit"
+    rootfs: Path | None = None
+
+    def __init__(self, ns, ifname, workdir):
+        super().__init__(ns, ifname, workdir)
+        self.kind = "tunnelgate-unit"
+        self.container: shipped.NspawnUnit | None = None
+        self.host_pid: int | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self.host_pid is not None
+        return self.host_pid
+
+    def alive(self) -> bool:
+        return self.host_pid is not None and pid_alive(self.host_pid)
+
+    def start(self, side, peer_pub, peer_port):
+        if Tunnelgate.unavailable:
+            raise SetupFailed(Tunnelgate.unavailable)
+        if UnitTunnelgate.rootfs is None:
+            raise SetupFailed("no rootfs for systemd-nspawn (see the error above)")
+        etc = self.workdir / f"etc-{self.ifname}"
+        etc.mkdir(mode=0o700, exist_ok=True)
+        (etc / "private.key").write_text(self.key + "\n")
+        (etc / "private.key").chmod(0o600)
+        (etc / "tunnelgate.toml").write_text(self.config_text(side, peer_pub, peer_port, "/etc/tunnelgate/private.key"))
+        self.container = shipped.NspawnUnit(self.ns, UnitTunnelgate.rootfs, Tunnelgate.binary, etc, self.workdir, self.env(quiet_log=False))
+        self.container.boot()
+        self.host_pid = self.container.wait_active()
+        if not wait_for(lambda: self.link_up() or not self.alive(), 15) or not self.alive():
+            raise SetupFailed(f"tunnelgate.service: {self.ifname} not up: {self.container.journal()[-600:]}")
+
+    def facts(self) -> dict:
+        f = process_facts(self.pid)
+        if self.container:
+            init = self.container.init_pid()
+            # What the container allows at most: a unit cannot keep a capability nspawn dropped.
+            f["container_init"] = process_facts(init)["main"] if init else None
+            f["unit"] = self.container.properties()
+            f["how"] = shipped.unit_reproduction_note()
+            f["unit_log"] = [l for l in self.container.journal().splitlines() if "priority" in l.lower() or "realtime" in l.lower() or "real-time" in l.lower()][-5:]
+        return f
+
+    def stop(self) -> None:
+        if self.container:
+            self.container.stop()
+        self.host_pid = None
+
+
+class PodTunnelgate(Tunnelgate):
+    """tunnelgate as the Kubernetes proxy container (containers/k8s/statefulset.yaml's
+    securityContext), run by podman with CPU limit `cpus`, joined to the setup's namespace."""
+
+    image = "localhost/tunnelgate-bench:latest"
+    bind_binary = True
+    rt: shipped.RtCgroup | None = None
+
+    def __init__(self, ns, ifname, workdir, cpus: int):
+        super().__init__(ns, ifname, workdir)
+        self.kind = f"tunnelgate-pod-cpu{cpus}"
+        self.pod_cpus = cpus
+        self.container: shipped.PodContainer | None = None
+        self.host_pid: int | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self.host_pid is not None
+        return self.host_pid
+
+    def alive(self) -> bool:
+        return self.host_pid is not None and pid_alive(self.host_pid)
+
+    def start(self, side, peer_pub, peer_port):
+        if Tunnelgate.unavailable:
+            raise SetupFailed(Tunnelgate.unavailable)
+        if PodTunnelgate.rt is None:
+            raise SetupFailed("no image for the pod setups (see the error above)")
+        etc = self.workdir / f"etc-{self.ifname}"
+        etc.mkdir(mode=0o700, exist_ok=True)
+        (etc / "private.key").write_text(self.key + "\n")
+        (etc / "private.key").chmod(0o400)
+        (etc / "tunnelgate.toml").write_text(self.config_text(side, peer_pub, peer_port, "/etc/tunnelgate/private.key"))
+        self.container = shipped.PodContainer(self.ns, self.ns, PodTunnelgate.image, etc, Tunnelgate.binary if PodTunnelgate.bind_binary else None,
+                                              self.pod_cpus, self.env(quiet_log=False), PodTunnelgate.rt)
+        self.container.start()
+        self.host_pid = shipped.wait_pod_pid(self.container)
+        PodTunnelgate.rt.add(self.container.name, self.host_pid)
+        if not wait_for(lambda: self.link_up() or not self.alive(), 15) or not self.alive():
+            raise SetupFailed(f"pod {self.container.name}: {self.ifname} not up: {self.container.logs()[-600:]}")
+
+    def facts(self) -> dict:
+        f = process_facts(self.pid)
+        if self.container:
+            f["podman"] = self.container.notes
+            f["log"] = [l for l in self.container.logs().splitlines() if "priority" in l.lower() or "real" in l.lower()][-5:]
+        return f
+
+    def stop(self) -> None:
+        if self.container:
+            self.container.stop()
+        self.host_pid = None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -265,6 +416,11 @@ class Setup:
         self.runs: list[dict] = []
         self.idle_rss: dict[str, int | None] = {}
         self.peak_rss: dict[str, int | None] = {}
+        self.facts: dict[str, dict] = {}
+        self.cpus: dict[str, str] = {}
+        if name in GATEWAY_SETUPS:
+            gw, rest = gateway_cpus()
+            self.cpus = {"a": rest, "b": gw}
 
     @property
     def tunneled(self) -> bool:
@@ -294,6 +450,10 @@ class Setup:
             return Tunnelgate(ns, ifname, self.workdir, workers=1)
         if kind == BASELINE_SETUP:
             return Tunnelgate(ns, ifname, self.workdir, baseline=True)
+        if kind == "tunnelgate-unit":
+            return UnitTunnelgate(ns, ifname, self.workdir)
+        if kind.startswith("tunnelgate-pod-cpu"):
+            return PodTunnelgate(ns, ifname, self.workdir, int(kind.rsplit("cpu", 1)[1]))
         raise ValueError(kind)
 
     def start(self) -> None:
@@ -312,6 +472,10 @@ class Setup:
                 d = self.make_daemon(kind, s)
                 d.key, d.pub = genkey()
                 d.port = 51820
+                if isinstance(d, Tunnelgate):
+                    d.extra_env = dict(SETUP_ENV.get(self.name, {}))
+                if self.name in GATEWAY_SETUPS:
+                    d.cpus = self.cpus[s]
                 self.daemons[s] = d
             a, b = self.daemons["a"], self.daemons["b"]
             a.start("a", b.pub, b.port)
@@ -324,7 +488,36 @@ class Setup:
         self.check_alive()
         for s, d in self.daemons.items():
             self.idle_rss[s] = status_kib(d.pid, "VmRSS")
+            self.facts[s] = d.facts() if isinstance(d, Tunnelgate) else process_facts(d.pid)
+            self.facts[s]["kind"] = d.kind
+            if d.cpus:
+                self.facts[s]["taskset"] = d.cpus
+            if isinstance(d, Tunnelgate) and d.extra_env:
+                self.facts[s]["env"] = d.extra_env
         self.status = "ok"
+
+    def tunnelgate_pids(self) -> dict[str, int]:
+        """side -> pid of the tunnelgate daemons (whose readers can be sampled)."""
+        return {s: d.pid for s, d in self.daemons.items() if isinstance(d, Tunnelgate) and d.alive()}
+
+    @contextlib.contextmanager
+    def measuring(self):
+        """Around one measurement: for a gateway setup the benchmark (and every process it starts:
+        iperf3, ping) runs on the CPUs other than the gateway's; for a pod setup its containers get
+        the real-time runtime (shipped.RtCgroup). Yields notes for the results."""
+        notes: dict = {}
+        old = os.sched_getaffinity(0)
+        try:
+            if self.name in GATEWAY_SETUPS:
+                os.sched_setaffinity(0, {int(c) for c in self.cpus["a"].split(",")})
+                notes["bench_cpus"] = self.cpus["a"]
+            if self.name in POD_SETUPS and PodTunnelgate.rt is not None:
+                names = [d.container.name for d in self.daemons.values() if isinstance(d, PodTunnelgate) and d.container]
+                rts = PodTunnelgate.rt.focus(names)
+                notes["rt_runtime_us"] = {c: rts.get(c) for c in names}
+            yield notes
+        finally:
+            os.sched_setaffinity(0, old)
 
     def ping_once(self, dst: str) -> bool:
         return nsx(self.ns["a"], "ping", "-n", "-q", "-c", "1", "-W", "1", dst, check=False, timeout=5).returncode == 0
@@ -564,6 +757,91 @@ def prepare_tunnelgate(args) -> None:
         Tunnelgate.unavailable = f"no tunnelgate binary at {Tunnelgate.binary}"
 
 
+def add_shipped_args(ap: argparse.ArgumentParser) -> None:
+    """Options of the unit, pod and gateway setups and of --daemon-env (shared with benches/latency)."""
+    g = ap.add_argument_group("setups as users run tunnelgate (unit, pod-cpu2, pod-cpu1, gateway)")
+    g.add_argument("--nspawn-rootfs", type=Path, default=shipped.nspawn_rootfs_default(),
+                   help="the Debian rootfs with systemd that the unit setup boots (default: the booted-systemd tests' cache, "
+                        "$TUNNELGATE_TEST_ROOTFS else %(default)s; debootstrapped when missing)")
+    g.add_argument("--unit-file", type=Path, default=shipped.UNIT_FILE,
+                   help="the systemd unit the unit setup runs (default: the repository's, %(default)s)")
+    g.add_argument("--image", default=PodTunnelgate.image,
+                   help="the podman image of the pod setups (default %(default)s; built with scripts/image.sh when missing, "
+                        "its debootstrap base in $TUNNELGATE_IMAGE_ROOTFS else /var/tmp/tg-bench-rootfs)")
+    g.add_argument("--rebuild-image", action="store_true", help="run scripts/image.sh for --image even if it exists")
+    g.add_argument("--manifest", type=Path, default=shipped.MANIFEST,
+                   help="the StatefulSet whose proxy container the pod setups reproduce (default: the repository's, %(default)s)")
+    g.add_argument("--pod-binary", choices=("host", "image"), default="host",
+                   help="host: bind the benchmarked tunnelgate over the image's (default: the same build as every other setup); image: the image's own")
+    g.add_argument("--pod-rt", default="focus", metavar="focus|none|US",
+                   help="real-time runtime of the pod containers' cpu cgroups (this kernel has RT group scheduling, cgroup v1): "
+                        "focus (default: the measured setup's containers share what the root group has left, the others keep 1 %%), "
+                        "none (0: SCHED_FIFO refused, what a node with this kernel gives a pod), or US per container per period")
+    g.add_argument("--pod-rt-period", type=int, default=10000, metavar="US",
+                   help="cpu.rt_period_us of the pod containers (default %(default)s: a container past its runtime is throttled, not stepped down, until the period ends; a short period keeps those stalls short)")
+    g.add_argument("--daemon-env", action="append", default=[], metavar="SETUP:K=V[,K=V]",
+                   help="extra environment of one setup's tunnelgate daemons (repeatable), e.g. gateway:TUNNELGATE_RT_PRIORITY=0")
+
+
+def use_daemon_env(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    for item in args.daemon_env:
+        setup, _, kvs = item.partition(":")
+        if setup not in SETUPS or not kvs:
+            ap.error(f"--daemon-env {item}: want SETUP:K=V[,K=V] with a known setup")
+        env = dict(kv.split("=", 1) for kv in kvs.split(",") if "=" in kv)
+        SETUP_ENV.setdefault(setup, {}).update(env)
+    if args.pod_rt not in ("focus", "none") and not args.pod_rt.isdigit():
+        ap.error(f"--pod-rt {args.pod_rt}: focus, none or a number of microseconds")
+
+
+def prepare_shipped(args, names: list[str], workdir: Path) -> None:
+    """The unit setup's rootfs and the pod setups' image and cgroup parent; what cannot be had
+    fails those setups (with the reason), not the run."""
+    if "unit" in names:
+        shipped.UNIT_FILE = args.unit_file.resolve()
+        try:
+            UnitTunnelgate.rootfs = shipped.ensure_nspawn_rootfs(args.nspawn_rootfs)
+        except (SetupFailed, subprocess.SubprocessError, OSError) as e:
+            log(f"unit setup: {e}")
+    if any(n in POD_SETUPS for n in names):
+        try:
+            if not shutil.which("podman"):
+                raise SetupFailed("podman missing (apt-get install --no-install-recommends podman runc)")
+            if args.rebuild_image or not shipped.image_exists(args.image):
+                shipped.build_image(args.image, workdir / "image-build.log")
+            PodTunnelgate.image = args.image
+            shipped.MANIFEST = args.manifest.resolve()
+            PodTunnelgate.bind_binary = args.pod_binary == "host"
+            rt = shipped.RtCgroup(args.pod_rt, args.pod_rt_period)
+            PodTunnelgate.rt = rt  # before prepare(): the run's cleanup removes what it made
+            rt.prepare()
+        except (SetupFailed, subprocess.SubprocessError, OSError) as e:
+            log(f"pod setups: {e}")
+            if PodTunnelgate.rt is not None:
+                PodTunnelgate.rt.cleanup()
+                PodTunnelgate.rt = None
+
+
+def shipped_meta(args, names: list[str]) -> dict:
+    """What the shipped setups were run with, for the results."""
+    m: dict = {}
+    if "unit" in names:
+        m["unit"] = {"file": str(shipped.UNIT_FILE.relative_to(REPO)) if shipped.UNIT_FILE.is_relative_to(REPO) else str(shipped.UNIT_FILE), "rootfs": str(args.nspawn_rootfs), "how": shipped.unit_reproduction_note()}
+    if any(n in POD_SETUPS for n in names):
+        rt = PodTunnelgate.rt
+        m["pod"] = {"manifest": str(shipped.MANIFEST.relative_to(REPO)) if shipped.MANIFEST.is_relative_to(REPO) else str(shipped.MANIFEST), "image": args.image, "binary": args.pod_binary,
+                    "rt_mode": rt.mode if rt else None, "rt_period_us": args.pod_rt_period,
+                    "rt_parent": str(rt.dir) if rt else None, "rt_parent_ratio": round(rt.ratio, 4) if rt else None,
+                    "not_reproduced": "the kubelet (probes, the pod's cpu.shares from its request), the sidecar and the init container "
+                                      "(forwarding is not needed by this benchmark)"}
+    if any(n in GATEWAY_SETUPS for n in names):
+        gw, rest = gateway_cpus()
+        m["gateway"] = {"side_b_cpus": gw, "side_a_and_bench_cpus": rest}
+    if SETUP_ENV:
+        m["daemon_env"] = SETUP_ENV
+    return m
+
+
 def prepare_cargo_tool(cls: type[Boringtun], override: str | None) -> None:
     """Finds `cls.command`: the path given, else PATH, else the cache; when it is nowhere,
     `cargo install cls.crate --locked` into the cache. A failed install leaves `cls.binary` empty
@@ -756,6 +1034,7 @@ def main() -> int:
     ap.add_argument("--gotatun", help="gotatun binary (default: PATH, else cargo install gotatun-cli into the cache)")
     ap.add_argument("--keep-logs", action="store_true", help="keep the daemons' logs and configs")
     ap.add_argument("--svg-from", metavar="JSON", help="only write the SVG chart of an earlier run's JSON (next to it) and exit")
+    add_shipped_args(ap)
     args = ap.parse_args()
     if args.svg_from:
         src = Path(args.svg_from)
@@ -766,6 +1045,7 @@ def main() -> int:
     if args.quick:
         args.rounds, args.duration = 1, 5
     use_baseline(ap, args)
+    use_daemon_env(ap, args)
     UDP_MAX_RATE[0] = args.udp_max_rate
     tests = [t.strip() for t in args.tests.split(",") if t.strip()]
     if any(t not in ALL_TESTS for t in tests):
@@ -806,8 +1086,9 @@ def main() -> int:
         log(f"warning: load average {load1} before the benchmark: other work will skew the figures")
     try:
         sweep_stale_runs()
-        if any("tunnelgate" in SETUPS[n] for n in names):
+        if needs_tunnelgate(names):
             prepare_tunnelgate(args)
+            prepare_shipped(args, names, workdir)
         for cls, override in ((Boringtun, args.boringtun), (Gotatun, args.gotatun)):
             if any(k and k.startswith(cls.kind) for n in names for k in SETUPS[n]):
                 prepare_cargo_tool(cls, override)
@@ -821,6 +1102,7 @@ def main() -> int:
             BASELINE_SETUP: Tunnelgate.baseline or None,
             BASELINE_SETUP + "-env": Tunnelgate.baseline_env or None,
         }
+        results["meta"]["shipped"] = shipped_meta(args, names)
         for s in setups:
             log(f"==> starting {s.name}")
             try:
@@ -840,7 +1122,9 @@ def main() -> int:
                 n += 1
                 log(f"==> round {rnd + 1}/{args.rounds}, {s.name} ({n}/{total})")
                 for test in tests:
-                    r = measure(s, test, args.duration, args.udp_window)
+                    with s.measuring() as notes:
+                        r = measure(s, test, args.duration, args.udp_window)
+                    r.update(notes)
                     r.update(round=rnd + 1, test=test)
                     s.runs.append(r)
                     summary = r.get("error") or ", ".join(
@@ -872,6 +1156,8 @@ def main() -> int:
         for s in setups:
             s.teardown()
         sweep_stale_runs()
+        if PodTunnelgate.rt is not None:
+            PodTunnelgate.rt.cleanup()
         signal.signal(signal.SIGINT, signal.default_int_handler)
         if not args.keep_logs:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -888,6 +1174,7 @@ def main() -> int:
             "daemons": {side: d.kind for side, d in s.daemons.items()},
             "idle_rss_kib": s.idle_rss,
             "peak_rss_kib": s.peak_rss,
+            "daemon_facts": s.facts,
             "runs": s.runs,
         }
     if interrupted:  # never replace complete figures with a partial run

@@ -39,7 +39,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "common"))
-from benchproc import CommandFailed, add_output_args, git_commit, iperf3_server, log, nsx, raise_on_signals, results_path, stop_process, wait_for  # noqa: E402
+from benchproc import CommandFailed, ThreadSampler, add_output_args, git_commit, iperf3_server, log, nsx, raise_on_signals, results_path, stop_process, wait_for  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("iperf_bench", HERE.parent / "iperf" / "bench.py")
 ib = importlib.util.module_from_spec(_spec)
@@ -118,11 +118,15 @@ def measure_round(setup, duration: int) -> dict:
         stream = tcp_stream(setup, duration)
         time.sleep(1.0)
         window = max(1.0, duration - 2.0)
+        # The readers' scheduling class every 10 ms and their CPU, over the loaded window.
+        sampler = ThreadSampler(setup.tunnelgate_pids())
+        sampler.start()
         sparse = subprocess.Popen(
             ["ip", "netns", "exec", setup.ns["a"], sys.executable, str(HERE / "sparse.py"), "client", setup.target(), str(SPARSE_PORT), str(window), str(SPARSE_INTERVAL)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
         )
         r["loaded_ping"] = ping(setup, int(window / PING_INTERVAL))
+        r["readers"] = sampler.stop()
         out, err = sparse.communicate(timeout=window + 30)
         try:
             r["loaded_sparse"] = json.loads(out)
@@ -144,7 +148,14 @@ def summarize(runs: list[dict]) -> dict:
     sparse = [x for r in ok for x in r.get("loaded_sparse", {}).get("rtt_ms", [])]
     kept = [r["loaded"]["bps"] / r["alone"]["bps"] for r in ok if r.get("loaded", {}).get("bps") and r.get("alone", {}).get("bps")]
     med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
+    readers = {}
+    for side in "ab":
+        fifo = [r["readers"][side]["fifo_fraction"] for r in ok if r.get("readers", {}).get(side, {}).get("fifo_fraction") is not None]
+        cpu = [r["readers"][side]["cpu_share"] for r in ok if r.get("readers", {}).get(side, {}).get("cpu_share") is not None]
+        if fifo or cpu:
+            readers[side] = {"fifo_fraction": med(fifo), "cpu_share": med(cpu)}
     return {
+        "readers": readers,
         "idle_ping_p50_ms": percentile(idle, 50), "idle_ping_p99_ms": percentile(idle, 99),
         "loaded_ping_p50_ms": percentile(loaded, 50), "loaded_ping_p99_ms": percentile(loaded, 99),
         "loaded_ping_lost": sum(r["loaded_ping"]["lost"] for r in ok), "loaded_ping_sent": sum(r["loaded_ping"]["sent"] for r in ok),
@@ -155,12 +166,17 @@ def summarize(runs: list[dict]) -> dict:
     }
 
 
+def pct(v: float | None) -> str:
+    return "-" if v is None else f"{v * 100:.0f} %"
+
+
 def report(results: dict) -> str:
     f = lambda v, fmt="{:.2f}": "-" if v is None else fmt.format(v)  # noqa: E731
-    rows = [("setup", "idle ping p50/p99 ms", "loaded ping p50/p99 ms", "ping lost", "sparse TCP p50/p99 ms", "stream alone Gbit/s", "under load", "kept")]
+    rows = [("setup", "idle ping p50/p99 ms", "loaded ping p50/p99 ms", "ping lost", "sparse TCP p50/p99 ms", "stream alone Gbit/s", "under load", "kept",
+             "readers at FIFO a/b", "reader CPU a/b")]
     for name, s in results["setups"].items():
         if s["status"] != "ok":
-            rows.append((name, f"FAILED: {s['reason'][:160]}") + ("",) * 6)
+            rows.append((name, f"FAILED: {s['reason'][:160]}") + ("",) * 8)
             continue
         m = s["summary"]
         rows.append((
@@ -171,6 +187,8 @@ def report(results: dict) -> str:
             f"{f(m['sparse_tcp_p50_ms'])} / {f(m['sparse_tcp_p99_ms'])}",
             f(m["alone_gbps"]), f(m["loaded_gbps"]),
             "-" if m["kept_fraction"] is None else f"{m['kept_fraction'] * 100:.0f} %",
+            "/".join(pct(m.get("readers", {}).get(side, {}).get("fifo_fraction")) for side in "ab") if m.get("readers") else "-",
+            "/".join(pct(m.get("readers", {}).get(side, {}).get("cpu_share")) for side in "ab") if m.get("readers") else "-",
         ))
     widths = [max(len(r[i]) for r in rows if not r[1].startswith("FAILED") or i == 0) for i in range(len(rows[0]))]
     out = []
@@ -193,6 +211,7 @@ def main() -> int:
     ap.add_argument("--no-build", action="store_true", help="do not run cargo build --release")
     ap.add_argument("--congestion", metavar="ALG", help="the stream's TCP congestion control (iperf3 -C), e.g. cubic or bbr (default: the machine's, recorded)")
     add_output_args(ap, "latency")
+    ib.add_shipped_args(ap)
     args = ap.parse_args()
     global CONGESTION
     if args.congestion:
@@ -203,6 +222,7 @@ def main() -> int:
     if args.quick:
         args.rounds, args.duration = 1, 6
     ib.use_baseline(ap, args)
+    ib.use_daemon_env(ap, args)
     names = ib.checked_setups(ap, args, "latency")
     try:
         out = results_path(args, "latency")
@@ -233,14 +253,17 @@ def main() -> int:
     interrupted = False
     try:
         ib.sweep_stale_runs()
-        if any("tunnelgate" in ib.SETUPS[n] for n in names):
+        if ib.needs_tunnelgate(names):
             ib.prepare_tunnelgate(args)
+            ib.prepare_shipped(args, names, workdir)
+        results["meta"]["shipped"] = ib.shipped_meta(args, names)
         for s in setups:
             log(f"==> starting {s.name}")
             try:
                 s.start()
-                srv = subprocess.Popen(["ip", "netns", "exec", s.ns["b"], sys.executable, str(HERE / "sparse.py"), "server", str(SPARSE_PORT)],
-                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, start_new_session=True)
+                with s.measuring():  # a gateway setup's sparse server runs beside the benchmark, off the gateway's CPU
+                    srv = subprocess.Popen(["ip", "netns", "exec", s.ns["b"], sys.executable, str(HERE / "sparse.py"), "server", str(SPARSE_PORT)],
+                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, start_new_session=True)
                 servers.append(srv)
                 if not wait_for(lambda: f":{SPARSE_PORT}" in nsx(s.ns["b"], "ss", "-Hltn", f"sport = :{SPARSE_PORT}", check=False).stdout, 5):
                     raise CommandFailed("the sparse flow's server did not start")
@@ -255,7 +278,9 @@ def main() -> int:
                     continue
                 log(f"==> round {rnd + 1}/{args.rounds}, {s.name}")
                 try:
-                    r = measure_round(s, args.duration)
+                    with s.measuring() as notes:
+                        r = measure_round(s, args.duration)
+                    r.update(notes)
                 except (subprocess.SubprocessError, OSError, CommandFailed) as e:
                     r = {"error": str(e)}
                 r["round"] = rnd + 1
@@ -285,6 +310,8 @@ def main() -> int:
         for s in setups:
             s.teardown()
         ib.sweep_stale_runs()
+        if ib.PodTunnelgate.rt is not None:
+            ib.PodTunnelgate.rt.cleanup()
         signal.signal(signal.SIGINT, signal.default_int_handler)
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -296,7 +323,7 @@ def main() -> int:
         results["setups"][s.name] = {
             "status": "ok" if s.status == "ok" else "failed", "reason": s.reason,
             "daemons": {side: d.kind for side, d in s.daemons.items()},
-            "idle_rss_kib": s.idle_rss, "peak_rss_kib": s.peak_rss,
+            "idle_rss_kib": s.idle_rss, "peak_rss_kib": s.peak_rss, "daemon_facts": s.facts,
             "summary": summarize(s.runs) if s.status == "ok" else {},
             "runs": s.runs,
         }

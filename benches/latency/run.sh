@@ -13,6 +13,17 @@ if [[ "$(id -u)" != "0" ]]; then
 fi
 
 source scripts/packages.sh
-install_missing iperf3 wireguard-go wireguard-tools iproute2 iputils-ping python3 || true
+install_missing iperf3 wireguard-go wireguard-tools iproute2 iputils-ping util-linux python3 || true
+# The unit setup boots systemd in systemd-nspawn on a debootstrapped rootfs; the pod setups run
+# podman (with runc) and read the manifest with PyYAML.
+case " $* " in
+*unit*) install_missing systemd-container debootstrap || true ;;
+esac
+case " $* " in
+*pod-*)
+    install_missing podman runc debootstrap || true
+    python3 -c 'import yaml' 2>/dev/null || python3 -m pip install --quiet pyyaml || true
+    ;;
+esac
 
 exec python3 benches/latency/bench.py "$@"

@@ -1,0 +1,607 @@
+#!/usr/bin/env python3
+"""Flood benchmark: how much of its CPU a tunnelgate UDP reader at real-time priority leaves to a
+normal-priority neighbour while it is flooded.
+
+Three namespaces: a client (tunnelgate, the established peer), the proxy (the tunnelgate under test,
+one worker) and a flooder, joined to the proxy by veth pairs:
+
+    client 10.97.0.2 --- 10.97.0.1 proxy 10.96.0.1 --- 10.96.0.2 flooder
+    tunnel 10.100.0.1             tunnel 10.100.0.2
+
+The proxy's UDP reader (tg-udp-rx-0) is pinned to the first CPU (taskset on that thread), and so is
+a busy loop at normal priority (the neighbour); everything else (the proxy's other threads, the
+client, the flood generators, this script) runs on the other CPUs. Floods, from the flooder to the
+proxy's port:
+
+  init    handshake initiations with a valid mac1 (anyone can compute it from the public key)
+  data    data messages to receiver indices nobody holds
+  cookie  cookie replies to receiver indices nobody holds
+
+First, per flood, the reader's capacity: offered rates doubling (no neighbour) until the proxy's
+socket drops more than 2 % of what was offered; the capacity is the rate the reader then took in.
+Then, per flood, at rates around it (--rates, fractions of the capacity), with the readers at the
+default real-time priority and again with TUNNELGATE_RT_PRIORITY=0 (a fresh daemon each), for
+DURATION s: the neighbour's loop rate against the same loop with no flood (a window just before), the reader's CPU share
+and the fraction of 10 ms samples (/proc) in which it was at SCHED_FIFO, the proxy's socket drops,
+what the generator sent and got back, and the established peer's ping (every 10 ms).
+
+Usage: benches/flood/run.sh [--quick] [--rounds N] [--duration S] [--floods init,data,cookie] [--out FILE | --publish]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "common"))
+from benchproc import (  # noqa: E402
+    PID, REPO, CommandFailed, Daemon, ThreadSampler, add_ns, add_output_args, build_release_tunnelgate, genkey, git_commit, kill_ns, log,
+    nsx, process_facts, raise_on_signals, results_path, run, sweep_stale, tail, thread_sched, threads_named, wait_for,
+)
+
+GEN = HERE / "floodgen.py"
+NS_PREFIX = "tgflood"  # tgflood<pid><c|p|f>
+IF_PREFIX = "tf"  # tf<pid><c|p>, veths tf<pid>v<x>
+ADDR = {"c": "10.97.0.2", "pc": "10.97.0.1", "pf": "10.96.0.1", "f": "10.96.0.2"}
+TUNNEL = {"c": "10.100.0.1", "p": "10.100.0.2"}
+PORT = 51820
+SINK_PORT = 9999
+FLOODS = ("init", "data", "cookie")
+MODES = {"rt": {}, "normal": {"TUNNELGATE_RT_PRIORITY": "0"}}
+PING_INTERVAL = 0.01
+DROP_LIMIT = 0.02  # the ramp stops where the proxy's socket drops more than this share of the offer
+
+
+def percentile(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    s = sorted(xs)
+    return s[max(0, min(len(s) - 1, int(round(q / 100 * len(s) + 0.5)) - 1))]
+
+
+def udp_drops(ns: str, port: int) -> int:
+    """Drops counted on the UDP sockets bound to `port` in `ns` (/proc/net/udp and udp6, the last
+    column: the socket's receive buffer was full)."""
+    p = nsx(ns, "cat", "/proc/net/udp", "/proc/net/udp6", check=False)
+    total = 0
+    for line in p.stdout.splitlines():
+        f = line.split()
+        if len(f) >= 13 and ":" in f[1] and f[0].endswith(":") and int(f[1].rsplit(":", 1)[1], 16) == port:
+            total += int(f[12])
+    return total
+
+
+class Tg(Daemon):
+    kind = "tunnelgate"
+
+    def start_tg(self, binary: str, config: str, env: dict[str, str]) -> None:
+        path = self.workdir / f"{self.ifname}.toml"
+        path.write_text(config)
+        self.spawn([binary, "run", "--config", str(path)], {"RUST_LOG": os.environ.get("RUST_LOG", "warn"), **env})
+        self.wait_configured()
+
+
+def tg_config(ifname: str, keyfile: Path, addr: str, peer_pub: str, peer_endpoint: str | None, peer_allowed: str, workers: int) -> str:
+    endpoint = f'endpoint = "{peer_endpoint}"\npersistent_keepalive = 5\n' if peer_endpoint else ""
+    return f"""# written by benches/flood/bench.py
+[interface]
+name = "{ifname}"
+private_key_file = "{keyfile}"
+listen_port = {PORT}
+addresses = ["{addr}/32"]
+mtu = 1420
+workers = {workers}
+
+[[peer]]
+public_key = "{peer_pub}"
+{endpoint}allowed_ips = ["{peer_allowed}/32"]
+
+[health]
+listen = ""
+"""
+
+
+class Rig:
+    """The three namespaces and two daemons; `start(mode_env)` starts the daemons afresh."""
+
+    def __init__(self, workdir: Path, binary: str, workers: int, reader_cpu: int, other_cpus: str, extra_env: dict[str, str]):
+        self.workdir, self.binary, self.workers = workdir, binary, workers
+        self.reader_cpu, self.other_cpus, self.extra_env = reader_cpu, other_cpus, extra_env
+        self.ns = {k: f"{NS_PREFIX}{PID}{k}" for k in "cpf"}
+        self.created: list[str] = []
+        self.keys = {k: genkey() for k in "cp"}
+        self.daemons: dict[str, Tg] = {}
+        self.reader_tid: int | None = None
+
+    def build(self) -> None:
+        for k in "cpf":
+            add_ns(self.ns[k])
+            self.created.append(self.ns[k])
+        for other, mine, theirs in (("c", "pc", "c"), ("f", "pf", "f")):
+            vp, vo = f"{IF_PREFIX}{PID}v{other}p", f"{IF_PREFIX}{PID}v{other}"
+            run(["ip", "link", "add", vp, "netns", self.ns["p"], "type", "veth", "peer", "name", vo, "netns", self.ns[other]])
+            nsx(self.ns["p"], "ip", "addr", "add", f"{ADDR[mine]}/24", "dev", vp)
+            nsx(self.ns[other], "ip", "addr", "add", f"{ADDR[theirs]}/24", "dev", vo)
+            nsx(self.ns["p"], "ip", "link", "set", vp, "up")
+            nsx(self.ns[other], "ip", "link", "set", vo, "up")
+
+    def start(self, env: dict[str, str]) -> None:
+        self.stop()
+        for k in "cp":
+            key, _ = self.keys[k]
+            keyfile = self.workdir / f"{k}.key"
+            keyfile.write_text(key + "\n")
+            keyfile.chmod(0o600)
+        c = Tg(self.ns["c"], f"{IF_PREFIX}{PID}c", self.workdir)
+        p = Tg(self.ns["p"], f"{IF_PREFIX}{PID}p", self.workdir)
+        c.cpus = p.cpus = self.other_cpus
+        p.start_tg(self.binary, tg_config(p.ifname, self.workdir / "p.key", TUNNEL["p"], self.keys["c"][1], None, TUNNEL["c"], self.workers),
+                   {**self.extra_env, **env})
+        c.start_tg(self.binary, tg_config(c.ifname, self.workdir / "c.key", TUNNEL["c"], self.keys["p"][1], f"{ADDR['pc']}:{PORT}", TUNNEL["p"], 1),
+                   self.extra_env)
+        self.daemons = {"c": c, "p": p}
+        if not wait_for(lambda: nsx(self.ns["c"], "ping", "-c", "1", "-W", "1", TUNNEL["p"], check=False).returncode == 0, 15, 0.2):
+            raise CommandFailed(f"no ping through the tunnel within 15 s: {tail(p.logfile, 5)} {tail(c.logfile, 5)}")
+        readers = {tid: n for tid, n in threads_named(p.pid, ("tg-udp-rx-",)).items()}
+        if len(readers) != 1:
+            raise CommandFailed(f"expected one UDP reader in the proxy (workers = {self.workers}), found {sorted(readers.values())}")
+        self.reader_tid = next(iter(readers))
+        run(["taskset", "-p", "-c", str(self.reader_cpu), str(self.reader_tid)])
+
+    def stop(self) -> None:
+        for d in self.daemons.values():
+            d.stop()
+        self.daemons = {}
+
+    def teardown(self) -> None:
+        self.stop()
+        for ns in self.created:
+            kill_ns(ns)
+        self.created.clear()
+
+    @property
+    def proxy(self) -> Tg:
+        return self.daemons["p"]
+
+    def drop_counters(self) -> dict[str, int]:
+        """The proxy's drop counters by reason (`tunnelgate status --json`)."""
+        p = run([self.binary, "status", "--json", "--interface", self.proxy.ifname], check=False, timeout=10)
+        try:
+            j = json.loads(p.stdout)
+        except json.JSONDecodeError:
+            return {}
+        j = j[0] if isinstance(j, list) and j else j
+        drops = find_key(j, "drops")
+        return {k: v for k, v in drops.items() if isinstance(v, int)} if isinstance(drops, dict) else {}
+
+
+def find_key(j, key: str):
+    if isinstance(j, dict):
+        if key in j:
+            return j[key]
+        for v in j.values():
+            r = find_key(v, key)
+            if r is not None:
+                return r
+    elif isinstance(j, list):
+        for v in j:
+            r = find_key(v, key)
+            if r is not None:
+                return r
+    return None
+
+
+GSO = [8]  # messages per send (--gso)
+
+
+def start_gens(rig: Rig, kind: str, rate: float, seconds: float, procs: int, size: int, target: str | None = None) -> list[subprocess.Popen]:
+    to = target or f"{ADDR['pf']}:{PORT}"
+    per = rate / procs if rate > 0 else 0
+    return [subprocess.Popen(["ip", "netns", "exec", rig.ns["f"], "taskset", "-c", rig.other_cpus, sys.executable, str(GEN), "gen", kind, to,
+                              rig.keys["p"][1], str(per), str(seconds), str(size), str(GSO[0])],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+            for _ in range(procs)]
+
+
+def gens_result(gens: list[subprocess.Popen], seconds: float) -> dict:
+    outs = []
+    for g in gens:
+        out, err = g.communicate(timeout=seconds + 30)
+        try:
+            outs.append(json.loads(out.strip().splitlines()[-1]))
+        except (json.JSONDecodeError, IndexError):
+            raise CommandFailed(f"flood generator exited {g.returncode}: {err.strip()[-300:]}")
+    sent = sum(o["sent"] for o in outs)
+    wall = max(o["seconds"] for o in outs)
+    return {"sent": sent, "pps": round(sent / wall) if wall else 0, "replies": sum(o["replies"] for o in outs),
+            "send_errors": sum(o["send_errors"] for o in outs), "procs": len(outs), "bytes": outs[0]["bytes"], "gso": outs[0]["gso"]}
+
+
+def generator_ceiling(rig: Rig, kind: str, seconds: float, procs: int, size: int) -> dict:
+    """What the generator sends when unpaced, to a port in the proxy's namespace nobody reads."""
+    sink = subprocess.Popen(["ip", "netns", "exec", rig.ns["p"], "taskset", "-c", rig.other_cpus, sys.executable, str(GEN), "sink", str(SINK_PORT), str(seconds + 5)],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, stdin=subprocess.DEVNULL)
+    try:
+        if not sink.stdout or sink.stdout.readline().strip() != "listening":
+            raise CommandFailed("the sink did not start")
+        return gens_result(start_gens(rig, kind, 0, seconds, procs, size, f"{ADDR['pf']}:{SINK_PORT}"), seconds)
+    finally:
+        sink.kill()
+        sink.wait()
+
+
+def reader_cpu_ns(rig: Rig) -> int:
+    s = thread_sched(rig.proxy.pid, rig.reader_tid) if rig.reader_tid else None
+    return s[3] if s else 0
+
+
+def ramp(rig: Rig, kind: str, step_s: float, procs: int, size: int, ceiling: float) -> dict:
+    """Offered rates doubling from 5,000/s until the proxy's socket drops more than DROP_LIMIT of
+    the offer, or the generator cannot send what is asked; no neighbour."""
+    steps = []
+    rate = 5000.0
+    capacity = None
+    while True:
+        d0, c0, t0 = udp_drops(rig.ns["p"], PORT), reader_cpu_ns(rig), time.monotonic()
+        g = gens_result(start_gens(rig, kind, rate, step_s, procs, size), step_s)
+        time.sleep(0.2)
+        drops = udp_drops(rig.ns["p"], PORT) - d0
+        wall = time.monotonic() - t0
+        step = {"offered_pps": rate, "sent_pps": g["pps"], "socket_drops": drops, "drop_fraction": round(drops / max(1, g["sent"]), 4),
+                "taken_pps": round((g["sent"] - drops) / step_s), "reader_cpu_share": round((reader_cpu_ns(rig) - c0) / 1e9 / wall, 3), "replies": g["replies"]}
+        steps.append(step)
+        log(f"    ramp {kind} {rate:>9.0f}/s: sent {g['pps']}/s, socket drops {step['drop_fraction'] * 100:.1f} %, reader CPU {step['reader_cpu_share'] * 100:.0f} %")
+        if step["drop_fraction"] > DROP_LIMIT:
+            capacity = {"pps": step["taken_pps"], "by": "socket drops"}
+            break
+        if g["pps"] < 0.9 * rate or rate * 2 > ceiling * 1.05:
+            capacity = {"pps": g["pps"], "by": "the generator's ceiling (the reader kept up)"}
+            break
+        rate *= 2
+    return {"steps": steps, "capacity": capacity}
+
+
+def ping_start(rig: Rig, seconds: float, dst: str = TUNNEL["p"], interval: float = PING_INTERVAL) -> subprocess.Popen:
+    count = max(1, int(seconds / interval))
+    return subprocess.Popen(["ip", "netns", "exec", rig.ns["c"], "ping", "-n", "-i", str(interval), "-c", str(count), "-W", "1", dst],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+
+
+def ping_result(p: subprocess.Popen, seconds: float) -> dict:
+    out, _ = p.communicate(timeout=seconds + 30)
+    rtts = [float(m) for m in re.findall(r"time=([\d.]+) ms", out)]
+    sent = re.search(r"(\d+) packets transmitted", out)
+    n = int(sent.group(1)) if sent else 0
+    return {"sent": n, "lost": max(0, n - len(rtts)), "p50_ms": percentile(rtts, 50), "p99_ms": percentile(rtts, 99), "max_ms": max(rtts) if rtts else None}
+
+
+def measure(rig: Rig, kind: str | None, rate: float, seconds: float, procs: int, size: int) -> dict:
+    """One window of `seconds`: the neighbour on the reader's CPU, the ping, and a flood of `kind`
+    at `rate` (none when kind is None)."""
+    d0, drops0 = udp_drops(rig.ns["p"], PORT), rig.drop_counters()
+    neighbour = subprocess.Popen(["taskset", "-c", str(rig.reader_cpu), sys.executable, str(GEN), "neighbour", str(seconds)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    gens = start_gens(rig, kind, rate, seconds, procs, size) if kind else []
+    time.sleep(0.3)  # the window starts once everything runs
+    window = seconds - 0.6
+    pinger = ping_start(rig, window)
+    # The same path without the tunnel: what the rig itself adds (the second CPU is busy with the generator).
+    underlay = ping_start(rig, window, ADDR["pc"], 0.02)
+    queue: list[int] = []
+    txq: list[int] = []
+    with ThreadSampler({"reader": rig.proxy.pid}, prefixes=("tg-udp-rx-",)) as sampler:
+        threads0 = proxy_threads_ns(rig)
+        end = time.monotonic() + window
+        while time.monotonic() < end:
+            q = socket_queue(rig.proxy.pid, PORT)
+            if q is not None:
+                queue.append(q[0])
+                txq.append(q[1])
+            time.sleep(min(0.1, max(0.0, end - time.monotonic())))
+        readers = sampler.stop()
+        threads1 = proxy_threads_ns(rig)
+    threads = {name: round((ns - threads0.get(name, 0)) / 1e9 / window, 3) for name, ns in threads1.items()}
+    daemon_cpu = sum(threads.values())
+    r: dict = {"flood": kind, "offered_pps": rate}
+    r["ping"] = ping_result(pinger, window)
+    r["underlay_ping"] = ping_result(underlay, window)
+    out, err = neighbour.communicate(timeout=seconds + 30)
+    try:
+        r["neighbour"] = json.loads(out.strip().splitlines()[-1])
+    except (json.JSONDecodeError, IndexError):
+        raise CommandFailed(f"neighbour exited {neighbour.returncode}: {err.strip()[-300:]}")
+    if gens:
+        r["generator"] = gens_result(gens, seconds)
+    time.sleep(0.2)
+    r["socket_drops"] = udp_drops(rig.ns["p"], PORT) - d0
+    drops1 = rig.drop_counters()
+    r["daemon_drops"] = {k: drops1[k] - drops0.get(k, 0) for k in drops1 if drops1[k] - drops0.get(k, 0)}
+    rd = readers.get("reader", {})
+    r["reader"] = {"fifo_fraction": rd.get("fifo_fraction"), "cpu_share": rd.get("cpu_share"), "samples": sum(t["samples"] for t in rd.get("threads", {}).values())}
+    r["proxy_cpu_share"] = round(daemon_cpu, 3)
+    r["proxy_threads_cpu_share"] = {k: v for k, v in sorted(threads.items(), key=lambda kv: -kv[1]) if v >= 0.005}
+    r["socket_queue_bytes"] = {"max": max(queue, default=None), "median": statistics.median(queue) if queue else None, "samples": len(queue),
+                               "tx_max": max(txq, default=None)}
+    return r
+
+
+def proxy_threads_ns(rig: Rig) -> dict[str, int]:
+    """CPU nanoseconds of every thread of the proxy, by "name/tid"."""
+    out = {}
+    try:
+        tids = os.listdir(f"/proc/{rig.proxy.pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        s = thread_sched(rig.proxy.pid, int(tid))
+        if s:
+            out[f"{s[0]}/{tid}"] = s[3]
+    return out
+
+
+def socket_queue(pid: int, port: int) -> tuple[int, int] | None:
+    """Bytes waiting in the receive queue and the send queue of the UDP socket(s) on `port` in
+    `pid`'s namespace (/proc/PID/net/udp's rx_queue and tx_queue): a queue that stands is what a
+    datagram behind it waits for."""
+    try:
+        lines = Path(f"/proc/{pid}/net/udp").read_text().splitlines()[1:] + Path(f"/proc/{pid}/net/udp6").read_text().splitlines()[1:]
+    except OSError:
+        return None
+    rx = tx = 0
+    for line in lines:
+        f = line.split()
+        if len(f) > 4 and int(f[1].rsplit(":", 1)[1], 16) == port:
+            tx += int(f[4].split(":")[0], 16)
+            rx += int(f[4].split(":")[1], 16)
+    return rx, tx
+
+
+def proxy_facts(rig: Rig) -> dict:
+    """process_facts of the proxy, with the pinned UDP reader's CPUs and scheduling."""
+    f = process_facts(rig.proxy.pid)
+    try:
+        status = Path(f"/proc/{rig.proxy.pid}/task/{rig.reader_tid}/status").read_text()
+        f["udp_reader"] = {"tid": rig.reader_tid, "cpus": re.search(r"Cpus_allowed_list:\s*(\S+)", status).group(1)}
+    except (OSError, AttributeError):
+        pass
+    return f
+
+
+def sweep_stale_runs() -> None:
+    sweep_stale(NS_PREFIX + r"(\d+)[cpf]", IF_PREFIX + r"(\d+)[cp]\.sock")
+
+
+def summarize(results: dict) -> list[dict]:
+    """Per flood and rate: medians over rounds, the neighbour's share against no flood (same mode,
+    same round) and against the same flood at normal priority."""
+    rows = []
+    runs = results["runs"]
+    keyed: dict = {}
+    for r in runs:
+        if r.get("flood") is None or "error" in r:
+            continue
+        b = r.get("neighbour_alone_iterations_per_s")
+        share = r["neighbour"]["iterations_per_s"] / b if b else None
+        keyed.setdefault((r["flood"], r["rate_label"], r["mode"]), []).append((r, share))
+    med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
+    for (flood, label, mode), items in sorted(keyed.items(), key=lambda kv: (FLOODS.index(kv[0][0]), kv[0][1], kv[0][2] != "rt")):
+        rs = [r for r, _ in items]
+        row = {
+            "flood": flood, "rate": label, "mode": mode,
+            "offered_pps": med([r["offered_pps"] for r in rs]),
+            "sent_pps": med([r.get("generator", {}).get("pps", 0) for r in rs]),
+            "neighbour_share": med([s for _, s in items if s is not None]),
+            "neighbour_cpu_share": med([r["neighbour"]["cpu_share"] for r in rs]),
+            "reader_cpu_share": med([r["reader"]["cpu_share"] for r in rs if r["reader"]["cpu_share"] is not None]),
+            "reader_fifo_fraction": med([r["reader"]["fifo_fraction"] for r in rs if r["reader"]["fifo_fraction"] is not None]),
+            "socket_drop_fraction": med([r["socket_drops"] / max(1, r.get("generator", {}).get("sent", 1)) for r in rs]),
+            "replies": med([r.get("generator", {}).get("replies", 0) for r in rs]),
+            "socket_queue_max_kb": med([r["socket_queue_bytes"]["max"] / 1024 for r in rs if r.get("socket_queue_bytes", {}).get("max") is not None]),
+            "ping_p50_ms": med([r["ping"]["p50_ms"] for r in rs if r["ping"]["p50_ms"] is not None]),
+            "ping_p99_ms": med([r["ping"]["p99_ms"] for r in rs if r["ping"]["p99_ms"] is not None]),
+            "ping_lost": sum(r["ping"]["lost"] for r in rs), "ping_sent": sum(r["ping"]["sent"] for r in rs),
+            "underlay_ping_p99_ms": med([r["underlay_ping"]["p99_ms"] for r in rs if r.get("underlay_ping", {}).get("p99_ms") is not None]),
+            "rounds": len(rs),
+        }
+        rows.append(row)
+    # Against the same flood at normal priority.
+    normal = {(r["flood"], r["rate"]): r["neighbour_share"] for r in rows if r["mode"] == "normal"}
+    for r in rows:
+        n = normal.get((r["flood"], r["rate"]))
+        r["neighbour_vs_normal"] = r["neighbour_share"] / n if r["neighbour_share"] is not None and n else None
+    return rows
+
+
+def report(rows: list[dict], results: dict) -> str:
+    f = lambda v, fmt="{:.2f}": "-" if v is None else fmt.format(v)  # noqa: E731
+    pct = lambda v: "-" if v is None else f"{v * 100:.0f} %"  # noqa: E731
+    head = ("flood", "rate", "priority", "offered/s", "sent/s", "neighbour kept", "vs normal prio", "reader CPU", "reader at FIFO",
+            "socket drops", "queue max KB", "replies", "ping p50/p99 ms", "ping lost", "underlay p99")
+    out = [head]
+    for r in rows:
+        out.append((r["flood"], r["rate"], r["mode"], f(r["offered_pps"], "{:.0f}"), f(r["sent_pps"], "{:.0f}"), pct(r["neighbour_share"]),
+                    f(r["neighbour_vs_normal"], "{:.2f}x"), pct(r["reader_cpu_share"]), pct(r["reader_fifo_fraction"]),
+                    pct(r["socket_drop_fraction"]), f(r["socket_queue_max_kb"], "{:.0f}"), f(r["replies"], "{:.0f}"), f"{f(r['ping_p50_ms'])} / {f(r['ping_p99_ms'])}",
+                    f"{r['ping_lost']}/{r['ping_sent']}", f(r["underlay_ping_p99_ms"])))
+    widths = [max(len(str(x[i])) for x in out) for i in range(len(head))]
+    lines = []
+    for i, row in enumerate(out):
+        lines.append("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
+        if i == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    caps = results.get("capacity", {})
+    lines.append("")
+    for kind, c in caps.items():
+        cap = c.get("ramp", {}).get("capacity") or {}
+        lines.append(f"{kind}: reader capacity {cap.get('pps', '?')}/s ({cap.get('by', '?')}); generator ceiling {c.get('generator', {}).get('pps', '?')}/s")
+    alone = [r["neighbour"]["iterations_per_s"] for r in results["runs"] if r.get("flood") is None and "neighbour" in r]
+    if alone:
+        lines.append(f"neighbour alone (the window before each flood window): {min(alone) / 1e6:.1f}-{max(alone) / 1e6:.1f} M iterations/s, "
+                     f"median {statistics.median(alone) / 1e6:.1f}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=3, help="rounds, each mode in turn (default 3)")
+    ap.add_argument("--duration", type=float, default=8, help="seconds per measurement window (default 8)")
+    ap.add_argument("--ramp-step", type=float, default=2, help="seconds per rate of the capacity ramp (default 2)")
+    ap.add_argument("--quick", action="store_true", help="1 round, 3 s windows, 1 s ramp steps")
+    ap.add_argument("--floods", default=",".join(FLOODS), help="comma-separated subset of: %(default)s")
+    ap.add_argument("--rates", default="0.5,1,2", help="the rates to measure, as multiples of the reader's capacity (default %(default)s)")
+    ap.add_argument("--gen-procs", type=int, default=2, help="flood generator processes (default %(default)s)")
+    ap.add_argument("--data-size", type=int, default=64, help="bytes per data message of the data flood (default %(default)s)")
+    ap.add_argument("--gso", type=int, default=8,
+                    help="messages per send, as one UDP_SEGMENT train that the proxy's UDP_GRO socket takes in one piece, as a NIC's GRO "
+                         "coalesces a burst from one source (default %(default)s; 1: one datagram per send)")
+    ap.add_argument("--workers", type=int, default=1, help="the proxy's interface.workers (default 1: one UDP reader, pinned)")
+    ap.add_argument("--daemon-env", action="append", default=[], metavar="K=V", help="extra environment of both daemons in every mode (repeatable)")
+    ap.add_argument("--tunnelgate", help="tunnelgate binary (default target/release/tunnelgate, built first)")
+    ap.add_argument("--no-build", action="store_true", help="do not run cargo build --release")
+    add_output_args(ap, "flood")
+    args = ap.parse_args()
+    if args.quick:
+        args.rounds, args.duration, args.ramp_step = 1, 3, 1
+    floods = [f.strip() for f in args.floods.split(",") if f.strip()]
+    if any(f not in FLOODS for f in floods):
+        ap.error(f"--floods {args.floods}: known: {', '.join(FLOODS)}")
+    rates = [float(x) for x in args.rates.split(",")]
+    GSO[0] = max(1, min(64, args.gso))
+    extra_env = dict(kv.split("=", 1) for kv in args.daemon_env if "=" in kv)
+    if os.geteuid() != 0:
+        ap.error("needs root (network namespaces): run benches/flood/run.sh as root")
+    missing = [t for t in ("ip", "wg", "ping", "taskset") if not shutil.which(t)]
+    if missing:
+        ap.error(f"missing tools: {', '.join(missing)} (benches/flood/run.sh installs them)")
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        ap.error(f"needs 2 CPUs (the reader's and the rest), this process may use {cpus}")
+    reader_cpu, other_cpus = cpus[0], ",".join(map(str, cpus[1:]))
+    try:
+        out = results_path(args, "flood")
+    except CommandFailed as e:
+        ap.error(str(e))
+
+    raise_on_signals()
+    workdir = Path(tempfile.mkdtemp(prefix="tunnelgate-flood-"))
+    results: dict = {
+        "meta": {
+            "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "commit": git_commit(), "host": platform.node(), "kernel": platform.release(), "cpus": os.cpu_count(),
+            "cpu_model": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?"),
+            "loadavg_start": open("/proc/loadavg").read().split()[:3],
+            "rounds": args.rounds, "duration_s": args.duration, "ramp_step_s": args.ramp_step, "floods": floods, "rates_x_capacity": rates,
+            "gen_procs": args.gen_procs, "gso": GSO[0], "data_size": args.data_size, "workers": args.workers, "daemon_env": extra_env,
+            "reader_cpu": reader_cpu, "other_cpus": other_cpus, "modes": MODES, "ping_interval_s": PING_INTERVAL, "drop_limit": DROP_LIMIT,
+        },
+        "capacity": {}, "runs": [], "daemon_facts": {},
+    }
+    if float(results["meta"]["loadavg_start"][0]) > 0.5 * len(cpus):
+        log(f"warning: load average {results['meta']['loadavg_start'][0]} before the benchmark: other work will skew the figures")
+    interrupted = False
+    rig = None
+    try:
+        sweep_stale_runs()
+        binary = args.tunnelgate or str(REPO / "target" / "release" / "tunnelgate")
+        if not args.tunnelgate and not args.no_build:
+            build_release_tunnelgate(workdir / "cargo-build.log")
+        if not os.access(binary, os.X_OK):
+            raise CommandFailed(f"no tunnelgate binary at {binary}")
+        results["meta"]["tunnelgate"] = binary
+        # This process samples /proc and starts the rest: off the reader's CPU.
+        os.sched_setaffinity(0, {int(c) for c in other_cpus.split(",")})
+        rig = Rig(workdir, binary, args.workers, reader_cpu, other_cpus, extra_env)
+        rig.build()
+        rig.start(MODES["rt"])
+        results["daemon_facts"]["rt"] = proxy_facts(rig)
+        for kind in floods:
+            log(f"==> {kind}: the generator's ceiling, then the reader's capacity")
+            ceiling = generator_ceiling(rig, kind, args.ramp_step, args.gen_procs, args.data_size)
+            log(f"    generator ceiling {ceiling['pps']}/s ({args.gen_procs} processes)")
+            rig.start(MODES["rt"])  # a fresh daemon: the ceiling run left nothing, but the ramp starts clean
+            results["capacity"][kind] = {"generator": ceiling, "ramp": ramp(rig, kind, args.ramp_step, args.gen_procs, args.data_size, ceiling["pps"])}
+        plan = {}
+        for kind in floods:
+            cap = results["capacity"][kind]["ramp"]["capacity"]["pps"]
+            ceiling = results["capacity"][kind]["generator"]["pps"]
+            plan[kind] = [(f"{x:g}x", min(cap * x, ceiling)) for x in rates]
+        results["meta"]["plan"] = plan
+        modes = list(MODES)
+        for rnd in range(1, args.rounds + 1):
+            for mode in modes[(rnd - 1) % 2:] + modes[: (rnd - 1) % 2]:
+                log(f"==> round {rnd}/{args.rounds}, readers {mode}")
+                rig.start(MODES[mode])
+                if mode not in results["daemon_facts"]:
+                    results["daemon_facts"][mode] = proxy_facts(rig)
+                # Every flood window right after a window without flood: the neighbour's own rate
+                # drifts with whatever else the machine runs, so each share is against its neighbour.
+                for kind, label, rate in [(k, lab, r) for k in floods for lab, r in plan[k]]:
+                    pair = []
+                    for k, lab, rt in ((None, "none", 0.0), (kind, label, rate)):
+                        try:
+                            r = measure(rig, k, rt, args.duration, args.gen_procs, args.data_size)
+                        except (CommandFailed, subprocess.SubprocessError, OSError) as e:
+                            r = {"flood": k, "error": str(e)}
+                        r.update(mode=mode, round=rnd, rate_label=lab, pair=f"{kind}-{label}")
+                        pair.append(r)
+                        results["runs"].append(r)
+                        if "error" in r:
+                            log(f"    {k} {lab}: error {r['error']}")
+                        else:
+                            log(f"    {k or 'no flood':8} {lab:5} sent {r.get('generator', {}).get('pps', 0):>7}/s: neighbour {r['neighbour']['iterations_per_s'] / 1e6:.1f} M/s "
+                                f"(CPU {r['neighbour']['cpu_share'] * 100:.0f} %), reader CPU {(r['reader']['cpu_share'] or 0) * 100:.0f} % at FIFO "
+                                f"{(r['reader']['fifo_fraction'] or 0) * 100:.0f} % of samples, ping p99 {r['ping']['p99_ms']} ms, lost {r['ping']['lost']}")
+                        if not rig.proxy.alive():
+                            raise CommandFailed(f"the proxy exited: {tail(rig.proxy.logfile)}")
+                    if "error" not in pair[0] and "error" not in pair[1]:
+                        pair[1]["neighbour_alone_iterations_per_s"] = pair[0]["neighbour"]["iterations_per_s"]
+    except KeyboardInterrupt as e:
+        interrupted = True
+        log(f"\ninterrupted ({e or 'Ctrl-C'}): cleaning up")
+    except Exception:  # noqa: BLE001 - report, clean up, exit non-zero
+        interrupted = True
+        log(traceback.format_exc())
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if rig:
+            rig.teardown()
+        sweep_stale_runs()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    m = results["meta"]
+    m["finished"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    m["interrupted"] = interrupted
+    m["loadavg_end"] = open("/proc/loadavg").read().split()[:3]
+    rows = summarize(results)
+    results["summary"] = rows
+    if interrupted:
+        out = out.with_name(out.stem + ".partial.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"\nflood benchmark: {m['rounds']} round(s) x {m['duration_s']} s windows, commit {m['commit']}, {m['cpus']} CPUs ({m['cpu_model']}), "
+          f"load {' '.join(m['loadavg_start'])} -> {' '.join(m['loadavg_end'])}")
+    print(f"the proxy's UDP reader and a normal-priority busy loop share CPU {reader_cpu}; neighbour kept = its loop rate against the "
+          f"window just before without flood; vs normal prio = that against the same flood with TUNNELGATE_RT_PRIORITY=0\n")
+    print(report(rows, results))
+    print(f"\nraw results: {out}")
+    return 130 if interrupted else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
