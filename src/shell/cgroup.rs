@@ -4,7 +4,9 @@
 #![allow(unsafe_code)]
 
 use crate::core::cgroup;
+use crate::core::priority::Budget;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// Where the cgroup hierarchies are mounted.
 const CGROUP_ROOT: &str = "/sys/fs/cgroup";
@@ -18,6 +20,9 @@ pub struct Cpus {
     pub quota_milli: Option<u64>,
     /// `cpu.rt_runtime_us` of the cgroup where real-time group scheduling is on (cgroup v1).
     pub rt_runtime_us: Option<i64>,
+    /// `cpu.rt_period_us` beside it: the cgroup's real-time threads may run `rt_runtime_us` of
+    /// every `rt_period_us` on each CPU, and are frozen until the period ends past that.
+    pub rt_period_us: Option<i64>,
 }
 
 impl Default for Cpus {
@@ -27,6 +32,7 @@ impl Default for Cpus {
             affinity: 1,
             quota_milli: None,
             rt_runtime_us: None,
+            rt_period_us: None,
         }
     }
 }
@@ -50,18 +56,44 @@ impl Cpus {
             let period = read_in(&v1_dir, p, "cpu.cfs_period_us")?;
             cgroup::quota_from_cfs(&quota, &period)
         });
-        let rt_runtime_us = paths
-            .cpu_v1
-            .as_deref()
-            .and_then(|p| read_in(&v1_dir, p, "cpu.rt_runtime_us"))
-            .and_then(|text| text.trim().parse().ok());
+        let rt = |file| {
+            paths
+                .cpu_v1
+                .as_deref()
+                .and_then(|p| read_in(&v1_dir, p, file))
+                .and_then(|text| text.trim().parse().ok())
+        };
         Cpus {
             affinity: affinity(),
             quota_milli: match (v2, v1) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             },
-            rt_runtime_us,
+            rt_runtime_us: rt("cpu.rt_runtime_us"),
+            rt_period_us: rt("cpu.rt_period_us"),
+        }
+    }
+
+    /// What the cgroup lets real-time threads run, as a budget no larger than `budget`: at
+    /// most its share of each period (in whole percent) and at most its runtime in one go, so
+    /// the readers step down before the kernel freezes them. `budget` where there is no such
+    /// limit (or it gives none: the readers then stay at normal priority anyway).
+    pub fn cap_realtime(&self, budget: Budget) -> Budget {
+        let (Some(runtime), Some(period)) = (self.rt_runtime_us, self.rt_period_us) else {
+            return budget;
+        };
+        let (Ok(runtime), Ok(period)) = (u64::try_from(runtime), u64::try_from(period)) else {
+            return budget; // -1: no limit
+        };
+        if runtime == 0 || period == 0 {
+            return budget;
+        }
+        let percent = u32::try_from(runtime.saturating_mul(100) / period).unwrap_or(u32::MAX);
+        let percent = percent.max(1);
+        Budget {
+            share_percent: budget.share_percent.min(percent),
+            unauthenticated_percent: budget.unauthenticated_percent.min(percent),
+            burst: budget.burst.min(Duration::from_micros(runtime)),
         }
     }
 }
@@ -91,6 +123,37 @@ fn affinity() -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cgroups_realtime_runtime_caps_the_budget() {
+        let budget = Budget::default();
+        let limited = |runtime, period| Cpus {
+            rt_runtime_us: Some(runtime),
+            rt_period_us: Some(period),
+            ..Cpus::default()
+        };
+        assert_eq!(Cpus::default().cap_realtime(budget), budget);
+        // The host's root group: 950 ms of every second, more than the budget.
+        assert_eq!(limited(950_000, 1_000_000).cap_realtime(budget), budget);
+        // A container given 4.7 ms of every 10: at most 47 %, bursts of 4.7 ms.
+        assert_eq!(
+            limited(4_700, 10_000).cap_realtime(budget),
+            Budget {
+                share_percent: 47,
+                unauthenticated_percent: 25,
+                burst: Duration::from_micros(4_700)
+            }
+        );
+        assert_eq!(
+            limited(1_000, 10_000)
+                .cap_realtime(budget)
+                .unauthenticated_percent,
+            10
+        );
+        // No limit (-1) or none given (0, where access says why real-time is unavailable).
+        assert_eq!(limited(-1, 1_000_000).cap_realtime(budget), budget);
+        assert_eq!(limited(0, 1_000_000).cap_realtime(budget), budget);
+    }
 
     #[test]
     fn reads_this_processs_cpus() {

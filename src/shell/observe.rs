@@ -168,9 +168,12 @@ pub fn tuning_status(
             running: readers.map(|r| r.count),
             realtime_now: readers.map(|r| r.realtime),
             share_percent: t.rt_budget.share_percent,
+            unauthenticated_percent: t.rt_budget.unauthenticated_percent,
             burst_ms: u64::try_from(t.rt_budget.burst.as_millis()).unwrap_or(u64::MAX),
             process_rate_milli: t.rt_budget.process_rate(t.usable_cpus_milli()),
             realtime_cpu_seconds: readers.map_or(0.0, |r| r.realtime_cpu_ns as f64 / 1e9),
+            unauthenticated_cpu_seconds: readers
+                .map_or(0.0, |r| r.unauthenticated_cpu_ns as f64 / 1e9),
             step_downs: StepDown::ALL
                 .iter()
                 .zip(readers.map_or([0; StepDown::ALL.len()], |r| r.step_downs))

@@ -115,10 +115,11 @@ impl Tuning {
         );
         Tuning {
             rt_priority: i32::try_from(rt_priority).ok().filter(|p| *p > 0),
-            rt_budget: Budget {
+            // Within what the cgroup lets real-time threads run, if it limits them.
+            rt_budget: cpus.cap_realtime(Budget {
                 share_percent: u32::try_from(share).unwrap_or(50),
                 ..Budget::default()
-            },
+            }),
             aqm: (aqm_target > 0).then(|| aqm::Settings {
                 target: Duration::from_micros(aqm_target),
                 interval: Duration::from_micros(aqm_interval),

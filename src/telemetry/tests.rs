@@ -126,14 +126,21 @@ pub(crate) fn sample_tuning() -> tuning::TuningStatus {
             why: "by CAP_SYS_NICE, held by the packet readers alone".into(),
             running: Some(4),
             realtime_now: Some(3),
-            share_percent: 50,
+            share_percent: 90,
+            unauthenticated_percent: 25,
             burst_ms: 10,
-            process_rate_milli: 1000,
+            process_rate_milli: 1800,
             realtime_cpu_seconds: 2.5,
-            step_downs: [("budget", 7), ("process_budget", 0), ("ping_pong", 2)]
-                .into_iter()
-                .map(|(k, v)| (k.to_string(), v))
-                .collect(),
+            unauthenticated_cpu_seconds: 0.5,
+            step_downs: [
+                ("budget", 7),
+                ("unauthenticated", 3),
+                ("process_budget", 0),
+                ("ping_pong", 2),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect(),
         },
         aqm_target_us: Some(1000),
         aqm_interval_us: Some(10_000),
@@ -443,7 +450,19 @@ fn metrics_carry_the_snapshot_values() {
         v("tunnelgate_packet_reader_realtime_cpu_seconds_total", &[]),
         2.5
     );
-    for (reason, n) in [("budget", 7.0), ("process_budget", 0.0), ("ping_pong", 2.0)] {
+    assert_eq!(
+        v(
+            "tunnelgate_packet_reader_unauthenticated_realtime_cpu_seconds_total",
+            &[]
+        ),
+        0.5
+    );
+    for (reason, n) in [
+        ("budget", 7.0),
+        ("unauthenticated", 3.0),
+        ("process_budget", 0.0),
+        ("ping_pong", 2.0),
+    ] {
         assert_eq!(
             v(
                 "tunnelgate_packet_reader_step_downs_total",
@@ -602,8 +621,8 @@ fn status_text_reads_like_wg_show() {
         "tuning:",
         "  packet readers: real-time (SCHED_FIFO 1), by CAP_SYS_NICE, held by the packet readers alone",
         "    at real-time now: 3 of 4",
-        "    budget: 50 % of the time each, 1.00 CPU for all, bursts of 10 ms",
-        "    spent at real-time: 2.500 s of CPU; step-downs: budget 7, ping_pong 2, process_budget 0",
+        "    budget: 90 % of the time each (25 % for unauthenticated work), 1.80 CPU for all, bursts of 10 ms",
+        "    spent at real-time: 2.500 s of CPU (0.500 s unauthenticated); step-downs: budget 7, ping_pong 2, process_budget 0, unauthenticated 3",
         "  receive queue AQM: CoDel, target 1000 us, interval 10000 us",
         "  workers: 2 (2 CPUs, a CPU quota of 1.50)",
         "  queues: socket buffers 7340032 bytes (GRO on, GSO off), TUN txqueuelen 4096",

@@ -48,12 +48,16 @@ pub struct ReadersStatus {
     pub realtime_now: Option<u32>,
     /// Percent of wall time one reader may spend at real-time priority.
     pub share_percent: u32,
+    /// Of it, on work that does not authenticate.
+    pub unauthenticated_percent: u32,
     /// The most CPU time a reader spends at real-time priority in one go, milliseconds.
     pub burst_ms: u64,
     /// What all readers together may spend at real-time priority, thousandths of a CPU.
     pub process_rate_milli: u64,
     /// CPU time the readers spent at real-time priority, seconds.
     pub realtime_cpu_seconds: f64,
+    /// Of it, on work that did not authenticate.
+    pub unauthenticated_cpu_seconds: f64,
     /// Step-downs from real-time priority, by reason.
     pub step_downs: BTreeMap<String, u64>,
 }
@@ -76,8 +80,9 @@ pub fn write_tuning(out: &mut String, t: &TuningStatus) -> std::fmt::Result {
     if r.priority.is_some() {
         writeln!(
             out,
-            "    budget: {} % of the time each, {:.2} CPU for all, bursts of {} ms",
+            "    budget: {} % of the time each ({} % for unauthenticated work), {:.2} CPU for all, bursts of {} ms",
             r.share_percent,
+            r.unauthenticated_percent,
             r.process_rate_milli as f64 / 1000.0,
             r.burst_ms
         )?;
@@ -90,8 +95,9 @@ pub fn write_tuning(out: &mut String, t: &TuningStatus) -> std::fmt::Result {
             .collect();
         writeln!(
             out,
-            "    spent at real-time: {:.3} s of CPU; step-downs: {}",
+            "    spent at real-time: {:.3} s of CPU ({:.3} s unauthenticated); step-downs: {}",
             r.realtime_cpu_seconds,
+            r.unauthenticated_cpu_seconds,
             downs.join(", ")
         )?;
     }
@@ -162,6 +168,13 @@ pub fn register_metrics(reg: &mut Registry, t: &TuningStatus) {
         "CPU time the packet readers spent at real-time priority",
         cpu,
     );
+    let unauthenticated = Counter::<f64, std::sync::atomic::AtomicU64>::default();
+    unauthenticated.inc_by(r.unauthenticated_cpu_seconds);
+    reg.register(
+        "packet_reader_unauthenticated_realtime_cpu_seconds",
+        "Of the packet readers' CPU time at real-time priority, what went to work that did not authenticate (unknown senders, failed decryption, cookie replies)",
+        unauthenticated,
+    );
     let downs = Family::<Labels, Counter>::default();
     for (reason, n) in &r.step_downs {
         downs
@@ -170,7 +183,7 @@ pub fn register_metrics(reg: &mut Registry, t: &TuningStatus) {
     }
     reg.register(
         "packet_reader_step_downs",
-        "Packet readers stepping down from real-time priority, by reason (budget: its own CPU time; process_budget: all readers' together; ping_pong: woken for nearly every packet)",
+        "Packet readers stepping down from real-time priority, by reason (budget: its own CPU time; unauthenticated: its CPU time on work that did not authenticate; process_budget: all readers' together; ping_pong: woken for nearly every packet)",
         downs,
     );
 }

@@ -10,11 +10,15 @@
 //! drained.
 //!
 //! The bound is CPU time ([`budget`]): the thread reads its own CPU clock once per batch while
-//! at real-time priority and pays for it from its bucket and the process's; when either is
-//! empty it steps down to normal priority, and it goes back up once its bucket holds half its
-//! burst again and the process's is not empty. Counting drains (the first guard) did not
-//! bound it: a flood of small batches drains every time and kept a reader at real-time
-//! priority most of the time.
+//! at real-time priority and pays for it from its buckets and the process's; when one is
+//! empty it steps down to normal priority, and it goes back up once its buckets hold half their
+//! burst again and the process's is not empty. The part of a batch's CPU time that went to
+//! packets that did not authenticate (by count) also pays from a second, smaller bucket: a
+//! peer is trusted to send packets, anyone else on the network is not, so a flood of
+//! unauthenticated datagrams gets real-time priority for a quarter of the time at most, where a
+//! peer's saturating stream keeps it. Counting drains (the first guard) did not bound it: a
+//! flood of small batches drains every time and kept a reader at real-time priority most of the
+//! time.
 //!
 //! The other way real-time priority goes wrong is ping-pong: a producer (an application writing
 //! unsegmented UDP to the TUN device, a peer sending small datagrams) that is slower than the
@@ -59,6 +63,8 @@ pub enum Priority {
 pub enum StepDown {
     /// It spent its own budget (CPU time at real-time priority).
     Budget,
+    /// It spent its budget for work that does not authenticate.
+    Unauthenticated,
     /// The readers together spent the process's budget.
     ProcessBudget,
     /// It was woken for nearly every packet.
@@ -67,8 +73,9 @@ pub enum StepDown {
 
 impl StepDown {
     /// Every reason, in the order `/metrics` lists them.
-    pub const ALL: [StepDown; 3] = [
+    pub const ALL: [StepDown; 4] = [
         StepDown::Budget,
+        StepDown::Unauthenticated,
         StepDown::ProcessBudget,
         StepDown::PingPong,
     ];
@@ -77,10 +84,23 @@ impl StepDown {
     pub fn label(self) -> &'static str {
         match self {
             StepDown::Budget => "budget",
+            StepDown::Unauthenticated => "unauthenticated",
             StepDown::ProcessBudget => "process_budget",
             StepDown::PingPong => "ping_pong",
         }
     }
+}
+
+/// What a thread did since it last told its guard.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Work {
+    /// Its CPU clock, needed at real-time priority (see [`PriorityGuard::wants_cpu_clock`]).
+    pub cpu: Option<Duration>,
+    /// Packets (datagrams, or segments read from the TUN device) it handled.
+    pub packets: u64,
+    /// Of them, those that did not authenticate: dropped before or in decryption, answered with
+    /// a cookie, or read from the TUN device for nowhere.
+    pub unauthenticated: u64,
 }
 
 /// What the guard asks of the thread after one call.
@@ -101,10 +121,15 @@ pub struct PriorityGuard {
     enabled: bool,
     current: Priority,
     bucket: Bucket,
+    /// The smaller bucket for work that does not authenticate.
+    unauthenticated: Bucket,
     /// The thread's CPU clock when it was last charged (at real-time priority only).
     charged_to: Option<Duration>,
-    /// CPU time spent at real-time priority, all told.
+    /// CPU time spent at real-time priority, all told, and of it on unauthenticated work.
     realtime_cpu: Duration,
+    unauthenticated_cpu: Duration,
+    /// Packets handled since the queue was last drained (the ping-pong rule's measure).
+    since_drain: u64,
     /// A thread stepped down for ping-pong stays down until then.
     down_until: Option<Instant>,
     /// The current ping-pong window: when it started, its drains and the packets handled.
@@ -119,9 +144,12 @@ impl PriorityGuard {
         PriorityGuard {
             enabled,
             current: Priority::Normal,
-            bucket: Bucket::new(budget),
+            bucket: Bucket::new(budget.share_percent, budget.burst),
+            unauthenticated: Bucket::new(budget.unauthenticated_percent, budget.burst),
             charged_to: None,
             realtime_cpu: Duration::ZERO,
+            unauthenticated_cpu: Duration::ZERO,
+            since_drain: 0,
             down_until: None,
             window_start: None,
             window_drains: 0,
@@ -144,24 +172,28 @@ impl PriorityGuard {
         self.realtime_cpu
     }
 
+    /// Of it, the CPU time spent on work that did not authenticate.
+    pub fn unauthenticated_cpu(&self) -> Duration {
+        self.unauthenticated_cpu
+    }
+
     /// The thread is now at real-time priority (after [`Switch::Up`]); its CPU clock reads
     /// `cpu`, from which its time there is charged.
     pub fn realtime_from(&mut self, cpu: Duration) {
         self.charged_to = Some(cpu);
     }
 
-    /// The thread found its queue empty (it is about to block), having handled `work` packets
-    /// since it last did; `cpu` is its CPU clock (needed at real-time priority, see
-    /// [`PriorityGuard::wants_cpu_clock`]).
+    /// The thread found its queue empty (it is about to block), having done `work` since it
+    /// last told the guard.
     pub fn on_drained(
         &mut self,
         now: Instant,
-        cpu: Option<Duration>,
-        work: u64,
+        work: Work,
         process: &SharedBudget,
     ) -> Option<Switch> {
-        self.account(now, cpu, process);
-        let ping_pong = self.ping_pong(now, work);
+        self.account(now, work, process);
+        let handled = std::mem::take(&mut self.since_drain);
+        let ping_pong = self.ping_pong(now, handled);
         if self.current == Priority::Realtime {
             if ping_pong {
                 self.down_until = Some(now + COOL_DOWN);
@@ -170,7 +202,8 @@ impl PriorityGuard {
             return self.over_budget(process).map(|why| self.step_down(why));
         }
         let cooled = self.down_until.is_none_or(|until| now >= until);
-        if self.enabled && cooled && self.bucket.recovered() && !process.spent() {
+        let recovered = self.bucket.recovered() && self.unauthenticated.recovered();
+        if self.enabled && cooled && recovered && !process.spent() {
             self.down_until = None;
             self.current = Priority::Realtime;
             return Some(Switch::Up);
@@ -178,34 +211,42 @@ impl PriorityGuard {
         None
     }
 
-    /// The thread took work and more is queued; `cpu` as for [`PriorityGuard::on_drained`].
-    pub fn on_busy(
-        &mut self,
-        now: Instant,
-        cpu: Option<Duration>,
-        process: &SharedBudget,
-    ) -> Option<Switch> {
-        self.account(now, cpu, process);
+    /// The thread did `work` and more is queued.
+    pub fn on_busy(&mut self, now: Instant, work: Work, process: &SharedBudget) -> Option<Switch> {
+        self.account(now, work, process);
         if self.current != Priority::Realtime {
             return None;
         }
         self.over_budget(process).map(|why| self.step_down(why))
     }
 
-    /// Refills the buckets and charges the CPU time since the last charge.
-    fn account(&mut self, now: Instant, cpu: Option<Duration>, process: &SharedBudget) {
+    /// Refills the buckets and charges the CPU time since the last charge: all of it to the
+    /// thread's and the process's buckets, the unauthenticated packets' part of it (by count)
+    /// to the smaller one.
+    fn account(&mut self, now: Instant, work: Work, process: &SharedBudget) {
+        self.since_drain = self.since_drain.saturating_add(work.packets);
         self.bucket.refill(now);
+        self.unauthenticated.refill(now);
         process.refill(now);
         if self.current != Priority::Realtime {
             return;
         }
-        if let Some(cpu) = cpu {
+        if let Some(cpu) = work.cpu {
             let spent = self
                 .charged_to
                 .map_or(Duration::ZERO, |from| cpu.saturating_sub(from));
             self.charged_to = Some(cpu);
+            let unauthenticated = if work.packets == 0 {
+                Duration::ZERO
+            } else {
+                let nanos = spent.as_nanos() * u128::from(work.unauthenticated.min(work.packets))
+                    / u128::from(work.packets);
+                Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
+            };
             self.realtime_cpu += spent;
+            self.unauthenticated_cpu += unauthenticated;
             self.bucket.charge(spent);
+            self.unauthenticated.charge(unauthenticated);
             process.charge(spent);
         }
     }
@@ -213,6 +254,8 @@ impl PriorityGuard {
     fn over_budget(&self, process: &SharedBudget) -> Option<StepDown> {
         if self.bucket.spent() {
             Some(StepDown::Budget)
+        } else if self.unauthenticated.spent() {
+            Some(StepDown::Unauthenticated)
         } else if process.spent() {
             Some(StepDown::ProcessBudget)
         } else {

@@ -5,7 +5,7 @@
 
 use super::Inner;
 use crate::core::liveness::PacketThread;
-use crate::core::priority::{self, Priority, PriorityGuard, StepDown, Switch};
+use crate::core::priority::{self, Priority, PriorityGuard, StepDown, Switch, Work};
 use crate::shell::{clock, priority as apply};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -17,6 +17,7 @@ use std::time::Instant;
 pub(super) struct ReaderState {
     realtime: AtomicBool,
     realtime_cpu_ns: AtomicU64,
+    unauthenticated_cpu_ns: AtomicU64,
     step_downs: [AtomicU64; StepDown::ALL.len()],
 }
 
@@ -37,6 +38,8 @@ pub struct ReadersView {
     pub realtime: u32,
     /// CPU time all readers spent at real-time priority, in nanoseconds.
     pub realtime_cpu_ns: u64,
+    /// Of it, on work that did not authenticate.
+    pub unauthenticated_cpu_ns: u64,
     /// Step-downs from real-time priority, by reason ([`StepDown::ALL`] order).
     pub step_downs: [u64; StepDown::ALL.len()],
     /// Why real-time priority was refused, if it was.
@@ -69,6 +72,7 @@ impl ReaderStates {
         for slot in &self.slots {
             view.realtime += u32::from(slot.realtime.load(Ordering::Relaxed));
             view.realtime_cpu_ns += slot.realtime_cpu_ns.load(Ordering::Relaxed);
+            view.unauthenticated_cpu_ns += slot.unauthenticated_cpu_ns.load(Ordering::Relaxed);
             for (sum, n) in view.step_downs.iter_mut().zip(&slot.step_downs) {
                 *sum += n.load(Ordering::Relaxed);
             }
@@ -78,13 +82,18 @@ impl ReaderStates {
 }
 
 /// A packet reader's scheduling priority: real-time while it stays within its budget of CPU
-/// time and keeps batching, normal otherwise (`core::priority`). Switches only when the guard
-/// says so; reads the thread's CPU clock once per call, and only at real-time priority.
+/// time and keeps batching, normal otherwise (`core::priority`). The loop tells it what it
+/// handled ([`ThreadPriority::handled`], [`ThreadPriority::unauthenticated`]) and when its
+/// queue drained or is still busy. Switches only when the guard says so; reads the thread's CPU
+/// clock once per call, and only at real-time priority.
 pub(super) struct ThreadPriority<'a> {
     guard: PriorityGuard,
     realtime_priority: i32,
     inner: &'a Inner,
     thread: PacketThread,
+    /// Packets handled, and of them not authenticated, since the guard last heard.
+    packets: u64,
+    unauthenticated: u64,
 }
 
 impl<'a> ThreadPriority<'a> {
@@ -97,29 +106,48 @@ impl<'a> ThreadPriority<'a> {
             realtime_priority: realtime_priority.unwrap_or(0),
             inner,
             thread,
+            packets: 0,
+            unauthenticated: 0,
         }
     }
 
-    fn cpu(&self) -> Option<std::time::Duration> {
-        self.guard.wants_cpu_clock().then(clock::thread_cpu)
+    /// The thread handled `packets` (datagrams, or segments read from the TUN device).
+    #[inline]
+    pub(super) fn handled(&mut self, packets: u64) {
+        self.packets += packets;
     }
 
-    /// The queue is empty: the thread is about to block, having handled `work` packets since
-    /// it last was.
+    /// Of what it handled, `packets` did not authenticate (dropped before or in decryption,
+    /// answered with a cookie, read from the TUN device for nowhere).
     #[inline]
-    pub(super) fn drained(&mut self, now: Instant, work: u64) {
-        let cpu = self.cpu();
+    pub(super) fn unauthenticated(&mut self, packets: u64) {
+        self.unauthenticated += packets;
+    }
+
+    /// What the thread did since the guard last heard, with its CPU clock where it is needed.
+    fn work(&mut self) -> Work {
+        Work {
+            cpu: self.guard.wants_cpu_clock().then(clock::thread_cpu),
+            packets: std::mem::take(&mut self.packets),
+            unauthenticated: std::mem::take(&mut self.unauthenticated),
+        }
+    }
+
+    /// The queue is empty: the thread is about to block.
+    #[inline]
+    pub(super) fn drained(&mut self, now: Instant) {
+        let work = self.work();
         let switch = self
             .guard
-            .on_drained(now, cpu, work, &self.inner.realtime_budget);
+            .on_drained(now, work, &self.inner.realtime_budget);
         self.after(switch);
     }
 
     /// The thread took work and more is queued.
     #[inline]
     pub(super) fn busy(&mut self, now: Instant) {
-        let cpu = self.cpu();
-        let switch = self.guard.on_busy(now, cpu, &self.inner.realtime_budget);
+        let work = self.work();
+        let switch = self.guard.on_busy(now, work, &self.inner.realtime_budget);
         self.after(switch);
     }
 
@@ -129,8 +157,13 @@ impl<'a> ThreadPriority<'a> {
             return;
         };
         if self.guard.current() == Priority::Realtime || switch.is_some() {
-            let ns = u64::try_from(self.guard.realtime_cpu().as_nanos()).unwrap_or(u64::MAX);
-            state.realtime_cpu_ns.store(ns, Ordering::Relaxed);
+            let ns = |d: std::time::Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+            state
+                .realtime_cpu_ns
+                .store(ns(self.guard.realtime_cpu()), Ordering::Relaxed);
+            state
+                .unauthenticated_cpu_ns
+                .store(ns(self.guard.unauthenticated_cpu()), Ordering::Relaxed);
         }
         match switch {
             None => {}

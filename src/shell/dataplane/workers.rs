@@ -77,9 +77,7 @@ pub(super) fn tun_loop(inner: &Inner, worker: usize) {
     let mut out = SendBatch::new(MAX_DATAGRAM);
     let (mut reads_since_check, mut segments_since_check) = (0u32, 0u32);
     let mut priority = ThreadPriority::new(inner, thread);
-    priority.drained(clock::now(), 0);
-    // Packets read since the queue was last empty (the guard's measure of batching).
-    let mut work = 0u64;
+    priority.drained(clock::now());
     // Non-blocking reads drain whatever the kernel queued before one batched send: small
     // packets (UDP, ACKs) cost one system call per packet otherwise, and the TUN queue
     // overflows at high packet rates.
@@ -93,7 +91,7 @@ pub(super) fn tun_loop(inner: &Inner, worker: usize) {
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 flush(inner, &inner.sockets()[worker], &mut out);
-                priority.drained(clock::now(), std::mem::take(&mut work));
+                priority.drained(clock::now());
                 // Bounded, so an idle reader still stamps its heartbeat and sees `stop`.
                 if let Err(e) = tun::wait_readable(tun, IDLE_WAKE) {
                     if e.kind() != std::io::ErrorKind::Interrupted {
@@ -136,7 +134,7 @@ pub(super) fn tun_loop(inner: &Inner, worker: usize) {
         };
         let table = inner.snapshot();
         let count = plan.count();
-        work += count as u64;
+        priority.handled(count as u64);
         segments_since_check =
             segments_since_check.saturating_add(u32::try_from(count).unwrap_or(u32::MAX));
         if table.private_key().is_none() {
@@ -145,6 +143,7 @@ pub(super) fn tun_loop(inner: &Inner, worker: usize) {
             inner
                 .drops
                 .add(packet::unsendable_read(&read[first]), count as u64);
+            priority.unauthenticated(count as u64);
             continue;
         }
         let sockets = inner.sockets();
@@ -160,6 +159,7 @@ pub(super) fn tun_loop(inner: &Inner, worker: usize) {
                     Ok(slot) => *read_peer.insert(slot),
                     Err(reason) => {
                         inner.drops.add(reason, count as u64);
+                        priority.unauthenticated(count as u64);
                         break;
                     }
                 },
@@ -175,7 +175,10 @@ pub(super) fn tun_loop(inner: &Inner, worker: usize) {
                         flush(inner, socket, &mut out);
                     }
                 }
-                Outbound::Drop(reason) => inner.drops.add(reason, 1),
+                Outbound::Drop(reason) => {
+                    inner.drops.add(reason, 1);
+                    priority.unauthenticated(1);
+                }
                 Outbound::Nothing => {}
             }
         }
@@ -220,9 +223,7 @@ pub(super) fn udp_loop(inner: &Inner, worker: usize, socket: &WgSocket) {
             .filter(|_| socket.has_receive_timestamps()),
     );
     let mut priority = ThreadPriority::new(inner, thread);
-    priority.drained(clock::now(), 0);
-    // Datagrams taken since the queue was last empty (the guard's measure of batching).
-    let mut work = 0u64;
+    priority.drained(clock::now());
     if let Err(e) = socket.set_receive_timeout(IDLE_WAKE) {
         tracing::warn!(error = %e, "UDP receive timeout not set: an idle reader looks stuck");
     }
@@ -235,17 +236,18 @@ pub(super) fn udp_loop(inner: &Inner, worker: usize, socket: &WgSocket) {
         match received {
             Ok(0) => return, // shut down: this socket was replaced or the daemon stops
             Ok(n) => {
-                work += batch.datagram_count() as u64;
                 // A short batch emptied the socket's queue; a full one may have left more.
+                // (The guard pays for the batch before this one, whose packets it was told.)
                 if n < BATCH {
-                    priority.drained(now, std::mem::take(&mut work));
+                    priority.drained(now);
                 } else {
                     priority.busy(now);
                 }
+                priority.handled(batch.datagram_count() as u64);
             }
             // The receive timeout: an idle wake.
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                priority.drained(now, std::mem::take(&mut work));
+                priority.drained(now);
                 continue;
             }
             Err(e) => {
@@ -265,6 +267,7 @@ pub(super) fn udp_loop(inner: &Inner, worker: usize, socket: &WgSocket) {
                     .drops
                     .add_received(DropReason::UnknownPeer, datagram.len());
             }
+            priority.unauthenticated(batch.datagram_count() as u64);
             continue;
         };
         if queue.is_on() {
@@ -284,6 +287,7 @@ pub(super) fn udp_loop(inner: &Inner, worker: usize, socket: &WgSocket) {
             let slot = match identified {
                 Ok(Sender::Peer(slot)) => slot,
                 Ok(Sender::Cookie(len)) => {
+                    priority.unauthenticated(1);
                     replies.slot()[..len].copy_from_slice(&cookie[..len]);
                     replies.push(len, from);
                     // A GRO batch holds more datagrams than a reply batch has room for.
@@ -294,11 +298,13 @@ pub(super) fn udp_loop(inner: &Inner, worker: usize, socket: &WgSocket) {
                 }
                 Err(reason) => {
                     inner.drops.add_received(reason, datagram.len());
+                    priority.unauthenticated(1);
                     continue;
                 }
             };
             if queue.take_drop(datagram) {
                 inner.drops.add_received(DropReason::Aqm, datagram.len());
+                priority.unauthenticated(1);
                 continue;
             }
             if coalescer.needs_drain() {
@@ -310,7 +316,9 @@ pub(super) fn udp_loop(inner: &Inner, worker: usize, socket: &WgSocket) {
                 from,
                 datagram,
             };
-            received.carry_out(inner, socket, &mut coalescer, &mut replies);
+            if !received.carry_out(inner, socket, &mut coalescer, &mut replies) {
+                priority.unauthenticated(1);
+            }
             if replies.is_full() {
                 flush(inner, socket, &mut replies);
             }
@@ -340,7 +348,8 @@ struct Received<'a> {
 
 impl Received<'_> {
     /// Decrypts into the coalescer and carries out the peer's decision: deliver, answer (then
-    /// send what queued up during the handshake), or drop.
+    /// send what queued up during the handshake), or drop. Returns whether the datagram
+    /// authenticated.
     #[inline]
     fn carry_out(
         self,
@@ -348,7 +357,7 @@ impl Received<'_> {
         socket: &WgSocket,
         coalescer: &mut Coalescer,
         replies: &mut SendBatch,
-    ) {
+    ) -> bool {
         let landing = coalescer.landing(self.datagram.len());
         let decision = {
             let mut peer = self.slot.lock();
@@ -380,8 +389,10 @@ impl Received<'_> {
             Inbound::Drop(reason) => {
                 coalescer.abandon();
                 inner.drops.add_received(reason, self.datagram.len());
+                return false;
             }
         }
+        true
     }
 }
 

@@ -155,6 +155,28 @@ impl Setup {
 }
 
 #[test]
+fn a_received_datagram_dropped_counts_its_packet_and_its_bytes() {
+    let counters = DropCounters::default();
+    counters.add_received(DropReason::Aqm, 1452);
+    counters.add_received(DropReason::Aqm, 600);
+    counters.add(DropReason::NoPeer, 3);
+    let stats = counters.snapshot();
+    let aqm = DropReason::Aqm as usize;
+    assert_eq!((stats.aqm, stats.received_bytes[aqm]), (2, 2052));
+    assert_eq!(stats.received_bytes_by_reason()[aqm], ("aqm", 2052));
+    // A packet from the TUN device has no received bytes.
+    assert_eq!(
+        (
+            stats.no_peer,
+            stats.received_bytes[DropReason::NoPeer as usize]
+        ),
+        (3, 0)
+    );
+    let json = serde_json::to_value(stats).expect("json");
+    assert_eq!(json["received_bytes"][aqm], 2052);
+}
+
+#[test]
 fn reasons_have_a_fixed_order_and_their_labels_are_the_json_fields() {
     let counters = DropCounters::default();
     for (i, reason) in DropReason::ALL.into_iter().enumerate() {
@@ -164,7 +186,8 @@ fn reasons_have_a_fixed_order_and_their_labels_are_the_json_fields() {
     let stats = counters.snapshot();
     let json = serde_json::to_value(stats).expect("json");
     let fields = json.as_object().expect("object");
-    assert_eq!(fields.len(), DropReason::COUNT);
+    // One field per reason, and the received bytes dropped, by reason in the same order.
+    assert_eq!(fields.len(), DropReason::COUNT + 1);
     for (i, (label, count)) in stats.by_reason().into_iter().enumerate() {
         assert_eq!(label, DropReason::ALL[i].label());
         assert_eq!(count, i as u64 + 1, "{label}");

@@ -25,10 +25,6 @@ impl Reader {
         }
     }
 
-    fn clock(&self) -> Option<Duration> {
-        self.guard.wants_cpu_clock().then_some(self.cpu)
-    }
-
     /// Applies a switch the way the shell does (tells the guard the CPU clock after going up).
     fn apply(&mut self, switch: Option<Switch>) -> Option<Switch> {
         if switch == Some(Switch::Up) {
@@ -37,24 +33,47 @@ impl Reader {
         switch
     }
 
-    /// `wall` passes, of which the thread ran `cpu` (at most `wall`), then it drains.
+    /// `wall` passes, of which the thread ran `cpu` (at most `wall`) on `packets`, of which
+    /// `unauthenticated` did not authenticate; the CPU clock is read as the shell reads it.
+    fn work(&mut self, wall: Duration, cpu: Duration, packets: u64, unauthenticated: u64) -> Work {
+        self.now += wall;
+        self.cpu += cpu.min(wall);
+        Work {
+            cpu: self.guard.wants_cpu_clock().then_some(self.cpu),
+            packets,
+            unauthenticated,
+        }
+    }
+
+    /// [`Reader::work`], then the queue is empty.
+    fn drains_with(
+        &mut self,
+        wall: Duration,
+        cpu: Duration,
+        packets: u64,
+        unauthenticated: u64,
+        p: &SharedBudget,
+    ) -> Option<Switch> {
+        let work = self.work(wall, cpu, packets, unauthenticated);
+        let s = self.guard.on_drained(self.now, work, p);
+        self.apply(s)
+    }
+
+    /// [`Reader::work`] on authenticated packets, then the queue is empty.
     fn drains(
         &mut self,
         wall: Duration,
         cpu: Duration,
-        work: u64,
+        packets: u64,
         p: &SharedBudget,
     ) -> Option<Switch> {
-        self.now += wall;
-        self.cpu += cpu.min(wall);
-        let s = self.guard.on_drained(self.now, self.clock(), work, p);
-        self.apply(s)
+        self.drains_with(wall, cpu, packets, 0, p)
     }
 
+    /// [`Reader::work`] on one authenticated packet, and more is queued.
     fn busy(&mut self, wall: Duration, cpu: Duration, p: &SharedBudget) -> Option<Switch> {
-        self.now += wall;
-        self.cpu += cpu.min(wall);
-        let s = self.guard.on_busy(self.now, self.clock(), p);
+        let work = self.work(wall, cpu, 1, 0);
+        let s = self.guard.on_busy(self.now, work, p);
         self.apply(s)
     }
 }
@@ -81,33 +100,71 @@ fn a_thread_that_uses_more_than_its_share_steps_down_then_comes_back() {
     let process = roomy(t0);
     let mut r = Reader::new(t0);
     r.drains(US, Duration::ZERO, 1, &process);
-    // Busy all the time, checked every 100 us: the burst (10 ms) plus what half the wall time
-    // earns meanwhile lasts 20 ms, less the first step's earnings (the bucket starts full).
+    // Busy all the time, checked every 100 us: each step costs 100 us and earns 90, so the burst
+    // (10 ms) lasts about 100 ms; the first step earns nothing (the bucket starts full), so the
+    // bucket is empty after 1 + 990 steps.
     let mut down_at = None;
-    for k in 1..=400u32 {
+    for k in 1..=2_000u32 {
         if let Some(s) = r.busy(US * 100, US * 100, &process) {
             assert_eq!(s, Switch::Down(StepDown::Budget));
             down_at = Some(k);
             break;
         }
     }
-    assert_eq!(down_at, Some(199), "down after 19.9 ms of CPU");
+    assert_eq!(down_at, Some(991), "down after 99.1 ms of CPU");
     // It drains soon after, but its bucket holds less than half the burst: it stays down ...
     assert_eq!(r.drains(MS, MS, 10, &process), None);
     assert_eq!(r.guard.current(), Priority::Normal);
-    // ... and goes up once half the burst has come back (10 ms at half the wall time).
+    // ... and goes up once half the burst has come back (5 ms at 90 % of the wall time).
     assert_eq!(
-        r.drains(MS * 10, Duration::ZERO, 10, &process),
+        r.drains(US * 5_600, Duration::ZERO, 10, &process),
         Some(Switch::Up)
     );
 }
 
 #[test]
+fn a_flood_that_does_not_authenticate_gets_a_quarter_of_the_time_where_a_peer_keeps_its_stream() {
+    let t0 = crate::test_util::now();
+    let process = roomy(t0);
+    // Both readers busy 60 % of the time, in batches of 64 datagrams that drain every 1 ms.
+    let mut peer = Reader::new(t0);
+    let mut flood = Reader::new(t0);
+    peer.drains(US, Duration::ZERO, 1, &process);
+    flood.drains(US, Duration::ZERO, 1, &process);
+    let mut flood_down = None;
+    for k in 1..=1_000u32 {
+        assert_eq!(peer.drains(MS, US * 600, 64, &process), None);
+        let s = flood.drains_with(MS, US * 600, 64, 64, &process);
+        if s.is_some() && flood_down.is_none() {
+            flood_down = Some((k, s));
+        }
+    }
+    // The peer's stream keeps real-time priority throughout.
+    assert_eq!(peer.guard.current(), Priority::Realtime);
+    assert_eq!(peer.guard.realtime_cpu(), US * 600 * 1_000);
+    assert_eq!(peer.guard.unauthenticated_cpu(), Duration::ZERO);
+    // The flood steps down once its 10 ms burst is spent, at 60 - 25 = 35 % of each ms (the
+    // first millisecond earns nothing: the bucket starts full).
+    assert_eq!(
+        flood_down,
+        Some((28, Some(Switch::Down(StepDown::Unauthenticated))))
+    );
+    // Over the second, at most a quarter of it (plus the burst) at real-time.
+    let spent = flood.guard.realtime_cpu();
+    assert!(spent <= MS * 250 + MS * 10, "{spent:?}");
+    // A mixed batch pays by count: 16 of 64 datagrams unauthenticated is a quarter of its time.
+    let mut mixed = Reader::new(t0);
+    mixed.drains(US, Duration::ZERO, 1, &process);
+    mixed.drains_with(MS, US * 400, 64, 16, &process);
+    assert_eq!(mixed.guard.unauthenticated_cpu(), US * 100);
+}
+
+#[test]
 fn the_process_budget_binds_readers_that_each_stay_within_their_own() {
     let t0 = crate::test_util::now();
-    // One CPU to share, half of it at real-time: 0.5 CPU for all readers.
+    // One CPU to share, 90 % of it at real-time for all readers together.
     let process = SharedBudget::new(Budget::default(), 1000, t0);
-    assert_eq!(process.rate_milli(), 500);
+    assert_eq!(process.rate_milli(), 900);
     let mut readers: Vec<Reader> = (0..4).map(|_| Reader::new(t0)).collect();
     for r in &mut readers {
         r.drains(US, Duration::ZERO, 1, &process);
@@ -127,9 +184,8 @@ fn the_process_budget_binds_readers_that_each_stay_within_their_own() {
         }
     }
     assert!(process_downs > 0);
-    assert!(readers
-        .iter()
-        .all(|r| r.guard.realtime_cpu() < MS * 200 * 4 / 10));
+    let total: Duration = readers.iter().map(|r| r.guard.realtime_cpu()).sum();
+    assert!(total <= MS * 200 * 9 / 10 + MS * 10 + MS * 4, "{total:?}");
 }
 
 #[test]
@@ -140,7 +196,7 @@ fn a_disabled_or_refused_guard_never_asks_for_realtime() {
     off.guard = PriorityGuard::new(false, Budget::default());
     let mut refused = Reader::new(t0);
     assert_eq!(
-        refused.guard.on_drained(t0, None, 1, &process),
+        refused.guard.on_drained(t0, Work::default(), &process),
         Some(Switch::Up)
     );
     refused.guard.on_refused();
@@ -205,17 +261,38 @@ fn bulk_reads_and_sparse_wake_ups_keep_realtime() {
 const MAX_BATCH_US: u64 = 2_000;
 
 /// One step of a reader in the property tests: wall time passed, CPU time used in it (capped at
-/// the wall time), drained or still busy, packets handled.
-fn steps() -> impl Strategy<Value = Vec<(u64, u64, bool, u64)>> {
+/// the wall time), drained or still busy, packets handled and how many of them did not
+/// authenticate.
+type Step = (u64, u64, bool, u64, u64);
+
+fn steps() -> impl Strategy<Value = Vec<Step>> {
     proptest::collection::vec(
         (
             0u64..MAX_BATCH_US,
             0u64..MAX_BATCH_US,
             any::<bool>(),
             0u64..64,
+            0u64..64,
         ),
         1..600,
     )
+}
+
+/// Runs one step on `r`.
+fn step(r: &mut Reader, event: Step, p: &SharedBudget) {
+    let (wall_us, cpu_us, drained, packets, unauthenticated) = event;
+    let work = r.work(
+        US * wall_us as u32,
+        US * cpu_us as u32,
+        packets,
+        unauthenticated,
+    );
+    let s = if drained {
+        r.guard.on_drained(r.now, work, p)
+    } else {
+        r.guard.on_busy(r.now, work, p)
+    };
+    r.apply(s);
 }
 
 /// For every pair of charge points: the CPU time spent at real-time priority between them is at
@@ -241,27 +318,27 @@ fn within_budget(
 
 proptest! {
     /// Whatever the arrival pattern (a flood of small batches that drain every time, a
-    /// saturating stream, idle gaps), a reader's CPU time at real-time priority over any
-    /// stretch never exceeds its share of that stretch plus its burst, plus one batch (the
-    /// charge comes after the batch it pays for).
+    /// saturating stream, idle gaps, any mix of authenticated and unauthenticated packets), a
+    /// reader's CPU time at real-time priority over any stretch never exceeds its share of that
+    /// stretch plus its burst, and its time on unauthenticated packets never exceeds their
+    /// share plus the burst, plus one batch each (the charge comes after the batch it pays for).
     #[test]
     fn realtime_cpu_never_exceeds_the_share_plus_one_burst_in_any_window(events in steps()) {
         let t0 = crate::test_util::now();
         let process = roomy(t0);
         let mut r = Reader::new(t0);
-        // (when, realtime CPU so far) at every call.
-        let mut timeline = vec![(t0, Duration::ZERO)];
-        for (wall_us, cpu_us, drained, work) in events {
-            let (wall, cpu) = (US * wall_us as u32, US * cpu_us as u32);
-            if drained {
-                r.drains(wall, cpu, work, &process);
-            } else {
-                r.busy(wall, cpu, &process);
-            }
-            timeline.push((r.now, r.guard.realtime_cpu()));
+        // (when, real-time CPU so far) at every call: all of it, and the unauthenticated part.
+        let mut all = vec![(t0, Duration::ZERO)];
+        let mut unauthenticated = vec![(t0, Duration::ZERO)];
+        for event in events {
+            step(&mut r, event, &process);
+            all.push((r.now, r.guard.realtime_cpu()));
+            unauthenticated.push((r.now, r.guard.unauthenticated_cpu()));
         }
         let budget = Budget::default();
-        within_budget(&timeline, budget.share_percent, budget.burst + US * MAX_BATCH_US as u32)?;
+        let slack = budget.burst + US * MAX_BATCH_US as u32;
+        within_budget(&all, budget.share_percent, slack)?;
+        within_budget(&unauthenticated, budget.unauthenticated_percent, slack)?;
     }
 
     /// Readers that share one process budget (a quota of one CPU) spend together, over any
@@ -281,21 +358,17 @@ proptest! {
         for k in 0..longest {
             let mut step_wall = Duration::ZERO;
             for (r, events) in readers.iter_mut().zip([&a, &b, &c]) {
-                let Some(&(wall_us, cpu_us, drained, work)) = events.get(k) else { continue };
-                let wall = US * wall_us as u32;
-                step_wall = step_wall.max(wall);
+                let Some(&event) = events.get(k) else { continue };
+                step_wall = step_wall.max(US * event.0 as u32);
                 r.now = now;
-                if drained {
-                    r.drains(wall, US * cpu_us as u32, work, &process);
-                } else {
-                    r.busy(wall, US * cpu_us as u32, &process);
-                }
+                step(r, event, &process);
             }
             now += step_wall;
             let total: Duration = readers.iter().map(|r| r.guard.realtime_cpu()).sum();
             timeline.push((now, total));
         }
-        // The process's rate is half a CPU (50 % of 1000 thousandths).
-        within_budget(&timeline, 50, budget.burst + US * (3 * MAX_BATCH_US) as u32)?;
+        // The process's rate is the share of one CPU (1000 thousandths).
+        let slack = budget.burst + US * (3 * MAX_BATCH_US) as u32;
+        within_budget(&timeline, budget.share_percent, slack)?;
     }
 }
