@@ -388,10 +388,14 @@ async fn statefulset_pod_from_the_image_is_ready_only_with_forwarding_and_serves
     assert_eq!(tuning["readers"]["priority"], 1, "{tuning}");
     let limit_milli = (cpu_limit.parse::<f64>().expect("a whole number of CPUs") * 1000.0) as u64;
     assert_eq!(tuning["cpu_quota_milli"], limit_milli, "{tuning}");
-    // Half of the CPUs the limit allows, for all readers together.
+    // The readers' share of the CPUs the limit allows, for all readers together (the share
+    // itself no more than the container's real-time runtime allows, where the kernel limits it).
+    let share = tuning["readers"]["share_percent"].as_u64().expect("share");
+    assert!((1..=90).contains(&share), "{tuning}");
+    let cpus = tuning["cpus"].as_u64().expect("cpus");
     assert_eq!(
         tuning["readers"]["process_rate_milli"],
-        limit_milli.min(2000) / 2,
+        limit_milli.min(cpus * 1000) * share / 100,
         "{tuning}"
     );
 
