@@ -26,6 +26,9 @@ install_missing systemd-container debootstrap util-linux ||
 # scripts/image.sh builds the image with podman (runc) on a debootstrapped base, cached in
 # /var/tmp/tunnelgate-image-rootfs; the pod test (tests/sidecar_fake_api/pod_image.rs) runs it.
 install_missing podman runc debootstrap || echo "warning: the image and pod test will be skipped" >&2
+# scripts/deb.sh builds the Debian package (dpkg-shlibdeps is in dpkg-dev); tests/examples.rs
+# runs the README's key commands as a non-root user through sudo.
+install_missing dpkg-dev python3 sudo || echo "warning: the package and sudo tests will be skipped" >&2
 # The manifest and fake-API suites run `kubectl kustomize` and `kubectl apply` (Debian's
 # kubernetes-client when no kubectl is installed).
 if ! command -v kubectl >/dev/null 2>&1; then
@@ -77,6 +80,12 @@ step "cargo test (unit, golden)" "$LOG_DIR/test.log" cargo test --all-features -
 step "sidecar at scale (release: time and memory bounds)" "$LOG_DIR/scale.log" \
     cargo test --release --features sidecar --test sidecar_fake_api -- --test-threads=1 \
     group_at group_past group_converges
+# The Debian package, which tests/systemd_unit/deb_package.rs installs into a clean Debian root
+# in the netns step. It takes the daemon the release step above linked (`--no-build`): that
+# build enables the sidecar feature in the library, which the daemon binary does not use, and
+# the daemon-only build `scripts/deb.sh` makes by default recompiles 41 crates (about 2
+# CPU-minutes) for the same program.
+step "Debian package (scripts/deb.sh)" "$LOG_DIR/deb.log" scripts/deb.sh --no-build
 # The image, from a local debootstrapped base and the release binaries of the step above (the
 # same profile: only the two binaries are linked anew); the netns step's pod test runs it.
 if is_root; then
