@@ -34,7 +34,7 @@ fn image() -> String {
     std::env::var("TUNNELGATE_IMAGE").unwrap_or_else(|_| "localhost/tunnelgate:latest".into())
 }
 
-/// `podman ARGS` with the flags these VMs need (runc, cgroupfs: PITFALLS "Containers here").
+/// `podman ARGS` with the flags these VMs need (runc, cgroupfs: containers/README.md).
 fn podman(args: &[&str]) -> common::CmdOutput {
     let mut cmd = Command::new("podman");
     cmd.args(["--runtime", "runc", "--cgroup-manager", "cgroupfs"])
