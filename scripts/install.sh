@@ -2,13 +2,19 @@
 # Builds tunnelgate and installs it: the binaries, the `tunnelgate-wg` link (wg-quick's
 # userspace implementation), the systemd units, the docs and example configs, and the 0700
 # configuration directory. Run it as yourself from a checkout: it builds with your cargo and
-# asks sudo for the install steps (as root it installs directly).
+# asks sudo for the install steps (as root it installs directly). --uninstall takes it out again.
 #
 #   scripts/install.sh [--sidecar] [--prebuilt DIR | --no-build]
+#   scripts/install.sh --uninstall
 #
 #   --sidecar        also build and install tunnelgate-sidecar (the Kubernetes sidecar)
 #   --prebuilt DIR   install the binaries found in DIR as they are (no cargo needed)
 #   --no-build       install target/release as it is (after your own `cargo build --release`)
+#   --uninstall      remove what an install with the same variables put in place: the binaries
+#                    and the link, the units (one edited since is kept, and named), the docs and
+#                    example configs, and $SYSCONFDIR/tunnelgate only if it is empty. Keys and
+#                    configs there are never removed (it names what it keeps). With systemd
+#                    running, it first stops and disables the units.
 #
 # Where things go (each overridable in the environment):
 #   PREFIX=/usr/local           binaries in $PREFIX/bin (BINDIR)
@@ -18,7 +24,7 @@
 #   DESTDIR=                    a staging root everything above is put under (packaging, tests)
 #
 # It installs no key and no configuration file, never overwrites one in $SYSCONFDIR/tunnelgate,
-# and starts nothing: it prints the next steps.
+# and starts nothing: it prints the next steps. scripts/deb.sh packages what it installs.
 set -euo pipefail
 CALLER_DIR="$PWD"
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -33,9 +39,11 @@ usage() {
 SIDECAR=0
 PREBUILT=""
 NO_BUILD=0
+UNINSTALL=0
 while (($#)); do
     case "$1" in
     --sidecar) SIDECAR=1 ;;
+    --uninstall) UNINSTALL=1 ;;
     --prebuilt)
         [[ $# -ge 2 ]] || usage
         PREBUILT="$2"
@@ -58,6 +66,86 @@ SYSCONFDIR="${SYSCONFDIR:-/etc}"
 DOCDIR="${DOCDIR:-/usr/share/doc/tunnelgate}"
 DESTDIR="$(absolute "${DESTDIR:-}")"
 PREBUILT="$(absolute "$PREBUILT")"
+
+if ((UNINSTALL)) && { ((SIDECAR || NO_BUILD)) || [[ -n "$PREBUILT" ]]; }; then
+    echo "install.sh: --uninstall takes no other option (it removes whatever an install put in place)" >&2
+    usage
+fi
+
+# --- privileges --------------------------------------------------------------------------------
+# Into the real system as a normal user: the install steps go through sudo.
+AS_ROOT=()
+if [[ -z "$DESTDIR" && "$(id -u)" != "0" ]]; then
+    if command -v sudo >/dev/null 2>&1; then
+        AS_ROOT=(sudo)
+    else
+        echo "install.sh: run it as root (no sudo here), or set DESTDIR to stage the files" >&2
+        exit 1
+    fi
+fi
+run() { "${AS_ROOT[@]}" "$@"; }
+
+UNITS=(tunnelgate.service tunnelgate@.service)
+# A unit as installed: the repository's names /usr/local/bin and /etc, moved to BINDIR and
+# SYSCONFDIR when they differ.
+render_unit() { # render_unit NAME
+    sed -e "s|/usr/local/bin/tunnelgate|$BINDIR/tunnelgate|g" \
+        -e "s|/etc/tunnelgate/|$SYSCONFDIR/tunnelgate/|g" \
+        "systemd/$1"
+}
+
+# --- uninstall ---------------------------------------------------------------------------------
+if ((UNINSTALL)); then
+    echo "==> removing from ${DESTDIR:-/}: $BINDIR, $UNITDIR, $DOCDIR (keys and configs stay)" >&2
+    # A running service would go on with a deleted binary, and an enabled one would point at a
+    # unit that is gone: stop and disable them first (the real system only, with systemd).
+    if [[ -z "$DESTDIR" && -d /run/systemd/system ]] && command -v systemctl >/dev/null 2>&1; then
+        run systemctl stop tunnelgate.service 'tunnelgate@*.service' || true
+        run systemctl disable "${UNITS[@]}" 2>/dev/null || true
+    fi
+    kept=()
+    for b in tunnelgate tunnelgate-sidecar; do
+        if [[ -e "$DESTDIR$BINDIR/$b" ]]; then
+            run rm -f "$DESTDIR$BINDIR/$b"
+        fi
+    done
+    # The link only if it is ours (it points at tunnelgate).
+    if [[ "$(readlink "$DESTDIR$BINDIR/tunnelgate-wg" 2>/dev/null)" == "tunnelgate" ]]; then
+        run rm -f "$DESTDIR$BINDIR/tunnelgate-wg"
+    fi
+    for unit in "${UNITS[@]}"; do
+        installed="$DESTDIR$UNITDIR/$unit"
+        [[ -e "$installed" ]] || continue
+        # A unit that is not what this checkout installs was edited in place (or comes from
+        # another version): the admin's work, kept. Drop-ins ($unit.d/) are never touched.
+        if render_unit "$unit" | run cmp -s - "$installed"; then
+            run rm -f "$installed"
+        else
+            kept+=("$installed (differs from what this checkout installs: edited, or another version)")
+        fi
+    done
+    for doc in README.md router.md; do
+        run rm -f "$DESTDIR$DOCDIR/$doc"
+    done
+    for example in config/*.toml; do
+        run rm -f "$DESTDIR$DOCDIR/$example"
+    done
+    # The folders only when nothing else is in them.
+    run rmdir "$DESTDIR$DOCDIR/config" "$DESTDIR$DOCDIR" 2>/dev/null || true
+    etc="$DESTDIR$SYSCONFDIR/tunnelgate"
+    if [[ -d "$etc" ]] && ! run rmdir "$etc" 2>/dev/null; then
+        kept+=("$etc with what you put there: $(run ls -A "$etc" | tr '\n' ' ')")
+    fi
+    if [[ -z "$DESTDIR" && -d /run/systemd/system ]] && command -v systemctl >/dev/null 2>&1; then
+        run systemctl daemon-reload || true
+    fi
+    echo "==> removed tunnelgate." >&2
+    if ((${#kept[@]})); then
+        echo "==> kept (remove them yourself when they are no longer needed):" >&2
+        printf '    %s\n' "${kept[@]}" >&2
+    fi
+    exit 0
+fi
 
 BINARIES=(tunnelgate)
 ((SIDECAR)) && BINARIES+=(tunnelgate-sidecar)
@@ -88,19 +176,6 @@ for b in "${BINARIES[@]}"; do
     fi
 done
 
-# --- privileges --------------------------------------------------------------------------------
-# Into the real system as a normal user: the install steps go through sudo.
-AS_ROOT=()
-if [[ -z "$DESTDIR" && "$(id -u)" != "0" ]]; then
-    if command -v sudo >/dev/null 2>&1; then
-        AS_ROOT=(sudo)
-    else
-        echo "install.sh: run it as root (no sudo here), or set DESTDIR to stage the files" >&2
-        exit 1
-    fi
-fi
-run() { "${AS_ROOT[@]}" "$@"; }
-
 # --- install -----------------------------------------------------------------------------------
 echo "==> installing into ${DESTDIR:-/}: $BINDIR, $UNITDIR, $SYSCONFDIR/tunnelgate, $DOCDIR" >&2
 run install -d -m 0755 "$DESTDIR$BINDIR" "$DESTDIR$UNITDIR" "$DESTDIR$DOCDIR" "$DESTDIR$DOCDIR/config"
@@ -110,14 +185,11 @@ done
 # Relative, so it stays right under DESTDIR and wherever BINDIR is.
 run ln -sfn tunnelgate "$DESTDIR$BINDIR/tunnelgate-wg"
 
-# The units name /usr/local/bin and /etc: follow BINDIR and SYSCONFDIR when they differ.
 units_tmp="$(mktemp -d)"
 trap 'rm -rf "$units_tmp"' EXIT
-for unit in systemd/tunnelgate.service systemd/tunnelgate@.service; do
-    sed -e "s|/usr/local/bin/tunnelgate|$BINDIR/tunnelgate|g" \
-        -e "s|/etc/tunnelgate/|$SYSCONFDIR/tunnelgate/|g" \
-        "$unit" >"$units_tmp/$(basename "$unit")"
-    run install -m 0644 "$units_tmp/$(basename "$unit")" "$DESTDIR$UNITDIR/$(basename "$unit")"
+for unit in "${UNITS[@]}"; do
+    render_unit "$unit" >"$units_tmp/$unit"
+    run install -m 0644 "$units_tmp/$unit" "$DESTDIR$UNITDIR/$unit"
 done
 
 run install -m 0644 README.md "$DESTDIR$DOCDIR/README.md"
@@ -138,9 +210,9 @@ if ((${#missing[@]})); then
     printf '    %s\n' "${missing[@]}" >&2
 fi
 cat >&2 <<EOF
-==> installed $(printf '%s ' "${BINARIES[@]}")tunnelgate-wg and the units. Next:
-    tunnelgate genkey | sudo tee $SYSCONFDIR/tunnelgate/private.key >/dev/null
-    sudo chmod 0600 $SYSCONFDIR/tunnelgate/private.key
+==> installed $(printf '%s ' "${BINARIES[@]}")tunnelgate-wg and the units (scripts/install.sh --uninstall removes them). Next:
+    sudo sh -c 'umask 077; tunnelgate genkey > $SYSCONFDIR/tunnelgate/private.key'
+    sudo sh -c 'tunnelgate pubkey < $SYSCONFDIR/tunnelgate/private.key'   # your public key, for the peers
     sudo cp $DOCDIR/config/minimal.toml $SYSCONFDIR/tunnelgate/tunnelgate.toml   # then edit it
     sudo tunnelgate check --config $SYSCONFDIR/tunnelgate/tunnelgate.toml
     sudo systemctl daemon-reload && sudo systemctl enable --now tunnelgate

@@ -26,6 +26,9 @@ install_missing systemd-container debootstrap util-linux ||
 # scripts/image.sh builds the image with podman (runc) on a debootstrapped base, cached in
 # /var/tmp/tunnelgate-image-rootfs; the pod test (tests/sidecar_fake_api/pod_image.rs) runs it.
 install_missing podman runc debootstrap || echo "warning: the image and pod test will be skipped" >&2
+# scripts/deb.sh builds the Debian package (dpkg-shlibdeps is in dpkg-dev); tests/examples.rs
+# runs the README's key commands as a non-root user through sudo.
+install_missing dpkg-dev python3 sudo || echo "warning: the package and sudo tests will be skipped" >&2
 # The manifest and fake-API suites run `kubectl kustomize` and `kubectl apply` (Debian's
 # kubernetes-client when no kubectl is installed).
 if ! command -v kubectl >/dev/null 2>&1; then
@@ -77,10 +80,23 @@ step "cargo test (unit, golden)" "$LOG_DIR/test.log" cargo test --all-features -
 step "sidecar at scale (release: time and memory bounds)" "$LOG_DIR/scale.log" \
     cargo test --release --features sidecar --test sidecar_fake_api -- --test-threads=1 \
     group_at group_past group_converges
-# The image, from a local debootstrapped base and the release binaries of the step above (the
-# same profile: only the two binaries are linked anew); the netns step's pod test runs it.
+# The Debian package, which tests/systemd_unit/deb_package.rs installs into a clean Debian root
+# in the netns step. It takes the daemon the release step above linked (`--no-build`): that
+# build enables the sidecar feature in the library, which the daemon binary does not use, and
+# the daemon-only build `scripts/deb.sh` makes by default recompiles 41 crates (about 2
+# CPU-minutes) for the same program.
+step "Debian package (scripts/deb.sh)" "$LOG_DIR/deb.log" scripts/deb.sh --no-build
+# The image as containers/README.md builds it: its `podman build` line as written, the compile
+# stage included (about 9 CPU-minutes: 12 minutes from scratch beside other builds on this
+# 2-core VM), from local stand-ins for its FROM images.
+# It builds at the lowest priority in the background of the netns suites, like the fuzz build
+# below; the pod test runs that image after them.
+IMAGE_LOG="$LOG_DIR/image-documented.log"
+image_pid=""
 if is_root; then
-    step "image (podman, local base)" "$LOG_DIR/image.log" scripts/image.sh
+    image_start=$SECONDS
+    nice -n 19 scripts/image.sh --documented >"$IMAGE_LOG" 2>&1 &
+    image_pid=$!
 fi
 # Fuzz smoke: every cargo-fuzz target in fuzz/, built with libFuzzer's coverage instrumentation on
 # stable (scripts/fuzz-smoke.sh says how, and what an ASan run on nightly adds), 5 s each.
@@ -92,14 +108,36 @@ FUZZ_BUILD_LOG="$LOG_DIR/fuzz-build.log"
 fuzz_build_start=$SECONDS
 nice -n 19 scripts/fuzz-smoke.sh --build-only >"$FUZZ_BUILD_LOG" 2>&1 &
 fuzz_build_pid=$!
+# The tests that run the image wait for it (below).
+IMAGE_TESTS=(statefulset_pod_from_the_image podman_save_keeps_the_fully_qualified_name)
 if is_root; then
     step "cargo test --ignored (netns suites)" "$LOG_DIR/netns.log" \
-        cargo test --all-features --no-fail-fast -- --ignored --test-threads=1
+        cargo test --all-features --no-fail-fast -- --ignored --test-threads=1 \
+        "${IMAGE_TESTS[@]/#/--skip=}"
 elif [[ "${CI:-}" == "true" ]]; then
     RESULTS+=("FAILED netns suites: CI must run as root")
     failed=1
 else
     RESULTS+=("SKIP   netns suites: not root (run: sudo scripts/test.sh)")
+fi
+if [[ -n "$image_pid" ]]; then
+    image_rc=0
+    wait "$image_pid" || image_rc=$?
+    image_secs=$((SECONDS - image_start))
+    image_documented() { # the background build's log and result
+        cat "$IMAGE_LOG"
+        echo "(the documented build in the background: exit $image_rc after ${image_secs}s)"
+        return "$image_rc"
+    }
+    step "image: containers/README.md's podman build (scripts/image.sh --documented)" \
+        "$LOG_DIR/image.log" image_documented
+    # The other way in: the host's release binaries as the build context `build` (the runtime
+    # stage's layers come from the build above), under a tag of its own.
+    step "image: host binaries (scripts/image.sh)" "$LOG_DIR/image-host.log" \
+        scripts/image.sh localhost/tunnelgate:host-binaries
+    step "pod test (the documented image)" "$LOG_DIR/pod.log" \
+        cargo test --all-features --no-fail-fast --test sidecar_fake_api -- --ignored \
+        --test-threads=1 "${IMAGE_TESTS[@]}"
 fi
 fuzz_build_rc=0
 wait "$fuzz_build_pid" || fuzz_build_rc=$?
@@ -128,6 +166,10 @@ summarize "$LOG_DIR/test.log"
 if [[ -f "$LOG_DIR/netns.log" ]]; then
     echo "cargo test --ignored (netns suites):"
     summarize "$LOG_DIR/netns.log"
+fi
+if [[ -f "$LOG_DIR/pod.log" ]]; then
+    echo "pod test:"
+    summarize "$LOG_DIR/pod.log"
 fi
 echo
 printf '%s\n' "${RESULTS[@]}"

@@ -396,10 +396,15 @@ fn render_peer_metrics(reg: &mut Registry, peers: &[PeerStatus], now_unix: u64) 
         attempts.get_or_create(&l).inc_by(p.handshake_attempts);
         answered.get_or_create(&l).inc_by(p.handshakes_answered);
         failures.get_or_create(&l).inc_by(p.handshake_failures);
+        // The time is there from the start, 0 until the first handshake (as `wg show dump`
+        // says "never"), so a dashboard shows a peer that never connected; an age would be
+        // made up, so there is none until then.
+        stamp
+            .get_or_create(&l)
+            .set(p.latest_handshake_unix.unwrap_or(0) as f64);
         if let Some(t) = p.latest_handshake_unix {
             // A handshake "in the future" (clock stepped back) counts as just now.
             age.get_or_create(&l).set(now_unix.saturating_sub(t) as f64);
-            stamp.get_or_create(&l).set(t as f64);
         }
     }
     reg.register(
@@ -440,7 +445,7 @@ fn render_peer_metrics(reg: &mut Registry, peers: &[PeerStatus], now_unix: u64) 
     );
     reg.register(
         "peer_last_handshake_timestamp_seconds",
-        "Unix time of the latest completed handshake (absent: never)",
+        "Unix time of the latest completed handshake (0: never)",
         stamp,
     );
 }

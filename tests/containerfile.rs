@@ -3,7 +3,8 @@
 //! `[[bench]]` target's file present), which is what the stage's `cargo build` needs first. No
 //! registry or container runtime needed: Cargo loads a copy of just those files and is asked
 //! for a binary that does not exist, which lists the real ones and compiles nothing.
-//! The whole build, image and pod run with podman in tests/sidecar_fake_api/pod_image.rs.
+//! Its stages are named literally (podman 4.3). The whole build, image and pod run with podman
+//! in tests/sidecar_fake_api/pod_image.rs.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -107,4 +108,42 @@ fn without_the_test_and_bench_files_cargo_refuses_the_manifest() {
     let stderr = cargo_load(&dir);
     let _ = std::fs::remove_dir_all(&dir);
     assert!(stderr.contains("can't find"), "{stderr}");
+}
+
+/// Debian 12's podman (4.3) does not expand a build argument into a stage name: neither
+/// `COPY --from=${ARG}` nor `FROM ${ARG} AS x` finds an earlier stage by that name. Every stage
+/// is named literally, every `COPY --from` names one of them, and the binaries come from the
+/// stage `build`, which `--build-context build=DIR` (scripts/image.sh) replaces.
+#[test]
+fn stages_are_named_literally_for_podman_4_3() {
+    let text = std::fs::read_to_string(repo().join("containers/Containerfile")).expect("read");
+    let mut stages = Vec::new();
+    let mut copies_from = Vec::new();
+    for line in text.lines().map(str::trim).filter(|l| !l.starts_with('#')) {
+        if let Some(from) = line.strip_prefix("FROM ") {
+            let words: Vec<&str> = from.split_whitespace().collect();
+            if let [_, kw, name] = words[..] {
+                assert!(kw.eq_ignore_ascii_case("AS"), "{line}");
+                assert!(!name.contains('$'), "a stage name from an argument: {line}");
+                stages.push(name.to_string());
+            }
+        }
+        for word in line.split_whitespace() {
+            if let Some(from) = word.strip_prefix("--from=") {
+                copies_from.push(from.to_string());
+            }
+        }
+    }
+    assert!(stages.contains(&"build".to_string()), "{stages:?}");
+    assert!(!copies_from.is_empty());
+    for from in &copies_from {
+        assert!(
+            stages.contains(from),
+            "COPY --from={from} names no stage of {stages:?}"
+        );
+    }
+    assert!(
+        copies_from.contains(&"build".to_string()),
+        "{copies_from:?}"
+    );
 }

@@ -1,7 +1,8 @@
 //! The shipped examples pass as shipped: for every file in `config/`, the shell lines of its
 //! header's `# Setup` block, and the install block of `docs/router.md`, run as written (only
 //! `/etc` moved into a temp dir, and `scripts/install.sh` into a `DESTDIR` with the binary under
-//! test) up to their `tunnelgate check`, which must then pass.
+//! test) up to their `tunnelgate check`, which must then pass; and the README's key commands, run
+//! by a non-root user with sudo (root: `-- --ignored`).
 
 mod common;
 
@@ -188,4 +189,134 @@ fn router_md_install_steps_run_and_pass_check() {
     // And the tunnelgate they ran was the one install.sh put on PATH.
     assert!(stage.root.join("usr/local/bin/tunnelgate").exists());
     assert!(stage.root.join("usr/local/bin/tunnelgate-wg").is_symlink());
+}
+
+/// A user made for one test, with a sudoers rule that lets it run anything as root (without a
+/// password; `sudo`'s PATH is `bin` first, so `tunnelgate` is the binary under test). The rule
+/// goes first, then the user, when dropped.
+struct SudoUser {
+    name: String,
+    sudoers: PathBuf,
+}
+
+impl SudoUser {
+    fn new(bin: &Path) -> SudoUser {
+        let name = format!("tgsudo{}", std::process::id() % 100_000);
+        let _ = Command::new("userdel").arg(&name).output();
+        let made = output_of(
+            {
+                let mut c = Command::new("useradd");
+                c.args(["--no-create-home", "--user-group", "--shell", "/bin/sh"])
+                    .arg(&name);
+                c
+            },
+            None,
+        );
+        assert!(made.success(), "useradd: {made:?}");
+        let sudoers = PathBuf::from(format!("/etc/sudoers.d/tunnelgate-test-{name}"));
+        let user = SudoUser { name, sudoers };
+        let rule = format!(
+            "Defaults:{0} secure_path=\"{1}:/usr/sbin:/usr/bin:/sbin:/bin\"\n\
+             {0} ALL=(root) NOPASSWD: ALL\n",
+            user.name,
+            bin.display()
+        );
+        let staged = user.sudoers.with_extension("tmp");
+        std::fs::write(&staged, rule).expect("sudoers rule");
+        let checked = output_of(
+            {
+                let mut c = Command::new("visudo");
+                c.arg("-cf").arg(&staged);
+                c
+            },
+            None,
+        );
+        assert!(checked.success(), "visudo: {checked:?}");
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o440)).expect("chmod");
+        std::fs::rename(&staged, &user.sudoers).expect("sudoers.d");
+        user
+    }
+
+    /// `script` in bash as this user (`runuser`), from `dir`.
+    fn run(&self, script: &str, dir: &Path) -> CmdOutput {
+        let mut c = Command::new("runuser");
+        c.args([
+            "-u", &self.name, "--", "bash", "-e", "-o", "pipefail", "-c", script,
+        ])
+        .current_dir(dir)
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
+        output_of(c, None)
+    }
+}
+
+impl Drop for SudoUser {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.sudoers);
+        let _ = Command::new("userdel").arg(&self.name).output();
+    }
+}
+
+/// The README's key commands ("Connecting a standard WireGuard peer"), run as written by a
+/// non-root user with sudo (only `/etc/tunnelgate` moved into a temp dir): the folder is root's
+/// and 0700, the key root's and 0600 from the start, and the public key printed is the key's.
+/// The form they replace, `sudo tunnelgate pubkey < /etc/tunnelgate/private.key`, fails for that
+/// user: the redirection is the user's own. Needs root (a user, a sudoers rule, runuser) and
+/// sudo: `cargo test --test examples -- --ignored`.
+#[test]
+#[ignore = "needs root and sudo"]
+fn readme_key_commands_work_for_a_non_root_user_with_sudo() {
+    require_root();
+    if !Path::new("/usr/bin/sudo").exists() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI=true, and sudo is not installed"
+        );
+        eprintln!("SKIPPED: sudo is not installed (apt-get install --no-install-recommends sudo)");
+        return;
+    }
+    let readme = std::fs::read_to_string(repo("README.md")).expect("README");
+    let rest = &readme[readme.find("On the tunnelgate host").expect("the section")..];
+    // The first sh block of the section.
+    let block = sh_block_after(rest, "```sh").expect("the key commands");
+    assert!(
+        block.iter().any(|l| l.contains("pubkey")) && block.iter().any(|l| l.contains("genkey")),
+        "{block:#?}"
+    );
+    let stage = Stage::new("tx-readme-sudo");
+    std::fs::create_dir_all(stage.root.join("etc")).expect("ROOT/etc");
+    let user = SudoUser::new(&stage.bin);
+    let script: Vec<String> = block.iter().map(|l| stage.rewrite(l)).collect();
+    let out = user.run(&script.join("\n"), stage.tmp.path());
+    assert!(
+        out.success(),
+        "as {}:\n{}\n{out:?}",
+        user.name,
+        script.join("\n")
+    );
+
+    use std::os::unix::fs::MetadataExt;
+    let etc = stage.root.join("etc/tunnelgate");
+    let key_path = etc.join("private.key");
+    for (path, mode) in [(&etc, 0o700), (&key_path, 0o600)] {
+        let meta = std::fs::metadata(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert_eq!(meta.mode() & 0o7777, mode, "{}", path.display());
+        assert_eq!(meta.uid(), 0, "{} is root's", path.display());
+    }
+    let key = std::fs::read_to_string(&key_path).expect("key");
+    let pubkey = tunnelgate_cli(&["pubkey"], Some(&key));
+    assert!(pubkey.success(), "{pubkey:?}");
+    assert_eq!(
+        out.stdout.trim(),
+        pubkey.stdout.trim(),
+        "the README's pubkey line prints the key's public key"
+    );
+
+    // What the README said before: the user's shell opens the key, and may not.
+    let old = user.run(
+        &format!("sudo tunnelgate pubkey < {}", key_path.display()),
+        stage.tmp.path(),
+    );
+    assert!(!old.success(), "{old:?}");
+    assert!(old.stderr.contains("Permission denied"), "{old:?}");
 }

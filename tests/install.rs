@@ -2,7 +2,8 @@
 //! test suite built (`--prebuilt`, so no release build is needed here), it puts `tunnelgate`
 //! where the units look for it, the `tunnelgate-wg` link beside it, the units, the docs and
 //! example configs, and a 0700 `/etc/tunnelgate`; `PREFIX` and `SYSCONFDIR` move the paths in
-//! the units too; a second run keeps the keys an admin put in `/etc/tunnelgate`.
+//! the units too; a second run keeps the keys an admin put in `/etc/tunnelgate`; `--uninstall`
+//! with the same variables takes out every file it installed and keeps the keys and configs.
 
 mod common;
 
@@ -211,4 +212,133 @@ fn install_sh_refuses_a_missing_binary_and_installs_nothing() {
     let out = install(&["--no-such-flag"], &[("DESTDIR", &root)]);
     assert_eq!(out.code, Some(2), "{out:?}");
     assert!(out.stderr.contains("--no-such-flag"), "{out:?}");
+}
+
+/// Every file and link under `root` (not directories), relative to it.
+fn files_under(root: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut todo = vec![root.to_path_buf()];
+    while let Some(dir) = todo.pop() {
+        for entry in std::fs::read_dir(&dir).expect("read_dir").flatten() {
+            let path = entry.path();
+            if path.is_dir() && !path.is_symlink() {
+                todo.push(path);
+            } else {
+                out.push(path.strip_prefix(root).expect("under root").to_path_buf());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// `--uninstall` with the same variables takes out every file the install put in place (the
+/// sidecar too) and the docs folder, and keeps what the admin wrote: the key and config in
+/// `/etc/tunnelgate` (named in its output) and a unit edited in place. A second `--uninstall`
+/// finds nothing more to do.
+#[test]
+fn install_sh_uninstall_removes_what_it_installed_and_keeps_keys_and_configs() {
+    let tmp = TempDir::new("tx-uninstall");
+    let bin_dir = prebuilt(&tmp);
+    std::os::unix::fs::symlink(tunnelgate_bin(), bin_dir.join("tunnelgate-sidecar"))
+        .expect("a sidecar binary");
+    let root = tmp.path().join("root");
+    let vars = [
+        ("DESTDIR", root.as_path()),
+        ("PREFIX", Path::new("/opt/tg")),
+        ("SYSCONFDIR", Path::new("/srv/etc")),
+    ];
+    let out = install(
+        &["--sidecar", "--prebuilt", &bin_dir.display().to_string()],
+        &vars,
+    );
+    assert!(out.success(), "{out:?}");
+    assert!(
+        out.stderr.contains("scripts/install.sh --uninstall"),
+        "the way out is named: {out:?}"
+    );
+    let installed = files_under(&root);
+    assert!(installed.len() >= 10, "{installed:#?}");
+    assert!(installed.contains(&PathBuf::from("opt/tg/bin/tunnelgate-sidecar")));
+
+    // The admin's: a key and a config, and a drop-in beside the unit.
+    let etc = root.join("srv/etc/tunnelgate");
+    std::fs::write(etc.join("private.key"), "key\n").expect("key");
+    std::fs::write(etc.join("tunnelgate.toml"), "[interface]\n").expect("config");
+    let dropin = root.join("etc/systemd/system/tunnelgate.service.d");
+    std::fs::create_dir_all(&dropin).expect("drop-in dir");
+    std::fs::write(dropin.join("override.conf"), "[Service]\n").expect("drop-in");
+
+    let out = install(&["--uninstall"], &vars);
+    assert!(out.success(), "{out:?}");
+    let left = files_under(&root);
+    assert_eq!(
+        left,
+        [
+            PathBuf::from("etc/systemd/system/tunnelgate.service.d/override.conf"),
+            PathBuf::from("srv/etc/tunnelgate/private.key"),
+            PathBuf::from("srv/etc/tunnelgate/tunnelgate.toml"),
+        ],
+        "{out:?}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(etc.join("private.key")).expect("key"),
+        "key\n"
+    );
+    assert_eq!(mode(&etc), 0o700);
+    assert!(
+        !root.join("usr/share/doc/tunnelgate").exists(),
+        "the docs folder goes"
+    );
+    assert!(
+        out.stderr
+            .contains(&format!("{} with what you put there", etc.display()))
+            && out.stderr.contains("private.key")
+            && out.stderr.contains("tunnelgate.toml"),
+        "it says what it keeps: {out:?}"
+    );
+
+    let again = install(&["--uninstall"], &vars);
+    assert!(again.success(), "{again:?}");
+    assert_eq!(files_under(&root), left);
+}
+
+/// A unit the admin edited in place is the admin's: kept, and named; an untouched one goes. An
+/// emptied `/etc/tunnelgate` goes too (only the install made it).
+#[test]
+fn install_sh_uninstall_keeps_an_edited_unit_and_removes_an_empty_config_dir() {
+    let tmp = TempDir::new("tx-uninstall-edited");
+    let bin_dir = prebuilt(&tmp);
+    let root = tmp.path().join("root");
+    let out = install(
+        &["--prebuilt", &bin_dir.display().to_string()],
+        &[("DESTDIR", &root)],
+    );
+    assert!(out.success(), "{out:?}");
+    let edited = root.join("etc/systemd/system/tunnelgate@.service");
+    let text = std::fs::read_to_string(&edited).expect("unit");
+    std::fs::write(&edited, format!("{text}# edited by the admin\n")).expect("edit");
+
+    let out = install(&["--uninstall"], &[("DESTDIR", &root)]);
+    assert!(out.success(), "{out:?}");
+    assert_eq!(
+        files_under(&root),
+        [PathBuf::from("etc/systemd/system/tunnelgate@.service")]
+    );
+    assert!(
+        out.stderr.contains(&format!(
+            "{} (differs from what this checkout installs",
+            edited.display()
+        )),
+        "{out:?}"
+    );
+    assert!(
+        !root.join("etc/tunnelgate").exists(),
+        "the empty config dir goes"
+    );
+    assert!(!root.join("etc/systemd/system/tunnelgate.service").exists());
+
+    // --uninstall takes no install option.
+    let out = install(&["--uninstall", "--sidecar"], &[("DESTDIR", &root)]);
+    assert_eq!(out.code, Some(2), "{out:?}");
 }

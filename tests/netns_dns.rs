@@ -343,6 +343,7 @@ fn dns_outage_keeps_last_good_rules_and_recovers() {
         .stderr()
         .lines()
         .filter(|l| l.contains("Resolution failed") && l.contains(name.as_str()))
+        .filter(|l| l.contains("keeping the last good addresses") && l.contains("kept=1"))
         .count();
     assert!(
         logged >= 3,
@@ -435,6 +436,21 @@ fn nxdomain_name_keeps_readyz_503_and_shows_in_status() {
     assert!(text.stdout.contains(&missing), "{}", text.stdout);
     assert!(text.stdout.contains("last error:"), "{}", text.stdout);
     assert!(text.stdout.contains("resolved: never"), "{}", text.stdout);
+    // The log says what a failure leaves in place: here nothing, so no "last good addresses".
+    let failed: Vec<String> = tg
+        .stderr()
+        .lines()
+        .filter(|l| l.contains("Resolution failed") && l.contains(missing.as_str()))
+        .map(str::to_string)
+        .collect();
+    assert!(!failed.is_empty(), "no failure logged:\n{}", tg.stderr());
+    for line in &failed {
+        assert!(
+            line.contains("the name has no address yet, so its rules wait for the first answer")
+                && !line.contains("last good"),
+            "{line}"
+        );
+    }
 
     // The name that did resolve is served meanwhile.
     lab.connect(&tg);

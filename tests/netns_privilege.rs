@@ -273,3 +273,62 @@ fn the_packet_readers_run_at_real_time_priority_unless_turned_off() {
         "TUNNELGATE_RT_PRIORITY=0, yet: {policies:?}"
     );
 }
+
+/// The manifest's proxy container (and the units) grant `CAP_NET_RAW` whatever the backend,
+/// without `CAP_SETPCAP`: with nftables the daemon drops it from every set that grants it and
+/// cannot take it out of the bounding set. That is said once, as information: no WARN line at
+/// start for a capability the backend does not need (issue 37).
+#[test]
+#[ignore = "needs root and network namespaces"]
+fn a_granted_capability_nftables_does_not_need_is_no_warning() {
+    require_root();
+    let ns = Netns::new();
+    let mut cfg = TgConfig::new(0, &["100.64.0.1/32"]);
+    cfg.extra = format!("[firewall]\nmode = \"nftables\"\n\n{}", ingress(&["80"]));
+    let dir = TempDir::new("tx-bounding");
+    dir.write_secret("private.key", &format!("{}\n", cfg.key.private));
+    let config = dir.write("tunnelgate.toml", &cfg.render("private.key"));
+    let config = config.display().to_string();
+    // The pod's securityContext: drop ALL, add NET_ADMIN and NET_RAW; no-new-privs.
+    let mut daemon = Proc::spawn(
+        ns.command(&[
+            "setpriv",
+            "--bounding-set",
+            "-all,+net_admin,+net_raw",
+            "--inh-caps",
+            "-all",
+            "--no-new-privs",
+            "--",
+            tunnelgate_bin(),
+            "run",
+            "--config",
+            &config,
+            "--log-format",
+            "json",
+        ]),
+        "tunnelgate",
+        dir.path(),
+    );
+    let ready = poll_until(Duration::from_secs(15), || {
+        daemon.stderr().contains("\"Ready\"")
+    });
+    assert!(ready, "not ready:\n{}", daemon.stderr());
+    let lines: Vec<serde_json::Value> = daemon
+        .stderr()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let warnings: Vec<&serde_json::Value> = lines
+        .iter()
+        .filter(|l| l["level"] == "WARN" || l["level"] == "ERROR")
+        .collect();
+    assert!(warnings.is_empty(), "{warnings:#?}");
+    let bounding = lines
+        .iter()
+        .find(|l| l["bounding"].is_string())
+        .unwrap_or_else(|| panic!("the bounding set is not mentioned:\n{}", daemon.stderr()));
+    assert_eq!(bounding["level"], "INFO", "{bounding}");
+    assert_eq!(bounding["bounding"], "CAP_NET_RAW", "{bounding}");
+    let status = daemon.sigterm(Duration::from_secs(10));
+    assert!(status.success(), "exit {status:?}: {}", daemon.stderr());
+}

@@ -1,7 +1,8 @@
 //! The pictures: `contrib/grafana/tunnelgate.json` only queries metrics a real daemon's
 //! `/metrics` has (with the labels it groups by), draws one line per instance (the replicas of a
 //! proxy group all name their interface alike), shows answered handshakes and unresolved names,
-//! and has no template input it does not use; and `benches/iperf/results/latest.svg` is the
+//! shows a peer that never connected as "never" (from a real scrape with such a peer), and has
+//! no template input it does not use; and `benches/iperf/results/latest.svg` is the
 //! chart `bench.py` draws from the committed `latest.json`.
 //!
 //! The dashboard test needs root (a daemon in a namespace):
@@ -257,11 +258,16 @@ fn every_metric_the_dashboard_queries_is_in_a_real_scrape() {
     // A wireguard-go peer in the same namespace (over loopback) that completes a handshake, so
     // the per-peer handshake families (absent until the first one) are in the scrape too.
     let wg = WgGo::start(&ns, 0, &["100.84.0.2/32"]);
-    let mut cfg = TgConfig::new(0, &["100.84.0.1/32"]).peer(
-        Peer::new(wg.public_key(), &["100.84.0.2/32"])
-            .endpoint(&format!("127.0.0.1:{}", wg.listen_port()))
-            .keepalive(1),
-    );
+    // And a peer that never connects (no endpoint, nobody has its key): the one an operator
+    // most needs to see.
+    let never = Keypair::generate();
+    let mut cfg = TgConfig::new(0, &["100.84.0.1/32"])
+        .peer(
+            Peer::new(wg.public_key(), &["100.84.0.2/32"])
+                .endpoint(&format!("127.0.0.1:{}", wg.listen_port()))
+                .keepalive(1),
+        )
+        .peer(Peer::new(&never.public, &["100.84.0.3/32"]));
     // A DNS-named target, so the dns_* families exist (nothing answers: they count failures).
     // Labelled with a service, so the per-service unresolved-names gauge is there too.
     cfg.extra = "[[ingress]]\ntarget_fqdn = \"db.example.internal\"\nports = [\"8080\"]\n\
@@ -319,6 +325,66 @@ fn every_metric_the_dashboard_queries_is_in_a_real_scrape() {
         }
     }
     assert!(checked >= 15, "{checked} metric uses checked");
+
+    // The never-connected peer is on the dashboard from the first scrape: the handshake time
+    // panel has a series for it, 0, which the panel shows as "never"; the connected one's is
+    // a real time.
+    let stamp = |peer: &str| -> Option<f64> {
+        text.lines()
+            .filter(|l| l.starts_with("tunnelgate_peer_last_handshake_timestamp_seconds{"))
+            .find(|l| l.contains(&format!("peer=\"{peer}\"")))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+    };
+    assert_eq!(stamp(&never.public), Some(0.0), "{text}");
+    assert!(stamp(wg.public_key()).is_some_and(|t| t > 1.0e9), "{text}");
+    assert!(
+        !text.lines().any(
+            |l| l.starts_with("tunnelgate_peer_last_handshake_age_seconds{")
+                && l.contains(&format!("peer=\"{}\"", never.public))
+        ),
+        "no made-up age for the peer that never connected:\n{text}"
+    );
+    let panel = never_panel(&dashboard());
+    assert!(
+        grouped_labels(panel["targets"][0]["expr"].as_str().unwrap_or_default()).contains("peer"),
+        "{panel}"
+    );
+}
+
+/// The panel that shows each peer's latest handshake time, mapping 0 to "never".
+fn never_panel(dash: &serde_json::Value) -> serde_json::Value {
+    let panel = dash["panels"]
+        .as_array()
+        .expect("panels")
+        .iter()
+        .find(|p| {
+            p["targets"][0]["expr"]
+                .as_str()
+                .is_some_and(|e| e.contains("tunnelgate_peer_last_handshake_timestamp_seconds"))
+        })
+        .expect("a panel queries tunnelgate_peer_last_handshake_timestamp_seconds")
+        .clone();
+    let never = panel["fieldConfig"]["defaults"]["mappings"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find_map(|m| m["options"]["0"]["text"].as_str().map(str::to_string));
+    assert_eq!(
+        never.as_deref(),
+        Some("never"),
+        "0 is shown as never: {panel}"
+    );
+    panel
+}
+
+#[test]
+fn the_dashboard_shows_a_peer_that_never_connected_as_never() {
+    let panel = never_panel(&dashboard());
+    let expr = panel["targets"][0]["expr"].as_str().unwrap_or_default();
+    // Scaled to milliseconds for the "from now" unit: 0 stays 0, so "never" stays never.
+    assert!(expr.ends_with(") * 1000"), "{expr}");
+    assert_eq!(panel["fieldConfig"]["defaults"]["unit"], "dateTimeFromNow");
 }
 
 /// `bench.py --svg-from latest.json` draws the committed `latest.svg`: one group of bars per

@@ -220,9 +220,13 @@ pub fn drop_for_userspace(realtime: Caps) -> Result<Dropped, PrivilegeError> {
 fn log_dropped(dropped: &Dropped, what: &str) {
     tracing::info!(kept = %dropped.kept, "{what}");
     if dropped.bounding_kept != Caps::default() {
-        tracing::warn!(
+        // Information, not a warning: the shipped unit and pod grant CAP_NET_RAW (for
+        // iptables-legacy) and CAP_NET_BIND_SERVICE (for a low port) whatever the backend and
+        // ports, and neither the daemon nor a child can use what it dropped: it is gone from
+        // every set that grants it, and no-new-privs keeps an execve from giving it back.
+        tracing::info!(
             bounding = %dropped.bounding_kept,
-            "Without CAP_SETPCAP these stay in the bounding set (no-new-privs still keeps children from gaining them)"
+            "Not needed, so dropped; without CAP_SETPCAP they stay in the bounding set, which grants nothing under no-new-privs"
         );
     }
 }

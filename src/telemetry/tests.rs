@@ -386,10 +386,15 @@ fn metrics_carry_the_snapshot_values() {
         v("tunnelgate_peer_last_handshake_timestamp_seconds", &a),
         (NOW - 65) as f64
     );
-    // A peer that never completed a handshake has no age rather than a made-up one.
+    // A peer that never completed a handshake has no age rather than a made-up one, and its
+    // handshake time is 0 from the start (a dashboard shows it as "never").
     assert_eq!(
         value(&s, "tunnelgate_peer_last_handshake_age_seconds", &b),
         None
+    );
+    assert_eq!(
+        v("tunnelgate_peer_last_handshake_timestamp_seconds", &b),
+        0.0
     );
     assert_eq!(
         v("tunnelgate_packets_dropped_total", &[("reason", "no_peer")]),

@@ -2,7 +2,8 @@
 //! `/metrics` moves with the traffic and parses as Prometheus text; no private or preshared key
 //! shows up in logs (at trace level, human and JSON), metrics, health bodies, status or `check`
 //! output; `tunnelgate status --json` agrees with `wg show dump`; a handshake is logged once,
-//! packets never are, and SIGTERM under load exits 0 within 3 s.
+//! packets never are, and SIGTERM under load exits 0 within 3 s; status and `/metrics` count
+//! rules as nft and iptables do.
 //!
 //! (`/readyz` going to 503 when rules fail is covered per backend in `netns_forwarding.rs`.)
 //!
@@ -41,6 +42,7 @@ const SHORT: Duration = Duration::from_secs(10);
 mod cli;
 mod exposition;
 mod metrics;
+mod rule_count;
 mod secrets;
 mod setup;
 mod shutdown;

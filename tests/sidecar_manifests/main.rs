@@ -8,7 +8,8 @@
 //! anti-affinity over nodes, a UDP LoadBalancer per replica and a NetworkPolicy keeping the health
 //! port to the nodes and the monitoring namespace; and the base config in the ConfigMap renders,
 //! with the example Services, into a configuration the daemon accepts (for each replica);
-//! `kubectl kustomize` of each example (what `apply -k` sends) holds exactly the files' objects.
+//! `kubectl kustomize` of each example (what `apply -k` sends) holds exactly the files' objects;
+//! one fully qualified image name everywhere, and a registry is one edit of a kustomization.
 
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
@@ -20,11 +21,13 @@ use tunnelgate::sidecar::{api::service_info, render};
 const NS: &str = "tunnelgate";
 
 mod group;
+mod images;
 mod kustomize;
 mod manifests;
 mod schemas;
 mod single_service;
 
 use group::*;
+use images::IMAGE_NAME;
 use manifests::*;
 use single_service::*;

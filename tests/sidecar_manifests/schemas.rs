@@ -58,11 +58,11 @@ fn images_are_not_pulled_when_present() {
                 .iter()
                 .filter_map(|k| spec[*k].as_array())
                 .flatten()
-                // The locally built (`kind load`) image; public ones may be pulled.
+                // The locally built (loaded) image; public ones may be pulled.
                 .filter(|c| {
                     c["image"]
                         .as_str()
-                        .is_some_and(|i| i.starts_with("tunnelgate:"))
+                        .is_some_and(|i| i.starts_with(&format!("{IMAGE_NAME}:")))
                 })
             {
                 assert_eq!(

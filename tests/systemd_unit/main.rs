@@ -7,7 +7,10 @@
 //! it pings the watchdog (`WATCHDOG_USEC`) only while every packet thread is alive; and under
 //! a real systemd (booted in systemd-nspawn) `systemctl reload` reports a refused file, and a
 //! wedged packet thread or a stalled event loop gets the service killed by the watchdog and
-//! restarted.
+//! restarted. The Debian package (scripts/deb.sh) installs into a clean Debian root with its
+//! files and modes, its units pass `systemd-analyze verify` and start the packaged daemon under
+//! a booted systemd, and `apt remove`/`apt purge` (and `dpkg -r`/`-P`) take away everything of
+//! the package's but the admin's key and config, saying so.
 //!
 //! The last tests need root: `cargo test --test systemd_unit -- --ignored --test-threads=1`.
 #![allow(unsafe_code)] // ptrace(2), to freeze one packet thread of the running service.
@@ -23,6 +26,7 @@ use tunnelgate::shell::clock;
 
 mod booted;
 mod container;
+mod deb_package;
 mod started;
 mod unit_file;
 

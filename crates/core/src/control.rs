@@ -677,7 +677,7 @@ impl Control {
             // The first read-back after an apply is the baseline, unless our rules are not
             // there at all (removed between the apply and the read).
             Ok(installed) if self.rules.fingerprint.is_none() && !installed.is_empty() => {
-                self.rules.rule_count = installed.lines().filter(|l| !l.trim().is_empty()).count();
+                self.rules.rule_count = crate::rules::count_installed(&installed);
                 self.rules.fingerprint = Some(installed);
             }
             Ok(installed) if self.rules.fingerprint.as_ref() == Some(&installed) => {}

@@ -22,6 +22,13 @@ use std::net::IpAddr;
 
 pub use crate::config::{IpNet, PortMap, Proto};
 
+/// How many rules a read-back of either backend holds (an `nft list table` listing, or the
+/// owned `iptables-save` lines), as the tool itself counts them. Each format's rules have a
+/// syntax of their own (`-A ...` lines; statements in an nft chain), so the text says which.
+pub fn count_installed(installed: &str) -> usize {
+    nft::count_rules(installed) + iptables::count_rules(installed)
+}
+
 /// What every nftables table of ours starts with; the tunnel interface name follows.
 pub const NFT_TABLE_PREFIX: &str = "tunnelgate_";
 

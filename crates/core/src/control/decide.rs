@@ -310,12 +310,25 @@ impl Control {
             Outcome::Failed { retry_in } => {
                 view.failures += 1;
                 let error = error.as_deref().unwrap_or("no addresses in the answer");
-                tracing::warn!(
-                    name,
-                    error,
-                    retry_in_secs = retry_in.as_secs(),
-                    "Resolution failed; keeping the last good addresses"
-                );
+                let retry_in_secs = retry_in.as_secs();
+                // What the failure leaves in place: the last good answer, or nothing yet.
+                let kept = self.dns.get(name).map_or(0, |s| s.addresses.len());
+                if kept == 0 {
+                    tracing::warn!(
+                        name,
+                        error,
+                        retry_in_secs,
+                        "Resolution failed; the name has no address yet, so its rules wait for the first answer"
+                    );
+                } else {
+                    tracing::warn!(
+                        name,
+                        error,
+                        retry_in_secs,
+                        kept,
+                        "Resolution failed; keeping the last good addresses"
+                    );
+                }
             }
         }
         if let Some(state) = self.dns.get(name) {

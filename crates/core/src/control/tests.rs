@@ -247,7 +247,8 @@ impl Sim {
                         .handle_rules_applied(Err("nft: Operation not permitted".into()), now);
                     return;
                 }
-                self.installed_fingerprint = format!("{set:?}");
+                // What `nft list table` shows of it (the read-back the daemon counts rules in).
+                self.installed_fingerprint = crate::rules::nft::render(&set);
                 if std::mem::take(&mut self.lose_next_apply) {
                     self.installed_fingerprint.clear();
                 }
@@ -316,6 +317,12 @@ impl Sim {
         r
     }
 
+    /// How many rules the model of the installed set has (what `nft` would count).
+    fn model_rules(&self) -> usize {
+        let set = self.rules.as_ref().expect("rules installed");
+        crate::rules::model::lower_mapped(set).rules.len()
+    }
+
     fn targets_in_rules(&self) -> BTreeSet<IpAddr> {
         let set = self.rules.as_ref().expect("rules installed");
         set.ingress
@@ -354,7 +361,7 @@ fn start_installs_everything_and_becomes_ready() {
     assert_eq!(sim.control.readiness(), Ok(()));
     assert_eq!(sim.control.start_failure(), None);
     // The drift baseline was read right after the apply; then the checks every 30 s.
-    assert_eq!(sim.control.view().rules.rule_count, 1);
+    assert_eq!(sim.control.view().rules.rule_count, sim.model_rules());
     assert_eq!(
         sim.control.poll_timeout(),
         Some(sim.now + Duration::from_secs(30))
@@ -570,7 +577,7 @@ fn an_apply_reports_before_the_read_back_which_is_the_drift_baseline() {
     };
     // The start applies, then reads the table back once: the baseline.
     assert_eq!(kinds(&sim.log), ["apply", "check"]);
-    assert_eq!(sim.control.view().rules.rule_count, 1);
+    assert_eq!(sim.control.view().rules.rule_count, sim.model_rules());
     // A reload that changes the rules runs the apply alone: what the caller of the reload
     // waits for (the daemon drains the queue) holds no read-back of the whole table ...
     sim.log.clear();
@@ -610,7 +617,10 @@ fn rules_gone_before_the_baseline_read_are_applied_again() {
         .count();
     assert_eq!(applies, 2, "{:?}", sim.log);
     let applied = sim.rules.as_ref().expect("rules installed");
-    assert_eq!(sim.installed_fingerprint, format!("{applied:?}"));
+    assert_eq!(
+        sim.installed_fingerprint,
+        crate::rules::nft::render(applied)
+    );
     assert_eq!(sim.control.readiness(), Ok(()));
 }
 
@@ -999,7 +1009,11 @@ fn a_reload_back_to_rules_applies_them_again() {
     assert_eq!(sim.control.readiness(), Ok(()));
     let view = sim.control.view().rules;
     assert!(view.needed && view.current);
-    assert_eq!(view.rule_count, 1, "counted from the read-back");
+    assert_eq!(
+        view.rule_count,
+        sim.model_rules(),
+        "counted from the read-back"
+    );
 
     // Also after a removal that failed: whatever it left is replaced by the new set.
     sim.remove_fail = true;

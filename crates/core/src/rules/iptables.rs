@@ -202,6 +202,12 @@ pub fn parse_jumps(tunnel: &str, save_output: &str) -> JumpState {
     state
 }
 
+/// How many rules [`owned_lines`] holds, as `iptables -S` counts them: its `-A` lines (the jumps
+/// from the built-in chains are rules too), not the table and chain declarations.
+pub fn count_rules(owned: &str) -> usize {
+    owned.lines().filter(|l| l.starts_with("-A ")).count()
+}
+
 /// Only the part of `iptables-save` output that the daemon for `tunnel` owns: per table, its
 /// chain declarations (counters zeroed), the jumps to them and their rules, in saved order.
 /// Another interface's chains are left out, so they never count as drift. Equal outputs mean

@@ -219,6 +219,36 @@ pub fn render_delete(tunnel: &str) -> String {
     format!("table inet {table} {{}}\ndelete table inet {table}\n")
 }
 
+/// How many rules an `nft list table` listing holds, as nft counts them (`nft -j list table`
+/// has one `rule` object per rule): the statements of the chains, not the table, set, map and
+/// chain lines, the elements of sets and maps, or a chain's `type ... hook ...; policy ...;`.
+pub fn count_rules(listing: &str) -> usize {
+    let mut in_chain = false;
+    let mut rules = 0;
+    for line in listing.lines() {
+        let line = match line.find(" # handle ") {
+            Some(i) => &line[..i],
+            None => line,
+        }
+        .trim();
+        if line.starts_with("chain ") && line.ends_with('{') {
+            in_chain = true;
+        } else if line == "}" {
+            in_chain = false;
+        } else if in_chain && !line.is_empty() && !is_chain_property(line) {
+            rules += 1;
+        }
+    }
+    rules
+}
+
+/// A line of a chain's body that is no rule: its hook and policy, or its comment and devices.
+fn is_chain_property(line: &str) -> bool {
+    ["type ", "policy ", "comment ", "devices ", "#"]
+        .iter()
+        .any(|p| line.starts_with(p))
+}
+
 /// `nft list table inet tunnelgate_<iface>` output without what changes on its own (rule handles,
 /// counter values) or does not matter (blank lines, trailing spaces). Compare the value taken
 /// right after an apply with a later one to detect drift.

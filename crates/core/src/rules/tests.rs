@@ -4,7 +4,7 @@
 
 use super::desired::{desired, RuntimeFacts, MAX_ADDRESSES_PER_TARGET};
 use super::iptables::{self, JumpState};
-use super::model::{lower, Chain, Match, Verdict};
+use super::model::{lower, lower_mapped, Chain, Match, Verdict};
 use super::*;
 use crate::config::{Config, SecretFiles};
 use proptest::prelude::*;
@@ -241,6 +241,18 @@ proptest! {
         prop_assert_eq!(all_renders(&a), all_renders(&a.clone()));
     }
 
+    /// `status` counts the rules of the read-back as nft does: one per rule of the model, not
+    /// the lines of the table, its maps and sets, their elements or the chain headers.
+    #[test]
+    fn the_rule_count_of_a_listing_is_the_models(spec in spec()) {
+        prop_assume!(valid(&spec));
+        let (config, resolved) = build(&spec, 0);
+        let set = desired(&config, &facts(), &resolved);
+        let model = lower_mapped(&set).rules.len();
+        prop_assert_eq!(nft::count_rules(&nft::render(&set)), model);
+        prop_assert_eq!(count_installed(&nft::render(&set)), model);
+    }
+
     #[test]
     fn plan_never_targets_our_own_or_unusable_addresses(spec in spec()) {
         prop_assume!(valid(&spec));
@@ -474,6 +486,31 @@ fn owned_lines_keeps_only_our_chains_and_jumps_without_counters() {
     );
     assert!(state.has_chain(Chain::Prerouting) && !state.has_chain(Chain::Forward));
     assert!(!state.is_complete());
+}
+
+#[test]
+fn rules_are_counted_as_nft_and_iptables_count_them() {
+    // A listing as `nft list table` prints it: a map whose elements span lines, a chain
+    // header with its policy, handles.
+    let listing = "table inet tunnelgate_tg0 { # handle 7\n\
+        \tmap eg4_tcp_dnat { # handle 2\n\t\ttype inet_service : ipv4_addr . inet_service\n\
+        \t\telements = { 5432 : 100.64.0.2 . 5432,\n\t\t\t     8080 : 100.64.0.2 . 80 }\n\t}\n\n\
+        \tchain prerouting { # handle 3\n\
+        \t\ttype nat hook prerouting priority dstnat; policy accept;\n\
+        \t\tiifname \"lo\" return # handle 9\n\
+        \t\tiifname != \"tg0\" dnat ip to tcp dport map @eg4_tcp_dnat # handle 10\n\t}\n\n\
+        \tchain forward { # handle 4\n\
+        \t\ttype filter hook forward priority filter; policy accept;\n\
+        \t\tiifname \"tg0\" drop comment \"x\" # handle 11\n\t}\n}\n";
+    assert_eq!(nft::count_rules(listing), 3);
+    assert_eq!(nft::count_rules(&nft::normalize_listing(listing)), 3);
+    assert_eq!(nft::count_rules(""), 0);
+    let owned = "*nat\n:TG-tg0-PRE - [0:0]\n-A PREROUTING -j TG-tg0-PRE\n\
+                 -A TG-tg0-PRE -i tg0 -j DNAT --to-destination 10.0.0.1\n*filter\n\
+                 :TG-tg0-FWD - [0:0]\n-A TG-tg0-FWD -i tg0 -j DROP\n";
+    assert_eq!(iptables::count_rules(owned), 3);
+    assert_eq!(count_installed(owned), 3);
+    assert_eq!(count_installed(listing), 3);
 }
 
 #[test]
