@@ -270,6 +270,16 @@ impl SplitPlan {
         }
     }
 
+    /// The bytes of all segments together (each with its own headers).
+    pub fn plaintext_bytes(&self) -> usize {
+        match &self.kind {
+            SplitKind::Whole => self.packet.len(),
+            SplitKind::Segmented { layout, count, .. } => {
+                self.packet.len() + layout.headers() * (count - 1)
+            }
+        }
+    }
+
     /// Makes segment `i` a complete IP packet in place and returns its range in `read`. Call
     /// for `i = 0, 1, ...` in order: segment `i`'s headers are written over the last bytes of
     /// segment `i - 1`'s payload, which the caller has finished with by then.
@@ -277,11 +287,8 @@ impl SplitPlan {
         let SplitKind::Segmented {
             layout,
             mss,
-            count,
             template,
-            first_seq,
-            first_id,
-            tcp_flags,
+            ..
         } = &self.kind
         else {
             return self.packet.clone();
@@ -295,6 +302,52 @@ impl SplitPlan {
         if i > 0 {
             seg[..headers].copy_from_slice(&template[..headers]);
         }
+        self.finish_segment(seg, i);
+        start..payload_end
+    }
+
+    /// Writes segment `i` as a complete IP packet at the start of `dst` and returns its length;
+    /// `read` is left as it is, so segments may be made in any order, by any thread (each into
+    /// its own send slot, where it is sealed in place). `dst` needs room for the segment
+    /// (at most the packet's headers plus its MSS, or the whole packet when it is not split).
+    pub fn segment_into(&self, read: &[u8], i: usize, dst: &mut [u8]) -> usize {
+        let SplitKind::Segmented {
+            layout,
+            mss,
+            template,
+            ..
+        } = &self.kind
+        else {
+            let packet = &read[self.packet.clone()];
+            dst[..packet.len()].copy_from_slice(packet);
+            return packet.len();
+        };
+        let headers = layout.headers();
+        let payload_start = self.packet.start + headers + i * mss;
+        let payload_end = (payload_start + mss).min(self.packet.end);
+        let total = headers + (payload_end - payload_start);
+        let seg = &mut dst[..total];
+        seg[..headers].copy_from_slice(&template[..headers]);
+        seg[headers..].copy_from_slice(&read[payload_start..payload_end]);
+        self.finish_segment(seg, i);
+        total
+    }
+
+    /// Sets segment `i`'s IP ID, lengths, sequence number, flags and checksum in `seg` (its
+    /// headers, from the template, then its payload).
+    fn finish_segment(&self, seg: &mut [u8], i: usize) {
+        let SplitKind::Segmented {
+            layout,
+            mss,
+            count,
+            first_seq,
+            first_id,
+            tcp_flags,
+            ..
+        } = &self.kind
+        else {
+            return;
+        };
         let total = seg.len();
         if !layout.v6 {
             let id = first_id.wrapping_add(i as u16);
@@ -327,7 +380,6 @@ impl SplitPlan {
             c = 0xffff; // zero means "no checksum" for UDP
         }
         seg[at..at + 2].copy_from_slice(&c.to_be_bytes());
-        start..payload_end
     }
 }
 
