@@ -8,6 +8,7 @@
 //! (defaults: 16 peers, 2 s per point, 1 to 16 workers).
 
 use parking_lot::Mutex;
+use rand_core::OsRng;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -72,8 +73,19 @@ fn at(s: &str) -> PeerPath {
 
 fn pair(index: u32) -> Pair {
     let (a, b) = (SecretKey::generate(), SecretKey::generate());
-    let (la, lb) = (Limiter::new(&a.public_key()), Limiter::new(&b.public_key()));
-    let mut local = Peer::new(&a, &b.public_key(), &spec(), index, &la, None);
+    let (la, lb) = (
+        Limiter::new(&a.public_key(), &mut OsRng),
+        Limiter::new(&b.public_key(), &mut OsRng),
+    );
+    let mut local = Peer::new(
+        &a,
+        &b.public_key(),
+        &spec(),
+        index,
+        &la,
+        None,
+        Box::new(OsRng),
+    );
     let mut remote = Peer::new(
         &b,
         &a.public_key(),
@@ -81,6 +93,7 @@ fn pair(index: u32) -> Pair {
         index,
         &lb,
         Some(at("192.0.2.1:1")),
+        Box::new(OsRng),
     );
     let (mut wire, mut plain) = (vec![0u8; 2048], vec![0u8; 2048]);
     let Outbound::Send { len, .. } = remote.encapsulate(&packet(), &mut wire) else {

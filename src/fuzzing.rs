@@ -9,7 +9,7 @@ use crate::config::{Config, PortMap, PublicKey, SecretFiles, SecretKey, Target};
 use crate::core::allowed_ips::AllowedIps;
 use crate::core::offload::{self, Coalescer, VNET_HDR_LEN};
 use crate::core::packet::{self, PeerLookup, Sender};
-use crate::core::wg::{Limiter, Outcome, Tunnel, MIN_OUTPUT};
+use crate::core::wg::{Limiter, Outcome, Randomness, Tunnel, MIN_OUTPUT};
 use crate::rules::desired::{desired, RuntimeFacts};
 use crate::rules::{iptables, nft, Family};
 use crate::uapi::{
@@ -278,8 +278,16 @@ fn valid_initiation() -> &'static [u8] {
     INIT.get_or_init(|| {
         let peer = SecretKey(PEER_KEY);
         let own_public = SecretKey(OWN_KEY).public_key();
-        let limiter = Limiter::new(&peer.public_key());
-        let mut tunnel = Tunnel::new(&peer, &own_public, None, None, 9, &limiter);
+        let limiter = Limiter::new(&peer.public_key(), &mut FuzzRng(1));
+        let mut tunnel = Tunnel::new(
+            &peer,
+            &own_public,
+            None,
+            None,
+            9,
+            &limiter,
+            FuzzRng::boxed(2),
+        );
         let mut buf = vec![0u8; MIN_OUTPUT];
         match tunnel.initiate(&mut buf) {
             Outcome::Network(m) => m.to_vec(),
@@ -315,7 +323,7 @@ pub fn receive(data: &[u8]) {
     let own_private = SecretKey(OWN_KEY);
     let own_public = own_private.public_key();
     let peer_public = SecretKey(PEER_KEY).public_key();
-    let limiter = Limiter::new(&own_public);
+    let limiter = Limiter::new(&own_public, &mut FuzzRng(3));
     let mut routes = AllowedIps::default();
     if let Ok(net) = "10.9.0.2/32".parse() {
         routes.insert(net, 0);
@@ -342,13 +350,57 @@ pub fn receive(data: &[u8]) {
         }
         Err(_) => return,
     }
-    let mut tunnel = Tunnel::new(&own_private, &peer_public, None, None, PEER_INDEX, &limiter);
+    let mut tunnel = Tunnel::new(
+        &own_private,
+        &peer_public,
+        None,
+        None,
+        PEER_INDEX,
+        &limiter,
+        FuzzRng::boxed(4),
+    );
     let mut landing = vec![0u8; datagram.len().max(MIN_OUTPUT)];
     let received = packet::decapsulate(&peers, &0, &mut tunnel, from, &datagram, &mut landing);
     if let packet::Inbound::Deliver(len) | packet::Inbound::Reply(len) = received.action {
         assert!(len <= landing.len());
     }
 }
+
+/// A deterministic stand-in for the OS's generator (splitmix64), so that an input replays
+/// exactly: handshakes draw their ephemeral keys and rate limiters their cookie secrets from
+/// it. Predictable: for fuzz bodies only, never for a real session.
+struct FuzzRng(u64);
+
+impl FuzzRng {
+    fn boxed(seed: u64) -> Randomness {
+        Box::new(FuzzRng(seed))
+    }
+}
+
+impl rand_core::RngCore for FuzzRng {
+    fn next_u32(&mut self) -> u32 {
+        self.next_u64() as u32
+    }
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    fn fill_bytes(&mut self, dest: &mut [u8]) {
+        for chunk in dest.chunks_mut(8) {
+            let word = self.next_u64().to_le_bytes();
+            chunk.copy_from_slice(&word[..chunk.len()]);
+        }
+    }
+    fn try_fill_bytes(&mut self, dest: &mut [u8]) -> Result<(), rand_core::Error> {
+        self.fill_bytes(dest);
+        Ok(())
+    }
+}
+
+impl rand_core::CryptoRng for FuzzRng {}
 
 /// Offload: the first byte picks split (even) or coalesce (odd).
 ///

@@ -4,20 +4,14 @@
 //! Simple implementation of the client-side of the WireGuard protocol.
 //!
 //! <code>git clone https://github.com/cloudflare/boringtun.git</code>
+//!
+//! tunnelgate's fork: the Noise handshake, its timers and the transport sessions, with the
+//! sessions shared (`Arc`) so that data messages are sealed and opened outside `Tunn`'s
+//! `&mut self`. See FORK.md for every change from upstream 0.7.1.
 
-#[cfg(feature = "device")]
-pub mod device;
-
-#[cfg(feature = "ffi-bindings")]
-pub mod ffi;
-#[cfg(feature = "jni-bindings")]
-pub mod jni;
 pub mod noise;
 
-#[cfg(not(feature = "mock-instant"))]
 pub(crate) mod sleepyinstant;
-
-pub(crate) mod serialization;
 
 /// Re-export of the x25519 types
 pub mod x25519 {
@@ -25,3 +19,7 @@ pub mod x25519 {
         EphemeralSecret, PublicKey, ReusableSecret, SharedSecret, StaticSecret,
     };
 }
+
+/// The random number generator the handshake draws its ephemeral keys and the rate limiter its
+/// cookie secrets from: the caller's (tunnelgate's shell passes the OS's).
+pub type Rng = Box<dyn rand_core::CryptoRngCore + Send>;

@@ -1,18 +1,22 @@
 // Copyright (c) 2019 Cloudflare, Inc. All rights reserved.
 // SPDX-License-Identifier: BSD-3-Clause
 
+mod aead;
 pub mod errors;
 pub mod handshake;
 pub mod rate_limiter;
 
-mod session;
+pub mod session;
 mod timers;
+
+pub use session::{Opened, Session};
 
 use crate::noise::errors::WireGuardError;
 use crate::noise::handshake::Handshake;
 use crate::noise::rate_limiter::RateLimiter;
 use crate::noise::timers::{TimerName, Timers};
 use crate::x25519;
+use crate::Rng;
 
 use std::collections::VecDeque;
 use std::convert::{TryFrom, TryInto};
@@ -60,8 +64,9 @@ impl<'a> From<WireGuardError> for TunnResult<'a> {
 pub struct Tunn {
     /// The handshake currently in progress
     handshake: handshake::Handshake,
-    /// The N_SESSIONS most recent sessions, index is session id modulo N_SESSIONS
-    sessions: [Option<session::Session>; N_SESSIONS],
+    /// The N_SESSIONS most recent sessions, index is session id modulo N_SESSIONS; shared with
+    /// the threads sealing and opening on them
+    sessions: [Option<Arc<session::Session>>; N_SESSIONS],
     /// Index of most recently used session
     current: usize,
     /// Queue to store blocked packets
@@ -71,6 +76,32 @@ pub struct Tunn {
     tx_bytes: usize,
     rx_bytes: usize,
     rate_limiter: Arc<RateLimiter>,
+    /// Ephemeral keys (and a rate limiter of its own, without a shared one) come from here
+    rng: Rng,
+}
+
+/// Counters reserved on the current sending session by [`Tunn::reserve_send`]: seal message `i`
+/// of the batch (`i < count`) with counter `first + i`, on any thread.
+#[derive(Debug, Clone)]
+pub struct Reserved {
+    pub session: Arc<session::Session>,
+    pub first: u64,
+    pub count: u64,
+}
+
+/// A decrypted data message's content, checked: a keepalive, or an IP packet's length (from its
+/// header) and source address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Inner {
+    Keepalive,
+    Packet(usize, IpAddr),
+}
+
+/// The receiver index of a data message (bytes 4..8; the caller checked its length).
+fn packet_index(message: &[u8]) -> u32 {
+    let mut index = [0u8; 4];
+    index.copy_from_slice(&message[4..8]);
+    u32::from_le_bytes(index)
 }
 
 type MessageType = u32;
@@ -110,8 +141,8 @@ pub struct PacketCookieReply<'a> {
 #[derive(Debug)]
 pub struct PacketData<'a> {
     pub receiver_idx: u32,
-    counter: u64,
-    encrypted_encapsulated_packet: &'a [u8],
+    pub counter: u64,
+    pub encrypted_encapsulated_packet: &'a [u8],
 }
 
 /// Describes a packet from network
@@ -125,7 +156,7 @@ pub enum Packet<'a> {
 
 impl Tunn {
     #[inline(always)]
-    pub fn parse_incoming_packet(src: &[u8]) -> Result<Packet, WireGuardError> {
+    pub fn parse_incoming_packet(src: &[u8]) -> Result<Packet<'_>, WireGuardError> {
         if src.len() < 4 {
             return Err(WireGuardError::InvalidPacket);
         }
@@ -198,8 +229,22 @@ impl Tunn {
         persistent_keepalive: Option<u16>,
         index: u32,
         rate_limiter: Option<Arc<RateLimiter>>,
+        mut rng: Rng,
     ) -> Self {
         let static_public = x25519::PublicKey::from(&static_private);
+        let rate_limiter = rate_limiter.map_or_else(
+            || {
+                (
+                    true,
+                    Arc::new(RateLimiter::new(
+                        &static_public,
+                        PEER_HANDSHAKE_RATE_LIMIT,
+                        &mut *rng,
+                    )),
+                )
+            },
+            |shared| (false, shared),
+        );
 
         Tunn {
             handshake: Handshake::new(
@@ -215,11 +260,10 @@ impl Tunn {
             rx_bytes: Default::default(),
 
             packet_queue: VecDeque::new(),
-            timers: Timers::new(persistent_keepalive, rate_limiter.is_none()),
+            timers: Timers::new(persistent_keepalive, rate_limiter.0),
 
-            rate_limiter: rate_limiter.unwrap_or_else(|| {
-                Arc::new(RateLimiter::new(&static_public, PEER_HANDSHAKE_RATE_LIMIT))
-            }),
+            rate_limiter: rate_limiter.1,
+            rng,
         }
     }
 
@@ -231,8 +275,13 @@ impl Tunn {
         rate_limiter: Option<Arc<RateLimiter>>,
     ) {
         self.timers.should_reset_rr = rate_limiter.is_none();
+        let rng = &mut *self.rng;
         self.rate_limiter = rate_limiter.unwrap_or_else(|| {
-            Arc::new(RateLimiter::new(&static_public, PEER_HANDSHAKE_RATE_LIMIT))
+            Arc::new(RateLimiter::new(
+                &static_public,
+                PEER_HANDSHAKE_RATE_LIMIT,
+                rng,
+            ))
         });
         self.handshake
             .set_static_private(static_private, static_public);
@@ -248,23 +297,103 @@ impl Tunn {
     /// Panics if dst buffer is too small.
     /// Size of dst should be at least src.len() + 32, and no less than 148 bytes.
     pub fn encapsulate<'a>(&mut self, src: &[u8], dst: &'a mut [u8]) -> TunnResult<'a> {
-        let current = self.current;
-        if let Some(ref session) = self.sessions[current % N_SESSIONS] {
+        if let Some(reserved) = self.reserve_send(1, src.len()) {
             // Send the packet using an established session
-            let packet = session.format_packet_data(src, dst);
-            self.timer_tick(TimerName::TimeLastPacketSent);
-            // Exclude Keepalive packets from timer update.
-            if !src.is_empty() {
-                self.timer_tick(TimerName::TimeLastDataPacketSent);
-            }
-            self.tx_bytes += src.len();
-            return TunnResult::WriteToNetwork(packet);
+            let n = reserved.session.seal(reserved.first, src, dst);
+            return TunnResult::WriteToNetwork(&mut dst[..n]);
         }
 
-        // If there is no session, queue the packet for future retry
+        // If there is no session (or it is worn out), queue the packet for future retry
         self.queue_packet(src);
         // Initiate a new handshake if none is in progress
         self.format_handshake_initiation(dst, false)
+    }
+
+    /// The current sending session with `count` counters reserved for `count` messages carrying
+    /// `bytes` of plaintext in all (0: keepalives), recorded for the timers as sent now.
+    /// `None` without a usable session (none yet, or its counters are spent): then
+    /// [`Tunn::encapsulate`] queues the packets and starts a handshake.
+    pub fn reserve_send(&mut self, count: u64, bytes: usize) -> Option<Reserved> {
+        let session = self.sessions[self.current % N_SESSIONS].as_ref()?;
+        let first = session.reserve(count)?;
+        let session = Arc::clone(session);
+        self.timer_tick(TimerName::TimeLastPacketSent);
+        // Exclude Keepalive packets from timer update.
+        if bytes > 0 {
+            self.timer_tick(TimerName::TimeLastDataPacketSent);
+        }
+        self.tx_bytes += bytes;
+        Some(Reserved {
+            session,
+            first,
+            count,
+        })
+    }
+
+    /// The session a data message names by its receiver index, if it is one of ours still
+    /// kept (not retired by a newer handshake or by expiry). Opening it is the caller's:
+    /// outside any lock, then [`Tunn::record_received`].
+    pub fn receiving_session(&self, message: &[u8]) -> Option<Arc<session::Session>> {
+        let header = session::data_header(message).ok()?;
+        let r_idx = header.receiver_idx as usize;
+        self.sessions[r_idx % N_SESSIONS]
+            .as_ref()
+            .filter(|s| s.receiving_index == header.receiver_idx)
+            .cloned()
+    }
+
+    /// Records for the timers a data message that `session_index`'s session opened: its
+    /// plaintext, checked by [`Tunn::inner_packet`], was a keepalive (`None`) or an IP packet of
+    /// `Some(len)` bytes. A message whose plaintext is no IP packet is recorded with `None` too:
+    /// it authenticated (as upstream's `decapsulate` records it).
+    pub fn record_received(&mut self, session_index: u32, data_bytes: Option<usize>) {
+        self.set_current_session(session_index as usize);
+        self.timer_tick(TimerName::TimeLastPacketReceived);
+        if let Some(len) = data_bytes {
+            self.timer_tick(TimerName::TimeLastDataPacketReceived);
+            self.rx_bytes += len;
+        }
+    }
+
+    /// What a decrypted data message holds: a keepalive, or an IPv4 or IPv6 packet whose header
+    /// gives a length within the plaintext (the packet is its first `len` bytes; the rest is
+    /// padding). `Err` for anything else.
+    pub fn inner_packet(plaintext: &[u8]) -> Result<Inner, WireGuardError> {
+        let (computed_len, src_ip_address) = match plaintext.len() {
+            0 => return Ok(Inner::Keepalive),
+            _ if plaintext[0] >> 4 == 4 && plaintext.len() >= IPV4_MIN_HEADER_SIZE => {
+                let len_bytes: [u8; IP_LEN_SZ] = plaintext[IPV4_LEN_OFF..IPV4_LEN_OFF + IP_LEN_SZ]
+                    .try_into()
+                    .unwrap();
+                let addr_bytes: [u8; IPV4_IP_SZ] = plaintext
+                    [IPV4_SRC_IP_OFF..IPV4_SRC_IP_OFF + IPV4_IP_SZ]
+                    .try_into()
+                    .unwrap();
+                (
+                    u16::from_be_bytes(len_bytes) as usize,
+                    IpAddr::from(addr_bytes),
+                )
+            }
+            _ if plaintext[0] >> 4 == 6 && plaintext.len() >= IPV6_MIN_HEADER_SIZE => {
+                let len_bytes: [u8; IP_LEN_SZ] = plaintext[IPV6_LEN_OFF..IPV6_LEN_OFF + IP_LEN_SZ]
+                    .try_into()
+                    .unwrap();
+                let addr_bytes: [u8; IPV6_IP_SZ] = plaintext
+                    [IPV6_SRC_IP_OFF..IPV6_SRC_IP_OFF + IPV6_IP_SZ]
+                    .try_into()
+                    .unwrap();
+                (
+                    u16::from_be_bytes(len_bytes) as usize + IPV6_MIN_HEADER_SIZE,
+                    IpAddr::from(addr_bytes),
+                )
+            }
+            _ => return Err(WireGuardError::InvalidPacket),
+        };
+
+        if computed_len > plaintext.len() {
+            return Err(WireGuardError::InvalidPacket);
+        }
+        Ok(Inner::Packet(computed_len, src_ip_address))
     }
 
     /// Receives a UDP datagram from the network and parses it.
@@ -298,19 +427,20 @@ impl Tunn {
             _ => unreachable!(),
         };
 
-        self.handle_verified_packet(packet, dst)
+        self.handle_verified_packet(packet, datagram, dst)
     }
 
     pub(crate) fn handle_verified_packet<'a>(
         &mut self,
         packet: Packet,
+        datagram: &[u8],
         dst: &'a mut [u8],
     ) -> TunnResult<'a> {
         match packet {
             Packet::HandshakeInit(p) => self.handle_handshake_init(p, dst),
             Packet::HandshakeResponse(p) => self.handle_handshake_response(p, dst),
             Packet::PacketCookieReply(p) => self.handle_cookie_reply(p),
-            Packet::PacketData(p) => self.handle_data(p, dst),
+            Packet::PacketData(_) => self.handle_data(datagram, dst),
         }
         .unwrap_or_else(TunnResult::from)
     }
@@ -325,11 +455,13 @@ impl Tunn {
             remote_idx = p.sender_idx
         );
 
-        let (packet, session) = self.handshake.receive_handshake_initialization(p, dst)?;
+        let (packet, session) =
+            self.handshake
+                .receive_handshake_initialization(p, dst, &mut *self.rng)?;
 
         // Store new session in ring buffer
         let index = session.local_index();
-        self.sessions[index % N_SESSIONS] = Some(session);
+        self.sessions[index % N_SESSIONS] = Some(Arc::new(session));
 
         self.timer_tick(TimerName::TimeLastPacketReceived);
         self.timer_tick(TimerName::TimeLastPacketSent);
@@ -353,11 +485,14 @@ impl Tunn {
 
         let session = self.handshake.receive_handshake_response(p)?;
 
-        let keepalive_packet = session.format_packet_data(&[], dst);
+        // A fresh session: counter 0 is free.
+        let counter = session.reserve(1).ok_or(WireGuardError::InvalidCounter)?;
+        let keepalive_len = session.seal(counter, &[], dst);
+        let keepalive_packet = &mut dst[..keepalive_len];
         // Store new session in ring buffer
         let l_idx = session.local_index();
         let index = l_idx % N_SESSIONS;
-        self.sessions[index] = Some(session);
+        self.sessions[index] = Some(Arc::new(session));
 
         self.timer_tick(TimerName::TimeLastPacketReceived);
         self.timer_tick_session_established(true, index); // New session established, we are the initiator
@@ -405,27 +540,39 @@ impl Tunn {
     /// Decrypts a data packet, and stores the decapsulated packet in dst.
     fn handle_data<'a>(
         &mut self,
-        packet: PacketData,
+        packet: &[u8],
         dst: &'a mut [u8],
     ) -> Result<TunnResult<'a>, WireGuardError> {
-        let r_idx = packet.receiver_idx as usize;
+        let r_idx = packet_index(packet) as usize;
         let idx = r_idx % N_SESSIONS;
 
         // Get the (probably) right session
-        let decapsulated_packet = {
+        let opened = {
             let session = self.sessions[idx].as_ref();
             let session = session.ok_or_else(|| {
                 tracing::trace!(message = "No current session available", remote_idx = r_idx);
                 WireGuardError::NoCurrentSession
             })?;
-            session.receive_packet_data(packet, dst)?
+            session.open(packet, dst)?
         };
-
-        self.set_current_session(r_idx);
-
-        self.timer_tick(TimerName::TimeLastPacketReceived);
-
-        Ok(self.validate_decapsulated_packet(decapsulated_packet))
+        let plaintext = &mut dst[..opened.len];
+        match Self::inner_packet(plaintext) {
+            Ok(Inner::Keepalive) => {
+                self.record_received(packet_index(packet), None);
+                Ok(TunnResult::Done) // This is keepalive, and not an error
+            }
+            Ok(Inner::Packet(len, src)) => {
+                self.record_received(packet_index(packet), Some(len));
+                Ok(match src {
+                    IpAddr::V4(addr) => TunnResult::WriteToTunnelV4(&mut plaintext[..len], addr),
+                    IpAddr::V6(addr) => TunnResult::WriteToTunnelV6(&mut plaintext[..len], addr),
+                })
+            }
+            Err(e) => {
+                self.record_received(packet_index(packet), None);
+                Err(e)
+            }
+        }
     }
 
     /// Formats a new handshake initiation message and store it in dst. If force_resend is true will send
@@ -445,7 +592,10 @@ impl Tunn {
 
         let starting_new_handshake = !self.handshake.is_in_progress();
 
-        match self.handshake.format_handshake_initiation(dst) {
+        match self
+            .handshake
+            .format_handshake_initiation(dst, &mut *self.rng)
+        {
             Ok(packet) => {
                 tracing::debug!("Sending handshake_initiation");
 
@@ -456,53 +606,6 @@ impl Tunn {
                 TunnResult::WriteToNetwork(packet)
             }
             Err(e) => TunnResult::Err(e),
-        }
-    }
-
-    /// Check if an IP packet is v4 or v6, truncate to the length indicated by the length field
-    /// Returns the truncated packet and the source IP as TunnResult
-    fn validate_decapsulated_packet<'a>(&mut self, packet: &'a mut [u8]) -> TunnResult<'a> {
-        let (computed_len, src_ip_address) = match packet.len() {
-            0 => return TunnResult::Done, // This is keepalive, and not an error
-            _ if packet[0] >> 4 == 4 && packet.len() >= IPV4_MIN_HEADER_SIZE => {
-                let len_bytes: [u8; IP_LEN_SZ] = packet[IPV4_LEN_OFF..IPV4_LEN_OFF + IP_LEN_SZ]
-                    .try_into()
-                    .unwrap();
-                let addr_bytes: [u8; IPV4_IP_SZ] = packet
-                    [IPV4_SRC_IP_OFF..IPV4_SRC_IP_OFF + IPV4_IP_SZ]
-                    .try_into()
-                    .unwrap();
-                (
-                    u16::from_be_bytes(len_bytes) as usize,
-                    IpAddr::from(addr_bytes),
-                )
-            }
-            _ if packet[0] >> 4 == 6 && packet.len() >= IPV6_MIN_HEADER_SIZE => {
-                let len_bytes: [u8; IP_LEN_SZ] = packet[IPV6_LEN_OFF..IPV6_LEN_OFF + IP_LEN_SZ]
-                    .try_into()
-                    .unwrap();
-                let addr_bytes: [u8; IPV6_IP_SZ] = packet
-                    [IPV6_SRC_IP_OFF..IPV6_SRC_IP_OFF + IPV6_IP_SZ]
-                    .try_into()
-                    .unwrap();
-                (
-                    u16::from_be_bytes(len_bytes) as usize + IPV6_MIN_HEADER_SIZE,
-                    IpAddr::from(addr_bytes),
-                )
-            }
-            _ => return TunnResult::Err(WireGuardError::InvalidPacket),
-        };
-
-        if computed_len > packet.len() {
-            return TunnResult::Err(WireGuardError::InvalidPacket);
-        }
-
-        self.timer_tick(TimerName::TimeLastDataPacketReceived);
-        self.rx_bytes += computed_len;
-
-        match src_ip_address {
-            IpAddr::V4(addr) => TunnResult::WriteToTunnelV4(&mut packet[..computed_len], addr),
-            IpAddr::V6(addr) => TunnResult::WriteToTunnelV6(&mut packet[..computed_len], addr),
         }
     }
 
@@ -587,9 +690,6 @@ impl Tunn {
 
 #[cfg(test)]
 mod tests {
-    #[cfg(feature = "mock-instant")]
-    use crate::noise::timers::{REKEY_AFTER_TIME, REKEY_TIMEOUT};
-
     use super::*;
     use rand_core::{OsRng, RngCore};
 
@@ -602,9 +702,25 @@ mod tests {
         let their_public_key = x25519_dalek::PublicKey::from(&their_secret_key);
         let their_idx = OsRng.next_u32();
 
-        let my_tun = Tunn::new(my_secret_key, their_public_key, None, None, my_idx, None);
+        let my_tun = Tunn::new(
+            my_secret_key,
+            their_public_key,
+            None,
+            None,
+            my_idx,
+            None,
+            Box::new(OsRng),
+        );
 
-        let their_tun = Tunn::new(their_secret_key, my_public_key, None, None, their_idx, None);
+        let their_tun = Tunn::new(
+            their_secret_key,
+            my_public_key,
+            None,
+            None,
+            their_idx,
+            None,
+            Box::new(OsRng),
+        );
 
         (my_tun, their_tun)
     }
@@ -667,26 +783,86 @@ mod tests {
     }
 
     fn create_ipv4_udp_packet() -> Vec<u8> {
-        let header =
-            etherparse::PacketBuilder::ipv4([192, 168, 1, 2], [192, 168, 1, 3], 5).udp(5678, 23);
-        let payload = [0, 1, 2, 3];
-        let mut packet = Vec::<u8>::with_capacity(header.size(payload.len()));
-        header.write(&mut packet, &payload).unwrap();
+        // IPv4 (no options), UDP 5678 -> 23 from 192.168.1.2 to 192.168.1.3, payload 0 1 2 3;
+        // checksums are not looked at.
+        let mut packet = vec![0u8; 20 + 8 + 4];
+        packet[0] = 0x45;
+        packet[2..4].copy_from_slice(&32u16.to_be_bytes());
+        packet[8] = 5;
+        packet[9] = 17;
+        packet[12..16].copy_from_slice(&[192, 168, 1, 2]);
+        packet[16..20].copy_from_slice(&[192, 168, 1, 3]);
+        packet[20..22].copy_from_slice(&5678u16.to_be_bytes());
+        packet[22..24].copy_from_slice(&23u16.to_be_bytes());
+        packet[24..26].copy_from_slice(&12u16.to_be_bytes());
+        packet[28..32].copy_from_slice(&[0, 1, 2, 3]);
         packet
     }
 
-    #[cfg(feature = "mock-instant")]
-    fn update_timer_results_in_handshake(tun: &mut Tunn) {
+    #[test]
+    fn reserved_counters_seal_outside_the_tunnel_and_open_by_index() {
+        let (mut my_tun, mut their_tun) = create_two_tuns_and_handshake();
+        let packet = create_ipv4_udp_packet();
+        let reserved = my_tun.reserve_send(3, 3 * packet.len()).expect("a session");
+        assert_eq!(reserved.count, 3);
+        // Sealed in reverse order on the shared session, in place.
+        let mut messages: Vec<Vec<u8>> = (0..3)
+            .rev()
+            .map(|i| {
+                let mut m = vec![0u8; packet.len() + 32];
+                m[16..16 + packet.len()].copy_from_slice(&packet);
+                let n = reserved
+                    .session
+                    .seal_in_place(reserved.first + i, &mut m, packet.len());
+                m.truncate(n);
+                m
+            })
+            .collect();
+        for message in &mut messages {
+            let session = their_tun.receiving_session(message).expect("known index");
+            let opened = session.open_in_place(message).expect("authentic");
+            let plain = &message[16..16 + opened.len];
+            let Ok(Inner::Packet(len, src)) = Tunn::inner_packet(plain) else {
+                panic!("an IPv4 packet");
+            };
+            assert_eq!(
+                (&plain[..len], src),
+                (&packet[..], "192.168.1.2".parse().unwrap())
+            );
+            their_tun.record_received(session.receiving_index(), Some(len));
+        }
+        // A message naming an index we never gave out finds no session.
+        let mut stranger = messages[0].clone();
+        stranger[4..8].copy_from_slice(&0xdead_beefu32.to_le_bytes());
+        assert!(their_tun.receiving_session(&stranger).is_none());
+        assert!(
+            their_tun.receiving_session(&[4, 0, 0, 0]).is_none(),
+            "too short"
+        );
+    }
+
+    #[test]
+    fn a_session_past_rekey_after_messages_asks_for_a_handshake_and_a_spent_one_queues() {
+        let (mut my_tun, _their_tun) = create_two_tuns_and_handshake();
         let mut dst = vec![0u8; 2048];
-        let result = tun.update_timers(&mut dst);
-        assert!(matches!(result, TunnResult::WriteToNetwork(_)));
-        let packet_data = if let TunnResult::WriteToNetwork(data) = result {
-            data
-        } else {
-            unreachable!();
+        assert!(matches!(my_tun.update_timers(&mut dst), TunnResult::Done));
+        let session = my_tun.sessions[my_tun.current % N_SESSIONS]
+            .clone()
+            .expect("current session");
+        session.set_sending_counter_for_test(session::REKEY_AFTER_MESSAGES);
+        let TunnResult::WriteToNetwork(init) = my_tun.update_timers(&mut dst) else {
+            panic!("a rekey");
         };
-        let packet = Tunn::parse_incoming_packet(packet_data).unwrap();
-        assert!(matches!(packet, Packet::HandshakeInit(_)));
+        assert!(matches!(
+            Tunn::parse_incoming_packet(init),
+            Ok(Packet::HandshakeInit(_))
+        ));
+        // Spent: nothing more is sealed on it; the packet waits for the new session.
+        session.set_sending_counter_for_test(session::REJECT_AFTER_MESSAGES);
+        assert!(my_tun.reserve_send(1, 10).is_none());
+        let queued = my_tun.packet_queue.len();
+        let _ = my_tun.encapsulate(&create_ipv4_udp_packet(), &mut dst);
+        assert_eq!(my_tun.packet_queue.len(), queued + 1);
     }
 
     #[test]
@@ -727,43 +903,6 @@ mod tests {
         // Time has not yet advanced so their is nothing to do
         assert!(matches!(my_tun.update_timers(&mut []), TunnResult::Done));
         assert!(matches!(their_tun.update_timers(&mut []), TunnResult::Done));
-    }
-
-    #[test]
-    #[cfg(feature = "mock-instant")]
-    fn new_handshake_after_two_mins() {
-        let (mut my_tun, mut their_tun) = create_two_tuns_and_handshake();
-        let mut my_dst = [0u8; 1024];
-
-        // Advance time 1 second and "send" 1 packet so that we send a handshake
-        // after the timeout
-        mock_instant::MockClock::advance(Duration::from_secs(1));
-        assert!(matches!(their_tun.update_timers(&mut []), TunnResult::Done));
-        assert!(matches!(
-            my_tun.update_timers(&mut my_dst),
-            TunnResult::Done
-        ));
-        let sent_packet_buf = create_ipv4_udp_packet();
-        let data = my_tun.encapsulate(&sent_packet_buf, &mut my_dst);
-        assert!(matches!(data, TunnResult::WriteToNetwork(_)));
-
-        //Advance to timeout
-        mock_instant::MockClock::advance(REKEY_AFTER_TIME);
-        assert!(matches!(their_tun.update_timers(&mut []), TunnResult::Done));
-        update_timer_results_in_handshake(&mut my_tun);
-    }
-
-    #[test]
-    #[cfg(feature = "mock-instant")]
-    fn handshake_no_resp_rekey_timeout() {
-        let (mut my_tun, _their_tun) = create_two_tuns();
-
-        let init = create_handshake_init(&mut my_tun);
-        let packet = Tunn::parse_incoming_packet(&init).unwrap();
-        assert!(matches!(packet, Packet::HandshakeInit(_)));
-
-        mock_instant::MockClock::advance(REKEY_TIMEOUT);
-        update_timer_results_in_handshake(&mut my_tun)
     }
 
     #[test]

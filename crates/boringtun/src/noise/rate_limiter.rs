@@ -1,21 +1,19 @@
-use super::handshake::{b2s_hash, b2s_keyed_mac_16, b2s_keyed_mac_16_2, b2s_mac_24};
+use super::handshake::{
+    b2s_hash, b2s_keyed_mac_16, b2s_keyed_mac_16_2, b2s_mac_24, constant_time_eq,
+};
 use crate::noise::handshake::{LABEL_COOKIE, LABEL_MAC1};
 use crate::noise::{HandshakeInit, HandshakeResponse, Packet, Tunn, TunnResult, WireGuardError};
 
-#[cfg(feature = "mock-instant")]
-use mock_instant::Instant;
-use portable_atomic::{AtomicU64, Ordering};
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-#[cfg(not(feature = "mock-instant"))]
 use crate::sleepyinstant::Instant;
 
 use aead::generic_array::GenericArray;
 use aead::{AeadInPlace, KeyInit};
 use chacha20poly1305::{Key, XChaCha20Poly1305};
 use parking_lot::Mutex;
-use rand_core::{OsRng, RngCore};
-use ring::constant_time::verify_slices_are_equal;
+use rand_core::CryptoRngCore;
 
 const COOKIE_REFRESH: u64 = 128; // Use 128 and not 120 so the compiler can optimize out the division
 const COOKIE_SIZE: usize = 16;
@@ -29,6 +27,7 @@ type Cookie = [u8; COOKIE_SIZE];
 /// There are two places where WireGuard requires "randomness" for cookies
 /// * The 24 byte nonce in the cookie massage - here the only goal is to avoid nonce reuse
 /// * A secret value that changes every two minutes
+///
 /// Because the main goal of the cookie is simply for a party to prove ownership of an IP address
 /// we can relax the randomness definition a bit, in order to avoid locking, because using less
 /// resources is the main goal of any DoS prevention mechanism.
@@ -52,11 +51,18 @@ pub struct RateLimiter {
 }
 
 impl RateLimiter {
-    pub fn new(public_key: &crate::x25519::PublicKey, limit: u64) -> Self {
+    /// `rng` gives the cookie secrets (drawn once, here).
+    pub fn new(
+        public_key: &crate::x25519::PublicKey,
+        limit: u64,
+        rng: &mut dyn CryptoRngCore,
+    ) -> Self {
         let mut secret_key = [0u8; 16];
-        OsRng.fill_bytes(&mut secret_key);
+        rng.fill_bytes(&mut secret_key);
+        let mut nonce_key = [0u8; 32];
+        rng.fill_bytes(&mut nonce_key);
         RateLimiter {
-            nonce_key: Self::rand_bytes(),
+            nonce_key,
             secret_key,
             start_time: Instant::now(),
             nonce_ctr: AtomicU64::new(0),
@@ -66,12 +72,6 @@ impl RateLimiter {
             count: AtomicU64::new(0),
             last_reset: Mutex::new(Instant::now()),
         }
-    }
-
-    fn rand_bytes() -> [u8; 32] {
-        let mut key = [0u8; 32];
-        OsRng.fill_bytes(&mut key);
-        key
     }
 
     /// Reset packet count (ideally should be called with a period of 1 second)
@@ -166,8 +166,9 @@ impl RateLimiter {
             let (mac1, mac2) = macs.split_at(16);
 
             let computed_mac1 = b2s_keyed_mac_16(&self.mac1_key, msg);
-            verify_slices_are_equal(&computed_mac1[..16], mac1)
-                .map_err(|_| TunnResult::Err(WireGuardError::InvalidMac))?;
+            if !constant_time_eq(&computed_mac1[..16], mac1) {
+                return Err(TunnResult::Err(WireGuardError::InvalidMac));
+            }
 
             if self.is_under_load() {
                 let addr = match src_addr {
@@ -179,7 +180,7 @@ impl RateLimiter {
                 let cookie = self.current_cookie(addr);
                 let computed_mac2 = b2s_keyed_mac_16_2(&cookie, msg, mac1);
 
-                if verify_slices_are_equal(&computed_mac2[..16], mac2).is_err() {
+                if !constant_time_eq(&computed_mac2[..16], mac2) {
                     let cookie_packet = self
                         .format_cookie_reply(sender_idx, cookie, mac1, dst)
                         .map_err(TunnResult::Err)?;

@@ -8,10 +8,6 @@ use std::ops::{Index, IndexMut};
 
 use std::time::Duration;
 
-#[cfg(feature = "mock-instant")]
-use mock_instant::Instant;
-
-#[cfg(not(feature = "mock-instant"))]
 use crate::sleepyinstant::Instant;
 
 // Some constants, represent time in seconds
@@ -235,6 +231,16 @@ impl Tunn {
                     handshake_initiation_required = true;
                 }
             } else {
+                // After REKEY_AFTER_MESSAGES messages on the current session, whoever sends
+                // starts a new handshake (the kernel's keep_key_fresh; tunnelgate's fork).
+                if self.sessions[self.current % super::N_SESSIONS]
+                    .as_ref()
+                    .is_some_and(|s| s.sending_counter() >= super::session::REKEY_AFTER_MESSAGES)
+                {
+                    tracing::debug!("HANDSHAKE(REKEY_AFTER_MESSAGES)");
+                    handshake_initiation_required = true;
+                }
+
                 if self.timers.is_initiator() {
                     // After sending a packet, if the sender was the original initiator
                     // of the handshake and if the current session key is REKEY_AFTER_TIME
