@@ -276,6 +276,22 @@ fn measure(pairs: &Arc<Vec<Pair>>, workers: usize, shared: bool, duration: Durat
     moved.load(Ordering::Relaxed) as f64 / tunnelgate::shell::clock::since(started).as_secs_f64()
 }
 
+/// User and system CPU time this process has used (`/proc/self/stat`, in clock ticks of
+/// 1/100 s).
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name (which may hold spaces) start at its closing parenthesis.
+    let rest = stat.rsplit(')').next().unwrap_or_default();
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (ticks(11) + ticks(12)) / 100.0
+}
+
 fn loadavg() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
@@ -308,17 +324,25 @@ fn main() {
         "each peer on its one worker"
     };
     println!("in-process data plane: {peers} peers ({mode}), {PACKET}-byte packets in batches of {BATCH}, {cpus} CPUs");
-    println!("{:>8} {:>12} {:>10}", "workers", "Gbit/s", "speed-up");
+    println!(
+        "{:>8} {:>12} {:>10} {:>8} {:>12}",
+        "workers", "Gbit/s", "speed-up", "CPU s", "Gbit/CPU-s"
+    );
     let load_start = loadavg();
     let mut rows = Vec::new();
     let mut one = None;
     for workers in 1..=max_workers {
+        let cpu_before = cpu_seconds();
         let rate = measure(&pairs, workers, shared, Duration::from_secs_f64(seconds));
+        let cpu = cpu_seconds() - cpu_before;
         let gbits = rate * 8.0 / 1e9;
         let speedup = gbits / *one.get_or_insert(gbits);
-        println!("{workers:>8} {gbits:>12.2} {speedup:>9.2}x");
+        // Bits per CPU-second: on a machine others share, the CPU the workers got bounds the
+        // rate; this says what each CPU-second of theirs carried (the cost of sharing a peer).
+        let per_cpu = gbits * seconds / cpu.max(1e-3);
+        println!("{workers:>8} {gbits:>12.2} {speedup:>9.2}x {cpu:>8.2} {per_cpu:>12.2}");
         rows.push(format!(
-            "{{\"workers\": {workers}, \"gbit_per_s\": {gbits:.3}, \"speedup\": {speedup:.3}}}"
+            "{{\"workers\": {workers}, \"gbit_per_s\": {gbits:.3}, \"speedup\": {speedup:.3}, \"cpu_s\": {cpu:.3}, \"gbit_per_cpu_s\": {per_cpu:.3}}}"
         ));
     }
     if let Some(path) = arg(&args, "--json") {
