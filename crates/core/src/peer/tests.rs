@@ -537,3 +537,77 @@ fn without_a_session_or_an_endpoint_segments_go_through_the_lock_to_be_queued() 
     // Nothing is opened outside the lock before a session exists.
     assert!(p.local.receiving(&[4, 0, 0, 0, 1, 1, 0, 0]).is_none());
 }
+
+#[test]
+fn two_threads_seal_one_batch_and_two_open_it_each_message_once() {
+    let mut p = pair(None, None);
+    let (mut buf, mut landing) = (vec![0u8; 2048], vec![0u8; 2048]);
+    establish(&mut p, &mut buf, &mut landing);
+    let packets: Vec<Vec<u8>> = (0..64u8)
+        .map(|i| ipv4_packet([10, 0, 0, 2], [10, 0, 0, 1], &[i; 300]))
+        .collect();
+    let bytes = packets.iter().map(Vec::len).sum();
+    let Sending::Seal { batch, .. } = p.remote.begin_send(packets.len(), bytes) else {
+        panic!("a session");
+    };
+    // Even and odd segments sealed on two threads with the one reservation, no lock.
+    let sealed: Vec<(usize, Vec<u8>)> = std::thread::scope(|s| {
+        let halves: Vec<_> = (0..2)
+            .map(|half| {
+                let (batch, packets) = (&batch, &packets);
+                s.spawn(move || {
+                    (half..packets.len())
+                        .step_by(2)
+                        .map(|i| {
+                            let mut m = vec![0u8; packets[i].len() + crate::wg::OVERHEAD];
+                            batch.seal(i, &packets[i], &mut m);
+                            (i, m)
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        halves
+            .into_iter()
+            .flat_map(|h| h.join().expect("sealer"))
+            .collect()
+    });
+    // Opened on two threads, each message twice (once per thread): the peer behind a lock
+    // taken only to find the session and to record.
+    let local = std::sync::Mutex::new(p.local);
+    let delivered: Vec<usize> = std::thread::scope(|s| {
+        let openers: Vec<_> = (0..2)
+            .map(|_| {
+                let (local, sealed) = (&local, &sealed);
+                s.spawn(move || {
+                    let mut landing = vec![0u8; 2048];
+                    let mut got = Vec::new();
+                    for (i, message) in sealed {
+                        let key = local.lock().expect("lock").receiving(message);
+                        let opened = key.and_then(|k| k.open(message, &mut landing).ok());
+                        if let Some(opened) = opened {
+                            let decision = local.lock().expect("lock").opened(
+                                &table(),
+                                &0,
+                                path(REMOTE),
+                                message.len(),
+                                &opened,
+                                &landing,
+                            );
+                            assert_eq!(decision, Inbound::Deliver(300 + 20));
+                            got.push(*i);
+                        }
+                    }
+                    got
+                })
+            })
+            .collect();
+        openers
+            .into_iter()
+            .flat_map(|o| o.join().expect("opener"))
+            .collect()
+    });
+    let mut delivered = delivered;
+    delivered.sort_unstable();
+    assert_eq!(delivered, (0..64).collect::<Vec<_>>(), "each exactly once");
+}
