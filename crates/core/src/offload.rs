@@ -280,10 +280,9 @@ impl SplitPlan {
         }
     }
 
-    /// Makes segment `i` a complete IP packet in place and returns its range in `read`. Call
-    /// for `i = 0, 1, ...` in order: segment `i`'s headers are written over the last bytes of
-    /// segment `i - 1`'s payload, which the caller has finished with by then.
-    pub fn segment(&self, read: &mut [u8], i: usize) -> Range<usize> {
+    /// Segment `i`'s header length, its payload's range in the read and the headers to put
+    /// before it; `None` for a read that is not split.
+    fn payload_of(&self, i: usize) -> Option<(usize, Range<usize>, &[u8])> {
         let SplitKind::Segmented {
             layout,
             mss,
@@ -291,19 +290,28 @@ impl SplitPlan {
             ..
         } = &self.kind
         else {
-            return self.packet.clone();
+            return None;
         };
         let headers = layout.headers();
-        let body_start = self.packet.start;
-        let payload_start = body_start + headers + i * mss;
-        let payload_end = (payload_start + mss).min(self.packet.end);
-        let start = payload_start - headers;
-        let seg = &mut read[start..payload_end];
+        let start = self.packet.start + headers + i * mss;
+        let end = (start + mss).min(self.packet.end);
+        Some((headers, start..end, &template[..headers]))
+    }
+
+    /// Makes segment `i` a complete IP packet in place and returns its range in `read`. Call
+    /// for `i = 0, 1, ...` in order: segment `i`'s headers are written over the last bytes of
+    /// segment `i - 1`'s payload, which the caller has finished with by then.
+    pub fn segment(&self, read: &mut [u8], i: usize) -> Range<usize> {
+        let Some((headers, payload, template)) = self.payload_of(i) else {
+            return self.packet.clone();
+        };
+        let start = payload.start - headers;
+        let seg = &mut read[start..payload.end];
         if i > 0 {
-            seg[..headers].copy_from_slice(&template[..headers]);
+            seg[..headers].copy_from_slice(template);
         }
         self.finish_segment(seg, i);
-        start..payload_end
+        start..payload.end
     }
 
     /// Writes segment `i` as a complete IP packet at the start of `dst` and returns its length;
@@ -311,24 +319,15 @@ impl SplitPlan {
     /// its own send slot, where it is sealed in place). `dst` needs room for the segment
     /// (at most the packet's headers plus its MSS, or the whole packet when it is not split).
     pub fn segment_into(&self, read: &[u8], i: usize, dst: &mut [u8]) -> usize {
-        let SplitKind::Segmented {
-            layout,
-            mss,
-            template,
-            ..
-        } = &self.kind
-        else {
+        let Some((headers, payload, template)) = self.payload_of(i) else {
             let packet = &read[self.packet.clone()];
             dst[..packet.len()].copy_from_slice(packet);
             return packet.len();
         };
-        let headers = layout.headers();
-        let payload_start = self.packet.start + headers + i * mss;
-        let payload_end = (payload_start + mss).min(self.packet.end);
-        let total = headers + (payload_end - payload_start);
+        let total = headers + payload.len();
         let seg = &mut dst[..total];
-        seg[..headers].copy_from_slice(&template[..headers]);
-        seg[headers..].copy_from_slice(&read[payload_start..payload_end]);
+        seg[..headers].copy_from_slice(template);
+        seg[headers..].copy_from_slice(&read[payload]);
         self.finish_segment(seg, i);
         total
     }
