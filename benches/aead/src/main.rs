@@ -34,63 +34,42 @@ trait Aead {
     fn open(&mut self, counter: u64, buf: &mut [u8], len: usize) -> bool;
 }
 
-struct Ring(ring::aead::LessSafeKey);
+/// ring and aws-lc-rs share one API (aws-lc-rs keeps ring's): one key object per session.
+macro_rules! ring_like {
+    ($name:ident, $krate:ident, $label:literal) => {
+        struct $name($krate::aead::LessSafeKey);
 
-impl Aead for Ring {
-    fn name(&self) -> &'static str {
-        "ring"
-    }
-    fn seal(&mut self, counter: u64, buf: &mut [u8], len: usize) {
-        let (data, tag) = buf.split_at_mut(len);
-        let t = self
-            .0
-            .seal_in_place_separate_tag(
-                ring::aead::Nonce::assume_unique_for_key(nonce(counter)),
-                ring::aead::Aad::empty(),
-                data,
-            )
-            .expect("seal");
-        tag[..TAG].copy_from_slice(t.as_ref());
-    }
-    fn open(&mut self, counter: u64, buf: &mut [u8], len: usize) -> bool {
-        self.0
-            .open_in_place(
-                ring::aead::Nonce::assume_unique_for_key(nonce(counter)),
-                ring::aead::Aad::empty(),
-                &mut buf[..len + TAG],
-            )
-            .is_ok()
-    }
+        impl Aead for $name {
+            fn name(&self) -> &'static str {
+                $label
+            }
+            fn seal(&mut self, counter: u64, buf: &mut [u8], len: usize) {
+                let (data, tag) = buf.split_at_mut(len);
+                let t = self
+                    .0
+                    .seal_in_place_separate_tag(
+                        $krate::aead::Nonce::assume_unique_for_key(nonce(counter)),
+                        $krate::aead::Aad::empty(),
+                        data,
+                    )
+                    .expect("seal");
+                tag[..TAG].copy_from_slice(t.as_ref());
+            }
+            fn open(&mut self, counter: u64, buf: &mut [u8], len: usize) -> bool {
+                self.0
+                    .open_in_place(
+                        $krate::aead::Nonce::assume_unique_for_key(nonce(counter)),
+                        $krate::aead::Aad::empty(),
+                        &mut buf[..len + TAG],
+                    )
+                    .is_ok()
+            }
+        }
+    };
 }
 
-struct AwsLc(aws_lc_rs::aead::LessSafeKey);
-
-impl Aead for AwsLc {
-    fn name(&self) -> &'static str {
-        "aws-lc-rs"
-    }
-    fn seal(&mut self, counter: u64, buf: &mut [u8], len: usize) {
-        let (data, tag) = buf.split_at_mut(len);
-        let t = self
-            .0
-            .seal_in_place_separate_tag(
-                aws_lc_rs::aead::Nonce::assume_unique_for_key(nonce(counter)),
-                aws_lc_rs::aead::Aad::empty(),
-                data,
-            )
-            .expect("seal");
-        tag[..TAG].copy_from_slice(t.as_ref());
-    }
-    fn open(&mut self, counter: u64, buf: &mut [u8], len: usize) -> bool {
-        self.0
-            .open_in_place(
-                aws_lc_rs::aead::Nonce::assume_unique_for_key(nonce(counter)),
-                aws_lc_rs::aead::Aad::empty(),
-                &mut buf[..len + TAG],
-            )
-            .is_ok()
-    }
-}
+ring_like!(Ring, ring, "ring");
+ring_like!(AwsLc, aws_lc_rs, "aws-lc-rs");
 
 /// OpenSSL 3 through the `openssl` crate, the cipher fetched once (no implicit fetch per call).
 /// `keyed_per_call`: one context per thread, given the session's key and the packet's nonce on
