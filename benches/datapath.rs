@@ -2,6 +2,7 @@
 //! through `core::wg`, and the allowed-IP longest-prefix match with 1, 100 and 10,000 prefixes.
 
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion, Throughput};
+use rand_core::OsRng;
 use std::hint::black_box;
 use std::net::IpAddr;
 use tunnelgate::config::{IpNet, SecretKey};
@@ -12,11 +13,11 @@ use tunnelgate::core::wg::{classify, Limiter, Outcome, Tunnel};
 fn session() -> (Tunnel, Tunnel) {
     let (ka, kb) = (SecretKey::generate(), SecretKey::generate());
     let (la, lb) = (
-        Limiter::new(&ka.public_key()),
-        Limiter::new(&kb.public_key()),
+        Limiter::new(&ka.public_key(), &mut OsRng),
+        Limiter::new(&kb.public_key(), &mut OsRng),
     );
-    let mut a = Tunnel::new(&ka, &kb.public_key(), None, None, 1, &la);
-    let mut b = Tunnel::new(&kb, &ka.public_key(), None, None, 2, &lb);
+    let mut a = Tunnel::new(&ka, &kb.public_key(), None, None, 1, &la, Box::new(OsRng));
+    let mut b = Tunnel::new(&kb, &ka.public_key(), None, None, 2, &lb, Box::new(OsRng));
     let src: IpAddr = "192.0.2.1".parse().expect("ip");
     let (mut buf, mut out) = (vec![0u8; 2048], vec![0u8; 2048]);
     let init = match a.initiate(&mut buf) {
@@ -85,7 +86,7 @@ fn crypto(c: &mut Criterion) {
 fn classify_data_message(c: &mut Criterion) {
     let src: IpAddr = "192.0.2.1".parse().expect("ip");
     let key = SecretKey::generate();
-    let limiter = Limiter::new(&key.public_key());
+    let limiter = Limiter::new(&key.public_key(), &mut OsRng);
     let data = {
         let (mut a, _) = session();
         let mut out = vec![0u8; 2048];

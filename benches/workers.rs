@@ -1,13 +1,23 @@
 //! The data plane's packet work spread over workers, in process, with no kernel in the way: K
-//! peers with established sessions, owned by N worker threads the way the daemon steers them
-//! (`core::packet::steering::worker_of_peer`), each worker encrypting and decrypting its peers'
-//! packets through `core::peer::Peer` behind one lock per peer, as the daemon's workers do.
-//! Prints aggregate throughput per worker count and the speed-up over one worker.
+//! peers with established sessions, each worker sealing and opening batches of its peers'
+//! packets through `core::peer::Peer` the way the daemon's workers do: one lock per batch to
+//! reserve its counters (`begin_send`), the sealing in place with no lock held, and per
+//! message a lock to find the session (`receiving`), the opening with none, a lock to record
+//! it (`opened`). Prints aggregate throughput per worker count and the speed-up over one.
 //!
-//! Run: `cargo bench --bench workers -- [--peers K] [--seconds S] [--max-workers N] [--json FILE]`
-//! (defaults: 16 peers, 2 s per point, 1 to 16 workers).
+//! Two ways to give peers to workers:
+//! - default: each peer is owned by one worker, as the daemon steers them
+//!   (`core::packet::steering::worker_of_peer`): one peer never uses more than one worker;
+//! - `--shared`: every worker works on every peer, and each peer's batches are put back in
+//!   order by a `core::sequencer::Sequencer` per direction (numbers reserved under the peer's
+//!   lock with the counters, released once sealed and opened): what one peer on several workers
+//!   costs and gains.
+//!
+//! Run: `cargo bench --bench workers -- [--peers K] [--shared] [--seconds S] [--max-workers N]
+//! [--json FILE]` (defaults: 16 peers, 2 s per point, 1 to 16 workers).
 
 use parking_lot::Mutex;
+use rand_core::OsRng;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -16,8 +26,9 @@ use tunnelgate::config::{PublicKey, SecretKey};
 use tunnelgate::core::control::PeerSpec;
 use tunnelgate::core::packet::steering::worker_of_peer;
 use tunnelgate::core::packet::{Inbound, Outbound, PeerLookup, PeerPath};
-use tunnelgate::core::peer::Peer;
-use tunnelgate::core::wg::Limiter;
+use tunnelgate::core::peer::{Peer, Sending};
+use tunnelgate::core::sequencer::Sequencer;
+use tunnelgate::core::wg::{Limiter, DATA_OFFSET};
 
 /// Inner packet size: a full 1420-MTU IPv4 packet.
 const PACKET: usize = 1420;
@@ -41,10 +52,16 @@ impl PeerLookup for Anyone {
     }
 }
 
-/// The daemon's side of one peer and the peer's own side, with a session between them.
+/// Segments per batch: what one TUN read of a 64 KB TSO super-packet gives at this MTU.
+const BATCH: usize = 46;
+
+/// The daemon's side of one peer and the peer's own side, with a session between them, and a
+/// sequencer per direction (used with `--shared`).
 struct Pair {
     local: Mutex<Peer>,
     remote: Mutex<Peer>,
+    to_local: Mutex<Sequencer<()>>,
+    to_remote: Mutex<Sequencer<()>>,
     _limiters: (Limiter, Limiter),
 }
 
@@ -72,8 +89,19 @@ fn at(s: &str) -> PeerPath {
 
 fn pair(index: u32) -> Pair {
     let (a, b) = (SecretKey::generate(), SecretKey::generate());
-    let (la, lb) = (Limiter::new(&a.public_key()), Limiter::new(&b.public_key()));
-    let mut local = Peer::new(&a, &b.public_key(), &spec(), index, &la, None);
+    let (la, lb) = (
+        Limiter::new(&a.public_key(), &mut OsRng),
+        Limiter::new(&b.public_key(), &mut OsRng),
+    );
+    let mut local = Peer::new(
+        &a,
+        &b.public_key(),
+        &spec(),
+        index,
+        &la,
+        None,
+        Box::new(OsRng),
+    );
     let mut remote = Peer::new(
         &b,
         &a.public_key(),
@@ -81,6 +109,7 @@ fn pair(index: u32) -> Pair {
         index,
         &lb,
         Some(at("192.0.2.1:1")),
+        Box::new(OsRng),
     );
     let (mut wire, mut plain) = (vec![0u8; 2048], vec![0u8; 2048]);
     let Outbound::Send { len, .. } = remote.encapsulate(&packet(), &mut wire) else {
@@ -101,37 +130,114 @@ fn pair(index: u32) -> Pair {
     Pair {
         local: Mutex::new(local),
         remote: Mutex::new(remote),
+        to_local: Mutex::new(Sequencer::new(SEQUENCER_BOUND)),
+        to_remote: Mutex::new(Sequencer::new(SEQUENCER_BOUND)),
         _limiters: (la, lb),
     }
 }
 
-/// One round trip through `pair`: the peer encrypts, we decrypt; we encrypt, the peer decrypts.
-/// Each lock is held for one call, as in the daemon.
-fn round_trip(pair: &Pair, packet: &[u8], wire: &mut [u8], plain: &mut [u8]) -> u64 {
-    let from_remote = at("192.0.2.2:1");
-    let from_local = at("192.0.2.1:1");
-    let sent = pair.remote.lock().encapsulate(packet, wire);
-    let Outbound::Send { len, .. } = sent else {
+/// Numbers a peer's sequencer may have in flight: room for a batch of every worker.
+const SEQUENCER_BOUND: usize = 16 * BATCH;
+
+/// A worker's buffers: one send slot per segment of a batch, and a landing for opening.
+struct Buffers {
+    slots: Vec<Vec<u8>>,
+    landing: Vec<u8>,
+}
+
+impl Buffers {
+    fn new() -> Buffers {
+        Buffers {
+            slots: vec![vec![0u8; PACKET + 64]; BATCH],
+            landing: vec![0u8; PACKET + 64],
+        }
+    }
+}
+
+/// One batch from `sender` to `receiver`: its counters (and, `shared`, its sequence numbers in
+/// `order`) reserved under the sender's lock, each segment sealed in place with no lock held,
+/// then opened on the receiver (lock, open with none, lock), and released in order. Returns the
+/// bytes delivered.
+fn one_way(
+    sender: &Mutex<Peer>,
+    receiver: &Mutex<Peer>,
+    order: Option<&Mutex<Sequencer<()>>>,
+    from: PeerPath,
+    packet: &[u8],
+    buffers: &mut Buffers,
+) -> u64 {
+    let (sending, first) = {
+        let mut peer = sender.lock();
+        let first = match order {
+            // Full: the other workers' batches are still out; come back later.
+            Some(order) => {
+                let reserved = order.lock().reserve(BATCH);
+                match reserved {
+                    Some(first) => Some(first),
+                    None => return 0,
+                }
+            }
+            None => None,
+        };
+        (peer.begin_send(BATCH, BATCH * packet.len()), first)
+    };
+    let Sending::Seal { batch, .. } = sending else {
         return 0;
     };
-    let got = pair
-        .local
-        .lock()
-        .decapsulate(&Anyone, &(), from_remote, &wire[..len], plain);
-    let mut moved = matches!(got, Inbound::Deliver(_)) as u64;
-    let sent = pair.local.lock().encapsulate(packet, wire);
-    if let Outbound::Send { len, .. } = sent {
-        let got = pair
-            .remote
-            .lock()
-            .decapsulate(&Anyone, &(), from_local, &wire[..len], plain);
-        moved += matches!(got, Inbound::Deliver(_)) as u64;
+    for (i, slot) in buffers.slots.iter_mut().enumerate() {
+        slot[DATA_OFFSET..DATA_OFFSET + packet.len()].copy_from_slice(packet);
+        let len = batch.seal_in_place(i, slot, packet.len());
+        slot.truncate(len);
     }
-    moved * PACKET as u64
+    let mut delivered = 0u64;
+    for (i, slot) in buffers.slots.iter_mut().enumerate() {
+        let key = receiver.lock().receiving(slot);
+        let opened = key.and_then(|key| key.open(slot, &mut buffers.landing).ok());
+        let got = opened.map(|opened| {
+            receiver
+                .lock()
+                .opened(&Anyone, &(), from, slot.len(), &opened, &buffers.landing)
+        });
+        let ok = matches!(got, Some(Inbound::Deliver(_)));
+        delivered += ok as u64;
+        if let (Some(order), Some(first)) = (order, first) {
+            let mut order = order.lock();
+            order
+                .complete(first + i as u64, ok.then_some(()))
+                .expect("a number of this batch");
+            while order.release().is_some() {}
+        }
+        slot.resize(PACKET + 64, 0);
+    }
+    delivered * PACKET as u64
+}
+
+/// One batch each way through `pair`.
+fn round_trip(pair: &Pair, shared: bool, packet: &[u8], buffers: &mut Buffers) -> u64 {
+    let (to_local, to_remote) = if shared {
+        (Some(&pair.to_local), Some(&pair.to_remote))
+    } else {
+        (None, None)
+    };
+    one_way(
+        &pair.remote,
+        &pair.local,
+        to_local,
+        at("192.0.2.2:1"),
+        packet,
+        buffers,
+    ) + one_way(
+        &pair.local,
+        &pair.remote,
+        to_remote,
+        at("192.0.2.1:1"),
+        packet,
+        buffers,
+    )
 }
 
 /// Bytes per second moved by `workers` threads over `pairs` for `duration`.
-fn measure(pairs: &Arc<Vec<Pair>>, workers: usize, duration: Duration) -> f64 {
+fn measure(pairs: &Arc<Vec<Pair>>, workers: usize, shared: bool, duration: Duration) -> f64 {
     let stop = Arc::new(AtomicBool::new(false));
     let moved = Arc::new(AtomicU64::new(0));
     let threads: Vec<_> = (0..workers)
@@ -141,7 +247,7 @@ fn measure(pairs: &Arc<Vec<Pair>>, workers: usize, duration: Duration) -> f64 {
                 let owned: Vec<&Pair> = pairs
                     .iter()
                     .enumerate()
-                    .filter(|(i, _)| worker_of_peer(*i as u32 + 1, workers) == w)
+                    .filter(|(i, _)| shared || worker_of_peer(*i as u32 + 1, workers) == w)
                     .map(|(_, p)| p)
                     .collect();
                 // A worker that owns no peer has nothing to do: the daemon's blocks in
@@ -150,11 +256,11 @@ fn measure(pairs: &Arc<Vec<Pair>>, workers: usize, duration: Duration) -> f64 {
                     return;
                 }
                 let packet = packet();
-                let (mut wire, mut plain) = (vec![0u8; 2048], vec![0u8; 2048]);
+                let mut buffers = Buffers::new();
                 let mut bytes = 0u64;
                 while !stop.load(Ordering::Relaxed) {
                     for pair in &owned {
-                        bytes += round_trip(pair, &packet, &mut wire, &mut plain);
+                        bytes += round_trip(pair, shared, &packet, &mut buffers);
                     }
                 }
                 moved.fetch_add(bytes, Ordering::Relaxed);
@@ -168,6 +274,28 @@ fn measure(pairs: &Arc<Vec<Pair>>, workers: usize, duration: Duration) -> f64 {
         t.join().expect("worker");
     }
     moved.load(Ordering::Relaxed) as f64 / tunnelgate::shell::clock::since(started).as_secs_f64()
+}
+
+/// User and system CPU time this process has used (`/proc/self/stat`, in clock ticks of
+/// 1/100 s).
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name (which may hold spaces) start at its closing parenthesis.
+    let rest = stat.rsplit(')').next().unwrap_or_default();
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
 }
 
 fn arg(args: &[String], name: &str) -> Option<String> {
@@ -187,24 +315,40 @@ fn main() {
     let max_workers: usize = arg(&args, "--max-workers")
         .and_then(|v| v.parse().ok())
         .unwrap_or(16);
+    let shared = args.iter().any(|a| a == "--shared");
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let pairs = Arc::new((1..=peers as u32).map(pair).collect::<Vec<_>>());
-    println!("in-process data plane: {peers} peers, {PACKET}-byte packets, {cpus} CPUs");
-    println!("{:>8} {:>12} {:>10}", "workers", "Gbit/s", "speed-up");
+    let mode = if shared {
+        "every worker on every peer, in order through a sequencer"
+    } else {
+        "each peer on its one worker"
+    };
+    println!("in-process data plane: {peers} peers ({mode}), {PACKET}-byte packets in batches of {BATCH}, {cpus} CPUs");
+    println!(
+        "{:>8} {:>12} {:>10} {:>8} {:>12}",
+        "workers", "Gbit/s", "speed-up", "CPU s", "Gbit/CPU-s"
+    );
+    let load_start = loadavg();
     let mut rows = Vec::new();
     let mut one = None;
     for workers in 1..=max_workers {
-        let rate = measure(&pairs, workers, Duration::from_secs_f64(seconds));
+        let cpu_before = cpu_seconds();
+        let rate = measure(&pairs, workers, shared, Duration::from_secs_f64(seconds));
+        let cpu = cpu_seconds() - cpu_before;
         let gbits = rate * 8.0 / 1e9;
         let speedup = gbits / *one.get_or_insert(gbits);
-        println!("{workers:>8} {gbits:>12.2} {speedup:>9.2}x");
+        // Bits per CPU-second: on a machine others share, the CPU the workers got bounds the
+        // rate; this says what each CPU-second of theirs carried (the cost of sharing a peer).
+        let per_cpu = gbits * seconds / cpu.max(1e-3);
+        println!("{workers:>8} {gbits:>12.2} {speedup:>9.2}x {cpu:>8.2} {per_cpu:>12.2}");
         rows.push(format!(
-            "{{\"workers\": {workers}, \"gbit_per_s\": {gbits:.3}, \"speedup\": {speedup:.3}}}"
+            "{{\"workers\": {workers}, \"gbit_per_s\": {gbits:.3}, \"speedup\": {speedup:.3}, \"cpu_s\": {cpu:.3}, \"gbit_per_cpu_s\": {per_cpu:.3}}}"
         ));
     }
     if let Some(path) = arg(&args, "--json") {
         let json = format!(
-            "{{\"peers\": {peers}, \"packet_bytes\": {PACKET}, \"cpus\": {cpus}, \"seconds\": {seconds}, \"points\": [{}]}}\n",
+            "{{\"peers\": {peers}, \"shared\": {shared}, \"packet_bytes\": {PACKET}, \"batch\": {BATCH}, \"cpus\": {cpus}, \"seconds\": {seconds}, \"loadavg_start\": \"{load_start}\", \"loadavg_end\": \"{}\", \"points\": [{}]}}\n",
+            loadavg(),
             rows.join(", ")
         );
         std::fs::write(&path, json).expect("write the JSON results");

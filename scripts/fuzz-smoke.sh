@@ -30,7 +30,7 @@ if ((build_only)); then
     exit 0
 fi
 
-read -r -a targets <<<"${TUNNELGATE_FUZZ_TARGETS:-config uapi ports receive offload wg_quick sidecar}"
+read -r -a targets <<<"${TUNNELGATE_FUZZ_TARGETS:-config uapi ports receive session offload wg_quick sidecar}"
 corpus_root="$(mktemp -d "${TMPDIR:-/tmp}/tunnelgate-fuzz.XXXXXX")"
 trap 'rm -rf "$corpus_root"' EXIT
 for t in "${targets[@]}"; do

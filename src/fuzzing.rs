@@ -9,7 +9,7 @@ use crate::config::{Config, PortMap, PublicKey, SecretFiles, SecretKey, Target};
 use crate::core::allowed_ips::AllowedIps;
 use crate::core::offload::{self, Coalescer, VNET_HDR_LEN};
 use crate::core::packet::{self, PeerLookup, Sender};
-use crate::core::wg::{Limiter, Outcome, Tunnel, MIN_OUTPUT};
+use crate::core::wg::{self, Limiter, Outcome, Randomness, Tunnel, MIN_OUTPUT};
 use crate::rules::desired::{desired, RuntimeFacts};
 use crate::rules::{iptables, nft, Family};
 use crate::uapi::{
@@ -278,8 +278,16 @@ fn valid_initiation() -> &'static [u8] {
     INIT.get_or_init(|| {
         let peer = SecretKey(PEER_KEY);
         let own_public = SecretKey(OWN_KEY).public_key();
-        let limiter = Limiter::new(&peer.public_key());
-        let mut tunnel = Tunnel::new(&peer, &own_public, None, None, 9, &limiter);
+        let limiter = Limiter::new(&peer.public_key(), &mut FuzzRng(1));
+        let mut tunnel = Tunnel::new(
+            &peer,
+            &own_public,
+            None,
+            None,
+            9,
+            &limiter,
+            FuzzRng::boxed(2),
+        );
         let mut buf = vec![0u8; MIN_OUTPUT];
         match tunnel.initiate(&mut buf) {
             Outcome::Network(m) => m.to_vec(),
@@ -315,7 +323,7 @@ pub fn receive(data: &[u8]) {
     let own_private = SecretKey(OWN_KEY);
     let own_public = own_private.public_key();
     let peer_public = SecretKey(PEER_KEY).public_key();
-    let limiter = Limiter::new(&own_public);
+    let limiter = Limiter::new(&own_public, &mut FuzzRng(3));
     let mut routes = AllowedIps::default();
     if let Ok(net) = "10.9.0.2/32".parse() {
         routes.insert(net, 0);
@@ -342,11 +350,349 @@ pub fn receive(data: &[u8]) {
         }
         Err(_) => return,
     }
-    let mut tunnel = Tunnel::new(&own_private, &peer_public, None, None, PEER_INDEX, &limiter);
+    let mut tunnel = Tunnel::new(
+        &own_private,
+        &peer_public,
+        None,
+        None,
+        PEER_INDEX,
+        &limiter,
+        FuzzRng::boxed(4),
+    );
     let mut landing = vec![0u8; datagram.len().max(MIN_OUTPUT)];
     let received = packet::decapsulate(&peers, &0, &mut tunnel, from, &datagram, &mut landing);
     if let packet::Inbound::Deliver(len) | packet::Inbound::Reply(len) = received.action {
         assert!(len <= landing.len());
+    }
+}
+
+/// A deterministic stand-in for the OS's generator (splitmix64), so that an input replays
+/// exactly: handshakes draw their ephemeral keys and rate limiters their cookie secrets from
+/// it. Predictable: for fuzz bodies only, never for a real session.
+struct FuzzRng(u64);
+
+impl FuzzRng {
+    fn boxed(seed: u64) -> Randomness {
+        Box::new(FuzzRng(seed))
+    }
+}
+
+impl rand_core::RngCore for FuzzRng {
+    fn next_u32(&mut self) -> u32 {
+        self.next_u64() as u32
+    }
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    fn fill_bytes(&mut self, dest: &mut [u8]) {
+        for chunk in dest.chunks_mut(8) {
+            let word = self.next_u64().to_le_bytes();
+            chunk.copy_from_slice(&word[..chunk.len()]);
+        }
+    }
+    fn try_fill_bytes(&mut self, dest: &mut [u8]) -> Result<(), rand_core::Error> {
+        self.fill_bytes(dest);
+        Ok(())
+    }
+}
+
+impl rand_core::CryptoRng for FuzzRng {}
+
+/// At most this many operations of a `session` input, and handshakes among them (each costs
+/// a few Diffie-Hellmans).
+const SESSION_OPS: usize = 256;
+const SESSION_REKEYS: usize = 12;
+/// boringtun's replay window (counters this far behind the newest still accepted once) and
+/// the sessions a tunnel keeps (a ring of 8, indexed by our session index).
+const REPLAY_WINDOW: u64 = 1024;
+const KEPT_SESSIONS: usize = 8;
+
+/// One data message the remote peer sent: the handshake (session) it was sealed on, its
+/// counter and its plaintext.
+struct Sent {
+    session: usize,
+    counter: u64,
+    message: Vec<u8>,
+    plaintext: Vec<u8>,
+}
+
+/// The local side's view of the remote's sessions: per handshake, the counters it accepted
+/// and the next counter its window expects.
+#[derive(Default)]
+struct Accepted {
+    seen: std::collections::HashSet<(usize, u64)>,
+    next: Vec<u64>,
+}
+
+/// Transport sessions under hostile delivery, through the daemon's data path (`wg::Tunnel`'s
+/// `reserve_send`/`SealBatch`, `receiving`/`OpenKey`, `packet::opened`). The remote seals data
+/// messages for the local side; the input is a list of two-byte operations `[op, arg]`
+/// (`op % 6`; `op / 8` is a second argument):
+/// - 0: the remote reserves a batch of `1 + arg % 8` counters and seals it in a rotated order
+///   (as parallel workers might finish);
+/// - 1: the same, with a rekey (a whole handshake) after the first half is sealed: the rest
+///   is sealed on the old session;
+/// - 2: deliver sent message `arg` (again: a replay; late: reordered), opened by copy or in
+///   place (`op / 8` odd);
+/// - 3: deliver it with its counter moved by `1 + op / 8` (outside what was sealed);
+/// - 4: deliver it with one bit flipped (`arg` and `op / 8` pick where);
+/// - 5: a rekey; after eight, the oldest session is retired and its messages find none.
+///
+/// Checks: a message is delivered only if it is genuine, its session is still kept, and its
+/// counter was not delivered before; then its plaintext is what was sealed; and a genuine,
+/// undelivered message of the newest session within the replay window is delivered.
+pub fn session(data: &[u8]) {
+    let remote_private = SecretKey(PEER_KEY);
+    let own_private = SecretKey(OWN_KEY);
+    let own_public = own_private.public_key();
+    let peer_public = remote_private.public_key();
+    let mut routes = AllowedIps::default();
+    if let Ok(net) = "10.9.0.0/24".parse() {
+        routes.insert(net, 0);
+    }
+    let peers = OnePeer {
+        key: peer_public,
+        routes,
+    };
+    let (local_limiter, remote_limiter) = (
+        Limiter::new(&own_public, &mut FuzzRng(5)),
+        Limiter::new(&peer_public, &mut FuzzRng(6)),
+    );
+    let mut local = Tunnel::new(
+        &own_private,
+        &peer_public,
+        None,
+        None,
+        PEER_INDEX,
+        &local_limiter,
+        FuzzRng::boxed(7),
+    );
+    let mut remote = Tunnel::new(
+        &remote_private,
+        &own_public,
+        None,
+        None,
+        9,
+        &remote_limiter,
+        FuzzRng::boxed(8),
+    );
+    let mut accepted = Accepted::default();
+    let mut sessions = 0usize;
+    rekey(
+        &mut remote,
+        &mut local,
+        &peers,
+        &mut sessions,
+        &mut accepted,
+    );
+    let mut sent: Vec<Sent> = Vec::new();
+    for op in data.chunks_exact(2).take(SESSION_OPS) {
+        let (kind, arg, high) = (op[0] % 6, usize::from(op[1]), usize::from(op[0] / 8));
+        match kind {
+            0 | 1 => {
+                let n = 1 + arg % 8;
+                let rekey_after = (kind == 1 && sessions <= SESSION_REKEYS).then_some(n / 2);
+                seal_batch(
+                    &mut remote,
+                    &mut local,
+                    &peers,
+                    n,
+                    arg,
+                    rekey_after,
+                    &mut sessions,
+                    &mut accepted,
+                    &mut sent,
+                );
+            }
+            5 if sessions <= SESSION_REKEYS => rekey(
+                &mut remote,
+                &mut local,
+                &peers,
+                &mut sessions,
+                &mut accepted,
+            ),
+            5 => {}
+            _ => {
+                let Some(which) = (!sent.is_empty()).then(|| arg % sent.len()) else {
+                    continue;
+                };
+                let entry = &sent[which];
+                let mut message = entry.message.clone();
+                let genuine = match kind {
+                    2 => true,
+                    3 => {
+                        let counter = entry.counter.wrapping_add(1 + high as u64);
+                        message[8..16].copy_from_slice(&counter.to_le_bytes());
+                        false
+                    }
+                    _ => {
+                        let bit = (arg * 31 + high) % (message.len() * 8);
+                        message[bit / 8] ^= 1 << (bit % 8);
+                        false
+                    }
+                };
+                let delivered = deliver(&mut local, &peers, &message, high % 2 == 1);
+                let (session, counter) = (entry.session, entry.counter);
+                let kept = sessions - session <= KEPT_SESSIONS;
+                let next = accepted.next.get(session).copied().unwrap_or(0);
+                let fresh = !accepted.seen.contains(&(session, counter));
+                match delivered {
+                    Some(plaintext) => {
+                        assert!(genuine, "a forged or altered message was delivered");
+                        assert!(kept, "a message of a retired session was delivered");
+                        assert!(
+                            fresh,
+                            "counter {counter} of session {session} delivered twice"
+                        );
+                        assert_eq!(
+                            plaintext, entry.plaintext,
+                            "delivered, but not what was sealed"
+                        );
+                        accepted.seen.insert((session, counter));
+                        if let Some(n) = accepted.next.get_mut(session) {
+                            *n = (*n).max(counter + 1);
+                        }
+                    }
+                    None => assert!(
+                        !(genuine
+                            && fresh
+                            && session == sessions
+                            && counter + REPLAY_WINDOW >= next),
+                        "counter {counter} of the newest session (next {next}) was refused"
+                    ),
+                }
+            }
+        }
+    }
+}
+
+/// A whole handshake the remote starts, and its first keepalive, delivered: session
+/// `sessions + 1` is then both sides' newest.
+fn rekey(
+    remote: &mut Tunnel,
+    local: &mut Tunnel,
+    peers: &OnePeer,
+    sessions: &mut usize,
+    accepted: &mut Accepted,
+) {
+    let from = SocketAddr::from(([192, 0, 2, 1], 51820));
+    let mut buf = vec![0u8; 2048];
+    let mut landing = vec![0u8; 2048];
+    let init = match remote.initiate(&mut buf) {
+        Outcome::Network(m) => m.to_vec(),
+        other => panic!("the remote did not initiate: {other:?}"),
+    };
+    let received = packet::decapsulate(peers, &0, local, from, &init, &mut landing);
+    let packet::Inbound::Reply(len) = received.action else {
+        panic!("the local side did not answer: {:?}", received.action);
+    };
+    let keepalive = match remote.decapsulate(from.ip(), &landing[..len], &mut buf) {
+        Outcome::Network(m) => m.to_vec(),
+        other => panic!("the remote did not confirm: {other:?}"),
+    };
+    *sessions += 1;
+    accepted.next.resize(*sessions + 1, 0);
+    assert_eq!(
+        deliver(local, peers, &keepalive, false),
+        None,
+        "a keepalive delivers nothing"
+    );
+    accepted.next[*sessions] = 1;
+    accepted.seen.insert((*sessions, 0));
+}
+
+/// The remote seals `n` messages on one reservation, in a rotated order, with a rekey after
+/// `rekey_after` of them.
+#[allow(clippy::too_many_arguments)]
+fn seal_batch(
+    remote: &mut Tunnel,
+    local: &mut Tunnel,
+    peers: &OnePeer,
+    n: usize,
+    arg: usize,
+    rekey_after: Option<usize>,
+    sessions: &mut usize,
+    accepted: &mut Accepted,
+    sent: &mut Vec<Sent>,
+) {
+    let plaintexts: Vec<Vec<u8>> = (0..n)
+        .map(|i| {
+            let mut p = vec![0u8; 20 + (arg * 7 + i * 13) % 200];
+            let len = p.len() as u16;
+            p[0] = 0x45;
+            p[2..4].copy_from_slice(&len.to_be_bytes());
+            p[9] = 17;
+            p[12..16].copy_from_slice(&[10, 9, 0, 2]);
+            p[16..20].copy_from_slice(&[10, 9, 0, 1]);
+            for (k, b) in p[20..].iter_mut().enumerate() {
+                *b = (k + i + sent.len()) as u8;
+            }
+            p
+        })
+        .collect();
+    let bytes = plaintexts.iter().map(Vec::len).sum();
+    let Some(batch) = remote.reserve_send(n, bytes) else {
+        panic!("the remote has a session");
+    };
+    let session = *sessions;
+    let mut sealed: Vec<Option<Vec<u8>>> = vec![None; n];
+    for k in 0..n {
+        if rekey_after == Some(k) {
+            rekey(remote, local, peers, sessions, accepted);
+        }
+        let i = (k + arg / 8) % n;
+        let mut message = vec![0u8; plaintexts[i].len() + wg::OVERHEAD];
+        message[wg::DATA_OFFSET..wg::DATA_OFFSET + plaintexts[i].len()]
+            .copy_from_slice(&plaintexts[i]);
+        let len = batch.seal_in_place(i, &mut message, plaintexts[i].len());
+        assert_eq!(len, message.len());
+        sealed[i] = Some(message);
+    }
+    for (i, (message, plaintext)) in sealed.into_iter().zip(plaintexts).enumerate() {
+        if let Some(message) = message {
+            sent.push(Sent {
+                session,
+                counter: batch.counter(i),
+                message,
+                plaintext,
+            });
+        }
+    }
+}
+
+/// One datagram into the local side as the daemon's receive path takes it: a data message of a
+/// kept session is opened outside the peer (by copy or in place) and then recorded; anything
+/// else goes through the peer whole. Returns the delivered packet.
+fn deliver(local: &mut Tunnel, peers: &OnePeer, message: &[u8], in_place: bool) -> Option<Vec<u8>> {
+    let from = SocketAddr::from(([192, 0, 2, 1], 51820));
+    let mut landing = vec![0u8; message.len().max(MIN_OUTPUT)];
+    let Some(key) = local.receiving(message) else {
+        let received = packet::decapsulate(peers, &0, local, from, message, &mut landing);
+        return match received.action {
+            packet::Inbound::Deliver(len) => Some(landing[..len].to_vec()),
+            _ => None,
+        };
+    };
+    let (opened, plaintext) = if in_place {
+        landing[..message.len()].copy_from_slice(message);
+        let opened = key.open_in_place(&mut landing[..message.len()]).ok()?;
+        (opened, &landing[wg::DATA_OFFSET..])
+    } else {
+        let opened = key.open(message, &mut landing).ok()?;
+        (opened, &landing[..])
+    };
+    assert!(
+        opened.len + wg::OVERHEAD == message.len(),
+        "the plaintext is the message's"
+    );
+    let received = packet::opened(peers, &0, local, &opened, plaintext);
+    match received.action {
+        packet::Inbound::Deliver(len) => Some(plaintext[..len].to_vec()),
+        _ => None,
     }
 }
 

@@ -11,7 +11,10 @@ use std::process::Command;
 /// add it here with its reason, or put the code that needs it in a shell.
 const CORE_DEPENDENCIES: &[(&str, &str)] = &[
     ("base64", "key encoding"),
-    ("boringtun", "the WireGuard session (wg.rs)"),
+    (
+        "boringtun",
+        "the WireGuard session (wg.rs): our fork, crates/boringtun",
+    ),
     ("hex", "UAPI keys"),
     ("ipnet", "networks in the config and rule models"),
     (

@@ -244,6 +244,18 @@ fn fuzz_receive() {
     run("receive", fuzzing::receive, with_corpus("receive", seeds));
 }
 
+#[test]
+fn fuzz_session() {
+    // [op, arg] pairs: seal batches, deliver, replay, alter counters, flip bits, rekey.
+    let seeds = vec![
+        vec![],
+        vec![0, 7, 2, 0, 2, 1, 2, 0],
+        vec![1, 5, 2, 0, 2, 3, 10, 1, 2, 5, 3, 2, 4, 9],
+        [&[0u8, 7][..], &[5, 0].repeat(9), &[2, 0, 2, 3]].concat(),
+    ];
+    run("session", fuzzing::session, with_corpus("session", seeds));
+}
+
 /// An IPv4 TCP packet with `payload` bytes and sequence number `seq`, ACK only.
 fn tcp4(seq: u32, payload: usize) -> Vec<u8> {
     let total = 40 + payload;

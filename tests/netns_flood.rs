@@ -31,8 +31,16 @@ fn initiations(responder: &PublicKey) -> Vec<Vec<u8>> {
     (0..DISTINCT)
         .filter_map(|i| {
             let key = SecretKey::generate();
-            let limiter = Limiter::new(&key.public_key());
-            let mut t = Tunnel::new(&key, responder, None, None, i as u32 + 1, &limiter);
+            let limiter = Limiter::new(&key.public_key(), &mut rand_core::OsRng);
+            let mut t = Tunnel::new(
+                &key,
+                responder,
+                None,
+                None,
+                i as u32 + 1,
+                &limiter,
+                Box::new(rand_core::OsRng),
+            );
             let mut buf = vec![0u8; MIN_OUTPUT];
             match t.initiate(&mut buf) {
                 Outcome::Network(m) => Some(m.to_vec()),

@@ -29,6 +29,7 @@ pub mod priority;
 pub mod routes;
 pub mod rules;
 pub mod seccomp;
+pub mod sequencer;
 pub mod socket_handover;
 #[cfg(test)]
 mod test_util;

@@ -270,31 +270,83 @@ impl SplitPlan {
         }
     }
 
+    /// The bytes of all segments together (each with its own headers).
+    pub fn plaintext_bytes(&self) -> usize {
+        match &self.kind {
+            SplitKind::Whole => self.packet.len(),
+            SplitKind::Segmented { layout, count, .. } => {
+                self.packet.len() + layout.headers() * (count - 1)
+            }
+        }
+    }
+
+    /// Segment `i`'s header length, its payload's range in the read and the headers to put
+    /// before it; `None` for a read that is not split.
+    fn payload_of(&self, i: usize) -> Option<(usize, Range<usize>, &[u8])> {
+        let SplitKind::Segmented {
+            layout,
+            mss,
+            template,
+            ..
+        } = &self.kind
+        else {
+            return None;
+        };
+        let headers = layout.headers();
+        let start = self.packet.start + headers + i * mss;
+        let end = (start + mss).min(self.packet.end);
+        Some((headers, start..end, &template[..headers]))
+    }
+
     /// Makes segment `i` a complete IP packet in place and returns its range in `read`. Call
     /// for `i = 0, 1, ...` in order: segment `i`'s headers are written over the last bytes of
     /// segment `i - 1`'s payload, which the caller has finished with by then.
     pub fn segment(&self, read: &mut [u8], i: usize) -> Range<usize> {
+        let Some((headers, payload, template)) = self.payload_of(i) else {
+            return self.packet.clone();
+        };
+        let start = payload.start - headers;
+        let seg = &mut read[start..payload.end];
+        if i > 0 {
+            seg[..headers].copy_from_slice(template);
+        }
+        self.finish_segment(seg, i);
+        start..payload.end
+    }
+
+    /// Writes segment `i` as a complete IP packet at the start of `dst` and returns its length;
+    /// `read` is left as it is, so segments may be made in any order, by any thread (each into
+    /// its own send slot, where it is sealed in place). `dst` needs room for the segment
+    /// (at most the packet's headers plus its MSS, or the whole packet when it is not split).
+    pub fn segment_into(&self, read: &[u8], i: usize, dst: &mut [u8]) -> usize {
+        let Some((headers, payload, template)) = self.payload_of(i) else {
+            let packet = &read[self.packet.clone()];
+            dst[..packet.len()].copy_from_slice(packet);
+            return packet.len();
+        };
+        let total = headers + payload.len();
+        let seg = &mut dst[..total];
+        seg[..headers].copy_from_slice(template);
+        seg[headers..].copy_from_slice(&read[payload]);
+        self.finish_segment(seg, i);
+        total
+    }
+
+    /// Sets segment `i`'s IP ID, lengths, sequence number, flags and checksum in `seg` (its
+    /// headers, from the template, then its payload).
+    fn finish_segment(&self, seg: &mut [u8], i: usize) {
         let SplitKind::Segmented {
             layout,
             mss,
             count,
-            template,
             first_seq,
             first_id,
             tcp_flags,
+            ..
         } = &self.kind
         else {
-            return self.packet.clone();
+            return;
         };
-        let headers = layout.headers();
-        let body_start = self.packet.start;
-        let payload_start = body_start + headers + i * mss;
-        let payload_end = (payload_start + mss).min(self.packet.end);
-        let start = payload_start - headers;
-        let seg = &mut read[start..payload_end];
-        if i > 0 {
-            seg[..headers].copy_from_slice(&template[..headers]);
-        }
         let total = seg.len();
         if !layout.v6 {
             let id = first_id.wrapping_add(i as u16);
@@ -327,7 +379,6 @@ impl SplitPlan {
             c = 0xffff; // zero means "no checksum" for UDP
         }
         seg[at..at + 2].copy_from_slice(&c.to_be_bytes());
-        start..payload_end
     }
 }
 

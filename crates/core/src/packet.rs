@@ -386,14 +386,7 @@ pub fn decapsulate<T: PeerLookup>(
     landing: &mut [u8],
 ) -> Received {
     let action = match tunnel.decapsulate(from.ip(), datagram, landing) {
-        Outcome::Tunnel(packet, src) => {
-            let len = packet.len();
-            match peers.by_address(src) {
-                _ if len == 0 => Inbound::Nothing,
-                Some(owner) if T::same(owner, peer) => Inbound::Deliver(len),
-                _ => Inbound::Drop(DropReason::BadSource),
-            }
-        }
+        Outcome::Tunnel(packet, src) => inner_source(peers, peer, packet.len(), src),
         Outcome::Network(reply) => Inbound::Reply(reply.len()),
         Outcome::Done => Inbound::Nothing,
         Outcome::Error(_) => {
@@ -406,6 +399,57 @@ pub fn decapsulate<T: PeerLookup>(
     Received {
         action,
         authenticated: true,
+    }
+}
+
+/// A decrypted packet of `len` bytes from `src` that `peer`'s session opened: delivered if
+/// `src` is within the peer's allowed IPs.
+#[inline]
+fn inner_source<T: PeerLookup>(peers: &T, peer: &T::Peer, len: usize, src: IpAddr) -> Inbound {
+    match peers.by_address(src) {
+        _ if len == 0 => Inbound::Nothing,
+        Some(owner) if T::same(owner, peer) => Inbound::Deliver(len),
+        _ => Inbound::Drop(DropReason::BadSource),
+    }
+}
+
+/// The decision on a data message of `peer` that its session opened outside the peer's lock
+/// (`plaintext[..opened.len]`), recorded in `tunnel` (locked again by the caller) for the
+/// timers. The same decision [`decapsulate`] makes on a message opened under the lock: an IP
+/// packet from the peer's allowed IPs is delivered, a keepalive authenticates and delivers
+/// nothing, a plaintext that is no IP packet is dropped as invalid.
+#[inline]
+pub fn opened<T: PeerLookup>(
+    peers: &T,
+    peer: &T::Peer,
+    tunnel: &mut impl Session,
+    opened: &wg::Opened,
+    plaintext: &[u8],
+) -> Received {
+    match wg::inner_packet(&plaintext[..opened.len]) {
+        Ok(wg::Inner::Packet { len, src }) => {
+            tunnel.record_received(opened.session, Some(len));
+            Received {
+                action: inner_source(peers, peer, len, src),
+                authenticated: true,
+            }
+        }
+        Ok(wg::Inner::Keepalive) => {
+            tunnel.record_received(opened.session, None);
+            Received {
+                action: Inbound::Nothing,
+                authenticated: true,
+            }
+        }
+        Err(_) => {
+            // boringtun records it as received (it authenticated) but reports an error, which
+            // neither counts nor roams: the same here.
+            tunnel.record_received(opened.session, None);
+            Received {
+                action: Inbound::Drop(DropReason::Invalid),
+                authenticated: false,
+            }
+        }
     }
 }
 

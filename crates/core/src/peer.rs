@@ -1,14 +1,25 @@
 //! One WireGuard peer as a sans-IO value: its session (through `core::wg`), the path it is
 //! reached by, its counters and its timer bookkeeping (the first handshake of a keepalive peer,
-//! expiry, which completed handshake was logged). `encapsulate`, `decapsulate` and `on_tick`
-//! say what to send, what to deliver and what to drop; the shell's data plane does the I/O.
+//! expiry, which completed handshake was logged). `begin_send`/`encapsulate`,
+//! `receiving`/`opened`/`decapsulate` and `on_tick` say what to send, what to deliver and what
+//! to drop; the shell's data plane does the I/O.
+//!
+//! Data messages are sealed and opened outside the peer's lock: under it, `begin_send` reserves
+//! counters on the current session (a [`SealBatch`] any thread may seal with) and `receiving`
+//! finds the session a message names (an [`OpenKey`]); after opening, `opened` records it for
+//! the timers, counts it and roams. Handshakes, cookies and packets waiting for a session go
+//! through `encapsulate`/`decapsulate` whole, under the lock.
+//!
 //! Time is an argument: nothing here reads the clock (boringtun, inside `core::wg`, does for
 //! its own handshake timers).
 
 use crate::config::{PublicKey, SecretKey};
 use crate::control::PeerSpec;
 use crate::packet::{self, Inbound, Outbound, PeerLookup, PeerPath};
-use crate::wg::{Handshake, Limiter, Outcome, Session, Tunnel, TunnelError};
+use crate::wg::{
+    Handshake, Limiter, OpenKey, Opened, Outcome, Randomness, SealBatch, Session, Tunnel,
+    TunnelError,
+};
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
@@ -36,6 +47,12 @@ pub struct PeerCounters {
 }
 
 impl PeerCounters {
+    /// `messages` data messages carrying `plaintext` bytes in all.
+    fn sent_data(&mut self, messages: usize, plaintext: usize) {
+        self.tx_bytes += (plaintext + messages * crate::wg::OVERHEAD) as u64;
+        self.tx_packets += messages as u64;
+    }
+
     fn sent(&mut self, message: &[u8]) {
         self.tx_bytes += message.len() as u64;
         self.tx_packets += 1;
@@ -53,6 +70,16 @@ pub struct PeerStats {
     pub counters: PeerCounters,
     pub path: Option<PeerPath>,
     pub since_last_handshake: Option<Duration>,
+}
+
+/// What to do with the segments of one TUN read, decided under the peer's lock.
+#[derive(Debug)]
+pub enum Sending {
+    /// Seal segment `i` with `batch` (outside the lock, any thread) and send it to `to`.
+    Seal { batch: SealBatch, to: PeerPath },
+    /// No usable session yet, or no endpoint: hand each segment to [`Peer::encapsulate`], which
+    /// queues it and starts a handshake (or drops it, with nowhere to send).
+    Queue,
 }
 
 /// What a timer tick asks for.
@@ -79,7 +106,8 @@ pub struct Peer<S = Tunnel> {
 }
 
 impl Peer<Tunnel> {
-    /// A peer with no session yet (boringtun's state is built at the first message).
+    /// A peer with no session yet (boringtun's state is built at the first message). `rng`
+    /// gives its handshakes' ephemeral keys.
     pub fn new(
         own_private: &SecretKey,
         public_key: &PublicKey,
@@ -87,6 +115,7 @@ impl Peer<Tunnel> {
         index: u32,
         limiter: &Limiter,
         path: Option<PeerPath>,
+        rng: Randomness,
     ) -> Peer {
         let tunnel = Tunnel::new(
             own_private,
@@ -95,6 +124,7 @@ impl Peer<Tunnel> {
             spec.persistent_keepalive,
             index,
             limiter,
+            rng,
         );
         Peer::with_session(tunnel, spec.persistent_keepalive, path)
     }
@@ -113,8 +143,59 @@ impl<S: Session> Peer<S> {
         }
     }
 
-    /// Encrypts one TUN segment into `out`: data, or the handshake initiation it started
-    /// while it waits in the session's queue.
+    /// Under the lock: `segments` data messages carrying `bytes` of plaintext in all are about
+    /// to be sent. Reserves their counters on the current session (recorded for the timers and
+    /// counted as sent now: sealing cannot fail), or says to queue them or drop them.
+    #[inline]
+    pub fn begin_send(&mut self, segments: usize, bytes: usize) -> Sending {
+        let Some(to) = self.path else {
+            return Sending::Queue;
+        };
+        match self.tunnel.reserve_send(segments, bytes) {
+            Some(batch) => {
+                self.counters.sent_data(segments, bytes);
+                Sending::Seal { batch, to }
+            }
+            None => Sending::Queue,
+        }
+    }
+
+    /// Under the lock: the session a data message names, to open it with outside the lock
+    /// ([`OpenKey::open`]) and then report with [`Peer::opened`]. `None` for anything else
+    /// (handshakes, cookies, a session no longer kept): use [`Peer::decapsulate`].
+    #[inline]
+    pub fn receiving(&self, datagram: &[u8]) -> Option<OpenKey> {
+        self.tunnel.receiving(datagram)
+    }
+
+    /// Under the lock, after `datagram` from `from` (`datagram_len` bytes) was opened outside it
+    /// with `plaintext` (`[..opened.len]` is the message's plaintext): records it for the
+    /// timers, checks its inner source against `peers` (this peer is `me`), counts it and roams,
+    /// as [`Peer::decapsulate`] does for a message opened under the lock.
+    #[inline]
+    pub fn opened<T: PeerLookup>(
+        &mut self,
+        peers: &T,
+        me: &T::Peer,
+        from: PeerPath,
+        datagram_len: usize,
+        opened: &Opened,
+        plaintext: &[u8],
+    ) -> Inbound {
+        let received = packet::opened(peers, me, &mut self.tunnel, opened, plaintext);
+        if received.authenticated {
+            self.counters.rx_bytes += datagram_len as u64;
+            self.counters.rx_packets += 1;
+            if let Some(path) = packet::roam(self.path, from, true) {
+                self.path = Some(path);
+            }
+        }
+        received.action
+    }
+
+    /// Encrypts one TUN segment into `out` under the lock: data, or the handshake initiation it
+    /// started while it waits in the session's queue. The path for segments [`Peer::begin_send`]
+    /// says to queue.
     #[inline]
     pub fn encapsulate(&mut self, segment: &[u8], out: &mut [u8]) -> Outbound {
         let decision = packet::encapsulate(&mut self.tunnel, self.path, segment, out);

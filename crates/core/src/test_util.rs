@@ -23,3 +23,13 @@ pub(crate) fn ipv4_packet(src: [u8; 4], dst: [u8; 4], payload: &[u8]) -> Vec<u8>
     p.extend_from_slice(payload);
     p
 }
+
+/// The random number generator the tests' sessions draw handshake keys from.
+pub(crate) fn rng() -> crate::wg::Randomness {
+    Box::new(rand_core::OsRng)
+}
+
+/// The same, borrowed, for a rate limiter's secrets.
+pub(crate) fn rng_mut() -> rand_core::OsRng {
+    rand_core::OsRng
+}

@@ -1,6 +1,7 @@
-//! The only module that imports boringtun: one [`Tunnel`] per peer, the shared handshake rate
-//! limiter, and classification of incoming datagrams. Swapping the Noise implementation is a
-//! change to this file alone.
+//! The only module that imports boringtun (our fork, `crates/boringtun`): one [`Tunnel`] per
+//! peer, the shared handshake rate limiter, classification of incoming datagrams, and the
+//! transport sessions handed out to seal ([`SealBatch`]) and open ([`OpenKey`]) data messages
+//! outside the peer's lock. Swapping the Noise implementation is a change to this file alone.
 
 use crate::config::{PublicKey, SecretKey};
 use boringtun::noise::errors::WireGuardError;
@@ -18,6 +19,13 @@ const HANDSHAKES_PER_SECOND_BEFORE_COOKIES: u64 = 2 * 100;
 
 /// Extra room a WireGuard data message needs over its plaintext.
 pub const OVERHEAD: usize = 32;
+/// Where a data message's plaintext starts: [`SealBatch::seal_in_place`] expects it there.
+pub const DATA_OFFSET: usize = boringtun::noise::session::DATA_OFFSET;
+
+/// Where handshakes draw their ephemeral keys and the rate limiter its cookie secrets: the
+/// caller's generator (the shell passes the OS's, tests and fuzzers a seeded one). Nothing in
+/// the core draws randomness of its own for a session.
+pub type Randomness = boringtun::Rng;
 /// The smallest output buffer any call may need (a handshake initiation).
 pub const MIN_OUTPUT: usize = 148;
 
@@ -85,11 +93,13 @@ impl<'a> From<TunnResult<'a>> for Outcome<'a> {
 pub struct Limiter(Arc<RateLimiter>);
 
 impl Limiter {
-    pub fn new(own_public: &PublicKey) -> Limiter {
+    /// `rng` gives the cookie secrets, drawn once here.
+    pub fn new(own_public: &PublicKey, rng: &mut dyn rand_core::CryptoRngCore) -> Limiter {
         let public = x25519::PublicKey::from(own_public.0);
         Limiter(Arc::new(RateLimiter::new(
             &public,
             HANDSHAKES_PER_SECOND_BEFORE_COOKIES,
+            rng,
         )))
     }
 
@@ -152,6 +162,8 @@ pub struct Tunnel {
 enum State {
     Dormant(Box<Params>),
     Active(Box<Tunn>),
+    /// Only while [`Tunnel::active`] moves the parameters into the new `Tunn`.
+    Building,
 }
 
 /// What `Tunn::new` needs, kept until the first use.
@@ -161,18 +173,140 @@ struct Params {
     preshared: Option<SecretKey>,
     index: u32,
     limiter: Arc<RateLimiter>,
+    rng: Randomness,
 }
 
 impl Params {
-    fn build(&self) -> Tunn {
+    fn build(self) -> Tunn {
         Tunn::new(
             x25519::StaticSecret::from(self.own_private.0),
             x25519::PublicKey::from(self.peer.0),
             self.preshared.as_ref().map(|k| k.0),
             TUNN_KEEPALIVE,
             self.index,
-            Some(self.limiter.clone()),
+            Some(self.limiter),
+            self.rng,
         )
+    }
+}
+
+/// Counters reserved on a peer's current sending session (under the peer's lock, by
+/// [`Session::reserve_send`]): message `i` of the batch, `i < len()`, is sealed with counter
+/// `counter(i)` by any thread, outside the lock. A rekey meanwhile changes nothing for the
+/// batch: it keeps its session until the last message is sealed.
+#[derive(Debug, Clone)]
+pub struct SealBatch {
+    session: Arc<boringtun::noise::Session>,
+    first: u64,
+    count: usize,
+}
+
+impl SealBatch {
+    /// How many messages the batch numbers.
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// The WireGuard counter of message `i`: the order the receiver should see them in.
+    pub fn counter(&self, i: usize) -> u64 {
+        self.first + i as u64
+    }
+
+    /// A counter outside the reservation would be another message's nonce: never.
+    #[inline]
+    fn checked_counter(&self, i: usize) -> u64 {
+        assert!(i < self.count, "message {i} of a batch of {}", self.count);
+        self.counter(i)
+    }
+
+    /// Seals message `i` in place: its plaintext is `message[DATA_OFFSET..DATA_OFFSET + len]`;
+    /// the header goes before it and the tag after. Returns the datagram's length,
+    /// `len + OVERHEAD`.
+    ///
+    /// # Panics
+    /// If `i` is not in the batch or `message` has no room for the tag.
+    #[inline]
+    pub fn seal_in_place(&self, i: usize, message: &mut [u8], len: usize) -> usize {
+        self.session
+            .seal_in_place(self.checked_counter(i), message, len)
+    }
+
+    /// Seals message `i` from `plaintext` elsewhere into `message` (copying it first).
+    ///
+    /// # Panics
+    /// As [`SealBatch::seal_in_place`].
+    #[inline]
+    pub fn seal(&self, i: usize, plaintext: &[u8], message: &mut [u8]) -> usize {
+        self.session
+            .seal(self.checked_counter(i), plaintext, message)
+    }
+}
+
+/// The receiving session a data message names (found under the peer's lock by
+/// [`Session::receiving`]), to open the message with outside it. Its replay window has a
+/// lock of its own, held for a few instructions before and after decryption.
+#[derive(Debug, Clone)]
+pub struct OpenKey(Arc<boringtun::noise::Session>);
+
+/// A data message that authenticated: its plaintext's length (padding included), its counter
+/// and the session it came on (for [`Session::record_received`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Opened {
+    pub len: usize,
+    pub counter: u64,
+    pub session: u32,
+}
+
+impl OpenKey {
+    /// Opens `message` into `dst` (its ciphertext is copied there and decrypted in place):
+    /// the plaintext is `dst[..len]`. Refuses replays, counters outside the window, forgeries.
+    ///
+    /// # Panics
+    /// If `dst` is shorter than the message.
+    #[inline]
+    pub fn open(&self, message: &[u8], dst: &mut [u8]) -> Result<Opened, TunnelError> {
+        let opened = self.0.open(message, dst).map_err(map_error)?;
+        Ok(Opened {
+            len: opened.len,
+            counter: opened.counter,
+            session: self.0.receiving_index(),
+        })
+    }
+
+    /// Opens `message` where it lies: the plaintext is `message[DATA_OFFSET..DATA_OFFSET + len]`.
+    #[inline]
+    pub fn open_in_place(&self, message: &mut [u8]) -> Result<Opened, TunnelError> {
+        let opened = self.0.open_in_place(message).map_err(map_error)?;
+        Ok(Opened {
+            len: opened.len,
+            counter: opened.counter,
+            session: self.0.receiving_index(),
+        })
+    }
+}
+
+/// What an opened data message holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Inner {
+    Keepalive,
+    /// An IP packet: its first `len` bytes (by its header; the rest is padding), from `src`.
+    Packet {
+        len: usize,
+        src: IpAddr,
+    },
+}
+
+/// Checks the plaintext of an opened data message: a keepalive or an IP packet whose header
+/// fits; anything else is rejected (it authenticated, but carries no packet).
+#[inline]
+pub fn inner_packet(plaintext: &[u8]) -> Result<Inner, TunnelError> {
+    match Tunn::inner_packet(plaintext).map_err(map_error)? {
+        boringtun::noise::Inner::Keepalive => Ok(Inner::Keepalive),
+        boringtun::noise::Inner::Packet(len, src) => Ok(Inner::Packet { len, src }),
     }
 }
 
@@ -210,6 +344,7 @@ pub struct TunnelStats {
 
 impl Tunnel {
     /// `index` is this peer's local identifier (24 bits are used); incoming messages carry it.
+    /// `rng` gives the handshakes' ephemeral keys.
     pub fn new(
         own_private: &SecretKey,
         peer: &PublicKey,
@@ -217,6 +352,7 @@ impl Tunnel {
         keepalive_secs: Option<u16>,
         index: u32,
         limiter: &Limiter,
+        rng: Randomness,
     ) -> Tunnel {
         Tunnel {
             state: State::Dormant(Box::new(Params {
@@ -225,6 +361,7 @@ impl Tunnel {
                 preshared: preshared.cloned(),
                 index,
                 limiter: limiter.0.clone(),
+                rng,
             })),
             keepalive_secs: keepalive_secs.filter(|s| *s > 0),
             last_keepalive: None,
@@ -237,12 +374,14 @@ impl Tunnel {
     }
 
     fn active(&mut self) -> &mut Tunn {
-        if let State::Dormant(params) = &self.state {
-            self.state = State::Active(Box::new(params.build()));
+        if let State::Dormant(_) = &self.state {
+            if let State::Dormant(params) = std::mem::replace(&mut self.state, State::Building) {
+                self.state = State::Active(Box::new(params.build()));
+            }
         }
         match &mut self.state {
             State::Active(tunn) => tunn,
-            State::Dormant(_) => unreachable!("activated above"),
+            State::Dormant(_) | State::Building => unreachable!("activated above"),
         }
     }
 
@@ -274,7 +413,41 @@ impl Tunnel {
     pub fn flush<'a>(&mut self, dst: &'a mut [u8]) -> Outcome<'a> {
         match &mut self.state {
             State::Active(tunn) => tunn.decapsulate(None, &[], dst).into(),
-            State::Dormant(_) => Outcome::Done,
+            State::Dormant(_) | State::Building => Outcome::Done,
+        }
+    }
+
+    /// The current sending session with `count` counters reserved for messages carrying
+    /// `bytes` of plaintext, recorded for the timers as sent. `None` without a usable session
+    /// (dormant, none yet, or worn out): [`Tunnel::encapsulate`] then queues and handshakes.
+    #[inline]
+    pub fn reserve_send(&mut self, count: usize, bytes: usize) -> Option<SealBatch> {
+        let State::Active(tunn) = &mut self.state else {
+            return None;
+        };
+        let reserved = tunn.reserve_send(count as u64, bytes)?;
+        Some(SealBatch {
+            session: reserved.session,
+            first: reserved.first,
+            count,
+        })
+    }
+
+    /// The kept receiving session a data message names, if any.
+    #[inline]
+    pub fn receiving(&self, message: &[u8]) -> Option<OpenKey> {
+        match &self.state {
+            State::Active(tunn) => tunn.receiving_session(message).map(OpenKey),
+            State::Dormant(_) | State::Building => None,
+        }
+    }
+
+    /// Records for the timers a message `session` opened: `Some(len)` for an IP packet,
+    /// `None` for a keepalive (or a plaintext that is no packet).
+    #[inline]
+    pub fn record_received(&mut self, session: u32, data_bytes: Option<usize>) {
+        if let State::Active(tunn) = &mut self.state {
+            tunn.record_received(session, data_bytes);
         }
     }
 
@@ -299,7 +472,7 @@ impl Tunnel {
                 tunn.encapsulate(&[], dst).into()
             }
             State::Active(tunn) => tunn.update_timers(dst).into(),
-            State::Dormant(_) => Outcome::Done,
+            State::Dormant(_) | State::Building => Outcome::Done,
         }
     }
 
@@ -321,6 +494,7 @@ impl Tunnel {
                 let public = x25519::PublicKey::from(&private);
                 tunn.set_static_private(private, public, Some(limiter.0.clone()));
             }
+            State::Building => {}
         }
     }
 
@@ -332,7 +506,7 @@ impl Tunnel {
                     since_last_handshake,
                 }
             }
-            State::Dormant(_) => TunnelStats::default(),
+            State::Dormant(_) | State::Building => TunnelStats::default(),
         }
     }
 }
@@ -353,6 +527,14 @@ pub trait Session {
     fn set_persistent_keepalive(&mut self, secs: Option<u16>);
     fn set_private_key(&mut self, own_private: &SecretKey, limiter: &Limiter);
     fn since_last_handshake(&self) -> Option<Duration>;
+    /// Counters for `count` messages of `bytes` plaintext on the current sending session, to
+    /// seal outside the lock; `None`: use [`Session::encapsulate`] (it queues and handshakes).
+    fn reserve_send(&mut self, count: usize, bytes: usize) -> Option<SealBatch>;
+    /// The receiving session a data message names, to open it outside the lock; `None`: use
+    /// [`Session::decapsulate`] (handshakes, cookies, unknown or retired sessions).
+    fn receiving(&self, message: &[u8]) -> Option<OpenKey>;
+    /// Records for the timers a message opened outside the lock.
+    fn record_received(&mut self, session: u32, data_bytes: Option<usize>);
 }
 
 impl Session for Tunnel {
@@ -382,6 +564,18 @@ impl Session for Tunnel {
     fn since_last_handshake(&self) -> Option<Duration> {
         self.stats().since_last_handshake
     }
+    #[inline]
+    fn reserve_send(&mut self, count: usize, bytes: usize) -> Option<SealBatch> {
+        Tunnel::reserve_send(self, count, bytes)
+    }
+    #[inline]
+    fn receiving(&self, message: &[u8]) -> Option<OpenKey> {
+        Tunnel::receiving(self, message)
+    }
+    #[inline]
+    fn record_received(&mut self, session: u32, data_bytes: Option<usize>) {
+        Tunnel::record_received(self, session, data_bytes)
+    }
 }
 
 #[inline]
@@ -402,15 +596,15 @@ pub fn packet_destination(packet: &[u8]) -> Option<IpAddr> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_util::ipv4_packet;
+    use crate::test_util::{ipv4_packet, rng, rng_mut};
 
     fn pair() -> (Tunnel, Tunnel, Limiter, Limiter, SecretKey, SecretKey) {
         let a = SecretKey::generate();
         let b = SecretKey::generate();
-        let la = Limiter::new(&a.public_key());
-        let lb = Limiter::new(&b.public_key());
-        let ta = Tunnel::new(&a, &b.public_key(), None, None, 1, &la);
-        let tb = Tunnel::new(&b, &a.public_key(), None, None, 2, &lb);
+        let la = Limiter::new(&a.public_key(), &mut rng_mut());
+        let lb = Limiter::new(&b.public_key(), &mut rng_mut());
+        let ta = Tunnel::new(&a, &b.public_key(), None, None, 1, &la, rng());
+        let tb = Tunnel::new(&b, &a.public_key(), None, None, 2, &lb, rng());
         (ta, tb, la, lb, a, b)
     }
 
@@ -498,7 +692,7 @@ mod tests {
     #[test]
     fn garbage_and_truncated_messages_are_rejected() {
         let b = SecretKey::generate();
-        let lb = Limiter::new(&b.public_key());
+        let lb = Limiter::new(&b.public_key(), &mut rng_mut());
         let src: IpAddr = "192.0.2.1".parse().expect("ip");
         let mut cookie = [0u8; 64];
         for garbage in [

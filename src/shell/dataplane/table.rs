@@ -84,7 +84,8 @@ impl PeerTable {
         let tunnel_key = private_key.clone().unwrap_or_else(SecretKey::generate);
         let public_key = tunnel_key.public_key();
         PeerTable {
-            limiter: Arc::new(Limiter::new(&public_key)),
+            // The OS supplies the randomness (cookie secrets here, ephemeral keys below).
+            limiter: Arc::new(Limiter::new(&public_key, &mut rand_core::OsRng)),
             private_key,
             tunnel_key,
             public_key,
@@ -187,6 +188,7 @@ impl PeerTable {
                         index,
                         &next.limiter,
                         upsert.endpoint.map(PeerPath::to).or(roamed),
+                        Box::new(rand_core::OsRng),
                     );
                     Arc::new(PeerSlot {
                         public_key: key,

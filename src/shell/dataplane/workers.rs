@@ -10,7 +10,7 @@ use crate::core::aqm;
 use crate::core::liveness::{PacketThread, IDLE_WAKE};
 use crate::core::offload::{self, Coalescer, VNET_HDR_LEN};
 use crate::core::packet::{self, steering, DropReason, Inbound, Outbound, PeerPath, Sender};
-use crate::core::peer::LimiterReset;
+use crate::core::peer::{LimiterReset, Sending};
 use crate::core::wg;
 use crate::shell::seccomp::{self, Confinement};
 use crate::shell::udp::{RecvBatch, SendBatch, WgSocket, BATCH, MAX_DATAGRAM};
@@ -148,41 +148,78 @@ pub(super) fn tun_loop(inner: &Inner, worker: usize) {
         }
         let sockets = inner.sockets();
         let socket = &sockets[worker];
-        // Every segment of one read goes to the same destination: one lookup per read.
-        let mut read_peer = None;
+        // Every segment of one read goes to the same destination: one lookup per read, on the
+        // first segment, made in its send slot behind the header's room (the read is left as
+        // it is, so any segment can be made in any order).
+        let first = plan.segment_into(read, 0, &mut out.slot()[wg::DATA_OFFSET..]);
+        let routed = packet::route_read(&*table, &out.slot()[wg::DATA_OFFSET..][..first]);
+        let slot = match routed {
+            Ok(slot) => slot,
+            Err(reason) => {
+                inner.drops.add(reason, count as u64);
+                priority.unauthenticated(count as u64);
+                continue;
+            }
+        };
+        // One lock per read, for the counters of all its segments; each is then sealed in
+        // place in its send slot with no lock held.
+        let sending = {
+            let mut peer = slot.lock();
+            peer.begin_send(count, plan.plaintext_bytes())
+        };
+        let Sending::Seal { batch, to } = sending else {
+            let dropped = queue_segments(inner, socket, slot, &plan, read, &mut out);
+            priority.unauthenticated(dropped);
+            continue;
+        };
         for i in 0..count {
-            let range = plan.segment(read, i);
-            let segment = &read[range];
-            let slot = match read_peer {
-                Some(slot) => slot,
-                None => match packet::route_read(&*table, segment) {
-                    Ok(slot) => *read_peer.insert(slot),
-                    Err(reason) => {
-                        inner.drops.add(reason, count as u64);
-                        priority.unauthenticated(count as u64);
-                        break;
-                    }
-                },
+            let message = out.slot();
+            let len = match i {
+                0 => first,
+                _ => plan.segment_into(read, i, &mut message[wg::DATA_OFFSET..]),
             };
-            let decision = {
-                let mut peer = slot.lock();
-                peer.encapsulate(segment, out.slot())
-            };
-            match decision {
-                Outbound::Send { len, to } => {
-                    out.push(len, to);
-                    if out.is_full() {
-                        flush(inner, socket, &mut out);
-                    }
-                }
-                Outbound::Drop(reason) => {
-                    inner.drops.add(reason, 1);
-                    priority.unauthenticated(1);
-                }
-                Outbound::Nothing => {}
+            let len = batch.seal_in_place(i, message, len);
+            out.push(len, to);
+            if out.is_full() {
+                flush(inner, socket, &mut out);
             }
         }
     }
+}
+
+/// The segments of a read for a peer without a session (or endpoint) yet: each goes through
+/// the peer under its lock, which queues it and starts a handshake (rare: once per handshake).
+/// Returns how many were dropped.
+fn queue_segments(
+    inner: &Inner,
+    socket: &WgSocket,
+    slot: &PeerSlot,
+    plan: &offload::SplitPlan,
+    read: &mut [u8],
+    out: &mut SendBatch,
+) -> u64 {
+    let mut dropped = 0;
+    for i in 0..plan.count() {
+        let range = plan.segment(read, i);
+        let decision = {
+            let mut peer = slot.lock();
+            peer.encapsulate(&read[range], out.slot())
+        };
+        match decision {
+            Outbound::Send { len, to } => {
+                out.push(len, to);
+                if out.is_full() {
+                    flush(inner, socket, out);
+                }
+            }
+            Outbound::Drop(reason) => {
+                inner.drops.add(reason, 1);
+                dropped += 1;
+            }
+            Outbound::Nothing => {}
+        }
+    }
+    dropped
 }
 
 /// Sends what `out` holds. Called with no peer lock held.
@@ -359,9 +396,30 @@ impl Received<'_> {
         replies: &mut SendBatch,
     ) -> bool {
         let landing = coalescer.landing(self.datagram.len());
-        let decision = {
-            let mut peer = self.slot.lock();
-            peer.decapsulate(self.table, self.slot, self.from, self.datagram, landing)
+        // A data message of a kept session is opened with no lock held: the peer's lock is
+        // taken to find the session, then to record what was opened. Anything else
+        // (handshakes, cookies, unknown sessions) goes through the peer under its lock.
+        let key = {
+            let peer = self.slot.lock();
+            peer.receiving(self.datagram)
+        };
+        let decision = match key.map(|key| key.open(self.datagram, landing)) {
+            Some(Ok(opened)) => {
+                let mut peer = self.slot.lock();
+                peer.opened(
+                    self.table,
+                    self.slot,
+                    self.from,
+                    self.datagram.len(),
+                    &opened,
+                    landing,
+                )
+            }
+            Some(Err(_)) => Inbound::Drop(DropReason::Invalid),
+            None => {
+                let mut peer = self.slot.lock();
+                peer.decapsulate(self.table, self.slot, self.from, self.datagram, landing)
+            }
         };
         match decision {
             Inbound::Deliver(len) => coalescer.commit(len),

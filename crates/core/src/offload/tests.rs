@@ -145,6 +145,36 @@ fn tso_read_splits_into_valid_segments_with_advancing_sequence() {
 }
 
 #[test]
+fn segments_made_into_their_own_slots_in_any_order_equal_those_made_in_place() {
+    for (v6, proto) in [(false, PROTO_TCP), (true, PROTO_TCP), (false, PROTO_UDP)] {
+        let data = payload(9_000, 5);
+        let read = super_read(v6, proto, 1300, &data);
+        let in_place = split_all(&mut read.clone());
+        let plan = plan_split(&mut read.clone()).expect("splits");
+        let mut made = vec![Vec::new(); plan.count()];
+        // Last to first: nothing depends on the previous segment's bytes.
+        for i in (0..plan.count()).rev() {
+            let mut slot = vec![0u8; 2048];
+            let len = plan.segment_into(&read, i, &mut slot);
+            made[i] = slot[..len].to_vec();
+        }
+        assert_eq!(made, in_place, "v6 {v6} proto {proto}");
+        assert_eq!(
+            plan.plaintext_bytes(),
+            in_place.iter().map(Vec::len).sum::<usize>()
+        );
+    }
+    // A read that is not split is copied whole.
+    let mut read = vec![0u8; VNET_HDR_LEN];
+    read.extend_from_slice(&packet(false, PROTO_UDP, 1, 1, 0, &payload(100, 1)));
+    let plan = plan_split(&mut read).expect("whole");
+    let mut slot = vec![0u8; 2048];
+    let len = plan.segment_into(&read, 0, &mut slot);
+    assert_eq!(slot[..len], read[VNET_HDR_LEN..]);
+    assert_eq!(plan.plaintext_bytes(), len);
+}
+
+#[test]
 fn coalescing_undoes_splitting_for_tcp_over_ipv4_and_ipv6() {
     for v6 in [false, true] {
         let data = payload(50_000, 9);

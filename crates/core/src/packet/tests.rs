@@ -4,7 +4,7 @@
 use super::*;
 use crate::allowed_ips::AllowedIps;
 use crate::config::IpNet;
-use crate::test_util::ipv4_packet;
+use crate::test_util::{ipv4_packet, rng, rng_mut};
 use crate::wg::Tunnel;
 
 /// Our side of the tunnel ("local", the daemon) and one remote peer, with real keys.
@@ -67,8 +67,8 @@ fn setup() -> Setup {
     let own_public = own_private.public_key();
     let remote_private = SecretKey::generate();
     let other = SecretKey::generate().public_key();
-    let limiter = Limiter::new(&own_public);
-    let remote_limiter = Limiter::new(&remote_private.public_key());
+    let limiter = Limiter::new(&own_public, &mut rng_mut());
+    let remote_limiter = Limiter::new(&remote_private.public_key(), &mut rng_mut());
     let mut routes = AllowedIps::default();
     routes.insert(net("10.0.0.2/32"), 0);
     routes.insert(net("10.0.0.3/32"), 1);
@@ -79,6 +79,7 @@ fn setup() -> Setup {
         None,
         LOCAL_INDEX,
         &limiter,
+        rng(),
     );
     let remote = Tunnel::new(
         &remote_private,
@@ -87,6 +88,7 @@ fn setup() -> Setup {
         None,
         99,
         &remote_limiter,
+        rng(),
     );
     Setup {
         peers: FakePeers {
@@ -431,7 +433,8 @@ fn an_unknown_key_or_session_index_is_dropped_as_unknown_peer() {
         None,
         None,
         5,
-        &Limiter::new(&stranger.public_key()),
+        &Limiter::new(&stranger.public_key(), &mut rng_mut()),
+        rng(),
     );
     let init = match stranger_tunnel.initiate(&mut buf) {
         Outcome::Network(m) => m.to_vec(),

@@ -6,7 +6,8 @@ use super::*;
 use crate::allowed_ips::AllowedIps;
 use crate::config::IpNet;
 use crate::packet::DropReason;
-use crate::test_util::ipv4_packet;
+use crate::peer::Sending;
+use crate::test_util::{ipv4_packet, rng, rng_mut};
 use crate::wg::Limiter;
 use std::net::SocketAddr;
 
@@ -60,7 +61,10 @@ const LOCAL: &str = "192.0.2.1:51820";
 
 fn pair(local_keepalive: Option<u16>, local_path: Option<PeerPath>) -> Pair {
     let (a, b) = (SecretKey::generate(), SecretKey::generate());
-    let (la, lb) = (Limiter::new(&a.public_key()), Limiter::new(&b.public_key()));
+    let (la, lb) = (
+        Limiter::new(&a.public_key(), &mut rng_mut()),
+        Limiter::new(&b.public_key(), &mut rng_mut()),
+    );
     let local = Peer::new(
         &a,
         &b.public_key(),
@@ -68,8 +72,17 @@ fn pair(local_keepalive: Option<u16>, local_path: Option<PeerPath>) -> Pair {
         1,
         &la,
         local_path,
+        rng(),
     );
-    let remote = Peer::new(&b, &a.public_key(), &spec(None), 2, &lb, Some(path(LOCAL)));
+    let remote = Peer::new(
+        &b,
+        &a.public_key(),
+        &spec(None),
+        2,
+        &lb,
+        Some(path(LOCAL)),
+        rng(),
+    );
     Pair {
         local,
         remote,
@@ -297,6 +310,13 @@ impl Session for Scripted {
     fn since_last_handshake(&self) -> Option<Duration> {
         Some(Duration::from_secs(130))
     }
+    fn reserve_send(&mut self, _: usize, _: usize) -> Option<crate::wg::SealBatch> {
+        None
+    }
+    fn receiving(&self, _: &[u8]) -> Option<OpenKey> {
+        None
+    }
+    fn record_received(&mut self, _: u32, _: Option<usize>) {}
 }
 
 fn initiation() -> Vec<u8> {
@@ -421,4 +441,173 @@ fn every_message_of_a_session_is_steered_to_the_worker_that_owns_its_peer() {
         );
     }
     assert_eq!(owning_worker(&[], 4), 0, "too short to say: worker 0");
+}
+
+/// Seals `packets` on one reservation of `from`, in reverse order (as parallel workers might
+/// finish), each in place in its own buffer.
+fn seal_batch(from: &mut Peer, packets: &[Vec<u8>]) -> (Vec<Vec<u8>>, PeerPath) {
+    let bytes = packets.iter().map(Vec::len).sum();
+    let Sending::Seal { batch, to } = from.begin_send(packets.len(), bytes) else {
+        panic!("expected a session to seal with");
+    };
+    assert_eq!(batch.len(), packets.len());
+    let mut sealed = vec![Vec::new(); packets.len()];
+    for i in (0..packets.len()).rev() {
+        let mut message = vec![0u8; packets[i].len() + crate::wg::OVERHEAD];
+        message[crate::wg::DATA_OFFSET..][..packets[i].len()].copy_from_slice(&packets[i]);
+        let len = batch.seal_in_place(i, &mut message, packets[i].len());
+        assert_eq!(len, message.len());
+        sealed[i] = message;
+    }
+    (sealed, to)
+}
+
+/// The daemon's receive path: the session found under the lock, opened outside it, recorded.
+fn open_outside(to: &mut Peer, from: PeerPath, message: &[u8], landing: &mut [u8]) -> Inbound {
+    let Some(key) = to.receiving(message) else {
+        return to.decapsulate(&table(), &0, from, message, landing);
+    };
+    match key.open(message, landing) {
+        Ok(opened) => to.opened(&table(), &0, from, message.len(), &opened, landing),
+        Err(_) => Inbound::Drop(DropReason::Invalid),
+    }
+}
+
+#[test]
+fn a_batch_sealed_outside_the_lock_opens_outside_it_once_each_counted_and_roaming() {
+    let mut p = pair(None, None);
+    let (mut buf, mut landing) = (vec![0u8; 2048], vec![0u8; 2048]);
+    establish(&mut p, &mut buf, &mut landing);
+    let before = (p.remote.stats().counters, p.local.stats().counters);
+    let packets: Vec<Vec<u8>> = (0..3u8)
+        .map(|i| ipv4_packet([10, 0, 0, 2], [10, 0, 0, 1], &[i; 100]))
+        .collect();
+    let (sealed, to) = seal_batch(&mut p.remote, &packets);
+    assert_eq!(to, path(LOCAL));
+    let sent = p.remote.stats().counters;
+    assert_eq!(sent.tx_packets, before.0.tx_packets + 3);
+    assert_eq!(
+        sent.tx_bytes,
+        before.0.tx_bytes + sealed.iter().map(|m| m.len() as u64).sum::<u64>()
+    );
+    // Delivered out of order, from a new address: each opens once and the peer roams.
+    let roamed = path("192.0.2.99:7000");
+    for i in [2, 0, 1] {
+        let got = open_outside(&mut p.local, roamed, &sealed[i], &mut landing);
+        assert_eq!(got, Inbound::Deliver(packets[i].len()));
+        assert_eq!(landing[..packets[i].len()], packets[i][..]);
+    }
+    let c = p.local.stats().counters;
+    assert_eq!(c.rx_packets, before.1.rx_packets + 3);
+    assert_eq!(p.local.path(), Some(roamed));
+    for message in &sealed {
+        assert_eq!(
+            open_outside(&mut p.local, roamed, message, &mut landing),
+            Inbound::Drop(DropReason::Invalid),
+            "a replay"
+        );
+    }
+    assert_eq!(p.local.stats().counters.rx_packets, c.rx_packets);
+}
+
+#[test]
+fn opened_outside_the_lock_a_foreign_source_is_dropped_and_a_keepalive_delivers_nothing() {
+    let mut p = pair(None, None);
+    let (mut buf, mut landing) = (vec![0u8; 2048], vec![0u8; 2048]);
+    establish(&mut p, &mut buf, &mut landing);
+    let spoofed = ipv4_packet([10, 0, 0, 99], [10, 0, 0, 1], b"not yours");
+    let (sealed, _) = seal_batch(&mut p.remote, &[spoofed, Vec::new()]);
+    assert_eq!(
+        open_outside(&mut p.local, path(REMOTE), &sealed[0], &mut landing),
+        Inbound::Drop(DropReason::BadSource)
+    );
+    assert_eq!(
+        open_outside(&mut p.local, path(REMOTE), &sealed[1], &mut landing),
+        Inbound::Nothing
+    );
+}
+
+#[test]
+fn without_a_session_or_an_endpoint_segments_go_through_the_lock_to_be_queued() {
+    let mut p = pair(None, None);
+    assert!(matches!(p.local.begin_send(4, 4000), Sending::Queue));
+    p.local.set_endpoint(path(REMOTE));
+    assert!(matches!(p.local.begin_send(4, 4000), Sending::Queue));
+    assert_eq!(p.local.stats().counters, PeerCounters::default());
+    // Nothing is opened outside the lock before a session exists.
+    assert!(p.local.receiving(&[4, 0, 0, 0, 1, 1, 0, 0]).is_none());
+}
+
+#[test]
+fn two_threads_seal_one_batch_and_two_open_it_each_message_once() {
+    let mut p = pair(None, None);
+    let (mut buf, mut landing) = (vec![0u8; 2048], vec![0u8; 2048]);
+    establish(&mut p, &mut buf, &mut landing);
+    let packets: Vec<Vec<u8>> = (0..64u8)
+        .map(|i| ipv4_packet([10, 0, 0, 2], [10, 0, 0, 1], &[i; 300]))
+        .collect();
+    let bytes = packets.iter().map(Vec::len).sum();
+    let Sending::Seal { batch, .. } = p.remote.begin_send(packets.len(), bytes) else {
+        panic!("a session");
+    };
+    // Even and odd segments sealed on two threads with the one reservation, no lock.
+    let sealed: Vec<(usize, Vec<u8>)> = std::thread::scope(|s| {
+        let halves: Vec<_> = (0..2)
+            .map(|half| {
+                let (batch, packets) = (&batch, &packets);
+                s.spawn(move || {
+                    (half..packets.len())
+                        .step_by(2)
+                        .map(|i| {
+                            let mut m = vec![0u8; packets[i].len() + crate::wg::OVERHEAD];
+                            batch.seal(i, &packets[i], &mut m);
+                            (i, m)
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        halves
+            .into_iter()
+            .flat_map(|h| h.join().expect("sealer"))
+            .collect()
+    });
+    // Opened on two threads, each message twice (once per thread): the peer behind a lock
+    // taken only to find the session and to record.
+    let local = std::sync::Mutex::new(p.local);
+    let delivered: Vec<usize> = std::thread::scope(|s| {
+        let openers: Vec<_> = (0..2)
+            .map(|_| {
+                let (local, sealed) = (&local, &sealed);
+                s.spawn(move || {
+                    let mut landing = vec![0u8; 2048];
+                    let mut got = Vec::new();
+                    for (i, message) in sealed {
+                        let key = local.lock().expect("lock").receiving(message);
+                        let opened = key.and_then(|k| k.open(message, &mut landing).ok());
+                        if let Some(opened) = opened {
+                            let decision = local.lock().expect("lock").opened(
+                                &table(),
+                                &0,
+                                path(REMOTE),
+                                message.len(),
+                                &opened,
+                                &landing,
+                            );
+                            assert_eq!(decision, Inbound::Deliver(300 + 20));
+                            got.push(*i);
+                        }
+                    }
+                    got
+                })
+            })
+            .collect();
+        openers
+            .into_iter()
+            .flat_map(|o| o.join().expect("opener"))
+            .collect()
+    });
+    let mut delivered = delivered;
+    delivered.sort_unstable();
+    assert_eq!(delivered, (0..64).collect::<Vec<_>>(), "each exactly once");
 }
