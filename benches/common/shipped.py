@@ -299,10 +299,14 @@ class RtCgroup:
     SCHED_FIFO only if its cpu.rt_runtime_us (and every parent's) is above 0, and podman's own
     parent (libpod_parent) has 0, so `--cpu-rt-runtime` alone is refused by runc (EINVAL). This
     parent gets what the root group has left (the root's 950000 of 1000000 us, less its other
-    children's), and the containers share it: `mode` "focus" gives each container 1 % until a
-    setup is measured, then the measured setup's containers the rest in equal parts; an integer
-    gives every container that many us per `period`; "none" gives 0 (what a Kubernetes node on
-    such a kernel gives a pod: its readers are refused real-time)."""
+    children's), and the containers share it: `mode` "split" (the default) gives each of the
+    run's `containers` its equal part from its start, as a runtime that stays (the daemon reads
+    its cgroup's real-time runtime once, at start, and keeps its readers' budget within it: run
+    one pod setup at a time for the whole of it); "focus" gives each container 1 % until a setup
+    is measured, then the measured setup's containers the rest in equal parts (a runtime that
+    changes under the daemon, so its budget follows the 1 % it started with); an integer gives
+    every container that many us per `period`; "none" gives 0 (what a Kubernetes node on such a
+    kernel gives a pod: its readers are refused real-time)."""
 
     MIN_RATIO = 0.01
 
@@ -312,6 +316,7 @@ class RtCgroup:
         self.dir = Path("/sys/fs/cgroup/cpu") / self.name
         self.members: dict[str, Path] = {}  # container name -> its cpu cgroup dir
         self.ratio = 0.0
+        self.containers = 1  # how many containers the run starts (mode "split")
 
     def available_ratio(self) -> float:
         root = Path("/sys/fs/cgroup/cpu")
@@ -351,6 +356,8 @@ class RtCgroup:
             return 0
         if self.mode == "focus":
             return int(self.period * self.MIN_RATIO)
+        if self.mode == "split":
+            return int(self.period * self.ratio / max(1, self.containers))
         return int(self.mode)
 
     def podman_args(self) -> list[str]:

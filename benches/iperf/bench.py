@@ -79,11 +79,14 @@ SETUPS = {
     "gotatun": ("gotatun", "gotatun"),
     "tunnelgate-wggo": ("tunnelgate", "wireguard-go"),
     # As users run it (issue 38): both ends under the repository's systemd unit, booted by systemd
-    # in systemd-nspawn; both ends as the Kubernetes proxy container run by podman with the
-    # manifest's securityContext and a CPU limit of 2 or 1 (benches/common/shipped.py).
+    # in systemd-nspawn; the receiving end (b: the proxy, whose ingress the stream is) as the
+    # Kubernetes proxy container run by podman with the manifest's securityContext and a CPU
+    # limit of 2 or 1, its peer (a) an ordinary tunnelgate elsewhere (benches/common/shipped.py).
+    # One container, so this kernel's real-time group scheduling can give it nearly all the
+    # real-time time the root has (two would split it, a limit Kubernetes nodes do not have).
     "unit": ("tunnelgate-unit", "tunnelgate-unit"),
-    "pod-cpu2": ("tunnelgate-pod-cpu2", "tunnelgate-pod-cpu2"),
-    "pod-cpu1": ("tunnelgate-pod-cpu1", "tunnelgate-pod-cpu1"),
+    "pod-cpu2": ("tunnelgate", "tunnelgate-pod-cpu2"),
+    "pod-cpu1": ("tunnelgate", "tunnelgate-pod-cpu1"),
     # As a gateway runs: the receiving end (b) alone on a CPU of its own, the sender and the
     # benchmark's own processes (iperf3 ends, ping) on the others (GATEWAY_SETUPS).
     "gateway": ("tunnelgate", "tunnelgate"),
@@ -773,9 +776,11 @@ def add_shipped_args(ap: argparse.ArgumentParser) -> None:
                    help="the StatefulSet whose proxy container the pod setups reproduce (default: the repository's, %(default)s)")
     g.add_argument("--pod-binary", choices=("host", "image"), default="host",
                    help="host: bind the benchmarked tunnelgate over the image's (default: the same build as every other setup); image: the image's own")
-    g.add_argument("--pod-rt", default="focus", metavar="focus|none|US",
+    g.add_argument("--pod-rt", default="split", metavar="split|focus|none|US",
                    help="real-time runtime of the pod containers' cpu cgroups (this kernel has RT group scheduling, cgroup v1): "
-                        "focus (default: the measured setup's containers share what the root group has left, the others keep 1 %%), "
+                        "split (default: every container its equal part of what the root group has left, from its start; "
+                        "the daemon reads its cgroup's runtime once), focus (the measured setup's containers share it, the others keep 1 %%: "
+                        "a runtime that changes under the daemons), "
                         "none (0: SCHED_FIFO refused, what a node with this kernel gives a pod), or US per container per period")
     g.add_argument("--pod-rt-period", type=int, default=10000, metavar="US",
                    help="cpu.rt_period_us of the pod containers (default %(default)s: a container past its runtime is throttled, not stepped down, until the period ends; a short period keeps those stalls short)")
@@ -790,8 +795,8 @@ def use_daemon_env(ap: argparse.ArgumentParser, args: argparse.Namespace) -> Non
             ap.error(f"--daemon-env {item}: want SETUP:K=V[,K=V] with a known setup")
         env = dict(kv.split("=", 1) for kv in kvs.split(",") if "=" in kv)
         SETUP_ENV.setdefault(setup, {}).update(env)
-    if args.pod_rt not in ("focus", "none") and not args.pod_rt.isdigit():
-        ap.error(f"--pod-rt {args.pod_rt}: focus, none or a number of microseconds")
+    if args.pod_rt not in ("split", "focus", "none") and not args.pod_rt.isdigit():
+        ap.error(f"--pod-rt {args.pod_rt}: split, focus, none or a number of microseconds")
 
 
 def prepare_shipped(args, names: list[str], workdir: Path) -> None:
@@ -813,6 +818,8 @@ def prepare_shipped(args, names: list[str], workdir: Path) -> None:
             shipped.MANIFEST = args.manifest.resolve()
             PodTunnelgate.bind_binary = args.pod_binary == "host"
             rt = shipped.RtCgroup(args.pod_rt, args.pod_rt_period)
+            # One container per pod setup (side b).
+            rt.containers = sum(1 for n in names if n in POD_SETUPS)
             PodTunnelgate.rt = rt  # before prepare(): the run's cleanup removes what it made
             rt.prepare()
         except (SetupFailed, subprocess.SubprocessError, OSError) as e:

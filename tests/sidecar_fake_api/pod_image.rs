@@ -69,23 +69,78 @@ fn missing_prerequisite() -> Option<String> {
 /// controller on cgroup v1), under which a cgroup gets no real-time time unless it and its
 /// parents are given some (`cpu.rt_runtime_us`; podman's parent `libpod_parent` has 0). The
 /// kernels of Debian and Ubuntu nodes are built without it, and cgroup v2 has no such limit, so
-/// there `SYS_NICE` is all it takes. Gives the parent the host's runtime and the container half
-/// of it (room for another at once); nothing on a host without it.
-fn realtime_in_containers() -> Vec<String> {
-    let root = std::path::Path::new("/sys/fs/cgroup/cpu");
-    let Ok(runtime) = std::fs::read_to_string(root.join("cpu.rt_runtime_us")) else {
-        return Vec::new();
-    };
-    let runtime = runtime.trim().to_string();
-    let parent = root.join("libpod_parent");
-    if !parent.is_dir() {
-        // podman makes it on its first container: one that exits at once.
-        let _ = podman(&["run", "--rm", "--pull", "never", &image(), "true"]);
+/// there `SYS_NICE` is all it takes. A parent cgroup of the test's own, given half of what the
+/// root group has left, and removed (giving it back) on drop; nothing on a host without it.
+struct RealtimeParent {
+    dir: Option<std::path::PathBuf>,
+    runtime_us: u64,
+}
+
+impl RealtimeParent {
+    const ROOT: &'static str = "/sys/fs/cgroup/cpu";
+
+    fn new() -> RealtimeParent {
+        let root = std::path::Path::new(Self::ROOT);
+        let read = |p: &std::path::Path| -> Option<u64> {
+            std::fs::read_to_string(p).ok()?.trim().parse().ok()
+        };
+        let Some(total) = read(&root.join("cpu.rt_runtime_us")) else {
+            return RealtimeParent {
+                dir: None,
+                runtime_us: 0,
+            };
+        };
+        let given: u64 = std::fs::read_dir(root)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.path().is_dir())
+            .filter_map(|e| read(&e.path().join("cpu.rt_runtime_us")))
+            .sum();
+        let runtime_us = total.saturating_sub(given) / 2;
+        let dir = root.join(format!("tgpod{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("the test's cpu cgroup");
+        std::fs::write(dir.join("cpu.rt_runtime_us"), runtime_us.to_string())
+            .expect("real-time time for the test's cgroup");
+        RealtimeParent {
+            dir: Some(dir),
+            runtime_us,
+        }
     }
-    std::fs::write(parent.join("cpu.rt_runtime_us"), &runtime)
-        .expect("give podman's parent cgroup real-time time");
-    let half = runtime.parse::<u64>().expect("cpu.rt_runtime_us") / 2;
-    vec![format!("--cpu-rt-runtime={half}")]
+
+    /// The podman flags that put a container under it with real-time time.
+    fn podman_args(&self) -> Vec<String> {
+        let Some(dir) = &self.dir else {
+            return Vec::new();
+        };
+        let name = dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        vec![
+            "--cgroup-parent".into(),
+            format!("/{name}"),
+            format!("--cpu-rt-runtime={}", self.runtime_us),
+        ]
+    }
+}
+
+impl Drop for RealtimeParent {
+    fn drop(&mut self) {
+        let Some(dir) = &self.dir else { return };
+        let name = dir
+            .file_name()
+            .map(|n| n.to_os_string())
+            .unwrap_or_default();
+        // Its time first (the kernel frees it only when the cgroup is gone), then the folder
+        // in every hierarchy podman made it in.
+        let _ = std::fs::write(dir.join("cpu.rt_runtime_us"), "0");
+        if let Ok(hierarchies) = std::fs::read_dir("/sys/fs/cgroup") {
+            for h in hierarchies.flatten() {
+                let _ = std::fs::remove_dir(h.path().join(&name));
+            }
+        }
+    }
 }
 
 /// A podman container, removed (with its processes) on drop.
@@ -303,7 +358,9 @@ async fn statefulset_pod_from_the_image_is_ready_only_with_forwarding_and_serves
         .expect("limits.cpu")
         .to_string();
     args.extend(["--cpus".into(), cpu_limit.clone()]);
-    args.extend(realtime_in_containers());
+    // Declared before the container, so the container is removed before its parent cgroup.
+    let realtime = RealtimeParent::new();
+    args.extend(realtime.podman_args());
     args.extend([
         "--read-only".into(),
         "--security-opt".into(),
