@@ -247,3 +247,93 @@ fn help_of_help_exits_0() {
     }
     assert_eq!(cli(&["help", "nosuch"], None).code, Some(2));
 }
+
+/// Issue 38: `check` shows the tuning a start would get, in text and JSON: the packet readers'
+/// priority and how they would get it (or why not), their budget, the AQM, the workers; the
+/// knobs come from the environment, each bad value named once.
+#[test]
+fn check_shows_the_tuning_a_start_would_get_in_text_and_json() {
+    let dir = TempDir::new("check-tuning");
+    dir.write_secret("private.key", &format!("{}\n", genkey()));
+    let path = dir.write(
+        "tunnelgate.toml",
+        "[interface]\nname = \"tgcheck0\"\nprivate_key_file = \"private.key\"\n\
+         addresses = [\"100.64.0.1/32\"]\nworkers = 3\n",
+    );
+    let path = path.display().to_string();
+    let check = |env: &[(&str, &str)], json: bool| -> CmdOutput {
+        let mut cmd = Command::new(tunnelgate_bin());
+        cmd.args(["check", "--config", &path]);
+        if json {
+            cmd.arg("--json");
+        }
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        common::output_of(cmd, None)
+    };
+
+    let out = check(
+        &[
+            ("TUNNELGATE_AQM_INTERVAL_US", "20000"),
+            ("TUNNELGATE_RT_SHARE_PERCENT", "80"),
+        ],
+        false,
+    );
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let tuning = out
+        .stdout
+        .split_once("\ntuning:\n")
+        .map(|(_, t)| t.to_string())
+        .unwrap_or_else(|| panic!("no tuning block:\n{}", out.stdout));
+    assert!(tuning.contains("packet readers: "), "{tuning}");
+    assert!(
+        tuning.contains("receive queue AQM: CoDel, target 1000 us, interval 20000 us"),
+        "{tuning}"
+    );
+    assert!(tuning.contains("  workers: 3 ("), "{tuning}");
+    // Whatever this process may do, the readers' line says which and why.
+    let readers = tuning.lines().next().unwrap_or_default();
+    assert!(
+        readers.starts_with("  packet readers: real-time (SCHED_FIFO 1), by ")
+            || readers.starts_with("  packet readers: normal priority: running as "),
+        "{readers}"
+    );
+    if readers.contains("real-time") {
+        assert!(tuning.contains("budget: 80 % of the time each"), "{tuning}");
+    }
+
+    let out = check(
+        &[
+            ("TUNNELGATE_RT_PRIORITY", "0"),
+            ("TUNNELGATE_AQM_TARGET_US", "0"),
+        ],
+        true,
+    );
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let json: serde_json::Value = serde_json::from_str(&out.stdout).expect("check --json");
+    assert_eq!(json["interface"], "tgcheck0");
+    assert!(json["plan"].as_str().is_some_and(|p| p.contains("ip address add")), "{json}");
+    let tuning = &json["tuning"];
+    assert_eq!(tuning["readers"]["access"], "off", "{tuning}");
+    assert_eq!(tuning["readers"]["priority"], serde_json::Value::Null, "{tuning}");
+    assert_eq!(tuning["readers"]["running"], serde_json::Value::Null, "nothing runs: {tuning}");
+    assert_eq!(tuning["aqm_target_us"], serde_json::Value::Null, "{tuning}");
+    assert_eq!(tuning["workers"], 3, "{tuning}");
+
+    // A bad value is named once, on stderr, and the default stays.
+    let out = check(&[("TUNNELGATE_RT_SHARE_PERCENT", "100")], true);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(
+        out.stderr
+            .matches("TUNNELGATE_RT_SHARE_PERCENT=\"100\": expected a number from 5 to 95")
+            .count(),
+        1,
+        "{}",
+        out.stderr
+    );
+    let json: serde_json::Value = serde_json::from_str(&out.stdout).expect("check --json");
+    if json["tuning"]["readers"]["priority"] == 1 {
+        assert_eq!(json["tuning"]["readers"]["share_percent"], 90, "{json}");
+    }
+}
