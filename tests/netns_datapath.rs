@@ -11,7 +11,7 @@
 mod common;
 
 use common::*;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tunnelgate::config::SecretKey;
 use tunnelgate::core::liveness::STALL_LIMIT;
 use tunnelgate::shell::clock;
@@ -393,8 +393,11 @@ fn tunnelgate_pair(b_env: &[(&str, &str)]) -> (Netns, Netns, Veth, Tunnelgate, T
 }
 
 /// One TCP stream for `secs` from `a` to `b` through the tunnel, during which `b`'s UDP readers
-/// are frozen for 150 ms every 600 ms: the receiver stalls, as a descheduled or overloaded one
-/// does, and the datagrams wait in its socket buffer. Returns the bytes `b` received.
+/// run 1 ms in every 5 (frozen for the other 4): the receiver is slower than the sender for the
+/// whole stream, as an overloaded one is, so the sender's window grows until the datagrams
+/// stand in the receiver's socket buffer. (A single long stall is not enough: the backlog it
+/// leaves is one window, which real-time readers drain in a millisecond or two, within any
+/// interval.) Returns the bytes `b` received.
 fn saturate_with_stalls(a_ns: &Netns, b_ns: &Netns, b: &Tunnelgate, port: u16, secs: u32) -> f64 {
     let _server = b_ns.spawn(&["iperf3", "-s", "-1", "-p", &port.to_string()]);
     wait_until(Duration::from_secs(5), "iperf3 listens", || {
@@ -417,11 +420,12 @@ fn saturate_with_stalls(a_ns: &Netns, b_ns: &Netns, b: &Tunnelgate, port: u16, s
         .collect();
     assert!(!readers.is_empty(), "no tg-udp-rx thread in {}", b.pid());
     std::thread::sleep(Duration::from_millis(500));
-    for _ in 0..secs {
+    let slow_until = Instant::now() + Duration::from_secs(u64::from(secs) - 1);
+    while Instant::now() < slow_until {
         let frozen: Vec<FrozenThread> = readers.iter().map(|t| FrozenThread::freeze(*t)).collect();
-        std::thread::sleep(Duration::from_millis(150));
+        std::thread::sleep(Duration::from_millis(4));
         drop(frozen);
-        std::thread::sleep(Duration::from_millis(600));
+        std::thread::sleep(Duration::from_millis(1));
     }
     let status = client
         .wait_timeout(Duration::from_secs(u64::from(secs) + 20))
@@ -442,9 +446,8 @@ fn aqm_drops(tg: &Tunnelgate) -> u64 {
 /// in its socket buffer, and its AQM drops bulk datagrams from that queue (counted as `aqm`)
 /// so the sender slows down instead of filling the buffer; the stream still arrives. With
 /// `TUNNELGATE_AQM_TARGET_US=0` it never drops. (How much that cuts the latency under load is
-/// the latency benchmark's to measure, not a test's.) The interval is a LAN's 10 ms here: the
-/// default (100 ms, for WAN round trips) lets a backlog drained within it go, and a stall of
-/// 150 ms leaves one that drains in a few.
+/// the latency benchmark's to measure, not a test's.) The interval is a LAN's 10 ms here (the
+/// default, 100 ms, is for WAN round trips), so that each second of the stream holds many.
 #[test]
 #[ignore = "needs root"]
 fn a_stalled_receivers_standing_queue_meets_its_aqm_and_the_stream_still_arrives() {
