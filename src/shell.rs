@@ -10,6 +10,7 @@ pub mod executor;
 pub mod firewall;
 pub mod forwarding;
 pub mod import;
+pub mod keys;
 pub mod logging;
 pub mod netlink;
 pub mod observe;
