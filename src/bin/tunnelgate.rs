@@ -634,7 +634,7 @@ fn run(path: PathBuf) -> ExitCode {
     for w in tunnelgate::shell::config_file::warnings(&path, &config) {
         tracing::warn!("{w}");
     }
-    tunnelgate::shell::process::main(tunnelgate::shell::process::Mode::Run {
+    tunnelgate::shell::process::main(tunnelgate::shell::process::Launch::Run {
         config: Box::new(config),
         path,
     })
