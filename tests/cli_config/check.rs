@@ -313,11 +313,24 @@ fn check_shows_the_tuning_a_start_would_get_in_text_and_json() {
     assert_eq!(out.code, Some(0), "{out:?}");
     let json: serde_json::Value = serde_json::from_str(&out.stdout).expect("check --json");
     assert_eq!(json["interface"], "tgcheck0");
-    assert!(json["plan"].as_str().is_some_and(|p| p.contains("ip address add")), "{json}");
+    assert!(
+        json["plan"]
+            .as_str()
+            .is_some_and(|p| p.contains("ip address add")),
+        "{json}"
+    );
     let tuning = &json["tuning"];
     assert_eq!(tuning["readers"]["access"], "off", "{tuning}");
-    assert_eq!(tuning["readers"]["priority"], serde_json::Value::Null, "{tuning}");
-    assert_eq!(tuning["readers"]["running"], serde_json::Value::Null, "nothing runs: {tuning}");
+    assert_eq!(
+        tuning["readers"]["priority"],
+        serde_json::Value::Null,
+        "{tuning}"
+    );
+    assert_eq!(
+        tuning["readers"]["running"],
+        serde_json::Value::Null,
+        "nothing runs: {tuning}"
+    );
     assert_eq!(tuning["aqm_target_us"], serde_json::Value::Null, "{tuning}");
     assert_eq!(tuning["workers"], 3, "{tuning}");
 
