@@ -8,6 +8,7 @@ use std::net::IpAddr;
 use tunnelgate::config::{IpNet, SecretKey};
 use tunnelgate::core::allowed_ips::AllowedIps;
 use tunnelgate::core::wg::{classify, Limiter, Outcome, Tunnel};
+use tunnelgate::shell::keys::GenerateKey as _;
 
 /// Two tunnels with an established session: a's initiation, b's response, a's first data.
 fn session() -> (Tunnel, Tunnel) {

@@ -29,6 +29,7 @@ use tunnelgate::core::packet::{Inbound, Outbound, PeerLookup, PeerPath};
 use tunnelgate::core::peer::{Peer, Sending};
 use tunnelgate::core::sequencer::Sequencer;
 use tunnelgate::core::wg::{Limiter, DATA_OFFSET};
+use tunnelgate::shell::keys::GenerateKey as _;
 
 /// Inner packet size: a full 1420-MTU IPv4 packet.
 const PACKET: usize = 1420;

@@ -1,5 +1,6 @@
 //! I/O around the pure core: TUN device, UDP socket, packet loops, netlink, firewall commands,
-//! the local servers ([`serve`]) and the process that assembles them ([`process`]).
+//! the local servers ([`serve`]), systemd's notifications ([`systemd`]) and the process that
+//! assembles them ([`process`], the composition root: the only caller of [`systemd`]).
 
 pub mod cgroup;
 pub mod clock;
@@ -10,6 +11,7 @@ pub mod executor;
 pub mod firewall;
 pub mod forwarding;
 pub mod import;
+pub mod keys;
 pub mod logging;
 pub mod netlink;
 pub mod observe;
@@ -21,6 +23,9 @@ pub mod resolver;
 pub mod seccomp;
 pub mod serve;
 pub mod status_client;
+pub mod systemd;
+#[cfg(feature = "test-hooks")]
+pub mod test_hooks;
 pub mod tun;
 pub mod tuning;
 pub mod udp;

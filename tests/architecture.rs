@@ -3,9 +3,17 @@
 //! shells (`src/shell/`, `src/sidecar/shell/`) and the binaries (`src/bin/`) reach tokio, the
 //! filesystem, processes, sockets or the environment. Everything else is pure: it decides, and
 //! a shell carries the decision out. (The clocks are clippy's job: `clippy.toml`.)
+//!
+//! Besides the line checks below, the sources are read as Rust ([`syn`]): every path and every
+//! `use` tree (so `use std::{fs, ..}` is `std::fs`), outside `#[cfg(test)]` items and test
+//! files. That reading checks that the core draws no randomness of its own (key generation
+//! takes the caller's generator) and that the modules of `src/shell` import each other without
+//! a circle, with only the entry points calling the composition root (`shell::process`).
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use syn::visit::Visit;
 
 /// The crates the core may depend on, each for a pure reason. A new one is a design decision:
 /// add it here with its reason, or put the code that needs it in a shell.
@@ -21,7 +29,10 @@ const CORE_DEPENDENCIES: &[(&str, &str)] = &[
         "libc",
         "constants only: errno and syscall numbers (checked below)",
     ),
-    ("rand_core", "fresh private keys (getrandom)"),
+    (
+        "rand_core",
+        "the caller's random number generator: traits only, no getrandom (checked below)",
+    ),
     ("serde", "the config and status models"),
     ("serde_json", "nft JSON and check reports"),
     ("thiserror", "error types"),
@@ -301,4 +312,447 @@ fn the_checker_finds_io_and_skips_comments_and_tests() {
     assert!(is_shell(Path::new("src/sidecar/shell/api.rs")));
     assert!(is_shell(Path::new("src/bin/tunnelgate.rs")));
     assert!(!is_shell(Path::new("src/telemetry/status.rs")));
+}
+
+// --- The sources read as Rust ------------------------------------------------------------------
+
+/// Whether `attrs` make an item test code: `#[test]`, `#[cfg(test)]`, `#[cfg(any(test, ..))]`.
+fn is_test_only(attrs: &[syn::Attribute]) -> bool {
+    attrs.iter().any(|a| {
+        if a.path().is_ident("test") {
+            return true;
+        }
+        if !a.path().is_ident("cfg") {
+            return false;
+        }
+        let Ok(list) = a.meta.require_list() else {
+            return false;
+        };
+        let tokens = list.tokens.to_string();
+        tokens == "test"
+            || (tokens.starts_with("any")
+                && tokens
+                    .split(|c: char| !c.is_alphanumeric() && c != '_')
+                    .any(|w| w == "test"))
+    })
+}
+
+/// Every path a file's production code names, as `a::b::c`: `use` trees flattened (a group
+/// `use a::{b, c}` is `a::b` and `a::c`; `self` in a group is its parent), paths in
+/// expressions, types and patterns. Items under `#[cfg(test)]` and `#[test]` are skipped.
+/// Macro bodies are token streams, not read (a path only a macro names is not seen).
+#[derive(Default)]
+struct Paths(Vec<String>);
+
+impl Paths {
+    fn use_tree(&mut self, prefix: &str, tree: &syn::UseTree) {
+        let join = |name: &str| {
+            if prefix.is_empty() {
+                name.to_string()
+            } else {
+                format!("{prefix}::{name}")
+            }
+        };
+        match tree {
+            syn::UseTree::Path(p) => self.use_tree(&join(&p.ident.to_string()), &p.tree),
+            syn::UseTree::Name(n) if n.ident == "self" => self.0.push(prefix.to_string()),
+            syn::UseTree::Name(n) => self.0.push(join(&n.ident.to_string())),
+            syn::UseTree::Rename(r) => self.0.push(join(&r.ident.to_string())),
+            syn::UseTree::Glob(_) => self.0.push(join("*")),
+            syn::UseTree::Group(g) => {
+                for tree in &g.items {
+                    self.use_tree(prefix, tree);
+                }
+            }
+        }
+    }
+}
+
+impl<'ast> Visit<'ast> for Paths {
+    fn visit_item(&mut self, item: &'ast syn::Item) {
+        let attrs = match item {
+            syn::Item::Const(i) => &i.attrs,
+            syn::Item::Enum(i) => &i.attrs,
+            syn::Item::Fn(i) => &i.attrs,
+            syn::Item::Impl(i) => &i.attrs,
+            syn::Item::Mod(i) => &i.attrs,
+            syn::Item::Static(i) => &i.attrs,
+            syn::Item::Struct(i) => &i.attrs,
+            syn::Item::Trait(i) => &i.attrs,
+            syn::Item::Type(i) => &i.attrs,
+            syn::Item::Use(i) => &i.attrs,
+            syn::Item::Macro(i) => &i.attrs,
+            _ => return syn::visit::visit_item(self, item),
+        };
+        if !is_test_only(attrs) {
+            syn::visit::visit_item(self, item);
+        }
+    }
+
+    fn visit_impl_item(&mut self, item: &'ast syn::ImplItem) {
+        let attrs = match item {
+            syn::ImplItem::Const(i) => &i.attrs,
+            syn::ImplItem::Fn(i) => &i.attrs,
+            syn::ImplItem::Type(i) => &i.attrs,
+            _ => return syn::visit::visit_impl_item(self, item),
+        };
+        if !is_test_only(attrs) {
+            syn::visit::visit_impl_item(self, item);
+        }
+    }
+
+    fn visit_stmt(&mut self, stmt: &'ast syn::Stmt) {
+        let test_only = match stmt {
+            syn::Stmt::Local(l) => is_test_only(&l.attrs),
+            syn::Stmt::Macro(m) => is_test_only(&m.attrs),
+            _ => false,
+        };
+        if !test_only {
+            syn::visit::visit_stmt(self, stmt);
+        }
+    }
+
+    fn visit_item_use(&mut self, item: &'ast syn::ItemUse) {
+        self.use_tree("", &item.tree);
+    }
+
+    fn visit_path(&mut self, path: &'ast syn::Path) {
+        let text: Vec<String> = path.segments.iter().map(|s| s.ident.to_string()).collect();
+        self.0.push(text.join("::"));
+        syn::visit::visit_path(self, path);
+    }
+}
+
+/// The paths `file`'s production code names (see [`Paths`]).
+fn paths_in(file: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(file).expect("read source");
+    let parsed = syn::parse_file(&text).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    let mut paths = Paths::default();
+    paths.visit_file(&parsed);
+    paths.0
+}
+
+/// Whether `path` draws randomness from the system: `OsRng`, `getrandom`, `thread_rng`, or
+/// ring's or rand's generators.
+fn draws_system_randomness(path: &str) -> bool {
+    let segments: Vec<&str> = path.split("::").collect();
+    segments.iter().any(|s| {
+        matches!(
+            *s,
+            "OsRng" | "getrandom" | "thread_rng" | "ThreadRng" | "SystemRandom"
+        )
+    }) || segments.starts_with(&["ring", "rand"])
+        || (segments.len() > 1 && segments[0] == "rand")
+}
+
+#[test]
+fn the_core_and_the_boringtun_fork_draw_no_randomness_of_their_own() {
+    let mut files = Vec::new();
+    rust_files(&root().join("crates/core/src"), &mut files);
+    rust_files(&root().join("crates/boringtun/src"), &mut files);
+    assert!(files.len() > 40, "the sources are found: {}", files.len());
+    let found: Vec<String> = files
+        .iter()
+        .filter(|f| !is_test_file(f))
+        .flat_map(|f| {
+            let shown = f.strip_prefix(root()).unwrap_or(f).display().to_string();
+            paths_in(f)
+                .into_iter()
+                .filter(|p| draws_system_randomness(p))
+                .map(move |p| format!("{shown}: {p}"))
+        })
+        .collect();
+    assert!(
+        found.is_empty(),
+        "the core takes its randomness from the caller (the shell passes OsRng):\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn the_core_manifest_enables_no_randomness_source() {
+    let manifest = std::fs::read_to_string(root().join("crates/core/Cargo.toml")).expect("read");
+    let table: toml::Table = manifest.parse().expect("crates/core/Cargo.toml parses");
+    let deps = table
+        .get("dependencies")
+        .and_then(|d| d.as_table())
+        .expect("[dependencies]");
+    for name in ["rand_core", "x25519-dalek"] {
+        let features: Vec<&str> = deps
+            .get(name)
+            .and_then(|d| d.get("features"))
+            .and_then(|f| f.as_array())
+            .map(|f| f.iter().filter_map(|v| v.as_str()).collect())
+            .unwrap_or_default();
+        assert!(
+            !features.contains(&"getrandom"),
+            "crates/core enables {name}'s getrandom: {features:?}"
+        );
+    }
+    let default_features = deps
+        .get("rand_core")
+        .and_then(|d| d.get("default-features"))
+        .and_then(|v| v.as_bool());
+    assert_eq!(
+        default_features,
+        Some(false),
+        "rand_core without its default features"
+    );
+}
+
+/// `cargo tree` of the core's normal dependencies, each line `DEPTH NAME ...`, as (depth, name).
+fn core_tree() -> Vec<(usize, String)> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .args([
+            "tree",
+            "--offline",
+            "-p",
+            "tunnelgate-core",
+            "-e",
+            "normal",
+            "--prefix",
+            "depth",
+        ])
+        .current_dir(root())
+        .output()
+        .expect("run cargo tree");
+    assert!(
+        out.status.success(),
+        "cargo tree: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| {
+            let digits: String = line.chars().take_while(char::is_ascii_digit).collect();
+            let depth = digits.parse().ok()?;
+            let name = line[digits.len()..].split_whitespace().next()?.to_string();
+            Some((depth, name))
+        })
+        .collect()
+}
+
+/// The crates that depend directly on `name` in a depth-prefixed tree.
+fn parents_of(tree: &[(usize, String)], name: &str) -> BTreeSet<String> {
+    let mut stack: Vec<&str> = Vec::new();
+    let mut parents = BTreeSet::new();
+    for (depth, crate_name) in tree {
+        stack.truncate(*depth);
+        if crate_name == name {
+            if let Some(parent) = stack.last() {
+                parents.insert((*parent).to_string());
+            }
+        }
+        stack.push(crate_name);
+    }
+    parents
+}
+
+#[test]
+fn getrandom_reaches_the_core_only_through_ring() {
+    let tree = core_tree();
+    assert!(
+        tree.iter().any(|(d, n)| *d == 0 && n == "tunnelgate-core"),
+        "the tree starts at the core: {tree:?}"
+    );
+    // ring's SystemRandom, which nothing in the core or the fork calls (checked above).
+    let parents = parents_of(&tree, "getrandom");
+    assert_eq!(
+        parents,
+        BTreeSet::from(["ring".to_string()]),
+        "what pulls getrandom into the core"
+    );
+}
+
+/// The module of `src/shell` that `file` belongs to (`src/shell/serve/uapi.rs`: `serve`),
+/// or another name for the rest of the crate (`bin`, `sidecar`, `telemetry`, ...).
+fn module_of(file: &Path) -> String {
+    let rel = file.strip_prefix(root().join("src")).expect("under src");
+    let parts: Vec<String> = rel
+        .components()
+        .map(|c| {
+            c.as_os_str()
+                .to_string_lossy()
+                .trim_end_matches(".rs")
+                .to_string()
+        })
+        .collect();
+    match parts.as_slice() {
+        [shell, module, ..] if shell == "shell" => format!("shell::{module}"),
+        [first, ..] => first.clone(),
+        [] => String::new(),
+    }
+}
+
+/// The `src/shell` modules a file's production code names: `crate::shell::X`,
+/// `tunnelgate::shell::X`, and `super::X` from a file directly under `src/shell`.
+fn shell_imports(file: &Path) -> BTreeSet<String> {
+    let direct_child = file.parent() == Some(&root().join("src/shell"));
+    paths_in(file)
+        .iter()
+        .filter_map(|p| {
+            let s: Vec<&str> = p.split("::").collect();
+            match s.as_slice() {
+                ["crate" | "tunnelgate", "shell", module, ..] => Some(format!("shell::{module}")),
+                ["super", module, ..] if direct_child && *module != "super" => {
+                    Some(format!("shell::{module}"))
+                }
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+/// The import graph of `src/`: module -> the `src/shell` modules it names.
+fn import_graph() -> BTreeMap<String, BTreeSet<String>> {
+    let mut files = Vec::new();
+    rust_files(&root().join("src"), &mut files);
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for file in files.iter().filter(|f| !is_test_file(f)) {
+        let module = module_of(file);
+        let mut imports = shell_imports(file);
+        imports.remove(&module);
+        graph.entry(module).or_default().extend(imports);
+    }
+    graph
+}
+
+/// A circle in `graph`, if there is one, as the modules along it.
+fn find_circle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    fn walk(
+        graph: &BTreeMap<String, BTreeSet<String>>,
+        at: &str,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(i) = path.iter().position(|m| m == at) {
+            let mut circle = path[i..].to_vec();
+            circle.push(at.to_string());
+            return Some(circle);
+        }
+        if done.contains(at) {
+            return None;
+        }
+        path.push(at.to_string());
+        for next in graph.get(at).into_iter().flatten() {
+            if let Some(circle) = walk(graph, next, path, done) {
+                return Some(circle);
+            }
+        }
+        path.pop();
+        done.insert(at.to_string());
+        None
+    }
+    let mut done = BTreeSet::new();
+    graph
+        .keys()
+        .find_map(|m| walk(graph, m, &mut Vec::new(), &mut done))
+}
+
+/// The composition root, and who may call it: the binaries, and the drop-in's entry, which
+/// only goes to the background before it hands over.
+const ROOT: &str = "shell::process";
+const ROOT_CALLERS: &[&str] = &["bin", "shell::userspace"];
+
+#[test]
+fn the_shell_imports_without_a_circle_and_only_the_entries_call_the_root() {
+    let graph = import_graph();
+    assert!(
+        graph
+            .get("shell::process")
+            .is_some_and(|i| i.contains("shell::daemon")),
+        "the graph is read: {graph:?}"
+    );
+    assert_eq!(find_circle(&graph), None, "an import circle in src/");
+    let callers: Vec<&String> = graph
+        .iter()
+        .filter(|(module, imports)| {
+            imports.contains(ROOT) && !ROOT_CALLERS.contains(&module.as_str())
+        })
+        .map(|(module, _)| module)
+        .collect();
+    assert!(
+        callers.is_empty(),
+        "{callers:?} call up into the composition root ({ROOT})"
+    );
+    // systemd is told about the process's life from one layer: the root.
+    let notifiers: Vec<&String> = graph
+        .iter()
+        .filter(|(module, imports)| imports.contains("shell::systemd") && module.as_str() != ROOT)
+        .map(|(module, _)| module)
+        .collect();
+    assert!(
+        notifiers.is_empty(),
+        "{notifiers:?} talk to systemd besides {ROOT}"
+    );
+}
+
+/// The reader itself: it sees through use groups and renames, skips test code, and finds a
+/// circle and only a circle.
+#[test]
+fn the_reader_flattens_use_trees_skips_tests_and_finds_circles() {
+    let dir = std::env::temp_dir().join(format!("tg-arch-syn-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let file = dir.join("sample.rs");
+    std::fs::write(
+        &file,
+        "use std::{fs, io::{self, Read as R}};\n\
+         use rand_core::*;\n\
+         fn f() { let _ = rand_core::OsRng; }\n\
+         #[cfg(test)]\n\
+         fn g() { let _ = ring::rand::SystemRandom::new(); }\n\
+         struct S;\n\
+         impl S { #[cfg(test)] fn h() { getrandom::fill(); } }\n\
+         #[cfg(test)]\n\
+         mod tests { use tokio::net::UdpSocket; }\n",
+    )
+    .expect("write sample");
+    let paths = paths_in(&file);
+    std::fs::remove_dir_all(&dir).ok();
+    for want in [
+        "std::fs",
+        "std::io",
+        "std::io::Read",
+        "rand_core::*",
+        "rand_core::OsRng",
+    ] {
+        assert!(paths.iter().any(|p| p == want), "{want} in {paths:?}");
+    }
+    let random: Vec<&String> = paths
+        .iter()
+        .filter(|p| draws_system_randomness(p))
+        .collect();
+    assert_eq!(random, ["rand_core::OsRng"], "test code skipped: {paths:?}");
+    assert!(!paths.iter().any(|p| p.starts_with("tokio")), "{paths:?}");
+
+    let graph = |edges: &[(&str, &str)]| {
+        let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for (from, to) in edges {
+            g.entry(from.to_string())
+                .or_default()
+                .insert(to.to_string());
+        }
+        g
+    };
+    let circle = find_circle(&graph(&[("a", "b"), ("b", "c"), ("c", "b"), ("a", "d")]));
+    assert_eq!(circle, Some(vec!["b".into(), "c".into(), "b".into()]));
+    assert_eq!(
+        find_circle(&graph(&[("a", "b"), ("a", "c"), ("b", "c")])),
+        None
+    );
+    let tree: Vec<(usize, String)> = [
+        (0, "core"),
+        (1, "boringtun"),
+        (2, "ring"),
+        (3, "getrandom"),
+        (1, "x25519"),
+    ]
+    .iter()
+    .map(|(d, n)| (*d, n.to_string()))
+    .collect();
+    assert_eq!(
+        parents_of(&tree, "getrandom"),
+        BTreeSet::from(["ring".to_string()])
+    );
 }

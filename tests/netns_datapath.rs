@@ -16,6 +16,7 @@ use tunnelgate::config::SecretKey;
 use tunnelgate::core::liveness::STALL_LIMIT;
 use tunnelgate::shell::clock;
 use tunnelgate::shell::dataplane::{Dataplane, ThreadSetup};
+use tunnelgate::shell::keys::GenerateKey as _;
 use tunnelgate::shell::tuning::Tuning;
 use tunnelgate::shell::udp::WgSocket;
 

@@ -10,15 +10,18 @@ mod common;
 use common::*;
 use std::time::Duration;
 
-/// `tunnelgate_packets_dropped_total{reason="REASON"}` (0 when the scrape fails).
-fn dropped(tg: &Tunnelgate, reason: &str) -> u64 {
-    let body = tg.metrics().unwrap_or_default();
+/// `tunnelgate_packets_dropped_total{reason="REASON"}`, or why it cannot be read (a failed
+/// scrape, or no such sample: every reason is exported from the start). Never a 0 standing in
+/// for a failed read, so `no_peer == 0` means the daemon said 0.
+fn dropped(tg: &Tunnelgate, reason: &str) -> Result<u64, String> {
+    let body = tg.metrics()?;
     metric(
         &body,
         "tunnelgate_packets_dropped_total",
         &format!("reason=\"{reason}\""),
     )
-    .map_or(0, |v| v as u64)
+    .map(|v| v as u64)
+    .ok_or_else(|| format!("no {reason} sample in /metrics:\n{body}"))
 }
 
 #[test]
@@ -35,7 +38,7 @@ fn an_idle_ipv6_tunnel_counts_no_user_drops() {
     ns.exec(&["ip", "link", "set", tg.name(), "down"]);
     ns.exec(&["ip", "link", "set", tg.name(), "up"]);
     let chatter = poll_until(Duration::from_secs(20), || {
-        dropped(&tg, "link_local_multicast") > 0
+        dropped(&tg, "link_local_multicast").is_ok_and(|n| n > 0)
     });
     let body = tg.metrics().unwrap_or_default();
     assert!(
@@ -49,7 +52,7 @@ fn an_idle_ipv6_tunnel_counts_no_user_drops() {
     let body = tg.metrics().unwrap_or_default();
     assert_eq!(
         dropped(&tg, "no_peer"),
-        0,
+        Ok(0),
         "an idle tunnel counts no_peer drops:\n{body}"
     );
     let status = tg.status_json().expect("status");
@@ -66,7 +69,8 @@ fn an_idle_ipv6_tunnel_counts_no_user_drops() {
     ns.exec(&["ip", "-6", "route", "add", "fd86::/64", "dev", tg.name()]);
     let _ = ns.output(&["ping", "-6", "-c", "1", "-W", "1", "fd86::9"]);
     assert!(
-        poll_until(Duration::from_secs(5), || dropped(&tg, "no_peer") >= 1),
+        poll_until(Duration::from_secs(5), || dropped(&tg, "no_peer")
+            .is_ok_and(|n| n >= 1)),
         "a packet to fd86::9 is a no_peer drop:\n{}",
         tg.metrics().unwrap_or_default()
     );

@@ -19,6 +19,7 @@ use std::time::Duration;
 use tunnelgate::config::{decode_key, PublicKey, SecretKey};
 use tunnelgate::core::wg::{Limiter, Outcome, Tunnel, MIN_OUTPUT};
 use tunnelgate::shell::clock;
+use tunnelgate::shell::keys::GenerateKey as _;
 
 /// Distinct initiations made up front, then sent round-robin.
 const DISTINCT: usize = 300;

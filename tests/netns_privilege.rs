@@ -181,6 +181,12 @@ fn seccomp_off_leaves_every_thread_unfiltered_and_says_so() {
         panic!("{e}");
     }
     let threads = thread_privileges(tg.pid());
+    assert!(
+        threads
+            .values()
+            .any(|f| f.get("Name").is_some_and(|n| is_packet_thread(n))),
+        "the packet threads are among those read: {threads:?}"
+    );
     for (tid, f) in &threads {
         assert_eq!(
             f.get("Seccomp").map(String::as_str),

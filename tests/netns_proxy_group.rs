@@ -23,6 +23,7 @@ use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::time::Duration;
 use tunnelgate::config::SecretKey;
+use tunnelgate::shell::keys::GenerateKey as _;
 use tunnelgate::sidecar::config_dir::{volume_files, ConfigDir};
 use tunnelgate::sidecar::group::{render_group, Replica};
 use tunnelgate::sidecar::{api::service_info, KEY_CONFIG, KEY_DEVICE_IPS};

@@ -209,6 +209,9 @@ fn a_hung_nft_is_killed_reported_and_does_not_stall_the_loop_or_the_stop() {
 #[ignore = "needs root"]
 fn a_stalled_event_loop_fails_healthz_and_stops_the_watchdog() {
     require_root();
+    if !cfg!(feature = "test-hooks") {
+        panic!("the stall hook is compiled only with --features test-hooks (or --all-features)");
+    }
     let ns = Netns::new();
     let dir = TempDir::new("tpstall");
     let stall: PathBuf = dir.path().join("stall");

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use tunnelgate::config::decode_key;
 use tunnelgate::config::SecretKey;
 use tunnelgate::shell::config_file::{load_config, LoadError};
+use tunnelgate::shell::keys::GenerateKey as _;
 use tunnelgate::shell::logging::{init_logging, LogFormat};
 use tunnelgate::shell::status_client::{query_status, status_socket_path};
 use tunnelgate::telemetry::{now_unix, render_status_text};
@@ -633,7 +634,7 @@ fn run(path: PathBuf) -> ExitCode {
     for w in tunnelgate::shell::config_file::warnings(&path, &config) {
         tracing::warn!("{w}");
     }
-    tunnelgate::shell::process::main(tunnelgate::shell::process::Mode::Run {
+    tunnelgate::shell::process::main(tunnelgate::shell::process::Launch::Run {
         config: Box::new(config),
         path,
     })

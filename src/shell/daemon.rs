@@ -21,8 +21,8 @@ use crate::uapi::{DeviceUpdate, UapiError};
 use anyhow::{Context, Result};
 use parking_lot::Mutex;
 use std::future::Future;
-use std::net::IpAddr;
-use std::path::{Path, PathBuf};
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,10 +39,6 @@ const COMMAND_QUEUE: usize = 16;
 const CONFIG_POLL_READ_WAIT: Duration = Duration::from_secs(1);
 /// How long a reload waits for the config file to be read before it is refused.
 const RELOAD_READ_WAIT: Duration = crate::shell::firewall::COMMAND_TIMEOUT;
-/// Test hook (the liveness tests only, never set in production): while the file this names
-/// exists, each turn of the event loop blocks its thread, as a hung blocking call on the
-/// runtime would; `/healthz` and the watchdog must then report the stall.
-const TEST_STALL_LOOP_ENV: &str = "TUNNELGATE_TEST_STALL_LOOP";
 
 /// The config file as read on a blocking thread, with its warnings; `Err`: why it cannot be
 /// used, as the log shows it.
@@ -140,51 +136,47 @@ pub struct Daemon {
 }
 
 impl Daemon {
-    /// Brings the tunnel up: device, socket, addresses, peers, routes, rules, packet loops,
-    /// then serves the health endpoint on `health` (bound for `config.health.listen`).
+    /// Brings the tunnel up: device, socket, addresses, peers, routes, rules, packet loops.
+    /// `health_bound` is where the health endpoint's listener (bound for
+    /// `config.health.listen`, served with [`Daemon::serve_health`]) is, if any.
     /// On any error everything done so far is undone before returning.
     pub async fn start(
         config: Config,
         config_path: PathBuf,
-        health: Option<tokio::net::TcpListener>,
+        health_bound: Option<SocketAddr>,
         threads: ThreadSetup,
     ) -> Result<Daemon> {
-        Daemon::start_in(Mode::Daemon, config, Some(config_path), health, threads).await
+        Daemon::start_in(
+            Mode::Daemon,
+            config,
+            Some(config_path),
+            health_bound,
+            threads,
+        )
+        .await
     }
 
     /// The wireguard-go drop-in (`tunnelgate userspace IFNAME`): creates the TUN device and
     /// the WireGuard socket (random port) and nothing else; the device has no key, no peers
-    /// and no addresses until `wg` and `ip` (or wg-quick) configure it. Serves the health
-    /// endpoint on `health` when given (it never moves: there is no file to reload).
+    /// and no addresses until `wg` and `ip` (or wg-quick) configure it. Its health endpoint,
+    /// when served, never moves: there is no file to reload.
     pub async fn start_userspace(
         name: &str,
-        health: Option<tokio::net::TcpListener>,
+        health_bound: Option<SocketAddr>,
         threads: ThreadSetup,
     ) -> Result<Daemon> {
-        // The configuration only names the device: its key and address are placeholders the
-        // core ignores in this mode (validation wants both).
-        let text = format!(
-            "[interface]\nname = {name:?}\nprivate_key = {:?}\naddresses = [\"100.64.0.1/32\"]\n\
-             [health]\nlisten = \"\"\n",
-            crate::config::SecretKey::generate().expose_base64()
-        );
-        let mut config = Config::parse(&text, Path::new("/"), &NoFiles)
+        let config = Config::device_only(name)
             .map_err(|e| anyhow::anyhow!("interface name {name:?}: {e}"))?;
-        config.interface.addresses.clear();
-        Daemon::start_in(Mode::Userspace, config, None, health, threads).await
+        Daemon::start_in(Mode::Userspace, config, None, health_bound, threads).await
     }
 
     async fn start_in(
         mode: Mode,
         config: Config,
         config_path: Option<PathBuf>,
-        health: Option<tokio::net::TcpListener>,
+        health_bound: Option<SocketAddr>,
         threads: ThreadSetup,
     ) -> Result<Daemon> {
-        let health_bound = match &health {
-            Some(listener) => Some(listener.local_addr().context("health listener")?),
-            None => None,
-        };
         let iface = &config.interface;
         let workers = iface
             .workers
@@ -207,16 +199,14 @@ impl Daemon {
         )
         .with_context(|| format!("cannot bind the WireGuard UDP port {}", iface.listen_port))?;
         let listen_port = sockets[0].local_port()?;
-        let key = (mode == Mode::Daemon).then(|| iface.private_key.clone());
+        let key = mode.starts_with_key().then(|| iface.private_key.clone());
         let dataplane = Arc::new(Dataplane::new(queues, sockets, key, threads)?);
         let firewall_mode: FirewallMode = config.firewall.mode;
-        let control = Control::with_mode(
-            mode,
-            config.clone(),
-            listen_port,
-            health_bound,
-            crate::shell::clock::now(),
-        );
+        let now = crate::shell::clock::now();
+        let control = match mode {
+            Mode::Daemon => Control::new(config.clone(), listen_port, health_bound, now),
+            Mode::Userspace => Control::userspace(&iface.name, listen_port, health_bound, now)?,
+        };
         let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
         let handle = Arc::new(Handle {
             dataplane: dataplane.clone(),
@@ -255,12 +245,6 @@ impl Daemon {
             return Err(anyhow::Error::new(e).context("starting the packet loops"));
         }
         daemon.publish();
-        if let Some(listener) = health {
-            daemon
-                .health
-                .serve(listener)
-                .context("serving the health endpoint")?;
-        }
         // The loop's first turn is due now, not counted from the start of a slow start.
         daemon.handle.event_loop.beat(crate::shell::clock::now());
         tracing::info!(interface = %daemon.handle.name(), listen_port, workers, "Tunnel up");
@@ -275,7 +259,7 @@ impl Daemon {
     /// file changes to the core and runs what it asks for. Returns the fatal error that ended it
     /// early (the TUN device was deleted), if any: the process then exits non-zero so its
     /// supervisor restarts it. Nothing is torn down here: the caller closes the local sockets
-    /// and then calls [`Daemon::stop`] (`shell::process` owns that order).
+    /// and then stops the rest (`shell::process::stop_in_order` owns that order).
     ///
     /// A shutdown kills the firewall command that runs at that moment (the turn in progress
     /// ends at once, its apply reported failed), so a hung `nft` delays a stop by at most the
@@ -304,15 +288,36 @@ impl Daemon {
         }
     }
 
-    /// After [`Daemon::run`] and once the local sockets are closed: closes the health listener,
-    /// tears down what was installed, and waits (bounded) for the health requests in flight.
-    pub async fn stop(mut self) {
-        // The teardown's commands run, each under its timeout.
-        self.executor.give_up_flag().store(false, Ordering::Relaxed);
-        // Before the teardown removes the input guard: the endpoint never listens unguarded.
+    /// Serves the health endpoint on `listener` (bound by the composition root for the
+    /// configuration's `health.listen`, or `--health`); moved later as the core asks.
+    pub fn serve_health(&mut self, listener: tokio::net::TcpListener) -> Result<()> {
+        self.health.serve(listener)?;
+        Ok(())
+    }
+
+    /// Stop, step 2 (after the local sockets, `shell::process::stop_in_order`): closes the
+    /// health listener before the teardown removes the input guard, so the endpoint never
+    /// listens unguarded.
+    pub fn close_health(&mut self) {
         self.health.close();
+    }
+
+    /// Stop, step 3: removes what the core says was installed (rules, forwarding, routes),
+    /// each command under its timeout (the shutdown's give-up is lifted for them).
+    pub async fn remove_installed(&mut self) {
+        self.executor.give_up_flag().store(false, Ordering::Relaxed);
         let pulse = self.handle.event_loop.clone();
-        with_pulse(&pulse, self.teardown()).await;
+        with_pulse(&pulse, self.undo_installed()).await;
+    }
+
+    /// Stop, step 4: stops and joins the packet threads.
+    pub async fn stop_dataplane(&mut self) {
+        let pulse = self.handle.event_loop.clone();
+        with_pulse(&pulse, self.stop_packet_threads()).await;
+    }
+
+    /// Stop, step 5: waits (bounded) for the health requests in flight.
+    pub async fn drain_health(&mut self) {
         self.health.stop().await;
     }
 
@@ -323,15 +328,15 @@ impl Daemon {
         let mut last_file_error = String::new();
         let dataplane = self.handle.dataplane.clone();
         let mut fatal = std::pin::pin!(dataplane.fatal_error());
-        let stall_hook = std::env::var_os(TEST_STALL_LOOP_ENV).map(PathBuf::from);
+        #[cfg(feature = "test-hooks")]
+        let stall_hook = crate::shell::test_hooks::StallLoop::from_env();
         loop {
             if *stopping.borrow() {
                 return Ok(());
             }
             self.handle.event_loop.beat(crate::shell::clock::now());
-            if let Some(path) = &stall_hook {
-                stall_while_exists(path);
-            }
+            #[cfg(feature = "test-hooks")]
+            stall_hook.block_while_asked();
             // Executors report failures to the core, which retries them on its timer.
             let _ = self.drain().await;
             // A timer already due (the read-back right after an apply) runs now, not after a
@@ -531,11 +536,18 @@ impl Daemon {
         published.backend = self.executor.backend_name();
     }
 
-    /// Undoes what the core says was installed (collecting, not stopping at, errors); the TUN
+    /// Undoes what the core says was installed and stops the packet threads: a failed start's
+    /// way back (a stop runs the same two steps from `shell::process::stop_in_order`). The TUN
     /// device goes when the process exits.
-    async fn teardown(&mut self) {
-        // What was installed goes first, on the blocking threads that applied it: a start
-        // that failed for want of threads (a pids limit) still has the room to remove it.
+    pub(crate) async fn teardown(&mut self) {
+        self.undo_installed().await;
+        self.stop_packet_threads().await;
+    }
+
+    /// Undoes what the core says was installed (collecting, not stopping at, errors). What was
+    /// installed goes before the packet threads, on the blocking threads that applied it: a
+    /// start that failed for want of threads (a pids limit) still has the room to remove it.
+    async fn undo_installed(&mut self) {
         for action in self.control.teardown() {
             let executed = self.executor.execute(action, self.control.config()).await;
             if let Some(executed) = executed {
@@ -549,6 +561,10 @@ impl Daemon {
                     .handle_executed(executed, crate::shell::clock::now());
             }
         }
+    }
+
+    /// Stops and joins the packet threads; drops what the core still asks for.
+    async fn stop_packet_threads(&mut self) {
         // Joining waits up to a second for the loops' next wake: off the runtime.
         let dataplane = self.handle.dataplane.clone();
         if let Ok(Err(e)) = tokio::task::spawn_blocking(move || dataplane.stop()).await {
@@ -591,55 +607,5 @@ async fn with_pulse<T>(pulse: &LoopPulse, work: impl Future<Output = T>) -> T {
             out = &mut work => return out,
             _ = beat.tick() => pulse.beat(crate::shell::clock::now()),
         }
-    }
-}
-
-/// The [`TEST_STALL_LOOP_ENV`] hook: blocks the calling thread (on purpose: the event loop's)
-/// while `path` exists.
-fn stall_while_exists(path: &Path) {
-    if !path.exists() {
-        return;
-    }
-    tracing::warn!(path = %path.display(), "{TEST_STALL_LOOP_ENV}: blocking the event loop while this file exists");
-    while path.exists() {
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-/// Secret files for a configuration that names none.
-struct NoFiles;
-
-impl crate::config::SecretFiles for NoFiles {
-    fn read_secret(&self, path: &Path) -> Result<String, String> {
-        Err(format!(
-            "{}: no files are read in userspace mode",
-            path.display()
-        ))
-    }
-}
-
-/// `tunnelgate reload` over the status socket: the same reload as SIGHUP, told to systemd the
-/// same way, with the outcome returned to the client.
-impl crate::telemetry::status::Reloader for Handle {
-    fn reload(
-        &self,
-    ) -> std::pin::Pin<
-        Box<
-            dyn std::future::Future<
-                    Output = Result<crate::telemetry::status::ReloadOutcome, String>,
-                > + Send
-                + '_,
-        >,
-    > {
-        use crate::telemetry::status::ReloadOutcome;
-        Box::pin(async move {
-            crate::shell::process::sd_notify("RELOADING=1");
-            let outcome = Handle::reload(self, "tunnelgate reload").await;
-            crate::shell::process::sd_notify("READY=1");
-            outcome.map(|r| match r {
-                Reload::Applied => ReloadOutcome::Applied,
-                Reload::Unchanged => ReloadOutcome::Unchanged,
-            })
-        })
     }
 }

@@ -327,6 +327,14 @@ fn save_bin(family: Family, legacy: bool) -> &'static str {
     }
 }
 
+/// Whether the daemon will use iptables-legacy: the same choice its executor makes on the
+/// first apply ([`choose`]), made before the privileges are dropped, while the legacy tools can
+/// still be read (without `CAP_NET_RAW`, `iptables-legacy-save` fails and `auto` would never
+/// see legacy rules). No firewall tools, or an error: not legacy.
+pub fn uses_legacy_iptables(mode: FirewallMode) -> bool {
+    mode != FirewallMode::Nftables && matches!(choose(mode), Ok(Backend::Iptables { legacy: true }))
+}
+
 /// Picks the backend. `auto` follows the host: legacy xtables rules present -> iptables-legacy
 /// (an nftables table beside them would be evaluated separately and confuse operators);
 /// otherwise nftables if `nft` exists (iptables-nft rules live in nftables too); else iptables.

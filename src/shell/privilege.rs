@@ -38,8 +38,7 @@ use std::fmt;
 
 use caps::{CapSet, Capability, CapsHashSet};
 
-use crate::config::{Config, FirewallMode};
-use crate::shell::firewall::{self, Backend};
+use crate::config::Config;
 
 /// A set of capabilities, bit `n` for capability `n` (the `/proc/<pid>/status` layout). Ours
 /// rather than `caps::CapsHashSet`: it compares and prints in a fixed order, and it can hold a
@@ -132,18 +131,6 @@ pub fn permitted_now() -> Caps {
         .unwrap_or_default()
 }
 
-/// Whether the daemon will use iptables-legacy: the same choice its executor makes on the
-/// first apply ([`firewall::choose`]), made now while the legacy tools can still be read
-/// (without `CAP_NET_RAW`, `iptables-legacy-save` fails and `auto` would never see legacy
-/// rules). No firewall tools, or an error: not legacy.
-pub fn uses_legacy_iptables(mode: FirewallMode) -> bool {
-    mode != FirewallMode::Nftables
-        && matches!(
-            firewall::choose(mode),
-            Ok(Backend::Iptables { legacy: true })
-        )
-}
-
 /// Why the privileges could not be dropped.
 #[derive(Debug, thiserror::Error)]
 pub enum PrivilegeError {
@@ -199,11 +186,16 @@ pub fn drop_to(keep: Caps, bound: Caps) -> Result<Dropped, PrivilegeError> {
     })
 }
 
-/// Drops to what `config` needs (plus `CAP_SYS_NICE` for the packet readers when `realtime`
-/// says so, never in the bounding set) and logs the result; the daemon calls this before it
-/// builds its runtime.
-pub fn drop_for(config: &Config, realtime: Caps) -> Result<Dropped, PrivilegeError> {
-    let keep = needed(config, uses_legacy_iptables(config.firewall.mode));
+/// Drops to what `config` needs with its firewall backend (`legacy_iptables`:
+/// `shell::firewall::uses_legacy_iptables`, which the composition root asks) plus
+/// `CAP_SYS_NICE` for the packet readers when `realtime` says so (never in the bounding set),
+/// and logs the result; the daemon calls this before it builds its runtime.
+pub fn drop_for(
+    config: &Config,
+    legacy_iptables: bool,
+    realtime: Caps,
+) -> Result<Dropped, PrivilegeError> {
+    let keep = needed(config, legacy_iptables);
     let dropped = drop_to(keep.union(realtime), keep)?;
     log_dropped(&dropped, "Capabilities dropped to what the daemon needs");
     Ok(dropped)

@@ -9,13 +9,13 @@
 #![allow(unsafe_code)]
 
 use crate::shell::logging::{init_logging, LogFormat};
-use crate::shell::process::{Mode, OnReady};
+use crate::shell::process::{Launch, OnReady};
 use std::io::{Read, Write};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::process::ExitCode;
 
 /// The name under which the binary behaves as `tunnelgate userspace`.
-pub const WG_NAME: &str = "tunnelgate-wg";
+pub const WG_NAME: &str = crate::core::control::WG_PROGRAM;
 
 /// What wireguard-go reads to stay in the foreground.
 const FOREGROUND_ENV: &str = "WG_PROCESS_FOREGROUND";
@@ -95,7 +95,7 @@ pub fn run(
         }
     };
     init_logging(log_format);
-    crate::shell::process::main(Mode::Userspace {
+    crate::shell::process::main(Launch::Userspace {
         name: name.to_string(),
         health,
         ready,

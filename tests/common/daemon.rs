@@ -475,10 +475,17 @@ pub fn thread_privileges_once_confined(pid: u32) -> BTreeMap<String, BTreeMap<St
     let mut threads = thread_privileges(pid);
     poll_until(Duration::from_secs(5), || {
         threads = thread_privileges(pid);
-        threads.values().all(|f| {
-            let name = f.get("Name").map(String::as_str).unwrap_or_default();
-            !is_packet_thread(name) || f.get("Seccomp").map(String::as_str) == Some("2")
-        })
+        let names: Vec<&str> = threads
+            .values()
+            .filter_map(|f| f.get("Name").map(String::as_str))
+            .collect();
+        // A reader the spawner has just started still carries the spawner's name: wait until
+        // each packet thread has its own name, and then for its filter.
+        PACKET_THREADS.iter().all(|t| names.contains(t))
+            && threads.values().all(|f| {
+                let name = f.get("Name").map(String::as_str).unwrap_or_default();
+                !is_packet_thread(name) || f.get("Seccomp").map(String::as_str) == Some("2")
+            })
     });
     threads
 }

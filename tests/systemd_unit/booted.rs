@@ -107,6 +107,9 @@ fn a_wedged_packet_thread_gets_the_service_restarted_by_the_systemd_watchdog() {
 #[test]
 #[ignore = "needs root, systemd-nspawn and a Debian rootfs (built once with debootstrap)"]
 fn a_stalled_event_loop_gets_the_service_restarted_by_the_systemd_watchdog() {
+    if !cfg!(feature = "test-hooks") {
+        panic!("the stall hook is compiled only with --features test-hooks (or --all-features)");
+    }
     require_root();
     let Some(rootfs) =
         rootfs_or_skip("a_stalled_event_loop_gets_the_service_restarted_by_the_systemd_watchdog")

@@ -193,6 +193,13 @@ pub trait SecretFiles {
 }
 
 impl Config {
+    /// The configuration of a device that only has a name: what `tunnelgate userspace IFNAME`
+    /// runs with (see `Control::userspace`). No file, no key, no address: nothing to validate
+    /// but the name.
+    pub fn device_only(name: &str) -> Result<Config, ConfigError> {
+        validate::device_only(name)
+    }
+
     /// Parses and validates `text`; relative key file paths are resolved against `base_dir`.
     pub fn parse(
         text: &str,

@@ -153,7 +153,8 @@ struct EndpointLookup {
     retry: Retry,
 }
 
-/// What the daemon manages besides the tunnel itself.
+/// What runs: `tunnelgate run` or the wireguard-go drop-in. The one mode type of the core and
+/// the shell: each asks the mode what it has instead of branching on it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
     /// `tunnelgate run`: the configuration's addresses, MTU, routes for every allowed IP,
@@ -163,6 +164,50 @@ pub enum Mode {
     /// No addresses, routes or rules: wg-quick or the administrator installs them. The
     /// device starts without a private key, as wireguard-go does.
     Userspace,
+}
+
+/// The name under which the binary behaves as `tunnelgate userspace` (a symlink that wg-quick
+/// runs through `WG_QUICK_USERSPACE_IMPLEMENTATION`).
+pub const WG_PROGRAM: &str = "tunnelgate-wg";
+
+impl Mode {
+    /// The program name its messages carry.
+    pub fn program(self) -> &'static str {
+        match self {
+            Mode::Daemon => "tunnelgate",
+            Mode::Userspace => WG_PROGRAM,
+        }
+    }
+
+    /// A configuration file, polled for changes and reloaded on SIGHUP and `tunnelgate
+    /// reload`. Without one, `wg setconf` is the way to change the device.
+    pub fn has_config_file(self) -> bool {
+        self == Mode::Daemon
+    }
+
+    /// systemd is told READY, RELOADING and STOPPING (`Type=notify` units run `tunnelgate
+    /// run`); the watchdog is served in both modes when systemd asks for it.
+    pub fn notifies_systemd(self) -> bool {
+        self == Mode::Daemon
+    }
+
+    /// The device starts with the configuration's private key (the drop-in starts without one).
+    pub fn starts_with_key(self) -> bool {
+        self == Mode::Daemon
+    }
+
+    /// The host's addresses, routes, firewall rules and forwarding sysctls are installed here
+    /// (in the drop-in, wg-quick or the administrator installs them).
+    pub fn installs_host_state(self) -> bool {
+        self == Mode::Daemon
+    }
+
+    /// Removing its UAPI socket stops the process, and the interface being deleted is a
+    /// normal exit (wireguard-go's contract); the failure may also be said on stderr, since
+    /// the drop-in's log may be gone with its terminal.
+    pub fn follows_the_device(self) -> bool {
+        self == Mode::Userspace
+    }
 }
 
 /// The control core of one interface. See the module documentation for the call order.
@@ -202,6 +247,25 @@ impl Control {
         Control::with_mode(Mode::Daemon, config, listen_port, health_bound, now)
     }
 
+    /// The core of the wireguard-go drop-in for device `name` ([`Mode::Userspace`]): no file,
+    /// so no configuration but the name ([`Config::device_only`]); the device starts without a
+    /// key, peers or addresses until UAPI sets them.
+    pub fn userspace(
+        name: &str,
+        listen_port: u16,
+        health_bound: Option<SocketAddr>,
+        now: Instant,
+    ) -> Result<Self, crate::config::ConfigError> {
+        let config = Config::device_only(name)?;
+        Ok(Control::with_mode(
+            Mode::Userspace,
+            config,
+            listen_port,
+            health_bound,
+            now,
+        ))
+    }
+
     /// [`Control::new`] in `mode`. In [`Mode::Userspace`] the configuration only names the
     /// interface (and its key is ignored: the device starts without one).
     pub fn with_mode(
@@ -211,7 +275,6 @@ impl Control {
         health_bound: Option<SocketAddr>,
         now: Instant,
     ) -> Self {
-        let userspace = mode == Mode::Userspace;
         let mut control = Control {
             mode,
             listen_port,
@@ -223,7 +286,9 @@ impl Control {
                 in_flight: None,
                 failed: None,
             },
-            private_key: (!userspace).then(|| config.interface.private_key.clone()),
+            private_key: mode
+                .starts_with_key()
+                .then(|| config.interface.private_key.clone()),
             fwmark: config.interface.fwmark,
             socket_mark: config.interface.fwmark,
             peers: BTreeMap::new(),
@@ -246,7 +311,7 @@ impl Control {
                 failed: None,
                 removing: false,
                 removal_failed: false,
-                sweep_pending: mode == Mode::Daemon,
+                sweep_pending: mode.installs_host_state(),
                 checking: false,
                 retry: Retry::new(APPLY_RETRY_CAP),
                 next_check: config.firewall.repair_interval.map(|every| now + every),

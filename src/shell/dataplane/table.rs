@@ -9,6 +9,7 @@ use crate::core::control::{PeerChanges, PeerSpec, PeerUpsert, SessionEffect};
 use crate::core::packet::{PeerLookup, PeerPath};
 use crate::core::peer::Peer;
 use crate::core::wg::Limiter;
+use crate::shell::keys::GenerateKey as _;
 use parking_lot::{Mutex, MutexGuard};
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;

@@ -43,7 +43,7 @@ pub struct Policy {
 
 impl Policy {
     /// How many of the longest idle connections one newcomer at the cap closes.
-    fn eviction_batch(&self) -> usize {
+    pub fn eviction_batch(&self) -> usize {
         (self.max_connections / 16).max(1)
     }
 }

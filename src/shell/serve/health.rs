@@ -64,11 +64,7 @@ impl Limits {
     /// loaded node; the kubelet's probes time out after 1 s by default and send their request
     /// at once. 4 MiB holds the metrics of thousands of peers.
     pub const DEFAULT: Limits = Limits {
-        policy: Policy {
-            max_connections: 256,
-            idle_timeout: Duration::from_secs(5),
-            drain_timeout: Duration::from_secs(1),
-        },
+        policy: super::policy::HEALTH.connections,
         max_metrics_bytes: 4 * 1024 * 1024,
     };
 }
@@ -126,7 +122,7 @@ async fn serve_connection(
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(limits.policy.idle_timeout)
-        .max_buf_size(16 * 1024);
+        .max_buf_size(super::policy::HEALTH.max_request_bytes);
     let http = builder.serve_connection(TokioIo::new(stream), service);
     let mut http = pin!(http);
     tokio::select! {

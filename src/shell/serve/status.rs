@@ -1,7 +1,7 @@
 //! The status socket's server (`/var/run/tunnelgate/<interface>.sock`): one JSON
 //! [`Snapshot`](crate::telemetry::Snapshot) per connection, or a reload and its [`ReloadAnswer`]. The protocol is
 //! [`crate::telemetry::status`]; limits: a request line of at most [`MAX_REQUEST_BYTES`] and
-//! [`MAX_STATUS_CONNECTIONS`] connections at once; a line too long, not UTF-8 or cut off gets
+//! [`super::policy::STATUS`]'s connections at once; a line too long, not UTF-8 or cut off gets
 //! an error answer.
 
 use std::future::Future;
@@ -16,7 +16,7 @@ use super::accept::{self, Conn, LocalListener, Policy};
 use super::local_socket::{self, ClaimError, ClaimedPath};
 use crate::telemetry::status::{
     request_from_bytes, ReloadAnswer, Reloader, Request, StatusError, IO_TIMEOUT,
-    MAX_REQUEST_BYTES, MAX_STATUS_CONNECTIONS, REQUEST_WAIT,
+    MAX_REQUEST_BYTES, REQUEST_WAIT,
 };
 use crate::telemetry::Observe;
 
@@ -24,11 +24,7 @@ use crate::telemetry::Observe;
 /// under a second (a reload: until it is applied); at the cap a newcomer closes the connection
 /// that has waited longest for its request line, so a client that connects and says nothing
 /// cannot lock the others out, and a reload in progress is never cut.
-pub const POLICY: Policy = Policy {
-    max_connections: MAX_STATUS_CONNECTIONS,
-    idle_timeout: IO_TIMEOUT,
-    drain_timeout: std::time::Duration::ZERO,
-};
+pub const POLICY: Policy = super::policy::STATUS.connections;
 
 /// A bound status socket. Dropping it (or the end of [`StatusSocket::serve`]) removes the
 /// socket file, unless another process has replaced it since.
@@ -85,6 +81,18 @@ impl StatusSocket {
         reloader: Option<Arc<dyn Reloader>>,
         shutdown: impl Future<Output = ()>,
     ) -> Result<(), StatusError> {
+        self.serve_with(observe, reloader, shutdown, POLICY).await
+    }
+
+    /// [`StatusSocket::serve`] under another connection policy (the policy walk's short
+    /// limits).
+    pub(crate) async fn serve_with(
+        self,
+        observe: Arc<dyn Observe>,
+        reloader: Option<Arc<dyn Reloader>>,
+        shutdown: impl Future<Output = ()>,
+        policy: Policy,
+    ) -> Result<(), StatusError> {
         let StatusSocket { listener, guard } = self;
         let path = guard.path().to_path_buf();
         let listener =
@@ -96,7 +104,7 @@ impl StatusSocket {
         accept::serve(
             "status socket",
             listener,
-            POLICY,
+            policy,
             move |stream, conn| answer_connection(stream, observe.clone(), reloader.clone(), conn),
             shutdown,
         )
@@ -162,6 +170,7 @@ async fn answer_connection(
 
 #[cfg(test)]
 mod tests {
+    use crate::telemetry::status::MAX_STATUS_CONNECTIONS;
     use std::io::{ErrorKind, Read as _};
     use std::os::unix::fs::{FileTypeExt as _, PermissionsExt as _};
     use std::os::unix::net::UnixStream as StdUnixStream;

@@ -12,7 +12,6 @@ use std::io;
 use std::os::unix::net::UnixListener as StdUnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
@@ -22,25 +21,14 @@ pub const DEFAULT_SOCKET_DIR: &str = "/var/run/wireguard";
 /// Far above any real configuration (`wg setconf` of one peer with 130k allowed IPs is about
 /// 3 MB; this is 10M allowed IPs), and only root can connect: the bound that protects the daemon
 /// from a runaway client is [`MAX_LINE_BYTES`].
-pub const MAX_REQUEST_BYTES: usize = 256 << 20;
+pub const MAX_REQUEST_BYTES: usize = super::policy::UAPI.max_request_bytes;
 /// The longest line accepted. The longest legitimate one is a key line (75 bytes) or an
 /// IPv6 endpoint with a scope (about 70).
 pub const MAX_LINE_BYTES: usize = 4096;
 /// The largest `get` reply the client reads.
 const MAX_REPLY_BYTES: usize = 64 << 20;
-/// Connections served at once. A newcomer at the cap closes the connections idle longest, so
-/// clients that connect and say nothing cannot lock `wg` out for [`IDLE_TIMEOUT`]; a `wg`
-/// command's own connection lasts milliseconds and is the most recently active.
-const MAX_CONNECTIONS: usize = 64;
-/// A connection that sends nothing for this long is closed (and the client waits this long
-/// for a reply).
-const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
-/// The UAPI server's connection policy: open connections are closed at once on shutdown.
-pub const POLICY: Policy = Policy {
-    max_connections: MAX_CONNECTIONS,
-    idle_timeout: IDLE_TIMEOUT,
-    drain_timeout: Duration::ZERO,
-};
+/// The UAPI server's connection policy (its values and why: [`super::policy::UAPI`]).
+pub const POLICY: Policy = super::policy::UAPI.connections;
 /// Linux `IFNAMSIZ - 1`.
 const MAX_NAME_LEN: usize = 15;
 
@@ -140,6 +128,19 @@ impl UapiServer {
     where
         F: Future<Output = ()>,
     {
+        self.run_with(handler, shutdown, super::policy::UAPI).await
+    }
+
+    /// [`UapiServer::run`] under another policy (the policy walk's short limits).
+    pub(crate) async fn run_with<F>(
+        self,
+        handler: Arc<dyn UapiHandler>,
+        shutdown: F,
+        policy: super::policy::ServerPolicy,
+    ) -> Result<(), ServerError>
+    where
+        F: Future<Output = ()>,
+    {
         let UapiServer {
             listener,
             file,
@@ -155,8 +156,10 @@ impl UapiServer {
         let ended = accept::serve(
             "UAPI",
             listener,
-            POLICY,
-            move |stream, conn| serve_connection(stream, handler.clone(), conn),
+            policy.connections,
+            move |stream, conn| {
+                serve_connection(stream, handler.clone(), conn, policy.max_request_bytes)
+            },
             shutdown,
         )
         .await;
@@ -207,7 +210,7 @@ enum Framed {
     Eof,
     /// Over the size limit.
     TooBig,
-    /// Read error or idle timeout: just close.
+    /// Read error: just close.
     Gone,
 }
 
@@ -251,21 +254,28 @@ async fn next_request(
         if buf.len() > limit || buf.len() - line_start > MAX_LINE_BYTES {
             return Framed::TooBig;
         }
-        match tokio::time::timeout(IDLE_TIMEOUT, stream.read(&mut chunk)).await {
-            Ok(Ok(0)) => return Framed::Eof,
-            Ok(Ok(n)) => {
+        // No deadline of its own: the accept loop closes a connection that shows no activity
+        // (`on_read`) for the idle timeout, the request's one deadline.
+        match stream.read(&mut chunk).await {
+            Ok(0) => return Framed::Eof,
+            Ok(n) => {
                 on_read();
                 buf.extend_from_slice(&chunk[..n]);
             }
-            Ok(Err(_)) | Err(_) => return Framed::Gone,
+            Err(_) => return Framed::Gone,
         }
     }
 }
 
-async fn serve_connection(mut stream: UnixStream, handler: Arc<dyn UapiHandler>, conn: Conn) {
+async fn serve_connection(
+    mut stream: UnixStream,
+    handler: Arc<dyn UapiHandler>,
+    conn: Conn,
+    max_request_bytes: usize,
+) {
     let mut buf = Vec::new();
     loop {
-        let framed = next_request(&mut stream, &mut buf, MAX_REQUEST_BYTES, &|| conn.touch()).await;
+        let framed = next_request(&mut stream, &mut buf, max_request_bytes, &|| conn.touch()).await;
         let (request, last) = match framed {
             Framed::Request(end) => (buf.drain(..end).collect::<Vec<u8>>(), false),
             Framed::Eof if buf.is_empty() => return,
@@ -273,7 +283,7 @@ async fn serve_connection(mut stream: UnixStream, handler: Arc<dyn UapiHandler>,
             Framed::Eof => (std::mem::take(&mut buf), true),
             Framed::TooBig => {
                 tracing::warn!(
-                    "UAPI request over {MAX_REQUEST_BYTES} bytes or with a line over \
+                    "UAPI request over {max_request_bytes} bytes or with a line over \
                      {MAX_LINE_BYTES}; closing"
                 );
                 let _ = stream
@@ -400,6 +410,7 @@ mod tests {
     use parking_lot::Mutex;
     use std::fs;
     use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    use std::time::Duration;
 
     use tokio::sync::oneshot;
 
@@ -693,7 +704,7 @@ mod tests {
         let server = start(&tmp.0, "ts9", Arc::new(Fake::default()));
         // Clients that connect and say nothing, more than the cap.
         let mut idle = Vec::new();
-        for _ in 0..MAX_CONNECTIONS + 10 {
+        for _ in 0..POLICY.max_connections + 10 {
             idle.push(UnixStream::connect(&server.path).await.expect("connect"));
         }
         let got = tokio::time::timeout(Duration::from_secs(1), client_get(&server.path))

@@ -6,6 +6,7 @@
 
 use super::api::{record_warning, secret_write_failed, service_info, ObjRef, SecretStore};
 use crate::config::SecretKey;
+use crate::shell::keys::GenerateKey as _;
 use crate::sidecar::{changed_keys, render, Backoff, Rejected, ServiceInfo};
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Service;

@@ -26,6 +26,7 @@ use super::run::{
 };
 use crate::config::SecretKey;
 use crate::core::dns::{MAX_CONCURRENT_RESOLUTIONS, RESOLVE_TIMEOUT};
+use crate::shell::keys::GenerateKey as _;
 use crate::shell::resolver::Resolver;
 use crate::sidecar::group::{is_member, render_group, Replica};
 use crate::sidecar::{changed_keys, Backoff, Rejected, ServiceInfo, KEY_PRIVATE};

@@ -38,18 +38,24 @@ impl SecretKey {
         PublicKey(x25519_dalek::PublicKey::from(&secret).to_bytes())
     }
 
-    /// A fresh random private key, clamped as `wg genkey` does.
-    pub fn generate() -> SecretKey {
-        let secret = x25519_dalek::StaticSecret::random_from_rng(rand_core::OsRng);
+    /// A fresh random private key drawn from `rng`, clamped as `wg genkey` does. The caller
+    /// brings the randomness (the shell passes `OsRng`): the core makes no system call.
+    pub fn random(rng: &mut impl rand_core::CryptoRngCore) -> SecretKey {
+        let secret = x25519_dalek::StaticSecret::random_from_rng(rng);
         SecretKey(secret.to_bytes())
     }
 
-    /// A fresh random preshared key: 32 random bytes, as `wg genpsk` prints.
-    pub fn generate_preshared() -> SecretKey {
-        use rand_core::RngCore as _;
+    /// A fresh random preshared key from `rng`: 32 random bytes, as `wg genpsk` prints.
+    pub fn random_preshared(rng: &mut impl rand_core::CryptoRngCore) -> SecretKey {
         let mut bytes = [0u8; 32];
-        rand_core::OsRng.fill_bytes(&mut bytes);
+        rng.fill_bytes(&mut bytes);
         SecretKey(bytes)
+    }
+
+    /// The core's own tests: a fresh key from the operating system's generator.
+    #[cfg(test)]
+    pub(crate) fn generate() -> SecretKey {
+        SecretKey::random(&mut rand_core::OsRng)
     }
 
     /// Only for writing the key where the user asked for it (genkey, UAPI private_key).

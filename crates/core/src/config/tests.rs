@@ -567,3 +567,32 @@ fn ingress_to_loopback_or_to_the_own_health_endpoint_is_warned_about() {
         assert_eq!(warned(extra), Vec::<String>::new(), "{extra}");
     }
 }
+
+/// The drop-in's configuration is every section's default with only the name set: what a file
+/// naming the device (and, since validation wants them, a key and an address) parses to, minus
+/// the address and the key, which nothing reads in userspace mode.
+#[test]
+fn a_device_only_config_is_the_defaults_with_a_name() {
+    let device = Config::device_only("wg-test0").expect("a valid name");
+    let mut parsed = parse(&format!(
+        "[interface]\nname = \"wg-test0\"\nprivate_key = \"{KEY_A}\"\naddresses = [\"100.64.0.1/32\"]\n\
+         [health]\nlisten = \"\"\n"
+    ))
+    .expect("valid");
+    parsed.interface.addresses.clear();
+    parsed.interface.private_key = device.interface.private_key.clone();
+    assert_eq!(device, parsed);
+    assert_eq!(
+        device.health.listen, None,
+        "no health endpoint unless --health"
+    );
+    assert!(device.interface.addresses.is_empty());
+}
+
+#[test]
+fn a_device_only_config_refuses_a_bad_name() {
+    let err = Config::device_only("a-name-much-too-long").expect_err("16+ characters");
+    assert_eq!(err.key, "interface.name");
+    assert!(err.problem.contains("not a valid interface name"), "{err}");
+    assert!(Config::device_only("").is_err(), "empty");
+}

@@ -67,6 +67,46 @@ pub(super) fn validate(
     }
 }
 
+/// The configuration of a device that only has a name (`tunnelgate userspace IFNAME`): every
+/// section at its default, no address, no peer, no rule, no health endpoint, and no key (the
+/// `private_key` field holds zeros that nothing reads: in `Mode::Userspace` the core and the
+/// data plane start without a key, as wireguard-go does). Only the name can be wrong.
+pub(super) fn device_only(name: &str) -> Result<Config, ConfigError> {
+    if !valid_ifname(name) {
+        return Err(ConfigError {
+            key: "interface.name".into(),
+            problem: format!("\"{name}\" is not a valid interface name: expected 1-15 characters of letters, digits, '-', '_' or '.'"),
+        });
+    }
+    let mut errs = Errors(Vec::new());
+    let interface = Interface {
+        name: name.to_string(),
+        private_key: SecretKey([0; 32]),
+        listen_port: 0,
+        addresses: Vec::new(),
+        mtu: DEFAULT_MTU,
+        fwmark: None,
+        workers: None,
+    };
+    let router = router(super::raw::RawRouter::default(), &interface, &mut errs);
+    let config = Config {
+        peers: Vec::new(),
+        firewall: firewall(super::raw::RawFirewall::default(), &mut errs),
+        ingress: Vec::new(),
+        egress: Vec::new(),
+        router,
+        dns: dns(super::raw::RawDns::default(), &mut errs),
+        health: Health {
+            listen: None,
+            ..health(super::raw::RawHealth::default(), &mut errs)
+        },
+        interface,
+    };
+    // Defaults are valid by construction (the config tests parse an empty file's sections).
+    debug_assert!(errs.0.is_empty(), "{:?}", errs.0);
+    Ok(config)
+}
+
 fn interface(
     raw: super::raw::RawInterface,
     base_dir: &Path,

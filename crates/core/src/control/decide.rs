@@ -5,7 +5,8 @@ use super::*;
 
 impl Control {
     pub(super) fn rules_needed(&self) -> bool {
-        self.mode == Mode::Daemon && (forwarding_configured(&self.config) || self.health_exposed())
+        self.mode.installs_host_state()
+            && (forwarding_configured(&self.config) || self.health_exposed())
     }
 
     /// Whether the input guard must keep the tunnel from the health endpoint: it listens
@@ -42,7 +43,7 @@ impl Control {
     }
 
     pub(super) fn desired_routes(&self) -> RoutePlan {
-        if self.mode == Mode::Userspace {
+        if !self.mode.installs_host_state() {
             // wg-quick routes the allowed IPs itself (and sets the fwmark for a default route).
             return routes::plan(&[], self.fwmark);
         }
@@ -99,7 +100,8 @@ impl Control {
     /// the old listener is reported closed.
     pub(super) fn step_health(&mut self) {
         let want = self.config.health.listen;
-        if self.mode != Mode::Daemon
+        // Only a file moves it (the drop-in's endpoint stays where `--health` put it).
+        if !self.mode.has_config_file()
             || want == self.health.requested
             || self.health.in_flight.is_some()
             || self.health.failed == Some(want)
@@ -121,7 +123,7 @@ impl Control {
     }
 
     pub(super) fn step_addresses(&mut self, now: Instant) {
-        if self.mode == Mode::Userspace
+        if !self.mode.installs_host_state()
             || self.addresses.in_flight.is_some()
             || !self.addresses.retry.may_try(now)
         {

@@ -1083,12 +1083,11 @@ fn userspace_mode_installs_no_addresses_routes_or_rules_and_starts_without_a_key
 
     let mut user = Control::with_mode(Mode::Userspace, config, 51820, None, now);
     let actions: Vec<Action> = std::iter::from_fn(|| user.poll_action()).collect();
-    for a in &actions {
-        assert!(
-            matches!(a, Action::UpdatePeers(_)),
-            "userspace mode only sets up peers, got {a:?}"
-        );
-    }
+    // Not vacuous: the file's peer is set up, and nothing else is asked for.
+    assert!(
+        matches!(actions.as_slice(), [Action::UpdatePeers(u)] if u.upsert.len() == 1 && !matches!(u.private_key, Some(Some(_)))),
+        "userspace mode only sets up peers (without a key): {actions:?}"
+    );
     assert!(user.readiness().is_ok(), "{:?}", user.readiness());
     // A UAPI set with peers and allowed IPs (what wg-quick's `wg setconf` does) routes nothing.
     let mut peer = PeerUpdate::new(PublicKey([3; 32]));
@@ -1100,11 +1099,46 @@ fn userspace_mode_installs_no_addresses_routes_or_rules_and_starts_without_a_key
     };
     user.handle_device_update(&update, now).expect("set");
     let actions: Vec<Action> = std::iter::from_fn(|| user.poll_action()).collect();
+    // The set itself is carried out (the key and the new peer), and it routes nothing.
     assert!(
-        actions.iter().all(|a| matches!(a, Action::UpdatePeers(_))),
+        !actions.is_empty() && actions.iter().all(|a| matches!(a, Action::UpdatePeers(_))),
         "{actions:?}"
     );
+    assert!(
+        actions.iter().any(|a| matches!(a, Action::UpdatePeers(u)
+            if matches!(u.private_key, Some(Some(_)))
+                && u.upsert.iter().any(|p| p.public_key == PublicKey([3; 32])))),
+        "the set's key and peer reach the data plane: {actions:?}"
+    );
     assert!(user.teardown().is_empty(), "nothing to undo");
+}
+
+#[test]
+fn the_drop_in_core_starts_from_a_name_alone() {
+    let now = crate::test_util::now();
+    let mut user = Control::userspace("tgsim", 51820, None, now).expect("a valid name");
+    assert_eq!(user.config().interface.name, "tgsim");
+    let actions: Vec<Action> = std::iter::from_fn(|| user.poll_action()).collect();
+    assert!(
+        !actions.iter().any(|a| matches!(
+            a,
+            Action::SetAddresses { .. }
+                | Action::ApplyRoutes(_)
+                | Action::ApplyRules { .. }
+                | Action::SweepRules
+                | Action::EnableForwarding(_)
+        )),
+        "a name alone installs nothing on the host: {actions:?}"
+    );
+    assert!(
+        !actions
+            .iter()
+            .any(|a| matches!(a, Action::UpdatePeers(u) if matches!(u.private_key, Some(Some(_))))),
+        "no key until UAPI sets one: {actions:?}"
+    );
+    assert!(user.readiness().is_ok(), "{:?}", user.readiness());
+    assert!(user.teardown().is_empty(), "nothing to undo");
+    assert!(Control::userspace("not a valid name", 51820, None, now).is_err());
 }
 
 #[test]

@@ -71,7 +71,9 @@ fn names_carry_the_interface_name_as_it_is() {
 fn rendered_text_names_only_our_table_and_chains() {
     let set = full_set("tg-a");
     let text = nft::render(&set) + &nft::render_delete("tg-a");
-    for line in text.lines().filter(|l| l.contains("table inet ")) {
+    let tables: Vec<&str> = text.lines().filter(|l| l.contains("table inet ")).collect();
+    assert!(!tables.is_empty(), "the text names a table:\n{text}");
+    for line in tables {
         assert!(line.contains("table inet tunnelgate_tg-a"), "{line}");
     }
     let ours = owned_names("tg-a");
@@ -82,7 +84,15 @@ fn rendered_text_names_only_our_table_and_chains() {
                 &JumpState::default().with_jumps(Chain::Mss, 1),
                 family,
             );
-        for word in text.split_whitespace().filter(|w| w.starts_with("TG-")) {
+        let chains: Vec<&str> = text
+            .split_whitespace()
+            .filter(|w| w.starts_with("TG-"))
+            .collect();
+        assert!(
+            !chains.is_empty(),
+            "the {family:?} text names chains:\n{text}"
+        );
+        for word in chains {
             assert!(ours.contains(word), "{word} in {text}");
         }
     }
