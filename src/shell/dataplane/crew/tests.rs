@@ -226,7 +226,9 @@ fn a_rekey_in_the_middle_of_a_parallel_batch_loses_nothing() {
         assert_eq!(opened, lens.len());
         assert!(counters.windows(2).all(|w| w[1] == w[0] + 1));
         // The receiver's index the datagrams name: which session sealed them.
-        sessions.push(u32::from_le_bytes(buffer[4..8].try_into().expect("4 bytes")));
+        sessions.push(u32::from_le_bytes(
+            buffer[4..8].try_into().expect("4 bytes"),
+        ));
     }
     assert_ne!(sessions[0], sessions[1], "the handshake made a new session");
     crew.stop();
