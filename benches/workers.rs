@@ -346,6 +346,7 @@ fn measure_crew(pairs: &Arc<Vec<Pair>>, workers: usize, duration: Duration) -> f
                 (pairs.clone(), stop.clone(), moved.clone(), crew.clone());
             std::thread::spawn(move || {
                 let seat = crew.seat();
+                seat.set_busy(true);
                 let owned: Vec<&Pair> = pairs
                     .iter()
                     .enumerate()

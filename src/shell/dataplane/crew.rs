@@ -69,6 +69,8 @@ struct Shared {
     helpers: usize,
     /// Per seat, the helpers' jobs in progress (as `Task::helping`, readable without the lock).
     running: Box<[AtomicUsize]>,
+    /// Readers with work in hand now ([`Seat::set_busy`]).
+    busy: AtomicUsize,
 }
 
 struct Board {
@@ -119,6 +121,7 @@ impl Crew {
                 stop: AtomicBool::new(false),
                 helpers,
                 running: (0..seats).map(|_| AtomicUsize::new(0)).collect(),
+                busy: AtomicUsize::new(0),
             }),
         }
     }
@@ -164,6 +167,7 @@ impl Crew {
         Seat {
             shared: self.shared.clone(),
             index,
+            busy: std::cell::Cell::new(false),
         }
     }
 
@@ -264,10 +268,13 @@ fn next_for_reader(board: &mut Board, seat: usize) -> Next {
 pub struct Seat {
     shared: Arc<Shared>,
     index: Option<usize>,
+    /// Whether this seat's reader counts among the busy ones.
+    busy: std::cell::Cell<bool>,
 }
 
 impl Drop for Seat {
     fn drop(&mut self) {
+        self.set_busy(false);
         if let Some(i) = self.index {
             self.shared.board.lock().seats[i] = SeatState::default();
         }
@@ -281,6 +288,33 @@ enum Next {
 }
 
 impl Seat {
+    /// The reader has work in hand (`true`: from a read that returned data) or is about to
+    /// block for more (`false`). While as many readers are busy as the crew has threads (its
+    /// helpers and one), every core is taken by a reader: a read's jobs wake no helper then,
+    /// since a woken helper would only take a core from a reader, and a job it claimed and
+    /// was then descheduled in would hold its read back. Two atomic operations per change.
+    pub fn set_busy(&self, busy: bool) {
+        if self.index.is_none() || self.busy.replace(busy) == busy {
+            return;
+        }
+        if busy {
+            self.shared.busy.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.shared.busy.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// How many of `idle` sleeping helpers a read of `jobs` jobs wakes: none while every core
+    /// is taken by a busy reader (see [`Seat::set_busy`]), else one per job but the reader's.
+    fn helpers_to_wake(&self, idle: usize, jobs: usize) -> usize {
+        let cores_free = self.shared.busy.load(Ordering::Relaxed) <= self.shared.helpers;
+        if cores_free {
+            idle.min(jobs.saturating_sub(1))
+        } else {
+            0
+        }
+    }
+
     /// Whether jobs posted here may go to a helper.
     pub fn has_helpers(&self) -> bool {
         self.index.is_some()
@@ -307,7 +341,7 @@ impl Seat {
                 jobs,
                 helping: 0,
             });
-            board.idle.min(jobs - 1)
+            self.helpers_to_wake(board.idle, jobs)
         };
         for _ in 0..wake {
             self.shared.wake.notify_one();

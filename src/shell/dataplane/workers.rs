@@ -98,6 +98,7 @@ pub(super) fn tun_loop(inner: &Inner, worker: usize) {
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 flush(inner, &inner.sockets()[worker], &mut out);
+                seat.set_busy(false);
                 priority.drained(clock::now());
                 // Bounded, so an idle reader still stamps its heartbeat and sees `stop`.
                 if let Err(e) = tun::wait_readable(tun, IDLE_WAKE) {
@@ -124,6 +125,7 @@ pub(super) fn tun_loop(inner: &Inner, worker: usize) {
                 continue;
             }
         };
+        seat.set_busy(true);
         reads_since_check += 1;
         if reads_since_check == CHECK_EVERY_READS || segments_since_check >= CHECK_EVERY_SEGMENTS {
             inner.beat(thread);
@@ -287,7 +289,10 @@ pub(super) fn udp_loop(inner: &Inner, worker: usize, socket: &WgSocket) {
     confine(&thread.name());
     inner.beat(thread);
     while !inner.stop.load(Ordering::Relaxed) {
+        // Busy from a batch to the next receive (which may block).
+        seat.set_busy(false);
         let received = socket.recv_batch(&mut batch);
+        seat.set_busy(true);
         inner.beat(thread);
         let now = clock::now();
         match received {

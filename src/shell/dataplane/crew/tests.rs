@@ -73,6 +73,43 @@ fn without_helpers_or_a_free_seat_the_reader_does_everything() {
     assert!(crew.seat().has_helpers());
 }
 
+#[test]
+fn helpers_are_woken_only_while_a_core_is_free_of_busy_readers() {
+    // Two helpers and a reader: three threads, three cores' worth.
+    let crew = Crew::new(2, 4);
+    let seats: Vec<Seat> = (0..4).map(|_| crew.seat()).collect();
+    assert_eq!(
+        seats[0].helpers_to_wake(2, 6),
+        2,
+        "nobody busy: every idle helper"
+    );
+    assert_eq!(
+        seats[0].helpers_to_wake(2, 2),
+        1,
+        "no more than the jobs past the reader's"
+    );
+    assert_eq!(seats[0].helpers_to_wake(0, 6), 0, "none asleep");
+    seats[0].set_busy(true);
+    seats[1].set_busy(true);
+    seats[1].set_busy(true); // counted once
+    assert_eq!(
+        seats[0].helpers_to_wake(2, 6),
+        2,
+        "two busy readers of three cores"
+    );
+    seats[2].set_busy(true);
+    assert_eq!(
+        seats[0].helpers_to_wake(2, 6),
+        0,
+        "every core taken by a reader"
+    );
+    seats[2].set_busy(false);
+    assert_eq!(seats[0].helpers_to_wake(2, 6), 2);
+    // A seat given back stops counting.
+    drop(seats);
+    assert_eq!(crew.shared.busy.load(Ordering::Relaxed), 0);
+}
+
 /// Two tunnels with a completed handshake: `a` sends, `b` receives.
 fn established() -> (Tunnel, Tunnel, (Limiter, Limiter)) {
     let (ka, kb) = (SecretKey::generate(), SecretKey::generate());
