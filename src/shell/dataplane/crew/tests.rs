@@ -1,3 +1,8 @@
+//! The crew with real threads and real sessions: every job runs exactly once whoever takes it,
+//! helpers are woken only while a core is free of busy readers, a read sealed by the crew is in
+//! counter order and opens exactly once, and a rekey in the middle of a parallel batch loses
+//! nothing.
+
 use super::*;
 use crate::config::SecretKey;
 use crate::core::wg::{Limiter, Outcome, Tunnel};
