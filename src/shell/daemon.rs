@@ -541,7 +541,12 @@ impl Daemon {
     /// way back (a stop runs the same two steps, in the same order, from
     /// `shell::process::stop_in_order`). The TUN device goes when the process exits.
     pub(crate) async fn teardown(&mut self) {
-        self.stop_packet_threads().await;
+        // Joined here, not on a blocking thread: a failed start serves nothing yet, and a
+        // blocking-pool thread made for the join (the pool's last one may not be idle again
+        // yet) would take the task that a pids limit leaves for the removal's `nft`.
+        if let Err(e) = self.handle.dataplane.stop() {
+            tracing::warn!(error = %e, "Packet threads did not stop");
+        }
         self.undo_installed().await;
     }
 
