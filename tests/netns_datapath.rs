@@ -11,7 +11,7 @@
 mod common;
 
 use common::*;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tunnelgate::config::SecretKey;
 use tunnelgate::core::liveness::STALL_LIMIT;
 use tunnelgate::shell::clock;
@@ -452,8 +452,8 @@ fn saturate_with_stalls(a_ns: &Netns, b_ns: &Netns, b: &Tunnelgate, port: u16, s
         .collect();
     assert!(!readers.is_empty(), "no tg-udp-rx thread in {}", b.pid());
     std::thread::sleep(Duration::from_millis(500));
-    let slow_until = Instant::now() + Duration::from_secs(u64::from(secs) - 1);
-    while Instant::now() < slow_until {
+    let slow_until = clock::now() + Duration::from_secs(u64::from(secs) - 1);
+    while clock::now() < slow_until {
         let frozen: Vec<FrozenThread> = readers.iter().map(|t| FrozenThread::freeze(*t)).collect();
         std::thread::sleep(Duration::from_millis(4));
         drop(frozen);
