@@ -541,9 +541,10 @@ impl Daemon {
     /// way back (a stop runs the same two steps, in the same order, from
     /// `shell::process::stop_in_order`). The TUN device goes when the process exits.
     pub(crate) async fn teardown(&mut self) {
-        // Joined here, not on a blocking thread: a failed start serves nothing yet, and a
-        // blocking-pool thread made for the join (the pool's last one may not be idle again
-        // yet) would take the task that a pids limit leaves for the removal's `nft`.
+        // Joined here, not on a blocking thread: a failed start serves nothing yet. Under a
+        // pids limit at the edge, `nft` could not be forked (EAGAIN) now and then once the
+        // packet threads were joined on the pool; our reading (not measured) is that a pool
+        // thread made for the join, the last one not yet idle again, took the task `nft` needed.
         if let Err(e) = self.handle.dataplane.stop() {
             tracing::warn!(error = %e, "Packet threads did not stop");
         }
