@@ -12,7 +12,7 @@
 mod common;
 
 use common::*;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tunnelgate::config::SecretKey;
 use tunnelgate::core::liveness::STALL_LIMIT;
 use tunnelgate::shell::clock;
@@ -148,11 +148,32 @@ fn healthz_fails_naming_a_wedged_packet_thread_and_recovers_when_it_runs_again()
 fn a_deleted_tun_device_ends_the_daemon_non_zero_and_removes_the_rest() {
     require_root();
     let ns = Netns::new();
-    let mut cfg = TgConfig::new(0, &["100.64.9.1/24"]);
+    let rules_before = (
+        ns.exec(&["ip", "rule", "show"]),
+        ns.exec(&["ip", "-6", "rule", "show"]),
+    );
+    // A default-route peer: policy rules and routes in a table of their own, both families,
+    // which the stop removes after the device (and the kernel with it, its routes) is gone.
+    let mut cfg = TgConfig::new(0, &["100.64.9.1/24", "fd00:64:9::1/64"]).peer(Peer::new(
+        &Keypair::generate().public,
+        &["0.0.0.0/0", "::/0"],
+    ));
     cfg.extra = "[[ingress]]\ntarget = \"10.96.0.10\"\n".into();
     let mut tg = Tunnelgate::start(&ns, cfg);
     let iface = tg.name().to_string();
     assert!(ns.exec(&["nft", "list", "ruleset"]).contains("tunnelgate"));
+    assert!(
+        ns.exec(&["ip", "-6", "rule", "show"])
+            .contains("suppress_prefixlength 0"),
+        "no policy rule to remove"
+    );
+    assert!(
+        ns.routes()
+            .lines()
+            .any(|l| l.starts_with("default dev") && l.contains(&iface)),
+        "no default route into the tunnel:\n{}",
+        ns.routes()
+    );
     ns.exec(&["ip", "link", "del", &iface]);
     let status = tg
         .wait_exit(Duration::from_secs(10))
@@ -167,6 +188,16 @@ fn a_deleted_tun_device_ends_the_daemon_non_zero_and_removes_the_rest() {
         !ns.exec(&["nft", "list", "ruleset"]).contains("tunnelgate"),
         "rules left behind"
     );
+    let rules_after = (
+        ns.exec(&["ip", "rule", "show"]),
+        ns.exec(&["ip", "-6", "rule", "show"]),
+    );
+    assert_eq!(rules_after, rules_before, "policy rules left behind");
+    // The routes whose device was gone were already removed: not an error, not a warning.
+    for failure in ["Left in place", "removing route", "removing policy rule"] {
+        assert!(!log.contains(failure), "{failure}:\n{log}");
+    }
+    assert!(!ns.routes().contains(&iface), "{}", ns.routes());
     assert!(!wg_socket(&iface).exists(), "UAPI socket left behind");
     let status_socket = tunnelgate::shell::status_client::status_socket_path(&iface);
     assert!(
@@ -423,8 +454,8 @@ fn saturate_with_stalls(a_ns: &Netns, b_ns: &Netns, b: &Tunnelgate, port: u16, s
         .collect();
     assert!(!readers.is_empty(), "no tg-udp-rx thread in {}", b.pid());
     std::thread::sleep(Duration::from_millis(500));
-    let slow_until = Instant::now() + Duration::from_secs(u64::from(secs) - 1);
-    while Instant::now() < slow_until {
+    let slow_until = clock::now() + Duration::from_secs(u64::from(secs) - 1);
+    while clock::now() < slow_until {
         let frozen: Vec<FrozenThread> = readers.iter().map(|t| FrozenThread::freeze(*t)).collect();
         std::thread::sleep(Duration::from_millis(4));
         drop(frozen);

@@ -10,6 +10,7 @@ use tokio::net::UnixStream;
 use tokio::sync::oneshot;
 use tunnelgate::config::{IpNet, SecretKey};
 use tunnelgate::shell::clock;
+use tunnelgate::shell::serve::local_socket::ClaimError;
 use tunnelgate::shell::serve::uapi::{ServerError, UapiServer, DEFAULT_SOCKET_DIR};
 use tunnelgate::uapi::{DeviceSnapshot, DeviceUpdate, Errno, PeerSnapshot, UapiError, UapiHandler};
 
@@ -204,10 +205,15 @@ async fn real_wg_show_showconf_and_set() {
     );
     assert_eq!(mode(&path), 0o600);
     // A second daemon for the same name is refused while the first one lives.
-    assert!(matches!(
-        UapiServer::bind(name),
-        Err(ServerError::InUse { .. })
-    ));
+    let refused = UapiServer::bind(name).expect_err("a second daemon for the same name");
+    assert!(
+        matches!(&refused, ServerError::Claim(c) if matches!(c.error, ClaimError::InUse { .. })),
+        "{refused}"
+    );
+    assert!(
+        refused.to_string().contains("another network namespace"),
+        "{refused}"
+    );
     let served = serve(server, device.clone());
 
     // wg lists userspace interfaces by their socket.

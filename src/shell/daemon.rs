@@ -302,18 +302,19 @@ impl Daemon {
         self.health.close();
     }
 
-    /// Stop, step 3: removes what the core says was installed (rules, forwarding, routes),
+    /// Stop, step 3: stops and joins the packet threads, so nothing leaves the tunnel while
+    /// the rules (SNAT/masquerade among them) go.
+    pub async fn stop_dataplane(&mut self) {
+        let pulse = self.handle.event_loop.clone();
+        with_pulse(&pulse, self.stop_packet_threads()).await;
+    }
+
+    /// Stop, step 4: removes what the core says was installed (rules, forwarding, routes),
     /// each command under its timeout (the shutdown's give-up is lifted for them).
     pub async fn remove_installed(&mut self) {
         self.executor.give_up_flag().store(false, Ordering::Relaxed);
         let pulse = self.handle.event_loop.clone();
         with_pulse(&pulse, self.undo_installed()).await;
-    }
-
-    /// Stop, step 4: stops and joins the packet threads.
-    pub async fn stop_dataplane(&mut self) {
-        let pulse = self.handle.event_loop.clone();
-        with_pulse(&pulse, self.stop_packet_threads()).await;
     }
 
     /// Stop, step 5: waits (bounded) for the health requests in flight.
@@ -536,17 +537,26 @@ impl Daemon {
         published.backend = self.executor.backend_name();
     }
 
-    /// Undoes what the core says was installed and stops the packet threads: a failed start's
-    /// way back (a stop runs the same two steps from `shell::process::stop_in_order`). The TUN
-    /// device goes when the process exits.
+    /// Stops the packet threads and undoes what the core says was installed: a failed start's
+    /// way back (a stop runs the same two steps, in the same order, from
+    /// `shell::process::stop_in_order`). The TUN device goes when the process exits.
     pub(crate) async fn teardown(&mut self) {
+        // Joined here, not on a blocking thread: a failed start serves nothing yet. Under a
+        // pids limit at the edge, `nft` could not be forked (EAGAIN) now and then once the
+        // packet threads were joined on the pool; our reading (not measured) is that a pool
+        // thread made for the join, the last one not yet idle again, took the task `nft` needed.
+        if let Err(e) = self.handle.dataplane.stop() {
+            tracing::warn!(error = %e, "Packet threads did not stop");
+        }
         self.undo_installed().await;
-        self.stop_packet_threads().await;
     }
 
-    /// Undoes what the core says was installed (collecting, not stopping at, errors). What was
-    /// installed goes before the packet threads, on the blocking threads that applied it: a
-    /// start that failed for want of threads (a pids limit) still has the room to remove it.
+    /// Undoes what the core says was installed (collecting, not stopping at, errors), after
+    /// the packet threads: nothing comes out of the tunnel while the SNAT/masquerade rules go,
+    /// and a start that failed for want of threads (a pids limit) has the stopped threads'
+    /// room for `nft`. A route whose device is already gone (`ip link del`) counts as removed;
+    /// firewall rules and forwarding sysctls do not depend on the device. Actions the core
+    /// still asks for afterwards are dropped.
     async fn undo_installed(&mut self) {
         for action in self.control.teardown() {
             let executed = self.executor.execute(action, self.control.config()).await;
@@ -561,18 +571,18 @@ impl Daemon {
                     .handle_executed(executed, crate::shell::clock::now());
             }
         }
+        let leftover: Vec<Action> = std::iter::from_fn(|| self.control.poll_action()).collect();
+        if !leftover.is_empty() {
+            tracing::debug!(count = leftover.len(), "Actions dropped at teardown");
+        }
     }
 
-    /// Stops and joins the packet threads; drops what the core still asks for.
+    /// Stops and joins the packet threads.
     async fn stop_packet_threads(&mut self) {
         // Joining waits up to a second for the loops' next wake: off the runtime.
         let dataplane = self.handle.dataplane.clone();
         if let Ok(Err(e)) = tokio::task::spawn_blocking(move || dataplane.stop()).await {
             tracing::warn!(error = %e, "Packet threads did not stop");
-        }
-        let leftover: Vec<Action> = std::iter::from_fn(|| self.control.poll_action()).collect();
-        if !leftover.is_empty() {
-            tracing::debug!(count = leftover.len(), "Actions dropped at teardown");
         }
     }
 }

@@ -90,7 +90,8 @@ impl Netlink {
         }
     }
 
-    /// Removes `net` from the link; an address that is already gone is fine.
+    /// Removes `net` from the link; an address that is already gone is fine, and so is one
+    /// whose link is gone (`ip link del`: its addresses went with it).
     pub async fn del_address(&self, index: u32, net: IpNet) -> Result<(), NetlinkError> {
         let mut found = self
             .handle
@@ -100,13 +101,15 @@ impl Netlink {
             .set_address_filter(net.addr())
             .set_prefix_length_filter(net.prefix_len())
             .execute();
-        while let Some(msg) = found
-            .try_next()
-            .await
-            .map_err(req(format!("looking up address {net}")))?
-        {
+        loop {
+            let msg = match found.try_next().await {
+                Ok(Some(msg)) => msg,
+                Ok(None) => break,
+                Err(e) if errno_is(&e, libc::ENODEV) => break,
+                Err(e) => return Err(req(format!("looking up address {net}"))(e)),
+            };
             match self.handle.address().del(msg).execute().await {
-                Err(e) if errno_is(&e, libc::EADDRNOTAVAIL) => {}
+                Err(e) if errno_is(&e, libc::EADDRNOTAVAIL) || errno_is(&e, libc::ENODEV) => {}
                 r => r.map_err(req(format!("removing address {net}")))?,
             }
         }
@@ -122,6 +125,8 @@ impl Netlink {
         }
     }
 
+    /// Removes `route`; one already gone is fine, and so is one whose link is gone (`ip link
+    /// del`: the kernel removed its routes with it).
     pub async fn del_route(&self, index: u32, route: &Route) -> Result<(), NetlinkError> {
         let msg = route_message(index, route)?;
         match self.handle.route().del(msg).execute().await {

@@ -443,11 +443,11 @@ pub(crate) trait Parts {
     /// The health listener: closed while the input guard still stands, so the endpoint never
     /// listens unguarded.
     async fn close_health_listener(&mut self);
-    /// What the core says was installed: rules, forwarding sysctls, routes (each command under
-    /// its timeout).
-    async fn remove_installed(&mut self);
-    /// The packet threads, joined.
+    /// The packet threads, joined: nothing leaves the tunnel from here on.
     async fn stop_dataplane(&mut self);
+    /// What the core says was installed: rules, forwarding sysctls, routes (each command under
+    /// its timeout; a route whose device is already gone counts as removed).
+    async fn remove_installed(&mut self);
     /// The health requests in flight, waited for (bounded).
     async fn drain_health(&mut self);
     /// The watchdog, and the status and UAPI servers' tasks, joined (bounded).
@@ -456,14 +456,16 @@ pub(crate) trait Parts {
 
 /// The stop order, in one place for both modes: the local sockets (UAPI, status) are closed
 /// and unlinked first, so that `ip link del X` followed at once by a new instance of `X` finds
-/// the names free; then the health listener (before the rules take its input guard away), what
-/// was installed (rules, forwarding, routes), the packet threads, the health requests still in
-/// flight, and last the side tasks (the watchdog, the servers' tasks).
+/// the names free; then the health listener (before the rules take its input guard away), the
+/// packet threads, what was installed (rules, forwarding, routes), the health requests still in
+/// flight, and last the side tasks (the watchdog, the servers' tasks). The packet threads stop
+/// before the rules go: a packet the tunnel delivers once the SNAT/masquerade rules are gone
+/// would be forwarded with its tunnel address onto the LAN.
 pub(crate) async fn stop_in_order(parts: &mut impl Parts) {
     parts.close_local_sockets().await;
     parts.close_health_listener().await;
-    parts.remove_installed().await;
     parts.stop_dataplane().await;
+    parts.remove_installed().await;
     parts.drain_health().await;
     parts.join_side_tasks().await;
 }
@@ -488,15 +490,15 @@ impl Parts for Running {
         }
     }
 
-    async fn remove_installed(&mut self) {
-        if let Some(daemon) = &mut self.daemon {
-            daemon.remove_installed().await;
-        }
-    }
-
     async fn stop_dataplane(&mut self) {
         if let Some(daemon) = &mut self.daemon {
             daemon.stop_dataplane().await;
+        }
+    }
+
+    async fn remove_installed(&mut self) {
+        if let Some(daemon) = &mut self.daemon {
+            daemon.remove_installed().await;
         }
     }
 
@@ -551,11 +553,11 @@ mod tests {
         async fn close_health_listener(&mut self) {
             self.step("health listener");
         }
-        async fn remove_installed(&mut self) {
-            self.step("rules, forwarding, routes");
-        }
         async fn stop_dataplane(&mut self) {
             self.step("data plane");
+        }
+        async fn remove_installed(&mut self) {
+            self.step("rules, forwarding, routes");
         }
         async fn drain_health(&mut self) {
             self.step("health requests");
@@ -566,10 +568,11 @@ mod tests {
     }
 
     /// The one stop order of both modes: every local socket is closed (its server has dropped
-    /// its close request) before anything else stops; then the health listener, what was
-    /// installed, the data plane, the health requests in flight, the side tasks.
+    /// its close request) before anything else stops; then the health listener, the data
+    /// plane, what was installed (so nothing leaves the tunnel un-masqueraded), the health
+    /// requests in flight, the side tasks.
     #[tokio::test]
-    async fn a_stop_closes_the_sockets_then_health_then_rules_then_the_data_plane() {
+    async fn a_stop_closes_the_sockets_then_health_then_the_data_plane_then_rules() {
         let sockets = CloseFirst::default();
         let closed = Arc::new(AtomicBool::new(false));
         let server = tokio::spawn({
@@ -596,8 +599,8 @@ mod tests {
             [
                 "sockets",
                 "health listener",
-                "rules, forwarding, routes",
                 "data plane",
+                "rules, forwarding, routes",
                 "health requests",
                 "side tasks"
             ]

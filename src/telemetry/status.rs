@@ -119,10 +119,6 @@ pub enum StatusError {
     Stale { interface: String, path: PathBuf },
     #[error("permission denied: run as root (cannot open {})", .path.display())]
     PermissionDenied { path: PathBuf },
-    #[error("{} is in use by another running tunnelgate daemon", .path.display())]
-    InUse { path: PathBuf },
-    #[error("{} exists and is not a socket; refusing to replace it", .path.display())]
-    NotASocket { path: PathBuf },
     #[error("the daemon did not answer on {} within {} s", .path.display(), IO_TIMEOUT.as_secs())]
     Timeout { path: PathBuf },
     #[error("the daemon on {} does not take reload requests (is it older than this client?)", .path.display())]

@@ -17,7 +17,8 @@
 //! policy of the accept loop ([`super::accept`]) with the values of [`Limits::DEFAULT`]:
 //! - every connection gets the policy's idle timeout from its accept, or from its last
 //!   request, to deliver a complete request head and take the response; one that sends
-//!   nothing, or dribbles bytes, is closed then (hyper's own header timeout covers the head);
+//!   nothing, or dribbles bytes, is closed then. That is each request's one deadline: hyper's
+//!   own header timer is off;
 //! - at most its `max_connections` are open; a new connection at the cap closes the one idle
 //!   longest ([`accept::pick_eviction`]) at once instead of waiting in the backlog, so a probe
 //!   always gets in and is the last to be evicted; at most one descriptor beyond the cap;
@@ -37,7 +38,7 @@ use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
 use hyper::header::{HeaderValue, ACCEPT, ALLOW, CACHE_CONTROL, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -120,8 +121,10 @@ async fn serve_connection(
     };
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.policy.idle_timeout)
+        // One deadline per request, the policy table's idle timeout, which the accept loop
+        // runs from the accept or the last request: no second timer for the head beside it
+        // (hyper's default, 30 s, would need a timer; none is given).
+        .header_read_timeout(None)
         .max_buf_size(super::policy::HEALTH.max_request_bytes);
     let http = builder.serve_connection(TokioIo::new(stream), service);
     let mut http = pin!(http);

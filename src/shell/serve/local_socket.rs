@@ -1,7 +1,8 @@
 //! Claiming a Unix socket path for a local server (the UAPI socket and the status socket): the
 //! directory, the stale-or-live check, a race-free 0600 bind, and removal on drop only while the
-//! file is still ours. It owns no protocol and no error wording a user sees: each server maps
-//! [`ClaimError`] into its own error type.
+//! file is still ours; and the one wording of a refused claim ([`ClaimFailed`], made from a
+//! [`ClaimError`] and the [`Claimant`] that asked), which both servers return. It owns no
+//! protocol.
 
 use std::fs::{self, DirBuilder};
 use std::io;
@@ -19,39 +20,110 @@ const SOCKET_MODE: u32 = 0o600;
 /// The mode of a directory this module creates: clients must be able to traverse it.
 const DIR_MODE: u32 = 0o755;
 
-/// Why a socket path could not be claimed.
-#[derive(Debug, thiserror::Error)]
+/// Why a socket path could not be claimed. What a user reads is [`ClaimFailed`]: this says
+/// what happened, that says to whom.
+#[derive(Debug)]
 pub enum ClaimError {
     /// The socket's directory is missing and cannot be created, or is not a directory.
-    #[error("cannot create the socket directory {}: {source}", path.display())]
-    CreateDir {
-        path: PathBuf,
-        #[source]
-        source: io::Error,
-    },
+    CreateDir { path: PathBuf, source: io::Error },
     /// Something other than a socket is at the path; it is left alone.
-    #[error("{} exists and is not a socket; refusing to replace it", path.display())]
     NotASocket { path: PathBuf },
     /// A live process answered a connect on the path, or won the race to publish its socket.
-    #[error("{} is in use by another live process", path.display())]
     InUse { path: PathBuf },
     /// Connecting to the existing socket was refused for lack of permission (not root?).
-    #[error("permission denied on {} (run as root)", path.display())]
     PermissionDenied { path: PathBuf },
     /// The existing socket could not be inspected, checked or removed.
-    #[error("cannot check or remove the stale socket {}: {source}", path.display())]
-    Stale {
-        path: PathBuf,
-        #[source]
-        source: io::Error,
-    },
+    Stale { path: PathBuf, source: io::Error },
     /// Binding, restricting or publishing the new socket failed.
-    #[error("cannot create the socket {}: {source}", path.display())]
-    Bind {
-        path: PathBuf,
-        #[source]
-        source: io::Error,
-    },
+    Bind { path: PathBuf, source: io::Error },
+}
+
+impl std::fmt::Display for ClaimError {
+    /// The same words as [`ClaimFailed`], for a claimant that is only "socket".
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&describe(self, &Claimant::ANY))
+    }
+}
+
+impl std::error::Error for ClaimError {}
+
+/// Which local server asked for a socket path: the words a refused claim is told in.
+#[derive(Debug, Clone, Copy)]
+pub struct Claimant<'a> {
+    /// The socket as the user knows it: "UAPI socket", "status socket".
+    pub socket: &'static str,
+    /// The programs that serve such a socket: "tunnelgate or wireguard-go".
+    pub servers: &'static str,
+    /// The interface the socket is named after, if it is: a live holder then serves that
+    /// interface, perhaps from another network namespace (the socket directories under
+    /// `/var/run` are shared by all of them).
+    pub interface: Option<&'a str>,
+}
+
+impl Claimant<'_> {
+    /// A socket of no particular server.
+    pub const ANY: Claimant<'static> = Claimant {
+        socket: "socket",
+        servers: "a local server",
+        interface: None,
+    };
+}
+
+/// A refused claim as the user reads it: what happened ([`ClaimFailed::error`]) and the one
+/// message for it, worded by [`describe`] for the server that asked.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct ClaimFailed {
+    pub error: ClaimError,
+    message: String,
+}
+
+impl ClaimFailed {
+    pub fn new(error: ClaimError, claimant: &Claimant<'_>) -> ClaimFailed {
+        let message = describe(&error, claimant);
+        ClaimFailed { error, message }
+    }
+}
+
+/// The one mapping of a [`ClaimError`] to what the user reads, for both local servers.
+fn describe(error: &ClaimError, who: &Claimant<'_>) -> String {
+    let socket = who.socket;
+    match error {
+        ClaimError::CreateDir { path, source } => format!(
+            "cannot create the {socket} directory {}: {source}",
+            path.display()
+        ),
+        ClaimError::NotASocket { path } => format!(
+            "{} exists and is not a socket; refusing to replace it with the {socket}",
+            path.display()
+        ),
+        ClaimError::InUse { path } => match who.interface {
+            Some(name) => format!(
+                "{} is in use: another live process ({}) serves interface {name:?}, possibly in \
+                 another network namespace, since {} is shared by all of them; stop it or \
+                 choose another interface name",
+                path.display(),
+                who.servers,
+                parent_dir(path).display()
+            ),
+            None => format!(
+                "{} is in use by another live process ({})",
+                path.display(),
+                who.servers
+            ),
+        },
+        ClaimError::PermissionDenied { path } => format!(
+            "permission denied: run as root (cannot check the {socket} {})",
+            path.display()
+        ),
+        ClaimError::Stale { path, source } => format!(
+            "cannot check or remove the stale {socket} {}: {source}",
+            path.display()
+        ),
+        ClaimError::Bind { path, source } => {
+            format!("cannot create the {socket} {}: {source}", path.display())
+        }
+    }
 }
 
 /// The socket file a [`claim`] published, identified by device and inode. Dropping it removes

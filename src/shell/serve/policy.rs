@@ -4,6 +4,14 @@
 //! long one may show no activity, and how long open ones get at shutdown; and how large one
 //! request may be, which each server's framing enforces. A server's values are changed here,
 //! not in its module.
+//!
+//! The idle timeout is each request's one deadline: from the accept, or from the last request
+//! (its head), a client has that long to complete its next request (the accept loop closes
+//! the connection then). No handler adds a read deadline of its own: the health endpoint turns
+//! hyper's header timer off. The one other wait is the status protocol's own
+//! (`telemetry::status::REQUEST_WAIT`, 300 ms), which is not a limit: a client that has said
+//! nothing by then (older clients send no request line) is answered with the status, and one
+//! that has sent part of a line is told it was incomplete.
 
 use std::time::Duration;
 
@@ -40,7 +48,10 @@ pub const UAPI: ServerPolicy = ServerPolicy {
 /// The status socket: a `status` or `reload` holds a connection for well under a second (a
 /// reload: until it is applied); at the cap a newcomer closes the connection that has waited
 /// longest for its request line, and a reload in progress is never cut. The values are the
-/// status protocol's (`telemetry::status`), which its client shares.
+/// status protocol's (`telemetry::status`), which its client shares; the protocol's 300 ms
+/// wait for a request line decides what was asked, within the idle timeout (see above), and
+/// the answer's write, made while the connection is busy and so out of the idle timer's reach,
+/// is bounded by the same 5 s (`IO_TIMEOUT`).
 pub const STATUS: ServerPolicy = ServerPolicy {
     server: "status socket",
     connections: Policy {
@@ -55,7 +66,8 @@ pub const STATUS: ServerPolicy = ServerPolicy {
 /// any set of probes and scrapers, and few enough descriptors for the default 1024 limit; 5 s
 /// covers a slow scraper on a loaded node (the kubelet's probes time out after 1 s by default
 /// and send their request at once); in-flight requests get 1 s at stop. A request head is
-/// bounded by hyper's read buffer.
+/// bounded by hyper's read buffer, and has the idle timeout to arrive (hyper's header timer
+/// is off).
 pub const HEALTH: ServerPolicy = ServerPolicy {
     server: "health endpoint",
     connections: Policy {

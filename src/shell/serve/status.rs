@@ -13,7 +13,7 @@ use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::UnixStream;
 
 use super::accept::{self, Conn, LocalListener, Policy};
-use super::local_socket::{self, ClaimError, ClaimedPath};
+use super::local_socket::{self, ClaimError, ClaimFailed, Claimant, ClaimedPath};
 use crate::telemetry::status::{
     request_from_bytes, ReloadAnswer, Reloader, Request, StatusError, IO_TIMEOUT,
     MAX_REQUEST_BYTES, REQUEST_WAIT,
@@ -39,28 +39,33 @@ impl StatusSocket {
     /// needed. A stale socket left by a dead daemon is replaced; a live one (something answers
     /// a connect) is not, nor is anything that is not a socket. Needs no runtime, so the daemon can call it before it
     /// reports ready and fail the start on an error.
-    pub fn bind(path: &Path) -> Result<StatusSocket, StatusError> {
-        StatusSocket::bind_with(local_socket::claim(path))
+    pub fn bind(path: &Path) -> Result<StatusSocket, ClaimFailed> {
+        StatusSocket::bind_with(local_socket::claim(path), None)
     }
 
     /// [`StatusSocket::bind`] for the status socket of interface `interface`: a holder whose
     /// interface is gone (a daemon shutting down) is waited for up to a second
     /// ([`local_socket::claim_for_interface`]).
-    pub fn bind_for_interface(path: &Path, interface: &str) -> Result<StatusSocket, StatusError> {
-        StatusSocket::bind_with(local_socket::claim_for_interface(path, interface))
+    pub fn bind_for_interface(path: &Path, interface: &str) -> Result<StatusSocket, ClaimFailed> {
+        StatusSocket::bind_with(
+            local_socket::claim_for_interface(path, interface),
+            Some(interface),
+        )
     }
 
     fn bind_with(
         claimed: Result<(StdUnixListener, ClaimedPath), ClaimError>,
-    ) -> Result<StatusSocket, StatusError> {
-        let io = |what, path, source| StatusError::Io { what, path, source };
-        let (listener, guard) = claimed.map_err(|e| match e {
-            ClaimError::CreateDir { path, source } => io("cannot create directory", path, source),
-            ClaimError::NotASocket { path } => StatusError::NotASocket { path },
-            ClaimError::InUse { path } => StatusError::InUse { path },
-            ClaimError::PermissionDenied { path } => StatusError::PermissionDenied { path },
-            ClaimError::Stale { path, source } => io("cannot remove stale socket", path, source),
-            ClaimError::Bind { path, source } => io("cannot create", path, source),
+        interface: Option<&str>,
+    ) -> Result<StatusSocket, ClaimFailed> {
+        let (listener, guard) = claimed.map_err(|e| {
+            ClaimFailed::new(
+                e,
+                &Claimant {
+                    socket: "status socket",
+                    servers: "tunnelgate",
+                    interface,
+                },
+            )
         })?;
         Ok(StatusSocket { listener, guard })
     }
@@ -227,7 +232,19 @@ mod tests {
 
         // A second daemon for the same interface is refused while the first is alive.
         match StatusSocket::bind(&path) {
-            Err(StatusError::InUse { .. }) => {}
+            Err(e) if matches!(e.error, ClaimError::InUse { .. }) => {
+                assert!(e.to_string().contains("in use"), "{e}");
+            }
+            other => panic!("expected InUse, got {other:?}"),
+        }
+        // Named after its interface, the same socket is refused with the hint that the
+        // holder may serve that interface from another network namespace.
+        match StatusSocket::bind_for_interface(&path, "lo") {
+            Err(e) if matches!(e.error, ClaimError::InUse { .. }) => {
+                let text = e.to_string();
+                assert!(text.contains("\"lo\""), "names the interface: {e}");
+                assert!(text.contains("another network namespace"), "{e}");
+            }
             other => panic!("expected InUse, got {other:?}"),
         }
 
@@ -279,10 +296,9 @@ mod tests {
         std::fs::create_dir_all(&dir.0).expect("dir");
         let path = status_socket_path_in(&dir.0, "tg2");
         std::fs::write(&path, "precious").expect("write");
-        assert!(matches!(
-            StatusSocket::bind(&path),
-            Err(StatusError::NotASocket { .. })
-        ));
+        let err = StatusSocket::bind(&path).expect_err("not a socket");
+        assert!(matches!(err.error, ClaimError::NotASocket { .. }), "{err}");
+        assert!(err.to_string().contains("not a socket"), "{err}");
         assert_eq!(std::fs::read_to_string(&path).expect("kept"), "precious");
     }
 

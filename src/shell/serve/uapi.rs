@@ -4,7 +4,7 @@
 //! parsed and formatted by [`crate::uapi`].
 
 use super::accept::{self, Conn, Ended, LocalListener, Policy};
-use super::local_socket::{self, ClaimError, ClaimedPath};
+use super::local_socket::{self, ClaimFailed, Claimant, ClaimedPath};
 use crate::uapi::{format_errno, format_get, format_set, parse_get_response, parse_request};
 use crate::uapi::{DeviceSnapshot, DeviceUpdate, Errno, Request, UapiHandler};
 use std::future::Future;
@@ -36,21 +36,9 @@ const MAX_NAME_LEN: usize = 15;
 pub enum ServerError {
     #[error("invalid interface name {name:?} for the UAPI socket: {why}")]
     InvalidName { name: String, why: &'static str },
-    #[error("cannot create the UAPI socket directory {}: {source}", path.display())]
-    CreateDir { path: PathBuf, source: io::Error },
-    #[error(
-        "{} is in use: another live process (tunnelgate or wireguard-go) serves interface {name:?}, \
-         possibly in another network namespace, since {DEFAULT_SOCKET_DIR} is shared by all of \
-         them; stop it or choose another interface name",
-        path.display()
-    )]
-    InUse { path: PathBuf, name: String },
-    #[error("{} exists and is not a socket; refusing to remove it", path.display())]
-    NotASocket { path: PathBuf },
-    #[error("cannot check or remove the stale UAPI socket {}: {source}", path.display())]
-    Stale { path: PathBuf, source: io::Error },
-    #[error("cannot create the UAPI socket {}: {source}", path.display())]
-    Bind { path: PathBuf, source: io::Error },
+    /// The socket path could not be claimed (worded by [`local_socket`] for both servers).
+    #[error(transparent)]
+    Claim(ClaimFailed),
     #[error("the UAPI socket {} was removed or replaced by someone else", path.display())]
     SocketRemoved { path: PathBuf },
     #[error("UAPI socket {}: {source}", path.display())]
@@ -91,19 +79,15 @@ impl UapiServer {
         validate_name(interface_name)?;
         let path = socket_path_in(dir, interface_name);
         let claimed = local_socket::claim_for_interface(&path, interface_name);
-        let (listener, file) = claimed.map_err(|e| match e {
-            ClaimError::CreateDir { path, source } => ServerError::CreateDir { path, source },
-            ClaimError::NotASocket { path } => ServerError::NotASocket { path },
-            ClaimError::InUse { path } => ServerError::InUse {
-                path,
-                name: interface_name.to_string(),
-            },
-            ClaimError::PermissionDenied { path } => ServerError::Stale {
-                path,
-                source: io::ErrorKind::PermissionDenied.into(),
-            },
-            ClaimError::Stale { path, source } => ServerError::Stale { path, source },
-            ClaimError::Bind { path, source } => ServerError::Bind { path, source },
+        let (listener, file) = claimed.map_err(|e| {
+            ServerError::Claim(ClaimFailed::new(
+                e,
+                &Claimant {
+                    socket: "UAPI socket",
+                    servers: "tunnelgate or wireguard-go",
+                    interface: Some(interface_name),
+                },
+            ))
         })?;
         Ok(UapiServer {
             listener,
@@ -406,6 +390,7 @@ fn bad_reply(reply: &str) -> io::Error {
 mod tests {
     use super::*;
     use crate::config::{PublicKey, SecretKey};
+    use crate::shell::serve::local_socket::ClaimError;
     use crate::uapi::{PeerSnapshot, PeerUpdate, UapiError};
     use parking_lot::Mutex;
     use std::fs;
@@ -522,8 +507,14 @@ mod tests {
         let first = start(&tmp.0, "lo", Arc::new(Fake::default()));
 
         let err = UapiServer::bind_in(&tmp.0, "lo").expect_err("live socket must be refused");
-        assert!(matches!(err, ServerError::InUse { .. }), "{err}");
-        assert!(err.to_string().contains("another live process"), "{err}");
+        assert!(
+            matches!(&err, ServerError::Claim(c) if matches!(c.error, ClaimError::InUse { .. })),
+            "{err}"
+        );
+        let text = err.to_string();
+        assert!(text.contains("another live process"), "{err}");
+        assert!(text.contains("another network namespace"), "{err}");
+        assert!(text.contains("\"lo\""), "names the interface: {err}");
         // The refused attempt left the live socket alone.
         let mut s = UnixStream::connect(&path).await.expect("still served");
         assert!(talk(&mut s, b"get=1\n\n").await.ends_with("errno=0\n\n"));
@@ -536,7 +527,11 @@ mod tests {
         let path = tmp.0.join("tg0.sock");
         fs::write(&path, "precious").expect("write");
         let err = UapiServer::bind_in(&tmp.0, "tg0").expect_err("must refuse");
-        assert!(matches!(err, ServerError::NotASocket { .. }), "{err}");
+        assert!(
+            matches!(&err, ServerError::Claim(c) if matches!(c.error, ClaimError::NotASocket { .. })),
+            "{err}"
+        );
+        assert!(err.to_string().contains("not a socket"), "{err}");
         assert_eq!(fs::read_to_string(&path).expect("read"), "precious");
     }
 
