@@ -6,7 +6,6 @@
 use super::*;
 use crate::config::SecretKey;
 use crate::core::wg::{Limiter, Outcome, Tunnel};
-use crate::shell::keys::GenerateKey as _;
 use rand_core::OsRng;
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::atomic::AtomicUsize;
