@@ -1,23 +1,20 @@
 //! The data plane's packet work spread over workers, in process, with no kernel in the way: K
-//! peers with established sessions, each sealing and opening batches of its peers' packets
-//! through `core::peer::Peer` the way the daemon's workers do: one lock per batch to reserve
-//! its counters (`begin_send`), the sealing in place with no lock held, and per message a lock
-//! to find the session (`receiving`), the opening with none, a lock to record it (`opened`).
-//! Prints aggregate throughput per worker count and the speed-up over one.
+//! peers with established sessions, each worker sealing and opening batches of its peers'
+//! packets through `core::peer::Peer` the way the daemon's workers do: one lock per batch to
+//! reserve its counters (`begin_send`), the sealing in place with no lock held, and per
+//! message a lock to find the session (`receiving`), the opening with none, a lock to record
+//! it (`opened`). Prints aggregate throughput per worker count and the speed-up over one.
 //!
-//! Three ways to give peers to workers:
-//! - default (`--crew`): the daemon's own dispatch (`shell::dataplane::crew`, the same
-//!   functions its readers call): each peer is driven by one thread, as the daemon steers it
-//!   (`core::packet::steering::worker_of_peer`), which seals a batch and opens it with a crew of
-//!   `workers - 1` helpers (`crew::seal_all`, `crew::open_all`), and records and delivers the
-//!   opened messages in order under the peer's lock. One peer uses every worker;
-//! - `--owned`: each peer on its one worker with no crew (the daemon before the crew);
+//! Two ways to give peers to workers:
+//! - default: each peer is owned by one worker, as the daemon steers them
+//!   (`core::packet::steering::worker_of_peer`): one peer never uses more than one worker;
 //! - `--shared`: every worker works on every peer, and each peer's batches are put back in
-//!   order by a `core::sequencer::Sequencer` per direction (a model: the daemon does not do
-//!   this).
+//!   order by a `core::sequencer::Sequencer` per direction (numbers reserved under the peer's
+//!   lock with the counters, released once sealed and opened): what one peer on several workers
+//!   costs and gains.
 //!
-//! Run: `cargo bench --bench workers -- [--peers K] [--owned | --shared] [--seconds S]
-//! [--max-workers N] [--json FILE]` (defaults: 16 peers, 2 s per point, 1 to 16 workers).
+//! Run: `cargo bench --bench workers -- [--peers K] [--shared] [--seconds S] [--max-workers N]
+//! [--json FILE]` (defaults: 16 peers, 2 s per point, 1 to 16 workers).
 
 use parking_lot::Mutex;
 use rand_core::OsRng;
@@ -31,8 +28,7 @@ use tunnelgate::core::packet::steering::worker_of_peer;
 use tunnelgate::core::packet::{Inbound, Outbound, PeerLookup, PeerPath};
 use tunnelgate::core::peer::{Peer, Sending};
 use tunnelgate::core::sequencer::Sequencer;
-use tunnelgate::core::wg::{Limiter, DATA_OFFSET, OVERHEAD};
-use tunnelgate::shell::dataplane::crew::{self, Crew, Opening, Sealing, Seat};
+use tunnelgate::core::wg::{Limiter, DATA_OFFSET};
 use tunnelgate::shell::keys::GenerateKey as _;
 
 /// Inner packet size: a full 1420-MTU IPv4 packet.
@@ -217,88 +213,6 @@ fn one_way(
     delivered * PACKET as u64
 }
 
-/// A driver's buffers for the crew: one batch's datagrams back to back (as the send batch
-/// lays them out), their places, the openings, and a landing for delivery.
-struct CrewBuffers {
-    wire: Vec<u8>,
-    sealings: Vec<Sealing>,
-    openings: Vec<Opening<()>>,
-    landing: Vec<u8>,
-}
-
-impl CrewBuffers {
-    fn new() -> CrewBuffers {
-        let sealings = (0..BATCH)
-            .map(|message| {
-                let start = message * (PACKET + OVERHEAD);
-                Sealing {
-                    at: start..start + PACKET + OVERHEAD,
-                    message,
-                }
-            })
-            .collect();
-        CrewBuffers {
-            wire: vec![0u8; BATCH * (PACKET + OVERHEAD)],
-            sealings,
-            openings: Vec::with_capacity(BATCH),
-            landing: vec![0u8; PACKET + 64],
-        }
-    }
-}
-
-/// One batch from `sender` to `receiver` through the daemon's dispatch: counters reserved
-/// under the sender's lock, the batch made and sealed by `seat`'s crew; then each datagram's
-/// session found under the receiver's lock, all opened by the crew, and each recorded under
-/// the lock and copied out, in order. Returns the bytes delivered.
-fn one_way_crew(
-    seat: &Seat,
-    sender: &Mutex<Peer>,
-    receiver: &Mutex<Peer>,
-    from: PeerPath,
-    packet: &[u8],
-    buffers: &mut CrewBuffers,
-) -> u64 {
-    let sending = sender.lock().begin_send(BATCH, BATCH * packet.len());
-    let Sending::Seal { batch, .. } = sending else {
-        return 0;
-    };
-    crew::seal_all(
-        seat,
-        &batch,
-        &mut buffers.wire,
-        &mut buffers.sealings,
-        |_, dst| {
-            dst[..packet.len()].copy_from_slice(packet);
-            packet.len()
-        },
-    );
-    for s in &buffers.sealings {
-        let key = receiver.lock().receiving(&buffers.wire[s.at.clone()]);
-        buffers.openings.push(Opening {
-            at: s.at.clone(),
-            key,
-            outcome: None,
-            tag: (),
-        });
-    }
-    crew::open_all(seat, &mut buffers.wire, &mut buffers.openings);
-    let mut delivered = 0u64;
-    for o in buffers.openings.drain(..) {
-        let Some(Ok(opened)) = o.outcome else {
-            continue;
-        };
-        let plaintext = &buffers.wire[o.at.start + DATA_OFFSET..];
-        let got = receiver
-            .lock()
-            .opened(&Anyone, &(), from, o.at.len(), &opened, plaintext);
-        if let Inbound::Deliver(len) = got {
-            buffers.landing[..len].copy_from_slice(&plaintext[..len]);
-            delivered += 1;
-        }
-    }
-    delivered * PACKET as u64
-}
-
 /// One batch each way through `pair`.
 fn round_trip(pair: &Pair, shared: bool, packet: &[u8], buffers: &mut Buffers) -> u64 {
     let (to_local, to_remote) = if shared {
@@ -323,84 +237,8 @@ fn round_trip(pair: &Pair, shared: bool, packet: &[u8], buffers: &mut Buffers) -
     )
 }
 
-/// How peers are given to workers (see the module).
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Mode {
-    Crew,
-    Owned,
-    Shared,
-}
-
-/// Bytes per second moved by `workers` threads over `pairs` for `duration`, through the
-/// daemon's dispatch: one driver per peer (up to `workers`), a crew of `workers - 1` helpers.
-fn measure_crew(pairs: &Arc<Vec<Pair>>, workers: usize, duration: Duration) -> f64 {
-    let drivers = workers.min(pairs.len());
-    let crew = Arc::new(Crew::new(workers - 1, drivers));
-    let helpers = crew
-        .spawn_helpers(|i| format!("bench-helper-{i}"), || {})
-        .expect("helpers");
-    let stop = Arc::new(AtomicBool::new(false));
-    let moved = Arc::new(AtomicU64::new(0));
-    let threads: Vec<_> = (0..drivers)
-        .map(|d| {
-            let (pairs, stop, moved, crew) =
-                (pairs.clone(), stop.clone(), moved.clone(), crew.clone());
-            std::thread::spawn(move || {
-                let seat = crew.seat();
-                seat.set_busy(true);
-                let owned: Vec<&Pair> = pairs
-                    .iter()
-                    .enumerate()
-                    .filter(|(i, _)| worker_of_peer(*i as u32 + 1, drivers) == d)
-                    .map(|(_, p)| p)
-                    .collect();
-                let packet = packet();
-                let mut buffers = CrewBuffers::new();
-                let mut bytes = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    for pair in &owned {
-                        bytes += one_way_crew(
-                            &seat,
-                            &pair.remote,
-                            &pair.local,
-                            at("192.0.2.2:1"),
-                            &packet,
-                            &mut buffers,
-                        );
-                        bytes += one_way_crew(
-                            &seat,
-                            &pair.local,
-                            &pair.remote,
-                            at("192.0.2.1:1"),
-                            &packet,
-                            &mut buffers,
-                        );
-                    }
-                }
-                moved.fetch_add(bytes, Ordering::Relaxed);
-            })
-        })
-        .collect();
-    let started = tunnelgate::shell::clock::now();
-    std::thread::sleep(duration);
-    stop.store(true, Ordering::Relaxed);
-    for t in threads {
-        t.join().expect("driver");
-    }
-    let elapsed = tunnelgate::shell::clock::since(started).as_secs_f64();
-    crew.stop();
-    for h in helpers {
-        h.join().expect("helper");
-    }
-    moved.load(Ordering::Relaxed) as f64 / elapsed
-}
-
 /// Bytes per second moved by `workers` threads over `pairs` for `duration`.
-fn measure(pairs: &Arc<Vec<Pair>>, workers: usize, mode: Mode, duration: Duration) -> f64 {
-    if mode == Mode::Crew {
-        return measure_crew(pairs, workers, duration);
-    }
-    let shared = mode == Mode::Shared;
+fn measure(pairs: &Arc<Vec<Pair>>, workers: usize, shared: bool, duration: Duration) -> f64 {
     let stop = Arc::new(AtomicBool::new(false));
     let moved = Arc::new(AtomicU64::new(0));
     let threads: Vec<_> = (0..workers)
@@ -478,27 +316,15 @@ fn main() {
     let max_workers: usize = arg(&args, "--max-workers")
         .and_then(|v| v.parse().ok())
         .unwrap_or(16);
-    let mode = if args.iter().any(|a| a == "--shared") {
-        Mode::Shared
-    } else if args.iter().any(|a| a == "--owned") {
-        Mode::Owned
-    } else {
-        Mode::Crew
-    };
+    let shared = args.iter().any(|a| a == "--shared");
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let pairs = Arc::new((1..=peers as u32).map(pair).collect::<Vec<_>>());
-    let (mode_name, description) = match mode {
-        Mode::Crew => (
-            "crew",
-            "each peer driven by one worker, sealed and opened by it and a crew of the others (the daemon's dispatch)",
-        ),
-        Mode::Owned => ("owned", "each peer on its one worker"),
-        Mode::Shared => (
-            "shared",
-            "every worker on every peer, in order through a sequencer (a model)",
-        ),
+    let mode = if shared {
+        "every worker on every peer, in order through a sequencer"
+    } else {
+        "each peer on its one worker"
     };
-    println!("in-process data plane: {peers} peers ({description}), {PACKET}-byte packets in batches of {BATCH}, {cpus} CPUs");
+    println!("in-process data plane: {peers} peers ({mode}), {PACKET}-byte packets in batches of {BATCH}, {cpus} CPUs");
     println!(
         "{:>8} {:>12} {:>10} {:>8} {:>12}",
         "workers", "Gbit/s", "speed-up", "CPU s", "Gbit/CPU-s"
@@ -508,7 +334,7 @@ fn main() {
     let mut one = None;
     for workers in 1..=max_workers {
         let cpu_before = cpu_seconds();
-        let rate = measure(&pairs, workers, mode, Duration::from_secs_f64(seconds));
+        let rate = measure(&pairs, workers, shared, Duration::from_secs_f64(seconds));
         let cpu = cpu_seconds() - cpu_before;
         let gbits = rate * 8.0 / 1e9;
         let speedup = gbits / *one.get_or_insert(gbits);
@@ -522,7 +348,7 @@ fn main() {
     }
     if let Some(path) = arg(&args, "--json") {
         let json = format!(
-            "{{\"peers\": {peers}, \"mode\": \"{mode_name}\", \"packet_bytes\": {PACKET}, \"batch\": {BATCH}, \"cpus\": {cpus}, \"seconds\": {seconds}, \"loadavg_start\": \"{load_start}\", \"loadavg_end\": \"{}\", \"points\": [{}]}}\n",
+            "{{\"peers\": {peers}, \"shared\": {shared}, \"packet_bytes\": {PACKET}, \"batch\": {BATCH}, \"cpus\": {cpus}, \"seconds\": {seconds}, \"loadavg_start\": \"{load_start}\", \"loadavg_end\": \"{}\", \"points\": [{}]}}\n",
             loadavg(),
             rows.join(", ")
         );

@@ -5,14 +5,11 @@
 //!
 //! Threads: each of N workers has a TUN reader (its own TUN queue: read, split, encrypt, send)
 //! and a UDP reader (its own socket of a reuse-port group: receive, decrypt, write to its TUN
-//! queue); N - 1 helpers ([`crew`]) seal and open part of a reader's read beside it; one timer
-//! thread drives every peer's handshakes and keepalives. The kernel keeps a flow on one TUN
-//! queue and the steering program sends a peer's datagrams to one socket, and a read leaves
-//! (or reaches the TUN) in order whoever sealed or opened its parts, so a flow's packets stay
-//! in order. No lock guard lives across a system call: a peer's lock is taken to reserve
-//! counters or find a session, and the batch is sent after.
+//! queue); one timer thread drives every peer's handshakes and keepalives. The kernel keeps a
+//! flow on one TUN queue and the steering program sends a peer's datagrams to one socket, so a
+//! flow's packets stay in order. No lock guard lives across a system call: a peer's lock is
+//! taken for one encrypt or decrypt into a batch slot, and the batch is sent after.
 
-pub mod crew;
 mod readers;
 mod table;
 mod workers;
@@ -127,8 +124,6 @@ struct Inner {
     readers: readers::ReaderStates,
     /// Set once when the data path cannot go on (the TUN device is gone).
     fatal: watch::Sender<Option<String>>,
-    /// The helpers that seal and open beside the readers.
-    crew: crew::Crew,
 }
 
 impl Dataplane {
@@ -169,11 +164,6 @@ impl Dataplane {
                 realtime_budget,
                 readers: readers::ReaderStates::new(workers),
                 fatal: watch::Sender::new(None),
-                // One helper per worker but one: with the reader, one read can use every
-                // worker's core; with one worker the path is the single thread it was.
-                // Seats: both readers of every worker, and their successors while a rebind
-                // replaces the UDP readers.
-                crew: crew::Crew::new(workers - 1, 4 * workers),
             }),
             stopped: AtomicBool::new(false),
         })
@@ -191,11 +181,6 @@ impl Dataplane {
             }
             self.inner
                 .spawn(PacketThread::Timers, workers::timer_loop)?;
-            let helpers = self.inner.crew.spawn_helpers(
-                |i| format!("tg-helper-{i}"),
-                || workers::confine("tg-helper"),
-            )?;
-            self.inner.handles.lock().extend(helpers);
             Inner::start_udp_readers(&self.inner)
         })();
         if started.is_err() {
@@ -331,7 +316,6 @@ impl Dataplane {
             return Ok(());
         }
         self.inner.stop.store(true, Ordering::Relaxed);
-        self.inner.crew.stop();
         // Wakes the UDP readers now rather than at their next receive timeout.
         for socket in self.inner.sockets().iter() {
             socket.shutdown();

@@ -598,14 +598,6 @@ impl MmsgScratch {
     }
 }
 
-/// A position in a [`RecvBatch`]'s datagrams (see [`RecvBatch::next_span`]): a new one starts
-/// at the first.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct SpanCursor {
-    message: usize,
-    offset: usize,
-}
-
 /// Buffers for one `recvmmsg`, allocated once per receiving thread.
 pub struct RecvBatch {
     /// [`BATCH`] receive buffers of [`RECV_BUFFER`] bytes, back to back in one allocation: the
@@ -665,36 +657,6 @@ impl RecvBatch {
         Some(now.saturating_sub(*oldest))
     }
 
-    /// The datagram after `cursor` (coalesced messages split at their segment size), with
-    /// where it came from and its range in [`RecvBatch::bytes`]; moves the cursor past it.
-    /// The same datagrams as [`RecvBatch::datagrams`], for a walk that changes them between
-    /// steps.
-    pub fn next_span(&self, cursor: &mut SpanCursor) -> Option<(PeerPath, std::ops::Range<usize>)> {
-        while cursor.message < self.count {
-            let (len, segment) = (self.lens[cursor.message], self.segment[cursor.message]);
-            if cursor.offset < len {
-                let base = cursor.message * RECV_BUFFER;
-                let start = cursor.offset;
-                cursor.offset = (start + segment.max(1)).min(len);
-                return Some((
-                    self.from[cursor.message],
-                    base + start..base + cursor.offset,
-                ));
-            }
-            (cursor.message, cursor.offset) = (cursor.message + 1, 0);
-        }
-        None
-    }
-
-    /// The receive buffers, where [`RecvBatch::next_span`]'s ranges point.
-    pub fn bytes(&self) -> &[u8] {
-        &self.bufs
-    }
-
-    pub fn bytes_mut(&mut self) -> &mut [u8] {
-        &mut self.bufs
-    }
-
     /// Every datagram received, with where it came from and the local address it was sent to;
     /// coalesced messages split at their segment size.
     pub fn datagrams(&self) -> impl Iterator<Item = (PeerPath, &[u8])> + '_ {
@@ -751,37 +713,6 @@ impl SendBatch {
 
     pub fn is_empty(&self) -> bool {
         self.count == 0
-    }
-
-    /// Datagrams queued.
-    pub fn len(&self) -> usize {
-        self.count
-    }
-
-    /// Datagrams that still fit.
-    pub fn room(&self) -> usize {
-        BATCH - self.count
-    }
-
-    /// Queues the next datagram, `len` bytes to `to`, to be made later (by any thread) at the
-    /// range returned in [`SendBatch::bytes_mut`]: [`SendBatch::slot`] and [`SendBatch::push`]
-    /// for datagrams made after their place is taken.
-    ///
-    /// # Panics
-    /// If the batch is full or `len` is more than its datagrams may be.
-    pub fn reserve(&mut self, len: usize, to: PeerPath) -> std::ops::Range<usize> {
-        assert!(
-            self.count < BATCH && len <= self.max_datagram,
-            "no room for a datagram of {len} bytes"
-        );
-        let at = self.cursor..self.cursor + len;
-        self.push(len, to);
-        at
-    }
-
-    /// The batch's bytes, where [`SendBatch::reserve`]'s ranges point.
-    pub fn bytes_mut(&mut self) -> &mut [u8] {
-        &mut self.data
     }
 
     /// Space for the next datagram; commit it with [`SendBatch::push`].
@@ -939,65 +870,5 @@ mod tests {
         // A wall clock stepped back behind the arrival counts as no wait, not as a huge one.
         let before = SystemTime::UNIX_EPOCH + Duration::from_secs(1);
         assert_eq!(batch.oldest_wait(before), Some(Duration::ZERO));
-    }
-
-    /// The walk the UDP reader opens in place by: the same datagrams as `datagrams`, in the
-    /// same order, GRO messages split at their segment size (a short last one included).
-    #[test]
-    fn spans_walk_the_same_datagrams_as_the_iterator() {
-        let mut batch = RecvBatch::default();
-        let (a, b) = (
-            PeerPath::to(SocketAddr::from(([192, 0, 2, 1], 1))),
-            PeerPath::to(SocketAddr::from(([192, 0, 2, 2], 2))),
-        );
-        batch.count = 3;
-        batch.lens[..3].copy_from_slice(&[3000, 0, 100]);
-        batch.segment[..3].copy_from_slice(&[1400, 1, 1400]);
-        batch.from[..3].copy_from_slice(&[a, b, b]);
-        for (i, byte) in batch.bufs.iter_mut().enumerate().take(3 * RECV_BUFFER) {
-            *byte = (i % 251) as u8;
-        }
-        let mut cursor = SpanCursor::default();
-        let mut spans = Vec::new();
-        while let Some(span) = batch.next_span(&mut cursor) {
-            spans.push(span);
-        }
-        let third = 2 * RECV_BUFFER;
-        assert_eq!(
-            spans,
-            vec![
-                (a, 0..1400),
-                (a, 1400..2800),
-                (a, 2800..3000),
-                (b, third..third + 100)
-            ]
-        );
-        let walked: Vec<(PeerPath, &[u8])> = spans
-            .iter()
-            .map(|(from, at)| (*from, &batch.bytes()[at.clone()]))
-            .collect();
-        assert_eq!(walked, batch.datagrams().collect::<Vec<_>>());
-    }
-
-    /// Datagrams reserved before they are made lie back to back, as pushed ones do (a GSO run
-    /// needs that), and the batch counts them.
-    #[test]
-    fn reserved_datagrams_lie_back_to_back() {
-        let mut batch = SendBatch::new(MAX_DATAGRAM);
-        let to = PeerPath::to(SocketAddr::from(([192, 0, 2, 1], 1)));
-        let first = batch.reserve(1452, to);
-        let second = batch.reserve(1452, to);
-        assert_eq!((first, second), (0..1452, 1452..2904));
-        assert_eq!((batch.len(), batch.room()), (2, BATCH - 2));
-        batch.bytes_mut()[1452..2904].fill(7);
-        assert_eq!(
-            batch.slot().len(),
-            MAX_DATAGRAM,
-            "the next slot starts after them"
-        );
-        while batch.room() > 0 {
-            batch.reserve(100, to);
-        }
-        assert!(batch.is_full());
     }
 }

@@ -298,15 +298,6 @@ impl SplitPlan {
         Some((headers, start..end, &template[..headers]))
     }
 
-    /// The length segment `i` will have once made (by [`SplitPlan::segment_into`]): known
-    /// before it is made, so a batch can reserve every segment's place first.
-    pub fn segment_len(&self, i: usize) -> usize {
-        match self.payload_of(i) {
-            Some((headers, payload, _)) => headers + payload.len(),
-            None => self.packet.len(),
-        }
-    }
-
     /// Makes segment `i` a complete IP packet in place and returns its range in `read`. Call
     /// for `i = 0, 1, ...` in order: segment `i`'s headers are written over the last bytes of
     /// segment `i - 1`'s payload, which the caller has finished with by then.

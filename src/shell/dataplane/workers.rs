@@ -3,7 +3,6 @@
 //! the peer table; a peer's lock is held for one call into `core::peer` and released before
 //! any send or write; nothing here logs per packet.
 
-use super::crew::{self, Opening, Sealing};
 use super::readers::ThreadPriority;
 use super::table::{PeerSlot, PeerTable};
 use super::Inner;
@@ -14,7 +13,7 @@ use crate::core::packet::{self, steering, DropReason, Inbound, Outbound, PeerPat
 use crate::core::peer::{LimiterReset, Sending};
 use crate::core::wg;
 use crate::shell::seccomp::{self, Confinement};
-use crate::shell::udp::{RecvBatch, SendBatch, SpanCursor, WgSocket, BATCH, MAX_DATAGRAM};
+use crate::shell::udp::{RecvBatch, SendBatch, WgSocket, BATCH, MAX_DATAGRAM};
 use crate::shell::{clock, tun};
 use std::net::IpAddr;
 use std::sync::atomic::Ordering;
@@ -34,15 +33,11 @@ const COALESCE_SLOTS: usize = 16;
 /// per-packet path and bounds what one charge can come late by.
 const CHECK_EVERY_READS: u32 = 64;
 const CHECK_EVERY_SEGMENTS: u32 = 64;
-/// Received datagrams opened together (by the reader and the crew) before they are delivered
-/// in arrival order: far inside the replay window (1024), so opening them in any order
-/// rejects none as too old.
-const OPEN_WINDOW: usize = 128;
 
 /// Confines the calling packet thread, once its setup is done, to the seccomp allow-list
 /// (`core::seccomp`). The outcome is logged once per process; a thread that could not be
 /// confined logs why and runs on without the filter (the packet path matters more).
-pub(super) fn confine(thread: &str) {
+fn confine(thread: PacketThread) {
     static LOGGED: std::sync::Once = std::sync::Once::new();
     match seccomp::confine_current_thread() {
         Ok(Confinement::Filtered(policy)) => LOGGED.call_once(|| {
@@ -59,7 +54,7 @@ pub(super) fn confine(thread: &str) {
             tracing::warn!("Packet threads not confined: no seccomp list for this architecture")
         }),
         Err(e) => tracing::warn!(
-            thread,
+            thread = %thread.name(),
             error = %e,
             "Packet thread not confined: the seccomp filter could not be installed"
         ),
@@ -81,8 +76,6 @@ pub(super) fn tun_loop(inner: &Inner, worker: usize) {
     let mut read = vec![0u8; TUN_READ_BYTES];
     let mut out = SendBatch::new(MAX_DATAGRAM);
     let (mut reads_since_check, mut segments_since_check) = (0u32, 0u32);
-    let seat = inner.crew.seat();
-    let mut sealings: Vec<Sealing> = Vec::with_capacity(BATCH);
     let mut priority = ThreadPriority::new(inner, thread);
     priority.drained(clock::now());
     // Non-blocking reads drain whatever the kernel queued before one batched send: small
@@ -91,14 +84,13 @@ pub(super) fn tun_loop(inner: &Inner, worker: usize) {
     if let Err(e) = tun.set_nonblocking(true) {
         tracing::warn!(error = %e, "TUN device stays blocking: one send per read");
     }
-    confine(&thread.name());
+    confine(thread);
     inner.beat(thread);
     while !inner.stop.load(Ordering::Relaxed) {
         let n = match tun.recv(&mut read) {
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 flush(inner, &inner.sockets()[worker], &mut out);
-                seat.set_busy(false);
                 priority.drained(clock::now());
                 // Bounded, so an idle reader still stamps its heartbeat and sees `stop`.
                 if let Err(e) = tun::wait_readable(tun, IDLE_WAKE) {
@@ -125,7 +117,6 @@ pub(super) fn tun_loop(inner: &Inner, worker: usize) {
                 continue;
             }
         };
-        seat.set_busy(true);
         reads_since_check += 1;
         if reads_since_check == CHECK_EVERY_READS || segments_since_check >= CHECK_EVERY_SEGMENTS {
             inner.beat(thread);
@@ -181,25 +172,14 @@ pub(super) fn tun_loop(inner: &Inner, worker: usize) {
             priority.unauthenticated(dropped);
             continue;
         };
-        // Each segment's datagram has its place in the send batch before it is made, in
-        // counter order; the crew makes and seals them there (segment 0, made above for the
-        // lookup, is made again: one copy of one segment), and the batch leaves in that order.
-        let read = &*read;
-        let mut done = 0;
-        while done < count {
-            let piece = (count - done).min(BATCH);
-            if out.room() < piece {
-                flush(inner, socket, &mut out);
-            }
-            sealings.clear();
-            for i in done..done + piece {
-                let at = out.reserve(plan.segment_len(i) + wg::OVERHEAD, to);
-                sealings.push(Sealing { at, message: i });
-            }
-            crew::seal_all(&seat, &batch, out.bytes_mut(), &mut sealings, |i, dst| {
-                plan.segment_into(read, i, dst)
-            });
-            done += piece;
+        for i in 0..count {
+            let message = out.slot();
+            let len = match i {
+                0 => first,
+                _ => plan.segment_into(read, i, &mut message[wg::DATA_OFFSET..]),
+            };
+            let len = batch.seal_in_place(i, message, len);
+            out.push(len, to);
             if out.is_full() {
                 flush(inner, socket, &mut out);
             }
@@ -271,8 +251,6 @@ pub(super) fn udp_loop(inner: &Inner, worker: usize, socket: &WgSocket) {
     let mut replies = SendBatch::new(MAX_DATAGRAM);
     let mut coalescer = Coalescer::new(COALESCE_SLOTS, tun.udp_gso());
     let mut cookie = [0u8; 64];
-    let seat = inner.crew.seat();
-    let mut openings: Vec<Opening<(PeerPath, Arc<PeerSlot>)>> = Vec::with_capacity(OPEN_WINDOW);
     // AQM on the socket buffer in front of this thread (off without receive timestamps).
     let mut queue = aqm::ReceiveQueue::new(
         inner
@@ -286,13 +264,10 @@ pub(super) fn udp_loop(inner: &Inner, worker: usize, socket: &WgSocket) {
     if let Err(e) = socket.set_receive_timeout(IDLE_WAKE) {
         tracing::warn!(error = %e, "UDP receive timeout not set: an idle reader looks stuck");
     }
-    confine(&thread.name());
+    confine(thread);
     inner.beat(thread);
     while !inner.stop.load(Ordering::Relaxed) {
-        // Busy from a batch to the next receive (which may block).
-        seat.set_busy(false);
         let received = socket.recv_batch(&mut batch);
-        seat.set_busy(true);
         inner.beat(thread);
         let now = clock::now();
         match received {
@@ -336,84 +311,53 @@ pub(super) fn udp_loop(inner: &Inner, worker: usize, socket: &WgSocket) {
             // One more clock read per batch, none per datagram.
             queue.on_batch(batch.oldest_wait(clock::wall_now()), now);
         }
-        // In windows of datagrams: each is identified and its session found in arrival order
-        // (cookies answered, drops counted, as they come); the data messages of kept sessions
-        // are then opened in place by this thread and the crew; then each is recorded under
-        // its peer's lock and delivered, in arrival order again.
-        let mut cursor = SpanCursor::default();
-        loop {
-            while openings.len() < OPEN_WINDOW {
-                let Some((from, at)) = batch.next_span(&mut cursor) else {
-                    break;
-                };
-                let datagram = &batch.bytes()[at.clone()];
-                let identified = packet::identify(
-                    &*table,
-                    table.limiter(),
-                    private_key,
-                    table.public_key(),
-                    from.remote,
-                    datagram,
-                    &mut cookie,
-                );
-                let slot = match identified {
-                    Ok(Sender::Peer(slot)) => slot,
-                    Ok(Sender::Cookie(len)) => {
-                        priority.unauthenticated(1);
-                        replies.slot()[..len].copy_from_slice(&cookie[..len]);
-                        replies.push(len, from);
-                        // A GRO batch holds more datagrams than a reply batch has room for.
-                        if replies.is_full() {
-                            flush(inner, socket, &mut replies);
-                        }
-                        continue;
+        for (from, datagram) in batch.datagrams() {
+            let identified = packet::identify(
+                &*table,
+                table.limiter(),
+                private_key,
+                table.public_key(),
+                from.remote,
+                datagram,
+                &mut cookie,
+            );
+            let slot = match identified {
+                Ok(Sender::Peer(slot)) => slot,
+                Ok(Sender::Cookie(len)) => {
+                    priority.unauthenticated(1);
+                    replies.slot()[..len].copy_from_slice(&cookie[..len]);
+                    replies.push(len, from);
+                    // A GRO batch holds more datagrams than a reply batch has room for.
+                    if replies.is_full() {
+                        flush(inner, socket, &mut replies);
                     }
-                    Err(reason) => {
-                        inner.drops.add_received(reason, datagram.len());
-                        priority.unauthenticated(1);
-                        continue;
-                    }
-                };
-                if queue.take_drop(datagram) {
-                    inner.drops.add_received(DropReason::Aqm, datagram.len());
+                    continue;
+                }
+                Err(reason) => {
+                    inner.drops.add_received(reason, datagram.len());
                     priority.unauthenticated(1);
                     continue;
                 }
-                // A data message of a kept session is opened with no lock held: the peer's
-                // lock is taken here to find the session, later to record what was opened.
-                let key = {
-                    let peer = slot.lock();
-                    peer.receiving(datagram)
-                };
-                openings.push(Opening {
-                    at,
-                    key,
-                    outcome: None,
-                    tag: (from, slot.clone()),
-                });
+            };
+            if queue.take_drop(datagram) {
+                inner.drops.add_received(DropReason::Aqm, datagram.len());
+                priority.unauthenticated(1);
+                continue;
             }
-            if openings.is_empty() {
-                break;
+            if coalescer.needs_drain() {
+                write_tun(inner, tun, &mut coalescer);
             }
-            crew::open_all(&seat, batch.bytes_mut(), &mut openings);
-            for opening in openings.drain(..) {
-                if coalescer.needs_drain() {
-                    write_tun(inner, tun, &mut coalescer);
-                }
-                let (from, slot) = opening.tag;
-                let received = Received {
-                    table: &table,
-                    slot: &slot,
-                    from,
-                    datagram: &batch.bytes()[opening.at],
-                };
-                if !received.carry_out(opening.outcome, inner, socket, &mut coalescer, &mut replies)
-                {
-                    priority.unauthenticated(1);
-                }
-                if replies.is_full() {
-                    flush(inner, socket, &mut replies);
-                }
+            let received = Received {
+                table: &table,
+                slot,
+                from,
+                datagram,
+            };
+            if !received.carry_out(inner, socket, &mut coalescer, &mut replies) {
+                priority.unauthenticated(1);
+            }
+            if replies.is_full() {
+                flush(inner, socket, &mut replies);
             }
         }
         flush(inner, socket, &mut replies);
@@ -431,7 +375,7 @@ fn write_tun(inner: &Inner, tun: &tun_rs::SyncDevice, coalescer: &mut Coalescer)
     });
 }
 
-/// One datagram of a known peer, opened already (in place) or about to be decrypted.
+/// One datagram of a known peer, about to be decrypted.
 struct Received<'a> {
     table: &'a PeerTable,
     slot: &'a Arc<PeerSlot>,
@@ -440,39 +384,36 @@ struct Received<'a> {
 }
 
 impl Received<'_> {
-    /// Carries out the peer's decision on the datagram, `opened` in place already (a data
-    /// message of a kept session: recorded under the lock, its plaintext copied into the
-    /// coalescer) or not (`None`: anything else, decrypted into the coalescer under the lock):
-    /// deliver, answer (then send what queued up during the handshake), or drop. Returns
-    /// whether the datagram authenticated.
+    /// Decrypts into the coalescer and carries out the peer's decision: deliver, answer (then
+    /// send what queued up during the handshake), or drop. Returns whether the datagram
+    /// authenticated.
     #[inline]
     fn carry_out(
         self,
-        opened: Option<Result<wg::Opened, wg::TunnelError>>,
         inner: &Inner,
         socket: &WgSocket,
         coalescer: &mut Coalescer,
         replies: &mut SendBatch,
     ) -> bool {
         let landing = coalescer.landing(self.datagram.len());
-        let decision = match opened {
+        // A data message of a kept session is opened with no lock held: the peer's lock is
+        // taken to find the session, then to record what was opened. Anything else
+        // (handshakes, cookies, unknown sessions) goes through the peer under its lock.
+        let key = {
+            let peer = self.slot.lock();
+            peer.receiving(self.datagram)
+        };
+        let decision = match key.map(|key| key.open(self.datagram, landing)) {
             Some(Ok(opened)) => {
-                let plaintext = &self.datagram[wg::DATA_OFFSET..];
-                let decision = {
-                    let mut peer = self.slot.lock();
-                    peer.opened(
-                        self.table,
-                        self.slot,
-                        self.from,
-                        self.datagram.len(),
-                        &opened,
-                        plaintext,
-                    )
-                };
-                if let Inbound::Deliver(len) = decision {
-                    landing[..len].copy_from_slice(&plaintext[..len]);
-                }
-                decision
+                let mut peer = self.slot.lock();
+                peer.opened(
+                    self.table,
+                    self.slot,
+                    self.from,
+                    self.datagram.len(),
+                    &opened,
+                    landing,
+                )
             }
             Some(Err(_)) => Inbound::Drop(DropReason::Invalid),
             None => {
@@ -515,7 +456,7 @@ impl Received<'_> {
 
 pub(super) fn timer_loop(inner: &Inner) {
     let mut buf = vec![0u8; wg::MIN_OUTPUT.max(2048)];
-    confine(&PacketThread::Timers.name());
+    confine(PacketThread::Timers);
     let mut limiter_reset = LimiterReset::default();
     while !inner.stop.load(Ordering::Relaxed) {
         inner.beat(PacketThread::Timers);

@@ -156,7 +156,6 @@ fn segments_made_into_their_own_slots_in_any_order_equal_those_made_in_place() {
         for i in (0..plan.count()).rev() {
             let mut slot = vec![0u8; 2048];
             let len = plan.segment_into(&read, i, &mut slot);
-            assert_eq!(plan.segment_len(i), len, "known before it is made");
             made[i] = slot[..len].to_vec();
         }
         assert_eq!(made, in_place, "v6 {v6} proto {proto}");
@@ -171,7 +170,6 @@ fn segments_made_into_their_own_slots_in_any_order_equal_those_made_in_place() {
     let plan = plan_split(&mut read).expect("whole");
     let mut slot = vec![0u8; 2048];
     let len = plan.segment_into(&read, 0, &mut slot);
-    assert_eq!(plan.segment_len(0), len);
     assert_eq!(slot[..len], read[VNET_HDR_LEN..]);
     assert_eq!(plan.plaintext_bytes(), len);
 }
