@@ -209,27 +209,7 @@ fn the_core_crate_names_only_pure_dependencies() {
 
 #[test]
 fn no_io_crate_is_in_the_core_crates_tree() {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let out = Command::new(cargo)
-        .args([
-            "tree",
-            "--offline",
-            "-p",
-            "tunnelgate-core",
-            "-e",
-            "normal",
-            "--prefix",
-            "none",
-        ])
-        .current_dir(root())
-        .output()
-        .expect("run cargo tree");
-    assert!(
-        out.status.success(),
-        "cargo tree: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let tree = String::from_utf8_lossy(&out.stdout);
+    let tree = core_cargo_tree("none");
     let crates: Vec<&str> = tree
         .lines()
         .filter_map(|l| l.split_whitespace().next())
@@ -502,6 +482,19 @@ fn the_core_manifest_enables_no_randomness_source() {
 
 /// `cargo tree` of the core's normal dependencies, each line `DEPTH NAME ...`, as (depth, name).
 fn core_tree() -> Vec<(usize, String)> {
+    core_cargo_tree("depth")
+        .lines()
+        .filter_map(|line| {
+            let digits: String = line.chars().take_while(char::is_ascii_digit).collect();
+            let depth = digits.parse().ok()?;
+            let name = line[digits.len()..].split_whitespace().next()?.to_string();
+            Some((depth, name))
+        })
+        .collect()
+}
+
+/// `cargo tree --offline -p tunnelgate-core -e normal --prefix PREFIX`, its output.
+fn core_cargo_tree(prefix: &str) -> String {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let out = Command::new(cargo)
         .args([
@@ -512,7 +505,7 @@ fn core_tree() -> Vec<(usize, String)> {
             "-e",
             "normal",
             "--prefix",
-            "depth",
+            prefix,
         ])
         .current_dir(root())
         .output()
@@ -522,15 +515,7 @@ fn core_tree() -> Vec<(usize, String)> {
         "cargo tree: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|line| {
-            let digits: String = line.chars().take_while(char::is_ascii_digit).collect();
-            let depth = digits.parse().ok()?;
-            let name = line[digits.len()..].split_whitespace().next()?.to_string();
-            Some((depth, name))
-        })
-        .collect()
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// The crates that depend directly on `name` in a depth-prefixed tree.
