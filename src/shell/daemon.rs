@@ -571,9 +571,9 @@ impl Daemon {
                     .handle_executed(executed, crate::shell::clock::now());
             }
         }
-        let leftover: Vec<Action> = std::iter::from_fn(|| self.control.poll_action()).collect();
-        if !leftover.is_empty() {
-            tracing::debug!(count = leftover.len(), "Actions dropped at teardown");
+        let leftover = std::iter::from_fn(|| self.control.poll_action()).count();
+        if leftover > 0 {
+            tracing::debug!(count = leftover, "Actions dropped at teardown");
         }
     }
 
