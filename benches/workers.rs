@@ -11,12 +11,19 @@
 //! - `--shared`: every worker works on every peer, and each peer's batches are put back in
 //!   order by a `core::sequencer::Sequencer` per direction (numbers reserved under the peer's
 //!   lock with the counters, released once sealed and opened): what one peer on several workers
-//!   costs and gains.
+//!   costs and gains;
+//! - `--relay`: each peer has one reader (its owning worker), as the daemon steers it, and the
+//!   other workers are its partners. The reader "reads" a batch (copies the packets into a free
+//!   batch buffer), reserves its counters under the peer's lock, and hands the whole batch to an
+//!   idle partner, or seals and opens it itself when none is idle; whoever finishes a batch
+//!   emits it (the daemon's `sendmmsg` or TUN write) only on its turn, in read order. The unit
+//!   of hand-off is a whole read (some 65 microseconds of work), not a few packets: the model
+//!   of a dispatch where the reader goes on reading instead of waiting for its helpers.
 //!
-//! Run: `cargo bench --bench workers -- [--peers K] [--shared] [--seconds S] [--max-workers N]
-//! [--json FILE]` (defaults: 16 peers, 2 s per point, 1 to 16 workers).
+//! Run: `cargo bench --bench workers -- [--peers K] [--shared | --relay] [--seconds S]
+//! [--max-workers N] [--json FILE]` (defaults: 16 peers, 2 s per point, 1 to 16 workers).
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use rand_core::OsRng;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -28,7 +35,7 @@ use tunnelgate::core::packet::steering::worker_of_peer;
 use tunnelgate::core::packet::{Inbound, Outbound, PeerLookup, PeerPath};
 use tunnelgate::core::peer::{Peer, Sending};
 use tunnelgate::core::sequencer::Sequencer;
-use tunnelgate::core::wg::{Limiter, DATA_OFFSET};
+use tunnelgate::core::wg::{Limiter, SealBatch, DATA_OFFSET};
 use tunnelgate::shell::keys::GenerateKey as _;
 
 /// Inner packet size: a full 1420-MTU IPv4 packet.
@@ -153,6 +160,14 @@ impl Buffers {
             landing: vec![0u8; PACKET + 64],
         }
     }
+
+    /// A placeholder while the reader's own buffers are out (never used for packets).
+    fn empty() -> Buffers {
+        Buffers {
+            slots: Vec::new(),
+            landing: Vec::new(),
+        }
+    }
 }
 
 /// One batch from `sender` to `receiver`: its counters (and, `shared`, its sequence numbers in
@@ -211,6 +226,262 @@ fn one_way(
         slot.resize(PACKET + 64, 0);
     }
     delivered * PACKET as u64
+}
+
+/// Seals every slot of `buffers` (already holding the packets) with `batch`, then opens each on
+/// `receiver` (lock, open with none, lock). Returns the messages delivered.
+fn seal_and_open(
+    batch: &SealBatch,
+    receiver: &Mutex<Peer>,
+    from: PeerPath,
+    packet_len: usize,
+    buffers: &mut Buffers,
+) -> u64 {
+    for (i, slot) in buffers.slots.iter_mut().enumerate() {
+        let len = batch.seal_in_place(i, slot, packet_len);
+        slot.truncate(len);
+    }
+    let mut delivered = 0u64;
+    for slot in buffers.slots.iter_mut() {
+        let key = receiver.lock().receiving(slot);
+        let opened = key.and_then(|key| key.open(slot, &mut buffers.landing).ok());
+        let got = opened.map(|opened| {
+            receiver
+                .lock()
+                .opened(&Anyone, &(), from, slot.len(), &opened, &buffers.landing)
+        });
+        delivered += matches!(got, Some(Inbound::Deliver(_))) as u64;
+        slot.resize(PACKET + 64, 0);
+    }
+    delivered
+}
+
+/// A batch handed from a reader to a partner: its buffers (the packets read), its counters,
+/// and its place in the reader's order.
+struct Job {
+    buffers: Buffers,
+    batch: SealBatch,
+    turn: u64,
+}
+
+/// One partner's mailbox: at most one job, and whether the partner waits for one.
+struct Mailbox {
+    job: Mutex<Option<Job>>,
+    posted: Condvar,
+    idle: AtomicBool,
+}
+
+/// How long (spin-loop hints) a thread watches for its turn, or a partner for a job, before it
+/// yields or sleeps: about the tail of one batch.
+const RELAY_SPINS: u32 = 20_000;
+
+/// A reader's relay (`--relay`): its partners' mailboxes, the free batch buffers, and the turn.
+struct Relay {
+    mailboxes: Vec<Mailbox>,
+    free: Mutex<Vec<Buffers>>,
+    /// The turn of the next batch to emit, in read order.
+    next_emit: AtomicU64,
+    /// Threads asleep waiting for their turn, and where they sleep.
+    turn_waiters: AtomicU64,
+    turn_lock: Mutex<()>,
+    turn_passed: Condvar,
+    stop: AtomicBool,
+}
+
+impl Relay {
+    fn new(partners: usize) -> Relay {
+        Relay {
+            mailboxes: (0..partners)
+                .map(|_| Mailbox {
+                    job: Mutex::new(None),
+                    posted: Condvar::new(),
+                    idle: AtomicBool::new(false),
+                })
+                .collect(),
+            // One batch in hand per partner: the bound on batches in flight.
+            free: Mutex::new((0..partners).map(|_| Buffers::new()).collect()),
+            next_emit: AtomicU64::new(0),
+            turn_waiters: AtomicU64::new(0),
+            turn_lock: Mutex::new(()),
+            turn_passed: Condvar::new(),
+            stop: AtomicBool::new(false),
+        }
+    }
+
+    /// Waits for `turn`, then emits (here: nothing; in the daemon the send or the write) and
+    /// passes the turn on.
+    fn emit_in_turn(&self, turn: u64) {
+        let mut spins = 0u32;
+        while self.next_emit.load(Ordering::Acquire) != turn {
+            if spins < RELAY_SPINS {
+                spins += 1;
+                std::hint::spin_loop();
+            } else {
+                // Asleep, so the thread whose turn it is gets the CPU.
+                let mut guard = self.turn_lock.lock();
+                self.turn_waiters.fetch_add(1, Ordering::SeqCst);
+                while self.next_emit.load(Ordering::SeqCst) != turn {
+                    self.turn_passed
+                        .wait_for(&mut guard, Duration::from_millis(1));
+                }
+                self.turn_waiters.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        self.next_emit.store(turn + 1, Ordering::SeqCst);
+        if self.turn_waiters.load(Ordering::SeqCst) > 0 {
+            let _guard = self.turn_lock.lock();
+            self.turn_passed.notify_all();
+        }
+    }
+
+    /// A partner's loop: wait for a job, seal and open it, emit it on its turn, give the
+    /// buffers back. Returns the bytes delivered.
+    fn partner(&self, me: usize, pair: &Pair, from: PeerPath) -> u64 {
+        let mailbox = &self.mailboxes[me];
+        let mut bytes = 0u64;
+        loop {
+            mailbox.idle.store(true, Ordering::Release);
+            let job = {
+                let mut spins = 0u32;
+                loop {
+                    if let Some(job) = mailbox.job.lock().take() {
+                        break Some(job);
+                    }
+                    if self.stop.load(Ordering::Relaxed) {
+                        break None;
+                    }
+                    if spins < RELAY_SPINS {
+                        spins += 1;
+                        std::hint::spin_loop();
+                    } else {
+                        let mut slot = mailbox.job.lock();
+                        if slot.is_none() {
+                            mailbox.posted.wait_for(&mut slot, Duration::from_millis(1));
+                        }
+                    }
+                }
+            };
+            let Some(Job {
+                mut buffers,
+                batch,
+                turn,
+            }) = job
+            else {
+                return bytes;
+            };
+            let delivered = seal_and_open(&batch, &pair.local, from, PACKET, &mut buffers);
+            self.emit_in_turn(turn);
+            bytes += delivered * PACKET as u64;
+            self.free.lock().push(buffers);
+        }
+    }
+
+    /// Hands `job` to an idle partner, or gives it back when none is.
+    fn hand_off(&self, job: Job) -> Result<(), Job> {
+        for mailbox in &self.mailboxes {
+            if mailbox
+                .idle
+                .compare_exchange(true, false, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
+                *mailbox.job.lock() = Some(job);
+                mailbox.posted.notify_one();
+                return Ok(());
+            }
+        }
+        Err(job)
+    }
+}
+
+/// The reader of `pair` under `--relay`, one direction (the peer's side sends to the daemon's,
+/// which opens): read a batch, reserve its counters, hand it off or do it, on its turn.
+fn relay_reader(relay: &Relay, pair: &Pair, from: PeerPath, stop: &AtomicBool) -> u64 {
+    let packet = packet();
+    let mut own = Buffers::new();
+    let mut turn = 0u64;
+    let mut bytes = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        // The read: into a free buffer a partner may take, or the reader's own.
+        let spare = relay.free.lock().pop();
+        let has_spare = spare.is_some();
+        let mut buffers = spare.unwrap_or_else(|| std::mem::replace(&mut own, Buffers::empty()));
+        for slot in buffers.slots.iter_mut() {
+            slot[DATA_OFFSET..DATA_OFFSET + PACKET].copy_from_slice(&packet);
+        }
+        let sending = pair.remote.lock().begin_send(BATCH, BATCH * PACKET);
+        let Sending::Seal { batch, .. } = sending else {
+            return bytes;
+        };
+        let job = Job {
+            buffers,
+            batch,
+            turn,
+        };
+        turn += 1;
+        let job = if has_spare {
+            match relay.hand_off(job) {
+                Ok(()) => continue,
+                Err(job) => job,
+            }
+        } else {
+            job
+        };
+        let Job {
+            mut buffers,
+            batch,
+            turn,
+        } = job;
+        let delivered = seal_and_open(&batch, &pair.local, from, PACKET, &mut buffers);
+        relay.emit_in_turn(turn);
+        bytes += delivered * PACKET as u64;
+        if has_spare {
+            relay.free.lock().push(buffers);
+        } else {
+            own = buffers;
+        }
+    }
+    bytes
+}
+
+/// Bytes per second moved by one reader and `workers - 1` partners per peer (`--relay`).
+fn measure_relay(pairs: &Arc<Vec<Pair>>, workers: usize, duration: Duration) -> f64 {
+    let stop = Arc::new(AtomicBool::new(false));
+    let moved = Arc::new(AtomicU64::new(0));
+    // Partners beyond the CPUs only take the CPU from the one whose turn it is: a reader gets
+    // at most one partner per other CPU (the rest of the workers own other peers' reads).
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let partners = (workers - 1).min(cpus - 1);
+    let relays: Arc<Vec<Relay>> = Arc::new(pairs.iter().map(|_| Relay::new(partners)).collect());
+    let from = at("192.0.2.2:1");
+    let mut threads = Vec::new();
+    for p in 0..pairs.len() {
+        for partner in 0..partners {
+            let (pairs, relays, moved) = (pairs.clone(), relays.clone(), moved.clone());
+            threads.push(std::thread::spawn(move || {
+                let bytes = relays[p].partner(partner, &pairs[p], from);
+                moved.fetch_add(bytes, Ordering::Relaxed);
+            }));
+        }
+        let (pairs, relays, moved, stop) =
+            (pairs.clone(), relays.clone(), moved.clone(), stop.clone());
+        threads.push(std::thread::spawn(move || {
+            let bytes = relay_reader(&relays[p], &pairs[p], from, &stop);
+            moved.fetch_add(bytes, Ordering::Relaxed);
+        }));
+    }
+    let started = tunnelgate::shell::clock::now();
+    std::thread::sleep(duration);
+    stop.store(true, Ordering::Relaxed);
+    for relay in relays.iter() {
+        relay.stop.store(true, Ordering::Relaxed);
+        for mailbox in &relay.mailboxes {
+            mailbox.posted.notify_all();
+        }
+    }
+    for t in threads {
+        t.join().expect("relay thread");
+    }
+    moved.load(Ordering::Relaxed) as f64 / tunnelgate::shell::clock::since(started).as_secs_f64()
 }
 
 /// One batch each way through `pair`.
@@ -317,10 +588,13 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(16);
     let shared = args.iter().any(|a| a == "--shared");
+    let relay = args.iter().any(|a| a == "--relay");
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let pairs = Arc::new((1..=peers as u32).map(pair).collect::<Vec<_>>());
     let mode = if shared {
         "every worker on every peer, in order through a sequencer"
+    } else if relay {
+        "each peer's reader handing whole batches to the other workers, emitted in read order"
     } else {
         "each peer on its one worker"
     };
@@ -334,7 +608,12 @@ fn main() {
     let mut one = None;
     for workers in 1..=max_workers {
         let cpu_before = cpu_seconds();
-        let rate = measure(&pairs, workers, shared, Duration::from_secs_f64(seconds));
+        let duration = Duration::from_secs_f64(seconds);
+        let rate = if relay {
+            measure_relay(&pairs, workers, duration)
+        } else {
+            measure(&pairs, workers, shared, duration)
+        };
         let cpu = cpu_seconds() - cpu_before;
         let gbits = rate * 8.0 / 1e9;
         let speedup = gbits / *one.get_or_insert(gbits);
@@ -348,7 +627,7 @@ fn main() {
     }
     if let Some(path) = arg(&args, "--json") {
         let json = format!(
-            "{{\"peers\": {peers}, \"shared\": {shared}, \"packet_bytes\": {PACKET}, \"batch\": {BATCH}, \"cpus\": {cpus}, \"seconds\": {seconds}, \"loadavg_start\": \"{load_start}\", \"loadavg_end\": \"{}\", \"points\": [{}]}}\n",
+            "{{\"peers\": {peers}, \"shared\": {shared}, \"relay\": {relay}, \"packet_bytes\": {PACKET}, \"batch\": {BATCH}, \"cpus\": {cpus}, \"seconds\": {seconds}, \"loadavg_start\": \"{load_start}\", \"loadavg_end\": \"{}\", \"points\": [{}]}}\n",
             loadavg(),
             rows.join(", ")
         );
