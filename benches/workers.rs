@@ -344,7 +344,8 @@ impl Relay {
             let job = {
                 let mut spins = 0u32;
                 loop {
-                    if let Some(job) = mailbox.job.lock().take() {
+                    let taken = mailbox.job.lock().take();
+                    if let Some(job) = taken {
                         break Some(job);
                     }
                     if self.stop.load(Ordering::Relaxed) {
