@@ -200,21 +200,13 @@ fn one_way(
     let Sending::Seal { batch, .. } = sending else {
         return 0;
     };
-    for (i, slot) in buffers.slots.iter_mut().enumerate() {
+    for slot in buffers.slots.iter_mut() {
         slot[DATA_OFFSET..DATA_OFFSET + packet.len()].copy_from_slice(packet);
-        let len = batch.seal_in_place(i, slot, packet.len());
-        slot.truncate(len);
     }
+    seal_slots(&batch, packet.len(), buffers);
     let mut delivered = 0u64;
     for (i, slot) in buffers.slots.iter_mut().enumerate() {
-        let key = receiver.lock().receiving(slot);
-        let opened = key.and_then(|key| key.open(slot, &mut buffers.landing).ok());
-        let got = opened.map(|opened| {
-            receiver
-                .lock()
-                .opened(&Anyone, &(), from, slot.len(), &opened, &buffers.landing)
-        });
-        let ok = matches!(got, Some(Inbound::Deliver(_)));
+        let ok = open_slot(receiver, from, slot, &mut buffers.landing);
         delivered += ok as u64;
         if let (Some(order), Some(first)) = (order, first) {
             let mut order = order.lock();
@@ -223,13 +215,41 @@ fn one_way(
                 .expect("a number of this batch");
             while order.release().is_some() {}
         }
-        slot.resize(PACKET + 64, 0);
     }
     delivered * PACKET as u64
 }
 
+/// Seals every slot of `buffers` (each holding a `packet_len`-byte packet behind the header's
+/// room) in place with `batch`, message `i` in slot `i`.
+fn seal_slots(batch: &SealBatch, packet_len: usize, buffers: &mut Buffers) {
+    for (i, slot) in buffers.slots.iter_mut().enumerate() {
+        let len = batch.seal_in_place(i, slot, packet_len);
+        slot.truncate(len);
+    }
+}
+
+/// Opens one sealed message on `receiver` as the daemon's UDP reader does (lock to find the
+/// session, open with no lock, lock to record it), then gives the slot its full size back.
+/// Returns whether it was delivered.
+fn open_slot(
+    receiver: &Mutex<Peer>,
+    from: PeerPath,
+    slot: &mut Vec<u8>,
+    landing: &mut [u8],
+) -> bool {
+    let key = receiver.lock().receiving(slot);
+    let opened = key.and_then(|key| key.open(slot, landing).ok());
+    let got = opened.map(|opened| {
+        receiver
+            .lock()
+            .opened(&Anyone, &(), from, slot.len(), &opened, landing)
+    });
+    slot.resize(PACKET + 64, 0);
+    matches!(got, Some(Inbound::Deliver(_)))
+}
+
 /// Seals every slot of `buffers` (already holding the packets) with `batch`, then opens each on
-/// `receiver` (lock, open with none, lock). Returns the messages delivered.
+/// `receiver`. Returns the messages delivered.
 fn seal_and_open(
     batch: &SealBatch,
     receiver: &Mutex<Peer>,
@@ -237,23 +257,12 @@ fn seal_and_open(
     packet_len: usize,
     buffers: &mut Buffers,
 ) -> u64 {
-    for (i, slot) in buffers.slots.iter_mut().enumerate() {
-        let len = batch.seal_in_place(i, slot, packet_len);
-        slot.truncate(len);
-    }
-    let mut delivered = 0u64;
-    for slot in buffers.slots.iter_mut() {
-        let key = receiver.lock().receiving(slot);
-        let opened = key.and_then(|key| key.open(slot, &mut buffers.landing).ok());
-        let got = opened.map(|opened| {
-            receiver
-                .lock()
-                .opened(&Anyone, &(), from, slot.len(), &opened, &buffers.landing)
-        });
-        delivered += matches!(got, Some(Inbound::Deliver(_))) as u64;
-        slot.resize(PACKET + 64, 0);
-    }
-    delivered
+    seal_slots(batch, packet_len, buffers);
+    buffers
+        .slots
+        .iter_mut()
+        .map(|slot| open_slot(receiver, from, slot, &mut buffers.landing) as u64)
+        .sum()
 }
 
 /// A batch handed from a reader to a partner: its buffers (the packets read), its counters,
