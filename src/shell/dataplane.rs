@@ -11,6 +11,7 @@
 //! taken for one encrypt or decrypt into a batch slot, and the batch is sent after.
 
 mod readers;
+pub mod relay;
 mod table;
 mod workers;
 

@@ -1,0 +1,180 @@
+//! The relay's order, exactly-once and bounds, with partners finishing in random order after
+//! random delays, and its stop.
+
+use super::*;
+use std::sync::Arc;
+
+/// A small deterministic generator per thread (xorshift), for delays and choices.
+struct Dice(u64);
+
+impl Dice {
+    fn roll(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+
+    /// Some work of a random length: up to about 50 microseconds, sometimes a sleep.
+    fn delay(&mut self) {
+        match self.roll(10) {
+            0 => std::thread::sleep(Duration::from_micros(self.roll(300))),
+            _ => {
+                for _ in 0..self.roll(20_000) {
+                    std::hint::spin_loop();
+                }
+            }
+        }
+    }
+}
+
+/// What was emitted, in emission order, and how many reads partners did.
+#[derive(Default)]
+struct Log {
+    emitted: Mutex<Vec<u64>>,
+    by_partners: AtomicUsize,
+}
+
+/// `reads` reads through a reader and `partners` partners: each read is handed off when a
+/// partner is idle, else done by the reader; the reader also emits a batch of its own before
+/// some hand-offs (its pending `out`), as the TUN reader does. Returns the log.
+fn run(partners: usize, reads: u64, seed: u64) -> Arc<Log> {
+    let relay = Arc::new(Relay::new(partners, || 0u64));
+    let log = Arc::new(Log::default());
+    let threads: Vec<_> = (0..partners)
+        .map(|me| {
+            let (relay, log) = (relay.clone(), log.clone());
+            std::thread::spawn(move || {
+                let mut dice = Dice(seed ^ ((me as u64 + 1) * 0x9e37_79b9));
+                relay.serve(me, |read, turn| {
+                    log.by_partners.fetch_add(1, Ordering::Relaxed);
+                    dice.delay();
+                    turn.hold();
+                    log.emitted.lock().push(*read);
+                });
+            })
+        })
+        .collect();
+    let mut dice = Dice(seed);
+    // The reader's pending emission (reads it did itself, not yet emitted).
+    let mut pending: Vec<u64> = Vec::new();
+    let emit_pending = |pending: &mut Vec<u64>| {
+        if !pending.is_empty() {
+            let mut turn = relay.issue();
+            turn.hold();
+            log.emitted.lock().append(pending);
+        }
+    };
+    for read in 0..reads {
+        dice.delay();
+        match relay.claim() {
+            Some(mut claim) if dice.roll(4) != 0 => {
+                // The reader's pending emission goes first: its turn before the job's.
+                let mut turn = (!pending.is_empty()).then(|| relay.issue());
+                *claim.job() = read;
+                claim.post(1);
+                if let Some(turn) = turn.as_mut() {
+                    turn.hold();
+                    log.emitted.lock().append(&mut pending);
+                }
+            }
+            // A claim given back unused leaves the partner idle.
+            _ => {
+                pending.push(read);
+                if pending.len() >= 3 || dice.roll(3) == 0 {
+                    emit_pending(&mut pending);
+                }
+            }
+        }
+    }
+    emit_pending(&mut pending);
+    // Every turn issued is passed once the last is emitted.
+    let last = relay.issue();
+    drop(last);
+    assert_eq!(relay.in_flight(), 0, "every job finished");
+    relay.stop();
+    for t in threads {
+        t.join().expect("partner");
+    }
+    log
+}
+
+#[test]
+fn every_read_is_emitted_once_in_read_order_whoever_finishes_first() {
+    for (partners, seed) in [(1, 1), (2, 7), (3, 42), (3, 99), (5, 1234)] {
+        let log = run(partners, 2_000, seed);
+        let emitted = log.emitted.lock().clone();
+        assert_eq!(
+            emitted,
+            (0..2_000).collect::<Vec<_>>(),
+            "{partners} partners, seed {seed}"
+        );
+        let by_partners = log.by_partners.load(Ordering::Relaxed);
+        assert!(
+            by_partners > 0 && by_partners < 2_000,
+            "{by_partners} of 2000 reads by partners: both sides must have emitted"
+        );
+    }
+}
+
+#[test]
+fn no_more_reads_are_in_flight_than_partners() {
+    let relay = Relay::new(2, || ());
+    let first = relay.claim();
+    assert!(first.is_none(), "partners are idle only once they wait");
+    for mailbox in relay.mailboxes.iter() {
+        mailbox.idle.store(true, Ordering::SeqCst);
+    }
+    let a = relay.claim().expect("an idle partner");
+    let b = relay.claim().expect("another idle partner");
+    assert!(relay.claim().is_none(), "two partners, two claims");
+    assert!(relay.free.lock().is_empty(), "one buffer per partner");
+    a.post(5);
+    assert_eq!(relay.in_flight(), 5);
+    assert!(relay.claim().is_none(), "the posted partner is busy");
+    // A claim dropped unposted frees its partner and buffer.
+    drop(b);
+    assert!(relay.claim().is_some());
+}
+
+#[test]
+fn a_stop_wakes_idle_partners_and_waiters_for_a_turn() {
+    let relay = Arc::new(Relay::new(2, || ()));
+    let partners: Vec<_> = (0..2)
+        .map(|me| {
+            let relay = relay.clone();
+            std::thread::spawn(move || relay.serve(me, |_, turn| turn.hold()))
+        })
+        .collect();
+    // A turn that never comes: turn 0 is issued and never held or passed.
+    let never = relay.issue();
+    let waiter = {
+        let relay = relay.clone();
+        std::thread::spawn(move || {
+            let mut turn = relay.issue();
+            turn.hold();
+        })
+    };
+    // Long enough for every thread to be past its spinning and asleep.
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(!waiter.is_finished(), "turn 1 waits for turn 0");
+    let t = crate::shell::clock::now();
+    relay.stop();
+    waiter.join().expect("waiter");
+    for p in partners {
+        p.join().expect("partner");
+    }
+    assert!(
+        crate::shell::clock::since(t) < Duration::from_secs(1),
+        "{:?}",
+        crate::shell::clock::since(t)
+    );
+    drop(never);
+}
+
+#[test]
+fn a_turn_of_no_relay_orders_nothing() {
+    let mut turn = Turn::<()>::of(None);
+    turn.hold();
+    drop(turn);
+}
