@@ -7,8 +7,11 @@
 //! and a UDP reader (its own socket of a reuse-port group: receive, decrypt, write to its TUN
 //! queue); one timer thread drives every peer's handshakes and keepalives. The kernel keeps a
 //! flow on one TUN queue and the steering program sends a peer's datagrams to one socket, so a
-//! flow's packets stay in order. No lock guard lives across a system call: a peer's lock is
-//! taken for one encrypt or decrypt into a batch slot, and the batch is sent after.
+//! flow's packets stay in order. Beside each reader, with more than one worker, up to
+//! `min(workers, CPUs) - 1` partners (`core::packet::steering::relay_partners`) take whole
+//! reads from it and emit them in read order ([`relay`]), so one peer's traffic uses more than
+//! one core. No lock guard lives across a system call: a peer's lock is taken to reserve a
+//! read's counters, or for one decrypt's lookup and record, and the batch is sent after.
 
 mod readers;
 pub mod relay;
@@ -21,6 +24,7 @@ pub use table::TableChange;
 use crate::config::{PublicKey, SecretKey};
 use crate::core::control::{PeerChanges, PeerSpec};
 use crate::core::liveness::{Heartbeats, PacketThread, STALL_LIMIT};
+use crate::core::packet::steering::relay_partners;
 use crate::core::packet::{DropCounters, DropStats};
 use crate::core::peer::PeerStats;
 use crate::core::priority::{Access, SharedBudget};
@@ -174,11 +178,23 @@ impl Dataplane {
     /// started, the ones already running are stopped before the error is returned.
     pub fn start(&self) -> std::io::Result<()> {
         let started = (|| {
+            let partners = self.inner.partners();
             for worker in 0..self.workers() {
+                let relay = (partners > 0)
+                    .then(|| Arc::new(workers::TunRelay::new(partners, workers::SealJob::new)));
+                let reader_relay = relay.clone();
+                // The reader first: partners whose reader never started would wait for ever.
                 self.inner
                     .spawn(PacketThread::TunReader(worker), move |inner| {
-                        workers::tun_loop(inner, worker)
+                        workers::tun_loop(inner, worker, reader_relay.as_deref())
                     })?;
+                for me in 0..partners {
+                    let relay = relay.clone().expect("partners have a relay");
+                    let name = format!("tg-tun-h{worker}-{me}");
+                    self.inner.spawn_partner(name.clone(), move |inner| {
+                        workers::tun_partner(inner, worker, &relay, me, &name)
+                    })?;
+                }
             }
             self.inner
                 .spawn(PacketThread::Timers, workers::timer_loop)?;
@@ -393,11 +409,53 @@ impl Inner {
     /// reorder its flows.
     fn start_udp_readers(inner: &Arc<Inner>) -> std::io::Result<()> {
         let group = inner.sockets();
+        let partners = inner.partners();
         for worker in 0..group.len() {
-            let group = group.clone();
+            let relay = (partners > 0).then(|| Arc::new(workers::UdpRelay::new(partners)));
+            let (reader_group, reader_relay) = (group.clone(), relay.clone());
+            // The reader first: partners whose reader never started would wait for ever.
             inner.spawn(PacketThread::UdpReader(worker), move |inner| {
-                workers::udp_loop(inner, worker, &group[worker])
+                workers::udp_loop(
+                    inner,
+                    worker,
+                    &reader_group[worker],
+                    reader_relay.as_deref(),
+                )
             })?;
+            for me in 0..partners {
+                let (group, relay) = (group.clone(), relay.clone().expect("partners have a relay"));
+                let name = format!("tg-udp-h{worker}-{me}");
+                inner.spawn_partner(name.clone(), move |inner| {
+                    workers::udp_partner(inner, worker, &group[worker], &relay, me, &name)
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Partners per packet reader: one per other CPU the workers may use, capped, none with
+    /// one worker (`core::packet::steering::relay_partners`).
+    fn partners(&self) -> usize {
+        let cpus = usize::try_from(self.threads.tuning.usable_cpus_milli() / 1000).unwrap_or(1);
+        relay_partners(self.queues.len(), cpus)
+    }
+
+    /// Starts a relay partner named `name`: at normal priority, started here and not by the
+    /// reader spawner, so it never holds `CAP_SYS_NICE` (its CPU time is not the readers'
+    /// real-time budget's); joined by [`Dataplane::stop`] like the readers.
+    fn spawn_partner(
+        self: &Arc<Self>,
+        name: String,
+        body: impl FnOnce(&Inner) + Send + 'static,
+    ) -> std::io::Result<()> {
+        let inner = self.clone();
+        let handle = std::thread::Builder::new()
+            .name(name)
+            .spawn(move || body(&inner))?;
+        {
+            let mut threads = self.handles.lock();
+            threads.retain(|t| !t.is_finished());
+            threads.push(handle);
         }
         Ok(())
     }

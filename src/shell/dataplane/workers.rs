@@ -1,22 +1,24 @@
-//! The packet loops of one worker (TUN queue -> encrypt -> UDP, UDP -> decrypt -> TUN queue)
-//! and the timer thread. Buffers are allocated once per thread; a batch takes one snapshot of
-//! the peer table; a peer's lock is held for one call into `core::peer` and released before
-//! any send or write; nothing here logs per packet.
+//! The packet loops of one worker (TUN queue -> encrypt -> UDP, UDP -> decrypt -> TUN queue),
+//! their relay partners (a whole read handed to an idle partner, emitted in read order:
+//! [`super::relay`]) and the timer thread. Buffers are allocated once per thread; a batch takes
+//! one snapshot of the peer table; a peer's lock is held for one call into `core::peer` and
+//! released before any send or write; nothing here logs per packet.
 
 use super::readers::ThreadPriority;
+use super::relay::{Relay, Stopper, Turn};
 use super::table::{PeerSlot, PeerTable};
 use super::Inner;
 use crate::core::aqm;
 use crate::core::liveness::{PacketThread, IDLE_WAKE};
-use crate::core::offload::{self, Coalescer, VNET_HDR_LEN};
+use crate::core::offload::{self, Coalescer, SplitPlan, VNET_HDR_LEN};
 use crate::core::packet::{self, steering, DropReason, Inbound, Outbound, PeerPath, Sender};
 use crate::core::peer::{LimiterReset, Sending};
-use crate::core::wg;
+use crate::core::wg::{self, SealBatch};
 use crate::shell::seccomp::{self, Confinement};
 use crate::shell::udp::{RecvBatch, SendBatch, WgSocket, BATCH, MAX_DATAGRAM};
 use crate::shell::{clock, tun};
 use std::net::IpAddr;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,11 +35,44 @@ const COALESCE_SLOTS: usize = 16;
 /// per-packet path and bounds what one charge can come late by.
 const CHECK_EVERY_READS: u32 = 64;
 const CHECK_EVERY_SEGMENTS: u32 = 64;
+/// A TUN read of fewer segments never leaves its reader (pings, ACKs, a request: latency
+/// matters more than the cores there); from this many up (a TSO super-packet of some 11 KB
+/// at 1420 bytes), it goes to an idle partner if there is one.
+const RELAY_MIN_SEGMENTS: usize = 8;
+
+/// A TUN read handed from its reader to a partner: the read buffer (swapped with the
+/// reader's, never copied), its length, and what the reader decided for it.
+pub(super) struct SealJob {
+    read: Vec<u8>,
+    len: usize,
+    work: Option<SealWork>,
+}
+
+/// What the reader decided for a handed-off read: how it splits, the counters reserved for
+/// its segments (in read order, under the peer's lock) and where they go.
+struct SealWork {
+    plan: SplitPlan,
+    batch: SealBatch,
+    to: PeerPath,
+}
+
+impl SealJob {
+    pub(super) fn new() -> SealJob {
+        SealJob {
+            read: vec![0u8; TUN_READ_BYTES],
+            len: 0,
+            work: None,
+        }
+    }
+}
+
+/// A TUN reader's relay: its partners seal whole reads and send them in read order.
+pub(super) type TunRelay = Relay<SealJob>;
 
 /// Confines the calling packet thread, once its setup is done, to the seccomp allow-list
 /// (`core::seccomp`). The outcome is logged once per process; a thread that could not be
 /// confined logs why and runs on without the filter (the packet path matters more).
-fn confine(thread: PacketThread) {
+fn confine(thread: &str) {
     static LOGGED: std::sync::Once = std::sync::Once::new();
     match seccomp::confine_current_thread() {
         Ok(Confinement::Filtered(policy)) => LOGGED.call_once(|| {
@@ -54,7 +89,7 @@ fn confine(thread: PacketThread) {
             tracing::warn!("Packet threads not confined: no seccomp list for this architecture")
         }),
         Err(e) => tracing::warn!(
-            thread = %thread.name(),
+            thread = %thread,
             error = %e,
             "Packet thread not confined: the seccomp filter could not be installed"
         ),
@@ -70,10 +105,15 @@ fn tun_is_gone(e: &std::io::Error) -> bool {
     )
 }
 
-pub(super) fn tun_loop(inner: &Inner, worker: usize) {
+/// Worker `worker`'s TUN reader: read, split, seal, send; with `relay`, a read of many
+/// segments for a peer with a session goes whole to an idle partner (after its counters are
+/// reserved here, in read order), and every batch this thread sends waits for its turn.
+pub(super) fn tun_loop(inner: &Inner, worker: usize, relay: Option<&TunRelay>) {
+    // However this thread ends, its partners end with it.
+    let _stopper = Stopper(relay);
     let thread = PacketThread::TunReader(worker);
     let tun = &inner.queues[worker];
-    let mut read = vec![0u8; TUN_READ_BYTES];
+    let mut read_buf = vec![0u8; TUN_READ_BYTES];
     let mut out = SendBatch::new(MAX_DATAGRAM);
     let (mut reads_since_check, mut segments_since_check) = (0u32, 0u32);
     let mut priority = ThreadPriority::new(inner, thread);
@@ -84,13 +124,13 @@ pub(super) fn tun_loop(inner: &Inner, worker: usize) {
     if let Err(e) = tun.set_nonblocking(true) {
         tracing::warn!(error = %e, "TUN device stays blocking: one send per read");
     }
-    confine(thread);
+    confine(&thread.name());
     inner.beat(thread);
     while !inner.stop.load(Ordering::Relaxed) {
-        let n = match tun.recv(&mut read) {
+        let n = match tun.recv(&mut read_buf) {
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                flush(inner, &inner.sockets()[worker], &mut out);
+                flush_in_turn(inner, &inner.sockets()[worker], &mut out, relay);
                 priority.drained(clock::now());
                 // Bounded, so an idle reader still stamps its heartbeat and sees `stop`.
                 if let Err(e) = tun::wait_readable(tun, IDLE_WAKE) {
@@ -123,7 +163,7 @@ pub(super) fn tun_loop(inner: &Inner, worker: usize) {
             priority.busy(clock::now());
             (reads_since_check, segments_since_check) = (0, 0);
         }
-        let read = &mut read[..n];
+        let read = &mut read_buf[..n];
         let plan = match offload::plan_split(read) {
             Ok(plan) => plan,
             Err(e) => {
@@ -161,6 +201,11 @@ pub(super) fn tun_loop(inner: &Inner, worker: usize) {
                 continue;
             }
         };
+        // A read worth a partner claims an idle one before its counters are reserved, so a
+        // read no partner takes is sealed here as always.
+        let claim = relay
+            .filter(|_| count >= RELAY_MIN_SEGMENTS)
+            .and_then(|r| r.claim());
         // One lock per read, for the counters of all its segments; each is then sealed in
         // place in its send slot with no lock held.
         let sending = {
@@ -168,10 +213,25 @@ pub(super) fn tun_loop(inner: &Inner, worker: usize) {
             peer.begin_send(count, plan.plaintext_bytes())
         };
         let Sending::Seal { batch, to } = sending else {
-            let dropped = queue_segments(inner, socket, slot, &plan, read, &mut out);
+            drop(claim);
+            let dropped = queue_segments(inner, socket, slot, &plan, read, &mut out, relay);
             priority.unauthenticated(dropped);
             continue;
         };
+        if let Some(mut claim) = claim {
+            // What this thread sealed before holds lower counters: its turn comes first.
+            let mut pending = (!out.is_empty()).then(|| Turn::of(relay));
+            let job = claim.job();
+            std::mem::swap(&mut job.read, &mut read_buf);
+            job.len = n;
+            job.work = Some(SealWork { plan, batch, to });
+            claim.post(count);
+            if let Some(turn) = pending.as_mut() {
+                turn.hold();
+                flush(inner, socket, &mut out);
+            }
+            continue;
+        }
         for i in 0..count {
             let message = out.slot();
             let len = match i {
@@ -181,9 +241,53 @@ pub(super) fn tun_loop(inner: &Inner, worker: usize) {
             let len = batch.seal_in_place(i, message, len);
             out.push(len, to);
             if out.is_full() {
+                flush_in_turn(inner, socket, &mut out, relay);
+            }
+        }
+    }
+}
+
+/// Partner `me` of worker `worker`'s TUN reader: makes and seals the segments of each read
+/// handed to it into its own send batch and sends them on the read's turn.
+pub(super) fn tun_partner(inner: &Inner, worker: usize, relay: &TunRelay, me: usize, name: &str) {
+    let mut out = SendBatch::new(MAX_DATAGRAM);
+    confine(name);
+    relay.serve(me, |job, turn| {
+        let Some(SealWork { plan, batch, to }) = job.work.take() else {
+            return;
+        };
+        let sockets = inner.sockets();
+        // No socket: the data plane is stopping.
+        let Some(socket) = sockets.get(worker) else {
+            return;
+        };
+        let read = &job.read[..job.len];
+        for i in 0..plan.count() {
+            let message = out.slot();
+            let len = plan.segment_into(read, i, &mut message[wg::DATA_OFFSET..]);
+            let len = batch.seal_in_place(i, message, len);
+            out.push(len, to);
+            if out.is_full() {
+                turn.hold();
                 flush(inner, socket, &mut out);
             }
         }
+        turn.hold();
+        flush(inner, socket, &mut out);
+    });
+}
+
+/// Sends what `out` holds on its turn among the reads of `relay` (at once without one).
+fn flush_in_turn<J>(
+    inner: &Inner,
+    socket: &WgSocket,
+    out: &mut SendBatch,
+    relay: Option<&Relay<J>>,
+) {
+    if !out.is_empty() {
+        let mut turn = Turn::of(relay);
+        turn.hold();
+        flush(inner, socket, out);
     }
 }
 
@@ -197,6 +301,7 @@ fn queue_segments(
     plan: &offload::SplitPlan,
     read: &mut [u8],
     out: &mut SendBatch,
+    relay: Option<&TunRelay>,
 ) -> u64 {
     let mut dropped = 0;
     for i in 0..plan.count() {
@@ -209,7 +314,7 @@ fn queue_segments(
             Outbound::Send { len, to } => {
                 out.push(len, to);
                 if out.is_full() {
-                    flush(inner, socket, out);
+                    flush_in_turn(inner, socket, out, relay);
                 }
             }
             Outbound::Drop(reason) => {
@@ -244,7 +349,12 @@ fn forget_source(inner: &Inner, gone: IpAddr) {
     }
 }
 
-pub(super) fn udp_loop(inner: &Inner, worker: usize, socket: &WgSocket) {
+/// Worker `worker`'s UDP reader: receive, open, coalesce, write the TUN queue; with `relay`, a
+/// receive batch of many datagrams goes whole to an idle partner (after the AQM's and the
+/// priority guard's bookkeeping here), and every batch's writes and replies wait for its turn.
+pub(super) fn udp_loop(inner: &Inner, worker: usize, socket: &WgSocket, relay: Option<&UdpRelay>) {
+    // However this thread ends (its socket replaced, a stop), its partners end with it.
+    let _stopper = Stopper(relay.map(|r| &r.relay));
     let thread = PacketThread::UdpReader(worker);
     let tun = &inner.queues[worker];
     let mut batch = RecvBatch::default();
@@ -264,7 +374,7 @@ pub(super) fn udp_loop(inner: &Inner, worker: usize, socket: &WgSocket) {
     if let Err(e) = socket.set_receive_timeout(IDLE_WAKE) {
         tracing::warn!(error = %e, "UDP receive timeout not set: an idle reader looks stuck");
     }
-    confine(thread);
+    confine(&thread.name());
     inner.beat(thread);
     while !inner.stop.load(Ordering::Relaxed) {
         let received = socket.recv_batch(&mut batch);
@@ -308,61 +418,246 @@ pub(super) fn udp_loop(inner: &Inner, worker: usize, socket: &WgSocket) {
             continue;
         };
         if queue.is_on() {
+            if let Some(relay) = relay {
+                queue.repay(relay.owed_back.swap(0, Ordering::Relaxed));
+            }
             // One more clock read per batch, none per datagram.
             queue.on_batch(batch.oldest_wait(clock::wall_now()), now);
         }
-        for (from, datagram) in batch.datagrams() {
-            let identified = packet::identify(
-                &*table,
-                table.limiter(),
-                private_key,
-                table.public_key(),
-                from.remote,
-                datagram,
-                &mut cookie,
-            );
-            let slot = match identified {
-                Ok(Sender::Peer(slot)) => slot,
-                Ok(Sender::Cookie(len)) => {
-                    priority.unauthenticated(1);
-                    replies.slot()[..len].copy_from_slice(&cookie[..len]);
-                    replies.push(len, from);
-                    // A GRO batch holds more datagrams than a reply batch has room for.
-                    if replies.is_full() {
-                        flush(inner, socket, &mut replies);
-                    }
-                    continue;
-                }
-                Err(reason) => {
-                    inner.drops.add_received(reason, datagram.len());
-                    priority.unauthenticated(1);
-                    continue;
-                }
-            };
-            if queue.take_drop(datagram) {
-                inner.drops.add_received(DropReason::Aqm, datagram.len());
-                priority.unauthenticated(1);
-                continue;
-            }
-            if coalescer.needs_drain() {
-                write_tun(inner, tun, &mut coalescer);
-            }
-            let received = Received {
-                table: &table,
-                slot,
-                from,
-                datagram,
-            };
-            if !received.carry_out(inner, socket, &mut coalescer, &mut replies) {
-                priority.unauthenticated(1);
-            }
-            if replies.is_full() {
-                flush(inner, socket, &mut replies);
+        let datagrams = batch.datagram_count();
+        let claim = relay
+            .filter(|r| {
+                datagrams >= RELAY_MIN_DATAGRAMS
+                    && r.relay.in_flight() + datagrams <= RELAY_IN_FLIGHT_DATAGRAMS
+            })
+            .and_then(|r| r.relay.claim());
+        if let Some(mut claim) = claim {
+            // The partner opens it; the drops the AQM owes now go with it (and what it does
+            // not take comes back through `owed_back`). Its work is not this reader's: the
+            // priority guard is not told what of it did not authenticate.
+            let job = claim.job();
+            std::mem::swap(&mut job.batch, &mut batch);
+            job.owed = queue.lend();
+            job.table = Some(table);
+            claim.post(datagrams);
+            continue;
+        }
+        let mut turn = Turn::of(relay.map(|r| &r.relay));
+        if let Some(relay) = relay {
+            // Opened beside the reads in flight, this batch's counters would run further
+            // ahead of theirs than the replay window keeps: open it after them.
+            let in_flight = relay.relay.in_flight();
+            if in_flight > 0 && in_flight + datagrams > RELAY_IN_FLIGHT_DATAGRAMS {
+                turn.hold();
             }
         }
-        flush(inner, socket, &mut replies);
-        write_tun(inner, tun, &mut coalescer);
+        let mut emit = Emit {
+            inner,
+            tun,
+            socket,
+            coalescer: &mut coalescer,
+            replies: &mut replies,
+            turn: &mut turn,
+        };
+        let unauthenticated = open_batch(
+            &table,
+            private_key,
+            &batch,
+            |datagram| queue.take_drop(datagram),
+            &mut cookie,
+            &mut emit,
+        );
+        priority.unauthenticated(unauthenticated);
     }
+}
+
+/// A receive batch of fewer datagrams never leaves its reader (latency); from this many up it
+/// goes to an idle partner if there is one and the reads in flight leave room.
+const RELAY_MIN_DATAGRAMS: usize = 8;
+
+/// boringtun's replay window: a counter more than this far below the highest one opened is
+/// refused as a replay (`crates/boringtun/src/noise/session.rs`, `N_BITS`).
+const REPLAY_WINDOW: usize = 1024;
+
+/// The datagrams one UDP reader's batches may hold while they are opened at once (by its
+/// partners and by itself): half the replay window. Batches opened out of order between
+/// threads put a later batch's counters at most this far ahead of an earlier one's still being
+/// opened, plus whatever the path lost between them; the other half of the window is for that
+/// loss. A batch larger than this alone is opened by the reader, after the ones in flight.
+const RELAY_IN_FLIGHT_DATAGRAMS: usize = REPLAY_WINDOW / 2;
+
+/// A receive batch handed from a UDP reader to a partner: the batch (swapped with the
+/// reader's, never copied), the peer table it was received under, and the drops the AQM owed
+/// when it was handed off.
+pub(super) struct OpenJob {
+    batch: RecvBatch,
+    table: Option<Arc<PeerTable>>,
+    owed: u32,
+}
+
+impl OpenJob {
+    pub(super) fn new() -> OpenJob {
+        OpenJob {
+            batch: RecvBatch::default(),
+            table: None,
+            owed: 0,
+        }
+    }
+}
+
+/// A UDP reader's relay: its partners open whole receive batches and write them in receive
+/// order; AQM drops a partner was lent and did not take come back to the reader.
+pub(super) struct UdpRelay {
+    relay: Relay<OpenJob>,
+    owed_back: AtomicU32,
+}
+
+impl UdpRelay {
+    pub(super) fn new(partners: usize) -> UdpRelay {
+        UdpRelay {
+            relay: Relay::new(partners, OpenJob::new),
+            owed_back: AtomicU32::new(0),
+        }
+    }
+}
+
+/// Partner `me` of worker `worker`'s UDP reader (on `socket`): opens each batch handed to it
+/// into its own coalescer and writes it (and sends its replies) on the batch's turn.
+pub(super) fn udp_partner(
+    inner: &Inner,
+    worker: usize,
+    socket: &WgSocket,
+    relay: &UdpRelay,
+    me: usize,
+    name: &str,
+) {
+    let tun = &inner.queues[worker];
+    let mut replies = SendBatch::new(MAX_DATAGRAM);
+    let mut coalescer = Coalescer::new(COALESCE_SLOTS, tun.udp_gso());
+    let mut cookie = [0u8; 64];
+    confine(name);
+    relay.relay.serve(me, |job, turn| {
+        let Some(table) = job.table.take() else {
+            return;
+        };
+        let Some(private_key) = table.private_key() else {
+            return;
+        };
+        let mut owed = std::mem::take(&mut job.owed);
+        let mut emit = Emit {
+            inner,
+            tun,
+            socket,
+            coalescer: &mut coalescer,
+            replies: &mut replies,
+            turn,
+        };
+        open_batch(
+            &table,
+            private_key,
+            &job.batch,
+            |datagram| aqm::take_owed_drop(&mut owed, datagram),
+            &mut cookie,
+            &mut emit,
+        );
+        if owed > 0 {
+            relay.owed_back.fetch_add(owed, Ordering::Relaxed);
+        }
+    });
+}
+
+/// Where one receive batch's results go, on its turn: the TUN queue (through the coalescer)
+/// and the socket (handshake and cookie replies).
+struct Emit<'a, 't> {
+    inner: &'a Inner,
+    tun: &'a tun_rs::SyncDevice,
+    socket: &'a WgSocket,
+    coalescer: &'a mut Coalescer,
+    replies: &'a mut SendBatch,
+    turn: &'a mut Turn<'t, OpenJob>,
+}
+
+impl Emit<'_, '_> {
+    /// Sends the replies gathered so far, on the batch's turn.
+    fn flush_replies(&mut self) {
+        if !self.replies.is_empty() {
+            self.turn.hold();
+            flush(self.inner, self.socket, self.replies);
+        }
+    }
+
+    /// Writes what the coalescer holds, on the batch's turn.
+    fn write_tun(&mut self) {
+        self.turn.hold();
+        write_tun(self.inner, self.tun, self.coalescer);
+    }
+}
+
+/// Identifies, opens and carries out every datagram of `batch` (received under `table`),
+/// dropping for the AQM those `take_drop` says; writes and replies through `emit`, all of them
+/// on the batch's turn. Returns how many did not authenticate.
+fn open_batch(
+    table: &Arc<PeerTable>,
+    private_key: &crate::config::SecretKey,
+    batch: &RecvBatch,
+    mut take_drop: impl FnMut(&[u8]) -> bool,
+    cookie: &mut [u8; 64],
+    emit: &mut Emit<'_, '_>,
+) -> u64 {
+    let inner = emit.inner;
+    let mut unauthenticated = 0;
+    for (from, datagram) in batch.datagrams() {
+        let identified = packet::identify(
+            &**table,
+            table.limiter(),
+            private_key,
+            table.public_key(),
+            from.remote,
+            datagram,
+            cookie,
+        );
+        let slot = match identified {
+            Ok(Sender::Peer(slot)) => slot,
+            Ok(Sender::Cookie(len)) => {
+                unauthenticated += 1;
+                emit.replies.slot()[..len].copy_from_slice(&cookie[..len]);
+                emit.replies.push(len, from);
+                // A GRO batch holds more datagrams than a reply batch has room for.
+                if emit.replies.is_full() {
+                    emit.flush_replies();
+                }
+                continue;
+            }
+            Err(reason) => {
+                inner.drops.add_received(reason, datagram.len());
+                unauthenticated += 1;
+                continue;
+            }
+        };
+        if take_drop(datagram) {
+            inner.drops.add_received(DropReason::Aqm, datagram.len());
+            unauthenticated += 1;
+            continue;
+        }
+        if emit.coalescer.needs_drain() {
+            emit.write_tun();
+        }
+        let received = Received {
+            table,
+            slot,
+            from,
+            datagram,
+        };
+        if !received.carry_out(emit) {
+            unauthenticated += 1;
+        }
+        if emit.replies.is_full() {
+            emit.flush_replies();
+        }
+    }
+    emit.flush_replies();
+    emit.write_tun();
+    unauthenticated
 }
 
 /// Writes the decrypted packets to the TUN queue: one write per coalesced super-packet.
@@ -388,14 +683,9 @@ impl Received<'_> {
     /// send what queued up during the handshake), or drop. Returns whether the datagram
     /// authenticated.
     #[inline]
-    fn carry_out(
-        self,
-        inner: &Inner,
-        socket: &WgSocket,
-        coalescer: &mut Coalescer,
-        replies: &mut SendBatch,
-    ) -> bool {
-        let landing = coalescer.landing(self.datagram.len());
+    fn carry_out(self, emit: &mut Emit<'_, '_>) -> bool {
+        let inner = emit.inner;
+        let landing = emit.coalescer.landing(self.datagram.len());
         // A data message of a kept session is opened with no lock held: the peer's lock is
         // taken to find the session, then to record what was opened. Anything else
         // (handshakes, cookies, unknown sessions) goes through the peer under its lock.
@@ -422,30 +712,30 @@ impl Received<'_> {
             }
         };
         match decision {
-            Inbound::Deliver(len) => coalescer.commit(len),
+            Inbound::Deliver(len) => emit.coalescer.commit(len),
             Inbound::Reply(len) => {
-                replies.slot()[..len].copy_from_slice(&landing[..len]);
-                replies.push(len, self.from);
-                coalescer.abandon();
+                emit.replies.slot()[..len].copy_from_slice(&landing[..len]);
+                emit.replies.push(len, self.from);
+                emit.coalescer.abandon();
                 loop {
-                    if replies.is_full() {
-                        flush(inner, socket, replies);
+                    if emit.replies.is_full() {
+                        emit.flush_replies();
                     }
                     let queued = {
                         let mut peer = self.slot.lock();
-                        peer.flush_queued(replies.slot())
+                        peer.flush_queued(emit.replies.slot())
                     };
                     let Some(len) = queued else { break };
-                    replies.push(len, self.from);
+                    emit.replies.push(len, self.from);
                 }
             }
-            Inbound::Nothing => coalescer.abandon(),
+            Inbound::Nothing => emit.coalescer.abandon(),
             Inbound::Drop(reason) if reason.after_authentication() => {
-                coalescer.abandon();
+                emit.coalescer.abandon();
                 inner.drops.add(reason, 1);
             }
             Inbound::Drop(reason) => {
-                coalescer.abandon();
+                emit.coalescer.abandon();
                 inner.drops.add_received(reason, self.datagram.len());
                 return false;
             }
@@ -456,7 +746,7 @@ impl Received<'_> {
 
 pub(super) fn timer_loop(inner: &Inner) {
     let mut buf = vec![0u8; wg::MIN_OUTPUT.max(2048)];
-    confine(PacketThread::Timers);
+    confine(&PacketThread::Timers.name());
     let mut limiter_reset = LimiterReset::default();
     while !inner.stop.load(Ordering::Relaxed) {
         inner.beat(PacketThread::Timers);
