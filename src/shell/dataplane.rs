@@ -452,12 +452,16 @@ impl Inner {
         let handle = std::thread::Builder::new()
             .name(name)
             .spawn(move || body(&inner))?;
-        {
-            let mut threads = self.handles.lock();
-            threads.retain(|t| !t.is_finished());
-            threads.push(handle);
-        }
+        self.keep_for_the_join(handle);
         Ok(())
+    }
+
+    /// Keeps a started packet thread's handle for [`Dataplane::stop`] to join (and forgets
+    /// those that have ended).
+    fn keep_for_the_join(&self, handle: JoinHandle<()>) {
+        let mut threads = self.handles.lock();
+        threads.retain(|t| !t.is_finished());
+        threads.push(handle);
     }
 
     /// Starts `thread`: a packet reader through the reader spawner (where only the readers may
@@ -475,11 +479,7 @@ impl Inner {
                 self.threads.spawner.spawn(thread.name(), run)?
             }
         };
-        {
-            let mut threads = self.handles.lock();
-            threads.retain(|t| !t.is_finished());
-            threads.push(handle);
-        }
+        self.keep_for_the_join(handle);
         Ok(())
     }
 }

@@ -356,11 +356,8 @@ pub(super) fn udp_loop(inner: &Inner, worker: usize, socket: &WgSocket, relay: O
     // However this thread ends (its socket replaced, a stop), its partners end with it.
     let _stopper = Stopper(relay.map(|r| &r.relay));
     let thread = PacketThread::UdpReader(worker);
-    let tun = &inner.queues[worker];
     let mut batch = RecvBatch::default();
-    let mut replies = SendBatch::new(MAX_DATAGRAM);
-    let mut coalescer = Coalescer::new(COALESCE_SLOTS, tun.udp_gso());
-    let mut cookie = [0u8; 64];
+    let mut opener = Opener::new(inner, worker, socket);
     // AQM on the socket buffer in front of this thread (off without receive timestamps).
     let mut queue = aqm::ReceiveQueue::new(
         inner
@@ -451,21 +448,12 @@ pub(super) fn udp_loop(inner: &Inner, worker: usize, socket: &WgSocket, relay: O
                 turn.hold();
             }
         }
-        let mut emit = Emit {
-            inner,
-            tun,
-            socket,
-            coalescer: &mut coalescer,
-            replies: &mut replies,
-            turn: &mut turn,
-        };
-        let unauthenticated = open_batch(
+        let unauthenticated = opener.open(
             &table,
             private_key,
             &batch,
             |datagram| queue.take_drop(datagram),
-            &mut cookie,
-            &mut emit,
+            &mut turn,
         );
         priority.unauthenticated(unauthenticated);
     }
@@ -531,10 +519,7 @@ pub(super) fn udp_partner(
     me: usize,
     name: &str,
 ) {
-    let tun = &inner.queues[worker];
-    let mut replies = SendBatch::new(MAX_DATAGRAM);
-    let mut coalescer = Coalescer::new(COALESCE_SLOTS, tun.udp_gso());
-    let mut cookie = [0u8; 64];
+    let mut opener = Opener::new(inner, worker, socket);
     confine(name);
     relay.relay.serve(me, |job, turn| {
         let Some(table) = job.table.take() else {
@@ -544,26 +529,70 @@ pub(super) fn udp_partner(
             return;
         };
         let mut owed = std::mem::take(&mut job.owed);
-        let mut emit = Emit {
-            inner,
-            tun,
-            socket,
-            coalescer: &mut coalescer,
-            replies: &mut replies,
-            turn,
-        };
-        open_batch(
+        opener.open(
             &table,
             private_key,
             &job.batch,
             |datagram| aqm::take_owed_drop(&mut owed, datagram),
-            &mut cookie,
-            &mut emit,
+            turn,
         );
         if owed > 0 {
             relay.owed_back.fetch_add(owed, Ordering::Relaxed);
         }
     });
+}
+
+/// What a thread that opens receive batches keeps from one to the next: where the results go
+/// (worker `worker`'s TUN queue, through its own coalescer; its socket, for handshake and
+/// cookie replies) and its buffers, made once.
+struct Opener<'a> {
+    inner: &'a Inner,
+    tun: &'a tun_rs::SyncDevice,
+    socket: &'a WgSocket,
+    coalescer: Coalescer,
+    replies: SendBatch,
+    cookie: [u8; 64],
+}
+
+impl<'a> Opener<'a> {
+    fn new(inner: &'a Inner, worker: usize, socket: &'a WgSocket) -> Opener<'a> {
+        let tun = &inner.queues[worker];
+        Opener {
+            inner,
+            tun,
+            socket,
+            coalescer: Coalescer::new(COALESCE_SLOTS, tun.udp_gso()),
+            replies: SendBatch::new(MAX_DATAGRAM),
+            cookie: [0u8; 64],
+        }
+    }
+
+    /// Opens `batch` (see [`open_batch`]); its writes and replies go out on `turn`.
+    fn open(
+        &mut self,
+        table: &Arc<PeerTable>,
+        private_key: &crate::config::SecretKey,
+        batch: &RecvBatch,
+        take_drop: impl FnMut(&[u8]) -> bool,
+        turn: &mut Turn<'_, OpenJob>,
+    ) -> u64 {
+        let mut emit = Emit {
+            inner: self.inner,
+            tun: self.tun,
+            socket: self.socket,
+            coalescer: &mut self.coalescer,
+            replies: &mut self.replies,
+            turn,
+        };
+        open_batch(
+            table,
+            private_key,
+            batch,
+            take_drop,
+            &mut self.cookie,
+            &mut emit,
+        )
+    }
 }
 
 /// Where one receive batch's results go, on its turn: the TUN queue (through the coalescer)
