@@ -250,7 +250,9 @@ pub(super) fn tun_loop(inner: &Inner, worker: usize, relay: Option<&TunRelay>) {
 /// Partner `me` of worker `worker`'s TUN reader: makes and seals the segments of each read
 /// handed to it into its own send batch and sends them on the read's turn.
 pub(super) fn tun_partner(inner: &Inner, worker: usize, relay: &TunRelay, me: usize, name: &str) {
-    let mut out = SendBatch::new(MAX_DATAGRAM);
+    // Made at the first job, once: a partner of a daemon that never sees a large read costs
+    // no memory but its stack.
+    let mut out = None;
     confine(name);
     relay.serve(me, |job, turn| {
         let Some(SealWork { plan, batch, to }) = job.work.take() else {
@@ -261,6 +263,7 @@ pub(super) fn tun_partner(inner: &Inner, worker: usize, relay: &TunRelay, me: us
         let Some(socket) = sockets.get(worker) else {
             return;
         };
+        let out = out.get_or_insert_with(|| SendBatch::new(MAX_DATAGRAM));
         let read = &job.read[..job.len];
         for i in 0..plan.count() {
             let message = out.slot();
@@ -269,11 +272,11 @@ pub(super) fn tun_partner(inner: &Inner, worker: usize, relay: &TunRelay, me: us
             out.push(len, to);
             if out.is_full() {
                 turn.hold();
-                flush(inner, socket, &mut out);
+                flush(inner, socket, out);
             }
         }
         turn.hold();
-        flush(inner, socket, &mut out);
+        flush(inner, socket, out);
     });
 }
 
@@ -519,7 +522,8 @@ pub(super) fn udp_partner(
     me: usize,
     name: &str,
 ) {
-    let mut opener = Opener::new(inner, worker, socket);
+    // Made at the first job, once (see `tun_partner`).
+    let mut opener = None;
     confine(name);
     relay.relay.serve(me, |job, turn| {
         let Some(table) = job.table.take() else {
@@ -529,6 +533,7 @@ pub(super) fn udp_partner(
             return;
         };
         let mut owed = std::mem::take(&mut job.owed);
+        let opener = opener.get_or_insert_with(|| Opener::new(inner, worker, socket));
         opener.open(
             &table,
             private_key,
