@@ -226,14 +226,15 @@ fn stopping_the_data_path_ends_every_packet_thread() {
     ]
     .map(String::from)
     .to_vec();
-    let setup = ThreadSetup::normal_priority(Tuning::default());
-    // Each reader's relay partners, when the machine has a CPU for one.
-    let cpus = usize::try_from(setup.tuning.usable_cpus_milli() / 1000).unwrap_or(1);
-    for me in 0..relay_partners(2, cpus) {
-        for w in 0..2 {
-            threads.push(format!("tg-tun-h{w}-{me}"));
-            threads.push(format!("tg-udp-h{w}-{me}"));
-        }
+    // Two CPUs, whatever the machine has: each reader gets a relay partner, which a stop (and,
+    // for a UDP reader's, a socket replacement) must end too.
+    let mut tuning = Tuning::default();
+    tuning.cpus.affinity = 2;
+    let setup = ThreadSetup::normal_priority(tuning);
+    assert_eq!(relay_partners(2, 2), 1);
+    for w in 0..2 {
+        threads.push(format!("tg-tun-h{w}-0"));
+        threads.push(format!("tg-udp-h{w}-0"));
     }
     ns.in_ns(|| {
         let tuning = &setup.tuning;
@@ -253,6 +254,14 @@ fn stopping_the_data_path_ends_every_packet_thread() {
         assert_eq!(dataplane.liveness(), Ok(()));
         // A socket replacement starts new UDP readers; stop must join them too.
         dataplane.rebind(0, None).expect("rebind");
+        // The replaced readers' partners end with their readers: one of each name is left.
+        assert!(
+            poll_until(Duration::from_secs(3), || threads_named(pid, "tg-udp-h0-0")
+                .len()
+                == 1),
+            "{} tg-udp-h0-0 threads after the rebind",
+            threads_named(pid, "tg-udp-h0-0").len()
+        );
 
         let t = clock::now();
         dataplane.stop().expect("every thread ends");
@@ -663,8 +672,8 @@ fn one_peers_stream_through_relay_partners_arrives_in_order() {
         relayed.retransmits <= (single.retransmits * 10).max(segments_percent),
         "retransmits: {relayed:?} against {single:?}"
     );
-    let setup = ThreadSetup::normal_priority(Tuning::default());
-    let cpus = usize::try_from(setup.tuning.usable_cpus_milli() / 1000).unwrap_or(1);
+    // The CPUs the daemons may use, as they count them (affinity and cgroup quota).
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     if relay_partners(4, cpus) > 0 {
         assert!(
             relayed.sealed_by_partners > 0,
