@@ -19,7 +19,7 @@
 //!   emits it (the daemon's `sendmmsg` or TUN write) only on its turn, in read order. The unit
 //!   of hand-off is a whole read (some 65 microseconds of work), not a few packets. The relay
 //!   is the daemon's own (`shell::dataplane::relay`), with as many partners per reader as the
-//!   daemon gives (`relay_partners`: one per other CPU, capped).
+//!   daemon gives (`core::relay::partners`: one per other CPU, capped).
 //!
 //! Run: `cargo bench --bench workers -- [--peers K] [--shared | --relay] [--seconds S]
 //! [--max-workers N] [--json FILE]` (defaults: 16 peers, 2 s per point, 1 to 16 workers).
@@ -32,9 +32,10 @@ use std::sync::Arc;
 use std::time::Duration;
 use tunnelgate::config::{PublicKey, SecretKey};
 use tunnelgate::core::control::PeerSpec;
-use tunnelgate::core::packet::steering::{relay_partners, worker_of_peer};
+use tunnelgate::core::packet::steering::worker_of_peer;
 use tunnelgate::core::packet::{Inbound, Outbound, PeerLookup, PeerPath};
 use tunnelgate::core::peer::{Peer, Sending};
+use tunnelgate::core::relay;
 use tunnelgate::core::sequencer::Sequencer;
 use tunnelgate::core::wg::{Limiter, SealBatch, DATA_OFFSET};
 use tunnelgate::shell::dataplane::relay::Relay;
@@ -325,7 +326,7 @@ fn measure_relay(pairs: &Arc<Vec<Pair>>, workers: usize, duration: Duration) -> 
     // Partners beyond the CPUs only take the CPU from the one whose turn it is: a reader gets
     // the daemon's number of partners (one per other CPU, capped).
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let partners = relay_partners(workers, cpus);
+    let partners = relay::partners(workers, cpus);
     let relays: Arc<Vec<PeerRelay>> = Arc::new(pairs.iter().map(|_| new_relay(partners)).collect());
     let from = at("192.0.2.2:1");
     let mut threads = Vec::new();

@@ -16,7 +16,7 @@ use common::*;
 use std::time::Duration;
 use tunnelgate::config::SecretKey;
 use tunnelgate::core::liveness::STALL_LIMIT;
-use tunnelgate::core::packet::steering::relay_partners;
+use tunnelgate::core::relay;
 use tunnelgate::shell::clock;
 use tunnelgate::shell::dataplane::{Dataplane, ThreadSetup};
 use tunnelgate::shell::keys::GenerateKey as _;
@@ -231,7 +231,7 @@ fn stopping_the_data_path_ends_every_packet_thread() {
     let mut tuning = Tuning::default();
     tuning.cpus.affinity = 2;
     let setup = ThreadSetup::normal_priority(tuning);
-    assert_eq!(relay_partners(2, 2), 1);
+    assert_eq!(relay::partners(2, 2), 1);
     for w in 0..2 {
         threads.push(format!("tg-tun-h{w}-0"));
         threads.push(format!("tg-udp-h{w}-0"));
@@ -674,7 +674,7 @@ fn one_peers_stream_through_relay_partners_arrives_in_order() {
     );
     // The CPUs the daemons may use, as they count them (affinity and cgroup quota).
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if relay_partners(4, cpus) > 0 {
+    if relay::partners(4, cpus) > 0 {
         assert!(
             relayed.sealed_by_partners > 0,
             "no read was sealed by a partner: {relayed:?}"

@@ -8,7 +8,7 @@
 //! queue); one timer thread drives every peer's handshakes and keepalives. The kernel keeps a
 //! flow on one TUN queue and the steering program sends a peer's datagrams to one socket, so a
 //! flow's packets stay in order. Beside each reader, with more than one worker, up to
-//! `min(workers, CPUs) - 1` partners (`core::packet::steering::relay_partners`) take whole
+//! `min(workers, CPUs) - 1` partners (`core::relay::partners`) take whole
 //! reads from it and emit them in read order ([`relay`]), so one peer's traffic uses more than
 //! one core. No lock guard lives across a system call: a peer's lock is taken to reserve a
 //! read's counters, or for one decrypt's lookup and record, and the batch is sent after.
@@ -24,7 +24,6 @@ pub use table::TableChange;
 use crate::config::{PublicKey, SecretKey};
 use crate::core::control::{PeerChanges, PeerSpec};
 use crate::core::liveness::{Heartbeats, PacketThread, STALL_LIMIT};
-use crate::core::packet::steering::relay_partners;
 use crate::core::packet::{DropCounters, DropStats};
 use crate::core::peer::PeerStats;
 use crate::core::priority::{Access, SharedBudget};
@@ -434,10 +433,10 @@ impl Inner {
     }
 
     /// Partners per packet reader: one per other CPU the workers may use, capped, none with
-    /// one worker (`core::packet::steering::relay_partners`).
+    /// one worker (`core::relay::partners`).
     fn partners(&self) -> usize {
         let cpus = usize::try_from(self.threads.tuning.usable_cpus_milli() / 1000).unwrap_or(1);
-        relay_partners(self.queues.len(), cpus)
+        crate::core::relay::partners(self.queues.len(), cpus)
     }
 
     /// Starts a relay partner named `name`: at normal priority, started here and not by the

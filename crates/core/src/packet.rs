@@ -489,23 +489,6 @@ pub mod steering {
     pub fn worker_of_peer(peer_index: u32, workers: usize) -> usize {
         (peer_index & 0xff) as usize % workers.max(1)
     }
-
-    /// Most partner threads beside one packet reader. Each partner is a thread asleep when idle
-    /// and a set of buffers (a 64 KB read or a receive batch, a send batch) mapped once and
-    /// touched only by traffic; 32 readers of a 16-core gateway would otherwise start 480 of
-    /// them. Three partners give one peer's direction four threads, past which the reader's own
-    /// share of each read (the read or receive itself, the lookup, the counters, the hand-off)
-    /// is what bounds it; and four reads in flight keep the inbound ones inside the replay
-    /// window (`shell::dataplane::workers`). Not measured past 2 CPUs: the bound is a choice.
-    pub const MAX_RELAY_PARTNERS: usize = 3;
-
-    /// How many partners each packet reader gets (`shell::dataplane::relay`): one per other CPU
-    /// the workers may use (a partner without a CPU only takes it from the thread whose turn it
-    /// is), at most [`MAX_RELAY_PARTNERS`], and none with one worker, so `workers = 1` runs
-    /// exactly the single-threaded path.
-    pub fn relay_partners(workers: usize, cpus: usize) -> usize {
-        workers.min(cpus).saturating_sub(1).min(MAX_RELAY_PARTNERS)
-    }
 }
 
 #[cfg(test)]

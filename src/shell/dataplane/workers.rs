@@ -13,6 +13,7 @@ use crate::core::liveness::{PacketThread, IDLE_WAKE};
 use crate::core::offload::{self, Coalescer, SplitPlan, VNET_HDR_LEN};
 use crate::core::packet::{self, steering, DropReason, Inbound, Outbound, PeerPath, Sender};
 use crate::core::peer::{LimiterReset, Sending};
+use crate::core::relay::{hands_off_batch, hands_off_read, opens_after_in_flight};
 use crate::core::wg::{self, SealBatch};
 use crate::shell::seccomp::{self, Confinement};
 use crate::shell::udp::{RecvBatch, SendBatch, WgSocket, BATCH, MAX_DATAGRAM};
@@ -35,11 +36,6 @@ const COALESCE_SLOTS: usize = 16;
 /// per-packet path and bounds what one charge can come late by.
 const CHECK_EVERY_READS: u32 = 64;
 const CHECK_EVERY_SEGMENTS: u32 = 64;
-/// A TUN read of fewer segments never leaves its reader (pings, ACKs, a request: latency
-/// matters more than the cores there); from this many up (a TSO super-packet of some 11 KB
-/// at 1420 bytes), it goes to an idle partner if there is one.
-const RELAY_MIN_SEGMENTS: usize = 8;
-
 /// A TUN read handed from its reader to a partner: the read buffer (swapped with the
 /// reader's, never copied), its length, and what the reader decided for it.
 pub(super) struct SealJob {
@@ -204,7 +200,7 @@ pub(super) fn tun_loop(inner: &Inner, worker: usize, relay: Option<&TunRelay>) {
         // A read worth a partner claims an idle one before its counters are reserved, so a
         // read no partner takes is sealed here as always.
         let claim = relay
-            .filter(|_| count >= RELAY_MIN_SEGMENTS)
+            .filter(|_| hands_off_read(count))
             .and_then(|r| r.claim());
         // One lock per read, for the counters of all its segments; each is then sealed in
         // place in its send slot with no lock held.
@@ -426,10 +422,7 @@ pub(super) fn udp_loop(inner: &Inner, worker: usize, socket: &WgSocket, relay: O
         }
         let datagrams = batch.datagram_count();
         let claim = relay
-            .filter(|r| {
-                datagrams >= RELAY_MIN_DATAGRAMS
-                    && r.relay.in_flight() + datagrams <= RELAY_IN_FLIGHT_DATAGRAMS
-            })
+            .filter(|r| hands_off_batch(r.relay.in_flight(), datagrams))
             .and_then(|r| r.relay.claim());
         if let Some(mut claim) = claim {
             // The partner opens it; the drops the AQM owes now go with it (and what it does
@@ -444,10 +437,9 @@ pub(super) fn udp_loop(inner: &Inner, worker: usize, socket: &WgSocket, relay: O
         }
         let mut turn = Turn::of(relay.map(|r| &r.relay));
         if let Some(relay) = relay {
-            // Opened beside the reads in flight, this batch's counters would run further
-            // ahead of theirs than the replay window keeps: open it after them.
-            let in_flight = relay.relay.in_flight();
-            if in_flight > 0 && in_flight + datagrams > RELAY_IN_FLIGHT_DATAGRAMS {
+            // Opened beside the batches in flight, this one's counters would run too far
+            // ahead of theirs for the replay window: open it after them.
+            if opens_after_in_flight(relay.relay.in_flight(), datagrams) {
                 turn.hold();
             }
         }
@@ -461,21 +453,6 @@ pub(super) fn udp_loop(inner: &Inner, worker: usize, socket: &WgSocket, relay: O
         priority.unauthenticated(unauthenticated);
     }
 }
-
-/// A receive batch of fewer datagrams never leaves its reader (latency); from this many up it
-/// goes to an idle partner if there is one and the reads in flight leave room.
-const RELAY_MIN_DATAGRAMS: usize = 8;
-
-/// boringtun's replay window: a counter more than this far below the highest one opened is
-/// refused as a replay (`crates/boringtun/src/noise/session.rs`, `N_BITS`).
-const REPLAY_WINDOW: usize = 1024;
-
-/// The datagrams one UDP reader's batches may hold while they are opened at once (by its
-/// partners and by itself): half the replay window. Batches opened out of order between
-/// threads put a later batch's counters at most this far ahead of an earlier one's still being
-/// opened, plus whatever the path lost between them; the other half of the window is for that
-/// loss. A batch larger than this alone is opened by the reader, after the ones in flight.
-const RELAY_IN_FLIGHT_DATAGRAMS: usize = REPLAY_WINDOW / 2;
 
 /// A receive batch handed from a UDP reader to a partner: the batch (swapped with the
 /// reader's, never copied), the peer table it was received under, and the drops the AQM owed

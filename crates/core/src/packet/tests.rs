@@ -549,18 +549,3 @@ fn keepalive_starts_a_handshake_only_for_a_peer_without_a_session() {
         "keepalive turned on for a live peer keeps its session"
     );
 }
-
-#[test]
-fn a_reader_gets_a_partner_per_other_cpu_the_workers_use_and_none_alone() {
-    use super::steering::{relay_partners, MAX_RELAY_PARTNERS};
-    // One worker is the single-threaded path, whatever the CPUs.
-    assert_eq!(relay_partners(1, 16), 0);
-    // A partner per other CPU, not per other worker: past the CPUs they only cost.
-    assert_eq!(relay_partners(2, 2), 1);
-    assert_eq!(relay_partners(4, 2), 1);
-    assert_eq!(relay_partners(16, 1), 0);
-    assert_eq!(relay_partners(3, 8), 2);
-    // Capped.
-    assert_eq!(relay_partners(16, 16), MAX_RELAY_PARTNERS);
-    assert_eq!(relay_partners(0, 4), 0);
-}
