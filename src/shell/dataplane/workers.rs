@@ -36,6 +36,7 @@ const COALESCE_SLOTS: usize = 16;
 /// per-packet path and bounds what one charge can come late by.
 const CHECK_EVERY_READS: u32 = 64;
 const CHECK_EVERY_SEGMENTS: u32 = 64;
+
 /// A TUN read handed from its reader to a partner: the read buffer (swapped with the
 /// reader's, never copied), its length, and what the reader decided for it.
 pub(super) struct SealJob {
