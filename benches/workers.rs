@@ -19,7 +19,8 @@
 //!   emits it (the daemon's `sendmmsg` or TUN write) only on its turn, in read order. The unit
 //!   of hand-off is a whole read (some 65 microseconds of work), not a few packets. The relay
 //!   is the daemon's own (`shell::dataplane::relay`), with as many partners per reader as the
-//!   daemon gives (`core::relay::partners`: one per other CPU, capped).
+//!   daemon gives (`core::relay::partners`: one per other CPU, capped), and a batch goes to a
+//!   partner only while a CPU is free for it (every reader counts as busy).
 //!
 //! Run: `cargo bench --bench workers -- [--peers K] [--shared | --relay] [--seconds S]
 //! [--max-workers N] [--json FILE]` (defaults: 16 peers, 2 s per point, 1 to 16 workers).
@@ -38,7 +39,7 @@ use tunnelgate::core::peer::{Peer, Sending};
 use tunnelgate::core::relay;
 use tunnelgate::core::sequencer::Sequencer;
 use tunnelgate::core::wg::{Limiter, SealBatch, DATA_OFFSET};
-use tunnelgate::shell::dataplane::relay::Relay;
+use tunnelgate::shell::dataplane::relay::{Busy, Cores, Relay};
 use tunnelgate::shell::keys::GenerateKey as _;
 
 /// Inner packet size: a full 1420-MTU IPv4 packet.
@@ -262,9 +263,9 @@ struct Job {
 /// claim, hand-off, turns and sleep as its TUN and UDP readers use.
 type PeerRelay = Relay<Job>;
 
-fn new_relay(partners: usize) -> PeerRelay {
+fn new_relay(partners: usize, cores: &Arc<Cores>) -> PeerRelay {
     // One batch in hand per partner: the bound on batches in flight.
-    Relay::new(partners, || Job {
+    Relay::new(partners, cores.clone(), || Job {
         buffers: Buffers::new(),
         batch: None,
     })
@@ -289,6 +290,9 @@ fn relay_partner(relay: &PeerRelay, me: usize, pair: &Pair, from: PeerPath) -> u
 /// which opens): read a batch (into a claimed partner's buffer when one is idle, else its
 /// own), reserve its counters, hand it off or do it, on its turn.
 fn relay_reader(relay: &PeerRelay, pair: &Pair, from: PeerPath, stop: &AtomicBool) -> u64 {
+    // Always busy: it never waits for packets.
+    let mut busy = Busy::new(Some(relay.cores()));
+    busy.set(true);
     let packet = packet();
     let mut own = Buffers::new();
     let mut bytes = 0u64;
@@ -327,7 +331,11 @@ fn measure_relay(pairs: &Arc<Vec<Pair>>, workers: usize, duration: Duration) -> 
     // the daemon's number of partners (one per other CPU, capped).
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let partners = relay::partners(workers, cpus);
-    let relays: Arc<Vec<PeerRelay>> = Arc::new(pairs.iter().map(|_| new_relay(partners)).collect());
+    // The CPUs every reader and partner share, as the daemon's data plane does: a batch goes
+    // to a partner only while one is free.
+    let cores = Arc::new(Cores::new(cpus));
+    let relays: Arc<Vec<PeerRelay>> =
+        Arc::new(pairs.iter().map(|_| new_relay(partners, &cores)).collect());
     let from = at("192.0.2.2:1");
     let mut threads = Vec::new();
     for p in 0..pairs.len() {

@@ -56,6 +56,11 @@ pub fn default_workers() -> usize {
         .min(MAX_DEFAULT_WORKERS)
 }
 
+/// Whole CPUs the packet threads may use (affinity or quota, whichever is lower).
+fn usable_cpus(tuning: &Tuning) -> usize {
+    usize::try_from(tuning.usable_cpus_milli() / 1000).unwrap_or(1)
+}
+
 /// How the packet threads run, decided once at start by the composition root: the tuning in
 /// force, how the readers reach real-time priority, and what starts them.
 #[derive(Clone)]
@@ -126,6 +131,9 @@ struct Inner {
     realtime_budget: SharedBudget,
     /// Each reader's priority as it runs.
     readers: readers::ReaderStates,
+    /// The CPUs the packet threads may use and how many are busy: relay partners take one only
+    /// while one is free.
+    cores: Arc<relay::Cores>,
     /// Set once when the data path cannot go on (the TUN device is gone).
     fatal: watch::Sender<Option<String>>,
 }
@@ -148,6 +156,7 @@ impl Dataplane {
             )));
         }
         let workers = queues.len();
+        let cores = Arc::new(relay::Cores::new(usable_cpus(&threads.tuning)));
         let epoch = crate::shell::clock::now();
         let realtime_budget = SharedBudget::new(
             threads.tuning.rt_budget,
@@ -167,6 +176,7 @@ impl Dataplane {
                 threads,
                 realtime_budget,
                 readers: readers::ReaderStates::new(workers),
+                cores,
                 fatal: watch::Sender::new(None),
             }),
             stopped: AtomicBool::new(false),
@@ -179,8 +189,13 @@ impl Dataplane {
         let started = (|| {
             let partners = self.inner.partners();
             for worker in 0..self.workers() {
-                let relay = (partners > 0)
-                    .then(|| Arc::new(workers::TunRelay::new(partners, workers::SealJob::new)));
+                let relay = (partners > 0).then(|| {
+                    Arc::new(workers::TunRelay::new(
+                        partners,
+                        self.inner.cores.clone(),
+                        workers::SealJob::new,
+                    ))
+                });
                 let reader_relay = relay.clone();
                 // The reader first: partners whose reader never started would wait for ever.
                 self.inner
@@ -410,7 +425,8 @@ impl Inner {
         let group = inner.sockets();
         let partners = inner.partners();
         for worker in 0..group.len() {
-            let relay = (partners > 0).then(|| Arc::new(workers::UdpRelay::new(partners)));
+            let relay = (partners > 0)
+                .then(|| Arc::new(workers::UdpRelay::new(partners, inner.cores.clone())));
             let (reader_group, reader_relay) = (group.clone(), relay.clone());
             // The reader first: partners whose reader never started would wait for ever.
             inner.spawn(PacketThread::UdpReader(worker), move |inner| {
@@ -435,8 +451,7 @@ impl Inner {
     /// Partners per packet reader: one per other CPU the workers may use, capped, none with
     /// one worker (`core::relay::partners`).
     fn partners(&self) -> usize {
-        let cpus = usize::try_from(self.threads.tuning.usable_cpus_milli() / 1000).unwrap_or(1);
-        crate::core::relay::partners(self.queues.len(), cpus)
+        crate::core::relay::partners(self.queues.len(), usable_cpus(&self.threads.tuning))
     }
 
     /// Starts a relay partner named `name`: at normal priority, started here and not by the

@@ -3,7 +3,8 @@
 //!
 //! Per reader: its partners' mailboxes (at most one job each), a free pool of job buffers (one
 //! per partner: the bound on reads in flight), the turns (the next read to emit) and a stop
-//! flag. The reader [`Relay::claim`]s an idle partner (a compare-and-swap on its idle flag; none
+//! flag; per data plane, the count of busy packet threads ([`Cores`]): a read goes to a
+//! partner only while a CPU is free for it. The reader [`Relay::claim`]s an idle partner (a compare-and-swap on its idle flag; none
 //! idle: the reader does the read itself), swaps its read into the claimed job buffer (buffers
 //! move by swap: nothing is allocated per read or per packet) and [`Claim::post`]s it, which
 //! gives the job the next turn. Whoever finishes a read emits it while it holds that read's
@@ -31,6 +32,7 @@
 
 use parking_lot::{Condvar, Mutex};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// How long (spin-loop hints) a thread watches for its turn, or a partner for a job, before it
@@ -73,6 +75,72 @@ struct Turns {
     passed: Condvar,
 }
 
+/// The CPUs the packet threads may use, and how many threads are busy on them now (readers
+/// with work in hand, partners with a job), shared by every relay of a data plane. A read goes
+/// to a partner only while a CPU is free for it: with every CPU taken by a busy reader, a
+/// partner would only take a CPU from a reader and then hold its turn (on the 2-vCPU VM, two
+/// busy readers each handing reads to a partner moved 0.22x of what they moved alone).
+pub struct Cores {
+    cpus: usize,
+    busy: AtomicUsize,
+}
+
+impl Cores {
+    pub fn new(cpus: usize) -> Cores {
+        Cores {
+            cpus,
+            busy: AtomicUsize::new(0),
+        }
+    }
+
+    fn has_free(&self) -> bool {
+        self.busy.load(Ordering::Relaxed) < self.cpus
+    }
+
+    fn enter(&self) {
+        self.busy.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn leave(&self) {
+        self.busy.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A reader's mark among the busy threads of [`Cores`]: set while it has work in hand, cleared
+/// before it blocks for more (and when dropped). Two atomic operations per change, none per
+/// read while it stays busy.
+pub struct Busy<'a> {
+    cores: Option<&'a Cores>,
+    busy: bool,
+}
+
+impl<'a> Busy<'a> {
+    /// A mark on `cores` (none: a reader without partners, which counts nothing).
+    pub fn new(cores: Option<&'a Cores>) -> Busy<'a> {
+        Busy { cores, busy: false }
+    }
+
+    #[inline]
+    pub fn set(&mut self, busy: bool) {
+        if self.busy != busy {
+            self.busy = busy;
+            if let Some(cores) = self.cores {
+                if busy {
+                    cores.enter();
+                } else {
+                    cores.leave();
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.set(false);
+    }
+}
+
 /// One reader's relay (see the module). `J` is the job buffer: what one read needs to travel
 /// to a partner (the read itself, what the reader decided about it).
 pub struct Relay<J> {
@@ -82,13 +150,16 @@ pub struct Relay<J> {
     turns: Turns,
     /// The weight of the jobs posted and not yet finished (the caller's unit: datagrams).
     in_flight: AtomicUsize,
+    cores: Arc<Cores>,
     stop: AtomicBool,
 }
 
 impl<J> Relay<J> {
-    /// A relay with `partners` mailboxes and as many job buffers, each made by `job`.
-    pub fn new(partners: usize, mut job: impl FnMut() -> J) -> Relay<J> {
+    /// A relay with `partners` mailboxes and as many job buffers, each made by `job`, whose
+    /// partners take a CPU of `cores` only while one is free.
+    pub fn new(partners: usize, cores: Arc<Cores>, mut job: impl FnMut() -> J) -> Relay<J> {
         Relay {
+            cores,
             mailboxes: (0..partners)
                 .map(|_| Mailbox {
                     job: Mutex::new(None),
@@ -114,10 +185,18 @@ impl<J> Relay<J> {
         self.mailboxes.len()
     }
 
+    /// The CPUs this relay's partners share with every other packet thread.
+    pub fn cores(&self) -> &Cores {
+        &self.cores
+    }
+
     /// An idle partner and a free job buffer for the next read, or `None` when no partner is
     /// idle (the reader then does the read itself). Dropped without [`Claim::post`], the
     /// partner is idle again and the buffer free.
     pub fn claim(&self) -> Option<Claim<'_, J>> {
+        if !self.cores.has_free() {
+            return None;
+        }
         let partner = self.mailboxes.iter().position(|m| {
             m.idle
                 .compare_exchange(true, false, Ordering::AcqRel, Ordering::Relaxed)
@@ -185,10 +264,12 @@ impl<J> Relay<J> {
                 number: turn,
                 held: false,
             };
+            self.cores.enter();
             work(&mut job, &mut turn);
             // Done before its turn is passed: whoever holds a later turn sees it finished.
             self.in_flight.fetch_sub(weight, Ordering::AcqRel);
             drop(turn);
+            self.cores.leave();
             self.free.lock().push(job);
         }
     }

@@ -5,7 +5,7 @@
 //! released before any send or write; nothing here logs per packet.
 
 use super::readers::ThreadPriority;
-use super::relay::{Relay, Stopper, Turn};
+use super::relay::{Busy, Cores, Relay, Stopper, Turn};
 use super::table::{PeerSlot, PeerTable};
 use super::Inner;
 use crate::core::aqm;
@@ -108,6 +108,8 @@ fn tun_is_gone(e: &std::io::Error) -> bool {
 pub(super) fn tun_loop(inner: &Inner, worker: usize, relay: Option<&TunRelay>) {
     // However this thread ends, its partners end with it.
     let _stopper = Stopper(relay);
+    // Busy from a read that returned data until the queue is empty.
+    let mut busy = Busy::new(relay.map(|r| r.cores()));
     let thread = PacketThread::TunReader(worker);
     let tun = &inner.queues[worker];
     let mut read_buf = vec![0u8; TUN_READ_BYTES];
@@ -128,6 +130,7 @@ pub(super) fn tun_loop(inner: &Inner, worker: usize, relay: Option<&TunRelay>) {
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 flush_in_turn(inner, &inner.sockets()[worker], &mut out, relay);
+                busy.set(false);
                 priority.drained(clock::now());
                 // Bounded, so an idle reader still stamps its heartbeat and sees `stop`.
                 if let Err(e) = tun::wait_readable(tun, IDLE_WAKE) {
@@ -154,6 +157,7 @@ pub(super) fn tun_loop(inner: &Inner, worker: usize, relay: Option<&TunRelay>) {
                 continue;
             }
         };
+        busy.set(true);
         reads_since_check += 1;
         if reads_since_check == CHECK_EVERY_READS || segments_since_check >= CHECK_EVERY_SEGMENTS {
             inner.beat(thread);
@@ -355,6 +359,10 @@ fn forget_source(inner: &Inner, gone: IpAddr) {
 pub(super) fn udp_loop(inner: &Inner, worker: usize, socket: &WgSocket, relay: Option<&UdpRelay>) {
     // However this thread ends (its socket replaced, a stop), its partners end with it.
     let _stopper = Stopper(relay.map(|r| &r.relay));
+    // Busy from a batch received until one comes short (the socket's queue is empty: the next
+    // receive will likely block).
+    let mut busy = Busy::new(relay.map(|r| r.relay.cores()));
+    let mut drained = true;
     let thread = PacketThread::UdpReader(worker);
     let mut batch = RecvBatch::default();
     let mut opener = Opener::new(inner, worker, socket);
@@ -374,12 +382,17 @@ pub(super) fn udp_loop(inner: &Inner, worker: usize, socket: &WgSocket, relay: O
     confine(&thread.name());
     inner.beat(thread);
     while !inner.stop.load(Ordering::Relaxed) {
+        if drained {
+            busy.set(false);
+        }
         let received = socket.recv_batch(&mut batch);
         inner.beat(thread);
         let now = clock::now();
         match received {
             Ok(0) => return, // shut down: this socket was replaced or the daemon stops
             Ok(n) => {
+                busy.set(true);
+                drained = n < BATCH;
                 // A short batch emptied the socket's queue; a full one may have left more.
                 // (The guard pays for the batch before this one, whose packets it was told.)
                 if n < BATCH {
@@ -391,6 +404,7 @@ pub(super) fn udp_loop(inner: &Inner, worker: usize, socket: &WgSocket, relay: O
             }
             // The receive timeout: an idle wake.
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                busy.set(false);
                 priority.drained(now);
                 continue;
             }
@@ -482,9 +496,9 @@ pub(super) struct UdpRelay {
 }
 
 impl UdpRelay {
-    pub(super) fn new(partners: usize) -> UdpRelay {
+    pub(super) fn new(partners: usize, cores: Arc<Cores>) -> UdpRelay {
         UdpRelay {
-            relay: Relay::new(partners, OpenJob::new),
+            relay: Relay::new(partners, cores, OpenJob::new),
             owed_back: AtomicU32::new(0),
         }
     }

@@ -39,7 +39,11 @@ struct Log {
 /// partner is idle, else done by the reader; the reader also emits a batch of its own before
 /// some hand-offs (its pending `out`), as the TUN reader does. Returns the log.
 fn run(partners: usize, reads: u64, seed: u64) -> Arc<Log> {
-    let relay = Arc::new(Relay::new(partners, || 0u64));
+    let relay = Arc::new(Relay::new(
+        partners,
+        Arc::new(Cores::new(partners + 1)),
+        || 0u64,
+    ));
     let log = Arc::new(Log::default());
     let threads: Vec<_> = (0..partners)
         .map(|me| {
@@ -119,7 +123,7 @@ fn every_read_is_emitted_once_in_read_order_whoever_finishes_first() {
 
 #[test]
 fn no_more_reads_are_in_flight_than_partners() {
-    let relay = Relay::new(2, || ());
+    let relay = Relay::new(2, Arc::new(Cores::new(3)), || ());
     let first = relay.claim();
     assert!(first.is_none(), "partners are idle only once they wait");
     for mailbox in relay.mailboxes.iter() {
@@ -139,7 +143,7 @@ fn no_more_reads_are_in_flight_than_partners() {
 
 #[test]
 fn a_stop_wakes_idle_partners_and_waiters_for_a_turn() {
-    let relay = Arc::new(Relay::new(2, || ()));
+    let relay = Arc::new(Relay::new(2, Arc::new(Cores::new(3)), || ()));
     let partners: Vec<_> = (0..2)
         .map(|me| {
             let relay = relay.clone();
@@ -177,4 +181,26 @@ fn a_turn_of_no_relay_orders_nothing() {
     let mut turn = Turn::<()>::of(None);
     turn.hold();
     drop(turn);
+}
+
+#[test]
+fn no_read_goes_to_a_partner_while_every_cpu_is_busy() {
+    let cores = Arc::new(Cores::new(2));
+    let relay = Relay::new(1, cores.clone(), || ());
+    relay.mailboxes[0].idle.store(true, Ordering::SeqCst);
+    let mut reader = Busy::new(Some(&cores));
+    reader.set(true);
+    let mut other_reader = Busy::new(Some(&cores));
+    other_reader.set(true);
+    assert!(relay.claim().is_none(), "two busy readers on two CPUs");
+    // Marks count once, however often they are set.
+    other_reader.set(false);
+    other_reader.set(false);
+    assert!(relay.claim().is_some(), "a CPU is free again");
+    drop(reader);
+    assert_eq!(
+        cores.busy.load(Ordering::SeqCst),
+        0,
+        "a dropped mark leaves"
+    );
 }
