@@ -4,10 +4,11 @@
 //! Per reader: its partners' mailboxes (at most one job each), a free pool of job buffers (one
 //! per partner: the bound on reads in flight), the turns (the next read to emit) and a stop
 //! flag; per data plane, the count of busy packet threads ([`Cores`]): a read goes to a
-//! partner only while a CPU is free for it. The reader [`Relay::claim`]s an idle partner (a compare-and-swap on its idle flag; none
-//! idle: the reader does the read itself), swaps its read into the claimed job buffer (buffers
-//! move by swap: nothing is allocated per read or per packet) and [`Claim::post`]s it, which
-//! gives the job the next turn. Whoever finishes a read emits it while it holds that read's
+//! partner only while a CPU is free for it. The reader [`Relay::claim`]s an idle partner (a
+//! compare-and-swap on its idle flag; none idle, or no CPU free: the reader does the read
+//! itself), swaps its read into the claimed job buffer (buffers move by swap: nothing is
+//! allocated per read or per packet) and [`Claim::post`]s it, which gives the job the next
+//! turn. Whoever finishes a read emits it while it holds that read's
 //! [`Turn`]; the reader's own emissions (what it sealed or opened itself) take turns too, issued
 //! with [`Relay::issue`] in read order. Turns are passed in the order they were issued.
 //!
@@ -22,8 +23,9 @@
 //!
 //! Asleep when idle: a partner without a job, and a thread waiting for its turn, watch for a
 //! bounded number of spin-loop hints (about the tail of one read: the model in benches/workers
-//! measured the hand-off with it), then sleep on a condition variable; a wait re-checks the
-//! stop flag at least every [`SLEEP_BOUND`].
+//! measured the hand-off with it), then sleep on a condition variable, a waiter for its turn
+//! re-checking every [`SLEEP_BOUND`] and an idle partner every 100 ms; a stop wakes both at
+//! once.
 //!
 //! Liveness: partners stamp no heartbeat of their own. A wedged partner holds its turn, so its
 //! reader's next emission waits for it, and the reader, which stamps its heartbeat per read,
