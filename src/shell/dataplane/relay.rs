@@ -40,7 +40,12 @@ use std::time::Duration;
 /// How long (spin-loop hints) a thread watches for its turn, or a partner for a job, before it
 /// sleeps: about the tail of one read of sealing (some tens of microseconds to a millisecond),
 /// the figure the relay model in benches/workers measured 1.86x with.
-const SPINS: u32 = 20_000;
+const SPINS: u32 = 2_000;
+
+/// How long (spin-loop hints) an idle partner watches its mailbox before it sleeps: short, as
+/// a job that does not come soon is not coming from a busy reader, and the watching takes a
+/// CPU others on the machine (the application, the other end) need.
+const IDLE_SPINS: u32 = 200;
 
 /// A sleeping waiter looks at the stop flag (and its turn, or its mailbox) again at least this
 /// often, whatever wakes it.
@@ -293,7 +298,7 @@ impl<J> Relay<J> {
             if self.stop.load(Ordering::SeqCst) {
                 return None;
             }
-            if spins < SPINS {
+            if spins < IDLE_SPINS {
                 spins += 1;
                 std::hint::spin_loop();
                 continue;
