@@ -39,7 +39,7 @@ use tunnelgate::core::peer::{Peer, Sending};
 use tunnelgate::core::relay;
 use tunnelgate::core::sequencer::Sequencer;
 use tunnelgate::core::wg::{Limiter, SealBatch, DATA_OFFSET};
-use tunnelgate::shell::dataplane::relay::{Busy, Cores, Relay};
+use tunnelgate::shell::dataplane::relay::{Busy, Cores, Relay, Turn};
 use tunnelgate::shell::keys::GenerateKey as _;
 
 /// Inner packet size: a full 1420-MTU IPv4 packet.
@@ -271,30 +271,40 @@ fn new_relay(partners: usize, cores: &Arc<Cores>) -> PeerRelay {
     })
 }
 
-/// A partner's loop: wait for a job, seal and open it, emit it on its turn (here: nothing; in
-/// the daemon the send or the write), give the buffers back. Returns the bytes delivered.
+/// A partner's loop: wait for a job, do it ([`do_job`]), give the buffers back. Returns the
+/// bytes delivered.
 fn relay_partner(relay: &PeerRelay, me: usize, pair: &Pair, from: PeerPath) -> u64 {
     let mut bytes = 0u64;
-    relay.serve(me, |job, turn| {
-        let Some(batch) = job.batch.take() else {
-            return;
-        };
-        let delivered = seal_and_open(&batch, &pair.local, from, PACKET, &mut job.buffers);
-        turn.hold();
-        bytes += delivered * PACKET as u64;
-    });
+    relay.serve(me, |job, turn| bytes += do_job(job, turn, pair, from));
     bytes
+}
+
+/// A handed-off batch sealed and opened, emitted on its turn (here: nothing; in the daemon the
+/// send or the write): a partner's work, and the reader's when it takes the job back. Returns
+/// the bytes delivered.
+fn do_job(job: &mut Job, turn: &mut Turn<'_, Job>, pair: &Pair, from: PeerPath) -> u64 {
+    let Some(batch) = job.batch.take() else {
+        return 0;
+    };
+    let delivered = seal_and_open(&batch, &pair.local, from, PACKET, &mut job.buffers);
+    turn.hold();
+    delivered * PACKET as u64
 }
 
 /// The reader of `pair` under `--relay`, one direction (the peer's side sends to the daemon's,
 /// which opens): read a batch (into a claimed partner's buffer when one is idle, else its
-/// own), reserve its counters, hand it off or do it, on its turn.
+/// own), reserve its counters, hand it off or do it, on its turn; a batch no partner started
+/// by then it takes back, as the daemon's readers do.
 fn relay_reader(relay: &PeerRelay, pair: &Pair, from: PeerPath, stop: &AtomicBool) -> u64 {
     // Always busy: it never waits for packets.
     let mut busy = Busy::new(Some(relay.cores()));
     busy.set(true);
     let packet = packet();
     let mut own = Buffers::new();
+    let taken_back = std::cell::Cell::new(0u64);
+    let take_back = |job: &mut Job, turn: &mut Turn<'_, Job>| {
+        taken_back.set(taken_back.get() + do_job(job, turn, pair, from));
+    };
     let mut bytes = 0u64;
     while !stop.load(Ordering::Relaxed) {
         let mut claim = relay.claim();
@@ -308,19 +318,19 @@ fn relay_reader(relay: &PeerRelay, pair: &Pair, from: PeerPath, stop: &AtomicBoo
         }
         let sending = pair.remote.lock().begin_send(BATCH, BATCH * PACKET);
         let Sending::Seal { batch, .. } = sending else {
-            return bytes;
+            break;
         };
         if let Some(mut claim) = claim {
             claim.job().batch = Some(batch);
             claim.post(BATCH);
             continue;
         }
-        let mut turn = relay.issue();
+        let mut turn = relay.issue_taking_back(&take_back);
         let delivered = seal_and_open(&batch, &pair.local, from, PACKET, &mut own);
         turn.hold();
         bytes += delivered * PACKET as u64;
     }
-    bytes
+    bytes + taken_back.get()
 }
 
 /// Bytes per second moved by one reader and `workers - 1` partners per peer (`--relay`).

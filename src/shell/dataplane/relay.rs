@@ -55,6 +55,10 @@ pub const SLEEP_BOUND: Duration = Duration::from_millis(1);
 /// it at once).
 const IDLE_SLEEP: Duration = Duration::from_millis(100);
 
+/// The work a partner does on a job, as the reader does it on a job its partner has not
+/// started ([`Relay::issue_taking_back`]).
+pub type TakeBack<'a, J> = &'a dyn Fn(&mut J, &mut Turn<'_, J>);
+
 /// A job posted to a partner: the buffer the reader filled, its turn and its weight.
 struct Posted<J> {
     job: J,
@@ -158,6 +162,8 @@ pub struct Relay<J> {
     /// The weight of the jobs posted and not yet finished (the caller's unit: datagrams).
     in_flight: AtomicUsize,
     cores: Arc<Cores>,
+    /// Jobs the reader took back from a partner that had not started them.
+    taken_back: AtomicU64,
     stop: AtomicBool,
 }
 
@@ -184,6 +190,7 @@ impl<J> Relay<J> {
                 passed: Condvar::new(),
             },
             in_flight: AtomicUsize::new(0),
+            taken_back: AtomicU64::new(0),
             stop: AtomicBool::new(false),
         }
     }
@@ -230,7 +237,26 @@ impl<J> Relay<J> {
             relay: Some(self),
             number: self.turns.issued.fetch_add(1, Ordering::Relaxed),
             held: false,
+            take_back: None,
         }
+    }
+
+    /// The next turn, as [`Relay::issue`], whose wait does the work of a job posted before it
+    /// that no partner has started: `work` is what a partner would do with it. A partner that
+    /// was not given a CPU (every CPU taken by others on the machine: the application, the
+    /// other end) then costs the reader a swap, not a wait for the scheduler.
+    pub fn issue_taking_back<'a>(&'a self, work: TakeBack<'a, J>) -> Turn<'a, J> {
+        Turn {
+            relay: Some(self),
+            number: self.turns.issued.fetch_add(1, Ordering::Relaxed),
+            held: false,
+            take_back: Some(work),
+        }
+    }
+
+    /// How many jobs the reader took back from partners that had not started them.
+    pub fn taken_back(&self) -> u64 {
+        self.taken_back.load(Ordering::Relaxed)
     }
 
     /// The weight of the jobs posted and not yet finished.
@@ -270,6 +296,7 @@ impl<J> Relay<J> {
                 relay: Some(self),
                 number: turn,
                 held: false,
+                take_back: None,
             };
             self.cores.enter();
             work(&mut job, &mut turn);
@@ -311,9 +338,14 @@ impl<J> Relay<J> {
         }
     }
 
-    /// Waits until turn `number` is the next to emit, or the relay stops.
-    fn wait_turn(&self, number: u64) {
+    /// Waits until turn `number` is the next to emit, or the relay stops; with `take_back`,
+    /// first does every earlier job no partner has started.
+    fn wait_turn(&self, number: u64, take_back: Option<TakeBack<'_, J>>) {
         let turns = &self.turns;
+        if let Some(work) = take_back {
+            while turns.next.load(Ordering::Acquire) != number && self.take_back_one(number, work) {
+            }
+        }
         let mut spins = 0u32;
         while turns.next.load(Ordering::Acquire) != number {
             if self.stop.load(Ordering::Relaxed) {
@@ -332,6 +364,55 @@ impl<J> Relay<J> {
             }
             turns.sleepers.fetch_sub(1, Ordering::SeqCst);
         }
+    }
+
+    /// Takes back the earliest job posted before turn `before` and not yet taken by its
+    /// partner, and does it with `work` on its turn (as the partner would have); false when
+    /// there is none. (A job posted after `before` waits for it: doing it now would wait for
+    /// the turn the caller holds.)
+    fn take_back_one(&self, before: u64, work: TakeBack<'_, J>) -> bool {
+        // Only the reader posts and takes back, so the untaken jobs can only go (to their
+        // partners) while this looks.
+        let earliest = self
+            .mailboxes
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| m.full.load(Ordering::Acquire))
+            .filter_map(|(i, m)| m.job.lock().as_ref().map(|p| (p.turn, i)))
+            .filter(|&(turn, _)| turn < before)
+            .min();
+        let Some((_, partner)) = earliest else {
+            return false;
+        };
+        let mailbox = &self.mailboxes[partner];
+        let taken = mailbox.job.lock().take();
+        if taken.is_some() {
+            // Only this thread posts, and it is here: nothing can fill the slot meanwhile.
+            mailbox.full.store(false, Ordering::Relaxed);
+        }
+        // Its partner took it meanwhile: look again.
+        let Some(Posted {
+            mut job,
+            turn,
+            weight,
+        }) = taken
+        else {
+            return true;
+        };
+        let mut turn = Turn {
+            relay: Some(self),
+            number: turn,
+            held: false,
+            take_back: None,
+        };
+        work(&mut job, &mut turn);
+        self.in_flight.fetch_sub(weight, Ordering::AcqRel);
+        drop(turn);
+        self.taken_back.fetch_add(1, Ordering::Relaxed);
+        self.free.lock().push(job);
+        // The partner still waits for a job (it was claimed, and found none): idle again.
+        mailbox.idle.store(true, Ordering::Release);
+        true
     }
 
     /// Turn `number` is done: the next may emit.
@@ -395,6 +476,8 @@ pub struct Turn<'a, J> {
     relay: Option<&'a Relay<J>>,
     number: u64,
     held: bool,
+    /// The reader's: what to do with an earlier job no partner has started, rather than wait.
+    take_back: Option<TakeBack<'a, J>>,
 }
 
 impl<'a, J> Turn<'a, J> {
@@ -407,11 +490,21 @@ impl<'a, J> Turn<'a, J> {
         }
     }
 
+    /// As [`Turn::of`], a reader's turn that takes back what no partner started
+    /// ([`Relay::issue_taking_back`]).
+    pub fn of_taking_back(relay: Option<&'a Relay<J>>, work: TakeBack<'a, J>) -> Turn<'a, J> {
+        match relay {
+            Some(relay) => relay.issue_taking_back(work),
+            None => Turn::none(),
+        }
+    }
+
     pub fn none() -> Turn<'a, J> {
         Turn {
             relay: None,
             number: 0,
             held: false,
+            take_back: None,
         }
     }
 
@@ -420,7 +513,7 @@ impl<'a, J> Turn<'a, J> {
     pub fn hold(&mut self) {
         if !self.held {
             if let Some(relay) = self.relay {
-                relay.wait_turn(self.number);
+                relay.wait_turn(self.number, self.take_back);
             }
             self.held = true;
         }

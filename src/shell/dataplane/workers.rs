@@ -5,7 +5,7 @@
 //! released before any send or write; nothing here logs per packet.
 
 use super::readers::ThreadPriority;
-use super::relay::{Busy, Cores, Relay, Stopper, Turn};
+use super::relay::{Busy, Cores, Relay, Stopper, TakeBack, Turn};
 use super::table::{PeerSlot, PeerTable};
 use super::Inner;
 use crate::core::aqm;
@@ -43,6 +43,9 @@ pub(super) struct SealJob {
     read: Vec<u8>,
     len: usize,
     work: Option<SealWork>,
+    /// Where it is sealed, by its partner or by the reader taking it back: made at the first
+    /// job, once, so a daemon that never sees a large read pays nothing for it.
+    out: Option<SendBatch>,
 }
 
 /// What the reader decided for a handed-off read: how it splits, the counters reserved for
@@ -59,6 +62,7 @@ impl SealJob {
             read: vec![0u8; TUN_READ_BYTES],
             len: 0,
             work: None,
+            out: None,
         }
     }
 }
@@ -110,6 +114,15 @@ pub(super) fn tun_loop(inner: &Inner, worker: usize, relay: Option<&TunRelay>) {
     let _stopper = Stopper(relay);
     // Busy from a read that returned data until the queue is empty.
     let mut busy = Busy::new(relay.map(|r| r.cores()));
+    // A read whose partner has not started it when this reader would wait for its turn is
+    // sealed here (on the 2-vCPU VM the partner often waits for a CPU the application or the
+    // other end holds).
+    let take_back =
+        |job: &mut SealJob, turn: &mut Turn<'_, SealJob>| seal_job(inner, worker, job, turn);
+    let order = TunOrder {
+        relay,
+        take_back: &take_back,
+    };
     let thread = PacketThread::TunReader(worker);
     let tun = &inner.queues[worker];
     let mut read_buf = vec![0u8; TUN_READ_BYTES];
@@ -129,7 +142,7 @@ pub(super) fn tun_loop(inner: &Inner, worker: usize, relay: Option<&TunRelay>) {
         let n = match tun.recv(&mut read_buf) {
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                flush_in_turn(inner, &inner.sockets()[worker], &mut out, relay);
+                flush_in_turn(inner, &inner.sockets()[worker], &mut out, &order);
                 busy.set(false);
                 priority.drained(clock::now());
                 // Bounded, so an idle reader still stamps its heartbeat and sees `stop`.
@@ -215,13 +228,13 @@ pub(super) fn tun_loop(inner: &Inner, worker: usize, relay: Option<&TunRelay>) {
         };
         let Sending::Seal { batch, to } = sending else {
             drop(claim);
-            let dropped = queue_segments(inner, socket, slot, &plan, read, &mut out, relay);
+            let dropped = queue_segments(inner, socket, slot, &plan, read, &mut out, &order);
             priority.unauthenticated(dropped);
             continue;
         };
         if let Some(mut claim) = claim {
             // What this thread sealed before holds lower counters: its turn comes first.
-            let mut pending = (!out.is_empty()).then(|| Turn::of(relay));
+            let mut pending = (!out.is_empty()).then(|| order.turn());
             let job = claim.job();
             std::mem::swap(&mut job.read, &mut read_buf);
             job.len = n;
@@ -242,54 +255,65 @@ pub(super) fn tun_loop(inner: &Inner, worker: usize, relay: Option<&TunRelay>) {
             let len = batch.seal_in_place(i, message, len);
             out.push(len, to);
             if out.is_full() {
-                flush_in_turn(inner, socket, &mut out, relay);
+                flush_in_turn(inner, socket, &mut out, &order);
             }
         }
     }
 }
 
-/// Partner `me` of worker `worker`'s TUN reader: makes and seals the segments of each read
-/// handed to it into its own send batch and sends them on the read's turn.
+/// Partner `me` of worker `worker`'s TUN reader: seals each read handed to it
+/// ([`seal_job`]).
 pub(super) fn tun_partner(inner: &Inner, worker: usize, relay: &TunRelay, me: usize, name: &str) {
-    // Made at the first job, once: a partner of a daemon that never sees a large read costs
-    // no memory but its stack.
-    let mut out = None;
     confine(name);
-    relay.serve(me, |job, turn| {
-        let Some(SealWork { plan, batch, to }) = job.work.take() else {
-            return;
-        };
-        let sockets = inner.sockets();
-        // No socket: the data plane is stopping.
-        let Some(socket) = sockets.get(worker) else {
-            return;
-        };
-        let out = out.get_or_insert_with(|| SendBatch::new(MAX_DATAGRAM));
-        let read = &job.read[..job.len];
-        for i in 0..plan.count() {
-            let message = out.slot();
-            let len = plan.segment_into(read, i, &mut message[wg::DATA_OFFSET..]);
-            let len = batch.seal_in_place(i, message, len);
-            out.push(len, to);
-            if out.is_full() {
-                turn.hold();
-                flush(inner, socket, out);
-            }
-        }
-        turn.hold();
-        flush(inner, socket, out);
-    });
+    relay.serve(me, |job, turn| seal_job(inner, worker, job, turn));
 }
 
-/// Sends what `out` holds on its turn among the reads of `relay` (at once without one).
-fn flush_in_turn<J>(
-    inner: &Inner,
-    socket: &WgSocket,
-    out: &mut SendBatch,
-    relay: Option<&Relay<J>>,
-) {
+/// Makes and seals the segments of a handed-off read into the job's own send batch and sends
+/// them on the read's turn: a partner's work, and the reader's when it takes the job back.
+fn seal_job(inner: &Inner, worker: usize, job: &mut SealJob, turn: &mut Turn<'_, SealJob>) {
+    let Some(SealWork { plan, batch, to }) = job.work.take() else {
+        return;
+    };
+    let sockets = inner.sockets();
+    // No socket: the data plane is stopping.
+    let Some(socket) = sockets.get(worker) else {
+        return;
+    };
+    let out = job.out.get_or_insert_with(|| SendBatch::new(MAX_DATAGRAM));
+    let read = &job.read[..job.len];
+    for i in 0..plan.count() {
+        let message = out.slot();
+        let len = plan.segment_into(read, i, &mut message[wg::DATA_OFFSET..]);
+        let len = batch.seal_in_place(i, message, len);
+        out.push(len, to);
+        if out.is_full() {
+            turn.hold();
+            flush(inner, socket, out);
+        }
+    }
+    turn.hold();
+    flush(inner, socket, out);
+}
+
+/// A TUN reader's place among its relay's reads: its relay (none without partners) and the
+/// work it does on a read it takes back.
+struct TunOrder<'a> {
+    relay: Option<&'a TunRelay>,
+    take_back: TakeBack<'a, SealJob>,
+}
+
+impl<'a> TunOrder<'a> {
+    /// The turn of the reader's next emission.
+    fn turn(&self) -> Turn<'a, SealJob> {
+        Turn::of_taking_back(self.relay, self.take_back)
+    }
+}
+
+/// Sends what `out` holds on its turn among the reads of the reader's relay (at once without
+/// one).
+fn flush_in_turn(inner: &Inner, socket: &WgSocket, out: &mut SendBatch, order: &TunOrder<'_>) {
     if !out.is_empty() {
-        let mut turn = Turn::of(relay);
+        let mut turn = order.turn();
         turn.hold();
         flush(inner, socket, out);
     }
@@ -305,7 +329,7 @@ fn queue_segments(
     plan: &offload::SplitPlan,
     read: &mut [u8],
     out: &mut SendBatch,
-    relay: Option<&TunRelay>,
+    order: &TunOrder<'_>,
 ) -> u64 {
     let mut dropped = 0;
     for i in 0..plan.count() {
@@ -318,7 +342,7 @@ fn queue_segments(
             Outbound::Send { len, to } => {
                 out.push(len, to);
                 if out.is_full() {
-                    flush_in_turn(inner, socket, out, relay);
+                    flush_in_turn(inner, socket, out, order);
                 }
             }
             Outbound::Drop(reason) => {
@@ -365,7 +389,15 @@ pub(super) fn udp_loop(inner: &Inner, worker: usize, socket: &WgSocket, relay: O
     let mut drained = true;
     let thread = PacketThread::UdpReader(worker);
     let mut batch = RecvBatch::default();
-    let mut opener = Opener::new(inner, worker, socket);
+    let opener = Opener::new(inner, worker, socket);
+    let mut buffers = OpenBuffers::new(opener.tun);
+    // A batch whose partner has not started it when this reader would wait for its turn is
+    // opened here (see `tun_loop`).
+    let take_back = |job: &mut OpenJob, turn: &mut Turn<'_, OpenJob>| {
+        if let Some(relay) = relay {
+            open_job(&opener, relay, job, turn);
+        }
+    };
     // AQM on the socket buffer in front of this thread (off without receive timestamps).
     let mut queue = aqm::ReceiveQueue::new(
         inner
@@ -450,7 +482,7 @@ pub(super) fn udp_loop(inner: &Inner, worker: usize, socket: &WgSocket, relay: O
             claim.post(datagrams);
             continue;
         }
-        let mut turn = Turn::of(relay.map(|r| &r.relay));
+        let mut turn = Turn::of_taking_back(relay.map(|r| &r.relay), &take_back);
         if let Some(relay) = relay {
             // Opened beside the batches in flight, this one's counters would run too far
             // ahead of theirs for the replay window: open it after them.
@@ -459,6 +491,7 @@ pub(super) fn udp_loop(inner: &Inner, worker: usize, socket: &WgSocket, relay: O
             }
         }
         let unauthenticated = opener.open(
+            &mut buffers,
             &table,
             private_key,
             &batch,
@@ -476,6 +509,9 @@ pub(super) struct OpenJob {
     batch: RecvBatch,
     table: Option<Arc<PeerTable>>,
     owed: u32,
+    /// Where it is opened, by its partner or by the reader taking it back: made at the first
+    /// job, once (see [`SealJob`]'s `out`).
+    buffers: Option<OpenBuffers>,
 }
 
 impl OpenJob {
@@ -484,6 +520,7 @@ impl OpenJob {
             batch: RecvBatch::default(),
             table: None,
             owed: 0,
+            buffers: None,
         }
     }
 }
@@ -505,7 +542,7 @@ impl UdpRelay {
 }
 
 /// Partner `me` of worker `worker`'s UDP reader (on `socket`): opens each batch handed to it
-/// into its own coalescer and writes it (and sends its replies) on the batch's turn.
+/// ([`open_job`]).
 pub(super) fn udp_partner(
     inner: &Inner,
     worker: usize,
@@ -514,59 +551,85 @@ pub(super) fn udp_partner(
     me: usize,
     name: &str,
 ) {
-    // Made at the first job, once (see `tun_partner`).
-    let mut opener = None;
+    let opener = Opener::new(inner, worker, socket);
     confine(name);
-    relay.relay.serve(me, |job, turn| {
-        let Some(table) = job.table.take() else {
-            return;
-        };
-        let Some(private_key) = table.private_key() else {
-            return;
-        };
-        let mut owed = std::mem::take(&mut job.owed);
-        let opener = opener.get_or_insert_with(|| Opener::new(inner, worker, socket));
-        opener.open(
-            &table,
-            private_key,
-            &job.batch,
-            |datagram| aqm::take_owed_drop(&mut owed, datagram),
-            turn,
-        );
-        if owed > 0 {
-            relay.owed_back.fetch_add(owed, Ordering::Relaxed);
-        }
-    });
+    relay
+        .relay
+        .serve(me, |job, turn| open_job(&opener, relay, job, turn));
 }
 
-/// What a thread that opens receive batches keeps from one to the next: where the results go
-/// (worker `worker`'s TUN queue, through its own coalescer; its socket, for handshake and
-/// cookie replies) and its buffers, made once.
+/// Opens a handed-off receive batch into the job's own buffers and writes it (and sends its
+/// replies) on the batch's turn, giving back the AQM drops it was lent and did not take: a
+/// partner's work, and the reader's when it takes the job back.
+fn open_job(
+    opener: &Opener<'_>,
+    relay: &UdpRelay,
+    job: &mut OpenJob,
+    turn: &mut Turn<'_, OpenJob>,
+) {
+    let Some(table) = job.table.take() else {
+        return;
+    };
+    let Some(private_key) = table.private_key() else {
+        return;
+    };
+    let mut owed = std::mem::take(&mut job.owed);
+    let buffers = job
+        .buffers
+        .get_or_insert_with(|| OpenBuffers::new(opener.tun));
+    opener.open(
+        buffers,
+        &table,
+        private_key,
+        &job.batch,
+        |datagram| aqm::take_owed_drop(&mut owed, datagram),
+        turn,
+    );
+    if owed > 0 {
+        relay.owed_back.fetch_add(owed, Ordering::Relaxed);
+    }
+}
+
+/// Where a thread that opens receive batches sends the results: worker `worker`'s TUN queue
+/// and its socket (handshake and cookie replies).
 struct Opener<'a> {
     inner: &'a Inner,
     tun: &'a tun_rs::SyncDevice,
     socket: &'a WgSocket,
+}
+
+/// The buffers one receive batch is opened into: the coalescer in front of the TUN queue, the
+/// replies, the cookie reply being made. Made once per thread (the reader's) or per job buffer.
+pub(super) struct OpenBuffers {
     coalescer: Coalescer,
     replies: SendBatch,
     cookie: [u8; 64],
 }
 
-impl<'a> Opener<'a> {
-    fn new(inner: &'a Inner, worker: usize, socket: &'a WgSocket) -> Opener<'a> {
-        let tun = &inner.queues[worker];
-        Opener {
-            inner,
-            tun,
-            socket,
+impl OpenBuffers {
+    fn new(tun: &tun_rs::SyncDevice) -> OpenBuffers {
+        OpenBuffers {
             coalescer: Coalescer::new(COALESCE_SLOTS, tun.udp_gso()),
             replies: SendBatch::new(MAX_DATAGRAM),
             cookie: [0u8; 64],
         }
     }
+}
 
-    /// Opens `batch` (see [`open_batch`]); its writes and replies go out on `turn`.
+impl<'a> Opener<'a> {
+    fn new(inner: &'a Inner, worker: usize, socket: &'a WgSocket) -> Opener<'a> {
+        Opener {
+            inner,
+            tun: &inner.queues[worker],
+            socket,
+        }
+    }
+
+    /// Opens `batch` into `buffers` (see [`open_batch`]); its writes and replies go out on
+    /// `turn`.
     fn open(
-        &mut self,
+        &self,
+        buffers: &mut OpenBuffers,
         table: &Arc<PeerTable>,
         private_key: &crate::config::SecretKey,
         batch: &RecvBatch,
@@ -577,8 +640,8 @@ impl<'a> Opener<'a> {
             inner: self.inner,
             tun: self.tun,
             socket: self.socket,
-            coalescer: &mut self.coalescer,
-            replies: &mut self.replies,
+            coalescer: &mut buffers.coalescer,
+            replies: &mut buffers.replies,
             turn,
         };
         open_batch(
@@ -586,7 +649,7 @@ impl<'a> Opener<'a> {
             private_key,
             batch,
             take_drop,
-            &mut self.cookie,
+            &mut buffers.cookie,
             &mut emit,
         )
     }

@@ -28,17 +28,20 @@ impl Dice {
     }
 }
 
-/// What was emitted, in emission order, and how many reads partners did.
+/// What was emitted, in emission order, how many reads partners did and how many the reader
+/// took back.
 #[derive(Default)]
 struct Log {
     emitted: Mutex<Vec<u64>>,
     by_partners: AtomicUsize,
+    taken_back: AtomicUsize,
 }
 
 /// `reads` reads through a reader and `partners` partners: each read is handed off when a
 /// partner is idle, else done by the reader; the reader also emits a batch of its own before
-/// some hand-offs (its pending `out`), as the TUN reader does. Returns the log.
-fn run(partners: usize, reads: u64, seed: u64) -> Arc<Log> {
+/// some hand-offs (its pending `out`), as the TUN reader does; with `take_back`, the reader's
+/// turns take back what no partner started. Returns the log.
+fn run(partners: usize, reads: u64, seed: u64, take_back: bool) -> Arc<Log> {
     let relay = Arc::new(Relay::new(
         partners,
         Arc::new(Cores::new(partners + 1)),
@@ -59,12 +62,21 @@ fn run(partners: usize, reads: u64, seed: u64) -> Arc<Log> {
             })
         })
         .collect();
+    let taking_back = |read: &mut u64, turn: &mut Turn<'_, u64>| {
+        log.taken_back.fetch_add(1, Ordering::Relaxed);
+        turn.hold();
+        log.emitted.lock().push(*read);
+    };
+    let issue = || match take_back {
+        true => relay.issue_taking_back(&taking_back),
+        false => relay.issue(),
+    };
     let mut dice = Dice(seed);
     // The reader's pending emission (reads it did itself, not yet emitted).
     let mut pending: Vec<u64> = Vec::new();
     let emit_pending = |pending: &mut Vec<u64>| {
         if !pending.is_empty() {
-            let mut turn = relay.issue();
+            let mut turn = issue();
             turn.hold();
             log.emitted.lock().append(pending);
         }
@@ -74,7 +86,7 @@ fn run(partners: usize, reads: u64, seed: u64) -> Arc<Log> {
         match relay.claim() {
             Some(mut claim) if dice.roll(4) != 0 => {
                 // The reader's pending emission goes first: its turn before the job's.
-                let mut turn = (!pending.is_empty()).then(|| relay.issue());
+                let mut turn = (!pending.is_empty()).then(issue);
                 *claim.job() = read;
                 claim.post(1);
                 if let Some(turn) = turn.as_mut() {
@@ -93,9 +105,13 @@ fn run(partners: usize, reads: u64, seed: u64) -> Arc<Log> {
     }
     emit_pending(&mut pending);
     // Every turn issued is passed once the last is emitted.
-    let last = relay.issue();
+    let last = issue();
     drop(last);
     assert_eq!(relay.in_flight(), 0, "every job finished");
+    assert_eq!(
+        relay.taken_back(),
+        log.taken_back.load(Ordering::Relaxed) as u64
+    );
     relay.stop();
     for t in threads {
         t.join().expect("partner");
@@ -106,7 +122,7 @@ fn run(partners: usize, reads: u64, seed: u64) -> Arc<Log> {
 #[test]
 fn every_read_is_emitted_once_in_read_order_whoever_finishes_first() {
     for (partners, seed) in [(1, 1), (2, 7), (3, 42), (3, 99), (5, 1234)] {
-        let log = run(partners, 2_000, seed);
+        let log = run(partners, 2_000, seed, false);
         let emitted = log.emitted.lock().clone();
         assert_eq!(
             emitted,
@@ -119,6 +135,74 @@ fn every_read_is_emitted_once_in_read_order_whoever_finishes_first() {
             "{by_partners} of 2000 reads by partners: both sides must have emitted"
         );
     }
+}
+
+#[test]
+fn every_read_is_emitted_once_in_read_order_when_the_reader_takes_reads_back() {
+    for (partners, seed) in [(1, 3), (2, 11), (3, 42), (5, 77)] {
+        let log = run(partners, 2_000, seed, true);
+        let emitted = log.emitted.lock().clone();
+        assert_eq!(
+            emitted,
+            (0..2_000).collect::<Vec<_>>(),
+            "{partners} partners, seed {seed}"
+        );
+        assert!(
+            log.by_partners.load(Ordering::Relaxed) > 0,
+            "partners must have emitted"
+        );
+    }
+}
+
+/// A relay whose partners are idle (as if waiting) but never run: the scheduler gave them no
+/// CPU.
+fn relay_of_partners_that_never_run(partners: usize) -> Relay<u64> {
+    let relay = Relay::new(partners, Arc::new(Cores::new(partners + 1)), || 0u64);
+    for mailbox in relay.mailboxes.iter() {
+        mailbox.idle.store(true, Ordering::SeqCst);
+    }
+    relay
+}
+
+#[test]
+fn reads_no_partner_started_are_done_by_the_reader_in_read_order_before_its_own() {
+    let relay = relay_of_partners_that_never_run(2);
+    for read in [10, 11] {
+        let mut claim = relay.claim().expect("an idle partner");
+        *claim.job() = read;
+        claim.post(3);
+    }
+    let emitted = Mutex::new(Vec::new());
+    let work = |read: &mut u64, turn: &mut Turn<'_, u64>| {
+        turn.hold();
+        emitted.lock().push(*read);
+    };
+    let mut own = relay.issue_taking_back(&work);
+    own.hold();
+    emitted.lock().push(12);
+    drop(own);
+    assert_eq!(*emitted.lock(), [10, 11, 12]);
+    assert_eq!(relay.taken_back(), 2);
+    assert_eq!(relay.in_flight(), 0, "taken back, finished");
+    // Both partners are idle again, each with a free buffer.
+    let (a, b) = (relay.claim(), relay.claim());
+    assert!(a.is_some() && b.is_some());
+}
+
+#[test]
+fn a_turn_takes_back_only_reads_before_it() {
+    let relay = relay_of_partners_that_never_run(1);
+    let work = |_: &mut u64, _: &mut Turn<'_, u64>| panic!("a later read was taken back");
+    // The reader's pending emission is issued before the read it hands off, as the TUN
+    // reader's is: holding it must not do (and wait for) the later read.
+    let mut pending = relay.issue_taking_back(&work);
+    let mut claim = relay.claim().expect("an idle partner");
+    *claim.job() = 1;
+    claim.post(1);
+    pending.hold();
+    drop(pending);
+    assert_eq!(relay.taken_back(), 0);
+    assert_eq!(relay.in_flight(), 1, "still posted to its partner");
 }
 
 #[test]
