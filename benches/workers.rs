@@ -17,13 +17,15 @@
 //!   batch buffer), reserves its counters under the peer's lock, and hands the whole batch to an
 //!   idle partner, or seals and opens it itself when none is idle; whoever finishes a batch
 //!   emits it (the daemon's `sendmmsg` or TUN write) only on its turn, in read order. The unit
-//!   of hand-off is a whole read (some 65 microseconds of work), not a few packets: the model
-//!   of a dispatch where the reader goes on reading instead of waiting for its helpers.
+//!   of hand-off is a whole read (some 65 microseconds of work), not a few packets. The relay
+//!   is the daemon's own (`shell::dataplane::relay`), with as many partners per reader as the
+//!   daemon gives (`core::relay::partners`: one per other CPU, capped), and a batch goes to a
+//!   partner only while a CPU is free for it (every reader counts as busy).
 //!
 //! Run: `cargo bench --bench workers -- [--peers K] [--shared | --relay] [--seconds S]
 //! [--max-workers N] [--json FILE]` (defaults: 16 peers, 2 s per point, 1 to 16 workers).
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
 use rand_core::OsRng;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -34,8 +36,10 @@ use tunnelgate::core::control::PeerSpec;
 use tunnelgate::core::packet::steering::worker_of_peer;
 use tunnelgate::core::packet::{Inbound, Outbound, PeerLookup, PeerPath};
 use tunnelgate::core::peer::{Peer, Sending};
+use tunnelgate::core::relay;
 use tunnelgate::core::sequencer::Sequencer;
 use tunnelgate::core::wg::{Limiter, SealBatch, DATA_OFFSET};
+use tunnelgate::shell::dataplane::relay::{Busy, Cores, Relay, Turn};
 use tunnelgate::shell::keys::GenerateKey as _;
 
 /// Inner packet size: a full 1420-MTU IPv4 packet.
@@ -160,14 +164,6 @@ impl Buffers {
             landing: vec![0u8; PACKET + 64],
         }
     }
-
-    /// A placeholder while the reader's own buffers are out (never used for packets).
-    fn empty() -> Buffers {
-        Buffers {
-            slots: Vec::new(),
-            landing: Vec::new(),
-        }
-    }
 }
 
 /// One batch from `sender` to `receiver`: its counters (and, `shared`, its sequence numbers in
@@ -265,205 +261,85 @@ fn seal_and_open(
         .sum()
 }
 
-/// A batch handed from a reader to a partner: its buffers (the packets read), its counters,
-/// and its place in the reader's order.
+/// A batch handed from a reader to a partner (`--relay`): its buffers (the packets read) and
+/// its counters.
 struct Job {
     buffers: Buffers,
-    batch: SealBatch,
-    turn: u64,
+    batch: Option<SealBatch>,
 }
 
-/// A value on cache lines of its own (128 bytes: two lines, for the adjacent-line prefetcher),
-/// so threads writing different ones do not slow each other down.
-#[repr(align(128))]
-struct Padded<T>(T);
+/// A reader's relay (`--relay`): the daemon's own (`shell::dataplane::relay`), with the same
+/// claim, hand-off, turns and sleep as its TUN and UDP readers use.
+type PeerRelay = Relay<Job>;
 
-impl<T> std::ops::Deref for Padded<T> {
-    type Target = T;
-    fn deref(&self) -> &T {
-        &self.0
-    }
+fn new_relay(partners: usize, cores: &Arc<Cores>) -> PeerRelay {
+    // One batch in hand per partner: the bound on batches in flight.
+    Relay::new(partners, cores.clone(), || Job {
+        buffers: Buffers::new(),
+        batch: None,
+    })
 }
 
-/// One partner's mailbox: at most one job, and whether the partner waits for one.
-#[repr(align(128))]
-struct Mailbox {
-    job: Mutex<Option<Job>>,
-    posted: Condvar,
-    idle: AtomicBool,
+/// A partner's loop: wait for a job, do it ([`do_job`]), give the buffers back. Returns the
+/// bytes delivered.
+fn relay_partner(relay: &PeerRelay, me: usize, pair: &Pair, from: PeerPath) -> u64 {
+    let mut bytes = 0u64;
+    relay.serve(me, |job, turn| bytes += do_job(job, turn, pair, from));
+    bytes
 }
 
-/// How long (spin-loop hints) a thread watches for its turn, or a partner for a job, before it
-/// yields or sleeps: about the tail of one batch.
-const RELAY_SPINS: u32 = 20_000;
-
-/// A reader's relay (`--relay`): its partners' mailboxes, the free batch buffers, and the turn.
-struct Relay {
-    mailboxes: Vec<Mailbox>,
-    free: Padded<Mutex<Vec<Buffers>>>,
-    /// The turn of the next batch to emit, in read order.
-    next_emit: Padded<AtomicU64>,
-    /// Threads asleep waiting for their turn, and where they sleep.
-    turn_waiters: Padded<AtomicU64>,
-    turn_lock: Mutex<()>,
-    turn_passed: Condvar,
-    stop: AtomicBool,
-}
-
-impl Relay {
-    fn new(partners: usize) -> Relay {
-        Relay {
-            mailboxes: (0..partners)
-                .map(|_| Mailbox {
-                    job: Mutex::new(None),
-                    posted: Condvar::new(),
-                    idle: AtomicBool::new(false),
-                })
-                .collect(),
-            // One batch in hand per partner: the bound on batches in flight.
-            free: Padded(Mutex::new((0..partners).map(|_| Buffers::new()).collect())),
-            next_emit: Padded(AtomicU64::new(0)),
-            turn_waiters: Padded(AtomicU64::new(0)),
-            turn_lock: Mutex::new(()),
-            turn_passed: Condvar::new(),
-            stop: AtomicBool::new(false),
-        }
-    }
-
-    /// Waits for `turn`, then emits (here: nothing; in the daemon the send or the write) and
-    /// passes the turn on.
-    fn emit_in_turn(&self, turn: u64) {
-        let mut spins = 0u32;
-        while self.next_emit.load(Ordering::Acquire) != turn {
-            if spins < RELAY_SPINS {
-                spins += 1;
-                std::hint::spin_loop();
-            } else {
-                // Asleep, so the thread whose turn it is gets the CPU.
-                let mut guard = self.turn_lock.lock();
-                self.turn_waiters.fetch_add(1, Ordering::SeqCst);
-                while self.next_emit.load(Ordering::SeqCst) != turn {
-                    self.turn_passed
-                        .wait_for(&mut guard, Duration::from_millis(1));
-                }
-                self.turn_waiters.fetch_sub(1, Ordering::SeqCst);
-            }
-        }
-        self.next_emit.store(turn + 1, Ordering::SeqCst);
-        if self.turn_waiters.load(Ordering::SeqCst) > 0 {
-            let _guard = self.turn_lock.lock();
-            self.turn_passed.notify_all();
-        }
-    }
-
-    /// A partner's loop: wait for a job, seal and open it, emit it on its turn, give the
-    /// buffers back. Returns the bytes delivered.
-    fn partner(&self, me: usize, pair: &Pair, from: PeerPath) -> u64 {
-        let mailbox = &self.mailboxes[me];
-        let mut bytes = 0u64;
-        loop {
-            mailbox.idle.store(true, Ordering::Release);
-            let job = {
-                let mut spins = 0u32;
-                loop {
-                    let taken = mailbox.job.lock().take();
-                    if let Some(job) = taken {
-                        break Some(job);
-                    }
-                    if self.stop.load(Ordering::Relaxed) {
-                        break None;
-                    }
-                    if spins < RELAY_SPINS {
-                        spins += 1;
-                        std::hint::spin_loop();
-                    } else {
-                        let mut slot = mailbox.job.lock();
-                        if slot.is_none() {
-                            mailbox.posted.wait_for(&mut slot, Duration::from_millis(1));
-                        }
-                    }
-                }
-            };
-            let Some(Job {
-                mut buffers,
-                batch,
-                turn,
-            }) = job
-            else {
-                return bytes;
-            };
-            let delivered = seal_and_open(&batch, &pair.local, from, PACKET, &mut buffers);
-            self.emit_in_turn(turn);
-            bytes += delivered * PACKET as u64;
-            self.free.lock().push(buffers);
-        }
-    }
-
-    /// Hands `job` to an idle partner, or gives it back when none is.
-    fn hand_off(&self, job: Job) -> Result<(), Job> {
-        for mailbox in &self.mailboxes {
-            if mailbox
-                .idle
-                .compare_exchange(true, false, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
-            {
-                *mailbox.job.lock() = Some(job);
-                mailbox.posted.notify_one();
-                return Ok(());
-            }
-        }
-        Err(job)
-    }
+/// A handed-off batch sealed and opened, emitted on its turn (here: nothing; in the daemon the
+/// send or the write): a partner's work, and the reader's when it takes the job back. Returns
+/// the bytes delivered.
+fn do_job(job: &mut Job, turn: &mut Turn<'_, Job>, pair: &Pair, from: PeerPath) -> u64 {
+    let Some(batch) = job.batch.take() else {
+        return 0;
+    };
+    let delivered = seal_and_open(&batch, &pair.local, from, PACKET, &mut job.buffers);
+    turn.hold();
+    delivered * PACKET as u64
 }
 
 /// The reader of `pair` under `--relay`, one direction (the peer's side sends to the daemon's,
-/// which opens): read a batch, reserve its counters, hand it off or do it, on its turn.
-fn relay_reader(relay: &Relay, pair: &Pair, from: PeerPath, stop: &AtomicBool) -> u64 {
+/// which opens): read a batch (into a claimed partner's buffer when one is idle, else its
+/// own), reserve its counters, hand it off or do it, on its turn; a batch no partner started
+/// by then it takes back, as the daemon's readers do.
+fn relay_reader(relay: &PeerRelay, pair: &Pair, from: PeerPath, stop: &AtomicBool) -> u64 {
+    // Always busy: it never waits for packets.
+    let mut busy = Busy::new(Some(relay.cores()));
+    busy.set(true);
     let packet = packet();
     let mut own = Buffers::new();
-    let mut turn = 0u64;
+    let taken_back = std::cell::Cell::new(0u64);
+    let take_back = |job: &mut Job, turn: &mut Turn<'_, Job>| {
+        taken_back.set(taken_back.get() + do_job(job, turn, pair, from));
+    };
     let mut bytes = 0u64;
     while !stop.load(Ordering::Relaxed) {
-        // The read: into a free buffer a partner may take, or the reader's own.
-        let spare = relay.free.lock().pop();
-        let has_spare = spare.is_some();
-        let mut buffers = spare.unwrap_or_else(|| std::mem::replace(&mut own, Buffers::empty()));
+        let mut claim = relay.claim();
+        let buffers = match claim.as_mut() {
+            Some(claim) => &mut claim.job().buffers,
+            None => &mut own,
+        };
+        // The read.
         for slot in buffers.slots.iter_mut() {
             slot[DATA_OFFSET..DATA_OFFSET + PACKET].copy_from_slice(&packet);
         }
         let sending = pair.remote.lock().begin_send(BATCH, BATCH * PACKET);
         let Sending::Seal { batch, .. } = sending else {
-            return bytes;
+            break;
         };
-        let job = Job {
-            buffers,
-            batch,
-            turn,
-        };
-        turn += 1;
-        let job = if has_spare {
-            match relay.hand_off(job) {
-                Ok(()) => continue,
-                Err(job) => job,
-            }
-        } else {
-            job
-        };
-        let Job {
-            mut buffers,
-            batch,
-            turn,
-        } = job;
-        let delivered = seal_and_open(&batch, &pair.local, from, PACKET, &mut buffers);
-        relay.emit_in_turn(turn);
-        bytes += delivered * PACKET as u64;
-        if has_spare {
-            relay.free.lock().push(buffers);
-        } else {
-            own = buffers;
+        if let Some(mut claim) = claim {
+            claim.job().batch = Some(batch);
+            claim.post(BATCH);
+            continue;
         }
+        let mut turn = relay.issue_taking_back(&take_back);
+        let delivered = seal_and_open(&batch, &pair.local, from, PACKET, &mut own);
+        turn.hold();
+        bytes += delivered * PACKET as u64;
     }
-    bytes
+    bytes + taken_back.get()
 }
 
 /// Bytes per second moved by one reader and `workers - 1` partners per peer (`--relay`).
@@ -471,17 +347,21 @@ fn measure_relay(pairs: &Arc<Vec<Pair>>, workers: usize, duration: Duration) -> 
     let stop = Arc::new(AtomicBool::new(false));
     let moved = Arc::new(AtomicU64::new(0));
     // Partners beyond the CPUs only take the CPU from the one whose turn it is: a reader gets
-    // at most one partner per other CPU (the rest of the workers own other peers' reads).
+    // the daemon's number of partners (one per other CPU, capped).
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let partners = (workers - 1).min(cpus - 1);
-    let relays: Arc<Vec<Relay>> = Arc::new(pairs.iter().map(|_| Relay::new(partners)).collect());
+    let partners = relay::partners(workers, cpus);
+    // The CPUs every reader and partner share, as the daemon's data plane does: a batch goes
+    // to a partner only while one is free.
+    let cores = Arc::new(Cores::new(cpus));
+    let relays: Arc<Vec<PeerRelay>> =
+        Arc::new(pairs.iter().map(|_| new_relay(partners, &cores)).collect());
     let from = at("192.0.2.2:1");
     let mut threads = Vec::new();
     for p in 0..pairs.len() {
         for partner in 0..partners {
             let (pairs, relays, moved) = (pairs.clone(), relays.clone(), moved.clone());
             threads.push(std::thread::spawn(move || {
-                let bytes = relays[p].partner(partner, &pairs[p], from);
+                let bytes = relay_partner(&relays[p], partner, &pairs[p], from);
                 moved.fetch_add(bytes, Ordering::Relaxed);
             }));
         }
@@ -495,11 +375,9 @@ fn measure_relay(pairs: &Arc<Vec<Pair>>, workers: usize, duration: Duration) -> 
     let started = tunnelgate::shell::clock::now();
     std::thread::sleep(duration);
     stop.store(true, Ordering::Relaxed);
+    // A stop also ends every wait for a turn: nothing waits for a reader gone.
     for relay in relays.iter() {
-        relay.stop.store(true, Ordering::Relaxed);
-        for mailbox in &relay.mailboxes {
-            mailbox.posted.notify_all();
-        }
+        relay.stop();
     }
     for t in threads {
         t.join().expect("relay thread");

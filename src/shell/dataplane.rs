@@ -7,10 +7,14 @@
 //! and a UDP reader (its own socket of a reuse-port group: receive, decrypt, write to its TUN
 //! queue); one timer thread drives every peer's handshakes and keepalives. The kernel keeps a
 //! flow on one TUN queue and the steering program sends a peer's datagrams to one socket, so a
-//! flow's packets stay in order. No lock guard lives across a system call: a peer's lock is
-//! taken for one encrypt or decrypt into a batch slot, and the batch is sent after.
+//! flow's packets stay in order. Beside each reader, with more than one worker, up to
+//! `min(workers, CPUs) - 1` partners (`core::relay::partners`) take whole
+//! reads from it and emit them in read order ([`relay`]), so one peer's traffic uses more than
+//! one core. No lock guard lives across a system call: a peer's lock is taken to reserve a
+//! read's counters, or for one decrypt's lookup and record, and the batch is sent after.
 
 mod readers;
+pub mod relay;
 mod table;
 mod workers;
 
@@ -50,6 +54,11 @@ pub fn default_workers() -> usize {
     std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(MAX_DEFAULT_WORKERS)
+}
+
+/// Whole CPUs the packet threads may use (affinity or quota, whichever is lower).
+fn usable_cpus(tuning: &Tuning) -> usize {
+    usize::try_from(tuning.usable_cpus_milli() / 1000).unwrap_or(1)
 }
 
 /// How the packet threads run, decided once at start by the composition root: the tuning in
@@ -122,6 +131,9 @@ struct Inner {
     realtime_budget: SharedBudget,
     /// Each reader's priority as it runs.
     readers: readers::ReaderStates,
+    /// The CPUs the packet threads may use and how many are busy: relay partners take one only
+    /// while one is free.
+    cores: Arc<relay::Cores>,
     /// Set once when the data path cannot go on (the TUN device is gone).
     fatal: watch::Sender<Option<String>>,
 }
@@ -144,6 +156,7 @@ impl Dataplane {
             )));
         }
         let workers = queues.len();
+        let cores = Arc::new(relay::Cores::new(usable_cpus(&threads.tuning)));
         let epoch = crate::shell::clock::now();
         let realtime_budget = SharedBudget::new(
             threads.tuning.rt_budget,
@@ -163,6 +176,7 @@ impl Dataplane {
                 threads,
                 realtime_budget,
                 readers: readers::ReaderStates::new(workers),
+                cores,
                 fatal: watch::Sender::new(None),
             }),
             stopped: AtomicBool::new(false),
@@ -173,11 +187,28 @@ impl Dataplane {
     /// started, the ones already running are stopped before the error is returned.
     pub fn start(&self) -> std::io::Result<()> {
         let started = (|| {
+            let partners = self.inner.partners();
             for worker in 0..self.workers() {
+                let relay = (partners > 0).then(|| {
+                    Arc::new(workers::TunRelay::new(
+                        partners,
+                        self.inner.cores.clone(),
+                        workers::SealJob::new,
+                    ))
+                });
+                let reader_relay = relay.clone();
+                // The reader first: partners whose reader never started would wait for ever.
                 self.inner
                     .spawn(PacketThread::TunReader(worker), move |inner| {
-                        workers::tun_loop(inner, worker)
+                        workers::tun_loop(inner, worker, reader_relay.as_deref())
                     })?;
+                for me in 0..partners {
+                    let relay = relay.clone().expect("partners have a relay");
+                    let name = format!("tg-tun-h{worker}-{me}");
+                    self.inner.spawn_partner(name.clone(), move |inner| {
+                        workers::tun_partner(inner, worker, &relay, me, &name)
+                    })?;
+                }
             }
             self.inner
                 .spawn(PacketThread::Timers, workers::timer_loop)?;
@@ -392,13 +423,59 @@ impl Inner {
     /// reorder its flows.
     fn start_udp_readers(inner: &Arc<Inner>) -> std::io::Result<()> {
         let group = inner.sockets();
+        let partners = inner.partners();
         for worker in 0..group.len() {
-            let group = group.clone();
+            let relay = (partners > 0)
+                .then(|| Arc::new(workers::UdpRelay::new(partners, inner.cores.clone())));
+            let (reader_group, reader_relay) = (group.clone(), relay.clone());
+            // The reader first: partners whose reader never started would wait for ever.
             inner.spawn(PacketThread::UdpReader(worker), move |inner| {
-                workers::udp_loop(inner, worker, &group[worker])
+                workers::udp_loop(
+                    inner,
+                    worker,
+                    &reader_group[worker],
+                    reader_relay.as_deref(),
+                )
             })?;
+            for me in 0..partners {
+                let (group, relay) = (group.clone(), relay.clone().expect("partners have a relay"));
+                let name = format!("tg-udp-h{worker}-{me}");
+                inner.spawn_partner(name.clone(), move |inner| {
+                    workers::udp_partner(inner, worker, &group[worker], &relay, me, &name)
+                })?;
+            }
         }
         Ok(())
+    }
+
+    /// Partners per packet reader: one per other CPU the workers may use, capped, none with
+    /// one worker (`core::relay::partners`).
+    fn partners(&self) -> usize {
+        crate::core::relay::partners(self.queues.len(), usable_cpus(&self.threads.tuning))
+    }
+
+    /// Starts a relay partner named `name`: at normal priority, started here and not by the
+    /// reader spawner, so it never holds `CAP_SYS_NICE` (its CPU time is not the readers'
+    /// real-time budget's); joined by [`Dataplane::stop`] like the readers.
+    fn spawn_partner(
+        self: &Arc<Self>,
+        name: String,
+        body: impl FnOnce(&Inner) + Send + 'static,
+    ) -> std::io::Result<()> {
+        let inner = self.clone();
+        let handle = std::thread::Builder::new()
+            .name(name)
+            .spawn(move || body(&inner))?;
+        self.keep_for_the_join(handle);
+        Ok(())
+    }
+
+    /// Keeps a started packet thread's handle for [`Dataplane::stop`] to join (and forgets
+    /// those that have ended).
+    fn keep_for_the_join(&self, handle: JoinHandle<()>) {
+        let mut threads = self.handles.lock();
+        threads.retain(|t| !t.is_finished());
+        threads.push(handle);
     }
 
     /// Starts `thread`: a packet reader through the reader spawner (where only the readers may
@@ -416,11 +493,7 @@ impl Inner {
                 self.threads.spawner.spawn(thread.name(), run)?
             }
         };
-        {
-            let mut threads = self.handles.lock();
-            threads.retain(|t| !t.is_finished());
-            threads.push(handle);
-        }
+        self.keep_for_the_join(handle);
         Ok(())
     }
 }

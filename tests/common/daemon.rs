@@ -378,13 +378,21 @@ impl Tunnelgate {
 /// readers and the timer thread. More workers add `tg-tun-rx-N` and `tg-udp-rx-N`.
 pub const PACKET_THREADS: [&str; 3] = ["tg-tun-rx-0", "tg-udp-rx-0", "tg-timers"];
 
-/// Whether a thread of the daemon is a packet thread (the ones under seccomp), of any worker.
+/// Whether a thread of the daemon is a packet thread (the ones under seccomp), of any worker:
+/// the readers, the timers and the readers' relay partners (`tg-tun-hN-I`, `tg-udp-hN-I`).
 pub fn is_packet_thread(name: &str) -> bool {
-    let worker = |prefix: &str| {
+    let number = |n: &str| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit());
+    let worker = |prefix: &str| name.strip_prefix(prefix).is_some_and(number);
+    let partner = |prefix: &str| {
         name.strip_prefix(prefix)
-            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|n| n.split_once('-'))
+            .is_some_and(|(w, i)| number(w) && number(i))
     };
-    worker("tg-tun-rx-") || worker("tg-udp-rx-") || name == "tg-timers"
+    worker("tg-tun-rx-")
+        || worker("tg-udp-rx-")
+        || partner("tg-tun-h")
+        || partner("tg-udp-h")
+        || name == "tg-timers"
 }
 
 /// Capability bits of `/proc/PID/status` (`CapEff:`) that real-time priority depends on.

@@ -175,12 +175,33 @@ impl ReceiveQueue {
     /// Whether to drop `datagram` (from a known peer) now, for the AQM.
     #[inline]
     pub fn take_drop(&mut self, datagram: &[u8]) -> bool {
-        if self.owed > 0 && droppable(datagram) {
-            self.owed -= 1;
-            return true;
-        }
-        false
+        take_owed_drop(&mut self.owed, datagram)
     }
+
+    /// The drops owed now, handed to whoever handles the batch just dequeued on another thread
+    /// (it takes them with [`take_owed_drop`]); this queue owes none until it gets back what
+    /// was not taken ([`ReceiveQueue::repay`]).
+    pub fn lend(&mut self) -> u32 {
+        std::mem::take(&mut self.owed)
+    }
+
+    /// Drops lent and not taken (the batch had too few droppable datagrams) are owed again,
+    /// as if never lent; the next [`ReceiveQueue::on_batch`] forgets them if CoDel has
+    /// stopped dropping.
+    pub fn repay(&mut self, drops: u32) {
+        self.owed = (self.owed + drops).min(MAX_OWED_DROPS);
+    }
+}
+
+/// Whether to drop `datagram` (from a known peer) for the AQM, taking one of `owed` drops
+/// ([`ReceiveQueue::take_drop`] on the queue's own count, or on a count it lent).
+#[inline]
+pub fn take_owed_drop(owed: &mut u32, datagram: &[u8]) -> bool {
+    if *owed > 0 && droppable(datagram) {
+        *owed -= 1;
+        return true;
+    }
+    false
 }
 
 /// Drops owed across batches: a few, so a long run of small packets cannot bank a burst of

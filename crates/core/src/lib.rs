@@ -26,6 +26,7 @@ pub mod offload;
 pub mod packet;
 pub mod peer;
 pub mod priority;
+pub mod relay;
 pub mod routes;
 pub mod rules;
 pub mod seccomp;

@@ -1,22 +1,25 @@
-//! The packet loops of one worker (TUN queue -> encrypt -> UDP, UDP -> decrypt -> TUN queue)
-//! and the timer thread. Buffers are allocated once per thread; a batch takes one snapshot of
-//! the peer table; a peer's lock is held for one call into `core::peer` and released before
-//! any send or write; nothing here logs per packet.
+//! The packet loops of one worker (TUN queue -> encrypt -> UDP, UDP -> decrypt -> TUN queue),
+//! their relay partners (a whole read handed to an idle partner, emitted in read order:
+//! [`super::relay`]) and the timer thread. Buffers are allocated once per thread; a batch takes
+//! one snapshot of the peer table; a peer's lock is held for one call into `core::peer` and
+//! released before any send or write; nothing here logs per packet.
 
 use super::readers::ThreadPriority;
+use super::relay::{Busy, Cores, Relay, Stopper, TakeBack, Turn};
 use super::table::{PeerSlot, PeerTable};
 use super::Inner;
 use crate::core::aqm;
 use crate::core::liveness::{PacketThread, IDLE_WAKE};
-use crate::core::offload::{self, Coalescer, VNET_HDR_LEN};
+use crate::core::offload::{self, Coalescer, SplitPlan, VNET_HDR_LEN};
 use crate::core::packet::{self, steering, DropReason, Inbound, Outbound, PeerPath, Sender};
 use crate::core::peer::{LimiterReset, Sending};
-use crate::core::wg;
+use crate::core::relay::{hands_off_batch, hands_off_read, opens_after_in_flight};
+use crate::core::wg::{self, SealBatch};
 use crate::shell::seccomp::{self, Confinement};
 use crate::shell::udp::{RecvBatch, SendBatch, WgSocket, BATCH, MAX_DATAGRAM};
 use crate::shell::{clock, tun};
 use std::net::IpAddr;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,10 +37,43 @@ const COALESCE_SLOTS: usize = 16;
 const CHECK_EVERY_READS: u32 = 64;
 const CHECK_EVERY_SEGMENTS: u32 = 64;
 
+/// A TUN read handed from its reader to a partner: the read buffer (swapped with the
+/// reader's, never copied), its length, and what the reader decided for it.
+pub(super) struct SealJob {
+    read: Vec<u8>,
+    len: usize,
+    work: Option<SealWork>,
+    /// Where it is sealed, by its partner or by the reader taking it back: made at the first
+    /// job, once, so a daemon that never sees a large read pays nothing for it.
+    out: Option<SendBatch>,
+}
+
+/// What the reader decided for a handed-off read: how it splits, the counters reserved for
+/// its segments (in read order, under the peer's lock) and where they go.
+struct SealWork {
+    plan: SplitPlan,
+    batch: SealBatch,
+    to: PeerPath,
+}
+
+impl SealJob {
+    pub(super) fn new() -> SealJob {
+        SealJob {
+            read: vec![0u8; TUN_READ_BYTES],
+            len: 0,
+            work: None,
+            out: None,
+        }
+    }
+}
+
+/// A TUN reader's relay: its partners seal whole reads and send them in read order.
+pub(super) type TunRelay = Relay<SealJob>;
+
 /// Confines the calling packet thread, once its setup is done, to the seccomp allow-list
 /// (`core::seccomp`). The outcome is logged once per process; a thread that could not be
 /// confined logs why and runs on without the filter (the packet path matters more).
-fn confine(thread: PacketThread) {
+fn confine(thread: &str) {
     static LOGGED: std::sync::Once = std::sync::Once::new();
     match seccomp::confine_current_thread() {
         Ok(Confinement::Filtered(policy)) => LOGGED.call_once(|| {
@@ -54,7 +90,7 @@ fn confine(thread: PacketThread) {
             tracing::warn!("Packet threads not confined: no seccomp list for this architecture")
         }),
         Err(e) => tracing::warn!(
-            thread = %thread.name(),
+            thread = %thread,
             error = %e,
             "Packet thread not confined: the seccomp filter could not be installed"
         ),
@@ -70,10 +106,26 @@ fn tun_is_gone(e: &std::io::Error) -> bool {
     )
 }
 
-pub(super) fn tun_loop(inner: &Inner, worker: usize) {
+/// Worker `worker`'s TUN reader: read, split, seal, send; with `relay`, a read of many
+/// segments for a peer with a session goes whole to an idle partner (after its counters are
+/// reserved here, in read order), and every batch this thread sends waits for its turn.
+pub(super) fn tun_loop(inner: &Inner, worker: usize, relay: Option<&TunRelay>) {
+    // However this thread ends, its partners end with it.
+    let _stopper = Stopper(relay);
+    // Busy from a read that returned data until the queue is empty.
+    let mut busy = Busy::new(relay.map(|r| r.cores()));
+    // A read whose partner has not started it when this reader would wait for its turn is
+    // sealed here (on the 2-vCPU VM the partner often waits for a CPU the application or the
+    // other end holds).
+    let take_back =
+        |job: &mut SealJob, turn: &mut Turn<'_, SealJob>| seal_job(inner, worker, job, turn);
+    let order = TunOrder {
+        relay,
+        take_back: &take_back,
+    };
     let thread = PacketThread::TunReader(worker);
     let tun = &inner.queues[worker];
-    let mut read = vec![0u8; TUN_READ_BYTES];
+    let mut read_buf = vec![0u8; TUN_READ_BYTES];
     let mut out = SendBatch::new(MAX_DATAGRAM);
     let (mut reads_since_check, mut segments_since_check) = (0u32, 0u32);
     let mut priority = ThreadPriority::new(inner, thread);
@@ -84,13 +136,14 @@ pub(super) fn tun_loop(inner: &Inner, worker: usize) {
     if let Err(e) = tun.set_nonblocking(true) {
         tracing::warn!(error = %e, "TUN device stays blocking: one send per read");
     }
-    confine(thread);
+    confine(&thread.name());
     inner.beat(thread);
     while !inner.stop.load(Ordering::Relaxed) {
-        let n = match tun.recv(&mut read) {
+        let n = match tun.recv(&mut read_buf) {
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                flush(inner, &inner.sockets()[worker], &mut out);
+                flush_in_turn(inner, &inner.sockets()[worker], &mut out, &order);
+                busy.set(false);
                 priority.drained(clock::now());
                 // Bounded, so an idle reader still stamps its heartbeat and sees `stop`.
                 if let Err(e) = tun::wait_readable(tun, IDLE_WAKE) {
@@ -117,13 +170,14 @@ pub(super) fn tun_loop(inner: &Inner, worker: usize) {
                 continue;
             }
         };
+        busy.set(true);
         reads_since_check += 1;
         if reads_since_check == CHECK_EVERY_READS || segments_since_check >= CHECK_EVERY_SEGMENTS {
             inner.beat(thread);
             priority.busy(clock::now());
             (reads_since_check, segments_since_check) = (0, 0);
         }
-        let read = &mut read[..n];
+        let read = &mut read_buf[..n];
         let plan = match offload::plan_split(read) {
             Ok(plan) => plan,
             Err(e) => {
@@ -161,6 +215,11 @@ pub(super) fn tun_loop(inner: &Inner, worker: usize) {
                 continue;
             }
         };
+        // A read worth a partner claims an idle one before its counters are reserved, so a
+        // read no partner takes is sealed here as always.
+        let claim = relay
+            .filter(|_| hands_off_read(count))
+            .and_then(|r| r.claim());
         // One lock per read, for the counters of all its segments; each is then sealed in
         // place in its send slot with no lock held.
         let sending = {
@@ -168,10 +227,25 @@ pub(super) fn tun_loop(inner: &Inner, worker: usize) {
             peer.begin_send(count, plan.plaintext_bytes())
         };
         let Sending::Seal { batch, to } = sending else {
-            let dropped = queue_segments(inner, socket, slot, &plan, read, &mut out);
+            drop(claim);
+            let dropped = queue_segments(inner, socket, slot, &plan, read, &mut out, &order);
             priority.unauthenticated(dropped);
             continue;
         };
+        if let Some(mut claim) = claim {
+            // What this thread sealed before holds lower counters: its turn comes first.
+            let mut pending = (!out.is_empty()).then(|| order.turn());
+            let job = claim.job();
+            std::mem::swap(&mut job.read, &mut read_buf);
+            job.len = n;
+            job.work = Some(SealWork { plan, batch, to });
+            claim.post(count);
+            if let Some(turn) = pending.as_mut() {
+                turn.hold();
+                flush(inner, socket, &mut out);
+            }
+            continue;
+        }
         for i in 0..count {
             let message = out.slot();
             let len = match i {
@@ -181,9 +255,67 @@ pub(super) fn tun_loop(inner: &Inner, worker: usize) {
             let len = batch.seal_in_place(i, message, len);
             out.push(len, to);
             if out.is_full() {
-                flush(inner, socket, &mut out);
+                flush_in_turn(inner, socket, &mut out, &order);
             }
         }
+    }
+}
+
+/// Partner `me` of worker `worker`'s TUN reader: seals each read handed to it
+/// ([`seal_job`]).
+pub(super) fn tun_partner(inner: &Inner, worker: usize, relay: &TunRelay, me: usize, name: &str) {
+    confine(name);
+    relay.serve(me, |job, turn| seal_job(inner, worker, job, turn));
+}
+
+/// Makes and seals the segments of a handed-off read into the job's own send batch and sends
+/// them on the read's turn: a partner's work, and the reader's when it takes the job back.
+fn seal_job(inner: &Inner, worker: usize, job: &mut SealJob, turn: &mut Turn<'_, SealJob>) {
+    let Some(SealWork { plan, batch, to }) = job.work.take() else {
+        return;
+    };
+    let sockets = inner.sockets();
+    // No socket: the data plane is stopping.
+    let Some(socket) = sockets.get(worker) else {
+        return;
+    };
+    let out = job.out.get_or_insert_with(|| SendBatch::new(MAX_DATAGRAM));
+    let read = &job.read[..job.len];
+    for i in 0..plan.count() {
+        let message = out.slot();
+        let len = plan.segment_into(read, i, &mut message[wg::DATA_OFFSET..]);
+        let len = batch.seal_in_place(i, message, len);
+        out.push(len, to);
+        if out.is_full() {
+            turn.hold();
+            flush(inner, socket, out);
+        }
+    }
+    turn.hold();
+    flush(inner, socket, out);
+}
+
+/// A TUN reader's place among its relay's reads: its relay (none without partners) and the
+/// work it does on a read it takes back.
+struct TunOrder<'a> {
+    relay: Option<&'a TunRelay>,
+    take_back: TakeBack<'a, SealJob>,
+}
+
+impl<'a> TunOrder<'a> {
+    /// The turn of the reader's next emission.
+    fn turn(&self) -> Turn<'a, SealJob> {
+        Turn::of_taking_back(self.relay, self.take_back)
+    }
+}
+
+/// Sends what `out` holds on its turn among the reads of the reader's relay (at once without
+/// one).
+fn flush_in_turn(inner: &Inner, socket: &WgSocket, out: &mut SendBatch, order: &TunOrder<'_>) {
+    if !out.is_empty() {
+        let mut turn = order.turn();
+        turn.hold();
+        flush(inner, socket, out);
     }
 }
 
@@ -197,6 +329,7 @@ fn queue_segments(
     plan: &offload::SplitPlan,
     read: &mut [u8],
     out: &mut SendBatch,
+    order: &TunOrder<'_>,
 ) -> u64 {
     let mut dropped = 0;
     for i in 0..plan.count() {
@@ -209,7 +342,7 @@ fn queue_segments(
             Outbound::Send { len, to } => {
                 out.push(len, to);
                 if out.is_full() {
-                    flush(inner, socket, out);
+                    flush_in_turn(inner, socket, out, order);
                 }
             }
             Outbound::Drop(reason) => {
@@ -244,13 +377,27 @@ fn forget_source(inner: &Inner, gone: IpAddr) {
     }
 }
 
-pub(super) fn udp_loop(inner: &Inner, worker: usize, socket: &WgSocket) {
+/// Worker `worker`'s UDP reader: receive, open, coalesce, write the TUN queue; with `relay`, a
+/// receive batch of many datagrams goes whole to an idle partner (after the AQM's and the
+/// priority guard's bookkeeping here), and every batch's writes and replies wait for its turn.
+pub(super) fn udp_loop(inner: &Inner, worker: usize, socket: &WgSocket, relay: Option<&UdpRelay>) {
+    // However this thread ends (its socket replaced, a stop), its partners end with it.
+    let _stopper = Stopper(relay.map(|r| &r.relay));
+    // Busy from a batch received until one comes short (the socket's queue is empty: the next
+    // receive will likely block).
+    let mut busy = Busy::new(relay.map(|r| r.relay.cores()));
+    let mut drained = true;
     let thread = PacketThread::UdpReader(worker);
-    let tun = &inner.queues[worker];
     let mut batch = RecvBatch::default();
-    let mut replies = SendBatch::new(MAX_DATAGRAM);
-    let mut coalescer = Coalescer::new(COALESCE_SLOTS, tun.udp_gso());
-    let mut cookie = [0u8; 64];
+    let opener = Opener::new(inner, worker, socket);
+    let mut buffers = OpenBuffers::new(opener.tun);
+    // A batch whose partner has not started it when this reader would wait for its turn is
+    // opened here (see `tun_loop`).
+    let take_back = |job: &mut OpenJob, turn: &mut Turn<'_, OpenJob>| {
+        if let Some(relay) = relay {
+            open_job(&opener, relay, job, turn);
+        }
+    };
     // AQM on the socket buffer in front of this thread (off without receive timestamps).
     let mut queue = aqm::ReceiveQueue::new(
         inner
@@ -264,15 +411,20 @@ pub(super) fn udp_loop(inner: &Inner, worker: usize, socket: &WgSocket) {
     if let Err(e) = socket.set_receive_timeout(IDLE_WAKE) {
         tracing::warn!(error = %e, "UDP receive timeout not set: an idle reader looks stuck");
     }
-    confine(thread);
+    confine(&thread.name());
     inner.beat(thread);
     while !inner.stop.load(Ordering::Relaxed) {
+        if drained {
+            busy.set(false);
+        }
         let received = socket.recv_batch(&mut batch);
         inner.beat(thread);
         let now = clock::now();
         match received {
             Ok(0) => return, // shut down: this socket was replaced or the daemon stops
             Ok(n) => {
+                busy.set(true);
+                drained = n < BATCH;
                 // A short batch emptied the socket's queue; a full one may have left more.
                 // (The guard pays for the batch before this one, whose packets it was told.)
                 if n < BATCH {
@@ -284,6 +436,7 @@ pub(super) fn udp_loop(inner: &Inner, worker: usize, socket: &WgSocket) {
             }
             // The receive timeout: an idle wake.
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                busy.set(false);
                 priority.drained(now);
                 continue;
             }
@@ -308,61 +461,292 @@ pub(super) fn udp_loop(inner: &Inner, worker: usize, socket: &WgSocket) {
             continue;
         };
         if queue.is_on() {
+            if let Some(relay) = relay {
+                queue.repay(relay.owed_back.swap(0, Ordering::Relaxed));
+            }
             // One more clock read per batch, none per datagram.
             queue.on_batch(batch.oldest_wait(clock::wall_now()), now);
         }
-        for (from, datagram) in batch.datagrams() {
-            let identified = packet::identify(
-                &*table,
-                table.limiter(),
-                private_key,
-                table.public_key(),
-                from.remote,
-                datagram,
-                &mut cookie,
-            );
-            let slot = match identified {
-                Ok(Sender::Peer(slot)) => slot,
-                Ok(Sender::Cookie(len)) => {
-                    priority.unauthenticated(1);
-                    replies.slot()[..len].copy_from_slice(&cookie[..len]);
-                    replies.push(len, from);
-                    // A GRO batch holds more datagrams than a reply batch has room for.
-                    if replies.is_full() {
-                        flush(inner, socket, &mut replies);
-                    }
-                    continue;
-                }
-                Err(reason) => {
-                    inner.drops.add_received(reason, datagram.len());
-                    priority.unauthenticated(1);
-                    continue;
-                }
-            };
-            if queue.take_drop(datagram) {
-                inner.drops.add_received(DropReason::Aqm, datagram.len());
-                priority.unauthenticated(1);
-                continue;
-            }
-            if coalescer.needs_drain() {
-                write_tun(inner, tun, &mut coalescer);
-            }
-            let received = Received {
-                table: &table,
-                slot,
-                from,
-                datagram,
-            };
-            if !received.carry_out(inner, socket, &mut coalescer, &mut replies) {
-                priority.unauthenticated(1);
-            }
-            if replies.is_full() {
-                flush(inner, socket, &mut replies);
+        let datagrams = batch.datagram_count();
+        let claim = relay
+            .filter(|r| hands_off_batch(r.relay.in_flight(), datagrams))
+            .and_then(|r| r.relay.claim());
+        if let Some(mut claim) = claim {
+            // The partner opens it; the drops the AQM owes now go with it (and what it does
+            // not take comes back through `owed_back`). Its work is not this reader's: the
+            // priority guard is not told what of it did not authenticate.
+            let job = claim.job();
+            std::mem::swap(&mut job.batch, &mut batch);
+            job.owed = queue.lend();
+            job.table = Some(table);
+            claim.post(datagrams);
+            continue;
+        }
+        let mut turn = Turn::of_taking_back(relay.map(|r| &r.relay), &take_back);
+        if let Some(relay) = relay {
+            // Opened beside the batches in flight, this one's counters would run too far
+            // ahead of theirs for the replay window: open it after them.
+            if opens_after_in_flight(relay.relay.in_flight(), datagrams) {
+                turn.hold();
             }
         }
-        flush(inner, socket, &mut replies);
-        write_tun(inner, tun, &mut coalescer);
+        let unauthenticated = opener.open(
+            &mut buffers,
+            &table,
+            private_key,
+            &batch,
+            |datagram| queue.take_drop(datagram),
+            &mut turn,
+        );
+        priority.unauthenticated(unauthenticated);
     }
+}
+
+/// A receive batch handed from a UDP reader to a partner: the batch (swapped with the
+/// reader's, never copied), the peer table it was received under, and the drops the AQM owed
+/// when it was handed off.
+pub(super) struct OpenJob {
+    batch: RecvBatch,
+    table: Option<Arc<PeerTable>>,
+    owed: u32,
+    /// Where it is opened, by its partner or by the reader taking it back: made at the first
+    /// job, once (see [`SealJob`]'s `out`).
+    buffers: Option<OpenBuffers>,
+}
+
+impl OpenJob {
+    pub(super) fn new() -> OpenJob {
+        OpenJob {
+            batch: RecvBatch::default(),
+            table: None,
+            owed: 0,
+            buffers: None,
+        }
+    }
+}
+
+/// A UDP reader's relay: its partners open whole receive batches and write them in receive
+/// order; AQM drops a partner was lent and did not take come back to the reader.
+pub(super) struct UdpRelay {
+    relay: Relay<OpenJob>,
+    owed_back: AtomicU32,
+}
+
+impl UdpRelay {
+    pub(super) fn new(partners: usize, cores: Arc<Cores>) -> UdpRelay {
+        UdpRelay {
+            relay: Relay::new(partners, cores, OpenJob::new),
+            owed_back: AtomicU32::new(0),
+        }
+    }
+}
+
+/// Partner `me` of worker `worker`'s UDP reader (on `socket`): opens each batch handed to it
+/// ([`open_job`]).
+pub(super) fn udp_partner(
+    inner: &Inner,
+    worker: usize,
+    socket: &WgSocket,
+    relay: &UdpRelay,
+    me: usize,
+    name: &str,
+) {
+    let opener = Opener::new(inner, worker, socket);
+    confine(name);
+    relay
+        .relay
+        .serve(me, |job, turn| open_job(&opener, relay, job, turn));
+}
+
+/// Opens a handed-off receive batch into the job's own buffers and writes it (and sends its
+/// replies) on the batch's turn, giving back the AQM drops it was lent and did not take: a
+/// partner's work, and the reader's when it takes the job back.
+fn open_job(
+    opener: &Opener<'_>,
+    relay: &UdpRelay,
+    job: &mut OpenJob,
+    turn: &mut Turn<'_, OpenJob>,
+) {
+    let Some(table) = job.table.take() else {
+        return;
+    };
+    let Some(private_key) = table.private_key() else {
+        return;
+    };
+    let mut owed = std::mem::take(&mut job.owed);
+    let buffers = job
+        .buffers
+        .get_or_insert_with(|| OpenBuffers::new(opener.tun));
+    opener.open(
+        buffers,
+        &table,
+        private_key,
+        &job.batch,
+        |datagram| aqm::take_owed_drop(&mut owed, datagram),
+        turn,
+    );
+    if owed > 0 {
+        relay.owed_back.fetch_add(owed, Ordering::Relaxed);
+    }
+}
+
+/// Where a thread that opens receive batches sends the results: worker `worker`'s TUN queue
+/// and its socket (handshake and cookie replies).
+struct Opener<'a> {
+    inner: &'a Inner,
+    tun: &'a tun_rs::SyncDevice,
+    socket: &'a WgSocket,
+}
+
+/// The buffers one receive batch is opened into: the coalescer in front of the TUN queue, the
+/// replies, the cookie reply being made. Made once per thread (the reader's) or per job buffer.
+pub(super) struct OpenBuffers {
+    coalescer: Coalescer,
+    replies: SendBatch,
+    cookie: [u8; 64],
+}
+
+impl OpenBuffers {
+    fn new(tun: &tun_rs::SyncDevice) -> OpenBuffers {
+        OpenBuffers {
+            coalescer: Coalescer::new(COALESCE_SLOTS, tun.udp_gso()),
+            replies: SendBatch::new(MAX_DATAGRAM),
+            cookie: [0u8; 64],
+        }
+    }
+}
+
+impl<'a> Opener<'a> {
+    fn new(inner: &'a Inner, worker: usize, socket: &'a WgSocket) -> Opener<'a> {
+        Opener {
+            inner,
+            tun: &inner.queues[worker],
+            socket,
+        }
+    }
+
+    /// Opens `batch` into `buffers` (see [`open_batch`]); its writes and replies go out on
+    /// `turn`.
+    fn open(
+        &self,
+        buffers: &mut OpenBuffers,
+        table: &Arc<PeerTable>,
+        private_key: &crate::config::SecretKey,
+        batch: &RecvBatch,
+        take_drop: impl FnMut(&[u8]) -> bool,
+        turn: &mut Turn<'_, OpenJob>,
+    ) -> u64 {
+        let mut emit = Emit {
+            inner: self.inner,
+            tun: self.tun,
+            socket: self.socket,
+            coalescer: &mut buffers.coalescer,
+            replies: &mut buffers.replies,
+            turn,
+        };
+        open_batch(
+            table,
+            private_key,
+            batch,
+            take_drop,
+            &mut buffers.cookie,
+            &mut emit,
+        )
+    }
+}
+
+/// Where one receive batch's results go, on its turn: the TUN queue (through the coalescer)
+/// and the socket (handshake and cookie replies).
+struct Emit<'a, 't> {
+    inner: &'a Inner,
+    tun: &'a tun_rs::SyncDevice,
+    socket: &'a WgSocket,
+    coalescer: &'a mut Coalescer,
+    replies: &'a mut SendBatch,
+    turn: &'a mut Turn<'t, OpenJob>,
+}
+
+impl Emit<'_, '_> {
+    /// Sends the replies gathered so far, on the batch's turn.
+    fn flush_replies(&mut self) {
+        if !self.replies.is_empty() {
+            self.turn.hold();
+            flush(self.inner, self.socket, self.replies);
+        }
+    }
+
+    /// Writes what the coalescer holds, on the batch's turn.
+    fn write_tun(&mut self) {
+        self.turn.hold();
+        write_tun(self.inner, self.tun, self.coalescer);
+    }
+}
+
+/// Identifies, opens and carries out every datagram of `batch` (received under `table`),
+/// dropping for the AQM those `take_drop` says; writes and replies through `emit`, all of them
+/// on the batch's turn. Returns how many did not authenticate.
+fn open_batch(
+    table: &Arc<PeerTable>,
+    private_key: &crate::config::SecretKey,
+    batch: &RecvBatch,
+    mut take_drop: impl FnMut(&[u8]) -> bool,
+    cookie: &mut [u8; 64],
+    emit: &mut Emit<'_, '_>,
+) -> u64 {
+    let inner = emit.inner;
+    let mut unauthenticated = 0;
+    for (from, datagram) in batch.datagrams() {
+        let identified = packet::identify(
+            &**table,
+            table.limiter(),
+            private_key,
+            table.public_key(),
+            from.remote,
+            datagram,
+            cookie,
+        );
+        let slot = match identified {
+            Ok(Sender::Peer(slot)) => slot,
+            Ok(Sender::Cookie(len)) => {
+                unauthenticated += 1;
+                emit.replies.slot()[..len].copy_from_slice(&cookie[..len]);
+                emit.replies.push(len, from);
+                // A GRO batch holds more datagrams than a reply batch has room for.
+                if emit.replies.is_full() {
+                    emit.flush_replies();
+                }
+                continue;
+            }
+            Err(reason) => {
+                inner.drops.add_received(reason, datagram.len());
+                unauthenticated += 1;
+                continue;
+            }
+        };
+        if take_drop(datagram) {
+            inner.drops.add_received(DropReason::Aqm, datagram.len());
+            unauthenticated += 1;
+            continue;
+        }
+        if emit.coalescer.needs_drain() {
+            emit.write_tun();
+        }
+        let received = Received {
+            table,
+            slot,
+            from,
+            datagram,
+        };
+        if !received.carry_out(emit) {
+            unauthenticated += 1;
+        }
+        if emit.replies.is_full() {
+            emit.flush_replies();
+        }
+    }
+    emit.flush_replies();
+    emit.write_tun();
+    unauthenticated
 }
 
 /// Writes the decrypted packets to the TUN queue: one write per coalesced super-packet.
@@ -388,14 +772,9 @@ impl Received<'_> {
     /// send what queued up during the handshake), or drop. Returns whether the datagram
     /// authenticated.
     #[inline]
-    fn carry_out(
-        self,
-        inner: &Inner,
-        socket: &WgSocket,
-        coalescer: &mut Coalescer,
-        replies: &mut SendBatch,
-    ) -> bool {
-        let landing = coalescer.landing(self.datagram.len());
+    fn carry_out(self, emit: &mut Emit<'_, '_>) -> bool {
+        let inner = emit.inner;
+        let landing = emit.coalescer.landing(self.datagram.len());
         // A data message of a kept session is opened with no lock held: the peer's lock is
         // taken to find the session, then to record what was opened. Anything else
         // (handshakes, cookies, unknown sessions) goes through the peer under its lock.
@@ -422,30 +801,30 @@ impl Received<'_> {
             }
         };
         match decision {
-            Inbound::Deliver(len) => coalescer.commit(len),
+            Inbound::Deliver(len) => emit.coalescer.commit(len),
             Inbound::Reply(len) => {
-                replies.slot()[..len].copy_from_slice(&landing[..len]);
-                replies.push(len, self.from);
-                coalescer.abandon();
+                emit.replies.slot()[..len].copy_from_slice(&landing[..len]);
+                emit.replies.push(len, self.from);
+                emit.coalescer.abandon();
                 loop {
-                    if replies.is_full() {
-                        flush(inner, socket, replies);
+                    if emit.replies.is_full() {
+                        emit.flush_replies();
                     }
                     let queued = {
                         let mut peer = self.slot.lock();
-                        peer.flush_queued(replies.slot())
+                        peer.flush_queued(emit.replies.slot())
                     };
                     let Some(len) = queued else { break };
-                    replies.push(len, self.from);
+                    emit.replies.push(len, self.from);
                 }
             }
-            Inbound::Nothing => coalescer.abandon(),
+            Inbound::Nothing => emit.coalescer.abandon(),
             Inbound::Drop(reason) if reason.after_authentication() => {
-                coalescer.abandon();
+                emit.coalescer.abandon();
                 inner.drops.add(reason, 1);
             }
             Inbound::Drop(reason) => {
-                coalescer.abandon();
+                emit.coalescer.abandon();
                 inner.drops.add_received(reason, self.datagram.len());
                 return false;
             }
@@ -456,7 +835,7 @@ impl Received<'_> {
 
 pub(super) fn timer_loop(inner: &Inner) {
     let mut buf = vec![0u8; wg::MIN_OUTPUT.max(2048)];
-    confine(PacketThread::Timers);
+    confine(&PacketThread::Timers.name());
     let mut limiter_reset = LimiterReset::default();
     while !inner.stop.load(Ordering::Relaxed) {
         inner.beat(PacketThread::Timers);

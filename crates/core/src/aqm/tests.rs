@@ -253,3 +253,32 @@ fn a_receive_queue_without_target_or_timestamps_never_drops() {
         assert!(!off.take_drop(&bulk) && !blind.take_drop(&bulk));
     }
 }
+
+#[test]
+fn drops_lent_to_another_thread_are_taken_there_once_and_what_is_left_comes_back() {
+    let mut queue = ReceiveQueue::new(Some(SETTINGS));
+    let start = crate::test_util::now();
+    // A standing queue, long enough to owe a few drops.
+    for k in 0..=10u32 {
+        queue.on_batch(
+            Some(TARGET * 3),
+            start + INTERVAL * k + Duration::from_millis(u64::from(k)),
+        );
+    }
+    let bulk = data_message(1452);
+    let ping = data_message(128);
+    let mut lent = queue.lend();
+    assert!(lent > 0, "a standing queue owes drops");
+    assert!(!queue.take_drop(&bulk), "lent drops are not owed twice");
+    // Taken on the other thread from full-size data only, one per drop lent.
+    assert!(!take_owed_drop(&mut lent, &ping));
+    assert!(take_owed_drop(&mut lent, &bulk));
+    let left = lent;
+    // What the batch did not take is owed again, up to the cap.
+    queue.repay(left);
+    let taken = (0..10).filter(|_| queue.take_drop(&bulk)).count();
+    assert_eq!(taken, left as usize);
+    queue.repay(100);
+    let taken = (0..100).filter(|_| queue.take_drop(&bulk)).count();
+    assert_eq!(taken, MAX_OWED_DROPS as usize, "repaid, never past the cap");
+}
