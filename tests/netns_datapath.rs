@@ -230,6 +230,7 @@ fn stopping_the_data_path_ends_every_packet_thread() {
     // for a UDP reader's, a socket replacement) must end too.
     let mut tuning = Tuning::default();
     tuning.cpus.affinity = 2;
+    tuning.relay_partners = 3;
     let setup = ThreadSetup::normal_priority(tuning);
     assert_eq!(relay::partners(2, 2), 1);
     for w in 0..2 {
@@ -417,6 +418,13 @@ fn the_default_worker_count_is_the_cpus_the_daemon_may_use() {
         all.min(16),
         "one worker per CPU"
     );
+    // The relay is off unless asked (TUNNELGATE_RELAY_PARTNERS): no partner threads.
+    for partner in ["tg-tun-h0-0", "tg-udp-h0-0"] {
+        assert!(
+            threads_named(tg.pid(), partner).is_empty(),
+            "{partner} runs with the relay off"
+        );
+    }
     drop(tg);
 
     // Pinned to one CPU (as `taskset -c 0` or a cpuset would): one worker. The daemon inherits
@@ -600,8 +608,16 @@ fn one_peers_stream(workers: u16, subnet: u8, port: u16) -> StreamSeen {
     let b_cfg = b_cfg.peer(
         Peer::new(&a_pub, &[format!("{a_tun}/32").as_str()]).endpoint(&format!("{a_link}:51875")),
     );
-    let b = Tunnelgate::start(&b_ns, b_cfg);
-    let a = Tunnelgate::start(&a_ns, a_cfg);
+    // The relay is off unless asked.
+    let start = |ns: &Netns, cfg: TgConfig| {
+        let tg = Tunnelgate::spawn_env(ns, cfg, &[("TUNNELGATE_RELAY_PARTNERS", "3")]);
+        if let Err(e) = tg.wait_ready(Duration::from_secs(10)) {
+            panic!("{e}");
+        }
+        tg
+    };
+    let b = start(&b_ns, b_cfg);
+    let a = start(&a_ns, a_cfg);
     assert!(
         ping_until(&a_ns, &b_tun, Duration::from_secs(10)),
         "no tunnel"

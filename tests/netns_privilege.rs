@@ -36,10 +36,12 @@ fn run(legacy: bool) {
     } else {
         "[firewall]\nmode = \"nftables\"\n"
     };
+    // With the relay on, so its partner threads are checked too (off by default).
+    let relay = ("TUNNELGATE_RELAY_PARTNERS", "3");
     let env: &[(&str, &str)] = if legacy {
-        &[("TUNNELGATE_IPTABLES", "legacy")]
+        &[("TUNNELGATE_IPTABLES", "legacy"), relay]
     } else {
-        &[]
+        &[relay]
     };
     let mut cfg = TgConfig::new(0, &["100.64.0.1/32"]);
     cfg.health = Some("0.0.0.0:9002".into());

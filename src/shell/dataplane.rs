@@ -449,9 +449,12 @@ impl Inner {
     }
 
     /// Partners per packet reader: one per other CPU the workers may use, capped, none with
-    /// one worker (`core::relay::partners`).
+    /// one worker (`core::relay::partners`), and at most what the tuning allows (none by
+    /// default).
     fn partners(&self) -> usize {
-        crate::core::relay::partners(self.queues.len(), usable_cpus(&self.threads.tuning))
+        let tuning = &self.threads.tuning;
+        crate::core::relay::partners(self.queues.len(), usable_cpus(tuning))
+            .min(tuning.relay_partners)
     }
 
     /// Starts a relay partner named `name`: at normal priority, started here and not by the

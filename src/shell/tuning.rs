@@ -1,6 +1,7 @@
 //! The queue and scheduling knobs (`TUNNELGATE_SOCKET_BUFFER`, `TUNNELGATE_TUN_TXQUEUELEN`,
 //! `TUNNELGATE_AQM_TARGET_US`, `TUNNELGATE_AQM_INTERVAL_US`, `TUNNELGATE_RT_PRIORITY`,
-//! `TUNNELGATE_RT_SHARE_PERCENT`, `TUNNELGATE_NO_UDP_GRO`, `TUNNELGATE_NO_UDP_GSO`) and the CPUs
+//! `TUNNELGATE_RT_SHARE_PERCENT`, `TUNNELGATE_RELAY_PARTNERS`, `TUNNELGATE_NO_UDP_GRO`,
+//! `TUNNELGATE_NO_UDP_GSO`) and the CPUs
 //! the process may use, read once by the composition root (`shell::process::main`) into one
 //! [`Tuning`] and passed down: the data plane, the sockets and the TUN device take their values
 //! from it, and `check` and `status` show it. A value that is not a number in range is named in
@@ -44,6 +45,10 @@ pub struct Tuning {
     pub udp_gro: bool,
     /// UDP segmentation offload on the WireGuard sockets (off: `TUNNELGATE_NO_UDP_GSO`).
     pub udp_gso: bool,
+    /// At most this many relay partners per packet reader (`TUNNELGATE_RELAY_PARTNERS`, 0-3;
+    /// 0, the default: the relay is off). The CPUs decide how many it gets up to that
+    /// (`core::relay::partners`).
+    pub relay_partners: usize,
     /// The CPUs the process may use: its affinity, and its cgroup's quota.
     pub cpus: crate::shell::cgroup::Cpus,
     /// Values not taken, each naming its variable, for the start's log and `check`.
@@ -113,7 +118,12 @@ impl Tuning {
             5..=95,
             u64::from(crate::core::priority::budget::DEFAULT_SHARE_PERCENT),
         );
+        // Off unless asked: a partner runs at normal priority, and on a machine with no free
+        // core it holds its read's turn while the scheduler runs others, which the readers'
+        // real-time latency does not survive (docs/performance.md, "The relay in the daemon").
+        let relay_partners = number("TUNNELGATE_RELAY_PARTNERS", 0..=3, 0);
         Tuning {
+            relay_partners: usize::try_from(relay_partners).unwrap_or(0),
             rt_priority: i32::try_from(rt_priority).ok().filter(|p| *p > 0),
             // Within what the cgroup lets real-time threads run, if it limits them.
             rt_budget: cpus.cap_realtime(Budget {
@@ -230,6 +240,7 @@ mod tests {
         assert_eq!(t.socket_buffer_bytes, DEFAULT_SOCKET_BUFFER_BYTES);
         assert_eq!(t.tun_txqueuelen, DEFAULT_TUN_TXQUEUELEN);
         assert!(t.udp_gro && t.udp_gso);
+        assert_eq!(t.relay_partners, 0, "the relay is off unless asked");
         assert!(t.warnings.is_empty());
     }
 
@@ -243,7 +254,9 @@ mod tests {
             ("TUNNELGATE_SOCKET_BUFFER", b"262144"),
             ("TUNNELGATE_TUN_TXQUEUELEN", b"512"),
             ("TUNNELGATE_NO_UDP_GRO", b"1"),
+            ("TUNNELGATE_RELAY_PARTNERS", b"3"),
         ]);
+        assert_eq!(t.relay_partners, 3);
         assert_eq!(
             t.aqm,
             Some(aqm::Settings {
@@ -274,6 +287,7 @@ mod tests {
             ("TUNNELGATE_RT_SHARE_PERCENT", b"100"),
             ("TUNNELGATE_SOCKET_BUFFER", &long),
             ("TUNNELGATE_TUN_TXQUEUELEN", b"\xff"),
+            ("TUNNELGATE_RELAY_PARTNERS", b"4"),
         ]);
         assert_eq!(
             t,
@@ -282,7 +296,7 @@ mod tests {
                 ..tuning(&[])
             }
         );
-        assert_eq!(t.warnings.len(), 6, "{:?}", t.warnings);
+        assert_eq!(t.warnings.len(), 7, "{:?}", t.warnings);
         for (w, name) in t.warnings.iter().zip([
             "TUNNELGATE_SOCKET_BUFFER=",
             "TUNNELGATE_TUN_TXQUEUELEN=",
@@ -290,6 +304,7 @@ mod tests {
             "TUNNELGATE_AQM_INTERVAL_US=",
             "TUNNELGATE_RT_PRIORITY=",
             "TUNNELGATE_RT_SHARE_PERCENT=",
+            "TUNNELGATE_RELAY_PARTNERS=",
         ]) {
             assert!(
                 w.starts_with(name) && w.contains("using the default") && w.len() < 160,
