@@ -61,6 +61,13 @@ fn usable_cpus(tuning: &Tuning) -> usize {
     usize::try_from(tuning.usable_cpus_milli() / 1000).unwrap_or(1)
 }
 
+/// Relay partners per packet reader with `workers` workers under `tuning`: one per other CPU
+/// the workers may use, capped, none with one worker (`core::relay::partners`), and at most
+/// what the tuning allows (none by default).
+pub fn relay_partners(tuning: &Tuning, workers: usize) -> usize {
+    crate::core::relay::partners(workers, usable_cpus(tuning)).min(tuning.relay_partners)
+}
+
 /// How the packet threads run, decided once at start by the composition root: the tuning in
 /// force, how the readers reach real-time priority, and what starts them.
 #[derive(Clone)]
@@ -452,9 +459,7 @@ impl Inner {
     /// one worker (`core::relay::partners`), and at most what the tuning allows (none by
     /// default).
     fn partners(&self) -> usize {
-        let tuning = &self.threads.tuning;
-        crate::core::relay::partners(self.queues.len(), usable_cpus(tuning))
-            .min(tuning.relay_partners)
+        relay_partners(&self.threads.tuning, self.queues.len())
     }
 
     /// Starts a relay partner named `name`: at normal priority, started here and not by the

@@ -183,6 +183,8 @@ pub fn tuning_status(
         aqm_target_us: t.aqm.map(|a| micros(a.target)),
         aqm_interval_us: t.aqm.map(|a| micros(a.interval)),
         workers: u32::try_from(workers).unwrap_or(u32::MAX),
+        relay_partners: u32::try_from(crate::shell::dataplane::relay_partners(t, workers))
+            .unwrap_or(u32::MAX),
         cpus: u32::try_from(t.cpus.affinity).unwrap_or(u32::MAX),
         cpu_quota_milli: t.cpus.quota_milli,
         socket_buffer_bytes: u64::try_from(t.socket_buffer_bytes).unwrap_or(u64::MAX),

@@ -145,6 +145,7 @@ pub(crate) fn sample_tuning() -> tuning::TuningStatus {
         aqm_target_us: Some(1000),
         aqm_interval_us: Some(10_000),
         workers: 2,
+        relay_partners: 1,
         cpus: 2,
         cpu_quota_milli: Some(1500),
         socket_buffer_bytes: 7 << 20,
@@ -630,6 +631,7 @@ fn status_text_reads_like_wg_show() {
         "    spent at real-time: 2.500 s of CPU (0.500 s unauthenticated); step-downs: budget 7, ping_pong 2, process_budget 0, unauthenticated 3",
         "  receive queue AQM: CoDel, target 1000 us, interval 10000 us",
         "  workers: 2 (2 CPUs, a CPU quota of 1.50)",
+        "  relay: 1 partner thread per packet reader",
         "  queues: socket buffers 7340032 bytes (GRO on, GSO off), TUN txqueuelen 4096",
     ];
     let lines: BTreeSet<&str> = text.lines().collect();

@@ -21,6 +21,8 @@ pub struct TuningStatus {
     pub aqm_interval_us: Option<u64>,
     /// Packet workers (each a TUN queue, a socket and two readers).
     pub workers: u32,
+    /// Relay partners per packet reader (0: the relay is off; `TUNNELGATE_RELAY_PARTNERS`).
+    pub relay_partners: u32,
     /// CPUs in the process's affinity mask.
     pub cpus: u32,
     /// The cgroup's CPU quota, thousandths of a CPU; `None`: no quota.
@@ -113,6 +115,11 @@ pub fn write_tuning(out: &mut String, t: &TuningStatus) -> std::fmt::Result {
         |q| format!("a CPU quota of {:.2}", q as f64 / 1000.0),
     );
     writeln!(out, "  workers: {} ({} CPUs, {quota})", t.workers, t.cpus)?;
+    match t.relay_partners {
+        0 => writeln!(out, "  relay: off (TUNNELGATE_RELAY_PARTNERS)")?,
+        1 => writeln!(out, "  relay: 1 partner thread per packet reader")?,
+        n => writeln!(out, "  relay: {n} partner threads per packet reader")?,
+    }
     writeln!(
         out,
         "  queues: socket buffers {} bytes (GRO {}, GSO {}), TUN txqueuelen {}",

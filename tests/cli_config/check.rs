@@ -292,6 +292,10 @@ fn check_shows_the_tuning_a_start_would_get_in_text_and_json() {
         "{tuning}"
     );
     assert!(tuning.contains("  workers: 3 ("), "{tuning}");
+    assert!(
+        tuning.contains("  relay: off (TUNNELGATE_RELAY_PARTNERS)"),
+        "off unless asked: {tuning}"
+    );
     // Whatever this process may do, the readers' line says which and why.
     let readers = tuning.lines().next().unwrap_or_default();
     assert!(
@@ -333,6 +337,20 @@ fn check_shows_the_tuning_a_start_would_get_in_text_and_json() {
     );
     assert_eq!(tuning["aqm_target_us"], serde_json::Value::Null, "{tuning}");
     assert_eq!(tuning["workers"], 3, "{tuning}");
+    assert_eq!(tuning["relay_partners"], 0, "{tuning}");
+
+    // Asked for, the relay gets a partner per other CPU the 3 workers may use, at most the 3
+    // asked for.
+    let out = check(&[("TUNNELGATE_RELAY_PARTNERS", "3")], true);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let json: serde_json::Value = serde_json::from_str(&out.stdout).expect("check --json");
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    assert_eq!(
+        json["tuning"]["relay_partners"],
+        cpus.min(3) - 1,
+        "{cpus} CPUs: {}",
+        json["tuning"]
+    );
 
     // A bad value is named once, on stderr, and the default stays.
     let out = check(&[("TUNNELGATE_RT_SHARE_PERCENT", "100")], true);
