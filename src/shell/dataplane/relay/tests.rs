@@ -119,16 +119,21 @@ fn run(partners: usize, reads: u64, seed: u64, take_back: bool) -> Arc<Log> {
     log
 }
 
+/// [`run`] with 2,000 reads, checked to have emitted each once, in read order.
+fn run_in_read_order(partners: usize, seed: u64, take_back: bool) -> Arc<Log> {
+    let log = run(partners, 2_000, seed, take_back);
+    assert_eq!(
+        *log.emitted.lock(),
+        (0..2_000).collect::<Vec<_>>(),
+        "{partners} partners, seed {seed}, take-back {take_back}"
+    );
+    log
+}
+
 #[test]
 fn every_read_is_emitted_once_in_read_order_whoever_finishes_first() {
     for (partners, seed) in [(1, 1), (2, 7), (3, 42), (3, 99), (5, 1234)] {
-        let log = run(partners, 2_000, seed, false);
-        let emitted = log.emitted.lock().clone();
-        assert_eq!(
-            emitted,
-            (0..2_000).collect::<Vec<_>>(),
-            "{partners} partners, seed {seed}"
-        );
+        let log = run_in_read_order(partners, seed, false);
         let by_partners = log.by_partners.load(Ordering::Relaxed);
         assert!(
             by_partners > 0 && by_partners < 2_000,
@@ -140,13 +145,7 @@ fn every_read_is_emitted_once_in_read_order_whoever_finishes_first() {
 #[test]
 fn every_read_is_emitted_once_in_read_order_when_the_reader_takes_reads_back() {
     for (partners, seed) in [(1, 3), (2, 11), (3, 42), (5, 77)] {
-        let log = run(partners, 2_000, seed, true);
-        let emitted = log.emitted.lock().clone();
-        assert_eq!(
-            emitted,
-            (0..2_000).collect::<Vec<_>>(),
-            "{partners} partners, seed {seed}"
-        );
+        let log = run_in_read_order(partners, seed, true);
         assert!(
             log.by_partners.load(Ordering::Relaxed) > 0,
             "partners must have emitted"
