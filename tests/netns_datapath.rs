@@ -230,7 +230,7 @@ fn stopping_the_data_path_ends_every_packet_thread() {
     // for a UDP reader's, a socket replacement) must end too.
     let mut tuning = Tuning::default();
     tuning.cpus.affinity = 2;
-    tuning.relay_partners = 3;
+    tuning.relay_partners = Some(3);
     let setup = ThreadSetup::normal_priority(tuning);
     assert_eq!(relay::partners(2, 2), 1);
     for w in 0..2 {
@@ -418,12 +418,16 @@ fn the_default_worker_count_is_the_cpus_the_daemon_may_use() {
         all.min(16),
         "one worker per CPU"
     );
-    // The relay is off unless asked (TUNNELGATE_RELAY_PARTNERS): no partner threads.
-    for partner in ["tg-tun-h0-0", "tg-udp-h0-0"] {
-        assert!(
-            threads_named(tg.pid(), partner).is_empty(),
-            "{partner} runs with the relay off"
-        );
+    // The relay is on by itself from 4 CPUs (each reader a partner per other CPU, at most 3),
+    // off below unless asked (TUNNELGATE_RELAY_PARTNERS).
+    let partners = if all >= 4 { (all - 1).min(3) } else { 0 };
+    for me in 0..4 {
+        for partner in [format!("tg-tun-h0-{me}"), format!("tg-udp-h0-{me}")] {
+            let runs = poll_until(Duration::from_secs(5), || {
+                threads_named(tg.pid(), &partner).is_empty() != (me < partners)
+            });
+            assert!(runs, "{all} CPUs: {partner} should run: {}", me < partners);
+        }
     }
     drop(tg);
 

@@ -185,6 +185,9 @@ pub fn tuning_status(
         workers: u32::try_from(workers).unwrap_or(u32::MAX),
         relay_partners: u32::try_from(crate::shell::dataplane::relay_partners(t, workers))
             .unwrap_or(u32::MAX),
+        relay_asked: t
+            .relay_partners
+            .map(|n| u32::try_from(n).unwrap_or(u32::MAX)),
         cpus: u32::try_from(t.cpus.affinity).unwrap_or(u32::MAX),
         cpu_quota_milli: t.cpus.quota_milli,
         socket_buffer_bytes: u64::try_from(t.socket_buffer_bytes).unwrap_or(u64::MAX),

@@ -46,9 +46,9 @@ pub struct Tuning {
     /// UDP segmentation offload on the WireGuard sockets (off: `TUNNELGATE_NO_UDP_GSO`).
     pub udp_gso: bool,
     /// At most this many relay partners per packet reader (`TUNNELGATE_RELAY_PARTNERS`, 0-3;
-    /// 0, the default: the relay is off). The CPUs decide how many it gets up to that
-    /// (`core::relay::partners`).
-    pub relay_partners: usize,
+    /// 0: the relay is off). `None`, the default: chosen by the CPUs (`core::relay::allowed`:
+    /// on from 4). The CPUs decide how many it gets up to that (`core::relay::partners`).
+    pub relay_partners: Option<usize>,
     /// The CPUs the process may use: its affinity, and its cgroup's quota.
     pub cpus: crate::shell::cgroup::Cpus,
     /// Values not taken, each naming its variable, for the start's log and `check`.
@@ -118,12 +118,20 @@ impl Tuning {
             5..=95,
             u64::from(crate::core::priority::budget::DEFAULT_SHARE_PERCENT),
         );
-        // Off unless asked: a partner runs at normal priority, and on a machine with no free
-        // core it holds its read's turn while the scheduler runs others, which the readers'
-        // real-time latency does not survive (docs/performance.md, "The relay in the daemon").
-        let relay_partners = number("TUNNELGATE_RELAY_PARTNERS", 0..=3, 0);
+        // Unset: the CPUs decide (on from four, `core::relay::allowed`).
+        let relay_partners = match bounded(
+            "TUNNELGATE_RELAY_PARTNERS",
+            var("TUNNELGATE_RELAY_PARTNERS").as_deref(),
+            &(0..=3),
+        ) {
+            Ok(asked) => asked,
+            Err(e) => {
+                warnings.push(format!("{e}; using the default (chosen by the CPUs)"));
+                None
+            }
+        };
         Tuning {
-            relay_partners: usize::try_from(relay_partners).unwrap_or(0),
+            relay_partners: relay_partners.and_then(|n| usize::try_from(n).ok()),
             rt_priority: i32::try_from(rt_priority).ok().filter(|p| *p > 0),
             // Within what the cgroup lets real-time threads run, if it limits them.
             rt_budget: cpus.cap_realtime(Budget {
@@ -240,7 +248,7 @@ mod tests {
         assert_eq!(t.socket_buffer_bytes, DEFAULT_SOCKET_BUFFER_BYTES);
         assert_eq!(t.tun_txqueuelen, DEFAULT_TUN_TXQUEUELEN);
         assert!(t.udp_gro && t.udp_gso);
-        assert_eq!(t.relay_partners, 0, "the relay is off unless asked");
+        assert_eq!(t.relay_partners, None, "the CPUs decide");
         assert!(t.warnings.is_empty());
     }
 
@@ -256,7 +264,9 @@ mod tests {
             ("TUNNELGATE_NO_UDP_GRO", b"1"),
             ("TUNNELGATE_RELAY_PARTNERS", b"3"),
         ]);
-        assert_eq!(t.relay_partners, 3);
+        assert_eq!(t.relay_partners, Some(3));
+        let off = tuning(&[("TUNNELGATE_RELAY_PARTNERS", b"0")]);
+        assert_eq!(off.relay_partners, Some(0));
         assert_eq!(
             t.aqm,
             Some(aqm::Settings {

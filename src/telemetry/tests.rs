@@ -146,6 +146,7 @@ pub(crate) fn sample_tuning() -> tuning::TuningStatus {
         aqm_interval_us: Some(10_000),
         workers: 2,
         relay_partners: 1,
+        relay_asked: None,
         cpus: 2,
         cpu_quota_milli: Some(1500),
         socket_buffer_bytes: 7 << 20,
@@ -843,4 +844,38 @@ fn classic_text_types_every_sample_by_its_own_name() {
     };
     assert_eq!(samples(&om), samples(&classic));
     assert!(a.len() > 20);
+}
+
+/// Status says why the relay is off: turned off, one worker, or the CPUs (on by itself from 4).
+#[test]
+fn the_relay_line_says_why_it_is_off() {
+    let line = |relay_partners: u32, relay_asked: Option<u32>, workers: u32| {
+        let t = tuning::TuningStatus {
+            relay_partners,
+            relay_asked,
+            workers,
+            ..sample_tuning()
+        };
+        let mut out = String::new();
+        tuning::write_tuning(&mut out, &t).expect("written");
+        out.lines()
+            .find(|l| l.starts_with("  relay: "))
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert_eq!(
+        line(0, None, 2),
+        "  relay: off (on by itself from 4 CPUs; TUNNELGATE_RELAY_PARTNERS asks for it)"
+    );
+    assert_eq!(
+        line(0, Some(0), 8),
+        "  relay: off (TUNNELGATE_RELAY_PARTNERS=0)"
+    );
+    assert_eq!(line(0, None, 1), "  relay: off (one worker)");
+    assert_eq!(line(0, Some(3), 1), "  relay: off (one worker)");
+    assert_eq!(line(0, Some(3), 2), "  relay: off (one CPU)");
+    assert_eq!(
+        line(3, None, 8),
+        "  relay: 3 partner threads per packet reader"
+    );
 }

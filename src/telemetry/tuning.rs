@@ -21,8 +21,11 @@ pub struct TuningStatus {
     pub aqm_interval_us: Option<u64>,
     /// Packet workers (each a TUN queue, a socket and two readers).
     pub workers: u32,
-    /// Relay partners per packet reader (0: the relay is off; `TUNNELGATE_RELAY_PARTNERS`).
+    /// Relay partners per packet reader (0: the relay is off).
     pub relay_partners: u32,
+    /// At most how many were asked for (`TUNNELGATE_RELAY_PARTNERS`); `None`: chosen by the
+    /// CPUs (on from 4).
+    pub relay_asked: Option<u32>,
     /// CPUs in the process's affinity mask.
     pub cpus: u32,
     /// The cgroup's CPU quota, thousandths of a CPU; `None`: no quota.
@@ -115,10 +118,16 @@ pub fn write_tuning(out: &mut String, t: &TuningStatus) -> std::fmt::Result {
         |q| format!("a CPU quota of {:.2}", q as f64 / 1000.0),
     );
     writeln!(out, "  workers: {} ({} CPUs, {quota})", t.workers, t.cpus)?;
-    match t.relay_partners {
-        0 => writeln!(out, "  relay: off (TUNNELGATE_RELAY_PARTNERS)")?,
-        1 => writeln!(out, "  relay: 1 partner thread per packet reader")?,
-        n => writeln!(out, "  relay: {n} partner threads per packet reader")?,
+    match (t.relay_partners, t.relay_asked) {
+        (0, Some(0)) => writeln!(out, "  relay: off (TUNNELGATE_RELAY_PARTNERS=0)")?,
+        (0, _) if t.workers <= 1 => writeln!(out, "  relay: off (one worker)")?,
+        (0, None) => writeln!(
+            out,
+            "  relay: off (on by itself from 4 CPUs; TUNNELGATE_RELAY_PARTNERS asks for it)"
+        )?,
+        (0, Some(_)) => writeln!(out, "  relay: off (one CPU)")?,
+        (1, _) => writeln!(out, "  relay: 1 partner thread per packet reader")?,
+        (n, _) => writeln!(out, "  relay: {n} partner threads per packet reader")?,
     }
     writeln!(
         out,

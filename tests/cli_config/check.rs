@@ -292,10 +292,16 @@ fn check_shows_the_tuning_a_start_would_get_in_text_and_json() {
         "{tuning}"
     );
     assert!(tuning.contains("  workers: 3 ("), "{tuning}");
-    assert!(
-        tuning.contains("  relay: off (TUNNELGATE_RELAY_PARTNERS)"),
-        "off unless asked: {tuning}"
-    );
+    // The CPUs decide: the relay is on by itself from 4 (a partner per other CPU the 3 workers
+    // may use), off below.
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let by_default = if cpus >= 4 { 2 } else { 0 };
+    let relay_line = if by_default == 0 {
+        "  relay: off (on by itself from 4 CPUs; TUNNELGATE_RELAY_PARTNERS asks for it)"
+    } else {
+        "  relay: 2 partner threads per packet reader"
+    };
+    assert!(tuning.contains(relay_line), "{cpus} CPUs: {tuning}");
     // Whatever this process may do, the readers' line says which and why.
     let readers = tuning.lines().next().unwrap_or_default();
     assert!(
@@ -337,14 +343,23 @@ fn check_shows_the_tuning_a_start_would_get_in_text_and_json() {
     );
     assert_eq!(tuning["aqm_target_us"], serde_json::Value::Null, "{tuning}");
     assert_eq!(tuning["workers"], 3, "{tuning}");
-    assert_eq!(tuning["relay_partners"], 0, "{tuning}");
+    assert_eq!(tuning["relay_partners"], by_default, "{tuning}");
+    assert_eq!(tuning["relay_asked"], serde_json::Value::Null, "{tuning}");
 
     // Asked for, the relay gets a partner per other CPU the 3 workers may use, at most the 3
-    // asked for.
+    // asked for; 0 turns it off whatever the CPUs.
+    let out = check(&[("TUNNELGATE_RELAY_PARTNERS", "0")], false);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(
+        out.stdout
+            .contains("  relay: off (TUNNELGATE_RELAY_PARTNERS=0)"),
+        "{}",
+        out.stdout
+    );
     let out = check(&[("TUNNELGATE_RELAY_PARTNERS", "3")], true);
     assert_eq!(out.code, Some(0), "{out:?}");
     let json: serde_json::Value = serde_json::from_str(&out.stdout).expect("check --json");
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    assert_eq!(json["tuning"]["relay_asked"], 3, "{}", json["tuning"]);
     assert_eq!(
         json["tuning"]["relay_partners"],
         cpus.min(3) - 1,
