@@ -135,8 +135,9 @@ impl<'a> ThreadPriority<'a> {
         let tuning = &inner.threads.tuning;
         let allowed = inner.threads.access.allows_realtime();
         let realtime_priority = tuning.rt_priority.filter(|_| allowed);
+        let budget = tuning.rt_budget.shared_by(1 + inner.readers.partners);
         ThreadPriority {
-            guard: PriorityGuard::new(realtime_priority.is_some(), tuning.rt_budget),
+            guard: PriorityGuard::new(realtime_priority.is_some(), budget),
             realtime_priority: realtime_priority.unwrap_or(0),
             inner,
             who,

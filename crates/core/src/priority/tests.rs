@@ -372,3 +372,49 @@ proptest! {
         within_budget(&timeline, budget.share_percent, slack)?;
     }
 }
+
+/// A reader and its three relay partners, each fed a flood of datagrams that do not
+/// authenticate (full batches, each thread on a CPU of its own, 100 % busy): with the share
+/// for such work split among them, the four together hold real-time priority for at most the
+/// quarter one reader alone may hold (plus a burst and a batch each); their share for a peer's
+/// own traffic is whole.
+#[test]
+fn a_flood_handed_to_partners_holds_real_time_no_longer_than_one_reader() {
+    let t0 = Instant::now();
+    let p = roomy(t0);
+    let threads = 4;
+    let budget = Budget::default().shared_by(threads);
+    assert_eq!(budget.share_percent, Budget::default().share_percent);
+    let mut flooded: Vec<Reader> = (0..threads)
+        .map(|_| Reader {
+            guard: PriorityGuard::new(true, budget),
+            ..Reader::new(t0)
+        })
+        .collect();
+    let span = Duration::from_secs(10);
+    let batch = US * 200;
+    for thread in &mut flooded {
+        thread.drains(Duration::ZERO, Duration::ZERO, 0, &p);
+        while thread.now < t0 + span {
+            thread.drains_with(batch, batch, 64, 64, &p);
+        }
+    }
+    let together: Duration = flooded.iter().map(|t| t.guard.realtime_cpu()).sum();
+    let quarter = span * Budget::default().unauthenticated_percent / 100;
+    let slack = (Budget::default().burst + batch) * u32::try_from(threads).unwrap_or(4);
+    assert!(
+        together <= quarter + slack,
+        "{together:?} at real-time, one reader may hold {quarter:?} (+{slack:?})"
+    );
+    // Not starved either: each got its part.
+    for thread in &flooded {
+        assert!(
+            thread.guard.realtime_cpu() >= span * 5 / 100,
+            "{:?}",
+            thread.guard.realtime_cpu()
+        );
+    }
+    // Alone (no partners), the same flood holds the reader at real-time for its quarter.
+    assert_eq!(Budget::default().shared_by(1), Budget::default());
+    assert_eq!(Budget::default().shared_by(0), Budget::default());
+}
