@@ -165,7 +165,6 @@ impl Dataplane {
             )));
         }
         let workers = queues.len();
-        let partners = relay_partners(&threads.tuning, workers);
         let cores = Arc::new(relay::Cores::new(usable_cpus(&threads.tuning)));
         let epoch = crate::shell::clock::now();
         let realtime_budget = SharedBudget::new(
@@ -185,7 +184,7 @@ impl Dataplane {
                 handles: Mutex::new(Vec::new()),
                 threads,
                 realtime_budget,
-                readers: readers::ReaderStates::new(workers, partners),
+                readers: readers::ReaderStates::new(workers),
                 cores,
                 fatal: watch::Sender::new(None),
             }),
@@ -465,16 +464,18 @@ impl Inner {
         relay_partners(&self.threads.tuning, self.queues.len())
     }
 
-    /// Starts a relay partner named `name` through the reader spawner: it runs at its reader's
-    /// real-time priority, under its own guard and the readers' process budget
-    /// (`readers::ThreadPriority`); joined by [`Dataplane::stop`] like the readers.
+    /// Starts a relay partner named `name`: at normal priority, started here and not by the
+    /// reader spawner, so it never holds `CAP_SYS_NICE` (its CPU time is not the readers'
+    /// real-time budget's); joined by [`Dataplane::stop`] like the readers.
     fn spawn_partner(
         self: &Arc<Self>,
         name: String,
         body: impl FnOnce(&Inner) + Send + 'static,
     ) -> std::io::Result<()> {
         let inner = self.clone();
-        let handle = self.threads.spawner.spawn(name, move || body(&inner))?;
+        let handle = std::thread::Builder::new()
+            .name(name)
+            .spawn(move || body(&inner))?;
         self.keep_for_the_join(handle);
         Ok(())
     }

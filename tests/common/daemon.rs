@@ -381,29 +381,18 @@ pub const PACKET_THREADS: [&str; 3] = ["tg-tun-rx-0", "tg-udp-rx-0", "tg-timers"
 /// Whether a thread of the daemon is a packet thread (the ones under seccomp), of any worker:
 /// the readers, the timers and the readers' relay partners (`tg-tun-hN-I`, `tg-udp-hN-I`).
 pub fn is_packet_thread(name: &str) -> bool {
-    let worker = |prefix: &str| name.strip_prefix(prefix).is_some_and(is_number);
-    worker("tg-tun-rx-") || worker("tg-udp-rx-") || is_relay_partner(name) || name == "tg-timers"
-}
-
-fn is_number(n: &str) -> bool {
-    !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())
-}
-
-/// A packet reader's relay partner: `tg-tun-hN-I` or `tg-udp-hN-I` (partner I of worker N's
-/// reader).
-pub fn is_relay_partner(name: &str) -> bool {
+    let number = |n: &str| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit());
+    let worker = |prefix: &str| name.strip_prefix(prefix).is_some_and(number);
     let partner = |prefix: &str| {
         name.strip_prefix(prefix)
             .and_then(|n| n.split_once('-'))
-            .is_some_and(|(w, i)| is_number(w) && is_number(i))
+            .is_some_and(|(w, i)| number(w) && number(i))
     };
-    partner("tg-tun-h") || partner("tg-udp-h")
-}
-
-/// The threads of the daemon that may run at real-time priority: the packet readers and their
-/// relay partners (which run at their reader's priority, under the same budget).
-pub fn may_run_realtime(thread: &str) -> bool {
-    is_packet_reader(thread) || is_relay_partner(thread)
+    worker("tg-tun-rx-")
+        || worker("tg-udp-rx-")
+        || partner("tg-tun-h")
+        || partner("tg-udp-h")
+        || name == "tg-timers"
 }
 
 /// Capability bits of `/proc/PID/status` (`CapEff:`) that real-time priority depends on.
@@ -456,9 +445,9 @@ pub fn realtime_kept_cap() -> u64 {
 }
 
 /// Whether a thread of this name may hold `CAP_SYS_NICE` (where [`realtime_kept_cap`] says the
-/// daemon keeps it): the packet readers, their relay partners and the thread that starts them.
+/// daemon keeps it): the packet readers and their spawner.
 pub fn holds_sys_nice(thread: &str) -> bool {
-    thread == "tg-spawner" || may_run_realtime(thread)
+    thread == "tg-spawner" || is_packet_reader(thread)
 }
 
 /// A packet reader: `tg-tun-rx-N` or `tg-udp-rx-N`.

@@ -229,7 +229,7 @@ pub(crate) fn started_like_the_unit(firewall: &str, env: &[(&str, &str)]) {
     );
     for (name, policy, _) in &scheduling {
         assert!(
-            may_run_realtime(name) || *policy != SCHED_FIFO,
+            is_packet_reader(name) || *policy != SCHED_FIFO,
             "{name} is real-time: {scheduling:?}"
         );
     }

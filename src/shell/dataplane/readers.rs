@@ -1,7 +1,7 @@
-//! The packet readers' scheduling priority as it runs: each reader's (and each relay partner's)
-//! guard (`core::priority`) fed with its CPU clock, the switches it asks for carried out on the
-//! thread itself, and what status and metrics show of it (each thread's class now, its CPU time
-//! at real-time priority, its step-downs, the first refusal and why).
+//! The packet readers' scheduling priority as it runs: each reader's guard (`core::priority`)
+//! fed with its CPU clock, the switches it asks for carried out on the thread itself, and what
+//! status and metrics show of it (each reader's class now, its CPU time at real-time priority,
+//! its step-downs, the first refusal and why).
 
 use super::Inner;
 use crate::core::liveness::PacketThread;
@@ -21,13 +21,10 @@ pub(super) struct ReaderState {
     step_downs: [AtomicU64; StepDown::ALL.len()],
 }
 
-/// Every reader's state: slot `2 i` is worker `i`'s TUN reader, `2 i + 1` its UDP reader; after
-/// them, each reader's relay partners in the same order.
+/// Every reader's state: slot `2 i` is worker `i`'s TUN reader, `2 i + 1` its UDP reader.
 #[derive(Debug)]
 pub(super) struct ReaderStates {
     slots: Vec<ReaderState>,
-    /// Relay partners per reader.
-    partners: usize,
     /// Why real-time priority was refused, the first time it was.
     refused: Mutex<Option<String>>,
 }
@@ -35,7 +32,7 @@ pub(super) struct ReaderStates {
 /// A copy of what the readers show.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ReadersView {
-    /// Readers running now, with their relay partners (which run under the same guard).
+    /// Readers running now.
     pub count: u32,
     /// Of them, at real-time priority now.
     pub realtime: u32,
@@ -50,37 +47,18 @@ pub struct ReadersView {
 }
 
 impl ReaderStates {
-    /// The states of `workers` workers' readers with `partners` relay partners each.
-    pub(super) fn new(workers: usize, partners: usize) -> ReaderStates {
+    pub(super) fn new(workers: usize) -> ReaderStates {
         ReaderStates {
-            slots: (0..workers * 2 * (1 + partners))
-                .map(|_| ReaderState::default())
-                .collect(),
-            partners,
+            slots: (0..workers * 2).map(|_| ReaderState::default()).collect(),
             refused: Mutex::new(None),
         }
     }
 
-    fn reader_index(thread: PacketThread) -> Option<usize> {
-        match thread {
-            PacketThread::TunReader(i) => Some(2 * i),
-            PacketThread::UdpReader(i) => Some(2 * i + 1),
-            PacketThread::Timers => None,
-        }
-    }
-
-    /// The state of `who` (none for the timer thread, or beyond the threads counted at start).
-    fn slot(&self, who: Guarded) -> Option<&ReaderState> {
-        let readers = self.slots.len() / (1 + self.partners);
-        let (thread, partner) = match who {
-            Guarded::Reader(thread) => (thread, None),
-            Guarded::Partner(thread, me) => (thread, Some(me)),
-        };
-        let reader = Self::reader_index(thread).filter(|&i| i < readers)?;
-        let index = match partner {
-            None => reader,
-            Some(me) if me < self.partners => readers + reader * self.partners + me,
-            Some(_) => return None,
+    fn slot(&self, thread: PacketThread) -> Option<&ReaderState> {
+        let index = match thread {
+            PacketThread::TunReader(i) => 2 * i,
+            PacketThread::UdpReader(i) => 2 * i + 1,
+            PacketThread::Timers => return None,
         };
         self.slots.get(index)
     }
@@ -103,44 +81,31 @@ impl ReaderStates {
     }
 }
 
-/// A thread under a priority guard: a packet reader, or relay partner `me` of one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Guarded {
-    Reader(PacketThread),
-    Partner(PacketThread, usize),
-}
-
-/// A packet reader's (or relay partner's) scheduling priority: real-time while it stays within
-/// its budget of CPU time and keeps batching, normal otherwise (`core::priority`). The loop
-/// tells it what it handled ([`ThreadPriority::handled`], [`ThreadPriority::unauthenticated`])
-/// and when its queue drained or is still busy. Switches only when the guard says so; reads the
-/// thread's CPU clock once per call, and only at real-time priority.
-///
-/// A partner runs at its reader's priority and pays from the same process budget: once it has
-/// started a read, the reader's next emission waits for that read's turn, and a partner at
-/// normal priority kept off a CPU by the application for a time slice made the real-time
-/// reader's packets wait as long (loaded ping p99 2.72 ms on the 2-vCPU VM; at real-time 0.64).
+/// A packet reader's scheduling priority: real-time while it stays within its budget of CPU
+/// time and keeps batching, normal otherwise (`core::priority`). The loop tells it what it
+/// handled ([`ThreadPriority::handled`], [`ThreadPriority::unauthenticated`]) and when its
+/// queue drained or is still busy. Switches only when the guard says so; reads the thread's CPU
+/// clock once per call, and only at real-time priority.
 pub(super) struct ThreadPriority<'a> {
     guard: PriorityGuard,
     realtime_priority: i32,
     inner: &'a Inner,
-    who: Guarded,
+    thread: PacketThread,
     /// Packets handled, and of them not authenticated, since the guard last heard.
     packets: u64,
     unauthenticated: u64,
 }
 
 impl<'a> ThreadPriority<'a> {
-    pub(super) fn new(inner: &'a Inner, who: Guarded) -> ThreadPriority<'a> {
+    pub(super) fn new(inner: &'a Inner, thread: PacketThread) -> ThreadPriority<'a> {
         let tuning = &inner.threads.tuning;
         let allowed = inner.threads.access.allows_realtime();
         let realtime_priority = tuning.rt_priority.filter(|_| allowed);
-        let budget = tuning.rt_budget.shared_by(1 + inner.readers.partners);
         ThreadPriority {
-            guard: PriorityGuard::new(realtime_priority.is_some(), budget),
+            guard: PriorityGuard::new(realtime_priority.is_some(), tuning.rt_budget),
             realtime_priority: realtime_priority.unwrap_or(0),
             inner,
-            who,
+            thread,
             packets: 0,
             unauthenticated: 0,
         }
@@ -188,7 +153,7 @@ impl<'a> ThreadPriority<'a> {
 
     #[inline]
     fn after(&mut self, switch: Option<Switch>) {
-        let Some(state) = self.inner.readers.slot(self.who) else {
+        let Some(state) = self.inner.readers.slot(self.thread) else {
             return;
         };
         if self.guard.current() == Priority::Realtime || switch.is_some() {
@@ -242,56 +207,5 @@ impl<'a> ThreadPriority<'a> {
                 "Packet readers stay at normal priority: under load, packets then wait for a CPU behind other work"
             );
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Every reader and every partner of each has a state of its own, counted by the view;
-    /// the timer thread and a partner beyond those counted at start have none.
-    #[test]
-    fn each_reader_and_each_of_its_partners_has_its_own_state() {
-        let (workers, partners) = (3, 2);
-        let states = ReaderStates::new(workers, partners);
-        let mut threads = Vec::new();
-        for w in 0..workers {
-            for reader in [PacketThread::TunReader(w), PacketThread::UdpReader(w)] {
-                threads.push(Guarded::Reader(reader));
-                threads.extend((0..partners).map(|me| Guarded::Partner(reader, me)));
-            }
-        }
-        let slots: Vec<*const ReaderState> = threads
-            .iter()
-            .map(|&who| std::ptr::from_ref(states.slot(who).expect("a state")))
-            .collect();
-        let distinct: std::collections::BTreeSet<_> = slots.iter().collect();
-        assert_eq!(distinct.len(), workers * 2 * (1 + partners));
-        assert!(states.slot(Guarded::Reader(PacketThread::Timers)).is_none());
-        let beyond = Guarded::Partner(PacketThread::UdpReader(0), partners);
-        assert!(states.slot(beyond).is_none());
-        assert!(states
-            .slot(Guarded::Reader(PacketThread::TunReader(workers)))
-            .is_none());
-
-        // What one partner shows is in the view, beside what its reader shows.
-        let partner = Guarded::Partner(PacketThread::UdpReader(2), 1);
-        let state = states.slot(partner).expect("a state");
-        state.realtime.store(true, Ordering::Relaxed);
-        state.realtime_cpu_ns.store(7, Ordering::Relaxed);
-        let view = states.view();
-        assert_eq!(view.count, 18);
-        assert_eq!((view.realtime, view.realtime_cpu_ns), (1, 7));
-    }
-
-    /// Without partners, the readers alone (as before the relay).
-    #[test]
-    fn without_partners_the_view_counts_the_readers() {
-        let states = ReaderStates::new(2, 0);
-        assert_eq!(states.view().count, 4);
-        assert!(states
-            .slot(Guarded::Partner(PacketThread::TunReader(0), 0))
-            .is_none());
     }
 }

@@ -280,22 +280,9 @@ impl<J> Relay<J> {
     /// Partner `me`'s loop: waits for a job, runs `work` on it with its turn (the work holds
     /// the turn before it emits; the turn is passed after `work` returns), gives the buffer
     /// back, and waits again; returns once the relay stops.
-    pub fn serve(&self, me: usize, work: impl FnMut(&mut J, &mut Turn<'_, J>)) {
-        self.serve_between(me, work, || {});
-    }
-
-    /// [`Relay::serve`], calling `between` each time the partner is about to wait for a job
-    /// (first before the first): its job done and its turn passed, the partner's own
-    /// bookkeeping (its priority guard) delays no emission.
-    pub fn serve_between(
-        &self,
-        me: usize,
-        mut work: impl FnMut(&mut J, &mut Turn<'_, J>),
-        mut between: impl FnMut(),
-    ) {
+    pub fn serve(&self, me: usize, mut work: impl FnMut(&mut J, &mut Turn<'_, J>)) {
         let mailbox = &self.mailboxes[me];
         loop {
-            between();
             mailbox.idle.store(true, Ordering::Release);
             let Some(Posted {
                 mut job,

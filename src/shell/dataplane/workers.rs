@@ -4,7 +4,7 @@
 //! one snapshot of the peer table; a peer's lock is held for one call into `core::peer` and
 //! released before any send or write; nothing here logs per packet.
 
-use super::readers::{Guarded, ThreadPriority};
+use super::readers::ThreadPriority;
 use super::relay::{Busy, Cores, Relay, Stopper, TakeBack, Turn};
 use super::table::{PeerSlot, PeerTable};
 use super::Inner;
@@ -18,7 +18,6 @@ use crate::core::wg::{self, SealBatch};
 use crate::shell::seccomp::{self, Confinement};
 use crate::shell::udp::{RecvBatch, SendBatch, WgSocket, BATCH, MAX_DATAGRAM};
 use crate::shell::{clock, tun};
-use std::cell::Cell;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -118,9 +117,8 @@ pub(super) fn tun_loop(inner: &Inner, worker: usize, relay: Option<&TunRelay>) {
     // A read whose partner has not started it when this reader would wait for its turn is
     // sealed here (on the 2-vCPU VM the partner often waits for a CPU the application or the
     // other end holds).
-    let take_back = |job: &mut SealJob, turn: &mut Turn<'_, SealJob>| {
-        seal_job(inner, worker, job, turn);
-    };
+    let take_back =
+        |job: &mut SealJob, turn: &mut Turn<'_, SealJob>| seal_job(inner, worker, job, turn);
     let order = TunOrder {
         relay,
         take_back: &take_back,
@@ -130,7 +128,7 @@ pub(super) fn tun_loop(inner: &Inner, worker: usize, relay: Option<&TunRelay>) {
     let mut read_buf = vec![0u8; TUN_READ_BYTES];
     let mut out = SendBatch::new(MAX_DATAGRAM);
     let (mut reads_since_check, mut segments_since_check) = (0u32, 0u32);
-    let mut priority = ThreadPriority::new(inner, Guarded::Reader(thread));
+    let mut priority = ThreadPriority::new(inner, thread);
     priority.drained(clock::now());
     // Non-blocking reads drain whatever the kernel queued before one batched send: small
     // packets (UDP, ACKs) cost one system call per packet otherwise, and the TUN queue
@@ -264,34 +262,22 @@ pub(super) fn tun_loop(inner: &Inner, worker: usize, relay: Option<&TunRelay>) {
 }
 
 /// Partner `me` of worker `worker`'s TUN reader: seals each read handed to it
-/// ([`seal_job`]), at its reader's priority ([`ThreadPriority`]).
+/// ([`seal_job`]).
 pub(super) fn tun_partner(inner: &Inner, worker: usize, relay: &TunRelay, me: usize, name: &str) {
-    let mut priority =
-        ThreadPriority::new(inner, Guarded::Partner(PacketThread::TunReader(worker), me));
-    let sealed = Cell::new(0u64);
     confine(name);
-    relay.serve_between(
-        me,
-        |job, turn| sealed.set(sealed.get() + seal_job(inner, worker, job, turn)),
-        || {
-            // Every read handed off is for a peer with a session: all of it authenticated.
-            priority.handled(sealed.take());
-            priority.drained(clock::now());
-        },
-    );
+    relay.serve(me, |job, turn| seal_job(inner, worker, job, turn));
 }
 
 /// Makes and seals the segments of a handed-off read into the job's own send batch and sends
 /// them on the read's turn: a partner's work, and the reader's when it takes the job back.
-/// Returns how many segments it sealed.
-fn seal_job(inner: &Inner, worker: usize, job: &mut SealJob, turn: &mut Turn<'_, SealJob>) -> u64 {
+fn seal_job(inner: &Inner, worker: usize, job: &mut SealJob, turn: &mut Turn<'_, SealJob>) {
     let Some(SealWork { plan, batch, to }) = job.work.take() else {
-        return 0;
+        return;
     };
     let sockets = inner.sockets();
     // No socket: the data plane is stopping.
     let Some(socket) = sockets.get(worker) else {
-        return 0;
+        return;
     };
     let out = job.out.get_or_insert_with(|| SendBatch::new(MAX_DATAGRAM));
     let read = &job.read[..job.len];
@@ -307,7 +293,6 @@ fn seal_job(inner: &Inner, worker: usize, job: &mut SealJob, turn: &mut Turn<'_,
     }
     turn.hold();
     flush(inner, socket, out);
-    plan.count() as u64
 }
 
 /// A TUN reader's place among its relay's reads: its relay (none without partners) and the
@@ -421,7 +406,7 @@ pub(super) fn udp_loop(inner: &Inner, worker: usize, socket: &WgSocket, relay: O
             .aqm
             .filter(|_| socket.has_receive_timestamps()),
     );
-    let mut priority = ThreadPriority::new(inner, Guarded::Reader(thread));
+    let mut priority = ThreadPriority::new(inner, thread);
     priority.drained(clock::now());
     if let Err(e) = socket.set_receive_timeout(IDLE_WAKE) {
         tracing::warn!(error = %e, "UDP receive timeout not set: an idle reader looks stuck");
@@ -567,35 +552,10 @@ pub(super) fn udp_partner(
     name: &str,
 ) {
     let opener = Opener::new(inner, worker, socket);
-    let mut priority =
-        ThreadPriority::new(inner, Guarded::Partner(PacketThread::UdpReader(worker), me));
-    let opened = Cell::new(Opened::default());
     confine(name);
-    relay.relay.serve_between(
-        me,
-        |job, turn| {
-            let done = open_job(&opener, relay, job, turn);
-            let sum = opened.get();
-            opened.set(Opened {
-                datagrams: sum.datagrams + done.datagrams,
-                unauthenticated: sum.unauthenticated + done.unauthenticated,
-            });
-        },
-        || {
-            let done = opened.take();
-            priority.handled(done.datagrams);
-            priority.unauthenticated(done.unauthenticated);
-            priority.drained(clock::now());
-        },
-    );
-}
-
-/// What opening one receive batch came to: its datagrams, and how many of them did not
-/// authenticate (what a partner's priority guard is told).
-#[derive(Debug, Clone, Copy, Default)]
-struct Opened {
-    datagrams: u64,
-    unauthenticated: u64,
+    relay
+        .relay
+        .serve(me, |job, turn| open_job(&opener, relay, job, turn));
 }
 
 /// Opens a handed-off receive batch into the job's own buffers and writes it (and sends its
@@ -606,22 +566,18 @@ fn open_job(
     relay: &UdpRelay,
     job: &mut OpenJob,
     turn: &mut Turn<'_, OpenJob>,
-) -> Opened {
+) {
     let Some(table) = job.table.take() else {
-        return Opened::default();
+        return;
     };
-    let datagrams = job.batch.datagram_count() as u64;
     let Some(private_key) = table.private_key() else {
-        return Opened {
-            datagrams,
-            unauthenticated: datagrams,
-        };
+        return;
     };
     let mut owed = std::mem::take(&mut job.owed);
     let buffers = job
         .buffers
         .get_or_insert_with(|| OpenBuffers::new(opener.tun));
-    let unauthenticated = opener.open(
+    opener.open(
         buffers,
         &table,
         private_key,
@@ -631,10 +587,6 @@ fn open_job(
     );
     if owed > 0 {
         relay.owed_back.fetch_add(owed, Ordering::Relaxed);
-    }
-    Opened {
-        datagrams,
-        unauthenticated,
     }
 }
 

@@ -61,19 +61,6 @@ impl Budget {
     pub fn process_rate(self, cpus_milli: u64) -> u64 {
         cpus_milli.saturating_mul(u64::from(self.share_percent)) / 100
     }
-
-    /// One of `threads` threads' budget when they serve one reader's queue (the reader and its
-    /// relay partners): each keeps the whole share for authenticated work, but the share for
-    /// work that does not authenticate is split among them, so a flood that the reader hands
-    /// to its partners holds real-time priority no longer, all told, than it would hold the
-    /// reader alone (plus a burst each).
-    pub fn shared_by(self, threads: usize) -> Budget {
-        let threads = u32::try_from(threads.max(1)).unwrap_or(u32::MAX);
-        Budget {
-            unauthenticated_percent: self.unauthenticated_percent / threads,
-            ..self
-        }
-    }
 }
 
 fn nanos(d: Duration) -> i64 {
