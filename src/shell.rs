@@ -15,6 +15,7 @@ pub mod keys;
 pub mod logging;
 pub mod netlink;
 pub mod observe;
+pub mod pi_lock;
 pub mod priority;
 pub mod privilege;
 pub mod process;

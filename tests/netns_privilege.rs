@@ -264,6 +264,40 @@ fn the_packet_readers_run_at_real_time_priority_unless_turned_off() {
     assert_eq!(readers["running"], 4, "{status}");
     let access = readers["access"].as_str().unwrap_or_default();
     assert!(access == "capability" || access == "rlimit", "{status}");
+    drop(tg);
+
+    // With the relay on, the readers' partners stay at normal priority (a waiting reader
+    // lends them its priority through a priority-inheriting lock, which changes no policy):
+    // still only the readers are real-time, and status counts the readers alone.
+    let mut cfg = TgConfig::new(0, &["100.64.0.3/32"]);
+    cfg.workers = Some(2);
+    let relay = Tunnelgate::spawn_env(&ns, cfg, &[("TUNNELGATE_RELAY_PARTNERS", "3")]);
+    relay.wait_ready(Duration::from_secs(15)).expect("ready");
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let partners = 4 * (2usize.min(cpus) - 1);
+    let up = poll_until(Duration::from_secs(5), || {
+        policies = thread_policies(relay.pid());
+        let readers = policies
+            .iter()
+            .filter(|(n, p)| is_packet_reader(n) && *p == SCHED_FIFO)
+            .count();
+        let started = policies.iter().filter(|(n, _)| is_relay_partner(n)).count();
+        readers == 4 && started == partners
+    });
+    assert!(
+        up,
+        "4 readers at SCHED_FIFO and {partners} partners: {policies:?}\n{}",
+        relay.stderr()
+    );
+    for (name, policy) in &policies {
+        if !is_packet_reader(name) {
+            assert_ne!(*policy, SCHED_FIFO, "{name} is real-time: {policies:?}");
+        }
+    }
+    let status = tunnelgate_status_json(relay.name()).expect("status");
+    assert_eq!(status["tuning"]["readers"]["running"], 4, "{status}");
+    assert_eq!(status["tuning"]["relay_partners"], partners / 4, "{status}");
+    drop(relay);
 
     let other_ns = Netns::new();
     let mut cfg = TgConfig::new(0, &["100.64.0.2/32"]);

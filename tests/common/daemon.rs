@@ -381,18 +381,23 @@ pub const PACKET_THREADS: [&str; 3] = ["tg-tun-rx-0", "tg-udp-rx-0", "tg-timers"
 /// Whether a thread of the daemon is a packet thread (the ones under seccomp), of any worker:
 /// the readers, the timers and the readers' relay partners (`tg-tun-hN-I`, `tg-udp-hN-I`).
 pub fn is_packet_thread(name: &str) -> bool {
-    let number = |n: &str| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit());
-    let worker = |prefix: &str| name.strip_prefix(prefix).is_some_and(number);
+    let worker = |prefix: &str| name.strip_prefix(prefix).is_some_and(is_number);
+    worker("tg-tun-rx-") || worker("tg-udp-rx-") || is_relay_partner(name) || name == "tg-timers"
+}
+
+fn is_number(n: &str) -> bool {
+    !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// A packet reader's relay partner: `tg-tun-hN-I` or `tg-udp-hN-I` (partner I of worker N's
+/// reader).
+pub fn is_relay_partner(name: &str) -> bool {
     let partner = |prefix: &str| {
         name.strip_prefix(prefix)
             .and_then(|n| n.split_once('-'))
-            .is_some_and(|(w, i)| number(w) && number(i))
+            .is_some_and(|(w, i)| is_number(w) && is_number(i))
     };
-    worker("tg-tun-rx-")
-        || worker("tg-udp-rx-")
-        || partner("tg-tun-h")
-        || partner("tg-udp-h")
-        || name == "tg-timers"
+    partner("tg-tun-h") || partner("tg-udp-h")
 }
 
 /// Capability bits of `/proc/PID/status` (`CapEff:`) that real-time priority depends on.

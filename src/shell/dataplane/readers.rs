@@ -94,6 +94,9 @@ pub(super) struct ThreadPriority<'a> {
     /// Packets handled, and of them not authenticated, since the guard last heard.
     packets: u64,
     unauthenticated: u64,
+    /// Nanoseconds the reader lent its priority to relay partners it waited for
+    /// (`relay::Relay::lent`): CPU time at its priority, counted as its own.
+    lent: Option<&'a AtomicU64>,
 }
 
 impl<'a> ThreadPriority<'a> {
@@ -108,7 +111,21 @@ impl<'a> ThreadPriority<'a> {
             thread,
             packets: 0,
             unauthenticated: 0,
+            lent: None,
         }
+    }
+
+    /// The reader also pays for the time it lends its priority to its relay partners
+    /// (`relay::Relay::lent`): a partner it waits for runs at its priority meanwhile.
+    pub(super) fn lending(mut self, lent: Option<&'a AtomicU64>) -> ThreadPriority<'a> {
+        self.lent = lent;
+        self
+    }
+
+    /// The CPU time the guard charges: the thread's own, and the time it lent.
+    fn cpu_clock(&self) -> std::time::Duration {
+        let lent = self.lent.map_or(0, |l| l.load(Ordering::Relaxed));
+        clock::thread_cpu() + std::time::Duration::from_nanos(lent)
     }
 
     /// The thread handled `packets` (datagrams, or segments read from the TUN device).
@@ -127,7 +144,7 @@ impl<'a> ThreadPriority<'a> {
     /// What the thread did since the guard last heard, with its CPU clock where it is needed.
     fn work(&mut self) -> Work {
         Work {
-            cpu: self.guard.wants_cpu_clock().then(clock::thread_cpu),
+            cpu: self.guard.wants_cpu_clock().then(|| self.cpu_clock()),
             packets: std::mem::take(&mut self.packets),
             unauthenticated: std::mem::take(&mut self.unauthenticated),
         }
@@ -170,7 +187,7 @@ impl<'a> ThreadPriority<'a> {
             Some(Switch::Up) => {
                 match apply::set_current_thread(Priority::Realtime, self.realtime_priority) {
                     Ok(()) => {
-                        self.guard.realtime_from(clock::thread_cpu());
+                        self.guard.realtime_from(self.cpu_clock());
                         state.realtime.store(true, Ordering::Relaxed);
                     }
                     Err(e) => {

@@ -21,6 +21,16 @@
 //! to move one value, the turn's mutex only to sleep on its condition variable (the wait
 //! releases it) or to wake the sleepers.
 //!
+//! Priority: partners run at normal priority, so on a machine with no free core they take no
+//! CPU from the application. A real-time reader that would wait for a turn a partner holds
+//! blocks instead on that partner's priority-inheriting lock (`shell::pi_lock`), held by the
+//! partner for exactly the job it works on: the kernel runs the partner at the reader's
+//! priority until it is done (a partner at normal priority kept off a CPU for a slice while
+//! the reader waited cost the readers' latency: loaded ping p99 2.72 ms). That lock guards no
+//! data and is held across the partner's sends; its only waiter is the reader, which would wait
+//! for that job's turn anyway. The time the reader lends is paid from its real-time budget
+//! ([`Relay::lent`]).
+//!
 //! Asleep when idle: a partner without a job, and a thread waiting for its turn, watch for a
 //! bounded number of spin-loop hints (about the tail of one read: the model in benches/workers
 //! measured the hand-off with it), then sleep on a condition variable, a waiter for its turn
@@ -32,6 +42,8 @@
 //! shows as stalled within the stall limit once traffic comes; without traffic nothing waits
 //! on the wedged partner.
 
+use crate::shell::clock;
+use crate::shell::pi_lock::PiLock;
 use parking_lot::{Condvar, Mutex};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -59,6 +71,9 @@ const IDLE_SLEEP: Duration = Duration::from_millis(100);
 /// started ([`Relay::issue_taking_back`]).
 pub type TakeBack<'a, J> = &'a dyn Fn(&mut J, &mut Turn<'_, J>);
 
+/// `working_on` of a partner without a job.
+const NOT_WORKING: u64 = u64::MAX;
+
 /// A job posted to a partner: the buffer the reader filled, its turn and its weight.
 struct Posted<J> {
     job: J,
@@ -74,6 +89,10 @@ struct Mailbox<J> {
     full: AtomicBool,
     posted: Condvar,
     idle: AtomicBool,
+    /// Held by the partner while it works on a job (turn `working_on`): a reader waiting for
+    /// that turn blocks on it and lends the partner its real-time priority.
+    working: PiLock,
+    working_on: AtomicU64,
 }
 
 /// The order reads leave in: the next turn to issue (the reader's) and the next to emit.
@@ -164,6 +183,8 @@ pub struct Relay<J> {
     cores: Arc<Cores>,
     /// Jobs the reader took back from a partner that had not started them.
     taken_back: AtomicU64,
+    /// Time the reader spent blocked on a partner's lock, lending it its priority.
+    lent_ns: AtomicU64,
     stop: AtomicBool,
 }
 
@@ -179,6 +200,8 @@ impl<J> Relay<J> {
                     full: AtomicBool::new(false),
                     posted: Condvar::new(),
                     idle: AtomicBool::new(false),
+                    working: PiLock::new(),
+                    working_on: AtomicU64::new(NOT_WORKING),
                 })
                 .collect(),
             free: Mutex::new((0..partners).map(|_| job()).collect()),
@@ -191,6 +214,7 @@ impl<J> Relay<J> {
             },
             in_flight: AtomicUsize::new(0),
             taken_back: AtomicU64::new(0),
+            lent_ns: AtomicU64::new(0),
             stop: AtomicBool::new(false),
         }
     }
@@ -259,6 +283,12 @@ impl<J> Relay<J> {
         self.taken_back.load(Ordering::Relaxed)
     }
 
+    /// The time the reader has spent waiting on partners while lending them its priority: CPU
+    /// time at that priority, on the partners' cores, that the reader's guard pays for.
+    pub fn lent(&self) -> &AtomicU64 {
+        &self.lent_ns
+    }
+
     /// The weight of the jobs posted and not yet finished.
     pub fn in_flight(&self) -> usize {
         self.in_flight.load(Ordering::Acquire)
@@ -292,6 +322,8 @@ impl<J> Relay<J> {
             else {
                 return;
             };
+            mailbox.working.lock();
+            mailbox.working_on.store(turn, Ordering::Release);
             let mut turn = Turn {
                 relay: Some(self),
                 number: turn,
@@ -303,6 +335,8 @@ impl<J> Relay<J> {
             // Done before its turn is passed: whoever holds a later turn sees it finished.
             self.in_flight.fetch_sub(weight, Ordering::AcqRel);
             drop(turn);
+            mailbox.working_on.store(NOT_WORKING, Ordering::Release);
+            mailbox.working.unlock();
             self.cores.leave();
             self.free.lock().push(job);
         }
@@ -356,6 +390,16 @@ impl<J> Relay<J> {
                 std::hint::spin_loop();
                 continue;
             }
+            // The reader (the one waiter that takes back) waits for the partner whose turn is
+            // next by blocking on that partner's lock: the partner runs at the reader's
+            // priority until it is done, not after whatever the scheduler prefers (a partner at
+            // normal priority kept off a CPU for a slice made the real-time reader's packets
+            // wait as long). Only the reader: it posts nothing while it waits, so every job a
+            // partner holds is one it must wait for anyway; a partner waiting so could block on
+            // a later job of another partner that waits for its own turn.
+            if take_back.is_some() && self.wait_for_next_partner() {
+                continue;
+            }
             // Asleep, so the thread whose turn it is gets the CPU.
             let mut guard = turns.lock.lock();
             turns.sleepers.fetch_add(1, Ordering::SeqCst);
@@ -364,6 +408,28 @@ impl<J> Relay<J> {
             }
             turns.sleepers.fetch_sub(1, Ordering::SeqCst);
         }
+    }
+
+    /// Blocks until the partner working on the next turn is done, lending it the caller's
+    /// priority, and counts the time as lent; false when no partner works on it (a job not
+    /// started yet, or done meanwhile).
+    fn wait_for_next_partner(&self) -> bool {
+        let next = self.turns.next.load(Ordering::Acquire);
+        let Some(partner) = self
+            .mailboxes
+            .iter()
+            .find(|m| m.working_on.load(Ordering::Acquire) == next)
+        else {
+            return false;
+        };
+        let from = clock::now();
+        partner.working.wait_for_holder();
+        let lent = clock::now().saturating_duration_since(from);
+        self.lent_ns.fetch_add(
+            u64::try_from(lent.as_nanos()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+        true
     }
 
     /// Takes back the earliest job posted before turn `before` and not yet taken by its

@@ -19,7 +19,7 @@ use crate::shell::seccomp::{self, Confinement};
 use crate::shell::udp::{RecvBatch, SendBatch, WgSocket, BATCH, MAX_DATAGRAM};
 use crate::shell::{clock, tun};
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -128,7 +128,7 @@ pub(super) fn tun_loop(inner: &Inner, worker: usize, relay: Option<&TunRelay>) {
     let mut read_buf = vec![0u8; TUN_READ_BYTES];
     let mut out = SendBatch::new(MAX_DATAGRAM);
     let (mut reads_since_check, mut segments_since_check) = (0u32, 0u32);
-    let mut priority = ThreadPriority::new(inner, thread);
+    let mut priority = ThreadPriority::new(inner, thread).lending(relay.map(|r| r.lent()));
     priority.drained(clock::now());
     // Non-blocking reads drain whatever the kernel queued before one batched send: small
     // packets (UDP, ACKs) cost one system call per packet otherwise, and the TUN queue
@@ -406,7 +406,7 @@ pub(super) fn udp_loop(inner: &Inner, worker: usize, socket: &WgSocket, relay: O
             .aqm
             .filter(|_| socket.has_receive_timestamps()),
     );
-    let mut priority = ThreadPriority::new(inner, thread);
+    let mut priority = ThreadPriority::new(inner, thread).lending(relay.map(|r| r.relay.lent()));
     priority.drained(clock::now());
     if let Err(e) = socket.set_receive_timeout(IDLE_WAKE) {
         tracing::warn!(error = %e, "UDP receive timeout not set: an idle reader looks stuck");
@@ -460,6 +460,11 @@ pub(super) fn udp_loop(inner: &Inner, worker: usize, socket: &WgSocket, relay: O
             priority.unauthenticated(batch.datagram_count() as u64);
             continue;
         };
+        if let Some(relay) = relay {
+            // What of the batches its partners opened did not authenticate: the reader's
+            // guard pays for the time it lent them, and splits it by these counts.
+            priority.unauthenticated(relay.unauthenticated_back.swap(0, Ordering::Relaxed));
+        }
         if queue.is_on() {
             if let Some(relay) = relay {
                 queue.repay(relay.owed_back.swap(0, Ordering::Relaxed));
@@ -473,8 +478,8 @@ pub(super) fn udp_loop(inner: &Inner, worker: usize, socket: &WgSocket, relay: O
             .and_then(|r| r.relay.claim());
         if let Some(mut claim) = claim {
             // The partner opens it; the drops the AQM owes now go with it (and what it does
-            // not take comes back through `owed_back`). Its work is not this reader's: the
-            // priority guard is not told what of it did not authenticate.
+            // not take comes back through `owed_back`, what did not authenticate through
+            // `unauthenticated_back`).
             let job = claim.job();
             std::mem::swap(&mut job.batch, &mut batch);
             job.owed = queue.lend();
@@ -526,10 +531,12 @@ impl OpenJob {
 }
 
 /// A UDP reader's relay: its partners open whole receive batches and write them in receive
-/// order; AQM drops a partner was lent and did not take come back to the reader.
+/// order; AQM drops a partner was lent and did not take come back to the reader, and so does
+/// the count of datagrams that did not authenticate (for the reader's priority guard).
 pub(super) struct UdpRelay {
     relay: Relay<OpenJob>,
     owed_back: AtomicU32,
+    unauthenticated_back: AtomicU64,
 }
 
 impl UdpRelay {
@@ -537,6 +544,7 @@ impl UdpRelay {
         UdpRelay {
             relay: Relay::new(partners, cores, OpenJob::new),
             owed_back: AtomicU32::new(0),
+            unauthenticated_back: AtomicU64::new(0),
         }
     }
 }
@@ -577,7 +585,7 @@ fn open_job(
     let buffers = job
         .buffers
         .get_or_insert_with(|| OpenBuffers::new(opener.tun));
-    opener.open(
+    let unauthenticated = opener.open(
         buffers,
         &table,
         private_key,
@@ -587,6 +595,11 @@ fn open_job(
     );
     if owed > 0 {
         relay.owed_back.fetch_add(owed, Ordering::Relaxed);
+    }
+    if unauthenticated > 0 {
+        relay
+            .unauthenticated_back
+            .fetch_add(unauthenticated, Ordering::Relaxed);
     }
 }
 

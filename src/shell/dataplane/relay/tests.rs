@@ -287,3 +287,47 @@ fn no_read_goes_to_a_partner_while_every_cpu_is_busy() {
         "a dropped mark leaves"
     );
 }
+
+/// A reader that must wait for the turn of a read its partner is working on blocks on the
+/// partner's priority-inheriting lock (so the partner runs at the reader's priority) and
+/// counts the time as lent, for its priority guard to pay.
+#[test]
+fn a_reader_waiting_for_a_partners_turn_lends_it_its_priority_and_counts_the_time() {
+    let relay = Arc::new(Relay::new(1, Arc::new(Cores::new(2)), || 0u64));
+    let started = Arc::new(AtomicBool::new(false));
+    let partner = {
+        let (relay, started) = (relay.clone(), started.clone());
+        std::thread::spawn(move || {
+            relay.serve(0, |_, turn| {
+                started.store(true, Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(100));
+                turn.hold();
+            })
+        })
+    };
+    let mut claim = loop {
+        if let Some(claim) = relay.claim() {
+            break claim;
+        }
+        std::thread::yield_now();
+    };
+    *claim.job() = 1;
+    claim.post(1);
+    while !started.load(Ordering::SeqCst) {
+        std::thread::yield_now();
+    }
+    let nothing_to_take_back = |_: &mut u64, _: &mut Turn<'_, u64>| {};
+    let mut turn = relay.issue_taking_back(&nothing_to_take_back);
+    let t = crate::shell::clock::now();
+    turn.hold();
+    let waited = crate::shell::clock::since(t);
+    drop(turn);
+    let lent = Duration::from_nanos(relay.lent().load(Ordering::Relaxed));
+    assert!(
+        lent >= Duration::from_millis(50) && lent <= waited,
+        "lent {lent:?} of a {waited:?} wait"
+    );
+    assert_eq!(relay.taken_back(), 0, "the partner had started it");
+    relay.stop();
+    partner.join().expect("partner");
+}
