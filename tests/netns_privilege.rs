@@ -36,7 +36,7 @@ fn run(legacy: bool) {
     } else {
         "[firewall]\nmode = \"nftables\"\n"
     };
-    // With the relay on, so its partner threads are checked too (off by default).
+    // With the relay asked for, so its partner threads are checked whatever the default.
     let relay = ("TUNNELGATE_RELAY_PARTNERS", "3");
     let env: &[(&str, &str)] = if legacy {
         &[("TUNNELGATE_IPTABLES", "legacy"), relay]

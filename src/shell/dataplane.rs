@@ -63,11 +63,10 @@ fn usable_cpus(tuning: &Tuning) -> usize {
 
 /// Relay partners per packet reader with `workers` workers under `tuning`: one per other CPU
 /// the workers may use, capped, none with one worker (`core::relay::partners`), and at most
-/// what the tuning allows (by default: none below 4 CPUs, `core::relay::allowed`).
+/// what the tuning allows (`core::relay::allowed`: on unless turned off).
 pub fn relay_partners(tuning: &Tuning, workers: usize) -> usize {
-    let cpus = usable_cpus(tuning);
-    crate::core::relay::partners(workers, cpus)
-        .min(crate::core::relay::allowed(tuning.relay_partners, cpus))
+    crate::core::relay::partners(workers, usable_cpus(tuning))
+        .min(crate::core::relay::allowed(tuning.relay_partners))
 }
 
 /// How the packet threads run, decided once at start by the composition root: the tuning in

@@ -46,8 +46,8 @@ pub struct Tuning {
     /// UDP segmentation offload on the WireGuard sockets (off: `TUNNELGATE_NO_UDP_GSO`).
     pub udp_gso: bool,
     /// At most this many relay partners per packet reader (`TUNNELGATE_RELAY_PARTNERS`, 0-3;
-    /// 0: the relay is off). `None`, the default: chosen by the CPUs (`core::relay::allowed`:
-    /// on from 4). The CPUs decide how many it gets up to that (`core::relay::partners`).
+    /// 0: the relay is off). `None`, the default: as many as the CPUs allow
+    /// (`core::relay::allowed`, `core::relay::partners`).
     pub relay_partners: Option<usize>,
     /// The CPUs the process may use: its affinity, and its cgroup's quota.
     pub cpus: crate::shell::cgroup::Cpus,
@@ -118,7 +118,7 @@ impl Tuning {
             5..=95,
             u64::from(crate::core::priority::budget::DEFAULT_SHARE_PERCENT),
         );
-        // Unset: the CPUs decide (on from four, `core::relay::allowed`).
+        // Unset: as many as the CPUs allow (`core::relay::allowed`).
         let relay_partners = match bounded(
             "TUNNELGATE_RELAY_PARTNERS",
             var("TUNNELGATE_RELAY_PARTNERS").as_deref(),
@@ -126,7 +126,9 @@ impl Tuning {
         ) {
             Ok(asked) => asked,
             Err(e) => {
-                warnings.push(format!("{e}; using the default (chosen by the CPUs)"));
+                warnings.push(format!(
+                    "{e}; using the default (as many as the CPUs allow)"
+                ));
                 None
             }
         };

@@ -846,7 +846,7 @@ fn classic_text_types_every_sample_by_its_own_name() {
     assert!(a.len() > 20);
 }
 
-/// Status says why the relay is off: turned off, one worker, or the CPUs (on by itself from 4).
+/// Status says why the relay is off: turned off, one worker, or one CPU.
 #[test]
 fn the_relay_line_says_why_it_is_off() {
     let line = |relay_partners: u32, relay_asked: Option<u32>, workers: u32| {
@@ -863,10 +863,7 @@ fn the_relay_line_says_why_it_is_off() {
             .unwrap_or_default()
             .to_string()
     };
-    assert_eq!(
-        line(0, None, 2),
-        "  relay: off (on by itself from 4 CPUs; TUNNELGATE_RELAY_PARTNERS asks for it)"
-    );
+    assert_eq!(line(0, None, 2), "  relay: off (one CPU)");
     assert_eq!(
         line(0, Some(0), 8),
         "  relay: off (TUNNELGATE_RELAY_PARTNERS=0)"

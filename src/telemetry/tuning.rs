@@ -23,8 +23,8 @@ pub struct TuningStatus {
     pub workers: u32,
     /// Relay partners per packet reader (0: the relay is off).
     pub relay_partners: u32,
-    /// At most how many were asked for (`TUNNELGATE_RELAY_PARTNERS`); `None`: chosen by the
-    /// CPUs (on from 4).
+    /// At most how many were asked for (`TUNNELGATE_RELAY_PARTNERS`); `None`: as many as the
+    /// CPUs allow.
     pub relay_asked: Option<u32>,
     /// CPUs in the process's affinity mask.
     pub cpus: u32,
@@ -121,11 +121,7 @@ pub fn write_tuning(out: &mut String, t: &TuningStatus) -> std::fmt::Result {
     match (t.relay_partners, t.relay_asked) {
         (0, Some(0)) => writeln!(out, "  relay: off (TUNNELGATE_RELAY_PARTNERS=0)")?,
         (0, _) if t.workers <= 1 => writeln!(out, "  relay: off (one worker)")?,
-        (0, None) => writeln!(
-            out,
-            "  relay: off (on by itself from 4 CPUs; TUNNELGATE_RELAY_PARTNERS asks for it)"
-        )?,
-        (0, Some(_)) => writeln!(out, "  relay: off (one CPU)")?,
+        (0, _) => writeln!(out, "  relay: off (one CPU)")?,
         (1, _) => writeln!(out, "  relay: 1 partner thread per packet reader")?,
         (n, _) => writeln!(out, "  relay: {n} partner threads per packet reader")?,
     }

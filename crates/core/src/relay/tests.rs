@@ -21,19 +21,17 @@ fn a_reader_gets_a_partner_per_other_cpu_the_workers_use_and_none_alone() {
 }
 
 #[test]
-fn the_relay_is_on_by_itself_from_four_cpus_and_as_asked_otherwise() {
-    // Nothing asked: off on the two CPUs where it was measured to cost, on from four.
-    assert_eq!(allowed(None, 1), 0);
-    assert_eq!(allowed(None, 2), 0);
-    assert_eq!(allowed(None, ON_FROM_CPUS - 1), 0);
-    assert_eq!(allowed(None, ON_FROM_CPUS), MAX_PARTNERS);
-    assert_eq!(allowed(None, 64), MAX_PARTNERS);
-    // Asked: as asked, whatever the CPUs (the CPUs still bound it through `partners`).
-    assert_eq!(allowed(Some(0), 64), 0);
-    assert_eq!(allowed(Some(2), 2), 2);
-    assert_eq!(partners(2, 2).min(allowed(Some(3), 2)), 1);
-    assert_eq!(partners(8, 16).min(allowed(None, 16)), MAX_PARTNERS);
-    assert_eq!(partners(1, 16).min(allowed(None, 16)), 0);
+fn the_relay_is_on_unless_turned_off_and_the_cpus_bound_it() {
+    // Nothing asked: as many as the CPUs allow.
+    assert_eq!(allowed(None), MAX_PARTNERS);
+    assert_eq!(partners(2, 2).min(allowed(None)), 1);
+    assert_eq!(partners(8, 16).min(allowed(None)), MAX_PARTNERS);
+    assert_eq!(partners(1, 16).min(allowed(None)), 0);
+    assert_eq!(partners(4, 1).min(allowed(None)), 0);
+    // Asked: at most that, 0 turns it off.
+    assert_eq!(partners(8, 16).min(allowed(Some(0))), 0);
+    assert_eq!(partners(8, 16).min(allowed(Some(2))), 2);
+    assert_eq!(partners(2, 2).min(allowed(Some(3))), 1);
 }
 
 #[test]
