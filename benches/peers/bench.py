@@ -87,9 +87,9 @@ class Gateway(Daemon):
 
     kind = "tunnelgate-gateway"
 
-    def __init__(self, ns: str, ifname: str, workdir: Path, binary: str):
+    def __init__(self, ns: str, ifname: str, workdir: Path, binary: str, workers: int | None):
         super().__init__(ns, ifname, workdir)
-        self.binary = binary
+        self.binary, self.workers = binary, workers
 
     def start(self, client_pubs: list[str], server_at: str) -> None:
         keyfile = self.workdir / f"{self.ifname}.key"
@@ -108,6 +108,7 @@ private_key_file = "{keyfile}"
 listen_port = {self.port}
 addresses = ["{GATEWAY_TUNNEL}/32"]
 mtu = {MTU}
+{f"workers = {self.workers}" if self.workers else ""}
 {peers}
 {tail_section}"""
         )
@@ -156,8 +157,8 @@ class Client(Daemon):
 
 
 class Topology:
-    def __init__(self, index: int, label: str, binary: str, clients: int, args: argparse.Namespace, workdir: Path):
-        self.index, self.label, self.binary = index, label, binary
+    def __init__(self, index: int, label: str, binary: str, workers: int | None, clients: int, args: argparse.Namespace, workdir: Path):
+        self.index, self.label, self.binary, self.workers = index, label, binary, workers
         self.client_count, self.client_kind, self.client_binary = clients, args.client, args.client_binary
         self.server_at = args.server_at
         self.workdir = workdir / f"g{index}"
@@ -201,7 +202,7 @@ class Topology:
             self.make_ns(ns)
             gateway_end, client_end = client_underlay(i)
             self.veth(self.gw_ns, f"{self.ifbase}v{i}", gateway_end, ns, f"{self.ifbase}u{i}", client_end)
-        self.gateway = Gateway(self.gw_ns, self.ifbase, self.workdir, self.binary)
+        self.gateway = Gateway(self.gw_ns, self.ifbase, self.workdir, self.binary, self.workers)
         self.gateway.key, self.gateway.pub = genkey()
         self.gateway.port = WG_PORT
         for i, ns in enumerate(self.client_ns):
@@ -329,7 +330,7 @@ def measure(topo: Topology, peers: int, direction: str, duration: int, streams: 
         busy_after, machine_after = machine_busy_ticks()
         reorder = tcp_reorder_events(senders) - reorder_before
 
-        per_peer_bps, total_bytes = [], 0
+        per_peer_bps, total_bytes, retransmits = [], 0, 0
         for i, (rc, out, err) in enumerate(outputs):
             try:
                 j = json.loads(out)
@@ -340,6 +341,8 @@ def measure(topo: Topology, peers: int, direction: str, duration: int, streams: 
             recv = j.get("end", {}).get("sum_received", {})
             per_peer_bps.append(recv.get("bits_per_second") or 0.0)
             total_bytes += recv.get("bytes") or 0
+            # The sender's count (iperf3 reports the server's with -R).
+            retransmits += j.get("end", {}).get("sum_sent", {}).get("retransmits") or 0
         if gw_before is None or gw_after is None:
             return {"error": "the gateway exited during the run"}
         gw_ticks = gw_after - gw_before
@@ -362,6 +365,7 @@ def measure(topo: Topology, peers: int, direction: str, duration: int, streams: 
             # Reordering the TCP senders detected (SACK, timestamps, Reno): a data plane that
             # spreads one flow over threads out of order raises it.
             "tcp_reorder_events": reorder,
+            "tcp_retransmits": retransmits,
         }
     finally:
         for p in clients + servers:
@@ -378,7 +382,7 @@ def runs_of(g: dict, peers: int, direction: str) -> list[dict]:
 
 
 def report(results: dict) -> str:
-    head = ("gateway", "peers", "dir", "Gbit/s total", "slowest/fastest peer", "fairness", "gw CPU s/GB", "gw CPUs", "top thread (share of gw CPU)", "TCP reorder", "machine busy %")
+    head = ("gateway", "peers", "dir", "Gbit/s total", "slowest/fastest peer", "fairness", "gw CPU s/GB", "gw CPUs", "top thread (share of gw CPU)", "TCP reorder", "retransmits", "machine busy %")
     rows = [head]
     failed, threads = [], []
     for label, g in results["gateways"].items():
@@ -390,7 +394,7 @@ def report(results: dict) -> str:
                 rs = runs_of(g, peers, direction)
                 if not rs:
                     errors = [r["error"] for r in g["runs"] if r["peers"] == peers and r["direction"] == direction and "error" in r]
-                    rows.append((label, str(peers), direction, "no result: " + (errors[0][:150] if errors else "not run"), "", "", "", "", "", "", ""))
+                    rows.append((label, str(peers), direction, "no result: " + (errors[0][:150] if errors else "not run"), "", "", "", "", "", "", "", ""))
                     continue
                 last = rs[-1]
                 top_names = [r["top_thread"]["name"] for r in rs]
@@ -407,6 +411,7 @@ def report(results: dict) -> str:
                         med_spread([r["gateway_cpus"] for r in rs], 1, "{:.2f}"),
                         f"{top_name} " + med_spread([100 * r["top_thread"]["share"] for r in rs], 1, "{:.0f}%"),
                         med_spread([r.get("tcp_reorder_events", 0) for r in rs], 1, "{:.0f}"),
+                        med_spread([r.get("tcp_retransmits", 0) for r in rs], 1, "{:.0f}"),
                         med_spread([r["machine_busy_percent"] for r in rs], 1, "{:.0f}"),
                     )
                 )
@@ -504,6 +509,11 @@ def main() -> int:
         help="a tunnelgate build to run as the gateway; repeat it to compare builds in one run (default: this tree's target/release/tunnelgate, built first)",
     )
     ap.add_argument("--no-build", action="store_true", help="without --binary: use target/release/tunnelgate as it is")
+    ap.add_argument(
+        "--workers",
+        metavar="N[,M...]",
+        help="run each gateway build with interface.workers = N, then M, ... (labels get /wN); default: the daemon's own default",
+    )
     ap.add_argument("--client", choices=("tunnelgate", "wireguard-go") + WGGO_BUILDS, default="tunnelgate", help="what the client peers run (default %(default)s: `tunnelgate userspace`)")
     ap.add_argument("--client-binary", metavar="PATH", help="the tunnelgate for `--client tunnelgate` (default: the first gateway build)")
     ap.add_argument("--server-at", choices=("subnet", "gateway"), default="subnet", help="iperf3 servers in a namespace behind the gateway (default) or on its tunnel address")
@@ -518,6 +528,14 @@ def main() -> int:
         ap.error(f"--peers {args.peers}: expected numbers like 1,4,16")
     if not peer_counts or peer_counts[0] < 1 or peer_counts[-1] > MAX_PEERS:
         ap.error(f"--peers: counts from 1 to {MAX_PEERS}")
+    worker_counts: list[int | None] = [None]
+    if args.workers:
+        try:
+            worker_counts = [int(x) for x in args.workers.split(",") if x.strip()]
+        except ValueError:
+            ap.error(f"--workers {args.workers}: expected numbers like 1,2")
+        if not worker_counts or min(worker_counts) < 1 or max(worker_counts) > 64:
+            ap.error("--workers: counts from 1 to 64 (interface.workers)")
     directions = [d.strip() for d in args.directions.split(",") if d.strip()]
     if not directions or any(d not in DIRECTIONS for d in directions):
         ap.error(f"--directions: a comma-separated subset of {', '.join(DIRECTIONS)}")
@@ -556,6 +574,7 @@ def main() -> int:
             "peer_counts": peer_counts,
             "directions": directions,
             "streams_per_peer": args.streams,
+            "gateway_workers": worker_counts if args.workers else "default",
             "client": args.client,
             "server_at": args.server_at,
             "mtu": MTU,
@@ -573,7 +592,8 @@ def main() -> int:
             "iperf3": version_of(["iperf3", "--version"]),
             "client": version_of([wggo_binary(args.client), "--version"]) if args.client.startswith("wireguard-go") else args.client_binary,
         }
-        topologies = [Topology(i, label, path, peer_counts[-1], args, workdir) for i, (label, path) in enumerate(builds)]
+        gateways = [(f"{label}/w{w}" if w else label, path, w) for label, path in builds for w in worker_counts]
+        topologies = [Topology(i, label, path, w, peer_counts[-1], args, workdir) for i, (label, path, w) in enumerate(gateways)]
         for t in topologies:
             log(f"==> starting gateway {t.label} with {t.client_count} {args.client} client(s)")
             try:
