@@ -534,8 +534,9 @@ def main() -> int:
             worker_counts = [int(x) for x in args.workers.split(",") if x.strip()]
         except ValueError:
             ap.error(f"--workers {args.workers}: expected numbers like 1,2")
-        if not worker_counts or min(worker_counts) < 1 or max(worker_counts) > 64:
-            ap.error("--workers: counts from 1 to 64 (interface.workers)")
+        # The upper bound is the daemon's to check (`interface.workers`): it names it at start.
+        if not worker_counts or min(worker_counts) < 1:
+            ap.error("--workers: counts of at least 1 (0 is the daemon's default: leave --workers out)")
     directions = [d.strip() for d in args.directions.split(",") if d.strip()]
     if not directions or any(d not in DIRECTIONS for d in directions):
         ap.error(f"--directions: a comma-separated subset of {', '.join(DIRECTIONS)}")
