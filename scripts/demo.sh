@@ -4,17 +4,28 @@
 # connects a standard WireGuard peer, exposes the cluster's service through tunnelgate's ingress
 # (the peer talks to the proxy's tunnel address; tunnelgate DNATs it to the "ClusterIP"), shows
 # `wg show` and `tunnelgate status` against the daemon, and ends with an iperf3 figure.
-# Needs root (namespaces). Everything it creates is removed on exit.
+# Needs root (namespaces): `sudo scripts/demo.sh`. It builds with the cargo of the user who ran
+# sudo, as that user (`--print-cargo` says which cargo and exits). Everything it creates is
+# removed on exit.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-[[ "$(id -u)" == "0" ]] || { echo "demo: run as root (it creates network namespaces)" >&2; exit 1; }
+[[ "$(id -u)" == "0" ]] || { echo "demo: run as root: sudo scripts/demo.sh (it creates network namespaces)" >&2; exit 1; }
+
+# Built with the cargo of whoever ran sudo, as them (sudo's PATH has no ~/.cargo/bin).
+source scripts/cargo-user.sh
+if [[ "${1:-}" == "--print-cargo" ]]; then # how it would build, then exit
+    describe_cargo user scripts/demo.sh
+    exit
+fi
+[[ $# -eq 0 ]] || { echo "usage: sudo scripts/demo.sh [--print-cargo]" >&2; exit 2; }
+describe_cargo user scripts/demo.sh >/dev/null
 
 source scripts/packages.sh
 install_missing wireguard-go wireguard-tools iperf3 nftables iproute2 python3
 
-echo "==> building tunnelgate (release)"
-cargo build --release --quiet --bin tunnelgate
+echo "==> building tunnelgate (release; the first build takes about 5 minutes on 2 quiet cores)"
+cargo_as_user build --release --quiet --bin tunnelgate
 BIN="$PWD/target/release/tunnelgate"
 
 P=tgdemo-peer X=tgdemo-proxy C=tgdemo-cluster
@@ -102,3 +113,5 @@ nsx $X "$BIN" status --interface tgdemo0 | sed 's/^/    /'
 
 echo "==> iperf3: peer -> 100.64.0.1:5201 (through the tunnel and the ingress DNAT), 5 s"
 nsx $P iperf3 -c 100.64.0.1 -t 5 -f g | grep -E 'sender|receiver' | sed 's/^/    /'
+echo "    (the peer is Debian's wireguard-go, which carries about 0.3 Gbit/s on its own: the figure"
+echo "    is the peer's limit, not tunnelgate's. Both ends tunnelgate: sudo benches/iperf/run.sh)"

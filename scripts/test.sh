@@ -4,8 +4,20 @@
 # Installs the system packages the suites need (Debian/Ubuntu, --no-install-recommends) when missing.
 # Runs every step even after a failure, prints the cargo test summaries, and exits non-zero if any
 # step failed. CI (.ci/run) runs exactly this, as root, on a fresh clone.
+#
+# As a user whose Rust comes from rustup: `sudo scripts/test.sh`. sudo's PATH has no ~/.cargo/bin,
+# so cargo runs as root with that user's toolchain (the netns suites need root), and target/ is
+# handed back to the user at the end. `--print-cargo` says which cargo it would run and exits.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+source scripts/cargo-user.sh
+if [[ "${1:-}" == "--print-cargo" ]]; then
+    describe_cargo root scripts/test.sh
+    exit
+fi
+[[ $# -eq 0 ]] || { echo "usage: [sudo] scripts/test.sh [--print-cargo]" >&2; exit 2; }
+describe_cargo root scripts/test.sh >/dev/null
 
 export DEBIAN_FRONTEND=noninteractive
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
@@ -40,13 +52,13 @@ if ! command -v kubernetes-validate >/dev/null 2>&1; then
 fi
 for c in rustfmt clippy; do
     if ! cargo "${c/rustfmt/fmt}" --version >/dev/null 2>&1 && command -v rustup >/dev/null; then
-        rustup component add "$c"
+        as_toolchain_owner rustup component add "$c"
     fi
 done
 
 # --- steps ---------------------------------------------------------------------------------------
 LOG_DIR="$(mktemp -d "${TMPDIR:-/tmp}/tunnelgate-test.XXXXXX")"
-trap 'rm -rf "$LOG_DIR"' EXIT
+trap 'rm -rf "$LOG_DIR"; give_back_build_dirs' EXIT
 declare -a RESULTS=()
 failed=0
 
