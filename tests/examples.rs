@@ -1,8 +1,10 @@
 //! The shipped examples pass as shipped: for every file in `config/`, the shell lines of its
 //! header's `# Setup` block, and the install block of `docs/router.md`, run as written (only
-//! `/etc` moved into a temp dir, and `scripts/install.sh` into a `DESTDIR` with the binary under
-//! test) up to their `tunnelgate check`, which must then pass; and the README's key commands, run
-//! by a non-root user with sudo (root: `-- --ignored`).
+//! `/etc` moved into a temp dir, `sudo` left out, and `scripts/install.sh` into a `DESTDIR` with
+//! the binary under test) up to their `tunnelgate check`, which must then pass; and, run by a
+//! non-root user with sudo (root: `-- --ignored`), the README's key commands and its two
+//! commands (`sudo scripts/demo.sh`, `sudo scripts/test.sh`) with cargo only in that user's
+//! `~/.cargo/bin`, as rustup puts it.
 
 mod common;
 
@@ -162,6 +164,19 @@ fn every_example_config_passes_check_after_its_setup_steps() {
             "config/{name}: {}",
             out.stderr
         );
+        // Every key the steps made is 0600 (umask 077, no chmod after the fact).
+        let etc = stage.root.join("etc/tunnelgate");
+        let keys: Vec<PathBuf> = ["private.key", "psk"]
+            .iter()
+            .map(|k| etc.join(k))
+            .filter(|p| p.exists())
+            .collect();
+        assert!(!keys.is_empty(), "config/{name}: no key made");
+        for key in keys {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&key).expect("key").permissions().mode();
+            assert_eq!(mode & 0o777, 0o600, "config/{name}: {}", key.display());
+        }
         drop(stage.tmp);
     }
 }
@@ -170,11 +185,22 @@ fn every_example_config_passes_check_after_its_setup_steps() {
 fn router_md_install_steps_run_and_pass_check() {
     let text = std::fs::read_to_string(repo("docs/router.md")).expect("router.md");
     let block = sh_block_after(&text, "## Install").expect("an sh block under ## Install");
+    // Typed by a user with sudo; run here by the test's own user into a temp root.
+    let block: Vec<String> = block.iter().map(|l| l.replace("sudo ", "")).collect();
     let steps = up_to_check(&block);
     assert!(
         steps.iter().any(|l| l.starts_with("scripts/install.sh")),
-        "router.md installs with scripts/install.sh: {steps:#?}"
+        "router.md installs with scripts/install.sh, as the user: {steps:#?}"
     );
+    // Keys are made under umask 077, never world-readable for an instant before a chmod.
+    for key in ["genkey", "genpsk"] {
+        let line = steps.iter().find(|l| l.contains(key));
+        let line = line.unwrap_or_else(|| panic!("no {key} line: {steps:#?}"));
+        assert!(
+            line.contains("umask 077") && !line.contains("chmod"),
+            "{line}"
+        );
+    }
     let stage = Stage::new("tx-router-md");
     stage.run(&steps);
     let etc = stage.root.join("etc/tunnelgate");
@@ -191,22 +217,30 @@ fn router_md_install_steps_run_and_pass_check() {
     assert!(stage.root.join("usr/local/bin/tunnelgate-wg").is_symlink());
 }
 
-/// A user made for one test, with a sudoers rule that lets it run anything as root (without a
-/// password; `sudo`'s PATH is `bin` first, so `tunnelgate` is the binary under test). The rule
-/// goes first, then the user, when dropped.
+/// A user made for one test, with a home and a sudoers rule that lets it run anything as root
+/// (without a password; `sudo`'s PATH is `bin` first, so `tunnelgate` is the binary under test,
+/// and has no `~/.cargo/bin`, as Debian's `secure_path`). The rule goes first, then the user and
+/// its home, when dropped.
 struct SudoUser {
     name: String,
+    home: PathBuf,
     sudoers: PathBuf,
 }
 
 impl SudoUser {
     fn new(bin: &Path) -> SudoUser {
-        let name = format!("tgsudo{}", std::process::id() % 100_000);
-        let _ = Command::new("userdel").arg(&name).output();
+        // Unique per test binary and call: the tests of this file may run at once.
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("tgsudo{}x{n}", std::process::id() % 100_000);
+        let home = PathBuf::from(format!("/home/{name}"));
+        let _ = Command::new("userdel").args(["-r", &name]).output();
         let made = output_of(
             {
                 let mut c = Command::new("useradd");
-                c.args(["--no-create-home", "--user-group", "--shell", "/bin/sh"])
+                c.args(["--create-home", "--user-group", "--shell", "/bin/sh"])
+                    .arg("--home-dir")
+                    .arg(&home)
                     .arg(&name);
                 c
             },
@@ -214,7 +248,11 @@ impl SudoUser {
         );
         assert!(made.success(), "useradd: {made:?}");
         let sudoers = PathBuf::from(format!("/etc/sudoers.d/tunnelgate-test-{name}"));
-        let user = SudoUser { name, sudoers };
+        let user = SudoUser {
+            name,
+            home,
+            sudoers,
+        };
         let rule = format!(
             "Defaults:{0} secure_path=\"{1}:/usr/sbin:/usr/bin:/sbin:/bin\"\n\
              {0} ALL=(root) NOPASSWD: ALL\n",
@@ -253,8 +291,22 @@ impl SudoUser {
 impl Drop for SudoUser {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.sudoers);
-        let _ = Command::new("userdel").arg(&self.name).output();
+        let _ = Command::new("userdel").args(["-r", &self.name]).output();
+        let _ = std::fs::remove_dir_all(&self.home);
     }
+}
+
+/// Whether sudo is here to test with; CI must have it (scripts/test.sh installs it).
+fn have_sudo() -> bool {
+    if Path::new("/usr/bin/sudo").exists() {
+        return true;
+    }
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "CI=true, and sudo is not installed"
+    );
+    eprintln!("SKIPPED: sudo is not installed (apt-get install --no-install-recommends sudo)");
+    false
 }
 
 /// The README's key commands ("Connecting a standard WireGuard peer"), run as written by a
@@ -267,12 +319,7 @@ impl Drop for SudoUser {
 #[ignore = "needs root and sudo"]
 fn readme_key_commands_work_for_a_non_root_user_with_sudo() {
     require_root();
-    if !Path::new("/usr/bin/sudo").exists() {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "CI=true, and sudo is not installed"
-        );
-        eprintln!("SKIPPED: sudo is not installed (apt-get install --no-install-recommends sudo)");
+    if !have_sudo() {
         return;
     }
     let readme = std::fs::read_to_string(repo("README.md")).expect("README");
@@ -319,4 +366,108 @@ fn readme_key_commands_work_for_a_non_root_user_with_sudo() {
     );
     assert!(!old.success(), "{old:?}");
     assert!(old.stderr.contains("Permission denied"), "{old:?}");
+}
+
+/// The commands of the README's "The two commands" block: each line's command, without its
+/// comment (`sudo scripts/demo.sh`, `sudo scripts/test.sh`).
+fn the_two_commands(readme: &str) -> Vec<String> {
+    let block = sh_block_after(readme, "## The two commands").expect("the two commands' block");
+    block
+        .iter()
+        .map(|l| l.split('#').next().unwrap_or_default().trim().to_string())
+        .filter(|l| !l.is_empty())
+        .collect()
+}
+
+/// The README's two commands, typed by a user whose Rust comes from rustup (cargo only in
+/// `~/.cargo/bin`, which sudo's PATH drops) in a checkout of their own, get past finding cargo:
+/// each with `--print-cargo`, which resolves cargo as the full run would, runs its `--version`
+/// and exits. The demo builds as that user (its files stay theirs), the tests run cargo as root
+/// with that user's toolchain. The user's cargo is a stand-in that says who ran it (root's
+/// toolchain is under /root, which the user may not enter). Before the scripts found the
+/// user's cargo, both stopped at `cargo: command not found`.
+#[test]
+#[ignore = "needs root and sudo"]
+fn readme_two_commands_find_a_rustup_users_cargo_through_sudo() {
+    require_root();
+    if !have_sudo() {
+        return;
+    }
+    let readme = std::fs::read_to_string(repo("README.md")).expect("README");
+    let commands = the_two_commands(&readme);
+    assert_eq!(
+        commands,
+        ["sudo scripts/demo.sh", "sudo scripts/test.sh"],
+        "the README's two commands"
+    );
+    let stage = Stage::new("tx-two-commands");
+    let user = SudoUser::new(&stage.bin);
+    // A checkout of their own: the scripts and what they read.
+    let checkout = user.home.join("tunnelgate");
+    std::fs::create_dir_all(checkout.join("scripts")).expect("checkout");
+    for entry in std::fs::read_dir(repo("scripts"))
+        .expect("scripts/")
+        .flatten()
+    {
+        std::fs::copy(
+            entry.path(),
+            checkout.join("scripts").join(entry.file_name()),
+        )
+        .expect("copy a script");
+    }
+    std::fs::copy(repo("Cargo.toml"), checkout.join("Cargo.toml")).expect("Cargo.toml");
+    // rustup's place for cargo, and only there.
+    let cargo_bin = user.home.join(".cargo/bin");
+    std::fs::create_dir_all(&cargo_bin).expect("~/.cargo/bin");
+    let cargo = cargo_bin.join("cargo");
+    std::fs::write(
+        &cargo,
+        "#!/bin/sh\necho \"cargo 1.95.0-stand-in (run by $(id -un))\"\n",
+    )
+    .expect("stand-in cargo");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&cargo, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let owned = output_of(
+        {
+            let mut c = Command::new("chown");
+            c.arg("-R")
+                .arg(format!("{0}:{0}", user.name))
+                .arg(&user.home);
+            c
+        },
+        None,
+    );
+    assert!(owned.success(), "chown: {owned:?}");
+
+    // The premise: cargo is on the user's PATH, not on sudo's.
+    let home = user.home.display();
+    let theirs = user.run(
+        &format!("PATH={home}/.cargo/bin:$PATH; cargo --version"),
+        &checkout,
+    );
+    assert!(theirs.stdout.contains("run by tgsudo"), "{theirs:?}");
+    let sudos = user.run("sudo sh -c 'command -v cargo'", &checkout);
+    assert!(!sudos.success(), "sudo's PATH has a cargo: {sudos:?}");
+
+    for (command, runs_as) in commands.iter().zip([user.name.as_str(), "root"]) {
+        let out = user.run(
+            &format!("PATH={home}/.cargo/bin:$PATH; {command} --print-cargo"),
+            &checkout,
+        );
+        assert!(
+            out.success(),
+            "{command} --print-cargo as {}: {out:?}",
+            user.name
+        );
+        assert!(
+            out.stdout
+                .contains(&format!("cargo: {home}/.cargo/bin/cargo, run as {runs_as}")),
+            "{command}: {out:?}"
+        );
+        assert!(
+            out.stdout
+                .contains(&format!("cargo 1.95.0-stand-in (run by {runs_as})")),
+            "{command}: {out:?}"
+        );
+    }
 }

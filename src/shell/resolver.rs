@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use crate::shell::clock;
 
-/// Overrides `/etc/resolv.conf` (tests; documented in the README).
+/// Overrides `/etc/resolv.conf` (tests; documented in docs/operations.md).
 pub const RESOLV_CONF_ENV: &str = "TUNNELGATE_RESOLV_CONF";
 
 pub struct Resolver {
