@@ -42,7 +42,7 @@ checkout_is_users() { [[ "$(stat -c %U .)" == "$1" ]]; }
 
 no_cargo_help() {
     local script="$1"
-    echo "$script: no cargo found (root's PATH${SUDO_USER:+ and ~$SUDO_USER/.cargo/bin}). Install Rust (>= $(sed -n 's/^rust-version = "\(.*\)"/\1/p' Cargo.toml)) with rustup, as yourself:" >&2
+    echo "$script: no cargo found (on PATH${SUDO_USER:+, nor in ~$SUDO_USER/.cargo/bin}). Install Rust (>= $(sed -n 's/^rust-version = "\(.*\)"/\1/p' Cargo.toml)) with rustup, as yourself:" >&2
     echo "  curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh" >&2
     echo "then run: sudo $script" >&2
 }
