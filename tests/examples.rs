@@ -235,6 +235,8 @@ impl SudoUser {
         let name = format!("tgsudo{}x{n}", std::process::id() % 100_000);
         let home = PathBuf::from(format!("/home/{name}"));
         let _ = Command::new("userdel").args(["-r", &name]).output();
+        // useradd makes the home, not its parent (a minimal container may have no /home).
+        std::fs::create_dir_all("/home").expect("/home");
         let made = output_of(
             {
                 let mut c = Command::new("useradd");
