@@ -48,7 +48,12 @@ fn sh_block_after(text: &str, heading: &str) -> Option<Vec<String>> {
 fn up_to_check(lines: &[String]) -> Vec<String> {
     let check = lines
         .iter()
-        .position(|l| l.trim_start().starts_with("tunnelgate check "))
+        .position(|l| {
+            let l = l.trim_start();
+            l.strip_prefix("sudo ")
+                .unwrap_or(l)
+                .starts_with("tunnelgate check ")
+        })
         .unwrap_or_else(|| panic!("no `tunnelgate check` line in {lines:#?}"));
     lines[..=check].to_vec()
 }
@@ -298,6 +303,19 @@ impl Drop for SudoUser {
     }
 }
 
+/// Gives `path` and everything under it to `user`.
+fn chown_to(user: &SudoUser, path: &Path) {
+    let owned = output_of(
+        {
+            let mut c = Command::new("chown");
+            c.arg("-R").arg(format!("{0}:{0}", user.name)).arg(path);
+            c
+        },
+        None,
+    );
+    assert!(owned.success(), "chown: {owned:?}");
+}
+
 /// Whether sudo is here to test with; CI must have it (scripts/test.sh installs it).
 fn have_sudo() -> bool {
     if Path::new("/usr/bin/sudo").exists() {
@@ -429,17 +447,7 @@ fn readme_two_commands_find_a_rustup_users_cargo_through_sudo() {
     .expect("stand-in cargo");
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&cargo, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    let owned = output_of(
-        {
-            let mut c = Command::new("chown");
-            c.arg("-R")
-                .arg(format!("{0}:{0}", user.name))
-                .arg(&user.home);
-            c
-        },
-        None,
-    );
-    assert!(owned.success(), "chown: {owned:?}");
+    chown_to(&user, &user.home);
 
     // The premise: cargo is on the user's PATH, not on sudo's.
     let home = user.home.display();
@@ -472,4 +480,50 @@ fn readme_two_commands_find_a_rustup_users_cargo_through_sudo() {
             "{command}: {out:?}"
         );
     }
+}
+
+/// docs/router.md's install block as written, `sudo`s included, typed by a non-root user with
+/// sudo from the checkout: `scripts/install.sh` as that user (into a `DESTDIR` of theirs, with the
+/// binary under test), the keys root's and 0600 from the start, and `sudo tunnelgate check`
+/// passing. The form it replaces, "as root", would have sent the user to a root without cargo.
+#[test]
+#[ignore = "needs root and sudo"]
+fn router_md_install_steps_work_for_a_non_root_user_with_sudo() {
+    require_root();
+    if !have_sudo() {
+        return;
+    }
+    let text = std::fs::read_to_string(repo("docs/router.md")).expect("router.md");
+    let block = sh_block_after(&text, "## Install").expect("an sh block under ## Install");
+    let steps = up_to_check(&block);
+    assert!(
+        steps
+            .iter()
+            .any(|l| l.starts_with("sudo tunnelgate check ")),
+        "{steps:#?}"
+    );
+    let stage = Stage::new("tx-router-sudo");
+    let user = SudoUser::new(&stage.bin);
+    std::fs::create_dir_all(&stage.root).expect("ROOT");
+    chown_to(&user, &stage.root);
+    let script: Vec<String> = steps.iter().map(|l| stage.rewrite(l)).collect();
+    let out = user.run(&script.join("\n"), &repo(""));
+    assert!(
+        out.success(),
+        "as {}:\n{}\n{out:?}",
+        user.name,
+        script.join("\n")
+    );
+    assert!(out.stdout.contains("interface"), "check's plan: {out:?}");
+
+    use std::os::unix::fs::MetadataExt;
+    let etc = stage.root.join("etc/tunnelgate");
+    for key in ["private.key", "psk"] {
+        let meta = std::fs::metadata(etc.join(key)).unwrap_or_else(|e| panic!("{key}: {e}"));
+        assert_eq!(meta.mode() & 0o7777, 0o600, "{key}");
+        assert_eq!(meta.uid(), 0, "{key} is root's");
+    }
+    // install.sh ran as the user: what it installed is theirs.
+    let installed = std::fs::metadata(stage.root.join("usr/local/bin/tunnelgate")).expect("bin");
+    assert_ne!(installed.uid(), 0, "scripts/install.sh ran as the user");
 }
