@@ -79,6 +79,8 @@ use_users_toolchain() {
     if [[ -z "${RUSTUP_HOME:-}" && -d "$home/.rustup" ]]; then
         export RUSTUP_HOME="$home/.rustup"
     fi
+    # Root's own cargo home for the registry and git checkouts, whatever HOME sudo kept.
+    export CARGO_HOME="${CARGO_HOME:-$(user_home root)/.cargo}"
 }
 
 describe_cargo() { # describe_cargo user|root SCRIPT
