@@ -69,16 +69,15 @@ struct Cli {
     /// With --proxy-group: per-replica (each replica its own key, Secret and addresses) or
     /// shared (every replica the group's key, kept in Secret $POD_NAMESPACE/<group>-identity,
     /// and the same addresses: host 1 of each pool, or the base config's), for one peer entry
-    /// behind one UDP load balancer.
+    /// behind one UDP load balancer. Default: per-replica.
     #[arg(
         long,
         env = "TUNNELGATE_GROUP_IDENTITY",
         value_name = "MODE",
         value_parser = Identity::parse,
-        default_value = Identity::PER_REPLICA,
         requires = "proxy_group"
     )]
-    identity: Identity,
+    identity: Option<Identity>,
     /// The base configuration (TOML: interface addresses, peers, shared settings).
     #[arg(long, env = "TUNNELGATE_BASE_CONFIG", value_name = "FILE")]
     base_config: PathBuf,
@@ -102,6 +101,12 @@ fn main() -> ExitCode {
         Ok(s) => s,
         Err(e) => return usage(&format!("--service: {e}")),
     };
+    // Checked here: clap's `requires` lets it through without --proxy-group.
+    if cli.identity.is_some() && cli.proxy_group.is_none() {
+        return usage(
+            "--identity (TUNNELGATE_GROUP_IDENTITY) is set without --proxy-group: expected it only for a proxy group",
+        );
+    }
     let pod_name = std::env::var("POD_NAME").ok().filter(|s| !s.is_empty());
     let group = match &cli.proxy_group {
         None => None,
@@ -212,12 +217,12 @@ fn group_replica(group: &str, pod_name: Option<&str>, cli: &Cli) -> Result<Repli
             "--proxy-group: \"{group}\" is not a group name: expected lower-case letters, digits, '-' and '.'"
         ));
     }
-    if cli.identity == Identity::Shared {
+    if cli.identity == Some(Identity::Shared) {
         identity_secret_name(group).map_err(|e| format!("--proxy-group: {e}"))?;
     }
     // With a shared identity every replica takes host 1 of each pool: the ordinal, like
     // without pools, only names the replica in the rendered file's header.
-    let needs_ordinal = !cli.address_pools.is_empty() && cli.identity == Identity::PerReplica;
+    let needs_ordinal = !cli.address_pools.is_empty() && cli.identity != Some(Identity::Shared);
     let ordinal = match (pod_name, needs_ordinal) {
         (Some(pod), true) => ordinal_of(pod).map_err(|e| format!("POD_NAME: {e}"))?,
         (Some(pod), false) => ordinal_of(pod).unwrap_or(0),
@@ -232,7 +237,7 @@ fn group_replica(group: &str, pod_name: Option<&str>, cli: &Cli) -> Result<Repli
         group: group.to_string(),
         ordinal,
         pools: cli.address_pools.clone(),
-        identity: cli.identity,
+        identity: cli.identity.unwrap_or_default(),
     };
     for pool in &cli.address_pools {
         pool_address(pool, replica.address_ordinal())
