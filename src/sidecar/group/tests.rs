@@ -885,7 +885,8 @@ fn a_malformed_or_foreign_identity_secret_is_refused() {
         ),
     ]);
     let many: BTreeMap<String, Vec<u8>> = (0..1000).map(|i| (format!("k{i:04}"), vec![])).collect();
-    let cases: Vec<(&str, BTreeMap<String, Vec<u8>>, &str)> = vec![
+    type Data = BTreeMap<String, Vec<u8>>;
+    let cases: Vec<(&str, Data, &str)> = vec![
         (
             "empty Secret",
             BTreeMap::new(),

@@ -568,6 +568,14 @@ impl GroupLoop {
                 self.report_replica(r);
                 Some(self.backoff.next_delay())
             }
+            Err(Failure::IdentityApi(e)) => {
+                let identity = self.settings.identity.as_ref();
+                Some(secret_write_failed(
+                    &e,
+                    identity.unwrap_or(&self.settings.secret),
+                    &mut self.backoff,
+                ))
+            }
             Err(Failure::Api(e)) => Some(secret_write_failed(
                 &e,
                 &self.settings.secret,
@@ -671,7 +679,7 @@ impl GroupLoop {
             .as_ref()
             .map(ToString::to_string)
             .unwrap_or_default();
-        let api = |e| Failure::Api(Box::new(e));
+        let api = |e| Failure::IdentityApi(Box::new(e));
         let refused = |e| Failure::Identity(Rejected(vec![e]));
         let found = store.data_if_exists().await.map_err(api)?;
         let key = match group_key(&name, found.as_ref()).map_err(refused)? {
@@ -921,6 +929,8 @@ enum Failure {
     /// The group's identity Secret holds no usable key: nothing is written, and it is read
     /// again after a backoff (someone may fix or delete it).
     Identity(Rejected),
+    /// Reading or creating the group's identity Secret failed.
+    IdentityApi(Box<kube::Error>),
     Api(Box<kube::Error>),
     /// The shared directory could not be written.
     Volume(String),
