@@ -9,7 +9,9 @@ use std::process::ExitCode;
 use tunnelgate::config::IpNet;
 use tunnelgate::shell::logging::{init_logging, LogFormat};
 use tunnelgate::sidecar::api::{connect, ObjRef};
-use tunnelgate::sidecar::group::{ordinal_of, pool_address, Replica};
+use tunnelgate::sidecar::group::{
+    identity_secret_name, ordinal_of, pool_address, Identity, Replica,
+};
 use tunnelgate::sidecar::parse_object_ref;
 use tunnelgate::sidecar::run::{run, Settings};
 use tunnelgate::sidecar::run_group::{run_group, GroupSettings};
@@ -64,6 +66,18 @@ struct Cli {
         requires = "proxy_group"
     )]
     config_dir: Option<PathBuf>,
+    /// With --proxy-group: per-replica (each replica its own key, Secret and addresses) or
+    /// shared (every replica the group's key, kept in Secret $POD_NAMESPACE/<group>-identity,
+    /// and the same addresses: host 1 of each pool, or the base config's), for one peer entry
+    /// behind one UDP load balancer. Default: per-replica.
+    #[arg(
+        long,
+        env = "TUNNELGATE_GROUP_IDENTITY",
+        value_name = "MODE",
+        value_parser = Identity::parse,
+        requires = "proxy_group"
+    )]
+    identity: Option<Identity>,
     /// The base configuration (TOML: interface addresses, peers, shared settings).
     #[arg(long, env = "TUNNELGATE_BASE_CONFIG", value_name = "FILE")]
     base_config: PathBuf,
@@ -87,6 +101,12 @@ fn main() -> ExitCode {
         Ok(s) => s,
         Err(e) => return usage(&format!("--service: {e}")),
     };
+    // Checked here: clap's `requires` lets it through without --proxy-group.
+    if cli.identity.is_some() && cli.proxy_group.is_none() {
+        return usage(
+            "--identity (TUNNELGATE_GROUP_IDENTITY) is set without --proxy-group: expected it only for a proxy group",
+        );
+    }
     let pod_name = std::env::var("POD_NAME").ok().filter(|s| !s.is_empty());
     let group = match &cli.proxy_group {
         None => None,
@@ -148,8 +168,16 @@ fn main() -> ExitCode {
         let secret = obj(secret.unwrap_or_else(|| (None, pod_name.clone().unwrap_or_default())));
         let result = match (group, service) {
             (Some(replica), _) => {
+                let identity = match replica.identity {
+                    Identity::PerReplica => None,
+                    Identity::Shared => Some(ObjRef {
+                        namespace: default_ns.clone(),
+                        name: identity_secret_name(&replica.group).unwrap_or_default(),
+                    }),
+                };
                 let settings = GroupSettings {
                     replica,
+                    identity,
                     secret,
                     pod: pod_name.map(|name| ObjRef {
                         namespace: default_ns.clone(),
@@ -189,25 +217,33 @@ fn group_replica(group: &str, pod_name: Option<&str>, cli: &Cli) -> Result<Repli
             "--proxy-group: \"{group}\" is not a group name: expected lower-case letters, digits, '-' and '.'"
         ));
     }
-    let ordinal = match (pod_name, cli.address_pools.is_empty()) {
-        (Some(pod), false) => ordinal_of(pod).map_err(|e| format!("POD_NAME: {e}"))?,
-        // Without pools the ordinal only names the replica in the rendered file's header.
-        (Some(pod), true) => ordinal_of(pod).unwrap_or(0),
-        (None, true) => 0,
-        (None, false) => {
+    if cli.identity == Some(Identity::Shared) {
+        identity_secret_name(group).map_err(|e| format!("--proxy-group: {e}"))?;
+    }
+    // With a shared identity every replica takes host 1 of each pool: the ordinal, like
+    // without pools, only names the replica in the rendered file's header.
+    let needs_ordinal = !cli.address_pools.is_empty() && cli.identity != Some(Identity::Shared);
+    let ordinal = match (pod_name, needs_ordinal) {
+        (Some(pod), true) => ordinal_of(pod).map_err(|e| format!("POD_NAME: {e}"))?,
+        (Some(pod), false) => ordinal_of(pod).unwrap_or(0),
+        (None, false) => 0,
+        (None, true) => {
             return Err(
                 "--address-pool needs the replica's ordinal: POD_NAME is empty, expected the StatefulSet pod name from the downward API".into(),
             )
         }
     };
-    for pool in &cli.address_pools {
-        pool_address(pool, ordinal).map_err(|e| format!("--address-pool: {e}"))?;
-    }
-    Ok(Replica {
+    let replica = Replica {
         group: group.to_string(),
         ordinal,
         pools: cli.address_pools.clone(),
-    })
+        identity: cli.identity.unwrap_or_default(),
+    };
+    for pool in &cli.address_pools {
+        pool_address(pool, replica.address_ordinal())
+            .map_err(|e| format!("--address-pool: {e}"))?;
+    }
+    Ok(replica)
 }
 
 fn usage(message: &str) -> ExitCode {

@@ -2,14 +2,16 @@
 //! addresses, and one replica's Secret data rendered from every Service of its group. A Service
 //! that cannot be served (a bad annotation, a port another Service already claims) is left out
 //! and named in [`GroupRendered::refused`]; the others are still served. Only a problem of the
-//! replica itself (base config, key, address pool) refuses the whole rendering. No I/O, no clock.
+//! replica itself (base config, key, address pool) refuses the whole rendering. Also the
+//! group's shared identity: which key and addresses every replica runs with, and what a group
+//! identity Secret found in the API must hold to be used. No I/O, no clock.
 
 use super::{
     config_text, config_text_with_rules, daemon_check, data_size, finish, forwards, prepare,
     rendered_check, stored_config, tunnel_families, Prepared, Rejected, Rendered, Rule, Rules,
-    ServiceInfo, KEY_CONFIG, SECRET_MAX_BYTES,
+    ServiceInfo, KEY_CONFIG, KEY_PRIVATE, KEY_PUBLIC, SECRET_MAX_BYTES,
 };
-use crate::config::{Config, IpNet, Proto, SecretKey};
+use crate::config::{decode_key, Config, IpNet, Proto, SecretKey};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::IpAddr;
@@ -23,9 +25,138 @@ pub struct Replica {
     pub group: String,
     /// The StatefulSet ordinal (`tgp-1` is 1).
     pub ordinal: u32,
-    /// With pools, the replica's tunnel addresses are host `ordinal + 1` of each; without, the
-    /// base configuration's `interface.addresses`.
+    /// With pools, the replica's tunnel addresses are host `ordinal + 1` of each (host 1 with a
+    /// shared identity); without, the base configuration's `interface.addresses`.
     pub pools: Vec<IpNet>,
+    /// Whether the replica has a key and addresses of its own, or the group's.
+    pub identity: Identity,
+}
+
+impl Replica {
+    /// The ordinal whose host of each pool this replica takes: its own, or with a shared
+    /// identity replica 0's, so that every replica has the same tunnel addresses.
+    pub fn address_ordinal(&self) -> u32 {
+        match self.identity {
+            Identity::PerReplica => self.ordinal,
+            Identity::Shared => 0,
+        }
+    }
+}
+
+/// How the replicas of a group are known to their peers (`--identity`,
+/// `TUNNELGATE_GROUP_IDENTITY`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Identity {
+    /// Each replica is a peer of its own: its own key (in its own Secret) and its own addresses.
+    #[default]
+    PerReplica,
+    /// Every replica is the same peer: the group's key (Secret `<group>-identity`) and the same
+    /// addresses, so a peer configures one peer behind one load balancer address.
+    Shared,
+}
+
+impl Identity {
+    pub const PER_REPLICA: &'static str = "per-replica";
+    pub const SHARED: &'static str = "shared";
+
+    /// The flag's value: exactly `per-replica` or `shared`.
+    pub fn parse(text: &str) -> Result<Identity, String> {
+        match text {
+            Self::PER_REPLICA => Ok(Identity::PerReplica),
+            Self::SHARED => Ok(Identity::Shared),
+            _ => Err(format!(
+                "expected \"{}\" or \"{}\"",
+                Self::PER_REPLICA,
+                Self::SHARED
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for Identity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Identity::PerReplica => Self::PER_REPLICA,
+            Identity::Shared => Self::SHARED,
+        })
+    }
+}
+
+/// The longest name the API server accepts for a Secret (a DNS subdomain).
+pub const SECRET_NAME_MAX: usize = 253;
+
+/// The group's identity Secret, in the replicas' namespace: `<group>-identity`.
+pub fn identity_secret_name(group: &str) -> Result<String, String> {
+    let name = format!("{group}-identity");
+    if name.len() > SECRET_NAME_MAX {
+        return Err(format!(
+            "proxy group name \"{group}\" is {} characters: with a shared identity its Secret {group}-identity must fit {SECRET_NAME_MAX}, expected at most {} characters",
+            group.len(),
+            SECRET_NAME_MAX - "-identity".len()
+        ));
+    }
+    Ok(name)
+}
+
+/// The data of a new identity Secret for `key`: `private.key` and `public_key`, as `wg` writes
+/// them.
+pub fn identity_data(key: &SecretKey) -> BTreeMap<String, Vec<u8>> {
+    BTreeMap::from([
+        (KEY_PRIVATE.to_string(), key.expose_base64().into_bytes()),
+        (
+            KEY_PUBLIC.to_string(),
+            key.public_key().to_base64().into_bytes(),
+        ),
+    ])
+}
+
+/// The group's key from its identity Secret's data (`None`: the Secret does not exist, so this
+/// replica creates it). A Secret that is not one (no `private.key`, a key that is not a
+/// 32-byte base64 WireGuard key, a `public_key` that does not belong to it) is refused, never
+/// overwritten: `secret` names it in the reason.
+pub fn group_key(
+    secret: &str,
+    data: Option<&BTreeMap<String, Vec<u8>>>,
+) -> Result<Option<SecretKey>, String> {
+    let Some(data) = data else {
+        return Ok(None);
+    };
+    let fix = "(it is never overwritten: fix it, or delete it to have a new one created, which gives the group a new public key)";
+    let Some(private) = data.get(KEY_PRIVATE) else {
+        let mut keys: Vec<&str> = data.keys().map(String::as_str).take(8).collect();
+        if data.len() > keys.len() {
+            keys.push("...");
+        }
+        return Err(format!(
+            "group identity Secret {secret} has no {KEY_PRIVATE} (keys: {}): expected {KEY_PRIVATE} and {KEY_PUBLIC} {fix}",
+            if keys.is_empty() { "none".to_string() } else { keys.join(", ") }
+        ));
+    };
+    let key = std::str::from_utf8(private)
+        .map_err(|_| "is not UTF-8: expected a 44-character WireGuard key".to_string())
+        .and_then(decode_key)
+        .map(SecretKey)
+        .map_err(|e| format!("group identity Secret {secret}: {KEY_PRIVATE} {e} {fix}"))?;
+    if let Some(public) = data.get(KEY_PUBLIC) {
+        let ours = key.public_key().to_base64();
+        if std::str::from_utf8(public).map(str::trim) != Ok(ours.as_str()) {
+            return Err(format!(
+                "group identity Secret {secret}: {KEY_PUBLIC} does not belong to its {KEY_PRIVATE}: expected {ours} {fix}"
+            ));
+        }
+    }
+    Ok(Some(key))
+}
+
+/// A replica's Secret data as rendering reads it, with the group's key in place of its own:
+/// every replica renders the same key, and its Secret keeps a copy of it.
+pub fn with_group_key(
+    current: &BTreeMap<String, Vec<u8>>,
+    key: &SecretKey,
+) -> BTreeMap<String, Vec<u8>> {
+    let mut data = current.clone();
+    data.insert(KEY_PRIVATE.to_string(), key.expose_base64().into_bytes());
+    data
 }
 
 /// A Service of the group that this replica does not serve, and why.
@@ -701,14 +832,15 @@ fn set_key_files_readable_by_group(table: &mut toml::Table) {
     }
 }
 
-/// With pools, `interface.addresses` is this replica's host of each pool.
+/// With pools, `interface.addresses` is this replica's host of each pool (host 1 with a shared
+/// identity).
 fn set_pool_addresses(table: &mut toml::Table, replica: &Replica, problems: &mut Vec<String>) {
     if replica.pools.is_empty() {
         return;
     }
     let mut addrs = Vec::new();
     for pool in &replica.pools {
-        match pool_address(pool, replica.ordinal) {
+        match pool_address(pool, replica.address_ordinal()) {
             Ok(a) => addrs.push(toml::Value::String(a.to_string())),
             Err(e) => problems.push(e),
         }

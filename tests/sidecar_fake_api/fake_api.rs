@@ -76,6 +76,9 @@ pub(crate) struct State {
     pub(crate) applied_keys: BTreeMap<Key, BTreeSet<String>>,
     /// Open watches of one Secret each (a `metadata.name` field selector).
     pub(crate) secret_watchers: Vec<(Key, mpsc::UnboundedSender<Bytes>)>,
+    /// Per Secret: how many more GETs of it answer 404 though it exists, as a read made just
+    /// before another writer's create would (two replicas racing to create it).
+    pub(crate) absent_gets: BTreeMap<Key, u32>,
 }
 
 impl State {
@@ -150,6 +153,7 @@ impl Fake {
             secret_limit: SECRET_LIMIT,
             applied_keys: BTreeMap::new(),
             secret_watchers: Vec::new(),
+            absent_gets: BTreeMap::new(),
         };
         for mut svc in services {
             svc["metadata"]["resourceVersion"] = json!(state.next_rv());
@@ -450,6 +454,14 @@ impl Fake {
                     .expect("response")
             }
             (&Method::GET, ["api", "v1", "namespaces", ns, "secrets", name]) => {
+                if let Some(n) = st.absent_gets.get_mut(&key(ns, name)).filter(|n| **n > 0) {
+                    *n -= 1;
+                    return status(
+                        StatusCode::NOT_FOUND,
+                        "NotFound",
+                        &format!("secrets \"{name}\" not found"),
+                    );
+                }
                 match st.secrets.get(&key(ns, name)) {
                     Some(data) => reply(
                         StatusCode::OK,

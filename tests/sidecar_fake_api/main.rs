@@ -15,6 +15,11 @@
 //! working; a restart keeps the keys and writes nothing; an expired cluster-wide watch lists
 //! again; a missing Secret without `create` is reported and written once it exists.
 //!
+//! Proxy group with a shared identity: every replica renders the group's one key and host 1 of
+//! the pool, a replica scaled in gets them, two replicas racing to create the identity Secret end
+//! with one key (the loser's create answered 409 AlreadyExists), and a malformed identity Secret
+//! is reported on the pod, never overwritten, and used once fixed.
+//!
 //! Proxy groups at scale (the fake has the real 1 MiB Secret limit): at 10,000 Services a burst
 //! of 50 costs at most 10 writes per replica and the sidecar stays under 64 MiB; 20 % port
 //! clashes converge and their Events come after the Secret, rate-limited; 20,000 Services fit
@@ -60,6 +65,7 @@ const WAIT: Duration = Duration::from_secs(20);
 mod fake_api;
 mod fake_objects;
 mod group;
+mod group_identity;
 mod group_kubectl_scale;
 mod group_scale;
 mod readme;

@@ -14,6 +14,18 @@ pub(crate) const README_KUBECTL: &[(&str, &str)] = &[
         "run against the fake: readme_proxy_group_commands",
     ),
     (
+        "kubectl apply -k containers/k8s/group-shared",
+        "not run against the fake: sidecar_manifests' group_shared_* build it with kubectl kustomize and validate it; group_identity.rs runs its sidecars' settings",
+    ),
+    (
+        "kubectl -n tunnelgate get secret tgp-identity -o jsonpath='{.data.public_key}' | base64 -d; echo",
+        "not run: group_identity.rs checks the public_key the sidecars write to tgp-identity",
+    ),
+    (
+        "kubectl -n tunnelgate get service tgp-wireguard -o jsonpath='{.status.loadBalancer.ingress[0].ip}'",
+        "not run: needs a load balancer controller (the same read of tunnelgate-proxy-wireguard runs in readme_single_service_commands)",
+    ),
+    (
         "kubectl -n tunnelgate rollout status statefulset/tunnelgate-proxy",
         "not run: needs a StatefulSet controller and a kubelet",
     ),

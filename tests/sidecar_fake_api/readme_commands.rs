@@ -223,8 +223,12 @@ pub(crate) async fn readme_group_deployed(tag: &str) -> GroupDeployed {
     let lines: Vec<&str> = loop_output.lines().collect();
     assert_eq!(lines.len(), 4, "{loop_output}");
 
-    let ini = readme_blocks("ini");
-    assert_eq!(ini.len(), 1, "one peer config in the README");
+    // The per-replica group's peer config (the shared identity's is the other one).
+    let ini: Vec<String> = readme_blocks("ini")
+        .into_iter()
+        .filter(|b| b.contains("<public_key of tgp-0>"))
+        .collect();
+    assert_eq!(ini.len(), 1, "one per-replica peer config in the README");
     let peer_config = ini[0]
         .replace("<the peer's private key>", &peer_secret().expose_base64())
         .replace("<public_key of tgp-0>", lines[0])

@@ -136,6 +136,7 @@ impl Sidecar {
             .env_remove("TUNNELGATE_ADDRESS_POOLS")
             .env_remove("TUNNELGATE_NAMESPACES")
             .env_remove("TUNNELGATE_CONFIG_DIR")
+            .env_remove("TUNNELGATE_GROUP_IDENTITY")
             .envs(env.iter().copied())
             .env("RUST_LOG", "info,tunnelgate=debug")
             .stdin(Stdio::null())

@@ -9,7 +9,9 @@
 //! port to the nodes and the monitoring namespace; and the base config in the ConfigMap renders,
 //! with the example Services, into a configuration the daemon accepts (for each replica);
 //! `kubectl kustomize` of each example (what `apply -k` sends) holds exactly the files' objects;
-//! one fully qualified image name everywhere, and a registry is one edit of a kustomization.
+//! one fully qualified image name everywhere, and a registry is one edit of a kustomization;
+//! the shared-identity overlay (containers/k8s/group-shared) builds, is valid, puts one UDP
+//! balancer with client affinity in front of the ready replicas and renders one key and address.
 
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
@@ -21,6 +23,7 @@ use tunnelgate::sidecar::{api::service_info, render};
 const NS: &str = "tunnelgate";
 
 mod group;
+mod group_shared;
 mod images;
 mod kustomize;
 mod manifests;

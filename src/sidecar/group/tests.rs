@@ -49,6 +49,7 @@ fn replica(ordinal: u32) -> Replica {
             "100.64.1.0/24".parse().expect("pool"),
             "fd7a:115c:a1e0:1::/64".parse().expect("pool"),
         ],
+        identity: Identity::PerReplica,
     }
 }
 
@@ -710,4 +711,255 @@ fn among_thousands_a_service_the_daemon_would_refuse_is_pinned_by_its_error() {
         "{}",
         g.refused[0].reason
     );
+}
+
+fn shared(ordinal: u32) -> Replica {
+    Replica {
+        identity: Identity::Shared,
+        ..replica(ordinal)
+    }
+}
+
+/// A replica's rendering with the group's key, as the shell passes it: over `own` (its Secret's
+/// data, maybe with a key of its own from before). A new key is never asked for.
+fn render_shared(r: &Replica, own: &BTreeMap<String, Vec<u8>>, group: &SecretKey) -> GroupRendered {
+    let current = with_group_key(own, group);
+    render_group(r, &[], &base(), &current, || {
+        panic!("a replica with a shared identity generated a key of its own")
+    })
+    .expect("renders")
+}
+
+#[test]
+fn the_identity_flag_takes_exactly_its_two_values() {
+    assert_eq!(Identity::parse("per-replica"), Ok(Identity::PerReplica));
+    assert_eq!(Identity::parse("shared"), Ok(Identity::Shared));
+    assert_eq!(Identity::default(), Identity::PerReplica);
+    for i in [Identity::PerReplica, Identity::Shared] {
+        assert_eq!(Identity::parse(&i.to_string()), Ok(i));
+    }
+    let long = "s".repeat(100_000);
+    for hostile in [
+        "",
+        "Shared",
+        "SHARED",
+        " shared",
+        "shared ",
+        "shared\n",
+        "shared\0",
+        "per_replica",
+        "perreplica",
+        "shared,per-replica",
+        "ѕhared", // Cyrillic s
+        long.as_str(),
+    ] {
+        let e = Identity::parse(hostile).expect_err(hostile);
+        assert!(e.contains("\"per-replica\" or \"shared\""), "{e}");
+        // The reason never echoes the value (clap names it, once).
+        assert!(e.len() < 100, "{e}");
+    }
+}
+
+#[test]
+fn replicas_of_a_shared_identity_render_the_same_key_and_addresses() {
+    let group = key(90);
+    let empty = BTreeMap::new();
+    let outs: Vec<GroupRendered> = [0, 1, 7]
+        .into_iter()
+        .map(|n| render_shared(&shared(n), &empty, &group))
+        .collect();
+    for out in &outs {
+        assert_eq!(text(out, KEY_PRIVATE), group.expose_base64());
+        assert_eq!(text(out, KEY_PUBLIC), group.public_key().to_base64());
+        // Host 1 of each pool, whatever the ordinal.
+        assert_eq!(
+            text(out, KEY_DEVICE_IPS),
+            r#"["100.64.1.1","fd7a:115c:a1e0:1::1"]"#
+        );
+        assert_eq!(
+            daemon_view(out).interface.private_key.expose_base64(),
+            group.expose_base64()
+        );
+        assert!(!out.rendered.generated_key);
+    }
+    // Without pools: the base config's addresses, for every replica.
+    let mut r = shared(3);
+    r.pools.clear();
+    assert_eq!(
+        text(&render_shared(&r, &empty, &group), KEY_DEVICE_IPS),
+        r#"["100.64.9.9"]"#
+    );
+    // Per replica, the same ordinal has its own host and its own key.
+    let own = render(&replica(7), &[]);
+    assert_eq!(
+        text(&own, KEY_DEVICE_IPS),
+        r#"["100.64.1.8","fd7a:115c:a1e0:1::8"]"#
+    );
+    assert_ne!(text(&own, KEY_PUBLIC), group.public_key().to_base64());
+}
+
+#[test]
+fn a_replica_switched_to_a_shared_identity_renders_the_group_key_over_its_own() {
+    let before = render(&replica(1), &[]);
+    let group = key(91);
+    let after = render_shared(&shared(1), &before.rendered.data, &group);
+    assert_eq!(text(&after, KEY_PRIVATE), group.expose_base64());
+    assert_eq!(text(&after, KEY_PUBLIC), group.public_key().to_base64());
+    assert_eq!(
+        text(&after, KEY_DEVICE_IPS),
+        text(&render(&replica(0), &[]), KEY_DEVICE_IPS)
+    );
+}
+
+#[test]
+fn the_identity_secret_is_named_after_the_group_and_fits_a_secret_name() {
+    assert_eq!(identity_secret_name("tgp").as_deref(), Ok("tgp-identity"));
+    let longest = "a".repeat(SECRET_NAME_MAX - "-identity".len());
+    assert_eq!(
+        identity_secret_name(&longest).map(|n| n.len()),
+        Ok(SECRET_NAME_MAX)
+    );
+    let e = identity_secret_name(&format!("{longest}a")).expect_err("too long");
+    assert!(e.contains("expected at most 244 characters"), "{e}");
+}
+
+#[test]
+fn a_new_identity_secret_holds_the_key_and_its_public_key_and_reads_back() {
+    let k = key(92);
+    let data = identity_data(&k);
+    assert_eq!(
+        data.keys().map(String::as_str).collect::<Vec<_>>(),
+        [KEY_PRIVATE, KEY_PUBLIC]
+    );
+    assert_eq!(group_key("tg/tgp-identity", Some(&data)), Ok(Some(k)));
+    assert_eq!(group_key("tg/tgp-identity", None), Ok(None));
+}
+
+/// A group identity Secret made by hand (`kubectl create secret generic --from-file` of
+/// `wg genkey`'s output, with its newline), or without `public_key`, is used as it is.
+#[test]
+fn a_hand_made_identity_secret_with_a_newline_or_no_public_key_is_used() {
+    let k = key(93);
+    let with_newline = BTreeMap::from([(
+        KEY_PRIVATE.to_string(),
+        format!("{}\n", k.expose_base64()).into_bytes(),
+    )]);
+    assert_eq!(group_key("s", Some(&with_newline)), Ok(Some(k.clone())));
+    let mut both = identity_data(&k);
+    both.insert(
+        KEY_PUBLIC.into(),
+        format!("{}\n", k.public_key().to_base64()).into_bytes(),
+    );
+    assert_eq!(group_key("s", Some(&both)), Ok(Some(k)));
+}
+
+/// A malformed or foreign identity Secret is refused with a reason naming the Secret and what it
+/// lacks, never used and never "repaired": the shell then writes nothing.
+#[test]
+fn a_malformed_or_foreign_identity_secret_is_refused() {
+    use base64::Engine as _;
+    let b64 = |b: &[u8]| {
+        base64::engine::general_purpose::STANDARD
+            .encode(b)
+            .into_bytes()
+    };
+    let k = key(94);
+    let with = |private: Option<Vec<u8>>, public: Option<Vec<u8>>| {
+        let mut d = BTreeMap::new();
+        if let Some(p) = private {
+            d.insert(KEY_PRIVATE.to_string(), p);
+        }
+        if let Some(p) = public {
+            d.insert(KEY_PUBLIC.to_string(), p);
+        }
+        d
+    };
+    let tls = BTreeMap::from([
+        (
+            "tls.crt".to_string(),
+            b"-----BEGIN CERTIFICATE-----".to_vec(),
+        ),
+        (
+            "tls.key".to_string(),
+            b"-----BEGIN PRIVATE KEY-----".to_vec(),
+        ),
+    ]);
+    let many: BTreeMap<String, Vec<u8>> = (0..1000).map(|i| (format!("k{i:04}"), vec![])).collect();
+    type Data = BTreeMap<String, Vec<u8>>;
+    let cases: Vec<(&str, Data, &str)> = vec![
+        (
+            "empty Secret",
+            BTreeMap::new(),
+            "has no private.key (keys: none)",
+        ),
+        (
+            "a TLS Secret of the same name",
+            tls,
+            "has no private.key (keys: tls.crt, tls.key)",
+        ),
+        ("1000 other keys", many, "k0007, ..."),
+        (
+            "only a public key",
+            with(None, Some(k.public_key().to_base64().into_bytes())),
+            "has no private.key",
+        ),
+        (
+            "a 16-byte key",
+            with(Some(b64(&[1; 16])), None),
+            "decodes to 16 bytes",
+        ),
+        (
+            "a 33-byte key",
+            with(Some(b64(&[1; 33])), None),
+            "decodes to 33 bytes",
+        ),
+        (
+            "an empty key",
+            with(Some(vec![]), None),
+            "decodes to 0 bytes",
+        ),
+        (
+            "not base64",
+            with(Some(b"not base64 at all!!".to_vec()), None),
+            "is not valid base64",
+        ),
+        (
+            "not UTF-8",
+            with(Some(vec![0xff, 0xfe, 0x00, 0x80]), None),
+            "is not UTF-8",
+        ),
+        (
+            "1 MiB of junk",
+            with(Some(vec![b'A'; 1 << 20]), None),
+            "decodes to",
+        ),
+        (
+            "another key's public key",
+            with(
+                Some(k.expose_base64().into_bytes()),
+                Some(key(95).public_key().to_base64().into_bytes()),
+            ),
+            "public_key does not belong to its private.key",
+        ),
+        (
+            "a public key that is not UTF-8",
+            with(Some(k.expose_base64().into_bytes()), Some(vec![0xff; 44])),
+            "public_key does not belong",
+        ),
+    ];
+    for (what, data, expected) in cases {
+        let e = group_key("tg/tgp-identity", Some(&data)).expect_err(what);
+        assert!(e.contains(expected), "{what}: {e}");
+        assert!(
+            e.starts_with("group identity Secret tg/tgp-identity"),
+            "{what}: {e}"
+        );
+        assert!(e.contains("never overwritten"), "{what}: {e}");
+        // Short, whatever the Secret holds: no value is echoed.
+        assert!(e.len() < 400, "{what}: {} bytes", e.len());
+        assert!(
+            !e.contains(&k.expose_base64()),
+            "{what}: the reason shows the key"
+        );
+    }
 }

@@ -1,6 +1,7 @@
 //! The sidecar's Kubernetes API calls: finding the API server, reading the Service and the config
-//! Secret, writing the Secret with server-side apply, and recording Events (in the background,
-//! de-duplicated and rate-limited, so an Event never delays a write). I/O only: what to write is
+//! Secret, writing the Secret with server-side apply (and creating a group's identity Secret only
+//! where none exists), and recording Events (in the background, de-duplicated and rate-limited,
+//! so an Event never delays a write). I/O only: what to write is
 //! decided by the pure [`crate::sidecar::render`]. Also what an API failure means in words
 //! (an unreachable server is not a missing Role) and the watches' capped backoff.
 
@@ -124,6 +125,34 @@ impl SecretStore {
     /// The Secret's API, for its watch.
     pub fn api(&self) -> Api<Secret> {
         self.api.clone()
+    }
+
+    /// Creates the Secret with `data`, never touching one that exists: `Ok(true)` created,
+    /// `Ok(false)` when the API server answers that it already exists (409 AlreadyExists: another
+    /// writer created it first, and theirs stands).
+    pub async fn create(&self, data: &BTreeMap<String, Vec<u8>>) -> Result<bool, kube::Error> {
+        let secret = Secret {
+            metadata: ObjectMeta {
+                name: Some(self.obj.name.clone()),
+                namespace: Some(self.obj.namespace.clone()),
+                ..ObjectMeta::default()
+            },
+            data: Some(
+                data.iter()
+                    .map(|(k, v)| (k.clone(), ByteString(v.clone())))
+                    .collect(),
+            ),
+            ..Secret::default()
+        };
+        let params = PostParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..PostParams::default()
+        };
+        match self.api.create(&params, &secret).await {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(s)) if s.code == 409 && s.reason == "AlreadyExists" => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     /// Server-side apply of `data` under [`FIELD_MANAGER`], forced: the sidecar is the only writer

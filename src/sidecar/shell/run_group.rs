@@ -4,6 +4,10 @@
 //! that cannot be served gets one Warning Event per distinct problem and never blocks the others.
 //! What to render is decided by the pure [`crate::sidecar::group::render_group`].
 //!
+//! With a shared identity, each pass first reads the group's identity Secret; when there is none
+//! it creates it (never overwriting: when another replica won the race, the API server answers
+//! 409 AlreadyExists and this one reads the winner's key). Every replica renders that key.
+//!
 //! After each write, the served Services' target names are looked up in the background, in the
 //! pod's DNS with the daemon's own resolver settings (the daemon's state is not visible from
 //! here), and each Service whose names do not resolve gets a Warning Event: the daemon keeps the
@@ -28,7 +32,9 @@ use crate::config::SecretKey;
 use crate::core::dns::{MAX_CONCURRENT_RESOLUTIONS, RESOLVE_TIMEOUT};
 use crate::shell::keys::GenerateKey as _;
 use crate::shell::resolver::Resolver;
-use crate::sidecar::group::{is_member, render_group, Replica};
+use crate::sidecar::group::{
+    group_key, identity_data, is_member, render_group, with_group_key, Replica,
+};
 use crate::sidecar::{changed_keys, Backoff, Rejected, ServiceInfo, KEY_PRIVATE};
 use futures::{Stream, StreamExt as _};
 use k8s_openapi::api::core::v1::{Secret, Service};
@@ -67,6 +73,8 @@ pub struct GroupSettings {
     pub replica: Replica,
     /// This replica's own config Secret.
     pub secret: ObjRef,
+    /// With a shared identity: the group's identity Secret, `$POD_NAMESPACE/<group>-identity`.
+    pub identity: Option<ObjRef>,
     /// The pod, for Events about the replica itself (bad base config, pool too small).
     pub pod: Option<ObjRef>,
     /// Empty: every namespace (a cluster-wide list and watch).
@@ -115,6 +123,11 @@ struct GroupLoop {
     /// The private key last seen in the Secret: a deleted Secret comes back with it. (Deleting
     /// only the key from the Secret still asks for a new one.)
     known_key: Option<Vec<u8>>,
+    /// With a shared identity: the group's identity Secret.
+    identity: Option<SecretStore>,
+    /// The group key last read or created: a deleted identity Secret is created again with it,
+    /// so the replicas that are running keep one key.
+    known_group_key: Option<SecretKey>,
     /// The over-limit problem last said on the pod.
     reported_over_limit: Option<String>,
     /// The directory shared with the proxy container, if any.
@@ -216,7 +229,13 @@ pub async fn run_group(
     .backoff(WatchBackoff::default())
     .boxed();
     let config_dir = settings.config_dir.clone().map(ConfigDir::open);
+    let identity = settings
+        .identity
+        .clone()
+        .map(|obj| SecretStore::new(client.clone(), obj));
     let mut this = GroupLoop {
+        identity,
+        known_group_key: None,
         config_dir,
         secret,
         events: EventRecorder::start(client),
@@ -237,6 +256,8 @@ pub async fn run_group(
         proxy_group = %this.settings.replica.group,
         ordinal = this.settings.replica.ordinal,
         secret = %this.settings.secret,
+        identity = %this.settings.replica.identity,
+        identity_secret = %this.settings.identity.as_ref().map_or("none".into(), ToString::to_string),
         namespaces = %if this.settings.namespaces.is_empty() { "all".to_string() } else { this.settings.namespaces.join(",") },
         base_config = %this.settings.base_config.display(),
         config_dir = %this.settings.config_dir.as_deref().map_or("none".into(), |d| d.display().to_string()),
@@ -543,6 +564,18 @@ impl GroupLoop {
                 self.report_replica(r);
                 None
             }
+            Err(Failure::Identity(r)) => {
+                self.report_replica(r);
+                Some(self.backoff.next_delay())
+            }
+            Err(Failure::IdentityApi(e)) => {
+                let identity = self.settings.identity.as_ref();
+                Some(secret_write_failed(
+                    &e,
+                    identity.unwrap_or(&self.settings.secret),
+                    &mut self.backoff,
+                ))
+            }
             Err(Failure::Api(e)) => Some(secret_write_failed(
                 &e,
                 &self.settings.secret,
@@ -578,6 +611,10 @@ impl GroupLoop {
                 .iter()
                 .map(|k| (KEY_PRIVATE.to_string(), k.clone()))
                 .collect(),
+        };
+        let current = match self.group_key().await? {
+            Some(key) => with_group_key(&current, &key),
+            None => current,
         };
         let out = render_group(
             &self.settings.replica,
@@ -626,6 +663,67 @@ impl GroupLoop {
             "Secret updated"
         );
         handed
+    }
+
+    /// With a shared identity, the group's key: read from its identity Secret, or, when there is
+    /// none, created there (with the key this replica last knew, else a new one). When the API
+    /// server answers that another replica created it meanwhile, that one's key is read and
+    /// used. A Secret that holds no usable key is refused, never overwritten.
+    async fn group_key(&mut self) -> Result<Option<SecretKey>, Failure> {
+        let Some(store) = &self.identity else {
+            return Ok(None);
+        };
+        let name = self
+            .settings
+            .identity
+            .as_ref()
+            .map(ToString::to_string)
+            .unwrap_or_default();
+        let api = |e| Failure::IdentityApi(Box::new(e));
+        let refused = |e| Failure::Identity(Rejected(vec![e]));
+        let found = store.data_if_exists().await.map_err(api)?;
+        let key = match group_key(&name, found.as_ref()).map_err(refused)? {
+            Some(key) => key,
+            None => {
+                let (key, known) = match &self.known_group_key {
+                    Some(k) => (k.clone(), true),
+                    None => (SecretKey::generate(), false),
+                };
+                if store.create(&identity_data(&key)).await.map_err(api)? {
+                    tracing::info!(
+                        secret = %name,
+                        public_key = %key.public_key().to_base64(),
+                        recreated = known,
+                        "Group identity Secret created: every replica of the group runs with this key"
+                    );
+                    key
+                } else {
+                    // Another replica created it between the read and the create: its key stands.
+                    let theirs = store.data_if_exists().await.map_err(api)?;
+                    let key = group_key(&name, theirs.as_ref()).map_err(refused)?;
+                    let Some(key) = key else {
+                        return Err(refused(format!(
+                            "group identity Secret {name} already exists, the API server says, but reading it found none"
+                        )));
+                    };
+                    tracing::info!(
+                        secret = %name,
+                        public_key = %key.public_key().to_base64(),
+                        "Group identity Secret was created by another replica first: using its key"
+                    );
+                    key
+                }
+            }
+        };
+        if self.known_group_key.as_ref() != Some(&key) {
+            tracing::info!(
+                secret = %name,
+                public_key = %key.public_key().to_base64(),
+                "Running with the group's shared identity: peers configure one peer with this public key, and the group's UDP load balancer as its Endpoint"
+            );
+            self.known_group_key = Some(key.clone());
+        }
+        Ok(Some(key))
     }
 
     /// Writes what the Secret now holds to the shared directory, when it differs from what is
@@ -828,6 +926,11 @@ fn log_membership(change: &str, log: MembershipLog) {
 /// Why a pass did not finish.
 enum Failure {
     Rejected(Rejected),
+    /// The group's identity Secret holds no usable key: nothing is written, and it is read
+    /// again after a backoff (someone may fix or delete it).
+    Identity(Rejected),
+    /// Reading or creating the group's identity Secret failed.
+    IdentityApi(Box<kube::Error>),
     Api(Box<kube::Error>),
     /// The shared directory could not be written.
     Volume(String),

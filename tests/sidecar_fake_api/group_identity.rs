@@ -1,0 +1,317 @@
+//! Proxy groups with a shared identity: one key (Secret `tgp-identity`) and one set of addresses
+//! for every replica, created once whatever the race, never overwritten.
+
+use super::*;
+use crate::group_scale::served_services;
+
+pub(crate) const IDENTITY: &str = "tgp-identity";
+
+/// Replica `ordinal` of the group with `--identity shared` (by its environment variable).
+pub(crate) fn shared_replica(inputs: &Inputs, ordinal: u32, tag: &str) -> Sidecar {
+    let pod = format!("{GROUP}-{ordinal}");
+    Sidecar::start_with(
+        inputs,
+        &format!("{pod}-{tag}"),
+        &["--proxy-group", GROUP],
+        &[
+            ("POD_NAME", pod.as_str()),
+            ("POD_NAMESPACE", NS),
+            ("TUNNELGATE_ADDRESS_POOLS", POOL),
+            ("TUNNELGATE_GROUP_IDENTITY", "shared"),
+        ],
+    )
+}
+
+fn identity_secret(fake: &Fake) -> BTreeMap<String, Vec<u8>> {
+    fake.secret_of(NS, IDENTITY)
+}
+
+fn identity_posts(fake: &Fake) -> usize {
+    fake.count(|r| {
+        r.method == Method::POST
+            && r.path == format!("/api/v1/namespaces/{NS}/secrets")
+            && r.body.contains(&format!("\"name\":\"{IDENTITY}\""))
+    })
+}
+
+fn identity_writes_other_than_create(fake: &Fake) -> usize {
+    fake.count(|r| {
+        r.method != Method::GET
+            && r.method != Method::POST
+            && r.path == format!("/api/v1/namespaces/{NS}/secrets/{IDENTITY}")
+    })
+}
+
+/// Replica `ordinal`'s Secret runs the group's key: the same `private.key` and `public_key` as
+/// the identity Secret, host 1 of the pool, and a config the daemon loads with that key.
+fn runs_the_group_identity(fake: &Fake, ordinal: u32) {
+    let group = identity_secret(fake);
+    let own = replica_secret(fake, ordinal);
+    assert_eq!(
+        utf8(&own, "private.key"),
+        utf8(&group, "private.key"),
+        "replica {ordinal}'s key"
+    );
+    assert_eq!(
+        utf8(&own, "public_key"),
+        utf8(&group, "public_key"),
+        "replica {ordinal}'s public key"
+    );
+    assert_eq!(utf8(&own, "device_ips"), r#"["100.64.1.1"]"#);
+    let config = daemon_config(&own);
+    assert_eq!(
+        config.interface.private_key.public_key().to_base64(),
+        utf8(&group, "public_key")
+    );
+    assert_eq!(
+        config
+            .interface
+            .addresses
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>(),
+        ["100.64.1.1/32"]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_shared_identity_gives_every_replica_one_key_and_address_and_a_scaled_in_one_too() {
+    // No Secret beforehand: the first replica creates the identity, each its own config Secret.
+    let fake = Fake::start_many(group_cluster(), BTreeMap::new()).await;
+    let inputs = Inputs::new(&fake, "group-shared");
+    let r0 = shared_replica(&inputs, 0, "a");
+    let r1 = shared_replica(&inputs, 1, "a");
+    for (i, r) in [&r0, &r1].into_iter().enumerate() {
+        wait_for(r, &format!("replica {i}'s Secret"), || {
+            replica_patches(&fake, i as u32) >= 1
+        })
+        .await;
+    }
+    let group = identity_secret(&fake);
+    assert_eq!(
+        group.keys().map(String::as_str).collect::<Vec<_>>(),
+        ["private.key", "public_key"]
+    );
+    let key = utf8(&group, "private.key");
+    for i in 0..2 {
+        runs_the_group_identity(&fake, i);
+    }
+    // Both still serve every Service of the group, on the one address.
+    for i in 0..2 {
+        assert_eq!(
+            served_services(&replica_secret(&fake, i)),
+            BTreeSet::from(["apps/web".to_string(), "shop/db".to_string()])
+        );
+    }
+
+    // A replica scaled in (tgp-2) reads the identity, creates nothing.
+    let posts = identity_posts(&fake);
+    let r2 = shared_replica(&inputs, 2, "a");
+    wait_for(&r2, "replica 2's Secret", || replica_patches(&fake, 2) >= 1).await;
+    runs_the_group_identity(&fake, 2);
+    assert_eq!(
+        identity_posts(&fake),
+        posts,
+        "replica 2 tried to create the identity"
+    );
+    // Nobody ever wrote the identity Secret but by creating it.
+    assert_eq!(utf8(&identity_secret(&fake), "private.key"), key);
+    assert_eq!(identity_writes_other_than_create(&fake), 0);
+
+    // A restart keeps the key and writes nothing.
+    let before = (0..3)
+        .map(|i| replica_patches(&fake, i))
+        .collect::<Vec<_>>();
+    r0.stop();
+    let r0 = shared_replica(&inputs, 0, "b");
+    wait_for(&r0, "replica 0's restart to read its Secret", || {
+        r0.log().contains("Secret is up to date")
+    })
+    .await;
+    assert_eq!(
+        (0..3)
+            .map(|i| replica_patches(&fake, i))
+            .collect::<Vec<_>>(),
+        before
+    );
+    assert_eq!(utf8(&identity_secret(&fake), "private.key"), key);
+    for r in [r0, r1, r2] {
+        r.stop();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_shared_identity_two_replicas_racing_to_create_it_end_with_one_key() {
+    let fake = Fake::start_many(group_cluster(), BTreeMap::new()).await;
+    // Each replica's first read finds no identity Secret, as two reads made before either
+    // create would: both create, and the API server's 409 AlreadyExists settles it.
+    fake.lock().absent_gets.insert(key(NS, IDENTITY), 2);
+    let inputs = Inputs::new(&fake, "group-shared-race");
+    let r0 = shared_replica(&inputs, 0, "a");
+    let r1 = shared_replica(&inputs, 1, "a");
+    for (i, r) in [&r0, &r1].into_iter().enumerate() {
+        wait_for(r, &format!("replica {i}'s Secret"), || {
+            replica_patches(&fake, i as u32) >= 1
+        })
+        .await;
+    }
+    assert_eq!(fake.lock().absent_gets[&key(NS, IDENTITY)], 0);
+    assert_eq!(identity_posts(&fake), 2, "both replicas tried to create it");
+    for i in 0..2 {
+        runs_the_group_identity(&fake, i);
+    }
+    assert_eq!(identity_writes_other_than_create(&fake), 0);
+    let (log0, log1) = (r0.log(), r1.log());
+    let created = [&log0, &log1]
+        .iter()
+        .filter(|l| l.contains("Group identity Secret created"))
+        .count();
+    let lost = [&log0, &log1]
+        .iter()
+        .filter(|l| l.contains("created by another replica first"))
+        .count();
+    assert_eq!(
+        (created, lost),
+        (1, 1),
+        "one creates, the other reads its key; logs:\n{log0}\n---\n{log1}"
+    );
+    r0.stop();
+    r1.stop();
+}
+
+/// A group identity Secret that holds no usable key (here, 16 bytes) is reported on the pod and
+/// nothing is written: not the replica's Secret, not the identity. Fixed by hand, it is used.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_shared_identity_refuses_a_malformed_identity_secret_and_uses_it_once_fixed() {
+    use base64::Engine as _;
+    let short = base64::engine::general_purpose::STANDARD.encode([7u8; 16]);
+    let secrets = BTreeMap::from([(
+        key(NS, IDENTITY),
+        BTreeMap::from([("private.key".to_string(), short.clone().into_bytes())]),
+    )]);
+    let fake = Fake::start_many(group_cluster(), secrets).await;
+    let inputs = Inputs::new(&fake, "group-shared-bad");
+    let r0 = shared_replica(&inputs, 0, "a");
+    wait_for(&r0, "a Warning Event on the pod", || {
+        events(&fake).iter().any(|e| {
+            e["involvedObject"]["kind"] == "Pod"
+                && e["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("group identity Secret tg/tgp-identity"))
+        })
+    })
+    .await;
+    let event = events(&fake)
+        .into_iter()
+        .find(|e| e["involvedObject"]["kind"] == "Pod")
+        .expect("pod event");
+    let message = event["message"].as_str().unwrap_or_default().to_string();
+    assert!(message.contains("decodes to 16 bytes"), "{message}");
+    assert!(
+        !message.contains(&short),
+        "the Event shows the key: {message}"
+    );
+    assert_eq!(event["reason"], "InvalidTunnelgateConfig");
+    assert_eq!(replica_patches(&fake, 0), 0);
+    assert_eq!(identity_posts(&fake), 0);
+    assert_eq!(identity_writes_other_than_create(&fake), 0);
+    assert_eq!(utf8(&identity_secret(&fake), "private.key"), short);
+
+    // Fixed by hand: a good key, and the replica runs it (retried after a backoff).
+    let good = SecretKey([9; 32]);
+    fake.lock().secrets.insert(
+        key(NS, IDENTITY),
+        BTreeMap::from([("private.key".to_string(), good.expose_base64().into_bytes())]),
+    );
+    wait_for(&r0, "replica 0's Secret", || replica_patches(&fake, 0) >= 1).await;
+    assert_eq!(
+        utf8(&replica_secret(&fake, 0), "private.key"),
+        good.expose_base64()
+    );
+    assert_eq!(
+        utf8(&replica_secret(&fake, 0), "public_key"),
+        good.public_key().to_base64()
+    );
+    r0.stop();
+}
+
+/// The flag and its environment variable take exactly `per-replica` or `shared`, only with a
+/// proxy group, and a group name too long for its identity Secret's name is refused: exit 2,
+/// before any API call.
+#[test]
+fn group_identity_bad_usage_exits_2() {
+    use std::os::unix::ffi::OsStrExt as _;
+    let run = |args: &[&str], env: &[(&str, &std::ffi::OsStr)]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_tunnelgate-sidecar"))
+            .args(args)
+            .args(["--base-config", "/x"])
+            .env_remove("TUNNELGATE_SECRET")
+            .env_remove("TUNNELGATE_SERVICE")
+            .env_remove("TUNNELGATE_PROXY_GROUP")
+            .env_remove("TUNNELGATE_ADDRESS_POOLS")
+            .env_remove("TUNNELGATE_GROUP_IDENTITY")
+            .env("POD_NAME", "tgp-0")
+            // Nowhere to connect: a usage error must come before any API call.
+            .env("KUBECONFIG", "/nonexistent")
+            .envs(env.iter().copied())
+            .output()
+            .expect("run");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let os = std::ffi::OsStr::new;
+    let long = "x".repeat(10_000);
+    for value in [
+        os("Shared"),
+        os(""),
+        os(" shared"),
+        os("shared\n"),
+        os("per_replica"),
+        os(long.as_str()),
+    ] {
+        let (code, err) = run(
+            &["--proxy-group", "tgp"],
+            &[("TUNNELGATE_GROUP_IDENTITY", value)],
+        );
+        assert_eq!(code, Some(2), "{value:?}: {err}");
+        assert!(
+            err.contains("\"per-replica\" or \"shared\""),
+            "{value:?}: {err}"
+        );
+    }
+    // Not UTF-8.
+    let (code, _) = run(
+        &["--proxy-group", "tgp"],
+        &[(
+            "TUNNELGATE_GROUP_IDENTITY",
+            std::ffi::OsStr::from_bytes(b"sh\xffred"),
+        )],
+    );
+    assert_eq!(code, Some(2));
+    let (code, err) = run(&["--proxy-group", "tgp", "--identity", "bogus"], &[]);
+    assert_eq!(code, Some(2), "{err}");
+    // Only with a proxy group.
+    let (code, err) = run(
+        &[
+            "--service",
+            "tg/web",
+            "--secret",
+            "tg/proxy-0",
+            "--identity",
+            "shared",
+        ],
+        &[],
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--proxy-group"), "{err}");
+    // A group name whose identity Secret name would pass 253 characters.
+    let group = "g".repeat(250);
+    let (code, err) = run(&["--proxy-group", &group, "--identity", "shared"], &[]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("expected at most 244 characters"), "{err}");
+    // The same name is fine per replica (its Secrets are named after the pods).
+    let (code, err) = run(&["--proxy-group", &group], &[]);
+    assert_ne!(code, Some(2), "{err}");
+}

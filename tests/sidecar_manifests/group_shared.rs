@@ -1,0 +1,269 @@
+//! The proxy group with a shared identity (containers/k8s/group-shared, an overlay of ../group):
+//! what `kubectl kustomize` builds is valid, the sidecar runs with `--identity shared`, one UDP
+//! load balancer with client affinity and the clients' own addresses fronts the ready replicas,
+//! rolling updates and disruptions take one replica at a time, the Role reads the identity by
+//! name, and every replica renders the same key and address from the base config.
+
+use super::*;
+use tunnelgate::sidecar::group::{render_group, with_group_key, Identity, Replica};
+
+pub(crate) fn shared_dir() -> PathBuf {
+    dir().join("group-shared")
+}
+
+/// `kubectl kustomize containers/k8s/group-shared`; `None` (skipped with a note) without
+/// kubectl, except in CI, where it fails.
+fn built() -> Option<Vec<Value>> {
+    let present = Command::new("kubectl")
+        .args(["version", "--client"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !present {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "kubectl is not installed"
+        );
+        eprintln!("SKIPPED: kubectl is not installed");
+        return None;
+    }
+    let out = Command::new("kubectl")
+        .args(["kustomize", "containers/k8s/group-shared"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("KUBECONFIG", "/dev/null")
+        .output()
+        .expect("kubectl kustomize");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).expect("utf-8");
+    Some(serde_saphyr::from_multiple(&text).expect("kustomize output parses"))
+}
+
+fn one<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    objects
+        .iter()
+        .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name} in group-shared"))
+}
+
+fn in_list<'a>(list: &'a Value, name: &str) -> &'a Value {
+    list.as_array()
+        .and_then(|l| l.iter().find(|i| i["name"] == name))
+        .unwrap_or_else(|| panic!("no {name} in {list}"))
+}
+
+/// Every object `kubectl apply -k containers/k8s/group-shared` sends is valid against the
+/// Kubernetes 1.33 schemas (`kubernetes-validate --strict`; skipped without it but in CI).
+#[test]
+fn group_shared_builds_and_every_object_is_valid() {
+    let Some(objects) = built() else { return };
+    assert!(objects.len() >= 15, "{} objects", objects.len());
+    assert!(shared_dir().join("kustomization.yaml").is_file());
+    if Command::new("kubernetes-validate")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "kubernetes-validate is not installed: pip install kubernetes-validate"
+        );
+        eprintln!("SKIPPED: kubernetes-validate is not installed");
+        return;
+    }
+    let out = Command::new("kubectl")
+        .args(["kustomize", "containers/k8s/group-shared"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("KUBECONFIG", "/dev/null")
+        .output()
+        .expect("kubectl kustomize");
+    let file = std::env::temp_dir().join(format!("tg-group-shared-{}.yaml", std::process::id()));
+    std::fs::write(&file, &out.stdout).expect("write");
+    let v = Command::new("kubernetes-validate")
+        .args(["--strict", "-k", "1.33.0"])
+        .arg(&file)
+        .output()
+        .expect("run kubernetes-validate");
+    let _ = std::fs::remove_file(&file);
+    assert!(
+        v.status.success(),
+        "not valid:\n{}{}",
+        String::from_utf8_lossy(&v.stdout),
+        String::from_utf8_lossy(&v.stderr)
+    );
+}
+
+#[test]
+fn group_shared_runs_one_identity_behind_one_udp_balancer() {
+    let Some(objects) = built() else { return };
+    let set = one(&objects, "StatefulSet", "tgp");
+    let pod = &set["spec"]["template"]["spec"];
+    let sidecar = in_list(&pod["containers"], "sidecar");
+    assert_eq!(
+        in_list(&sidecar["env"], "TUNNELGATE_GROUP_IDENTITY")["value"],
+        "shared"
+    );
+    assert_eq!(
+        Identity::parse(
+            in_list(&sidecar["env"], "TUNNELGATE_GROUP_IDENTITY")["value"]
+                .as_str()
+                .unwrap_or_default()
+        ),
+        Ok(Identity::Shared)
+    );
+    // The balancer: UDP, client affinity, the client's address kept, the ready replicas.
+    let lb = one(&objects, "Service", "tgp-wireguard");
+    assert_eq!(lb["metadata"]["namespace"], NS);
+    assert_eq!(lb["spec"]["type"], "LoadBalancer");
+    assert_eq!(lb["spec"]["sessionAffinity"], "ClientIP");
+    assert_eq!(lb["spec"]["externalTrafficPolicy"], "Local");
+    assert_eq!(lb["spec"]["publishNotReadyAddresses"], Value::Null);
+    let labels = &set["spec"]["template"]["metadata"]["labels"];
+    for (k, v) in lb["spec"]["selector"].as_object().expect("selector") {
+        assert_eq!(&labels[k], v, "the balancer selects the replicas");
+    }
+    let ports = lb["spec"]["ports"].as_array().expect("ports");
+    assert_eq!(ports.len(), 1);
+    assert_eq!(ports[0]["protocol"], "UDP");
+    let proxy = in_list(&pod["containers"], "proxy");
+    let target = in_list(
+        &proxy["ports"],
+        ports[0]["targetPort"].as_str().expect("named"),
+    );
+    assert_eq!(target["protocol"], "UDP");
+    assert_eq!(target["containerPort"], 51820);
+    // Readiness from /readyz takes a dead replica out; preStop keeps a stopping one serving
+    // while that spreads; one replica at a time in a rolling update and a disruption.
+    assert_eq!(proxy["readinessProbe"]["httpGet"]["path"], "/readyz");
+    assert!(proxy["lifecycle"]["preStop"].is_object(), "preStop");
+    let strategy = &set["spec"]["updateStrategy"];
+    assert!(
+        strategy.is_null() || strategy["type"] == "RollingUpdate",
+        "{strategy}"
+    );
+    assert!(
+        strategy["rollingUpdate"]["maxUnavailable"].is_null()
+            || strategy["rollingUpdate"]["maxUnavailable"] == 1
+    );
+    let pdb = one(&objects, "PodDisruptionBudget", "tgp");
+    assert_eq!(pdb["spec"]["maxUnavailable"], 1);
+    assert_eq!(pdb["spec"]["selector"]["matchLabels"], *labels);
+    // No egress example: a peer's session is with one replica at a time.
+    assert!(!objects.iter().any(|o| o["kind"] == "Service"
+        && o["metadata"]["annotations"]["tunnelgate.dev/tunnel-ip"].is_string()));
+    assert!(!objects
+        .iter()
+        .any(|o| o["kind"] == "Service" && o["metadata"]["name"] == "db"));
+}
+
+/// The Role reads the identity Secret by name and may create it; it can never overwrite it.
+#[test]
+fn group_shared_role_gets_the_identity_by_name_and_never_writes_it() {
+    let Some(objects) = built() else { return };
+    let role = one(&objects, "Role", "tgp-identity");
+    assert_eq!(role["metadata"]["namespace"], NS);
+    let rules = role["rules"].as_array().expect("rules");
+    let get = rules
+        .iter()
+        .find(|r| strs(&r["verbs"]).contains("get"))
+        .expect("get");
+    assert_eq!(
+        strs(&get["resourceNames"]),
+        BTreeSet::from(["tgp-identity".to_string()])
+    );
+    assert_eq!(
+        strs(&get["resources"]),
+        BTreeSet::from(["secrets".to_string()])
+    );
+    let create = rules
+        .iter()
+        .find(|r| strs(&r["verbs"]).contains("create"))
+        .expect("create");
+    // RBAC cannot limit create by name: a resourceNames here would deny every create.
+    assert!(create["resourceNames"].is_null());
+    for r in rules {
+        for verb in ["update", "patch", "delete", "*"] {
+            assert!(!strs(&r["verbs"]).contains(verb), "{verb}: {r}");
+        }
+    }
+    let binding = one(&objects, "RoleBinding", "tgp-identity");
+    assert_eq!(binding["roleRef"]["name"], "tgp-identity");
+    let sa = set_sa(&objects);
+    assert!(binding["subjects"]
+        .as_array()
+        .is_some_and(|s| s.iter().any(|s| s["name"] == sa && s["namespace"] == NS)));
+}
+
+fn set_sa(objects: &[Value]) -> String {
+    one(objects, "StatefulSet", "tgp")["spec"]["template"]["spec"]["serviceAccountName"]
+        .as_str()
+        .expect("service account")
+        .to_string()
+}
+
+/// The base config of the overlay renders, with the group's Services, into the same key and
+/// address for every replica, and its peer has no endpoint (the peer dials the balancer).
+#[test]
+fn group_shared_base_config_renders_one_key_and_address_for_every_replica() {
+    let Some(objects) = built() else { return };
+    let base = one(&objects, "ConfigMap", "tgp-base")["data"]["base.toml"]
+        .as_str()
+        .expect("base.toml")
+        .to_string();
+    let parsed: toml::Table = base.parse().expect("toml");
+    for peer in parsed["peer"].as_array().expect("peers") {
+        assert!(peer.get("endpoint").is_none(), "{peer}");
+        assert!(peer.get("persistent_keepalive").is_none(), "{peer}");
+    }
+    let set = one(&objects, "StatefulSet", "tgp");
+    let sidecar = in_list(&set["spec"]["template"]["spec"]["containers"], "sidecar");
+    let pools: Vec<tunnelgate::config::IpNet> =
+        in_list(&sidecar["env"], "TUNNELGATE_ADDRESS_POOLS")["value"]
+            .as_str()
+            .expect("pools")
+            .split(',')
+            .map(|p| p.parse().expect("pool"))
+            .collect();
+    let mut services = Vec::new();
+    for (i, mut svc) in objects
+        .iter()
+        .filter(|o| o["kind"] == "Service")
+        .cloned()
+        .enumerate()
+    {
+        if svc["spec"]["clusterIP"].is_null() {
+            svc["spec"]["clusterIP"] = format!("10.96.0.{}", 10 + i).into();
+        }
+        let svc: k8s_openapi::api::core::v1::Service =
+            serde_json::from_value(svc).expect("Service");
+        services.push(service_info(&svc));
+    }
+    let group = SecretKey([77; 32]);
+    let replicas = set["spec"]["replicas"].as_u64().expect("replicas") as u32;
+    let mut seen = BTreeSet::new();
+    for ordinal in 0..replicas + 1 {
+        let replica = Replica {
+            group: "tgp".into(),
+            ordinal,
+            pools: pools.clone(),
+            identity: Identity::Shared,
+        };
+        let current = with_group_key(&BTreeMap::new(), &group);
+        let out = render_group(&replica, &services, &base, &current, || {
+            panic!("a replica generated its own key")
+        })
+        .unwrap_or_else(|e| panic!("replica {ordinal}: {e}"));
+        assert!(out.refused.is_empty(), "{:?}", out.refused);
+        assert_eq!(out.served, ["apps/web"]);
+        let data = &out.rendered.data;
+        seen.insert((
+            data["private.key"].clone(),
+            data["public_key"].clone(),
+            data["device_ips"].clone(),
+        ));
+        assert_eq!(data["device_ips"], br#"["100.64.1.1"]"#);
+    }
+    assert_eq!(seen.len(), 1, "every replica renders the same identity");
+}
