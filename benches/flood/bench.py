@@ -60,7 +60,7 @@ ADDR = {"c": "10.97.0.2", "pc": "10.97.0.1", "pf": "10.96.0.1", "f": "10.96.0.2"
 TUNNEL = {"c": "10.100.0.1", "p": "10.100.0.2"}
 PORT = 51820
 SINK_PORT = 9999
-FLOODS = ("init", "data", "cookie")
+FLOODS = ("init", "init2", "data", "cookie")
 MODES = {"rt": {}, "normal": {"TUNNELGATE_RT_PRIORITY": "0"}}
 PING_INTERVAL = 0.01
 DROP_LIMIT = 0.02  # the ramp stops where the proxy's socket drops more than this share of the offer
@@ -138,6 +138,11 @@ class Rig:
             nsx(self.ns[other], "ip", "addr", "add", f"{ADDR[theirs]}/24", "dev", vo)
             nsx(self.ns["p"], "ip", "link", "set", vp, "up")
             nsx(self.ns[other], "ip", "link", "set", vo, "up")
+        # The flood's source addresses, each its own sender to the proxy (and, for init2, each
+        # with a cookie of its own).
+        vf = f"{IF_PREFIX}{PID}vf"
+        for a in flood_sources():
+            nsx(self.ns["f"], "ip", "addr", "add", f"{a}/24", "dev", vf)
 
     def start(self, env: dict[str, str]) -> None:
         self.stop()
@@ -206,15 +211,24 @@ def find_key(j, key: str):
 
 
 GSO = [8]  # messages per send (--gso)
+SOURCES = [8]  # flood source addresses (--sources)
+
+
+def flood_sources() -> list[str]:
+    """The flooder's source addresses: 10.96.0.10 and up, in the proxy's /24."""
+    return [f"10.96.0.{10 + i}" for i in range(SOURCES[0])]
 
 
 def start_gens(rig: Rig, kind: str, rate: float, seconds: float, procs: int, size: int, target: str | None = None) -> list[subprocess.Popen]:
     to = target or f"{ADDR['pf']}:{PORT}"
     per = rate / procs if rate > 0 else 0
-    return [subprocess.Popen(["ip", "netns", "exec", rig.ns["f"], "taskset", "-c", rig.other_cpus, sys.executable, str(GEN), "gen", kind, to,
-                              rig.keys["p"][1], str(per), str(seconds), str(size), str(GSO[0])],
+    sources = flood_sources()
+    # Each generator process sends from its share of the sources, in turn.
+    shares = [",".join(sources[i::procs]) for i in range(procs)]
+    return [subprocess.Popen(["ip", "netns", "exec", rig.ns["f"], "env", f"GEN_SOURCES={shares[i]}", "taskset", "-c", rig.other_cpus,
+                              sys.executable, str(GEN), "gen", kind, to, rig.keys["p"][1], str(per), str(seconds), str(size), str(GSO[0])],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
-            for _ in range(procs)]
+            for i in range(procs)]
 
 
 def gens_result(gens: list[subprocess.Popen], seconds: float) -> dict:
@@ -225,6 +239,8 @@ def gens_result(gens: list[subprocess.Popen], seconds: float) -> dict:
             outs.append(json.loads(out.strip().splitlines()[-1]))
         except (json.JSONDecodeError, IndexError):
             raise CommandFailed(f"flood generator exited {g.returncode}: {err.strip()[-300:]}")
+        if "error" in outs[-1]:
+            raise CommandFailed(f"flood generator: {outs[-1]['error']}")
     sent = sum(o["sent"] for o in outs)
     wall = max(o["seconds"] for o in outs)
     return {"sent": sent, "pps": round(sent / wall) if wall else 0, "replies": sum(o["replies"] for o in outs),
@@ -464,6 +480,7 @@ def main() -> int:
     ap.add_argument("--floods", default=",".join(FLOODS), help="comma-separated subset of: %(default)s")
     ap.add_argument("--rates", default="0.5,1,2", help="the rates to measure, as multiples of the reader's capacity (default %(default)s)")
     ap.add_argument("--gen-procs", type=int, default=2, help="flood generator processes (default %(default)s)")
+    ap.add_argument("--sources", type=int, default=8, help="flood source addresses, shared among the generator processes (default %(default)s)")
     ap.add_argument("--data-size", type=int, default=64, help="bytes per data message of the data flood (default %(default)s)")
     ap.add_argument("--gso", type=int, default=8,
                     help="messages per send, as one UDP_SEGMENT train that the proxy's UDP_GRO socket takes in one piece, as a NIC's GRO "
@@ -481,6 +498,7 @@ def main() -> int:
         ap.error(f"--floods {args.floods}: known: {', '.join(FLOODS)}")
     rates = [float(x) for x in args.rates.split(",")]
     GSO[0] = max(1, min(64, args.gso))
+    SOURCES[0] = max(1, min(200, args.sources))
     extra_env = dict(kv.split("=", 1) for kv in args.daemon_env if "=" in kv)
     if os.geteuid() != 0:
         ap.error("needs root (network namespaces): run benches/flood/run.sh as root")

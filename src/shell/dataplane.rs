@@ -13,6 +13,7 @@
 //! one core. No lock guard lives across a system call: a peer's lock is taken to reserve a
 //! read's counters, or for one decrypt's lookup and record, and the batch is sent after.
 
+mod handshakes;
 mod readers;
 pub mod relay;
 mod table;
@@ -144,6 +145,10 @@ struct Inner {
     cores: Arc<relay::Cores>,
     /// Set once when the data path cannot go on (the TUN device is gone).
     fatal: watch::Sender<Option<String>>,
+    /// Handshake messages on their way from the readers to the timer thread.
+    handshakes: handshakes::HandshakeQueue,
+    /// The timer thread, which the readers wake when they queue a handshake.
+    timer_thread: std::sync::OnceLock<std::thread::Thread>,
 }
 
 impl Dataplane {
@@ -186,6 +191,8 @@ impl Dataplane {
                 readers: readers::ReaderStates::new(workers),
                 cores,
                 fatal: watch::Sender::new(None),
+                handshakes: handshakes::HandshakeQueue::new(),
+                timer_thread: std::sync::OnceLock::new(),
             }),
             stopped: AtomicBool::new(false),
         })
@@ -409,6 +416,14 @@ impl Inner {
         u64::try_from(crate::shell::clock::since(self.epoch).as_millis()).unwrap_or(u64::MAX)
     }
 
+    /// Wakes the timer thread for the handshakes just queued (no system call unless it is
+    /// parked).
+    fn wake_handshakes(&self) {
+        if let Some(thread) = self.timer_thread.get() {
+            thread.unpark();
+        }
+    }
+
     fn beat(&self, thread: PacketThread) {
         self.heartbeats.beat(thread, self.now_ms());
     }
@@ -497,7 +512,11 @@ impl Inner {
         let inner = self.clone();
         let run = move || body(&inner);
         let handle = match thread {
-            PacketThread::Timers => std::thread::Builder::new().name(thread.name()).spawn(run)?,
+            PacketThread::Timers => {
+                let handle = std::thread::Builder::new().name(thread.name()).spawn(run)?;
+                let _ = self.timer_thread.set(handle.thread().clone());
+                handle
+            }
             PacketThread::TunReader(_) | PacketThread::UdpReader(_) => {
                 self.threads.spawner.spawn(thread.name(), run)?
             }

@@ -44,10 +44,17 @@ pub enum DropReason {
     /// tells the bulk flow's sender to slow down. Deliberate, like a router's: counted apart
     /// from faults. Last, so earlier reasons keep their place.
     Aqm,
+    /// A handshake message the packet readers could not hand to the handshake path: its queue
+    /// was full (a flood; the kernel and wireguard-go drop there too). Last, so earlier
+    /// reasons keep their place.
+    HandshakeQueueFull,
+    /// A handshake message whose source, under load, had already spent its share of
+    /// handshakes (`core::handshake::SourceLimiter`), dropped before any Diffie-Hellman.
+    HandshakeLimited,
 }
 
 impl DropReason {
-    pub const COUNT: usize = 10;
+    pub const COUNT: usize = 12;
     /// Every reason, in the fixed order (`ALL[r as usize] == r`).
     pub const ALL: [DropReason; DropReason::COUNT] = [
         DropReason::NoPeer,
@@ -60,6 +67,8 @@ impl DropReason {
         DropReason::UdpSend,
         DropReason::LinkLocalMulticast,
         DropReason::Aqm,
+        DropReason::HandshakeQueueFull,
+        DropReason::HandshakeLimited,
     ];
 
     /// Whether a received datagram dropped for this reason had authenticated first, and so
@@ -81,6 +90,8 @@ impl DropReason {
             DropReason::UdpSend => "udp_send",
             DropReason::LinkLocalMulticast => "link_local_multicast",
             DropReason::Aqm => "aqm",
+            DropReason::HandshakeQueueFull => "handshake_queue_full",
+            DropReason::HandshakeLimited => "handshake_limited",
         }
     }
 }
@@ -135,6 +146,8 @@ pub struct DropStats {
     pub udp_send: u64,
     pub link_local_multicast: u64,
     pub aqm: u64,
+    pub handshake_queue_full: u64,
+    pub handshake_limited: u64,
     /// Bytes of received WireGuard datagrams dropped, by reason in [`DropReason::ALL`] order.
     pub received_bytes: [u64; DropReason::COUNT],
 }
@@ -152,6 +165,8 @@ impl DropStats {
             DropReason::UdpSend => self.udp_send,
             DropReason::LinkLocalMulticast => self.link_local_multicast,
             DropReason::Aqm => self.aqm,
+            DropReason::HandshakeQueueFull => self.handshake_queue_full,
+            DropReason::HandshakeLimited => self.handshake_limited,
         }
     }
 
@@ -167,6 +182,8 @@ impl DropStats {
             DropReason::UdpSend => &mut self.udp_send,
             DropReason::LinkLocalMulticast => &mut self.link_local_multicast,
             DropReason::Aqm => &mut self.aqm,
+            DropReason::HandshakeQueueFull => &mut self.handshake_queue_full,
+            DropReason::HandshakeLimited => &mut self.handshake_limited,
         }
     }
 
@@ -336,17 +353,45 @@ pub fn identify<'t, T: PeerLookup>(
     datagram: &[u8],
     cookie_out: &mut [u8],
 ) -> Result<Sender<'t, T::Peer>, DropReason> {
-    let peer = match wg::classify(
+    identify_charged(
+        peers,
+        limiter,
+        own_private,
+        own_public,
+        from,
+        datagram,
+        cookie_out,
+        |_| true,
+    )
+}
+
+/// [`identify`] on the handshake path: `may_cost(proved)` says, before any Diffie-Hellman,
+/// whether a handshake that passed its macs may cost one (see [`wg::classify_charged`]); a
+/// refusal drops it as [`DropReason::HandshakeLimited`].
+#[allow(clippy::too_many_arguments)]
+pub fn identify_charged<'t, T: PeerLookup>(
+    peers: &'t T,
+    limiter: &Limiter,
+    own_private: &SecretKey,
+    own_public: &PublicKey,
+    from: SocketAddr,
+    datagram: &[u8],
+    cookie_out: &mut [u8],
+    may_cost: impl FnOnce(bool) -> bool,
+) -> Result<Sender<'t, T::Peer>, DropReason> {
+    let peer = match wg::classify_charged(
         limiter,
         own_private,
         own_public,
         from.ip(),
         datagram,
         cookie_out,
+        may_cost,
     ) {
         Ok(Incoming::Initiation(key)) => peers.by_key(&key),
         Ok(Incoming::Index(index)) => peers.by_index(index),
         Ok(Incoming::Cookie(len)) => return Ok(Sender::Cookie(len)),
+        Ok(Incoming::Limited) => return Err(DropReason::HandshakeLimited),
         Err(_) => return Err(DropReason::Invalid),
     };
     peer.map(Sender::Peer).ok_or(DropReason::UnknownPeer)

@@ -107,6 +107,27 @@ impl Limiter {
     pub fn reset_count(&self) {
         self.0.reset_count();
     }
+
+    /// Whether the handshake path counts itself under load (its queue is deep): while it does,
+    /// every handshake message needs a valid mac2 (a cookie for its source address).
+    pub fn set_under_load(&self, on: bool) {
+        self.0.set_under_load(on);
+    }
+}
+
+/// Whether `datagram` is a handshake message by its type and exact size alone (an initiation,
+/// a response, a cookie reply): what a packet reader checks before it hands the datagram to
+/// the handshake path, without any cryptography.
+#[inline]
+pub fn is_handshake(datagram: &[u8]) -> bool {
+    const INITIATION: (u32, usize) = (1, 148);
+    const RESPONSE: (u32, usize) = (2, 92);
+    const COOKIE_REPLY: (u32, usize) = (3, 64);
+    let Some(kind) = datagram.get(..4) else {
+        return false;
+    };
+    let kind = u32::from_le_bytes([kind[0], kind[1], kind[2], kind[3]]);
+    matches!((kind, datagram.len()), INITIATION | RESPONSE | COOKIE_REPLY)
 }
 
 /// Which peer an incoming datagram belongs to.
@@ -118,6 +139,8 @@ pub enum Incoming {
     Index(u32),
     /// Under load: send this cookie reply (in the buffer given) back to the sender.
     Cookie(usize),
+    /// A handshake the caller's limit refused (see [`classify_charged`]).
+    Limited,
 }
 
 /// Identifies the peer of `datagram` without touching any peer state. Checks mac1 (and, under
@@ -130,7 +153,43 @@ pub fn classify(
     datagram: &[u8],
     cookie_out: &mut [u8],
 ) -> Result<Incoming, TunnelError> {
-    match limiter.0.verify_packet(Some(src), datagram, cookie_out) {
+    classify_charged(
+        limiter,
+        own_private,
+        own_public,
+        src,
+        datagram,
+        cookie_out,
+        |_| true,
+    )
+}
+
+/// [`classify`], asking `may_cost(proved)` once the macs passed and before any Diffie-Hellman
+/// whether this message may cost one (`proved`: its source proved its address with a valid
+/// mac2, so the caller can charge that source). A refusal is [`Incoming::Limited`].
+pub fn classify_charged(
+    limiter: &Limiter,
+    own_private: &SecretKey,
+    own_public: &PublicKey,
+    src: IpAddr,
+    datagram: &[u8],
+    cookie_out: &mut [u8],
+    may_cost: impl FnOnce(bool) -> bool,
+) -> Result<Incoming, TunnelError> {
+    let verified = limiter
+        .0
+        .verify_packet_proving(Some(src), datagram, cookie_out);
+    let verified = match verified {
+        Ok((packet @ (Packet::HandshakeInit(_) | Packet::HandshakeResponse(_)), proved)) => {
+            if !may_cost(proved) {
+                return Ok(Incoming::Limited);
+            }
+            Ok(packet)
+        }
+        Ok((packet, _)) => Ok(packet),
+        Err(e) => Err(e),
+    };
+    match verified {
         Ok(Packet::HandshakeInit(init)) => {
             let private = x25519::StaticSecret::from(own_private.0);
             let public = x25519::PublicKey::from(own_public.0);
@@ -648,6 +707,75 @@ mod tests {
             tb.decapsulate(src, &data, &mut out),
             Outcome::Error(TunnelError::Rejected(_))
         ));
+    }
+
+    #[test]
+    fn handshakes_are_told_apart_by_type_and_size_alone() {
+        let (mut ta, ..) = pair();
+        let mut buf = vec![0u8; 2048];
+        let init = match ta.initiate(&mut buf) {
+            Outcome::Network(m) => m.to_vec(),
+            other => panic!("expected initiation, got {other:?}"),
+        };
+        assert!(is_handshake(&init));
+        assert!(is_handshake(
+            &[&[2u8, 0, 0, 0][..], &[0u8; 88][..]].concat()
+        ));
+        assert!(is_handshake(
+            &[&[3u8, 0, 0, 0][..], &[0u8; 60][..]].concat()
+        ));
+        // A data message, a wrong size, a wrong type, too short to have a type.
+        assert!(!is_handshake(
+            &[&[4u8, 0, 0, 0][..], &[0u8; 28][..]].concat()
+        ));
+        assert!(!is_handshake(&init[..147]));
+        assert!(!is_handshake(&[&[1u8, 0, 0, 1][..], &init[4..]].concat()));
+        assert!(!is_handshake(&[1u8, 0]));
+    }
+
+    /// Under load, a message without a valid mac2 gets a cookie and is never charged; one
+    /// that carries the cookie is charged before any Diffie-Hellman, and a refusal stops it.
+    #[test]
+    fn under_load_a_proven_source_is_charged_before_the_diffie_hellman() {
+        let (mut ta, _tb, _la, lb, _a, b) = pair();
+        let src: IpAddr = "192.0.2.1".parse().expect("ip");
+        let (mut buf, mut out) = (vec![0u8; 2048], vec![0u8; 2048]);
+        let init = match ta.initiate(&mut buf) {
+            Outcome::Network(m) => m.to_vec(),
+            other => panic!("expected initiation, got {other:?}"),
+        };
+        // Not under load: passes without a charge question that proves anything.
+        let mut asked = None;
+        let who = classify_charged(&lb, &b, &b.public_key(), src, &init, &mut out, |p| {
+            asked = Some(p);
+            true
+        });
+        assert_eq!(who, Ok(Incoming::Initiation(_a.public_key())));
+        assert_eq!(asked, Some(false));
+        lb.set_under_load(true);
+        let mut cookie = [0u8; 64];
+        let who = classify_charged(&lb, &b, &b.public_key(), src, &init, &mut cookie, |_| {
+            panic!("a message without mac2 is answered with a cookie, not charged")
+        });
+        let Ok(Incoming::Cookie(len)) = who else {
+            panic!("expected a cookie reply, got {who:?}");
+        };
+        // The initiator takes the cookie and sends its initiation again, with mac2.
+        assert!(matches!(
+            ta.decapsulate(src, &cookie[..len], &mut out),
+            Outcome::Done
+        ));
+        let again = match ta.active().format_handshake_initiation(&mut buf, true) {
+            TunnResult::WriteToNetwork(m) => m.to_vec(),
+            _ => panic!("expected an initiation with mac2"),
+        };
+        let refused = classify_charged(&lb, &b, &b.public_key(), src, &again, &mut out, |p| {
+            assert!(p, "a valid mac2 proves the source");
+            false
+        });
+        assert_eq!(refused, Ok(Incoming::Limited));
+        let allowed = classify_charged(&lb, &b, &b.public_key(), src, &again, &mut out, |_| true);
+        assert_eq!(allowed, Ok(Incoming::Initiation(_a.public_key())));
     }
 
     #[test]

@@ -1,9 +1,11 @@
 //! The packet loops of one worker (TUN queue -> encrypt -> UDP, UDP -> decrypt -> TUN queue),
 //! their relay partners (a whole read handed to an idle partner, emitted in read order:
-//! [`super::relay`]) and the timer thread. Buffers are allocated once per thread; a batch takes
+//! [`super::relay`]) and the timer thread, which also runs the handshake path
+//! ([`super::handshakes`]). Buffers are allocated once per thread; a batch takes
 //! one snapshot of the peer table; a peer's lock is held for one call into `core::peer` and
 //! released before any send or write; nothing here logs per packet.
 
+use super::handshakes::HandshakeWork;
 use super::readers::ThreadPriority;
 use super::relay::{Busy, Cores, Relay, Stopper, TakeBack, Turn};
 use super::table::{PeerSlot, PeerTable};
@@ -370,7 +372,7 @@ fn flush(inner: &Inner, socket: &WgSocket, out: &mut SendBatch) {
 
 /// A local address peers replied from is gone: they fall back to the kernel's choice of
 /// source until they send to another address of ours (rare: a walk over the table).
-fn forget_source(inner: &Inner, gone: IpAddr) {
+pub(super) fn forget_source(inner: &Inner, gone: IpAddr) {
     tracing::info!(address = %gone, "Local address gone; replying from the kernel's choice");
     for slot in inner.snapshot().peers() {
         slot.lock().forget_source(gone);
@@ -607,6 +609,7 @@ fn open_job(
 /// and its socket (handshake and cookie replies).
 struct Opener<'a> {
     inner: &'a Inner,
+    worker: usize,
     tun: &'a tun_rs::SyncDevice,
     socket: &'a WgSocket,
 }
@@ -633,6 +636,7 @@ impl<'a> Opener<'a> {
     fn new(inner: &'a Inner, worker: usize, socket: &'a WgSocket) -> Opener<'a> {
         Opener {
             inner,
+            worker,
             tun: &inner.queues[worker],
             socket,
         }
@@ -651,6 +655,7 @@ impl<'a> Opener<'a> {
     ) -> u64 {
         let mut emit = Emit {
             inner: self.inner,
+            worker: self.worker,
             tun: self.tun,
             socket: self.socket,
             coalescer: &mut buffers.coalescer,
@@ -672,6 +677,8 @@ impl<'a> Opener<'a> {
 /// and the socket (handshake and cookie replies).
 struct Emit<'a, 't> {
     inner: &'a Inner,
+    /// The worker whose socket received the batch: handshake replies leave by it.
+    worker: usize,
     tun: &'a tun_rs::SyncDevice,
     socket: &'a WgSocket,
     coalescer: &'a mut Coalescer,
@@ -708,7 +715,21 @@ fn open_batch(
 ) -> u64 {
     let inner = emit.inner;
     let mut unauthenticated = 0;
+    let mut queued_handshakes = false;
     for (from, datagram) in batch.datagrams() {
+        // Handshakes go to their own path (the timer thread, at normal priority): a reader
+        // checks their type and size only, and never runs a Diffie-Hellman.
+        if wg::is_handshake(datagram) {
+            unauthenticated += 1;
+            if inner.handshakes.push(from, emit.worker, datagram) {
+                queued_handshakes = true;
+            } else {
+                inner
+                    .drops
+                    .add_received(DropReason::HandshakeQueueFull, datagram.len());
+            }
+            continue;
+        }
         let identified = packet::identify(
             &**table,
             table.limiter(),
@@ -759,6 +780,9 @@ fn open_batch(
     }
     emit.flush_replies();
     emit.write_tun();
+    if queued_handshakes {
+        inner.wake_handshakes();
+    }
     unauthenticated
 }
 
@@ -846,16 +870,30 @@ impl Received<'_> {
     }
 }
 
+/// The timer thread: every peer's handshake, rekey and keepalive timers each [`TIMER_TICK`],
+/// and the handshake path ([`handshakes`]): the readers wake it when they queue a handshake
+/// message, and it takes them a round at a time between its timers.
 pub(super) fn timer_loop(inner: &Inner) {
     let mut buf = vec![0u8; wg::MIN_OUTPUT.max(2048)];
     confine(&PacketThread::Timers.name());
     let mut limiter_reset = LimiterReset::default();
+    let mut handshakes = HandshakeWork::new();
+    let mut next_tick = clock::now();
+    let mut more = false;
     while !inner.stop.load(Ordering::Relaxed) {
         inner.beat(PacketThread::Timers);
-        // Parked, not asleep: `Dataplane::stop` unparks it, so a stop does not wait a tick.
-        std::thread::park_timeout(TIMER_TICK);
-        let now = crate::shell::clock::now();
+        if !more {
+            // Parked, not asleep: `Dataplane::stop` and a reader that queued a handshake
+            // unpark it.
+            std::thread::park_timeout(next_tick.saturating_duration_since(clock::now()));
+        }
+        let now = clock::now();
         let table = inner.snapshot();
+        more = handshakes.round(inner, &table, now);
+        if now < next_tick {
+            continue;
+        }
+        next_tick = now + TIMER_TICK;
         if limiter_reset.due(now) {
             table.limiter().reset_count();
         }

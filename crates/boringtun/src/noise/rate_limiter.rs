@@ -5,7 +5,7 @@ use crate::noise::handshake::{LABEL_COOKIE, LABEL_MAC1};
 use crate::noise::{HandshakeInit, HandshakeResponse, Packet, Tunn, TunnResult, WireGuardError};
 
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crate::sleepyinstant::Instant;
 
@@ -48,6 +48,9 @@ pub struct RateLimiter {
     count: AtomicU64,
     /// The time last reset was performed on this rate limiter
     last_reset: Mutex<Instant>,
+    /// Under load by the caller's measure (tunnelgate: the depth of its handshake queue), on
+    /// top of the count above, which stays as a backstop.
+    under_load: AtomicBool,
 }
 
 impl RateLimiter {
@@ -71,6 +74,7 @@ impl RateLimiter {
             limit,
             count: AtomicU64::new(0),
             last_reset: Mutex::new(Instant::now()),
+            under_load: AtomicBool::new(false),
         }
     }
 
@@ -109,7 +113,14 @@ impl RateLimiter {
     }
 
     fn is_under_load(&self) -> bool {
-        self.count.fetch_add(1, Ordering::SeqCst) >= self.limit
+        let over_count = self.count.fetch_add(1, Ordering::SeqCst) >= self.limit;
+        over_count || self.under_load.load(Ordering::Relaxed)
+    }
+
+    /// Says whether the caller counts itself under load: while it does, every handshake
+    /// message must carry a valid mac2 (a cookie for its source address).
+    pub fn set_under_load(&self, on: bool) {
+        self.under_load.store(on, Ordering::Relaxed);
     }
 
     pub(crate) fn format_cookie_reply<'a>(
@@ -156,7 +167,20 @@ impl RateLimiter {
         src: &'a [u8],
         dst: &'b mut [u8],
     ) -> Result<Packet<'a>, TunnResult<'b>> {
+        self.verify_packet_proving(src_addr, src, dst)
+            .map(|(packet, _)| packet)
+    }
+
+    /// As [`RateLimiter::verify_packet`], and says whether the message proved its source
+    /// address (a valid mac2 was demanded and found), so the caller may charge that source.
+    pub fn verify_packet_proving<'a, 'b>(
+        &self,
+        src_addr: Option<IpAddr>,
+        src: &'a [u8],
+        dst: &'b mut [u8],
+    ) -> Result<(Packet<'a>, bool), TunnResult<'b>> {
         let packet = Tunn::parse_incoming_packet(src)?;
+        let mut proved = false;
 
         // Verify and rate limit handshake messages only
         if let Packet::HandshakeInit(HandshakeInit { sender_idx, .. })
@@ -186,9 +210,10 @@ impl RateLimiter {
                         .map_err(TunnResult::Err)?;
                     return Err(TunnResult::WriteToNetwork(cookie_packet));
                 }
+                proved = true;
             }
         }
 
-        Ok(packet)
+        Ok((packet, proved))
     }
 }

@@ -211,7 +211,9 @@ fn reasons_have_a_fixed_order_and_their_labels_are_the_json_fields() {
             "tun_write",
             "udp_send",
             "link_local_multicast",
-            "aqm"
+            "aqm",
+            "handshake_queue_full",
+            "handshake_limited"
         ]
     );
 }

@@ -1,0 +1,162 @@
+//! The decisions of the handshake path, apart from the packet readers: when the interface is
+//! "under load" (from the depth of its handshake queue, as the kernel decides it), and how
+//! many handshakes one source may cost per second once it is. Time comes in as `now`.
+//!
+//! The readers only queue handshake messages (initiations, responses, cookie replies); one
+//! thread of normal priority takes them from the queue, checks mac1, and, under load, demands
+//! a cookie (mac2) and charges the source here before any Diffie-Hellman. A source that holds
+//! a cookie can thus buy at most [`PER_SOURCE_PER_SECOND`] handshakes a second (after a burst
+//! of [`PER_SOURCE_BURST`]), whatever it sends; the global limit of the rate limiter stays
+//! behind it as a backstop. The values are wireguard-go's (`ratelimiter.go`: 20/s, burst 5,
+//! IPv6 sources counted per /64) and the kernel's (`MAX_QUEUED_INCOMING_HANDSHAKES` 4,096,
+//! under load from an eighth of it, held one second).
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+#[cfg(test)]
+mod tests;
+
+/// Handshake messages the queue holds before it drops (the kernel's 4,096 per device).
+pub const QUEUE_CAPACITY: usize = 4096;
+
+/// How long the interface stays under load after the queue was last seen deep.
+pub const UNDER_LOAD_HOLD: Duration = Duration::from_secs(1);
+
+/// Handshakes per second one source may cost under load, after its burst.
+pub const PER_SOURCE_PER_SECOND: u32 = 20;
+
+/// Handshakes one idle source may cost at once under load.
+pub const PER_SOURCE_BURST: u32 = 5;
+
+/// Sources the per-source limiter remembers at once. Only sources that proved their address
+/// (a valid mac2: the cookie is bound to it) are charged, so spoofed sources cannot fill it; a
+/// source past this many is refused until the next sweep frees a place.
+pub const MAX_SOURCES: usize = 65_536;
+
+/// Whether the interface is under load: the queue's depth reached an eighth of its capacity
+/// within the last [`UNDER_LOAD_HOLD`].
+#[derive(Debug, Default, Clone, Copy)]
+pub struct UnderLoad {
+    until: Option<Instant>,
+}
+
+impl UnderLoad {
+    /// Records the queue's depth at `now` and says whether the interface is under load.
+    pub fn observe(&mut self, depth: usize, capacity: usize, now: Instant) -> bool {
+        if depth >= (capacity / 8).max(1) {
+            self.until = Some(now + UNDER_LOAD_HOLD);
+        }
+        self.is_under_load(now)
+    }
+
+    pub fn is_under_load(&self, now: Instant) -> bool {
+        self.until.is_some_and(|until| now < until)
+    }
+}
+
+/// What the limiter counts a source by: an IPv4 address, or an IPv6 /64 (one host's share of
+/// a network, as wireguard-go counts it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SourceKey {
+    V4([u8; 4]),
+    V6([u8; 8]),
+}
+
+impl SourceKey {
+    pub fn of(addr: IpAddr) -> SourceKey {
+        match addr {
+            IpAddr::V4(a) => SourceKey::V4(a.octets()),
+            IpAddr::V6(a) => match a.to_ipv4_mapped() {
+                Some(v4) => SourceKey::V4(v4.octets()),
+                None => {
+                    let mut prefix = [0u8; 8];
+                    prefix.copy_from_slice(&a.octets()[..8]);
+                    SourceKey::V6(prefix)
+                }
+            },
+        }
+    }
+}
+
+/// A token bucket per source: [`PER_SOURCE_BURST`] tokens, refilled at
+/// [`PER_SOURCE_PER_SECOND`]. Tokens are counted in nanoseconds of refill time so that the
+/// arithmetic stays in integers.
+#[derive(Debug)]
+pub struct SourceLimiter {
+    buckets: HashMap<SourceKey, Bucket>,
+    last_sweep: Option<Instant>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Bucket {
+    /// Refill time banked, in nanoseconds: one token is `COST` of it.
+    banked: u64,
+    last: Instant,
+}
+
+const COST: u64 = 1_000_000_000 / PER_SOURCE_PER_SECOND as u64;
+const BANK_MAX: u64 = COST * PER_SOURCE_BURST as u64;
+/// How often idle buckets (full again) are forgotten.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
+
+impl Default for SourceLimiter {
+    fn default() -> Self {
+        SourceLimiter::new()
+    }
+}
+
+impl SourceLimiter {
+    pub fn new() -> SourceLimiter {
+        SourceLimiter {
+            buckets: HashMap::new(),
+            last_sweep: None,
+        }
+    }
+
+    /// Charges `source` one handshake at `now`: whether it may have it.
+    pub fn allow(&mut self, source: IpAddr, now: Instant) -> bool {
+        self.sweep(now);
+        let key = SourceKey::of(source);
+        if !self.buckets.contains_key(&key) && self.buckets.len() >= MAX_SOURCES {
+            return false;
+        }
+        let bucket = self.buckets.entry(key).or_insert(Bucket {
+            banked: BANK_MAX,
+            last: now,
+        });
+        let refill = u64::try_from(now.saturating_duration_since(bucket.last).as_nanos())
+            .unwrap_or(u64::MAX);
+        bucket.banked = bucket.banked.saturating_add(refill).min(BANK_MAX);
+        bucket.last = now;
+        if bucket.banked >= COST {
+            bucket.banked -= COST;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Sources remembered now.
+    pub fn sources(&self) -> usize {
+        self.buckets.len()
+    }
+
+    /// Forgets, at most once a second, every source whose bucket has refilled: it would start
+    /// full anyway.
+    fn sweep(&mut self, now: Instant) {
+        if self
+            .last_sweep
+            .is_some_and(|last| now.saturating_duration_since(last) < SWEEP_EVERY)
+        {
+            return;
+        }
+        self.last_sweep = Some(now);
+        self.buckets.retain(|_, b| {
+            let refill =
+                u64::try_from(now.saturating_duration_since(b.last).as_nanos()).unwrap_or(u64::MAX);
+            b.banked.saturating_add(refill) < BANK_MAX
+        });
+    }
+}
