@@ -22,7 +22,8 @@ pub fn parse_or_exit<C: Parser>() -> Result<C, ExitCode> {
 /// `tunnelgate-import-wg-quick.8`), generated from the clap definition the command line is
 /// parsed with, so that they say what `--help` says. Hidden commands and `help` get none.
 /// Each page ends with the exit status and a SEE ALSO; the first also names the files.
-/// Returns the file names written.
+/// Each is a new file: a name already taken in `dir` (a file, or a link planted there) is an
+/// error. Returns the file names written.
 pub fn write_man_pages(cmd: clap::Command, dir: &std::path::Path) -> std::io::Result<Vec<String>> {
     let mut cmd = cmd.disable_help_subcommand(true);
     // A `help` command of the program's own prints what these pages say: no page of its own.
@@ -68,7 +69,14 @@ fn write_page(
         ),
     }
     let file = man.get_filename();
-    std::fs::write(dir.join(&file), page)?;
+    // A new file only: never through a link planted in DIR, never over a page already there.
+    let path = dir.join(&file);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&path)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, &page))
+        .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
     written.push(file);
     for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
         write_page(sub, Some(&name), dir, written)?;

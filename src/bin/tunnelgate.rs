@@ -153,7 +153,8 @@ enum Command {
         #[command(flatten)]
         seccomp: SeccompArgs,
     },
-    /// Write the manual pages (tunnelgate(8) and one per command) into DIR, which must exist.
+    /// Write the manual pages (tunnelgate(8) and one per command) into DIR, which must exist
+    /// and hold none of them yet.
     /// For packaging: scripts/install.sh runs it, and so scripts/deb.sh.
     #[command(hide = true)]
     Man {
@@ -599,7 +600,7 @@ fn man(dir: &std::path::Path) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("tunnelgate man: cannot write into {}: {e}", dir.display());
+            eprintln!("tunnelgate man: cannot write a page: {e}");
             ExitCode::from(1)
         }
     }
