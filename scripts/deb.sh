@@ -7,14 +7,17 @@
 #   --prebuilt DIR   package DIR/tunnelgate as it is
 #   --no-build       package target/release/tunnelgate as it is
 #
-# The files are exactly what scripts/install.sh installs, staged with DESTDIR and PREFIX=/usr:
-# /usr/bin/tunnelgate, the /usr/bin/tunnelgate-wg link, both units in /usr/lib/systemd/system
-# (ExecStart=/usr/bin/tunnelgate ...), the docs and example configs in
-# /usr/share/doc/tunnelgate, and /etc/tunnelgate, mode 0700, owned by the package. The control
-# fields come from [package.metadata.deb] in Cargo.toml; its `$auto` becomes the shared
-# libraries the binary links, as dpkg-shlibdeps finds them. The maintainer scripts are in
-# packaging/deb. Needs dpkg-dev (dpkg-shlibdeps), python3 (to read Cargo.toml) and, to build,
-# cargo. The install and its ways out: README.md, "Install".
+# The files are what scripts/install.sh installs, staged with DESTDIR and PREFIX=/usr:
+# /usr/bin/tunnelgate (stripped here, as dh_strip would), the /usr/bin/tunnelgate-wg link, both
+# units in /usr/lib/systemd/system (ExecStart=/usr/bin/tunnelgate ...), the manual pages in
+# /usr/share/man/man8, the docs and example configs in /usr/share/doc/tunnelgate, and
+# /etc/tunnelgate, mode 0700, owned by the package; and Debian's own: the copyright file,
+# changelog.Debian.gz and the lintian overrides, from packaging/deb. The control fields come
+# from [package.metadata.deb] in Cargo.toml; its `$auto` becomes the shared libraries the
+# binary links, as dpkg-shlibdeps finds them. The maintainer scripts are in packaging/deb:
+# dh_installsystemd's blocks, written out. `lintian` passes on the result (scripts/test.sh
+# runs it). Needs dpkg-dev (dpkg-shlibdeps, and binutils' strip), python3 (to read Cargo.toml)
+# and, to build, cargo. The install and its ways out: README.md, "Install".
 set -euo pipefail
 # Directories in the package get 0755 unless install.sh says otherwise (/etc/tunnelgate: 0700),
 # whatever the caller's umask.
@@ -46,7 +49,7 @@ while (($#)); do
     esac
     shift
 done
-for tool in dpkg-deb dpkg-shlibdeps python3; do
+for tool in dpkg-deb dpkg-shlibdeps python3 strip; do
     if ! command -v "$tool" >/dev/null 2>&1; then
         echo "deb.sh: $tool missing (apt-get install --no-install-recommends dpkg-dev python3)" >&2
         exit 1
@@ -77,15 +80,21 @@ deb = package["metadata"]["deb"]
 print("name=" + package["name"])
 print("version=" + package["version"])
 print("license=" + package["license"])
-print("description=" + package["description"])
 for key in ["maintainer", "section", "priority", "revision", "depends", "recommends",
-            "maintainer-scripts", "extended-description"]:
+            "maintainer-scripts", "synopsis", "extended-description"]:
     print(key + "=" + " ".join(str(deb[key]).split()))
 EOF
 )"
 field() { sed -n "s/^$1=//p" <<<"$fields"; }
 NAME="$(field name)"
 VERSION="$(field version)-$(field revision)"
+PACKAGING="$(field maintainer-scripts)"
+# The changelog's newest entry is this version: bump both together.
+changelog_version="$(sed -n '1s/^[^ ]* (\([^)]*\)).*/\1/p' "$PACKAGING/changelog")"
+if [[ "$changelog_version" != "$VERSION" ]]; then
+    echo "deb.sh: $PACKAGING/changelog's newest entry is $changelog_version, the package is $VERSION (Cargo.toml): add an entry" >&2
+    exit 1
+fi
 ARCH="$(dpkg --print-architecture)"
 OUT="$TARGET/debian/${NAME}_${VERSION}_${ARCH}.deb"
 
@@ -100,20 +109,18 @@ chmod 0755 "$STAGE"
 # --- the files: install.sh's, under /usr -------------------------------------------------------
 install_log="$WORK/install.log"
 if ! DESTDIR="$STAGE" PREFIX=/usr BINDIR=/usr/bin UNITDIR=/usr/lib/systemd/system SYSCONFDIR=/etc \
-    DOCDIR="/usr/share/doc/$NAME" scripts/install.sh --prebuilt "$SRC" 2>"$install_log"; then
+    MANDIR=/usr/share/man DOCDIR="/usr/share/doc/$NAME" scripts/install.sh --prebuilt "$SRC" \
+    2>"$install_log"; then
     cat "$install_log" >&2
     exit 1
 fi
-cat >"$STAGE/usr/share/doc/$NAME/copyright" <<EOF
-Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/
-Upstream-Name: $NAME
-
-Files: *
-License: $(field license)
- On Debian systems, the full text of the Apache License 2.0 is in
- /usr/share/common-licenses/Apache-2.0.
-EOF
-chmod 0644 "$STAGE/usr/share/doc/$NAME/copyright"
+# What dh_strip does (the debug symbols are not shipped: no -dbgsym package).
+strip --strip-unneeded --remove-section=.comment --remove-section=.note "$STAGE/usr/bin/$NAME"
+install -m 0644 "$PACKAGING/copyright" "$STAGE/usr/share/doc/$NAME/copyright"
+gzip -9n <"$PACKAGING/changelog" >"$STAGE/usr/share/doc/$NAME/changelog.Debian.gz"
+chmod 0644 "$STAGE/usr/share/doc/$NAME/changelog.Debian.gz"
+install -d -m 0755 "$STAGE/usr/share/lintian/overrides"
+install -m 0644 "$PACKAGING/lintian-overrides" "$STAGE/usr/share/lintian/overrides/$NAME"
 
 # --- control -----------------------------------------------------------------------------------
 mkdir -p "$STAGE/DEBIAN"   # also how dpkg-shlibdeps finds the package's root
@@ -131,12 +138,12 @@ depends="${depends//\$auto/$shlibs}"
     echo "Recommends: $(field recommends)"
     echo "Section: $(field section)"
     echo "Priority: $(field priority)"
-    echo "Description: $(field description)"
+    echo "Description: $(field synopsis)"
     field extended-description | fold -s -w 78 | sed -e 's/ *$//' -e 's/^/ /'
 } >"$STAGE/DEBIAN/control"
 for script in preinst postinst prerm postrm; do
-    if [[ -f "$(field maintainer-scripts)/$script" ]]; then
-        install -m 0755 "$(field maintainer-scripts)/$script" "$STAGE/DEBIAN/$script"
+    if [[ -f "$PACKAGING/$script" ]]; then
+        install -m 0755 "$PACKAGING/$script" "$STAGE/DEBIAN/$script"
     fi
 done
 (cd "$STAGE" && find . -path ./DEBIAN -prune -o -type f -printf '%P\0' | sort -z |

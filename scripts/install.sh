@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds tunnelgate and installs it: the binaries, the `tunnelgate-wg` link (wg-quick's
-# userspace implementation), the systemd units, the docs and example configs, and the 0700
-# configuration directory. Run it as yourself from a checkout: it builds with your cargo and
+# userspace implementation), the systemd units, the manual pages, the docs and example configs,
+# and the 0700 configuration directory. Run it as yourself from a checkout: it builds with your cargo and
 # asks sudo for the install steps (as root it installs directly). --uninstall takes it out again.
 #
 #   scripts/install.sh [--sidecar] [--prebuilt DIR | --no-build]
@@ -11,8 +11,8 @@
 #   --prebuilt DIR   install the binaries found in DIR as they are (no cargo needed)
 #   --no-build       install target/release as it is (after your own `cargo build --release`)
 #   --uninstall      remove what an install with the same variables put in place: the binaries
-#                    and the link, the units (one edited since is kept, and named), the docs and
-#                    example configs, and $SYSCONFDIR/tunnelgate only if it is empty. Keys and
+#                    and the link, the units (one edited since is kept, and named), the manual
+#                    pages, the docs and example configs, and $SYSCONFDIR/tunnelgate only if it is empty. Keys and
 #                    configs there are never removed (it names what it keeps). With systemd
 #                    running, it first stops and disables the units.
 #
@@ -20,11 +20,14 @@
 #   PREFIX=/usr/local           binaries in $PREFIX/bin (BINDIR)
 #   UNITDIR=/etc/systemd/system the units; their paths follow BINDIR and SYSCONFDIR
 #   SYSCONFDIR=/etc             the configuration directory $SYSCONFDIR/tunnelgate, mode 0700
+#   MANDIR=$PREFIX/share/man    the manual pages tunnelgate(8), tunnelgate-COMMAND(8), in man8/
 #   DOCDIR=/usr/share/doc/tunnelgate   README, docs/router.md and config/ (the units point here)
 #   DESTDIR=                    a staging root everything above is put under (packaging, tests)
 #
 # It installs no key and no configuration file, never overwrites one in $SYSCONFDIR/tunnelgate,
-# and starts nothing: it prints the next steps. scripts/deb.sh packages what it installs.
+# and starts nothing: it prints the next steps. scripts/deb.sh packages what it installs. A
+# tunnelgate already installed elsewhere on PATH (the Debian package's /usr/bin/tunnelgate) is
+# named: one of the two hides the other.
 set -euo pipefail
 CALLER_DIR="$PWD"
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -64,6 +67,7 @@ BINDIR="${BINDIR:-$PREFIX/bin}"
 UNITDIR="${UNITDIR:-/etc/systemd/system}"
 SYSCONFDIR="${SYSCONFDIR:-/etc}"
 DOCDIR="${DOCDIR:-/usr/share/doc/tunnelgate}"
+MANDIR="${MANDIR:-$PREFIX/share/man}"
 DESTDIR="$(absolute "${DESTDIR:-}")"
 PREBUILT="$(absolute "$PREBUILT")"
 
@@ -96,7 +100,7 @@ render_unit() { # render_unit NAME
 
 # --- uninstall ---------------------------------------------------------------------------------
 if ((UNINSTALL)); then
-    echo "==> removing from ${DESTDIR:-/}: $BINDIR, $UNITDIR, $DOCDIR (keys and configs stay)" >&2
+    echo "==> removing from ${DESTDIR:-/}: $BINDIR, $UNITDIR, $MANDIR/man8, $DOCDIR (keys and configs stay)" >&2
     # A running service would go on with a deleted binary, and an enabled one would point at a
     # unit that is gone: stop and disable them first (the real system only, with systemd).
     if [[ -z "$DESTDIR" && -d /run/systemd/system ]] && command -v systemctl >/dev/null 2>&1; then
@@ -122,6 +126,12 @@ if ((UNINSTALL)); then
             run rm -f "$installed"
         else
             kept+=("$installed (differs from what this checkout installs: edited, or another version)")
+        fi
+    done
+    # The pages are those of the commands of the version installed: all of tunnelgate's.
+    for page in "$DESTDIR$MANDIR"/man8/tunnelgate.8.gz "$DESTDIR$MANDIR"/man8/tunnelgate-*.8.gz; do
+        if [[ -e "$page" || -L "$page" ]]; then
+            run rm -f "$page"
         fi
     done
     for doc in README.md router.md; do
@@ -177,16 +187,30 @@ for b in "${BINARIES[@]}"; do
 done
 
 # --- install -----------------------------------------------------------------------------------
-echo "==> installing into ${DESTDIR:-/}: $BINDIR, $UNITDIR, $SYSCONFDIR/tunnelgate, $DOCDIR" >&2
-run install -d -m 0755 "$DESTDIR$BINDIR" "$DESTDIR$UNITDIR" "$DESTDIR$DOCDIR" "$DESTDIR$DOCDIR/config"
+# The manual pages, written by the binary being installed from its own command line (a
+# hidden `tunnelgate man DIR`), compressed as Debian's policy asks (gzip -9n: no name or time).
+pages_tmp="$(mktemp -d)"
+trap 'rm -rf "$pages_tmp"' EXIT
+if ! "$SRC/tunnelgate" man "$pages_tmp" >/dev/null; then
+    echo "install.sh: $SRC/tunnelgate cannot write its manual pages (tunnelgate man DIR): is it tunnelgate of this checkout, built for this machine?" >&2
+    exit 1
+fi
+gzip -9n "$pages_tmp"/*.8
+
+echo "==> installing into ${DESTDIR:-/}: $BINDIR, $UNITDIR, $MANDIR/man8, $SYSCONFDIR/tunnelgate, $DOCDIR" >&2
+run install -d -m 0755 "$DESTDIR$BINDIR" "$DESTDIR$UNITDIR" "$DESTDIR$MANDIR/man8" "$DESTDIR$DOCDIR" "$DESTDIR$DOCDIR/config"
 for b in "${BINARIES[@]}"; do
     run install -m 0755 "$SRC/$b" "$DESTDIR$BINDIR/$b"
 done
 # Relative, so it stays right under DESTDIR and wherever BINDIR is.
 run ln -sfn tunnelgate "$DESTDIR$BINDIR/tunnelgate-wg"
 
+run install -m 0644 "$pages_tmp"/*.8.gz "$DESTDIR$MANDIR/man8/"
+# tunnelgate-wg is `tunnelgate userspace`: the same page.
+run ln -sfn tunnelgate-userspace.8.gz "$DESTDIR$MANDIR/man8/tunnelgate-wg.8.gz"
+
 units_tmp="$(mktemp -d)"
-trap 'rm -rf "$units_tmp"' EXIT
+trap 'rm -rf "$units_tmp" "$pages_tmp"' EXIT
 for unit in "${UNITS[@]}"; do
     render_unit "$unit" >"$units_tmp/$unit"
     run install -m 0644 "$units_tmp/$unit" "$DESTDIR$UNITDIR/$unit"
@@ -209,6 +233,20 @@ if ((${#missing[@]})); then
     echo "==> not installed on this host:" >&2
     printf '    %s\n' "${missing[@]}" >&2
 fi
+# Another tunnelgate (the Debian package's, or an install with another PREFIX): a shell runs the
+# one first on PATH (/usr/local/bin comes before /usr/bin), and systemd the unit in
+# /etc/systemd/system before the package's in /usr/lib/systemd/system. Say which is which.
+for other in /usr/local/bin /usr/bin /bin /usr/local/sbin /usr/sbin; do
+    [[ "$other" != "$BINDIR" && -f "$DESTDIR$other/tunnelgate" && ! -L "$DESTDIR$other/tunnelgate" ]] || continue
+    [[ "$other" == /bin && -L "$DESTDIR/bin" ]] && continue # /bin is /usr/bin (merged /usr)
+    from="another install"
+    if [[ -z "$DESTDIR" ]] && owner="$(dpkg-query -S "$other/tunnelgate" 2>/dev/null)"; then
+        from="the Debian package ${owner%%:*}"
+    fi
+    echo "==> warning: $DESTDIR$other/tunnelgate is installed too ($from), beside $DESTDIR$BINDIR/tunnelgate:" >&2
+    echo "    \`tunnelgate\` runs whichever comes first on PATH, and systemd runs the units in $UNITDIR." >&2
+    echo "    Keep one: \`sudo apt remove tunnelgate\` for the package, or \`scripts/install.sh --uninstall\` for this copy." >&2
+done
 cat >&2 <<EOF
 ==> installed $(printf '%s ' "${BINARIES[@]}")tunnelgate-wg and the units (scripts/install.sh --uninstall removes them). Next:
     sudo sh -c 'umask 077; tunnelgate genkey > $SYSCONFDIR/tunnelgate/private.key'

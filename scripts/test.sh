@@ -38,9 +38,10 @@ install_missing systemd-container debootstrap util-linux ||
 # scripts/image.sh builds the image with podman (runc) on a debootstrapped base, cached in
 # /var/tmp/tunnelgate-image-rootfs; the pod test (tests/sidecar_fake_api/pod_image.rs) runs it.
 install_missing podman runc debootstrap || echo "warning: the image and pod test will be skipped" >&2
-# scripts/deb.sh builds the Debian package (dpkg-shlibdeps is in dpkg-dev); tests/examples.rs
-# runs the README's key commands as a non-root user through sudo.
-install_missing dpkg-dev python3 sudo || echo "warning: the package and sudo tests will be skipped" >&2
+# scripts/deb.sh builds the Debian package (dpkg-shlibdeps is in dpkg-dev) and lintian checks
+# it (lintian brings man-db, which tests/install.rs renders the manual pages with);
+# tests/examples.rs runs the README's key commands as a non-root user through sudo.
+install_missing dpkg-dev python3 sudo lintian || echo "warning: the package and sudo tests will be skipped" >&2
 # The manifest and fake-API suites run `kubectl kustomize` and `kubectl apply` (Debian's
 # kubernetes-client when no kubectl is installed).
 if ! command -v kubectl >/dev/null 2>&1; then
@@ -98,6 +99,9 @@ step "sidecar at scale (release: time and memory bounds)" "$LOG_DIR/scale.log" \
 # the daemon-only build `scripts/deb.sh` makes by default recompiles 41 crates (about 2
 # CPU-minutes) for the same program.
 step "Debian package (scripts/deb.sh)" "$LOG_DIR/deb.log" scripts/deb.sh --no-build
+# Debian's rules, as lintian reads them: no error and no warning. An override is in
+# packaging/deb/lintian-overrides, each with why.
+step "lintian on the package" "$LOG_DIR/lintian.log" scripts/lint-deb.sh
 # The image as containers/README.md builds it: its `podman build` line as written, the compile
 # stage included (about 9 CPU-minutes: 12 minutes from scratch beside other builds on this
 # 2-core VM), from local stand-ins for its FROM images.

@@ -153,6 +153,14 @@ enum Command {
         #[command(flatten)]
         seccomp: SeccompArgs,
     },
+    /// Write the manual pages (tunnelgate(8) and one per command) into DIR, which must exist
+    /// and hold none of them yet.
+    /// For packaging: scripts/install.sh runs it, and so scripts/deb.sh.
+    #[command(hide = true)]
+    Man {
+        /// The folder to write them into (e.g. a staging man8/).
+        dir: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -202,6 +210,7 @@ fn main() -> ExitCode {
             tunnelgate::shell::userspace::run(foreground, &interface, health, log.log_format)
         }
         Command::Help { command } => help(&command),
+        Command::Man { dir } => man(&dir),
         Command::Check { config, json } => match load_config(&config) {
             Ok(c) => check(&config, &c, json),
             Err(e) => config_error(&e),
@@ -577,6 +586,23 @@ fn help(command: &[String]) -> ExitCode {
         }
         // `--help` always ends the parse; nothing else is printed.
         Ok(_) => ExitCode::SUCCESS,
+    }
+}
+
+/// `tunnelgate man DIR`: the manual pages, from this command line's own definition.
+fn man(dir: &std::path::Path) -> ExitCode {
+    use clap::CommandFactory;
+    match tunnelgate::cli::write_man_pages(Cli::command(), dir) {
+        Ok(pages) => {
+            for page in pages {
+                println!("{page}");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("tunnelgate man: cannot write a page: {e}");
+            ExitCode::from(1)
+        }
     }
 }
 

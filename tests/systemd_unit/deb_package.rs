@@ -96,6 +96,36 @@ const FILES: &[(&str, u32, Option<&str>)] = &[
         0o100644,
         None,
     ),
+    (
+        "/usr/share/doc/tunnelgate/changelog.Debian.gz",
+        0o100644,
+        None,
+    ),
+    ("/usr/share/lintian/overrides/tunnelgate", 0o100644, None),
+    ("/usr/share/man/man8/tunnelgate.8.gz", 0o100644, None),
+    ("/usr/share/man/man8/tunnelgate-run.8.gz", 0o100644, None),
+    ("/usr/share/man/man8/tunnelgate-check.8.gz", 0o100644, None),
+    ("/usr/share/man/man8/tunnelgate-status.8.gz", 0o100644, None),
+    ("/usr/share/man/man8/tunnelgate-reload.8.gz", 0o100644, None),
+    ("/usr/share/man/man8/tunnelgate-genkey.8.gz", 0o100644, None),
+    ("/usr/share/man/man8/tunnelgate-genpsk.8.gz", 0o100644, None),
+    ("/usr/share/man/man8/tunnelgate-pubkey.8.gz", 0o100644, None),
+    ("/usr/share/man/man8/tunnelgate-import.8.gz", 0o100644, None),
+    (
+        "/usr/share/man/man8/tunnelgate-import-wg-quick.8.gz",
+        0o100644,
+        None,
+    ),
+    (
+        "/usr/share/man/man8/tunnelgate-userspace.8.gz",
+        0o100644,
+        None,
+    ),
+    (
+        "/usr/share/man/man8/tunnelgate-wg.8.gz",
+        0o120777,
+        Some("tunnelgate-userspace.8.gz"),
+    ),
 ];
 
 /// Where `path` of the root is on the host.
@@ -104,12 +134,16 @@ fn at(root: &Path, path: &str) -> PathBuf {
 }
 
 /// The package is installed as a user installs it (`apt install ./tunnelgate_*.deb`, which
-/// pulls in nftables), lists exactly its files with their modes, its units name the binary
-/// where it is and pass `systemd-analyze verify`, and both binaries run. Under a booted systemd
-/// the unit starts the packaged daemon (nothing enables it), and `apt remove` stops it and
-/// takes the binaries and units away; `apt purge` keeps the key and config written beforehand
-/// and says so. Then `dpkg -i`, `dpkg -r`, `dpkg -P` again, and a purge with nothing of the
-/// admin's left takes the package's 0700 folder too.
+/// pulls in nftables), over a copy of scripts/install.sh's in /usr/local/bin, which it names,
+/// and without wireguard-tools, which it says is missing. It lists exactly its files with their
+/// modes, its units name the binary where it is and pass `systemd-analyze verify`, and both
+/// binaries run. Under a booted systemd the unit starts the packaged daemon (nothing enables
+/// it); an upgrade restarts it and names a tunnelgate-wg daemon left on the replaced binary,
+/// and one whose restart fails says so; `apt remove` stops the unit and the tunnelgate-wg
+/// daemon, masks the unit and takes the binaries and units away; `apt purge` keeps the key and
+/// config written beforehand, says so, and unmasks the unit. Then `dpkg -i`, `dpkg -r`,
+/// `dpkg -P` again, and a purge with nothing of the admin's left takes the package's 0700
+/// folder too.
 #[test]
 #[ignore = "needs root, systemd-nspawn, the package (scripts/deb.sh) and the Debian mirror"]
 fn the_package_installs_runs_and_leaves_only_the_admins_files() {
@@ -138,6 +172,10 @@ fn the_package_installs_runs_and_leaves_only_the_admins_files() {
     // --- install, as a user does (the test root has no kernel package, so no Recommends: the
     // wireguard-tools recommended would pull one in through its own recommendation) ---
     in_root_ok(&root, &["apt-get", "update", "-qq"]);
+    // A copy from scripts/install.sh, which comes first on PATH.
+    let local_copy = at(&root, "/usr/local/bin/tunnelgate");
+    std::fs::create_dir_all(local_copy.parent().expect("bin dir")).expect("/usr/local/bin");
+    std::fs::write(&local_copy, "#!/bin/sh\n").expect("a copy in /usr/local/bin");
     let installed = in_root_ok(
         &root,
         &[
@@ -154,6 +192,17 @@ fn the_package_installs_runs_and_leaves_only_the_admins_files() {
         "Depends pulled in nftables:\n{}",
         installed.stdout
     );
+    let said = format!("{}{}", installed.stdout, installed.stderr);
+    assert!(
+        said.contains("another tunnelgate is installed")
+            && said.contains("/usr/local/bin/tunnelgate"),
+        "the postinst names the copy that hides the package's: {said}"
+    );
+    assert!(
+        said.contains("wireguard-tools is not installed"),
+        "--no-install-recommends left out wireguard-tools, and the postinst says so: {said}"
+    );
+    std::fs::remove_file(&local_copy).expect("rm the copy");
     let fields = in_root_ok(
         &root,
         &[
@@ -283,6 +332,53 @@ fn the_package_installs_runs_and_leaves_only_the_admins_files() {
         "the packaged daemon made its tunnel\n{}",
         journal()
     );
+    // A wg-quick-style daemon: `tunnelgate-wg IF` goes to the background once its tunnel is up.
+    let wg_if = unique_name("tgw");
+    let wg = container.inside(&["tunnelgate-wg", &wg_if]);
+    assert!(wg.success() && ns.link_exists(&wg_if), "{wg:?}");
+
+    // --- an upgrade (the same package again: dpkg runs the upgrade's scripts) restarts the
+    // unit on the new binary and names the tunnelgate-wg daemon still on the replaced one ---
+    let before = container.property(unit, "MainPID");
+    let upgraded = container.inside(&["dpkg", "-i", "/var/tmp/tunnelgate.deb"]);
+    assert!(upgraded.success(), "{upgraded:?}");
+    assert_eq!(
+        container.property(unit, "ActiveState"),
+        "active",
+        "{upgraded:?}"
+    );
+    assert_ne!(
+        container.property(unit, "MainPID"),
+        before,
+        "restarted: {upgraded:?}"
+    );
+    assert!(
+        !upgraded.stderr.contains("failed"),
+        "a good restart says nothing of a failure (the template's glob matches no instance): {upgraded:?}"
+    );
+    assert!(
+        upgraded
+            .stderr
+            .contains("still running the replaced binary")
+            && format!("{}{}", upgraded.stdout, upgraded.stderr)
+                .contains(&format!("tunnelgate-wg {wg_if}")),
+        "{upgraded:?}"
+    );
+    // An upgrade whose restart fails (the config the daemon took has become invalid since)
+    // says so, and leaves the package configured.
+    std::fs::write(etc.join("tunnelgate.toml"), "[interface\n").expect("a broken config");
+    let upgraded = container.inside(&["dpkg", "-i", "/var/tmp/tunnelgate.deb"]);
+    assert!(upgraded.success(), "{upgraded:?}");
+    assert!(
+        upgraded
+            .stderr
+            .contains("restart of the running tunnelgate units on the new binary failed"),
+        "{upgraded:?}"
+    );
+    assert_ne!(container.property(unit, "ActiveState"), "active");
+    std::fs::write(etc.join("tunnelgate.toml"), &config).expect("the config again");
+    let started = container.inside(&["systemctl", "start", unit]);
+    assert!(started.success(), "{started:?}\n{}", journal());
 
     // --- apt remove: the tunnel stops, binaries and units go, the admin's files stay ---
     let removed = container.inside(&[
@@ -301,6 +397,18 @@ fn the_package_installs_runs_and_leaves_only_the_admins_files() {
         journal()
     );
     assert_ne!(container.property(unit, "ActiveState"), "active");
+    assert!(
+        !ns.link_exists(&wg_if)
+            && format!("{}{}", removed.stdout, removed.stderr)
+                .contains(&format!("stopping tunnelgate-wg {wg_if}")),
+        "apt remove stopped the tunnelgate-wg daemon too, and said so: {removed:?}"
+    );
+    let mask = at(&root, "/etc/systemd/system/tunnelgate.service");
+    assert_eq!(
+        std::fs::read_link(&mask).ok().as_deref(),
+        Some(Path::new("/dev/null")),
+        "a removed package's unit is masked, as dh_installsystemd does"
+    );
     for (path, _, _) in &FILES[1..] {
         assert!(
             std::fs::symlink_metadata(at(&root, path)).is_err(),
@@ -337,6 +445,10 @@ fn the_package_installs_runs_and_leaves_only_the_admins_files() {
     assert_eq!(
         std::fs::read_to_string(etc.join("tunnelgate.toml")).ok(),
         Some(config)
+    );
+    assert!(
+        std::fs::symlink_metadata(&mask).is_err(),
+        "the purge unmasked the unit"
     );
     container.poweroff();
 

@@ -9,8 +9,9 @@
 //! wedged packet thread or a stalled event loop gets the service killed by the watchdog and
 //! restarted. The Debian package (scripts/deb.sh) installs into a clean Debian root with its
 //! files and modes, its units pass `systemd-analyze verify` and start the packaged daemon under
-//! a booted systemd, and `apt remove`/`apt purge` (and `dpkg -r`/`-P`) take away everything of
-//! the package's but the admin's key and config, saying so.
+//! a booted systemd, an upgrade restarts it (and says so when the restart fails), and `apt
+//! remove`/`apt purge` (and `dpkg -r`/`-P`) stop its tunnelgate-wg daemons too and take away
+//! everything of the package's but the admin's key and config, saying so.
 //!
 //! The last tests need root: `cargo test --test systemd_unit -- --ignored --test-threads=1`.
 #![allow(unsafe_code)] // ptrace(2), to freeze one packet thread of the running service.
