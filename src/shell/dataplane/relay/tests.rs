@@ -53,12 +53,14 @@ fn run(partners: usize, reads: u64, seed: u64, take_back: bool) -> Arc<Log> {
             let (relay, log) = (relay.clone(), log.clone());
             std::thread::spawn(move || {
                 let mut dice = Dice(seed ^ ((me as u64 + 1) * 0x9e37_79b9));
-                relay.serve(me, |read, turn| {
-                    log.by_partners.fetch_add(1, Ordering::Relaxed);
-                    dice.delay();
-                    turn.hold();
-                    log.emitted.lock().push(*read);
-                });
+                relay
+                    .serve(me, |read, turn| {
+                        log.by_partners.fetch_add(1, Ordering::Relaxed);
+                        dice.delay();
+                        turn.hold();
+                        log.emitted.lock().push(*read);
+                    })
+                    .expect("served")
             })
         })
         .collect();
@@ -249,7 +251,7 @@ fn a_stop_wakes_idle_partners_and_waiters_for_a_turn() {
     relay.stop();
     waiter.join().expect("waiter");
     for p in partners {
-        p.join().expect("partner");
+        p.join().expect("partner").expect("served");
     }
     assert!(
         crate::shell::clock::since(t) < Duration::from_secs(1),
@@ -329,5 +331,124 @@ fn a_reader_waiting_for_a_partners_turn_lends_it_its_priority_and_counts_the_tim
     );
     assert_eq!(relay.taken_back(), 0, "the partner had started it");
     relay.stop();
-    partner.join().expect("partner");
+    partner.join().expect("partner").expect("served");
+}
+
+/// A partner whose work panics mid-job (before it held its turn) releases what the job held
+/// as it unwinds: its turn is passed, its lock is free (a reader that would lend it its
+/// priority does not block on a dead thread's lock), its CPU mark is gone and its weight is
+/// no longer in flight. The panic itself reaches whoever joins the partner.
+#[test]
+fn a_partner_that_panics_mid_job_releases_its_turn_lock_cpu_and_weight() {
+    let cores = Arc::new(Cores::new(2));
+    let relay = Arc::new(Relay::new(1, cores.clone(), || 0u64));
+    let partner = {
+        let relay = relay.clone();
+        std::thread::spawn(move || {
+            relay.serve(0, |job, turn| {
+                if *job == 1 {
+                    std::thread::sleep(Duration::from_millis(50));
+                    panic!("a bug in the partner's work");
+                }
+                turn.hold();
+            })
+        })
+    };
+    let mut claim = loop {
+        if let Some(claim) = relay.claim() {
+            break claim;
+        }
+        std::thread::yield_now();
+    };
+    *claim.job() = 1;
+    claim.post(7);
+    assert_eq!(relay.in_flight(), 7);
+    // The reader's next turn waits for the job's, lending (blocking on the partner's lock):
+    // it must come back once the partner is gone.
+    let reader = {
+        let relay = relay.clone();
+        std::thread::spawn(move || {
+            let nothing_to_take_back = |_: &mut u64, _: &mut Turn<'_, u64>| {};
+            let mut turn = relay.issue_taking_back(&nothing_to_take_back);
+            turn.hold();
+        })
+    };
+    let since = crate::shell::clock::now();
+    while !reader.is_finished() && crate::shell::clock::since(since) < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let stuck = !reader.is_finished();
+    // Ends the reader's wait either way, so a failure is a failure and not a hang.
+    relay.stop();
+    reader.join().expect("reader");
+    assert!(
+        !stuck,
+        "the reader still waits for the dead partner's turn after 5 s"
+    );
+    let panicked = partner.join();
+    assert!(panicked.is_err(), "the panic reaches the join");
+    assert_eq!(relay.in_flight(), 0, "its weight left the in-flight count");
+    assert_eq!(cores.busy.load(Ordering::SeqCst), 0, "its CPU mark left");
+    assert_eq!(
+        relay.mailboxes[0].working.word_for_tests(),
+        0,
+        "its lock was released"
+    );
+    assert_eq!(
+        relay.mailboxes[0].working_on.load(Ordering::SeqCst),
+        NOT_WORKING
+    );
+}
+
+/// A job the reader took back waits for an earlier partner's turn by blocking on that
+/// partner's lock (lending it its priority, counted as lent), not asleep.
+#[test]
+fn a_job_taken_back_that_waits_for_a_partner_lends_it_its_priority() {
+    // Partner 0 runs and works 100 ms on job 1; partner 1 never runs, so the reader takes its
+    // job (2) back; the taken-back job must wait for job 1's turn.
+    let relay = Arc::new(Relay::new(2, Arc::new(Cores::new(3)), || 0u64));
+    let started = Arc::new(AtomicBool::new(false));
+    let partner = {
+        let (relay, started) = (relay.clone(), started.clone());
+        std::thread::spawn(move || {
+            relay.serve(0, |_, turn| {
+                started.store(true, Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(100));
+                turn.hold();
+            })
+        })
+    };
+    let mut first = loop {
+        if let Some(claim) = relay.claim() {
+            break claim;
+        }
+        std::thread::yield_now();
+    };
+    assert_eq!(first.partner, 0, "the running partner is the idle one");
+    *first.job() = 1;
+    first.post(1);
+    while !started.load(Ordering::SeqCst) {
+        std::thread::yield_now();
+    }
+    // Partner 1 waits (idle) but never runs.
+    relay.mailboxes[1].idle.store(true, Ordering::SeqCst);
+    let mut second = relay.claim().expect("the idle partner");
+    *second.job() = 2;
+    second.post(1);
+    let done = Mutex::new(Vec::new());
+    let take_back = |job: &mut u64, turn: &mut Turn<'_, u64>| {
+        turn.hold();
+        done.lock().push(*job);
+    };
+    let mut own = relay.issue_taking_back(&take_back);
+    own.hold();
+    drop(own);
+    assert_eq!(*done.lock(), [2], "job 2 taken back");
+    let lent = Duration::from_nanos(relay.lent().load(Ordering::Relaxed));
+    assert!(
+        lent >= Duration::from_millis(50),
+        "lent {lent:?}: the taken-back job waited for job 1 without lending"
+    );
+    relay.stop();
+    partner.join().expect("partner").expect("served");
 }
