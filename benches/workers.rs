@@ -284,7 +284,9 @@ fn new_relay(partners: usize, cores: &Arc<Cores>) -> PeerRelay {
 /// bytes delivered.
 fn relay_partner(relay: &PeerRelay, me: usize, pair: &Pair, from: PeerPath) -> u64 {
     let mut bytes = 0u64;
-    relay.serve(me, |job, turn| bytes += do_job(job, turn, pair, from));
+    relay
+        .serve(me, |job, turn| bytes += do_job(job, turn, pair, from))
+        .expect("a partner's lock");
     bytes
 }
 

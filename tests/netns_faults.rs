@@ -1,6 +1,7 @@
 //! Faults the daemon must ride out (issue 15): a firewall tool that fails mid-run, an
 //! unreachable peer endpoint, a DNS server that never answers or answers 500 records, and a
-//! `kill -9` mid-traffic followed by a restart.
+//! `kill -9` mid-traffic followed by a restart; and one the daemon must not ride out: a relay
+//! partner that panics (a test hook) is its fatal error.
 //!
 //! Topology (each part in its own network namespace):
 //!
@@ -434,4 +435,83 @@ fn kill_9_mid_traffic_then_restart_gives_fresh_rules_and_traffic() {
         tg2.stderr()
     );
     lab.through(8080).expect("ingress after the restart");
+}
+
+/// A relay partner that panics in a job (`TUNNELGATE_TEST_PANIC_PARTNER`, a test hook) is the
+/// data plane's fatal error: `/healthz` answers 503 naming the panic, and the daemon exits
+/// non-zero (a supervisor restarts it), where it used to run on "healthy" with a data path that
+/// moved less, or nothing. `TUNNELGATE_TEST_HOLD_FATAL` holds the exit while the test reads
+/// `/healthz`.
+#[test]
+#[ignore = "needs root"]
+fn a_relay_partner_that_panics_fails_health_and_ends_the_daemon_non_zero() {
+    require_root();
+    if !cfg!(feature = "test-hooks") {
+        panic!("the panic hook is compiled only with --features test-hooks (or --all-features)");
+    }
+    let lab = Lab::new(&[]);
+    let mut cfg = lab.config("");
+    // Two workers, and the relay asked for: a partner per reader on two CPUs.
+    cfg.workers = Some(2);
+    let dir = TempDir::new("tgpanic");
+    let hold = dir.path().join("hold");
+    dir.write("hold", "");
+    let hold_env = hold.display().to_string();
+    let mut tg = Tunnelgate::spawn_env(
+        &lab.proxy,
+        cfg,
+        &[
+            ("TUNNELGATE_RELAY_PARTNERS", "3"),
+            ("TUNNELGATE_TEST_PANIC_PARTNER", "1"),
+            ("TUNNELGATE_TEST_HOLD_FATAL", &hold_env),
+        ],
+    );
+    tg.wait_ready(Duration::from_secs(15))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(tg.health_get("/healthz").map(|r| r.0), Ok(200));
+    let tg_public = tg.public_key().to_string();
+    lab.connect(&tg_public);
+    // A bulk stream both ways through the tunnel: reads and receive batches big enough for
+    // a partner (8 segments or datagrams), so the first job a partner starts panics.
+    let _server = lab
+        .proxy
+        .spawn(&["iperf3", "-s", "-B", TUNNEL, "-p", "5301"]);
+    wait_until(Duration::from_secs(5), "iperf3 listens", || {
+        lab.proxy.exec(&["ss", "-ltn"]).contains(":5301")
+    });
+    let _client = lab
+        .client
+        .spawn(&["iperf3", "-c", TUNNEL, "-p", "5301", "-t", "30", "--bidir"]);
+    let mut reason = String::new();
+    wait_until(Duration::from_secs(30), "/healthz fails", || {
+        match tg.health_get("/healthz") {
+            Ok((503, body)) => {
+                reason = body;
+                true
+            }
+            _ => {
+                std::thread::sleep(Duration::from_millis(200));
+                false
+            }
+        }
+    });
+    assert!(
+        reason.contains("panicked") && reason.contains("relay partner job 1 panics on purpose"),
+        "/healthz names the panic: {reason}"
+    );
+    assert!(
+        tg.is_running(),
+        "held by the hook until the test reads health"
+    );
+    std::fs::remove_file(&hold).expect("remove the hold file");
+    let status = tg
+        .wait_exit(Duration::from_secs(20))
+        .expect("the daemon must exit after a partner's panic");
+    assert_eq!(status.code(), Some(1), "exit status {status:?}");
+    let log = tg.stderr();
+    assert_eq!(log.matches("Data path stopped").count(), 1, "{log}");
+    assert!(
+        log.contains("relay partner job 1 panics on purpose"),
+        "{log}"
+    );
 }

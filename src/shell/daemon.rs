@@ -355,6 +355,8 @@ impl Daemon {
             tokio::select! {
                 Ok(()) = stopping.changed() => return Ok(()),
                 why = &mut fatal => {
+                    #[cfg(feature = "test-hooks")]
+                    crate::shell::test_hooks::hold_fatal_while_asked().await;
                     // The data path logged it; the caller reports the exit.
                     return Err(why);
                 }

@@ -201,6 +201,7 @@ impl Dataplane {
     /// Starts every worker's TUN and UDP readers and the timer thread. If one cannot be
     /// started, the ones already running are stopped before the error is returned.
     pub fn start(&self) -> std::io::Result<()> {
+        install_panic_hook();
         let started = (|| {
             let partners = self.inner.partners();
             for worker in 0..self.workers() {
@@ -379,7 +380,7 @@ impl Dataplane {
         let mut running = Vec::new();
         for t in threads {
             if t.is_finished() {
-                let _ = t.join();
+                self.inner.reap(t);
             } else {
                 running.push(t.thread().name().unwrap_or("unnamed").to_string());
             }
@@ -401,6 +402,50 @@ impl Drop for Dataplane {
             tracing::warn!(error = %e, "Packet threads did not stop");
         }
     }
+}
+
+std::thread_local! {
+    /// Whether this thread is a packet thread under its seccomp filter.
+    static CONFINED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Marks the calling packet thread as confined by seccomp: a panic in it is then said without a
+/// backtrace ([`install_panic_hook`]).
+fn mark_confined() {
+    CONFINED.with(|c| c.set(true));
+}
+
+/// Installs, once per process, a panic hook under which a confined packet thread's panic is
+/// logged with its message and place but no backtrace. std's own hook, with `RUST_BACKTRACE`
+/// set, reads the working directory and the executable to print one: system calls the packet
+/// threads' seccomp filter kills the process for (`SIGSYS`), before the panic could reach
+/// [`Inner::run_guarded`] and become the fatal error `/healthz` names. Other threads keep
+/// std's hook.
+fn install_panic_hook() {
+    static INSTALLED: std::sync::Once = std::sync::Once::new();
+    INSTALLED.call_once(|| {
+        let std_hook = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if CONFINED.with(std::cell::Cell::get) {
+                let thread = std::thread::current();
+                tracing::error!(
+                    thread = thread.name().unwrap_or("unnamed"),
+                    "Packet thread {info}"
+                );
+            } else {
+                std_hook(info);
+            }
+        }));
+    });
+}
+
+/// What a panic said, for the fatal error.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(no message)")
 }
 
 impl Inner {
@@ -488,18 +533,52 @@ impl Inner {
     ) -> std::io::Result<()> {
         let inner = self.clone();
         let handle = std::thread::Builder::new()
-            .name(name)
-            .spawn(move || body(&inner))?;
+            .name(name.clone())
+            .spawn(move || inner.run_guarded(&name, body))?;
         self.keep_for_the_join(handle);
         Ok(())
     }
 
-    /// Keeps a started packet thread's handle for [`Dataplane::stop`] to join (and forgets
+    /// Keeps a started packet thread's handle for [`Dataplane::stop`] to join (and joins
     /// those that have ended).
     fn keep_for_the_join(&self, handle: JoinHandle<()>) {
-        let mut threads = self.handles.lock();
-        threads.retain(|t| !t.is_finished());
-        threads.push(handle);
+        let ended: Vec<JoinHandle<()>> = {
+            let mut threads = self.handles.lock();
+            let (ended, running) = std::mem::take(&mut *threads)
+                .into_iter()
+                .partition(JoinHandle::is_finished);
+            *threads = running;
+            threads.push(handle);
+            ended
+        };
+        for t in ended {
+            self.reap(t);
+        }
+    }
+
+    /// Joins an ended packet thread: one that panicked past [`Inner::run_guarded`] (it
+    /// cannot, but its result is not thrown away) is the data plane's fatal error.
+    fn reap(&self, thread: JoinHandle<()>) {
+        let name = thread.thread().name().unwrap_or("unnamed").to_string();
+        if let Err(panic) = thread.join() {
+            self.raise_fatal(format!(
+                "packet thread {name} panicked: {}",
+                panic_message(panic.as_ref())
+            ));
+        }
+    }
+
+    /// Runs a packet thread's `body`: a panic in it (a reader's or a relay partner's) becomes
+    /// the data plane's fatal error, so `/healthz` fails with it and the daemon exits non-zero
+    /// rather than run on with a data path that moves less, or nothing.
+    fn run_guarded(&self, name: &str, body: impl FnOnce(&Inner)) {
+        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(self)));
+        if let Err(panic) = ran {
+            self.raise_fatal(format!(
+                "packet thread {name} panicked: {}",
+                panic_message(panic.as_ref())
+            ));
+        }
     }
 
     /// Starts `thread`: a packet reader through the reader spawner (where only the readers may
@@ -510,7 +589,8 @@ impl Inner {
         body: impl FnOnce(&Inner) + Send + 'static,
     ) -> std::io::Result<()> {
         let inner = self.clone();
-        let run = move || body(&inner);
+        let name = thread.name();
+        let run = move || inner.run_guarded(&name, body);
         let handle = match thread {
             PacketThread::Timers => {
                 let handle = std::thread::Builder::new().name(thread.name()).spawn(run)?;

@@ -507,6 +507,23 @@ pub fn roam(current: Option<PeerPath>, from: PeerPath, authenticated: bool) -> O
     (authenticated && current != Some(from)).then_some(from)
 }
 
+/// A data message's place in its sender's order: the session it came on and its counter.
+pub type Sequence = (u32, u64);
+
+/// Whether a data message at `this` is newer than `newest`, the newest one a peer has seen
+/// (`None`: none yet), and so may move its endpoint ([`roam`]). Messages of one session compare
+/// by counter. Another session than the newest one's counts as newer: sessions only move
+/// forward (a rekey), and the counters of two sessions say nothing about each other. Batches
+/// opened on several threads finish out of order: without this, an older batch that finishes
+/// later would set the endpoint back to an address the peer has left.
+#[inline]
+pub fn newer(newest: Option<Sequence>, this: Sequence) -> bool {
+    match newest {
+        None => true,
+        Some((session, counter)) => session != this.0 || this.1 > counter,
+    }
+}
+
 /// Which packet worker receives a datagram: every datagram of a session goes to the worker that
 /// owns its peer, so one peer's datagrams stay in order and peers spread over the workers.
 pub mod steering {

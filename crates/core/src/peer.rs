@@ -103,6 +103,9 @@ pub struct Peer<S = Tunnel> {
     keepalive_started: bool,
     /// When the last logged handshake completed, on the caller's clock.
     logged_handshake: Option<Instant>,
+    /// The newest data message opened outside the lock ([`Peer::opened`]): only a newer one
+    /// may move the endpoint.
+    newest: Option<packet::Sequence>,
 }
 
 impl Peer<Tunnel> {
@@ -140,6 +143,7 @@ impl<S: Session> Peer<S> {
             keepalive: keepalive.is_some_and(|s| s > 0),
             keepalive_started: false,
             logged_handshake: None,
+            newest: None,
         }
     }
 
@@ -186,8 +190,14 @@ impl<S: Session> Peer<S> {
         if received.authenticated {
             self.counters.rx_bytes += datagram_len as u64;
             self.counters.rx_packets += 1;
-            if let Some(path) = packet::roam(self.path, from, true) {
-                self.path = Some(path);
+            // Only a message newer than every one seen may move the endpoint: batches opened
+            // on several threads are recorded in the order they finish, not the order sent.
+            let this = (opened.session, opened.counter);
+            if packet::newer(self.newest, this) {
+                self.newest = Some(this);
+                if let Some(path) = packet::roam(self.path, from, true) {
+                    self.path = Some(path);
+                }
             }
         }
         received.action

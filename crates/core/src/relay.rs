@@ -39,11 +39,13 @@ pub fn partners(workers: usize, cpus: usize) -> usize {
 /// At most how many partners per reader: what was asked (`TUNNELGATE_RELAY_PARTNERS`, 0 turns
 /// the relay off), or, when nothing was, [`MAX_PARTNERS`]: the relay is on by default, and
 /// [`partners`] gives a reader as many as the CPUs allow. On by default because, with partners
-/// at normal priority that a waiting real-time reader boosts, it costs nothing measured even on
-/// two vCPUs where the readers, the partners, the kernel and the application share every core
-/// (one stream 1.01x of one worker's, loaded ping p99 within the 2 ms promise:
-/// docs/performance.md, "The relay in the daemon"), and a many-core gateway's one big peer
-/// should not need a knob to use its cores.
+/// at normal priority that a waiting real-time reader boosts, it keeps the 2 ms latency promise
+/// even on two vCPUs where the readers, the partners, the kernel and the application share
+/// every core, and a many-core gateway's one big peer should not need a knob to use its cores.
+/// It is not free there: the run files of the default build (`ffa4686`, `benches/latency` and
+/// `benches/iperf` results) give a loaded ping p99 of 1.33 ms with the relay against 0.93 ms
+/// with one worker, one stream 0.99x of one worker's, and 2.33 against 2.23 CPU s/GB
+/// (docs/performance.md, "The relay in the daemon").
 pub fn allowed(asked: Option<usize>) -> usize {
     asked.unwrap_or(MAX_PARTNERS)
 }

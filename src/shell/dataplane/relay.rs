@@ -16,7 +16,8 @@
 //! read's emission (the system calls the reader alone would have made for it, in the same
 //! order); a thread holds one turn at a time and waits only for earlier ones, so the waits form
 //! no cycle. What a waiter waits for is bounded: at most one read per partner is in flight, and
-//! each is computation (sealing or opening one read) and its emission. A stop ends every wait.
+//! each is computation (sealing or opening one read) and its emission. A stop ends every wait,
+//! the reader's on a partner's lock included (it blocks with a timeout and looks at the stop).
 //! No mutex guard is alive across a system call: the mailboxes' and the pool's mutexes are held
 //! to move one value, the turn's mutex only to sleep on its condition variable (the wait
 //! releases it) or to wake the sleepers.
@@ -29,7 +30,8 @@
 //! the reader waited cost the readers' latency: loaded ping p99 2.72 ms). That lock guards no
 //! data and is held across the partner's sends; its only waiter is the reader, which would wait
 //! for that job's turn anyway. The time the reader lends is paid from its real-time budget
-//! ([`Relay::lent`]).
+//! ([`Relay::lent`]). Every wait for a turn the reader makes lends so, those of the jobs it
+//! takes back included.
 //!
 //! Asleep when idle: a partner without a job, and a thread waiting for its turn, watch for a
 //! bounded number of spin-loop hints (about the tail of one read: the model in benches/workers
@@ -40,7 +42,10 @@
 //! Liveness: partners stamp no heartbeat of their own. A wedged partner holds its turn, so its
 //! reader's next emission waits for it, and the reader, which stamps its heartbeat per read,
 //! shows as stalled within the stall limit once traffic comes; without traffic nothing waits
-//! on the wedged partner.
+//! on the wedged partner. A partner whose work panics releases what its job held (its turn,
+//! its lock, its CPU mark, its weight in flight: [`JobGuard`]) as it unwinds, so its reader
+//! goes on; the data plane makes the panic its fatal error (the daemon's `/healthz` fails with
+//! it and the daemon exits non-zero).
 
 use crate::shell::clock;
 use crate::shell::pi_lock::PiLock;
@@ -185,6 +190,8 @@ pub struct Relay<J> {
     taken_back: AtomicU64,
     /// Time the reader spent blocked on a partner's lock, lending it its priority.
     lent_ns: AtomicU64,
+    /// A partner's lock failed the reader once: it no longer blocks on them.
+    lending_failed: AtomicBool,
     stop: AtomicBool,
 }
 
@@ -215,6 +222,7 @@ impl<J> Relay<J> {
             in_flight: AtomicUsize::new(0),
             taken_back: AtomicU64::new(0),
             lent_ns: AtomicU64::new(0),
+            lending_failed: AtomicBool::new(false),
             stop: AtomicBool::new(false),
         }
     }
@@ -262,6 +270,7 @@ impl<J> Relay<J> {
             number: self.turns.issued.fetch_add(1, Ordering::Relaxed),
             held: false,
             take_back: None,
+            lends: false,
         }
     }
 
@@ -275,6 +284,7 @@ impl<J> Relay<J> {
             number: self.turns.issued.fetch_add(1, Ordering::Relaxed),
             held: false,
             take_back: Some(work),
+            lends: true,
         }
     }
 
@@ -309,8 +319,15 @@ impl<J> Relay<J> {
 
     /// Partner `me`'s loop: waits for a job, runs `work` on it with its turn (the work holds
     /// the turn before it emits; the turn is passed after `work` returns), gives the buffer
-    /// back, and waits again; returns once the relay stops.
-    pub fn serve(&self, me: usize, mut work: impl FnMut(&mut J, &mut Turn<'_, J>)) {
+    /// back, and waits again; returns once the relay stops. Each job runs under a
+    /// [`JobGuard`], so however it ends (a panic in `work` included) its turn is passed and its
+    /// lock, its CPU mark and its weight in flight are released. An error: its lock could not
+    /// be taken (the relay is stopped, so its reader does not wait on this partner).
+    pub fn serve(
+        &self,
+        me: usize,
+        mut work: impl FnMut(&mut J, &mut Turn<'_, J>),
+    ) -> std::io::Result<()> {
         let mailbox = &self.mailboxes[me];
         loop {
             mailbox.idle.store(true, Ordering::Release);
@@ -320,24 +337,31 @@ impl<J> Relay<J> {
                 weight,
             }) = self.wait_for_job(mailbox)
             else {
-                return;
+                return Ok(());
             };
-            mailbox.working.lock();
+            if let Err(e) = mailbox.working.lock() {
+                // Its job and its turn are never done: nothing after them may wait.
+                self.stop();
+                return Err(e);
+            }
             mailbox.working_on.store(turn, Ordering::Release);
-            let mut turn = Turn {
-                relay: Some(self),
-                number: turn,
-                held: false,
-                take_back: None,
-            };
             self.cores.enter();
-            work(&mut job, &mut turn);
-            // Done before its turn is passed: whoever holds a later turn sees it finished.
-            self.in_flight.fetch_sub(weight, Ordering::AcqRel);
-            drop(turn);
-            mailbox.working_on.store(NOT_WORKING, Ordering::Release);
-            mailbox.working.unlock();
-            self.cores.leave();
+            let mut guard = JobGuard {
+                relay: self,
+                mailbox,
+                weight,
+                turn: Turn {
+                    relay: Some(self),
+                    number: turn,
+                    held: false,
+                    take_back: None,
+                    lends: false,
+                },
+            };
+            work(&mut job, &mut guard.turn);
+            drop(guard);
+            // Only a job that ended well goes back to the pool (a panic drops its buffer with
+            // whatever it held; the partner is gone with it and is never claimed again).
             self.free.lock().push(job);
         }
     }
@@ -373,8 +397,9 @@ impl<J> Relay<J> {
     }
 
     /// Waits until turn `number` is the next to emit, or the relay stops; with `take_back`,
-    /// first does every earlier job no partner has started.
-    fn wait_turn(&self, number: u64, take_back: Option<TakeBack<'_, J>>) {
+    /// first does every earlier job no partner has started; with `lends` (the reader), blocks
+    /// on the lock of the partner whose turn is next.
+    fn wait_turn(&self, number: u64, take_back: Option<TakeBack<'_, J>>, lends: bool) {
         let turns = &self.turns;
         if let Some(work) = take_back {
             while turns.next.load(Ordering::Acquire) != number && self.take_back_one(number, work) {
@@ -397,7 +422,7 @@ impl<J> Relay<J> {
             // wait as long). Only the reader: it posts nothing while it waits, so every job a
             // partner holds is one it must wait for anyway; a partner waiting so could block on
             // a later job of another partner that waits for its own turn.
-            if take_back.is_some() && self.wait_for_next_partner() {
+            if lends && self.wait_for_next_partner() {
                 continue;
             }
             // Asleep, so the thread whose turn it is gets the CPU.
@@ -422,8 +447,17 @@ impl<J> Relay<J> {
         else {
             return false;
         };
+        if self.lending_failed.load(Ordering::Relaxed) {
+            return false;
+        }
         let from = clock::now();
-        partner.working.wait_for_holder();
+        if let Err(e) = partner.working.wait_for_holder(&self.stop, SLEEP_BOUND) {
+            // Said once; the reader then waits for its turns asleep, as a partner does.
+            if !self.lending_failed.swap(true, Ordering::Relaxed) {
+                tracing::error!(error = %e, "A packet reader cannot lend its priority to its relay partners");
+            }
+            return false;
+        }
         let lent = clock::now().saturating_duration_since(from);
         self.lent_ns.fetch_add(
             u64::try_from(lent.as_nanos()).unwrap_or(u64::MAX),
@@ -465,11 +499,13 @@ impl<J> Relay<J> {
         else {
             return true;
         };
+        // The reader's: waiting for its turn, it lends its priority as on its own turns.
         let mut turn = Turn {
             relay: Some(self),
             number: turn,
             held: false,
             take_back: None,
+            lends: true,
         };
         work(&mut job, &mut turn);
         self.in_flight.fetch_sub(weight, Ordering::AcqRel);
@@ -489,6 +525,36 @@ impl<J> Relay<J> {
             drop(turns.lock.lock());
             turns.passed.notify_all();
         }
+    }
+}
+
+/// A partner's job in progress, released when dropped, by its end or by a panic in the work:
+/// the weight leaves the in-flight count before the turn is passed (whoever holds a later turn
+/// sees the job finished), then the turn is passed (waiting for it first, if the work never
+/// held it), then the lock the reader may be waiting on and the partner's CPU mark go.
+struct JobGuard<'a, J> {
+    relay: &'a Relay<J>,
+    mailbox: &'a Mailbox<J>,
+    weight: usize,
+    turn: Turn<'a, J>,
+}
+
+impl<J> Drop for JobGuard<'_, J> {
+    fn drop(&mut self) {
+        self.relay
+            .in_flight
+            .fetch_sub(self.weight, Ordering::AcqRel);
+        // Passed here (a later drop of the field would pass it after the lock's release).
+        let turn = std::mem::replace(&mut self.turn, Turn::none());
+        drop(turn);
+        self.mailbox
+            .working_on
+            .store(NOT_WORKING, Ordering::Release);
+        if let Err(e) = self.mailbox.working.unlock() {
+            // Not a panic: this may run while a panic unwinds.
+            tracing::error!(error = %e, "A relay partner could not release its lock");
+        }
+        self.relay.cores.leave();
     }
 }
 
@@ -544,6 +610,9 @@ pub struct Turn<'a, J> {
     held: bool,
     /// The reader's: what to do with an earlier job no partner has started, rather than wait.
     take_back: Option<TakeBack<'a, J>>,
+    /// The reader's (its own emissions' and the jobs it takes back): a wait for a partner's
+    /// turn blocks on that partner's lock, lending it the reader's priority.
+    lends: bool,
 }
 
 impl<'a, J> Turn<'a, J> {
@@ -571,6 +640,7 @@ impl<'a, J> Turn<'a, J> {
             number: 0,
             held: false,
             take_back: None,
+            lends: false,
         }
     }
 
@@ -579,7 +649,7 @@ impl<'a, J> Turn<'a, J> {
     pub fn hold(&mut self) {
         if !self.held {
             if let Some(relay) = self.relay {
-                relay.wait_turn(self.number, self.take_back);
+                relay.wait_turn(self.number, self.take_back, self.lends);
             }
             self.held = true;
         }

@@ -77,7 +77,11 @@ pub(super) type TunRelay = Relay<SealJob>;
 /// confined logs why and runs on without the filter (the packet path matters more).
 fn confine(thread: &str) {
     static LOGGED: std::sync::Once = std::sync::Once::new();
-    match seccomp::confine_current_thread() {
+    let confined = seccomp::confine_current_thread();
+    if matches!(confined, Ok(Confinement::Filtered(_))) {
+        super::mark_confined();
+    }
+    match confined {
         Ok(Confinement::Filtered(policy)) => LOGGED.call_once(|| {
             tracing::info!(
                 policy = %policy,
@@ -267,7 +271,14 @@ pub(super) fn tun_loop(inner: &Inner, worker: usize, relay: Option<&TunRelay>) {
 /// ([`seal_job`]).
 pub(super) fn tun_partner(inner: &Inner, worker: usize, relay: &TunRelay, me: usize, name: &str) {
     confine(name);
-    relay.serve(me, |job, turn| seal_job(inner, worker, job, turn));
+    let served = relay.serve(me, |job, turn| {
+        #[cfg(feature = "test-hooks")]
+        crate::shell::test_hooks::partner_job_starts();
+        seal_job(inner, worker, job, turn)
+    });
+    if let Err(e) = served {
+        inner.raise_fatal(format!("relay partner {name} failed: {e}"));
+    }
 }
 
 /// Makes and seals the segments of a handed-off read into the job's own send batch and sends
@@ -563,9 +574,14 @@ pub(super) fn udp_partner(
 ) {
     let opener = Opener::new(inner, worker, socket);
     confine(name);
-    relay
-        .relay
-        .serve(me, |job, turn| open_job(&opener, relay, job, turn));
+    let served = relay.relay.serve(me, |job, turn| {
+        #[cfg(feature = "test-hooks")]
+        crate::shell::test_hooks::partner_job_starts();
+        open_job(&opener, relay, job, turn)
+    });
+    if let Err(e) = served {
+        inner.raise_fatal(format!("relay partner {name} failed: {e}"));
+    }
 }
 
 /// Opens a handed-off receive batch into the job's own buffers and writes it (and sends its

@@ -551,3 +551,13 @@ fn keepalive_starts_a_handshake_only_for_a_peer_without_a_session() {
         "keepalive turned on for a live peer keeps its session"
     );
 }
+
+#[test]
+fn only_a_newer_message_of_a_session_or_another_session_counts_as_newer() {
+    assert!(newer(None, (1, 0)));
+    assert!(newer(Some((1, 5)), (1, 6)));
+    assert!(!newer(Some((1, 5)), (1, 5)));
+    assert!(!newer(Some((1, 5)), (1, 4)));
+    // A rekey: the counters of two sessions say nothing about each other.
+    assert!(newer(Some((1, 500)), (2, 0)));
+}

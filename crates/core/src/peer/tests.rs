@@ -611,3 +611,40 @@ fn two_threads_seal_one_batch_and_two_open_it_each_message_once() {
     delivered.sort_unstable();
     assert_eq!(delivered, (0..64).collect::<Vec<_>>(), "each exactly once");
 }
+
+/// Two receive batches opened on two threads: the newer one (sent after the peer moved)
+/// finishes first, the older one (from the address it left) later. The endpoint stays where the
+/// newer one came from.
+#[test]
+fn an_older_batch_finishing_later_does_not_move_the_endpoint_back() {
+    let mut p = pair(None, None);
+    let (mut buf, mut landing) = (vec![0u8; 2048], vec![0u8; 2048]);
+    establish(&mut p, &mut buf, &mut landing);
+    let packets: Vec<Vec<u8>> = (0..4u8)
+        .map(|i| ipv4_packet([10, 0, 0, 2], [10, 0, 0, 1], &[i; 100]))
+        .collect();
+    let (sealed, _) = seal_batch(&mut p.remote, &packets);
+    let (left, moved_to) = (path("192.0.2.7:5000"), path("192.0.2.99:7000"));
+    // The newer batch (messages 2 and 3, from the new address) is recorded first.
+    for i in [2, 3] {
+        let got = open_outside(&mut p.local, moved_to, &sealed[i], &mut landing);
+        assert_eq!(got, Inbound::Deliver(packets[i].len()));
+    }
+    assert_eq!(p.local.path(), Some(moved_to));
+    // The older batch (0 and 1, sent from the address the peer left) finishes later: delivered
+    // and counted, but the endpoint stays.
+    for i in [0, 1] {
+        let got = open_outside(&mut p.local, left, &sealed[i], &mut landing);
+        assert_eq!(got, Inbound::Deliver(packets[i].len()));
+    }
+    assert_eq!(
+        p.local.path(),
+        Some(moved_to),
+        "moved back by an older batch"
+    );
+    // A newer message from another address still roams.
+    let (more, _) = seal_batch(&mut p.remote, &packets[..1]);
+    let again = path("192.0.2.100:7001");
+    open_outside(&mut p.local, again, &more[0], &mut landing);
+    assert_eq!(p.local.path(), Some(again));
+}

@@ -8,7 +8,8 @@
 //! datagrams that do not authenticate (anyone on the network can send those); all readers
 //! together for at most `rate * T + burst * cpus` (the rate is the share of the CPUs the process
 //! may use, or of its cgroup's CPU quota when that is lower); plus one batch each: the charge
-//! comes after the batch it pays for. A reader past its budget runs on at normal priority, where
+//! comes after the batch it pays for. A receive batch is 64 messages of up to 64 datagrams each
+//! with UDP GRO (4,096 datagrams, milliseconds of opening, not a fraction of one). A reader past its budget runs on at normal priority, where
 //! the scheduler treats it like any other thread.
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};

@@ -53,12 +53,14 @@ fn run(partners: usize, reads: u64, seed: u64, take_back: bool) -> Arc<Log> {
             let (relay, log) = (relay.clone(), log.clone());
             std::thread::spawn(move || {
                 let mut dice = Dice(seed ^ ((me as u64 + 1) * 0x9e37_79b9));
-                relay.serve(me, |read, turn| {
-                    log.by_partners.fetch_add(1, Ordering::Relaxed);
-                    dice.delay();
-                    turn.hold();
-                    log.emitted.lock().push(*read);
-                });
+                relay
+                    .serve(me, |read, turn| {
+                        log.by_partners.fetch_add(1, Ordering::Relaxed);
+                        dice.delay();
+                        turn.hold();
+                        log.emitted.lock().push(*read);
+                    })
+                    .expect("served")
             })
         })
         .collect();
@@ -249,7 +251,7 @@ fn a_stop_wakes_idle_partners_and_waiters_for_a_turn() {
     relay.stop();
     waiter.join().expect("waiter");
     for p in partners {
-        p.join().expect("partner");
+        p.join().expect("partner").expect("served");
     }
     assert!(
         crate::shell::clock::since(t) < Duration::from_secs(1),
@@ -329,5 +331,321 @@ fn a_reader_waiting_for_a_partners_turn_lends_it_its_priority_and_counts_the_tim
     );
     assert_eq!(relay.taken_back(), 0, "the partner had started it");
     relay.stop();
-    partner.join().expect("partner");
+    partner.join().expect("partner").expect("served");
+}
+
+/// A partner whose work panics mid-job (before it held its turn) releases what the job held
+/// as it unwinds: its turn is passed, its lock is free (a reader that would lend it its
+/// priority does not block on a dead thread's lock), its CPU mark is gone and its weight is
+/// no longer in flight. The panic itself reaches whoever joins the partner.
+#[test]
+fn a_partner_that_panics_mid_job_releases_its_turn_lock_cpu_and_weight() {
+    let cores = Arc::new(Cores::new(2));
+    let relay = Arc::new(Relay::new(1, cores.clone(), || 0u64));
+    let partner = {
+        let relay = relay.clone();
+        std::thread::spawn(move || {
+            relay.serve(0, |job, turn| {
+                if *job == 1 {
+                    std::thread::sleep(Duration::from_millis(50));
+                    panic!("a bug in the partner's work");
+                }
+                turn.hold();
+            })
+        })
+    };
+    let mut claim = loop {
+        if let Some(claim) = relay.claim() {
+            break claim;
+        }
+        std::thread::yield_now();
+    };
+    *claim.job() = 1;
+    claim.post(7);
+    assert_eq!(relay.in_flight(), 7);
+    // The reader's next turn waits for the job's, lending (blocking on the partner's lock):
+    // it must come back once the partner is gone.
+    let reader = {
+        let relay = relay.clone();
+        std::thread::spawn(move || {
+            let nothing_to_take_back = |_: &mut u64, _: &mut Turn<'_, u64>| {};
+            let mut turn = relay.issue_taking_back(&nothing_to_take_back);
+            turn.hold();
+        })
+    };
+    let since = crate::shell::clock::now();
+    while !reader.is_finished() && crate::shell::clock::since(since) < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let stuck = !reader.is_finished();
+    // Ends the reader's wait either way, so a failure is a failure and not a hang.
+    relay.stop();
+    reader.join().expect("reader");
+    assert!(
+        !stuck,
+        "the reader still waits for the dead partner's turn after 5 s"
+    );
+    let panicked = partner.join();
+    assert!(panicked.is_err(), "the panic reaches the join");
+    assert_eq!(relay.in_flight(), 0, "its weight left the in-flight count");
+    assert_eq!(cores.busy.load(Ordering::SeqCst), 0, "its CPU mark left");
+    assert_eq!(
+        relay.mailboxes[0].working.word_for_tests(),
+        0,
+        "its lock was released"
+    );
+    assert_eq!(
+        relay.mailboxes[0].working_on.load(Ordering::SeqCst),
+        NOT_WORKING
+    );
+}
+
+/// A job the reader took back waits for an earlier partner's turn by blocking on that
+/// partner's lock (lending it its priority, counted as lent), not asleep.
+#[test]
+fn a_job_taken_back_that_waits_for_a_partner_lends_it_its_priority() {
+    // Partner 0 runs and works 100 ms on job 1; partner 1 never runs, so the reader takes its
+    // job (2) back; the taken-back job must wait for job 1's turn.
+    let relay = Arc::new(Relay::new(2, Arc::new(Cores::new(3)), || 0u64));
+    let started = Arc::new(AtomicBool::new(false));
+    let partner = {
+        let (relay, started) = (relay.clone(), started.clone());
+        std::thread::spawn(move || {
+            relay.serve(0, |_, turn| {
+                started.store(true, Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(100));
+                turn.hold();
+            })
+        })
+    };
+    let mut first = loop {
+        if let Some(claim) = relay.claim() {
+            break claim;
+        }
+        std::thread::yield_now();
+    };
+    assert_eq!(first.partner, 0, "the running partner is the idle one");
+    *first.job() = 1;
+    first.post(1);
+    while !started.load(Ordering::SeqCst) {
+        std::thread::yield_now();
+    }
+    // Partner 1 waits (idle) but never runs.
+    relay.mailboxes[1].idle.store(true, Ordering::SeqCst);
+    let mut second = relay.claim().expect("the idle partner");
+    *second.job() = 2;
+    second.post(1);
+    let done = Mutex::new(Vec::new());
+    let take_back = |job: &mut u64, turn: &mut Turn<'_, u64>| {
+        turn.hold();
+        done.lock().push(*job);
+    };
+    let mut own = relay.issue_taking_back(&take_back);
+    own.hold();
+    drop(own);
+    assert_eq!(*done.lock(), [2], "job 2 taken back");
+    let lent = Duration::from_nanos(relay.lent().load(Ordering::Relaxed));
+    assert!(
+        lent >= Duration::from_millis(50),
+        "lent {lent:?}: the taken-back job waited for job 1 without lending"
+    );
+    relay.stop();
+    partner.join().expect("partner").expect("served");
+}
+
+/// The UDP reader's receive side (`workers::udp_loop`), driven through this relay and
+/// `core::relay`'s rules by a property test: batches with gaps in their counters (datagrams
+/// the path lost), opened by real partner threads and by the reader, each after a random time.
+mod receive {
+    use super::*;
+    use crate::core::relay::{
+        hands_off_batch, opens_after_in_flight, IN_FLIGHT_DATAGRAMS, REPLAY_WINDOW,
+    };
+    use proptest::prelude::*;
+
+    /// A receive batch: its place in arrival order, its first counter, its size.
+    #[derive(Debug, Clone, Copy, Default)]
+    struct Batch {
+        number: u64,
+        first: u64,
+        datagrams: usize,
+    }
+
+    /// What the receiving session and the TUN queue saw.
+    #[derive(Default)]
+    struct Receiver {
+        /// boringtun's replay window: the highest counter recorded and every one seen.
+        highest: Option<u64>,
+        seen: std::collections::HashSet<u64>,
+        /// Counters refused as too old: datagrams the relay lost by opening out of order.
+        refused: Vec<u64>,
+        /// Batches written to the TUN queue, in the order written.
+        written: Vec<u64>,
+        /// Datagrams being opened now and the batches they belong to; the worst seen.
+        opening: usize,
+        opening_batches: usize,
+        overlaps: Vec<(usize, usize)>,
+    }
+
+    impl Receiver {
+        /// boringtun's rule (`ReceivingKeyCounterValidator`): a counter more than the window
+        /// below the highest recorded is refused.
+        fn record(&mut self, counter: u64) {
+            if self
+                .highest
+                .is_some_and(|h| counter + REPLAY_WINDOW as u64 <= h)
+                || !self.seen.insert(counter)
+            {
+                self.refused.push(counter);
+                return;
+            }
+            self.highest = Some(self.highest.map_or(counter, |h| h.max(counter)));
+        }
+    }
+
+    /// Opens `batch` as a partner or the reader does: its counters recorded one by one, after
+    /// some time (`delays` of up to about 50 microseconds), then written on its turn.
+    fn open(
+        receiver: &Mutex<Receiver>,
+        batch: &Batch,
+        dice: &mut Dice,
+        turn: &mut Turn<'_, Batch>,
+    ) {
+        {
+            let mut r = receiver.lock();
+            r.opening += batch.datagrams;
+            r.opening_batches += 1;
+            if r.opening_batches > 1 && r.opening > IN_FLIGHT_DATAGRAMS {
+                let worst = (r.opening, r.opening_batches);
+                r.overlaps.push(worst);
+            }
+        }
+        dice.delay();
+        for (i, counter) in (batch.first..batch.first + batch.datagrams as u64).enumerate() {
+            receiver.lock().record(counter);
+            if i % 97 == 0 {
+                dice.delay();
+            }
+        }
+        {
+            let mut r = receiver.lock();
+            r.opening -= batch.datagrams;
+            r.opening_batches -= 1;
+        }
+        turn.hold();
+        receiver.lock().written.push(batch.number);
+    }
+
+    /// Batch sizes as a reader sees them: single datagrams, small batches, full batches of 64,
+    /// GRO-sized ones of thousands; and how many datagrams the path lost before each.
+    fn batches() -> impl Strategy<Value = Vec<(usize, u64)>> {
+        proptest::collection::vec(
+            (
+                prop_oneof![
+                    1usize..8,
+                    8usize..64,
+                    Just(64usize),
+                    64usize..600,
+                    600usize..4096
+                ],
+                prop_oneof![Just(0u64), 0u64..100],
+            ),
+            1..40,
+        )
+    }
+
+    /// Runs `sizes` through a reader and `partners` partners; returns what the receiver saw
+    /// and the most datagrams in flight the relay reported.
+    fn run(sizes: &[(usize, u64)], partners: usize, seed: u64) -> (Receiver, usize, Vec<u64>) {
+        let relay = Arc::new(Relay::new(
+            partners,
+            Arc::new(Cores::new(partners + 1)),
+            Batch::default,
+        ));
+        let receiver = Arc::new(Mutex::new(Receiver::default()));
+        let threads: Vec<_> = (0..partners)
+            .map(|me| {
+                let (relay, receiver) = (relay.clone(), receiver.clone());
+                std::thread::spawn(move || {
+                    let mut dice = Dice(seed ^ ((me as u64 + 1) * 0x9e37_79b9) | 1);
+                    relay.serve(me, |batch, turn| open(&receiver, batch, &mut dice, turn))
+                })
+            })
+            .collect();
+        // Partners are idle only once they wait: let them get there, as a running reader's
+        // have by the time traffic comes (a claim that finds none busy is still legal).
+        std::thread::sleep(Duration::from_millis(1));
+        let reader_dice = Mutex::new(Dice(seed | 1));
+        let take_back = |batch: &mut Batch, turn: &mut Turn<'_, Batch>| {
+            open(&receiver, batch, &mut reader_dice.lock(), turn);
+        };
+        let mut most_in_flight = 0;
+        let mut next_counter = 0u64;
+        let mut lost = Vec::new();
+        for (number, &(datagrams, gap)) in sizes.iter().enumerate() {
+            lost.extend(next_counter..next_counter + gap);
+            let mut batch = Batch {
+                number: number as u64,
+                first: next_counter + gap,
+                datagrams,
+            };
+            next_counter = batch.first + datagrams as u64;
+            // What `udp_loop` does with a receive batch.
+            let claim = Some(&*relay)
+                .filter(|r| hands_off_batch(r.in_flight(), datagrams))
+                .and_then(|r| r.claim());
+            if let Some(mut claim) = claim {
+                std::mem::swap(claim.job(), &mut batch);
+                claim.post(datagrams);
+                most_in_flight = most_in_flight.max(relay.in_flight());
+                continue;
+            }
+            let mut turn = Turn::of_taking_back(Some(&*relay), &take_back);
+            if opens_after_in_flight(relay.in_flight(), datagrams) {
+                turn.hold();
+            }
+            let mut dice = Dice(reader_dice.lock().roll(u64::MAX) | 1);
+            open(&receiver, &batch, &mut dice, &mut turn);
+        }
+        drop(Turn::of(Some(&*relay)));
+        assert_eq!(relay.in_flight(), 0, "every batch finished");
+        relay.stop();
+        for t in threads {
+            t.join().expect("partner").expect("served");
+        }
+        let receiver = Arc::try_unwrap(receiver)
+            .ok()
+            .expect("the partners are gone")
+            .into_inner();
+        (receiver, most_in_flight, lost)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+
+        /// Whatever the sizes, the losses and the times partners and reader take: every
+        /// batch is written once, in arrival order; every datagram the path delivered is
+        /// inside the replay window when it is recorded (none refused as too old, none twice);
+        /// no more than `IN_FLIGHT_DATAGRAMS` are handed to partners at once, and batches are
+        /// opened at the same time only while they hold no more than that together.
+        #[test]
+        fn receive_batches_are_written_in_order_and_none_falls_out_of_the_window(
+            sizes in batches(),
+            partners in 1usize..4,
+            seed in any::<u64>(),
+        ) {
+            let (receiver, most_in_flight, lost) = run(&sizes, partners, seed);
+            prop_assert_eq!(
+                &receiver.written,
+                &(0..sizes.len() as u64).collect::<Vec<_>>(),
+                "written out of order or not once"
+            );
+            prop_assert!(receiver.refused.is_empty(), "refused as replays: {:?}", receiver.refused);
+            let delivered: usize = sizes.iter().map(|&(d, _)| d).sum();
+            prop_assert_eq!(receiver.seen.len(), delivered, "a datagram not recorded");
+            prop_assert!(lost.iter().all(|c| !receiver.seen.contains(c)));
+            prop_assert!(most_in_flight <= IN_FLIGHT_DATAGRAMS, "{} in flight", most_in_flight);
+            prop_assert!(receiver.overlaps.is_empty(), "opened at once: {:?}", receiver.overlaps);
+        }
+    }
 }
