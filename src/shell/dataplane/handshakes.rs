@@ -93,8 +93,12 @@ impl HandshakeWork {
     /// left (the caller comes back at once, after its timers).
     pub(super) fn round(&mut self, inner: &Inner, table: &PeerTable, now: Instant) -> bool {
         let queue = &inner.handshakes;
-        let under_load = self.load.observe(queue.depth(), QUEUE_CAPACITY, now);
+        let depth = queue.depth();
+        let under_load = self.load.observe(depth, QUEUE_CAPACITY, now);
         table.limiter().set_under_load(under_load);
+        if depth == 0 {
+            return false;
+        }
         let Some(private_key) = table.private_key() else {
             // No key: nothing can be answered (the readers drop before queueing, but a key
             // removed since leaves some behind).
