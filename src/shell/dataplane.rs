@@ -16,6 +16,7 @@
 mod readers;
 pub mod relay;
 mod table;
+mod takeover;
 mod workers;
 
 pub use readers::ReadersView;
@@ -144,6 +145,8 @@ struct Inner {
     cores: Arc<relay::Cores>,
     /// Set once when the data path cannot go on (the TUN device is gone).
     fatal: watch::Sender<Option<String>>,
+    /// The timer thread, once started: a receive path that asks for a takeover wakes it.
+    timers: std::sync::OnceLock<std::thread::Thread>,
 }
 
 impl Dataplane {
@@ -186,6 +189,7 @@ impl Dataplane {
                 readers: readers::ReaderStates::new(workers),
                 cores,
                 fatal: watch::Sender::new(None),
+                timers: std::sync::OnceLock::new(),
             }),
             stopped: AtomicBool::new(false),
         })
@@ -409,6 +413,13 @@ impl Inner {
         u64::try_from(crate::shell::clock::since(self.epoch).as_millis()).unwrap_or(u64::MAX)
     }
 
+    /// Wakes the timer thread now (a takeover was asked for), rather than at its next tick.
+    fn wake_timers(&self) {
+        if let Some(t) = self.timers.get() {
+            t.unpark();
+        }
+    }
+
     fn beat(&self, thread: PacketThread) {
         self.heartbeats.beat(thread, self.now_ms());
     }
@@ -497,7 +508,11 @@ impl Inner {
         let inner = self.clone();
         let run = move || body(&inner);
         let handle = match thread {
-            PacketThread::Timers => std::thread::Builder::new().name(thread.name()).spawn(run)?,
+            PacketThread::Timers => {
+                let handle = std::thread::Builder::new().name(thread.name()).spawn(run)?;
+                let _ = self.timers.set(handle.thread().clone());
+                handle
+            }
             PacketThread::TunReader(_) | PacketThread::UdpReader(_) => {
                 self.threads.spawner.spawn(thread.name(), run)?
             }

@@ -36,6 +36,11 @@ pub(crate) fn sample_snapshot() -> Snapshot {
                 handshake_attempts: 3,
                 handshakes_answered: 2,
                 handshake_failures: 1,
+                takeovers_started: 2,
+                takeovers_completed: 1,
+                takeovers_failed: 1,
+                takeover_ms_total: 250,
+                takeover_ms_last: Some(250),
                 persistent_keepalive: Some(25),
             },
             PeerStatus {
@@ -383,6 +388,21 @@ fn metrics_carry_the_snapshot_values() {
     assert_eq!(v("tunnelgate_peer_rx_bytes_total", &b), 0.0);
     assert_eq!(v("tunnelgate_peer_handshake_attempts_total", &a), 3.0);
     assert_eq!(v("tunnelgate_peer_handshake_failures_total", &a), 1.0);
+    let outcome = |o: &'static str| [a[0], ("outcome", o)];
+    assert_eq!(
+        v("tunnelgate_peer_takeovers_total", &outcome("started")),
+        2.0
+    );
+    assert_eq!(
+        v("tunnelgate_peer_takeovers_total", &outcome("completed")),
+        1.0
+    );
+    assert_eq!(
+        v("tunnelgate_peer_takeovers_total", &outcome("failed")),
+        1.0
+    );
+    assert_eq!(v("tunnelgate_peer_takeover_seconds_total", &a), 0.25);
+    assert_eq!(v("tunnelgate_peer_last_takeover_seconds", &a), 0.25);
     assert_eq!(v("tunnelgate_peer_last_handshake_age_seconds", &a), 65.0);
     assert_eq!(
         v("tunnelgate_peer_last_handshake_timestamp_seconds", &a),

@@ -8,12 +8,12 @@ use crate::core::allowed_ips::AllowedIps;
 use crate::core::control::{PeerChanges, PeerSpec, PeerUpsert, SessionEffect};
 use crate::core::packet::{PeerLookup, PeerPath};
 use crate::core::peer::Peer;
+use crate::core::session_index::PeerIndices;
 use crate::core::wg::Limiter;
 use crate::shell::keys::GenerateKey as _;
 use parking_lot::{Mutex, MutexGuard};
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 /// One peer of one table generation. A peer whose settings change but whose session stays
@@ -31,7 +31,8 @@ impl PeerSlot {
         &self.public_key
     }
 
-    /// The table index: its low byte picks the worker its datagrams arrive on.
+    /// The table index (`core::session_index`: the same for the same private key and peer in
+    /// any process): its low byte picks the worker its datagrams arrive on.
     pub(super) fn index(&self) -> u32 {
         self.index
     }
@@ -68,16 +69,11 @@ pub(super) struct PeerTable {
     tunnel_key: SecretKey,
     public_key: PublicKey,
     limiter: Arc<Limiter>,
+    /// Derives the peers' table indices from the tunnel key.
+    indices: PeerIndices,
     peers: BTreeMap<PublicKey, Arc<PeerSlot>>,
     by_index: HashMap<u32, Arc<PeerSlot>>,
     routes: AllowedIps<Arc<PeerSlot>>,
-}
-
-static NEXT_INDEX: AtomicU32 = AtomicU32::new(1);
-
-fn next_index() -> u32 {
-    // 24 bits identify a peer in message indices; wrap-around needs 16M peer (re)creations.
-    NEXT_INDEX.fetch_add(1, Ordering::Relaxed) & 0x00ff_ffff
 }
 
 impl PeerTable {
@@ -87,6 +83,7 @@ impl PeerTable {
         PeerTable {
             // The OS supplies the randomness (cookie secrets here, ephemeral keys below).
             limiter: Arc::new(Limiter::new(&public_key, &mut rand_core::OsRng)),
+            indices: PeerIndices::new(&tunnel_key),
             private_key,
             tunnel_key,
             public_key,
@@ -124,6 +121,7 @@ impl PeerTable {
                 tunnel_key: self.tunnel_key.clone(),
                 public_key: self.public_key,
                 limiter: self.limiter.clone(),
+                indices: self.indices.clone(),
                 peers: BTreeMap::new(),
                 by_index: HashMap::new(),
                 routes: AllowedIps::default(),
@@ -181,7 +179,13 @@ impl PeerTable {
                         change.added.push(key);
                     }
                     let roamed = existing.and_then(|o| o.lock().path());
-                    let index = next_index();
+                    // Free in this generation, and not held by a peer kept further on.
+                    let index = next.indices.index_of(&key, |i| {
+                        next.by_index.contains_key(&i)
+                            || self.by_index.get(&i).is_some_and(|s| {
+                                s.public_key != key && !changes.remove.contains(&s.public_key)
+                            })
+                    });
                     let peer = Peer::new(
                         &tunnel_key,
                         &key,

@@ -14,6 +14,7 @@ use crate::core::offload::{self, Coalescer, SplitPlan, VNET_HDR_LEN};
 use crate::core::packet::{self, steering, DropReason, Inbound, Outbound, PeerPath, Sender};
 use crate::core::peer::{LimiterReset, Sending};
 use crate::core::relay::{hands_off_batch, hands_off_read, opens_after_in_flight};
+use crate::core::takeover::{self, TokenBucket};
 use crate::core::wg::{self, SealBatch};
 use crate::shell::seccomp::{self, Confinement};
 use crate::shell::udp::{RecvBatch, SendBatch, WgSocket, BATCH, MAX_DATAGRAM};
@@ -841,6 +842,15 @@ impl Received<'_> {
                 inner.drops.add_received(reason, self.datagram.len());
                 return false;
             }
+            Inbound::TakeOver => {
+                // Once per takeover: the timer thread sends the initiation now.
+                emit.coalescer.abandon();
+                inner
+                    .drops
+                    .add_received(DropReason::UnknownPeer, self.datagram.len());
+                inner.wake_timers();
+                return false;
+            }
         }
         true
     }
@@ -850,6 +860,7 @@ pub(super) fn timer_loop(inner: &Inner) {
     let mut buf = vec![0u8; wg::MIN_OUTPUT.max(2048)];
     confine(&PacketThread::Timers.name());
     let mut limiter_reset = LimiterReset::default();
+    let mut takeovers = TokenBucket::new(takeover::GLOBAL_PER_SECOND);
     while !inner.stop.load(Ordering::Relaxed) {
         inner.beat(PacketThread::Timers);
         // Parked, not asleep: `Dataplane::stop` unparks it, so a stop does not wait a tick.
@@ -864,6 +875,7 @@ pub(super) fn timer_loop(inner: &Inner) {
         }
         let sockets = inner.sockets();
         for slot in table.peers() {
+            super::takeover::step(inner, &sockets, slot, now, &mut takeovers, &mut buf);
             let tick = {
                 let mut peer = slot.lock();
                 peer.on_tick(now, &mut buf)
