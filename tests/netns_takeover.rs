@@ -12,7 +12,7 @@ mod common;
 use base64::Engine as _;
 use common::*;
 use std::net::{SocketAddr, UdpSocket};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tunnelgate::config::{PublicKey, SecretKey};
 use tunnelgate::core::session_index::PeerIndices;
 use tunnelgate::core::takeover::GLOBAL_PER_SECOND;
@@ -67,7 +67,7 @@ fn reply_times(out: &str) -> Vec<f64> {
 }
 
 fn unix_now() -> f64 {
-    std::time::SystemTime::now()
+    clock::wall_now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64())
 }
@@ -85,15 +85,56 @@ fn longest_gap_after(times: &[f64], after: f64) -> f64 {
 #[ignore = "needs root"]
 fn a_restarted_tunnelgate_takes_the_pinging_peer_over_at_once() {
     let (a, b, cfg, wg) = setup(0);
-    let mut tg = Tunnelgate::start(&a, cfg.clone());
+    restart_under_pings(&a, &b, cfg, wg.name(), wg.public_key(), "wireguard-go");
+}
+
+/// The same with tunnelgate as the client: the peer that keeps sending is tunnelgate too.
+#[test]
+#[ignore = "needs root"]
+fn a_restarted_tunnelgate_takes_a_tunnelgate_client_over_at_once() {
+    let (a, b, _) = lan_pair(A_LAN4, A_LAN6, B_LAN4, B_LAN6);
+    let client_key = Keypair::generate();
+    let mut cfg = TgConfig::new(TG_PORT, &[&format!("{A_TUN4}/32")])
+        .peer(Peer::new(&client_key.public, &[&format!("{B_TUN4}/32")]));
+    cfg.workers = Some(1);
+    let mut client_cfg = TgConfig::new(WG_PORT, &[&format!("{B_TUN4}/32")]).peer(
+        Peer::new(&cfg.key.public, &[&format!("{A_TUN4}/32")])
+            .endpoint(&format!("{A_LAN4}:{TG_PORT}")),
+    );
+    client_cfg.key = client_key;
+    client_cfg.workers = Some(1);
+    let client = Tunnelgate::start(&b, client_cfg);
+    restart_under_pings(
+        &a,
+        &b,
+        cfg,
+        client.name(),
+        client.public_key(),
+        "tunnelgate",
+    );
+}
+
+/// Starts tunnelgate in `a` with `cfg`; while the peer in `b` (interface `peer_iface`, key
+/// `peer_public`) pings it every 100 ms, kills it with SIGKILL and starts the same config
+/// again; reports the longest silence and asserts the peer was answered soon after the new
+/// process was ready, by a takeover it counts.
+fn restart_under_pings(
+    a: &Netns,
+    b: &Netns,
+    cfg: TgConfig,
+    peer_iface: &str,
+    peer_public: &str,
+    peer_kind: &str,
+) {
+    let mut tg = Tunnelgate::start(a, cfg.clone());
     let mut ping = b.spawn(&["ping", "-n", "-D", "-i", "0.1", "-W", "1", A_TUN4]);
-    wait_handshake(wg.name(), &cfg.key.public, Duration::from_secs(10));
+    wait_handshake(peer_iface, &cfg.key.public, Duration::from_secs(10));
     std::thread::sleep(Duration::from_secs(2));
 
     let killed_at = unix_now();
     tg.kill9();
     drop(tg); // its UAPI socket goes before the new process makes its own
-    let tg = Tunnelgate::spawn(&a, cfg.clone());
+    let tg = Tunnelgate::spawn(a, cfg.clone());
     tg.wait_ready(Duration::from_secs(10))
         .unwrap_or_else(|e| panic!("restart: {e}"));
     let ready_at = unix_now();
@@ -121,8 +162,8 @@ fn a_restarted_tunnelgate_takes_the_pinging_peer_over_at_once() {
     });
     let after_ready = first - ready_at;
     eprintln!(
-        "restart: longest silence {silence:.2} s (SIGKILL to first reply); \
-         {after_ready:.2} s after the new process was ready ({:.2} s to start)",
+        "restart against {peer_kind}: longest silence {silence:.2} s (SIGKILL to first \
+         reply); {after_ready:.2} s after the new process was ready ({:.2} s to start)",
         ready_at - killed_at
     );
     assert!(
@@ -143,10 +184,7 @@ fn a_restarted_tunnelgate_takes_the_pinging_peer_over_at_once() {
     let completed = metric(
         &metrics,
         "tunnelgate_peer_takeovers_total",
-        &format!(
-            "peer=\"{}\",peer_name=\"\",outcome=\"completed\"",
-            wg.public_key()
-        ),
+        &format!("peer=\"{peer_public}\",peer_name=\"\",outcome=\"completed\""),
     );
     assert_eq!(completed, Some(1.0), "{metrics}");
 }
@@ -167,7 +205,7 @@ fn flood(socket: &UdpSocket, messages: &[[u8; 32]], secs: f64) -> (usize, usize)
     socket
         .set_read_timeout(Some(Duration::from_millis(1)))
         .expect("timeout");
-    let start = Instant::now();
+    let start = clock::now();
     let per = Duration::from_secs_f64(secs / messages.len().max(1) as f64);
     let (mut initiations, mut other) = (0, 0);
     let mut buf = [0u8; 2048];
@@ -186,12 +224,12 @@ fn flood(socket: &UdpSocket, messages: &[[u8; 32]], secs: f64) -> (usize, usize)
         if i % 64 == 0 {
             count(socket);
         }
-        if let Some(wait) = due.checked_duration_since(Instant::now()) {
+        if let Some(wait) = due.checked_duration_since(clock::now()) {
             std::thread::sleep(wait);
         }
     }
-    let end = Instant::now() + Duration::from_secs(1);
-    while Instant::now() < end {
+    let end = clock::now() + Duration::from_secs(1);
+    while clock::now() < end {
         count(socket);
     }
     (initiations, other)
@@ -244,9 +282,9 @@ fn spoofed_indices_draw_no_initiation_unless_they_trace_and_then_within_the_boun
             .flat_map(|round| valid.iter().map(move |i| data_message((i << 8) | (round + 1))))
             .collect();
         let sent = messages.len();
-        let started = Instant::now();
+        let started = clock::now();
         let (initiations, other) = flood(&victim, &messages, 1.0);
-        let secs = started.elapsed().as_secs_f64();
+        let secs = (clock::now() - started).as_secs_f64();
         let bytes_in = sent * 32;
         let bytes_out = initiations * 148;
         eprintln!(
