@@ -625,6 +625,7 @@ fn status_text_reads_like_wg_show() {
         "  allowed ips: 100.64.0.2/32, 10.0.0.0/24",
         "  latest handshake: 1 minute, 5 seconds ago",
         "  transfer: 120.56 KiB received, 789 B sent",
+        "  takeovers: 2 started, 1 completed, 1 failed, latest in 250 ms",
         "  persistent keepalive: every 25 seconds",
         &format!("peer: {PEER_B}"),
         "  allowed ips: (none)",
