@@ -131,8 +131,32 @@ impl PeerTable {
         let mut change = TableChange::default();
         let upserts: BTreeMap<PublicKey, &PeerUpsert> =
             changes.upsert.iter().map(|u| (u.public_key, u)).collect();
+        // The first key (peers set before it over UAPI): no peer can have a session yet, so
+        // each is made again with the index this identity gives it, as another process with
+        // the same key and peers would (`core::session_index`).
+        let first_key = key_changed && self.private_key.is_none();
         for (key, old) in &self.peers {
             if changes.remove.contains(key) || upserts.contains_key(key) {
+                continue;
+            }
+            if first_key {
+                let index = self.free_index(&next, key, true, changes);
+                let peer = Peer::new(
+                    &tunnel_key,
+                    key,
+                    &old.spec,
+                    index,
+                    &next.limiter,
+                    old.lock().path(),
+                    Box::new(rand_core::OsRng),
+                );
+                change.reset.push(*key);
+                next.insert(Arc::new(PeerSlot {
+                    public_key: *key,
+                    index,
+                    spec: old.spec.clone(),
+                    state: Arc::new(Mutex::new(peer)),
+                }));
                 continue;
             }
             if key_changed {
@@ -145,7 +169,7 @@ impl PeerTable {
             let existing = self.peers.get(&key);
             let kept = existing
                 .map(|old| (old, old.spec.update_to(&upsert.spec)))
-                .filter(|(_, effect)| *effect != SessionEffect::NewSession);
+                .filter(|(_, effect)| *effect != SessionEffect::NewSession && !first_key);
             let slot = match kept {
                 Some((old, effect)) => {
                     let mut state = old.lock();
@@ -179,13 +203,7 @@ impl PeerTable {
                         change.added.push(key);
                     }
                     let roamed = existing.and_then(|o| o.lock().path());
-                    // Free in this generation, and not held by a peer kept further on.
-                    let index = next.indices.index_of(&key, |i| {
-                        next.by_index.contains_key(&i)
-                            || self.by_index.get(&i).is_some_and(|s| {
-                                s.public_key != key && !changes.remove.contains(&s.public_key)
-                            })
-                    });
+                    let index = self.free_index(&next, &key, first_key, changes);
                     let peer = Peer::new(
                         &tunnel_key,
                         &key,
@@ -212,6 +230,24 @@ impl PeerTable {
             .copied()
             .collect();
         (next, change)
+    }
+
+    /// `key`'s index in `next`: free there and, unless every peer is made again
+    /// (`all_new`), not held by a peer of this table kept further on.
+    fn free_index(
+        &self,
+        next: &PeerTable,
+        key: &PublicKey,
+        all_new: bool,
+        changes: &PeerChanges,
+    ) -> u32 {
+        next.indices.index_of(key, |i| {
+            next.by_index.contains_key(&i)
+                || (!all_new
+                    && self.by_index.get(&i).is_some_and(|s| {
+                        s.public_key != *key && !changes.remove.contains(&s.public_key)
+                    }))
+        })
     }
 
     fn insert(&mut self, slot: Arc<PeerSlot>) {
@@ -321,5 +357,41 @@ mod tests {
         });
         assert_eq!(change.removed, vec![peer]);
         assert!(table.peers.is_empty() && table.by_index.is_empty());
+    }
+
+    #[test]
+    fn the_same_key_and_peers_give_the_same_indices_whatever_the_order_they_came_in() {
+        let own = SecretKey::generate();
+        let peers: Vec<PublicKey> = (0..50)
+            .map(|_| SecretKey::generate().public_key())
+            .collect();
+        // As a config file gives them: key and peers at once.
+        let all_at_once = PeerChanges {
+            private_key: Some(Some(own.clone())),
+            upsert: peers
+                .iter()
+                .map(|k| PeerUpsert {
+                    public_key: *k,
+                    spec: spec(None, &[], None),
+                    endpoint: None,
+                })
+                .collect(),
+            remove: vec![],
+        };
+        let (a, _) = PeerTable::empty(None).apply(&all_at_once);
+        // Over UAPI, peers first (under a throwaway key), the key last.
+        let mut b = PeerTable::empty(None);
+        for k in &peers {
+            b = b.apply(&upsert(*k, spec(None, &[], None))).0;
+        }
+        let (b, change) = b.apply(&PeerChanges {
+            private_key: Some(Some(own)),
+            ..PeerChanges::default()
+        });
+        assert_eq!(change.reset.len(), peers.len());
+        for k in &peers {
+            assert_eq!(a.peers[k].index, b.peers[k].index);
+            assert!(Arc::ptr_eq(&b.by_index[&b.peers[k].index], &b.peers[k]));
+        }
     }
 }
