@@ -2,7 +2,8 @@
 //! tunnel every 100 ms: tunnelgate killed (SIGKILL) and started again with the same config
 //! takes the peer's session over in one round trip instead of the peer's ~15 s; a flood of
 //! data messages with random receiver indices from a spoofed source draws no initiation, and
-//! one with valid indices draws no more than the stated bounds.
+//! one with valid indices draws no more than the stated bounds; two replicas with one key behind
+//! a balancer that moves at once hand the client over in one round trip.
 //!
 //! Run as root: `cargo test --test netns_takeover -- --ignored --test-threads=1`.
 
@@ -304,4 +305,100 @@ fn spoofed_indices_draw_no_initiation_unless_they_trace_and_then_within_the_boun
         assert!(initiations <= valid.len(), "at most one per peer per REKEY_TIMEOUT");
     });
     drop(tg);
+}
+
+/// Two tunnelgate replicas with one key behind a UDP balancer (nft DNAT, as kube-proxy does);
+/// the owner is killed and the balancer moves to the other at once, deleting the flow's
+/// conntrack entries. The other replica takes the pinging wireguard-go client over through the
+/// balancer's address.
+#[test]
+#[ignore = "needs root"]
+fn failover_behind_an_instant_balancer_takes_the_peer_over_at_once() {
+    let (client, lb, r1, r2) = (Netns::new(), Netns::new(), Netns::new(), Netns::new());
+    let lb_dev = veth(&client, &["10.9.0.2/24"], &lb, &["10.9.0.1/24"]).b_name;
+    veth(&r1, &["10.9.1.2/24"], &lb, &["10.9.1.1/24"]);
+    veth(&r2, &["10.9.2.2/24"], &lb, &["10.9.2.1/24"]);
+    r1.exec(&["ip", "route", "add", "default", "via", "10.9.1.1"]);
+    r2.exec(&["ip", "route", "add", "default", "via", "10.9.2.1"]);
+    lb.sysctl("net.ipv4.ip_forward", "1");
+    let point = |to: &str| {
+        lb.exec_stdin(
+            &["nft", "-f", "-"],
+            &format!(
+                "table ip balancer\ndelete table ip balancer\ntable ip balancer {{\n\
+                 chain pre {{ type nat hook prerouting priority -100; \
+                 iifname \"{lb_dev}\" udp dport {TG_PORT} dnat to {to}:{TG_PORT}; }}\n}}\n"
+            ),
+        );
+    };
+    point("10.9.1.2");
+
+    let wg = WgGo::start(&client, WG_PORT, &[&format!("{B_TUN4}/32")]);
+    let mut cfg = TgConfig::new(TG_PORT, &[&format!("{A_TUN4}/32")])
+        .peer(Peer::new(wg.public_key(), &[&format!("{B_TUN4}/32")]));
+    cfg.workers = Some(1);
+    let mut second = cfg.clone();
+    second.name = unique_name("tgd");
+    let mut first = Tunnelgate::start(&r1, cfg.clone());
+    let other = Tunnelgate::start(&r2, second);
+    wg.add_peer(
+        &Peer::new(&cfg.key.public, &[&format!("{A_TUN4}/32")])
+            .endpoint(&format!("10.9.0.1:{TG_PORT}")),
+    );
+    let mut ping = client.spawn(&["ping", "-n", "-D", "-i", "0.1", "-W", "1", A_TUN4]);
+    wait_handshake(wg.name(), &cfg.key.public, Duration::from_secs(10));
+    std::thread::sleep(Duration::from_secs(2));
+
+    let moved_at = unix_now();
+    first.kill9();
+    point("10.9.2.2");
+    let _ = lb.output(&[
+        "conntrack",
+        "-D",
+        "-p",
+        "udp",
+        "--orig-port-dst",
+        &TG_PORT.to_string(),
+    ]);
+    let deadline = clock::now() + Duration::from_secs(20);
+    while clock::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+        let times = reply_times(&ping.stdout());
+        let after: Vec<f64> = times.into_iter().filter(|t| *t > moved_at).collect();
+        if after
+            .last()
+            .zip(after.first())
+            .is_some_and(|(l, f)| l - f > 2.0)
+        {
+            break;
+        }
+    }
+    let _ = ping.kill9();
+    let times = reply_times(&ping.stdout());
+    let silence = longest_gap_after(&times, moved_at);
+    let first_after = times.iter().find(|t| **t > moved_at).copied();
+    let Some(first_after) = first_after else {
+        panic!("no reply within 20 s of the move\n{}", other.stderr());
+    };
+    eprintln!(
+        "failover behind an instant balancer: longest silence {silence:.2} s, first reply {:.2} s after the move",
+        first_after - moved_at
+    );
+    assert!(
+        first_after - moved_at <= 1.0,
+        "the peer waited {:.2} s\n{}",
+        first_after - moved_at,
+        other.stderr()
+    );
+    let endpoint = wg
+        .dump()
+        .peer(&cfg.key.public)
+        .and_then(|p| p.endpoint.clone());
+    assert_eq!(
+        endpoint.as_deref(),
+        Some(format!("10.9.0.1:{TG_PORT}").as_str()),
+        "the answer came through the balancer's address"
+    );
+    let status = other.status_json().expect("status JSON");
+    assert_eq!(status["peers"][0]["takeovers_completed"], 1, "{status:#}");
 }
