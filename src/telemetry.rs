@@ -115,6 +115,16 @@ pub struct PeerStatus {
     /// Handshakes the peer initiated and this side answered.
     pub handshakes_answered: u64,
     pub handshake_failures: u64,
+    /// Takeovers: handshakes this side initiated to the source of data for a session it did
+    /// not have (after a restart, or on another replica), those that completed, those that
+    /// got no answer within REKEY_TIMEOUT.
+    pub takeovers_started: u64,
+    pub takeovers_completed: u64,
+    pub takeovers_failed: u64,
+    /// Milliseconds from initiation to handshake, summed over the completed takeovers.
+    pub takeover_ms_total: u64,
+    /// The same for the latest completed takeover.
+    pub takeover_ms_last: Option<u64>,
     /// Seconds.
     pub persistent_keepalive: Option<u16>,
 }
@@ -381,6 +391,9 @@ fn render_peer_metrics(reg: &mut Registry, peers: &[PeerStatus], now_unix: u64) 
     let attempts = Family::<Labels, Counter>::default();
     let answered = Family::<Labels, Counter>::default();
     let failures = Family::<Labels, Counter>::default();
+    let takeovers = Family::<Vec<(String, String)>, Counter>::default();
+    let takeover_time = Family::<Labels, Counter<f64, std::sync::atomic::AtomicU64>>::default();
+    let takeover_last = Family::<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
     let age = Family::<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
     let stamp = Family::<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
     for p in peers {
@@ -396,6 +409,21 @@ fn render_peer_metrics(reg: &mut Registry, peers: &[PeerStatus], now_unix: u64) 
         attempts.get_or_create(&l).inc_by(p.handshake_attempts);
         answered.get_or_create(&l).inc_by(p.handshakes_answered);
         failures.get_or_create(&l).inc_by(p.handshake_failures);
+        for (outcome, n) in [
+            ("started", p.takeovers_started),
+            ("completed", p.takeovers_completed),
+            ("failed", p.takeovers_failed),
+        ] {
+            let mut with = l.clone();
+            with.push(("outcome".to_string(), outcome.to_string()));
+            takeovers.get_or_create(&with).inc_by(n);
+        }
+        takeover_time
+            .get_or_create(&l)
+            .inc_by(p.takeover_ms_total as f64 / 1000.0);
+        if let Some(ms) = p.takeover_ms_last {
+            takeover_last.get_or_create(&l).set(ms as f64 / 1000.0);
+        }
         // The time is there from the start, 0 until the first handshake (as `wg show dump`
         // says "never"), so a dashboard shows a peer that never connected; an age would be
         // made up, so there is none until then.
@@ -437,6 +465,22 @@ fn render_peer_metrics(reg: &mut Registry, peers: &[PeerStatus], now_unix: u64) 
         "peer_handshake_failures",
         "Handshakes with the peer that failed or timed out",
         failures,
+    );
+    reg.register(
+        "peer_takeovers",
+        "Takeovers of the peer's session (a handshake this side initiated to the source of data \
+         for a session it did not have), by outcome: started, completed, failed",
+        takeovers,
+    );
+    reg.register(
+        "peer_takeover_seconds",
+        "Seconds from takeover initiation to handshake, summed over completed takeovers",
+        takeover_time,
+    );
+    reg.register(
+        "peer_last_takeover_seconds",
+        "Seconds from initiation to handshake of the latest completed takeover (absent: none)",
+        takeover_last,
     );
     reg.register(
         "peer_last_handshake_age_seconds",
@@ -615,6 +659,16 @@ fn write_status(out: &mut String, snap: &Snapshot, now: u64) -> std::fmt::Result
             "  handshakes: {} initiated, {} answered, {} failed",
             p.handshake_attempts, p.handshakes_answered, p.handshake_failures
         )?;
+        if p.takeovers_started > 0 {
+            let last = p
+                .takeover_ms_last
+                .map_or_else(String::new, |ms| format!(", latest in {ms} ms"));
+            writeln!(
+                out,
+                "  takeovers: {} started, {} completed, {} failed{last}",
+                p.takeovers_started, p.takeovers_completed, p.takeovers_failed
+            )?;
+        }
         if let Some(k) = p.persistent_keepalive.filter(|k| *k > 0) {
             writeln!(
                 out,

@@ -20,6 +20,10 @@ use syn::visit::Visit;
 const CORE_DEPENDENCIES: &[(&str, &str)] = &[
     ("base64", "key encoding"),
     (
+        "blake2",
+        "session indices: a keyed hash of a peer's key (session_index.rs; boringtun uses it too)",
+    ),
+    (
         "boringtun",
         "the WireGuard session (wg.rs): our fork, crates/boringtun",
     ),

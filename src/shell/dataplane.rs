@@ -17,6 +17,7 @@ mod handshakes;
 mod readers;
 pub mod relay;
 mod table;
+mod takeover;
 mod workers;
 
 pub use readers::ReadersView;
@@ -147,8 +148,11 @@ struct Inner {
     fatal: watch::Sender<Option<String>>,
     /// Handshake messages on their way from the readers to the timer thread.
     handshakes: handshakes::HandshakeQueue,
-    /// The timer thread, which the readers wake when they queue a handshake.
-    timer_thread: std::sync::OnceLock<std::thread::Thread>,
+    /// The timer thread, once started: a reader that queued a handshake or asks for a
+    /// takeover wakes it.
+    timers: std::sync::OnceLock<std::thread::Thread>,
+    /// A reader asked for a takeover since the timer thread last walked the peers.
+    takeover_asked: AtomicBool,
 }
 
 impl Dataplane {
@@ -192,7 +196,8 @@ impl Dataplane {
                 cores,
                 fatal: watch::Sender::new(None),
                 handshakes: handshakes::HandshakeQueue::new(),
-                timer_thread: std::sync::OnceLock::new(),
+                timers: std::sync::OnceLock::new(),
+                takeover_asked: AtomicBool::new(false),
             }),
             stopped: AtomicBool::new(false),
         })
@@ -461,11 +466,11 @@ impl Inner {
         u64::try_from(crate::shell::clock::since(self.epoch).as_millis()).unwrap_or(u64::MAX)
     }
 
-    /// Wakes the timer thread for the handshakes just queued (no system call unless it is
-    /// parked).
-    fn wake_handshakes(&self) {
-        if let Some(thread) = self.timer_thread.get() {
-            thread.unpark();
+    /// Wakes the timer thread now (handshakes were queued, or a takeover was asked for),
+    /// rather than at its next tick; no system call unless it is parked.
+    fn wake_timers(&self) {
+        if let Some(t) = self.timers.get() {
+            t.unpark();
         }
     }
 
@@ -594,7 +599,7 @@ impl Inner {
         let handle = match thread {
             PacketThread::Timers => {
                 let handle = std::thread::Builder::new().name(thread.name()).spawn(run)?;
-                let _ = self.timer_thread.set(handle.thread().clone());
+                let _ = self.timers.set(handle.thread().clone());
                 handle
             }
             PacketThread::TunReader(_) | PacketThread::UdpReader(_) => {

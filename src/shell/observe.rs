@@ -60,6 +60,11 @@ impl Observe for Handle {
                     handshake_attempts: c.handshakes_initiated,
                     handshakes_answered: c.handshakes_answered,
                     handshake_failures: c.handshake_failures,
+                    takeovers_started: c.takeovers_started,
+                    takeovers_completed: c.takeovers_completed,
+                    takeovers_failed: c.takeovers_failed,
+                    takeover_ms_total: millis(c.takeover_time_total),
+                    takeover_ms_last: c.takeover_time_last.map(millis),
                     persistent_keepalive: p.spec.persistent_keepalive,
                 }
             })
@@ -231,4 +236,9 @@ impl UapiHandler for Handle {
     fn set(&self, update: DeviceUpdate) -> Result<(), UapiError> {
         self.set_blocking(update)
     }
+}
+
+/// Whole milliseconds, saturating.
+fn millis(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }

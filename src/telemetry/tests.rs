@@ -36,6 +36,11 @@ pub(crate) fn sample_snapshot() -> Snapshot {
                 handshake_attempts: 3,
                 handshakes_answered: 2,
                 handshake_failures: 1,
+                takeovers_started: 2,
+                takeovers_completed: 1,
+                takeovers_failed: 1,
+                takeover_ms_total: 250,
+                takeover_ms_last: Some(250),
                 persistent_keepalive: Some(25),
             },
             PeerStatus {
@@ -383,6 +388,21 @@ fn metrics_carry_the_snapshot_values() {
     assert_eq!(v("tunnelgate_peer_rx_bytes_total", &b), 0.0);
     assert_eq!(v("tunnelgate_peer_handshake_attempts_total", &a), 3.0);
     assert_eq!(v("tunnelgate_peer_handshake_failures_total", &a), 1.0);
+    let outcome = |o: &'static str| [a[0], ("outcome", o)];
+    assert_eq!(
+        v("tunnelgate_peer_takeovers_total", &outcome("started")),
+        2.0
+    );
+    assert_eq!(
+        v("tunnelgate_peer_takeovers_total", &outcome("completed")),
+        1.0
+    );
+    assert_eq!(
+        v("tunnelgate_peer_takeovers_total", &outcome("failed")),
+        1.0
+    );
+    assert_eq!(v("tunnelgate_peer_takeover_seconds_total", &a), 0.25);
+    assert_eq!(v("tunnelgate_peer_last_takeover_seconds", &a), 0.25);
     assert_eq!(v("tunnelgate_peer_last_handshake_age_seconds", &a), 65.0);
     assert_eq!(
         v("tunnelgate_peer_last_handshake_timestamp_seconds", &a),
@@ -605,6 +625,7 @@ fn status_text_reads_like_wg_show() {
         "  allowed ips: 100.64.0.2/32, 10.0.0.0/24",
         "  latest handshake: 1 minute, 5 seconds ago",
         "  transfer: 120.56 KiB received, 789 B sent",
+        "  takeovers: 2 started, 1 completed, 1 failed, latest in 250 ms",
         "  persistent keepalive: every 25 seconds",
         &format!("peer: {PEER_B}"),
         "  allowed ips: (none)",

@@ -32,7 +32,9 @@ pub mod routes;
 pub mod rules;
 pub mod seccomp;
 pub mod sequencer;
+pub mod session_index;
 pub mod socket_handover;
+pub mod takeover;
 #[cfg(test)]
 mod test_util;
 pub mod uapi;

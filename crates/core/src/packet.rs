@@ -408,6 +408,10 @@ pub enum Inbound {
     /// Authenticated, nothing to deliver (a keepalive, a handshake response we asked for).
     Nothing,
     Drop(DropReason),
+    /// A data message naming a session this side does not have, from a source the peer has
+    /// no live session with: dropped (counted as [`DropReason::UnknownPeer`]), and a takeover
+    /// was requested ([`crate::takeover`]): wake the thread that sends it.
+    TakeOver,
 }
 
 /// The decision on one datagram of `peer`, and whether it proved to come from that peer.

@@ -15,7 +15,8 @@
 
 use crate::config::{PublicKey, SecretKey};
 use crate::control::PeerSpec;
-use crate::packet::{self, Inbound, Outbound, PeerLookup, PeerPath};
+use crate::packet::{self, DropReason, Inbound, Outbound, PeerLookup, PeerPath};
+use crate::takeover::{self, TakeoverState, TakeoverStep, TokenBucket};
 use crate::wg::{
     Handshake, Limiter, OpenKey, Opened, Outcome, Randomness, SealBatch, Session, Tunnel,
     TunnelError,
@@ -44,6 +45,15 @@ pub struct PeerCounters {
     pub handshakes_answered: u64,
     /// Timer errors other than an expired session (the handshake gave up).
     pub handshake_failures: u64,
+    /// Takeovers ([`crate::takeover`]): initiations sent to the source of a session this
+    /// process did not have, those a handshake followed within REKEY_TIMEOUT, those none did.
+    pub takeovers_started: u64,
+    pub takeovers_completed: u64,
+    pub takeovers_failed: u64,
+    /// The time from a takeover's initiation to its handshake, summed over the completed
+    /// ones, and the latest.
+    pub takeover_time_total: Duration,
+    pub takeover_time_last: Option<Duration>,
 }
 
 impl PeerCounters {
@@ -106,6 +116,9 @@ pub struct Peer<S = Tunnel> {
     /// The newest data message opened outside the lock ([`Peer::opened`]): only a newer one
     /// may move the endpoint.
     newest: Option<packet::Sequence>,
+    takeover: TakeoverState,
+    /// When the latest takeover initiation went, on the caller's clock.
+    takeover_started: Option<Instant>,
 }
 
 impl Peer<Tunnel> {
@@ -144,6 +157,8 @@ impl<S: Session> Peer<S> {
             keepalive_started: false,
             logged_handshake: None,
             newest: None,
+            takeover: TakeoverState::Idle,
+            takeover_started: None,
         }
     }
 
@@ -229,6 +244,13 @@ impl<S: Session> Peer<S> {
     ) -> Inbound {
         let received =
             packet::decapsulate(peers, me, &mut self.tunnel, from.remote, datagram, landing);
+        if !received.authenticated && self.names_unknown_session(datagram, from) {
+            // Another process had this session (before a restart, or another replica).
+            return match self.takeover.request(from) {
+                true => Inbound::TakeOver,
+                false => Inbound::Drop(DropReason::UnknownPeer),
+            };
+        }
         if received.authenticated {
             self.counters.rx_bytes += datagram.len() as u64;
             self.counters.rx_packets += 1;
@@ -240,6 +262,55 @@ impl<S: Session> Peer<S> {
             self.counters.sent(&landing[..len]);
         }
         received.action
+    }
+
+    /// Whether `datagram` from `from` is a data message naming a session this side does not
+    /// have, from a source with which it has no live session: a takeover's cue.
+    fn names_unknown_session(&self, datagram: &[u8], from: PeerPath) -> bool {
+        takeover::wants_takeover(
+            datagram,
+            from,
+            self.path,
+            self.tunnel.since_last_handshake(),
+        ) && self.tunnel.receiving(datagram).is_none()
+    }
+
+    /// On the timer thread at `now`: the takeover's next step within its bounds (`global`:
+    /// the process-wide bucket). For [`TakeoverStep::Initiate`], the initiation is the first
+    /// `len` bytes of `out` (`None`: the session could not make one), counted as sent.
+    pub fn on_takeover(
+        &mut self,
+        now: Instant,
+        global: &mut TokenBucket,
+        out: &mut [u8],
+    ) -> (TakeoverStep, Option<usize>) {
+        let completed_at = self
+            .tunnel
+            .since_last_handshake()
+            .and_then(|since| now.checked_sub(since));
+        let step = self
+            .takeover
+            .due(now, self.takeover_started, completed_at, global);
+        let mut sent = None;
+        match step {
+            TakeoverStep::Initiate(_) => {
+                self.takeover_started = Some(now);
+                self.counters.takeovers_started += 1;
+                if let Outcome::Network(m) = self.tunnel.initiate_anew(out) {
+                    let len = m.len();
+                    self.counters.sent(&out[..len]);
+                    sent = Some(len);
+                }
+            }
+            TakeoverStep::Completed { after, .. } => {
+                self.counters.takeovers_completed += 1;
+                self.counters.takeover_time_total += after;
+                self.counters.takeover_time_last = Some(after);
+            }
+            TakeoverStep::Failed(_) => self.counters.takeovers_failed += 1,
+            TakeoverStep::Nothing => {}
+        }
+        (step, sent)
     }
 
     /// The next packet that waited in the session's queue for a handshake, encrypted into

@@ -516,6 +516,12 @@ impl Tunnel {
         self.active().format_handshake_initiation(dst, false).into()
     }
 
+    /// A new handshake initiation now, even while one is under way (a takeover: the one under
+    /// way went to another address).
+    pub fn initiate_anew<'a>(&mut self, dst: &'a mut [u8]) -> Outcome<'a> {
+        self.active().format_handshake_initiation(dst, true).into()
+    }
+
     /// Handshake retries, rekeys and keepalives; call every ~100 ms. A dormant tunnel has
     /// none: nothing was ever sent or queued.
     pub fn update_timers<'a>(&mut self, now: Instant, dst: &'a mut [u8]) -> Outcome<'a> {
@@ -581,6 +587,11 @@ pub trait Session {
     fn flush<'a>(&mut self, dst: &'a mut [u8]) -> Outcome<'a>;
     /// A handshake initiation, now.
     fn initiate<'a>(&mut self, dst: &'a mut [u8]) -> Outcome<'a>;
+    /// A handshake initiation, now, even while another is under way (a takeover: the one
+    /// under way went elsewhere).
+    fn initiate_anew<'a>(&mut self, dst: &'a mut [u8]) -> Outcome<'a> {
+        self.initiate(dst)
+    }
     /// Timers at `now`: handshake retries, rekeys, keepalives, expiry.
     fn update_timers<'a>(&mut self, now: Instant, dst: &'a mut [u8]) -> Outcome<'a>;
     fn set_persistent_keepalive(&mut self, secs: Option<u16>);
@@ -610,6 +621,9 @@ impl Session for Tunnel {
     }
     fn initiate<'a>(&mut self, dst: &'a mut [u8]) -> Outcome<'a> {
         Tunnel::initiate(self, dst)
+    }
+    fn initiate_anew<'a>(&mut self, dst: &'a mut [u8]) -> Outcome<'a> {
+        Tunnel::initiate_anew(self, dst)
     }
     fn update_timers<'a>(&mut self, now: Instant, dst: &'a mut [u8]) -> Outcome<'a> {
         Tunnel::update_timers(self, now, dst)

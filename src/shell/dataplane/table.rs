@@ -8,12 +8,12 @@ use crate::core::allowed_ips::AllowedIps;
 use crate::core::control::{PeerChanges, PeerSpec, PeerUpsert, SessionEffect};
 use crate::core::packet::{PeerLookup, PeerPath};
 use crate::core::peer::Peer;
+use crate::core::session_index::PeerIndices;
 use crate::core::wg::Limiter;
 use crate::shell::keys::GenerateKey as _;
 use parking_lot::{Mutex, MutexGuard};
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 /// One peer of one table generation. A peer whose settings change but whose session stays
@@ -31,7 +31,8 @@ impl PeerSlot {
         &self.public_key
     }
 
-    /// The table index: its low byte picks the worker its datagrams arrive on.
+    /// The table index (`core::session_index`: the same for the same private key and peer in
+    /// any process): its low byte picks the worker its datagrams arrive on.
     pub(super) fn index(&self) -> u32 {
         self.index
     }
@@ -68,16 +69,11 @@ pub(super) struct PeerTable {
     tunnel_key: SecretKey,
     public_key: PublicKey,
     limiter: Arc<Limiter>,
+    /// Derives the peers' table indices from the tunnel key.
+    indices: PeerIndices,
     peers: BTreeMap<PublicKey, Arc<PeerSlot>>,
     by_index: HashMap<u32, Arc<PeerSlot>>,
     routes: AllowedIps<Arc<PeerSlot>>,
-}
-
-static NEXT_INDEX: AtomicU32 = AtomicU32::new(1);
-
-fn next_index() -> u32 {
-    // 24 bits identify a peer in message indices; wrap-around needs 16M peer (re)creations.
-    NEXT_INDEX.fetch_add(1, Ordering::Relaxed) & 0x00ff_ffff
 }
 
 impl PeerTable {
@@ -87,6 +83,7 @@ impl PeerTable {
         PeerTable {
             // The OS supplies the randomness (cookie secrets here, ephemeral keys below).
             limiter: Arc::new(Limiter::new(&public_key, &mut rand_core::OsRng)),
+            indices: PeerIndices::new(&tunnel_key),
             private_key,
             tunnel_key,
             public_key,
@@ -124,6 +121,7 @@ impl PeerTable {
                 tunnel_key: self.tunnel_key.clone(),
                 public_key: self.public_key,
                 limiter: self.limiter.clone(),
+                indices: self.indices.clone(),
                 peers: BTreeMap::new(),
                 by_index: HashMap::new(),
                 routes: AllowedIps::default(),
@@ -133,8 +131,32 @@ impl PeerTable {
         let mut change = TableChange::default();
         let upserts: BTreeMap<PublicKey, &PeerUpsert> =
             changes.upsert.iter().map(|u| (u.public_key, u)).collect();
+        // The first key (peers set before it over UAPI): no peer can have a session yet, so
+        // each is made again with the index this identity gives it, as another process with
+        // the same key and peers would (`core::session_index`).
+        let first_key = key_changed && self.private_key.is_none();
         for (key, old) in &self.peers {
             if changes.remove.contains(key) || upserts.contains_key(key) {
+                continue;
+            }
+            if first_key {
+                let index = self.free_index(&next, key, true, changes);
+                let peer = Peer::new(
+                    &tunnel_key,
+                    key,
+                    &old.spec,
+                    index,
+                    &next.limiter,
+                    old.lock().path(),
+                    Box::new(rand_core::OsRng),
+                );
+                change.reset.push(*key);
+                next.insert(Arc::new(PeerSlot {
+                    public_key: *key,
+                    index,
+                    spec: old.spec.clone(),
+                    state: Arc::new(Mutex::new(peer)),
+                }));
                 continue;
             }
             if key_changed {
@@ -147,7 +169,7 @@ impl PeerTable {
             let existing = self.peers.get(&key);
             let kept = existing
                 .map(|old| (old, old.spec.update_to(&upsert.spec)))
-                .filter(|(_, effect)| *effect != SessionEffect::NewSession);
+                .filter(|(_, effect)| *effect != SessionEffect::NewSession && !first_key);
             let slot = match kept {
                 Some((old, effect)) => {
                     let mut state = old.lock();
@@ -181,7 +203,7 @@ impl PeerTable {
                         change.added.push(key);
                     }
                     let roamed = existing.and_then(|o| o.lock().path());
-                    let index = next_index();
+                    let index = self.free_index(&next, &key, first_key, changes);
                     let peer = Peer::new(
                         &tunnel_key,
                         &key,
@@ -208,6 +230,24 @@ impl PeerTable {
             .copied()
             .collect();
         (next, change)
+    }
+
+    /// `key`'s index in `next`: free there and, unless every peer is made again
+    /// (`all_new`), not held by a peer of this table kept further on.
+    fn free_index(
+        &self,
+        next: &PeerTable,
+        key: &PublicKey,
+        all_new: bool,
+        changes: &PeerChanges,
+    ) -> u32 {
+        next.indices.index_of(key, |i| {
+            next.by_index.contains_key(&i)
+                || (!all_new
+                    && self.by_index.get(&i).is_some_and(|s| {
+                        s.public_key != *key && !changes.remove.contains(&s.public_key)
+                    }))
+        })
     }
 
     fn insert(&mut self, slot: Arc<PeerSlot>) {
@@ -317,5 +357,41 @@ mod tests {
         });
         assert_eq!(change.removed, vec![peer]);
         assert!(table.peers.is_empty() && table.by_index.is_empty());
+    }
+
+    #[test]
+    fn the_same_key_and_peers_give_the_same_indices_whatever_the_order_they_came_in() {
+        let own = SecretKey::generate();
+        let peers: Vec<PublicKey> = (0..50)
+            .map(|_| SecretKey::generate().public_key())
+            .collect();
+        // As a config file gives them: key and peers at once.
+        let all_at_once = PeerChanges {
+            private_key: Some(Some(own.clone())),
+            upsert: peers
+                .iter()
+                .map(|k| PeerUpsert {
+                    public_key: *k,
+                    spec: spec(None, &[], None),
+                    endpoint: None,
+                })
+                .collect(),
+            remove: vec![],
+        };
+        let (a, _) = PeerTable::empty(None).apply(&all_at_once);
+        // Over UAPI, peers first (under a throwaway key), the key last.
+        let mut b = PeerTable::empty(None);
+        for k in &peers {
+            b = b.apply(&upsert(*k, spec(None, &[], None))).0;
+        }
+        let (b, change) = b.apply(&PeerChanges {
+            private_key: Some(Some(own)),
+            ..PeerChanges::default()
+        });
+        assert_eq!(change.reset.len(), peers.len());
+        for k in &peers {
+            assert_eq!(a.peers[k].index, b.peers[k].index);
+            assert!(Arc::ptr_eq(&b.by_index[&b.peers[k].index], &b.peers[k]));
+        }
     }
 }

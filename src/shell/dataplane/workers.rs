@@ -16,6 +16,7 @@ use crate::core::offload::{self, Coalescer, SplitPlan, VNET_HDR_LEN};
 use crate::core::packet::{self, steering, DropReason, Inbound, Outbound, PeerPath, Sender};
 use crate::core::peer::{LimiterReset, Sending};
 use crate::core::relay::{hands_off_batch, hands_off_read, opens_after_in_flight};
+use crate::core::takeover::{self, TokenBucket};
 use crate::core::wg::{self, SealBatch};
 use crate::shell::seccomp::{self, Confinement};
 use crate::shell::udp::{RecvBatch, SendBatch, WgSocket, BATCH, MAX_DATAGRAM};
@@ -797,7 +798,7 @@ fn open_batch(
     emit.flush_replies();
     emit.write_tun();
     if queued_handshakes {
-        inner.wake_handshakes();
+        inner.wake_timers();
     }
     unauthenticated
 }
@@ -881,6 +882,16 @@ impl Received<'_> {
                 inner.drops.add_received(reason, self.datagram.len());
                 return false;
             }
+            Inbound::TakeOver => {
+                // Once per takeover: the timer thread sends the initiation now.
+                emit.coalescer.abandon();
+                inner
+                    .drops
+                    .add_received(DropReason::UnknownPeer, self.datagram.len());
+                inner.takeover_asked.store(true, Ordering::Relaxed);
+                inner.wake_timers();
+                return false;
+            }
         }
         true
     }
@@ -894,30 +905,41 @@ pub(super) fn timer_loop(inner: &Inner) {
     confine(&PacketThread::Timers.name());
     let mut limiter_reset = LimiterReset::default();
     let mut handshakes = HandshakeWork::new();
+    let mut takeovers = TokenBucket::new(takeover::GLOBAL_PER_SECOND);
     let mut next_tick = clock::now();
     let mut more = false;
     while !inner.stop.load(Ordering::Relaxed) {
         inner.beat(PacketThread::Timers);
         if !more {
-            // Parked, not asleep: `Dataplane::stop` and a reader that queued a handshake
-            // unpark it.
+            // Parked, not asleep: `Dataplane::stop`, a reader that queued a handshake and a
+            // reader that asks for a takeover unpark it.
             std::thread::park_timeout(next_tick.saturating_duration_since(clock::now()));
         }
         let now = clock::now();
         let table = inner.snapshot();
         more = handshakes.round(inner, &table, now);
-        if now < next_tick {
+        let tick_due = now >= next_tick;
+        // A takeover goes at once, not at the next tick; the peers are walked for it only
+        // when one was asked for (a handshake flood wakes this thread often).
+        let takeover_due = inner.takeover_asked.swap(false, Ordering::Relaxed);
+        if !tick_due && !takeover_due {
             continue;
         }
-        next_tick = now + TIMER_TICK;
-        if limiter_reset.due(now) {
-            table.limiter().reset_count();
+        if tick_due {
+            next_tick = now + TIMER_TICK;
+            if limiter_reset.due(now) {
+                table.limiter().reset_count();
+            }
         }
         if table.private_key().is_none() {
             continue; // no key: no handshakes, no keepalives
         }
         let sockets = inner.sockets();
         for slot in table.peers() {
+            super::takeover::step(inner, &sockets, slot, now, &mut takeovers, &mut buf);
+            if !tick_due {
+                continue;
+            }
             let tick = {
                 let mut peer = slot.lock();
                 peer.on_tick(now, &mut buf)

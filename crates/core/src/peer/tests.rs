@@ -233,6 +233,13 @@ fn garbage_is_invalid_and_neither_counted_nor_roamed() {
     let decision =
         p.local
             .decapsulate(&table(), &0, path("198.51.100.9:1"), &garbage, &mut landing);
+    // A data message for a session this side lacks may be another process's session: a
+    // takeover's cue (sent later, within its bounds), never an authenticated datagram.
+    assert_eq!(decision, Inbound::TakeOver);
+    garbage[0] = 9;
+    let decision =
+        p.local
+            .decapsulate(&table(), &0, path("198.51.100.9:1"), &garbage, &mut landing);
     assert_eq!(decision, Inbound::Drop(DropReason::Invalid));
     let stats = p.local.stats();
     assert_eq!(stats.counters, PeerCounters::default());
@@ -647,4 +654,108 @@ fn an_older_batch_finishing_later_does_not_move_the_endpoint_back() {
     let again = path("192.0.2.100:7001");
     open_outside(&mut p.local, again, &more[0], &mut landing);
     assert_eq!(p.local.path(), Some(again));
+}
+
+#[test]
+fn a_restarted_side_takes_the_session_over_with_one_initiation_to_the_source() {
+    let (a, b) = (SecretKey::generate(), SecretKey::generate());
+    let (la, lb) = (
+        Limiter::new(&a.public_key(), &mut rng_mut()),
+        Limiter::new(&b.public_key(), &mut rng_mut()),
+    );
+    let local = |path| Peer::new(&a, &b.public_key(), &spec(None), 1, &la, path, rng());
+    let remote = Peer::new(
+        &b,
+        &a.public_key(),
+        &spec(None),
+        2,
+        &lb,
+        Some(path(LOCAL)),
+        rng(),
+    );
+    let mut p = Pair {
+        local: local(None),
+        remote,
+        // The sessions hold the limiters above; these only fill the slot.
+        _limiters: (
+            Limiter::new(&a.public_key(), &mut rng_mut()),
+            Limiter::new(&b.public_key(), &mut rng_mut()),
+        ),
+    };
+    let (mut buf, mut landing) = (vec![0u8; 2048], vec![0u8; 2048]);
+    establish(&mut p, &mut buf, &mut landing);
+
+    // The local process restarts: same key, same peer, no session. The remote keeps sending.
+    p.local = local(Some(path(REMOTE)));
+    let moved = path("198.51.100.9:40000");
+    let mut data = || {
+        let Sending::Seal { batch, .. } = p.remote.begin_send(1, 20) else {
+            panic!("the remote has a session");
+        };
+        let plain = ipv4_packet([10, 0, 0, 2], [10, 0, 0, 1], b"ping");
+        let len = batch.seal(0, &plain, &mut buf);
+        buf[..len].to_vec()
+    };
+    let (first, second) = (data(), data());
+    let mut new_local = std::mem::replace(&mut p.local, local(None));
+    assert_eq!(
+        new_local.decapsulate(&table(), &0, moved, &first, &mut landing),
+        Inbound::TakeOver,
+        "the first names a session this side lacks: take over"
+    );
+    assert_eq!(
+        new_local.decapsulate(&table(), &0, moved, &second, &mut landing),
+        Inbound::Drop(DropReason::UnknownPeer),
+        "one wake per takeover"
+    );
+    assert_eq!(
+        new_local.path(),
+        Some(path(REMOTE)),
+        "no roam on a stranger's word"
+    );
+
+    let t0 = crate::test_util::now();
+    let mut global = TokenBucket::new(takeover::GLOBAL_PER_SECOND);
+    let (step, sent) = new_local.on_takeover(t0, &mut global, &mut buf);
+    assert_eq!(
+        step,
+        TakeoverStep::Initiate(moved),
+        "to the datagram's source"
+    );
+    let len = sent.expect("an initiation");
+    assert_eq!(Handshake::of(&buf[..len]), Some(Handshake::Initiation));
+    let initiation = buf[..len].to_vec();
+    let Inbound::Reply(len) =
+        p.remote
+            .decapsulate(&table(), &0, path(LOCAL), &initiation, &mut landing)
+    else {
+        panic!("the remote answers a newer initiation from the same key");
+    };
+    let response = landing[..len].to_vec();
+    let confirmed = new_local.decapsulate(&table(), &0, moved, &response, &mut landing);
+    assert!(
+        matches!(confirmed, Inbound::Reply(_)),
+        "a keepalive confirms: {confirmed:?}"
+    );
+    assert_eq!(
+        new_local.path(),
+        Some(moved),
+        "the answer roams to the source"
+    );
+
+    let (step, _) = new_local.on_takeover(crate::test_util::now(), &mut global, &mut buf);
+    assert!(
+        matches!(step, TakeoverStep::Completed { to, .. } if to == moved),
+        "{step:?}"
+    );
+    let c = new_local.stats().counters;
+    assert_eq!(
+        (
+            c.takeovers_started,
+            c.takeovers_completed,
+            c.takeovers_failed
+        ),
+        (1, 1, 0)
+    );
+    assert!(c.takeover_time_last.is_some());
 }
