@@ -178,8 +178,9 @@ impl HandshakeWork {
                 inner.drops.add(reason, 1);
             }
             Inbound::Drop(reason) => inner.drops.add_received(reason, datagram.len()),
-            // A handshake message delivers nothing to the TUN device.
-            Inbound::Deliver(_) | Inbound::Nothing => {}
+            // A handshake message delivers nothing to the TUN device, and only a data message
+            // asks for a takeover.
+            Inbound::Deliver(_) | Inbound::Nothing | Inbound::TakeOver => {}
         }
     }
 }
