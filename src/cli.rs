@@ -17,32 +17,30 @@ pub fn parse_or_exit<C: Parser>() -> Result<C, ExitCode> {
     })
 }
 
-/// Writes the manual pages of `cmd` into `dir`, in section 8 (system administration): one for
+/// The manual pages of `cmd`, each a file name and its text, in section 8 (system administration): one for
 /// the command (`tunnelgate.8`) and one for each command under it (`tunnelgate-run.8`,
 /// `tunnelgate-import-wg-quick.8`), generated from the clap definition the command line is
 /// parsed with, so that they say what `--help` says. Hidden commands and `help` get none.
 /// Each page ends with the exit status and a SEE ALSO; the first also names the files.
-/// Each is a new file: a name already taken in `dir` (a file, or a link planted there) is an
-/// error. Returns the file names written.
-pub fn write_man_pages(cmd: clap::Command, dir: &std::path::Path) -> std::io::Result<Vec<String>> {
+/// Rendered in memory: the caller writes them (`tunnelgate man DIR`).
+pub fn man_pages(cmd: clap::Command) -> std::io::Result<Vec<(String, Vec<u8>)>> {
     let mut cmd = cmd.disable_help_subcommand(true);
     // A `help` command of the program's own prints what these pages say: no page of its own.
     if cmd.find_subcommand("help").is_some() {
         cmd = cmd.mut_subcommand("help", |help| help.hide(true));
     }
     cmd.build();
-    let mut written = vec![];
-    write_page(&cmd, None, dir, &mut written)?;
-    Ok(written)
+    let mut pages = vec![];
+    render_page(&cmd, None, &mut pages)?;
+    Ok(pages)
 }
 
 /// The page of `cmd` (`parent`: the page of the command it belongs to), then those of its
 /// subcommands.
-fn write_page(
+fn render_page(
     cmd: &clap::Command,
     parent: Option<&str>,
-    dir: &std::path::Path,
-    written: &mut Vec<String>,
+    pages: &mut Vec<(String, Vec<u8>)>,
 ) -> std::io::Result<()> {
     let man = clap_mangen::Man::new(cmd.clone())
         .section("8")
@@ -68,18 +66,9 @@ fn write_page(
             .as_bytes(),
         ),
     }
-    let file = man.get_filename();
-    // A new file only: never through a link planted in DIR, never over a page already there.
-    let path = dir.join(&file);
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&path)
-        .and_then(|mut f| std::io::Write::write_all(&mut f, &page))
-        .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
-    written.push(file);
+    pages.push((man.get_filename(), page));
     for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
-        write_page(sub, Some(&name), dir, written)?;
+        render_page(sub, Some(&name), pages)?;
     }
     Ok(())
 }

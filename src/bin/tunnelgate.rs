@@ -592,7 +592,24 @@ fn help(command: &[String]) -> ExitCode {
 /// `tunnelgate man DIR`: the manual pages, from this command line's own definition.
 fn man(dir: &std::path::Path) -> ExitCode {
     use clap::CommandFactory;
-    match tunnelgate::cli::write_man_pages(Cli::command(), dir) {
+    let written = tunnelgate::cli::man_pages(Cli::command()).and_then(|pages| {
+        pages
+            .into_iter()
+            .map(|(file, page)| {
+                // A new file only: never through a link planted in DIR, never over a page
+                // already there.
+                let path = dir.join(&file);
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .open(&path)
+                    .and_then(|mut f| std::io::Write::write_all(&mut f, &page))
+                    .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))
+                    .map(|()| file)
+            })
+            .collect::<std::io::Result<Vec<String>>>()
+    });
+    match written {
         Ok(pages) => {
             for page in pages {
                 println!("{page}");
