@@ -163,7 +163,7 @@ fn main() -> ExitCode {
         .is_some_and(|a| tunnelgate::shell::userspace::is_wg_name(&a))
     {
         // wireguard-go's command line has no room for flags: the environment only.
-        match tunnelgate::shell::seccomp::policy_from_env() {
+        match tunnelgate::shell::tuning::seccomp_policy() {
             Ok(policy) => tunnelgate::shell::seccomp::set_policy(policy),
             Err(e) => {
                 eprintln!("tunnelgate-wg: {e}");

@@ -57,7 +57,7 @@ pub fn default_workers() -> usize {
 }
 
 /// Whole CPUs the packet threads may use (affinity or quota, whichever is lower).
-fn usable_cpus(tuning: &Tuning) -> usize {
+pub fn usable_cpus(tuning: &Tuning) -> usize {
     usize::try_from(tuning.usable_cpus_milli() / 1000).unwrap_or(1)
 }
 
@@ -194,6 +194,13 @@ impl Dataplane {
     /// Starts every worker's TUN and UDP readers and the timer thread. If one cannot be
     /// started, the ones already running are stopped before the error is returned.
     pub fn start(&self) -> std::io::Result<()> {
+        if let Some(lowered) = crate::core::knobs::relay_lowered(
+            self.inner.threads.tuning.relay_partners,
+            self.workers(),
+            usable_cpus(&self.inner.threads.tuning),
+        ) {
+            tracing::warn!("{lowered}");
+        }
         let started = (|| {
             let partners = self.inner.partners();
             for worker in 0..self.workers() {

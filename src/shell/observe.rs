@@ -188,6 +188,12 @@ pub fn tuning_status(
         relay_asked: t
             .relay_partners
             .map(|n| u32::try_from(n).unwrap_or(u32::MAX)),
+        relay_lowered: crate::core::knobs::relay_lowered(
+            t.relay_partners,
+            workers,
+            crate::shell::dataplane::usable_cpus(t),
+        ),
+        environment: t.environment.clone(),
         cpus: u32::try_from(t.cpus.affinity).unwrap_or(u32::MAX),
         cpu_quota_milli: t.cpus.quota_milli,
         socket_buffer_bytes: u64::try_from(t.socket_buffer_bytes).unwrap_or(u64::MAX),

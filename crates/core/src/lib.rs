@@ -21,6 +21,7 @@ pub mod config;
 pub mod control;
 pub mod dns;
 pub mod forwarding;
+pub mod knobs;
 pub mod liveness;
 pub mod offload;
 pub mod packet;
