@@ -31,7 +31,6 @@ pub mod relay;
 pub mod routes;
 pub mod rules;
 pub mod seccomp;
-pub mod sequencer;
 pub mod socket_handover;
 #[cfg(test)]
 mod test_util;
