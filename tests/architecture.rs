@@ -264,6 +264,34 @@ fn outside_the_shells_the_tunnelgate_crate_does_no_io() {
     );
 }
 
+/// The pure modules take the shell's results as values (the time as `now`): they name no path
+/// into `shell`, read as Rust (so a clock behind `crate::shell::clock` is seen).
+#[test]
+fn outside_the_shells_the_tunnelgate_crate_names_no_shell() {
+    let mut files = Vec::new();
+    rust_files(&root().join("src"), &mut files);
+    let mut found = Vec::new();
+    for file in files.iter().filter(|f| !is_test_file(f)) {
+        let relative = file.strip_prefix(root()).expect("under the root");
+        // The fuzz bodies drive the shell's own code on purpose (a feature's, for fuzzing).
+        if is_shell(relative) || relative == Path::new("src/fuzzing.rs") {
+            continue;
+        }
+        for path in paths_in(file) {
+            let segments: Vec<&str> = path.split("::").collect();
+            // `crate::shell` (the sidecar's own `shell` module is its root's business).
+            if segments.starts_with(&["crate", "shell"]) {
+                found.push(format!("{}: {path}", relative.display()));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "pure modules naming the shell (take the value as an argument):\n{}",
+        found.join("\n")
+    );
+}
+
 /// The checker itself: it must see what it is meant to forbid, and skip what it must.
 #[test]
 fn the_checker_finds_io_and_skips_comments_and_tests() {
