@@ -1013,3 +1013,148 @@ fn the_environment_checker_finds_reads_by_literal_constant_and_parameter() {
     let functions: Vec<&str> = reads.iter().map(|r| r.function.as_str()).collect();
     assert_eq!(functions, ["a", "b", "c", "d", "e"]);
 }
+
+// --- One lifecycle: no detached task or thread outside the composition root ---------------------
+
+/// The composition root: it starts, owns and stops every long-lived task and thread.
+const COMPOSITION_ROOT: &str = "src/shell/process.rs";
+
+/// Whether `e` starts a task or a thread: `tokio::spawn`, `task::spawn_blocking`,
+/// `thread::spawn`, or a `thread::Builder`'s `spawn` (seen through `?`, `expect`, `unwrap`).
+fn is_spawn(e: &syn::Expr) -> bool {
+    match e {
+        syn::Expr::Try(t) => is_spawn(&t.expr),
+        syn::Expr::MethodCall(m) if m.method == "expect" || m.method == "unwrap" => {
+            is_spawn(&m.receiver)
+        }
+        syn::Expr::MethodCall(m) if m.method == "spawn" => {
+            // A thread Builder's: the receiver chain starts at `Builder::new()`.
+            let mut receiver = &*m.receiver;
+            loop {
+                match receiver {
+                    syn::Expr::MethodCall(inner) => receiver = &inner.receiver,
+                    syn::Expr::Call(c) => {
+                        break matches!(&*c.func, syn::Expr::Path(p)
+                            if p.path.segments.iter().any(|s| s.ident == "Builder"))
+                    }
+                    _ => break false,
+                }
+            }
+        }
+        syn::Expr::Call(c) => match &*c.func {
+            syn::Expr::Path(p) => {
+                let segments: Vec<String> = p
+                    .path
+                    .segments
+                    .iter()
+                    .map(|s| s.ident.to_string())
+                    .collect();
+                let n = segments.len();
+                n >= 2
+                    && matches!(segments[n - 1].as_str(), "spawn" | "spawn_blocking")
+                    && matches!(segments[n - 2].as_str(), "tokio" | "task" | "thread")
+            }
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
+/// The spawns in production code whose handle is dropped at once (the spawn is a statement of
+/// its own, or bound to `_`), by the function they are in.
+#[derive(Default)]
+struct Detached {
+    function: String,
+    found: Vec<String>,
+}
+
+impl<'ast> Visit<'ast> for Detached {
+    fn visit_item(&mut self, item: &'ast syn::Item) {
+        let test_only = match item {
+            syn::Item::Fn(i) => is_test_only(&i.attrs),
+            syn::Item::Mod(i) => is_test_only(&i.attrs),
+            syn::Item::Impl(i) => is_test_only(&i.attrs),
+            _ => false,
+        };
+        if !test_only {
+            syn::visit::visit_item(self, item);
+        }
+    }
+
+    fn visit_item_fn(&mut self, f: &'ast syn::ItemFn) {
+        let outer = std::mem::replace(&mut self.function, f.sig.ident.to_string());
+        syn::visit::visit_item_fn(self, f);
+        self.function = outer;
+    }
+
+    fn visit_impl_item_fn(&mut self, f: &'ast syn::ImplItemFn) {
+        if is_test_only(&f.attrs) {
+            return;
+        }
+        let outer = std::mem::replace(&mut self.function, f.sig.ident.to_string());
+        syn::visit::visit_impl_item_fn(self, f);
+        self.function = outer;
+    }
+
+    fn visit_stmt(&mut self, stmt: &'ast syn::Stmt) {
+        let dropped = match stmt {
+            syn::Stmt::Expr(e, Some(_)) => is_spawn(e),
+            syn::Stmt::Local(l) => {
+                matches!(l.pat, syn::Pat::Wild(_)) && l.init.as_ref().is_some_and(|i| is_spawn(&i.expr))
+            }
+            _ => false,
+        };
+        if dropped {
+            self.found.push(self.function.clone());
+        }
+        syn::visit::visit_stmt(self, stmt);
+    }
+}
+
+fn detached_spawns(text: &str) -> Vec<String> {
+    let parsed = syn::parse_file(text).expect("parse");
+    let mut d = Detached::default();
+    d.visit_file(&parsed);
+    d.found
+}
+
+#[test]
+fn no_task_or_thread_is_detached_outside_the_composition_root() {
+    let mut files = Vec::new();
+    rust_files(&root().join("src"), &mut files);
+    let mut found = Vec::new();
+    for file in files.iter().filter(|f| !is_test_file(f)) {
+        let relative = file.strip_prefix(root()).expect("under the root");
+        // The sidecar is another program, with its own root: its event recorder's task lives
+        // as long as its runtime (not the daemon's lifecycle).
+        if relative == Path::new(COMPOSITION_ROOT) || relative.starts_with("src/sidecar") {
+            continue;
+        }
+        let text = std::fs::read_to_string(file).expect("read source");
+        for function in detached_spawns(&text) {
+            found.push(format!("{}, fn {function}", relative.display()));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "a task or thread started and its handle dropped outside {COMPOSITION_ROOT} (keep the handle and \
+         join it, or hand it to the root):\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn the_spawn_checker_finds_dropped_handles_and_passes_kept_ones() {
+    let text = r#"
+        fn a() { tokio::spawn(async {}); }
+        fn b() { let _ = std::thread::spawn(|| ()); }
+        fn c() { std::thread::Builder::new().name("x".into()).spawn(|| ()).expect("spawn"); }
+        fn d() { tokio::task::spawn_blocking(|| ()); }
+        fn kept() -> JoinHandle<()> { let h = tokio::spawn(async {}); h }
+        fn returned() -> JoinHandle<()> { tokio::spawn(async {}) }
+        fn process() { std::process::Command::new("x").spawn().expect("x"); }
+        #[cfg(test)]
+        mod tests { fn t() { tokio::spawn(async {}); } }
+    "#;
+    assert_eq!(detached_spawns(text), ["a", "b", "c", "d"]);
+}

@@ -6,7 +6,7 @@
 
 use crate::config::Config;
 use crate::core::control::{Mode, Reload};
-use crate::shell::daemon::{Daemon, Handle};
+use crate::shell::daemon::{Daemon, Handle, StartFailed};
 use crate::shell::dataplane::ThreadSetup;
 use crate::shell::serve::local_socket::CloseFirst;
 use crate::shell::serve::status::StatusSocket;
@@ -115,8 +115,8 @@ pub fn main(mut launch: Launch) -> ExitCode {
         return failed_before_start(&mut launch, format!("cannot drop privileges: {e}"));
     }
     // Before any other thread: from here on only the packet readers may hold CAP_SYS_NICE.
-    let spawner = match priority::ReaderSpawner::start(&access) {
-        Ok(spawner) => spawner,
+    let (spawner, spawner_thread) = match priority::ReaderSpawner::start(&access) {
+        Ok(started) => started,
         Err(e) => {
             return failed_before_start(
                 &mut launch,
@@ -140,7 +140,12 @@ pub fn main(mut launch: Launch) -> ExitCode {
             return failed_before_start(&mut launch, format!("cannot start the runtime: {e}"))
         }
     };
-    match runtime.block_on(serve(launch, threads)) {
+    let served = runtime.block_on(serve(launch, threads));
+    // Every task ends with the runtime (bounded: a hung blocking call is left to the exit);
+    // the spawner's last sender went with the data plane.
+    runtime.shutdown_timeout(SIDE_TASKS_WAIT);
+    spawner_thread.join(SIDE_TASKS_WAIT);
+    match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %format!("{e:#}"), "{program} failed");
@@ -190,18 +195,27 @@ async fn start(launch: &Launch, threads: ThreadSetup) -> anyhow::Result<Started>
         Some(listener) => Some(listener.local_addr().context("health listener")?),
         None => None,
     };
-    let mut daemon = match launch {
+    let started = match launch {
         Launch::Run { config, path } => {
-            Daemon::start((**config).clone(), path.clone(), health_bound, threads).await?
+            Daemon::start((**config).clone(), path.clone(), health_bound, threads).await
         }
         Launch::Userspace { name, .. } => {
-            Daemon::start_userspace(name, health_bound, threads).await?
+            Daemon::start_userspace(name, health_bound, threads).await
+        }
+    };
+    let mut daemon = match started {
+        Ok(daemon) => daemon,
+        Err(StartFailed { error, daemon }) => {
+            if let Some(daemon) = daemon {
+                stop_failed_start(daemon).await;
+            }
+            return Err(error);
         }
     };
     if let Some(listener) = health {
         // The daemon moves it when a reload names another address.
         if let Err(e) = daemon.serve_health(listener) {
-            daemon.teardown().await;
+            stop_failed_start(Box::new(daemon)).await;
             return Err(e.context("serving the health endpoint"));
         }
     }
@@ -210,6 +224,20 @@ async fn start(launch: &Launch, threads: ThreadSetup) -> anyhow::Result<Started>
         status,
         daemon,
     })
+}
+
+/// A start that failed once the daemon existed stops the one way a stop goes
+/// ([`stop_in_order`]), with nothing served yet: no side tasks, and the packet threads joined in
+/// place ([`Daemon::stop_dataplane_in_place`]).
+async fn stop_failed_start(daemon: Box<Daemon>) {
+    stop_in_order(&mut Running {
+        handle: daemon.handle(),
+        daemon: Some(daemon),
+        watchdog_stop: None,
+        side_tasks: Vec::new(),
+        serving: false,
+    })
+    .await;
 }
 
 fn bind_health(
@@ -419,6 +447,7 @@ pub async fn serve(mut launch: Launch, threads: ThreadSetup) -> anyhow::Result<(
         daemon,
         watchdog_stop: Some(watchdog_stop),
         side_tasks,
+        serving: true,
     })
     .await;
     match outcome {
@@ -470,13 +499,15 @@ pub(crate) async fn stop_in_order(parts: &mut impl Parts) {
     parts.join_side_tasks().await;
 }
 
-/// What [`serve`] runs once its loop has ended: the daemon (`None` if its task failed) and the
-/// side tasks.
+/// What [`serve`] runs once its loop has ended, or what a failed start got as far as: the
+/// daemon (`None` if its task failed) and the side tasks.
 struct Running {
     handle: Arc<Handle>,
     daemon: Option<Box<Daemon>>,
     watchdog_stop: Option<tokio::sync::oneshot::Sender<()>>,
     side_tasks: Vec<JoinHandle<()>>,
+    /// Whether it served (a stop), or failed to start.
+    serving: bool,
 }
 
 impl Parts for Running {
@@ -491,8 +522,10 @@ impl Parts for Running {
     }
 
     async fn stop_dataplane(&mut self) {
-        if let Some(daemon) = &mut self.daemon {
-            daemon.stop_dataplane().await;
+        match &mut self.daemon {
+            Some(daemon) if self.serving => daemon.stop_dataplane().await,
+            Some(daemon) => daemon.stop_dataplane_in_place(),
+            None => {}
         }
     }
 
