@@ -1100,7 +1100,8 @@ impl<'ast> Visit<'ast> for Detached {
         let dropped = match stmt {
             syn::Stmt::Expr(e, Some(_)) => is_spawn(e),
             syn::Stmt::Local(l) => {
-                matches!(l.pat, syn::Pat::Wild(_)) && l.init.as_ref().is_some_and(|i| is_spawn(&i.expr))
+                matches!(l.pat, syn::Pat::Wild(_))
+                    && l.init.as_ref().is_some_and(|i| is_spawn(&i.expr))
             }
             _ => false,
         };

@@ -563,89 +563,9 @@ async fn close_local_sockets(sockets: &CloseFirst, wait: Duration) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicBool, Ordering};
 
-    /// Records the steps of a stop, and whether the local sockets were closed when each ran.
-    struct Recorded {
-        sockets: CloseFirst,
-        closed: Arc<AtomicBool>,
-        steps: Vec<(&'static str, bool)>,
-    }
-
-    impl Recorded {
-        fn step(&mut self, name: &'static str) {
-            self.steps.push((name, self.closed.load(Ordering::SeqCst)));
-        }
-    }
-
-    impl Parts for Recorded {
-        async fn close_local_sockets(&mut self) {
-            close_local_sockets(&self.sockets, SOCKETS_CLOSE_WAIT).await;
-            self.step("sockets");
-        }
-        async fn close_health_listener(&mut self) {
-            self.step("health listener");
-        }
-        async fn stop_dataplane(&mut self) {
-            self.step("data plane");
-        }
-        async fn remove_installed(&mut self) {
-            self.step("rules, forwarding, routes");
-        }
-        async fn drain_health(&mut self) {
-            self.step("health requests");
-        }
-        async fn join_side_tasks(&mut self) {
-            self.step("side tasks");
-        }
-    }
-
-    /// The one stop order of both modes: every local socket is closed (its server has dropped
-    /// its close request) before anything else stops; then the health listener, the data
-    /// plane, what was installed (so nothing leaves the tunnel un-masqueraded), the health
-    /// requests in flight, the side tasks.
-    #[tokio::test]
-    async fn a_stop_closes_the_sockets_then_health_then_the_data_plane_then_rules() {
-        let sockets = CloseFirst::default();
-        let closed = Arc::new(AtomicBool::new(false));
-        let server = tokio::spawn({
-            let (mut request, closed) = (sockets.request(), closed.clone());
-            async move {
-                (&mut request).await;
-                // A server unlinks its socket a moment after it is asked, then drops the
-                // request.
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                closed.store(true, Ordering::SeqCst);
-                drop(request);
-            }
-        });
-        let mut parts = Recorded {
-            sockets,
-            closed,
-            steps: Vec::new(),
-        };
-        stop_in_order(&mut parts).await;
-        server.await.expect("server task");
-        let names: Vec<&str> = parts.steps.iter().map(|(name, _)| *name).collect();
-        assert_eq!(
-            names,
-            [
-                "sockets",
-                "health listener",
-                "data plane",
-                "rules, forwarding, routes",
-                "health requests",
-                "side tasks"
-            ]
-        );
-        let early: Vec<&str> = parts
-            .steps
-            .iter()
-            .filter(|(_, closed)| !closed)
-            .map(|(name, _)| *name)
-            .collect();
-        assert!(early.is_empty(), "ran before the sockets closed: {early:?}");
-    }
+    // The stop's order is tested on the real parts, in namespaces:
+    // tests/netns_control.rs `a_stop_removes_the_uapi_socket_then_joins_the_packet_threads_then_removes_the_rules`.
 
     /// A server that never closes does not hold the stop: it is given up after the wait and
     /// the rest of the stop runs. (No claim on how long the wait took: only that it ends.)
