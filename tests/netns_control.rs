@@ -253,7 +253,6 @@ fn a_stop_removes_the_uapi_socket_then_joins_the_packet_threads_then_removes_the
     use std::io::BufRead as _;
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
-    use std::time::Instant;
     require_root();
     let ns = Netns::new();
     let mut cfg = TgConfig::new(0, &["100.64.11.1/32"])
@@ -296,7 +295,7 @@ fn a_stop_removes_the_uapi_socket_then_joins_the_packet_threads_then_removes_the
                 .lines()
                 .map_while(Result::ok)
                 .find(|l| l.starts_with("delete table") && l.contains(&table))
-                .map(|_| Instant::now())
+                .map(|_| clock::now())
         }
     });
     // Let the monitor subscribe before the stop.
@@ -306,7 +305,7 @@ fn a_stop_removes_the_uapi_socket_then_joins_the_packet_threads_then_removes_the
         let stop = stop.clone();
         std::thread::spawn(move || loop {
             if check() {
-                return Some(Instant::now());
+                return Some(clock::now());
             }
             if stop.load(Ordering::Relaxed) {
                 return None;
