@@ -31,7 +31,7 @@ use crate::shell::priority::ReaderSpawner;
 use crate::shell::tuning::Tuning;
 use crate::shell::udp::WgSocket;
 use parking_lot::{Mutex, RwLock};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -120,6 +120,13 @@ pub struct Dataplane {
 }
 
 /// What the threads share. Private to the data plane: the workers read it, the owner changes it.
+/// Jobs relay partners did, counted once a job, where a partner takes it up.
+#[derive(Default)]
+struct PartnerJobs {
+    sealed: AtomicU64,
+    opened: AtomicU64,
+}
+
 struct Inner {
     table: RwLock<Arc<PeerTable>>,
     /// One TUN queue per worker.
@@ -139,6 +146,9 @@ struct Inner {
     realtime_budget: SharedBudget,
     /// Each reader's priority as it runs.
     readers: readers::ReaderStates,
+    /// Jobs relay partners did: reads sealed and receive batches opened (not those their
+    /// readers took back).
+    partner_jobs: PartnerJobs,
     /// The CPUs the packet threads may use and how many are busy: relay partners take one only
     /// while one is free.
     cores: Arc<relay::Cores>,
@@ -184,6 +194,7 @@ impl Dataplane {
                 threads,
                 realtime_budget,
                 readers: readers::ReaderStates::new(workers),
+                partner_jobs: PartnerJobs::default(),
                 cores,
                 fatal: watch::Sender::new(None),
             }),
@@ -316,6 +327,15 @@ impl Dataplane {
     /// The packet readers' priority as they run.
     pub fn readers(&self) -> ReadersView {
         self.inner.readers.view()
+    }
+
+    /// Jobs relay partners did so far: (reads sealed, receive batches opened).
+    pub fn partner_jobs(&self) -> (u64, u64) {
+        let jobs = &self.inner.partner_jobs;
+        (
+            jobs.sealed.load(Ordering::Relaxed),
+            jobs.opened.load(Ordering::Relaxed),
+        )
     }
 
     /// How the packet threads run (the tuning in force, the readers' real-time access).

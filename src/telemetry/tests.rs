@@ -149,6 +149,8 @@ pub(crate) fn sample_tuning() -> tuning::TuningStatus {
         relay_asked: None,
         relay_lowered: None,
         environment: Vec::new(),
+        relay_jobs_sealed: None,
+        relay_jobs_opened: None,
         cpus: 2,
         cpu_quota_milli: Some(1500),
         socket_buffer_bytes: 7 << 20,
@@ -902,8 +904,20 @@ fn a_lowered_relay_and_the_variables_set_are_shown() {
         out.contains("  environment: TUNNELGATE_RELAY_PARTNERS=\"3\"\n"),
         "{out}"
     );
+    let running = tuning::TuningStatus {
+        relay_jobs_sealed: Some(7),
+        relay_jobs_opened: Some(9),
+        ..sample_tuning()
+    };
+    let mut jobs = String::new();
+    tuning::write_tuning(&mut jobs, &running).expect("written");
+    assert!(
+        jobs.contains("    partners' jobs: 7 reads sealed, 9 receive batches opened\n"),
+        "{jobs}"
+    );
     let mut none = String::new();
     tuning::write_tuning(&mut none, &sample_tuning()).expect("written");
+    assert!(!none.contains("partners' jobs"), "{none}");
     assert!(
         none.contains("  environment: no TUNNELGATE_* variable set"),
         "{none}"

@@ -31,6 +31,10 @@ pub struct TuningStatus {
     pub relay_lowered: Option<String>,
     /// Every `TUNNELGATE_*` variable set, as `NAME="value"`.
     pub environment: Vec<String>,
+    /// Jobs the relay partners did so far: reads sealed, receive batches opened; `None` from
+    /// `check` (nothing runs).
+    pub relay_jobs_sealed: Option<u64>,
+    pub relay_jobs_opened: Option<u64>,
     /// CPUs in the process's affinity mask.
     pub cpus: u32,
     /// The cgroup's CPU quota, thousandths of a CPU; `None`: no quota.
@@ -132,6 +136,14 @@ pub fn write_tuning(out: &mut String, t: &TuningStatus) -> std::fmt::Result {
     }
     if let Some(lowered) = &t.relay_lowered {
         writeln!(out, "    {lowered}")?;
+    }
+    if let (Some(sealed), Some(opened)) = (t.relay_jobs_sealed, t.relay_jobs_opened) {
+        if t.relay_partners > 0 {
+            writeln!(
+                out,
+                "    partners' jobs: {sealed} reads sealed, {opened} receive batches opened"
+            )?;
+        }
     }
     writeln!(
         out,

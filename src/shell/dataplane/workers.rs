@@ -265,7 +265,10 @@ pub(super) fn tun_loop(inner: &Inner, worker: usize, relay: Option<&TunRelay>) {
 /// ([`seal_job`]).
 pub(super) fn tun_partner(inner: &Inner, worker: usize, relay: &TunRelay, me: usize, name: &str) {
     confine(name);
-    relay.serve(me, |job, turn| seal_job(inner, worker, job, turn));
+    relay.serve(me, |job, turn| {
+        inner.partner_jobs.sealed.fetch_add(1, Ordering::Relaxed);
+        seal_job(inner, worker, job, turn);
+    });
 }
 
 /// Makes and seals the segments of a handed-off read into the job's own send batch and sends
@@ -561,9 +564,10 @@ pub(super) fn udp_partner(
 ) {
     let opener = Opener::new(inner, worker, socket);
     confine(name);
-    relay
-        .relay
-        .serve(me, |job, turn| open_job(&opener, relay, job, turn));
+    relay.relay.serve(me, |job, turn| {
+        inner.partner_jobs.opened.fetch_add(1, Ordering::Relaxed);
+        open_job(&opener, relay, job, turn);
+    });
 }
 
 /// Opens a handed-off receive batch into the job's own buffers and writes it (and sends its
