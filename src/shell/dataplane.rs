@@ -140,6 +140,9 @@ struct Inner {
     epoch: Instant,
     /// Every packet thread started (UDP readers of replaced sockets included), for the join.
     handles: Mutex<Vec<JoinHandle<()>>>,
+    /// Stops each relay started, for [`Dataplane::stop`]: a relay's partners end when it stops,
+    /// not only when its reader exits (a reader stuck in a wait would keep them).
+    relay_stops: Mutex<Vec<Box<dyn Fn() + Send + Sync>>>,
     /// How the packet threads run.
     threads: ThreadSetup,
     /// What all packet readers together may spend at real-time priority.
@@ -191,6 +194,7 @@ impl Dataplane {
                 heartbeats: Heartbeats::new(workers),
                 epoch,
                 handles: Mutex::new(Vec::new()),
+                relay_stops: Mutex::new(Vec::new()),
                 threads,
                 realtime_budget,
                 readers: readers::ReaderStates::new(workers),
@@ -222,6 +226,15 @@ impl Dataplane {
                         workers::SealJob::new,
                     ))
                 });
+                if let Some(relay) = &relay {
+                    // Weak: a relay gone with its reader and partners is not kept for this.
+                    let relay = Arc::downgrade(relay);
+                    self.inner.relay_stops.lock().push(Box::new(move || {
+                        if let Some(relay) = relay.upgrade() {
+                            relay.stop();
+                        }
+                    }));
+                }
                 let reader_relay = relay.clone();
                 // The reader first: partners whose reader never started would wait for ever.
                 self.inner
@@ -386,6 +399,10 @@ impl Dataplane {
         for socket in self.inner.sockets().iter() {
             socket.shutdown();
         }
+        // The relays' partners, and every wait for a turn, end now, whatever their readers do.
+        for stop in std::mem::take(&mut *self.inner.relay_stops.lock()) {
+            stop();
+        }
         let deadline = crate::shell::clock::now() + STOP_WAIT;
         let threads = std::mem::take(&mut *self.inner.handles.lock());
         // The timer thread waits for its tick parked: wake it now.
@@ -462,6 +479,15 @@ impl Inner {
         for worker in 0..group.len() {
             let relay = (partners > 0)
                 .then(|| Arc::new(workers::UdpRelay::new(partners, inner.cores.clone())));
+            if let Some(relay) = &relay {
+                // Weak: the relays of a replaced socket group go with their threads.
+                let relay = Arc::downgrade(relay);
+                inner.relay_stops.lock().push(Box::new(move || {
+                    if let Some(relay) = relay.upgrade() {
+                        relay.stop();
+                    }
+                }));
+            }
             let (reader_group, reader_relay) = (group.clone(), relay.clone());
             // The reader first: partners whose reader never started would wait for ever.
             inner.spawn(PacketThread::UdpReader(worker), move |inner| {

@@ -543,6 +543,11 @@ pub(super) struct UdpRelay {
 }
 
 impl UdpRelay {
+    /// Stops its partners (and every wait for a turn), whether or not its reader has exited.
+    pub(super) fn stop(&self) {
+        self.relay.stop();
+    }
+
     pub(super) fn new(partners: usize, cores: Arc<Cores>) -> UdpRelay {
         UdpRelay {
             relay: Relay::new(partners, cores, OpenJob::new),
