@@ -201,6 +201,15 @@ impl Tuning {
                 None
             }
         };
+        // Parsed by clap for `run` (`--log-format`'s fallback); named here too, so `check` and
+        // `tunnelgate-wg` warn of it like of any other.
+        if let Err(e) = knobs::word(
+            LOG_FORMAT,
+            raw(LOG_FORMAT).as_deref(),
+            &["human", "text", "json", "journal"],
+        ) {
+            warnings.push(format!("{e}; using human"));
+        }
         for name in [RUN_DIR, RESOLV_CONF] {
             if let Err(e) = knobs::path(name, raw(name).as_deref()) {
                 warnings.push(format!("{e}; using the default"));
@@ -412,6 +421,7 @@ mod tests {
             ("TUNNELGATE_IPTABLES", b"bogus"),
             ("TUNNELGATE_RUN_DIR", b""),
             ("TUNNELGATE_RESOLV_CONF", b""),
+            ("TUNNELGATE_LOG_FORMAT", b"JSON"),
         ]);
         assert_eq!(
             t,
@@ -421,7 +431,7 @@ mod tests {
                 ..tuning(&[])
             }
         );
-        assert_eq!(t.warnings.len(), 13, "{:?}", t.warnings);
+        assert_eq!(t.warnings.len(), 14, "{:?}", t.warnings);
         for (w, name) in t.warnings.iter().zip([
             "TUNNELGATE_SOCKET_BUFFER=",
             "TUNNELGATE_TUN_TXQUEUELEN=",
@@ -434,6 +444,7 @@ mod tests {
             "TUNNELGATE_NO_UDP_GSO=",
             "TUNNELGATE_SECCOMP=\"bogus\"",
             "TUNNELGATE_IPTABLES=\"bogus\"",
+            "TUNNELGATE_LOG_FORMAT=\"JSON\"",
             "TUNNELGATE_RUN_DIR=\"\"",
             "TUNNELGATE_RESOLV_CONF=\"\"",
         ]) {
