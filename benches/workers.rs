@@ -9,7 +9,7 @@
 //! - default: each peer is owned by one worker, as the daemon steers them
 //!   (`core::packet::steering::worker_of_peer`): one peer never uses more than one worker;
 //! - `--shared`: every worker works on every peer, and each peer's batches are put back in
-//!   order by a `core::sequencer::Sequencer` per direction (numbers reserved under the peer's
+//!   order by a `sequencer::Sequencer` (`benches/workers/sequencer.rs`) per direction (numbers reserved under the peer's
 //!   lock with the counters, released once sealed and opened): what one peer on several workers
 //!   costs and gains;
 //! - `--relay`: each peer has one reader (its owning worker), as the daemon steers it, and the
@@ -37,7 +37,11 @@ use tunnelgate::core::packet::steering::worker_of_peer;
 use tunnelgate::core::packet::{Inbound, Outbound, PeerLookup, PeerPath};
 use tunnelgate::core::peer::{Peer, Sending};
 use tunnelgate::core::relay;
-use tunnelgate::core::sequencer::Sequencer;
+// Its `next_release` and error type serve its tests (`tests/bench_sequencer.rs`).
+#[allow(unreachable_pub, dead_code)]
+#[path = "workers/sequencer.rs"]
+mod sequencer;
+use sequencer::Sequencer;
 use tunnelgate::core::wg::{Limiter, SealBatch, DATA_OFFSET};
 use tunnelgate::shell::dataplane::relay::{Busy, Cores, Relay, Turn};
 use tunnelgate::shell::keys::GenerateKey as _;
@@ -344,10 +348,12 @@ fn relay_reader(relay: &PeerRelay, pair: &Pair, from: PeerPath, stop: &AtomicBoo
     bytes + taken_back.get()
 }
 
-/// Bytes per second moved by one reader and `workers - 1` partners per peer (`--relay`).
-fn measure_relay(pairs: &Arc<Vec<Pair>>, workers: usize, duration: Duration) -> f64 {
+/// Bytes per second moved by one reader and `workers - 1` partners per peer (`--relay`), and
+/// the share of them the partners moved.
+fn measure_relay(pairs: &Arc<Vec<Pair>>, workers: usize, duration: Duration) -> (f64, f64) {
     let stop = Arc::new(AtomicBool::new(false));
     let moved = Arc::new(AtomicU64::new(0));
+    let by_partners = Arc::new(AtomicU64::new(0));
     // Partners beyond the CPUs only take the CPU from the one whose turn it is: a reader gets
     // the daemon's number of partners (one per other CPU, capped).
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -361,10 +367,16 @@ fn measure_relay(pairs: &Arc<Vec<Pair>>, workers: usize, duration: Duration) -> 
     let mut threads = Vec::new();
     for p in 0..pairs.len() {
         for partner in 0..partners {
-            let (pairs, relays, moved) = (pairs.clone(), relays.clone(), moved.clone());
+            let (pairs, relays, moved, by_partners) = (
+                pairs.clone(),
+                relays.clone(),
+                moved.clone(),
+                by_partners.clone(),
+            );
             threads.push(std::thread::spawn(move || {
                 let bytes = relay_partner(&relays[p], partner, &pairs[p], from);
                 moved.fetch_add(bytes, Ordering::Relaxed);
+                by_partners.fetch_add(bytes, Ordering::Relaxed);
             }));
         }
         let (pairs, relays, moved, stop) =
@@ -384,7 +396,12 @@ fn measure_relay(pairs: &Arc<Vec<Pair>>, workers: usize, duration: Duration) -> 
     for t in threads {
         t.join().expect("relay thread");
     }
-    moved.load(Ordering::Relaxed) as f64 / tunnelgate::shell::clock::since(started).as_secs_f64()
+    let total = moved.load(Ordering::Relaxed);
+    let share = by_partners.load(Ordering::Relaxed) as f64 / total.max(1) as f64;
+    (
+        total as f64 / tunnelgate::shell::clock::since(started).as_secs_f64(),
+        share,
+    )
 }
 
 /// One batch each way through `pair`.
@@ -502,9 +519,18 @@ fn main() {
         "each peer on its one worker"
     };
     println!("in-process data plane: {peers} peers ({mode}), {PACKET}-byte packets in batches of {BATCH}, {cpus} CPUs");
+    // With a busy reader on every CPU no CPU is ever free for a partner: the relay never
+    // engages, and every row would measure the readers alone (a speed-up of 1.00x that
+    // cannot come out otherwise). Nothing to measure, so no figure.
+    if relay && peers >= cpus {
+        println!(
+            "--relay with {peers} peers on {cpus} CPUs: every CPU has a busy reader, so no read ever goes to a partner; run it with fewer peers than CPUs"
+        );
+        std::process::exit(2);
+    }
     println!(
-        "{:>8} {:>12} {:>10} {:>8} {:>12}",
-        "workers", "Gbit/s", "speed-up", "CPU s", "Gbit/CPU-s"
+        "{:>8} {:>12} {:>10} {:>8} {:>12} {:>9}",
+        "workers", "Gbit/s", "speed-up", "CPU s", "Gbit/CPU-s", "partners"
     );
     let load_start = loadavg();
     let mut rows = Vec::new();
@@ -512,10 +538,11 @@ fn main() {
     for workers in 1..=max_workers {
         let cpu_before = cpu_seconds();
         let duration = Duration::from_secs_f64(seconds);
-        let rate = if relay {
+        // The share of the bytes that partners moved (`--relay`): 0 at one worker.
+        let (rate, by_partners) = if relay {
             measure_relay(&pairs, workers, duration)
         } else {
-            measure(&pairs, workers, shared, duration)
+            (measure(&pairs, workers, shared, duration), 0.0)
         };
         let cpu = cpu_seconds() - cpu_before;
         let gbits = rate * 8.0 / 1e9;
@@ -523,9 +550,16 @@ fn main() {
         // Bits per CPU-second: on a machine others share, the CPU the workers got bounds the
         // rate; this says what each CPU-second of theirs carried (the cost of sharing a peer).
         let per_cpu = gbits * seconds / cpu.max(1e-3);
-        println!("{workers:>8} {gbits:>12.2} {speedup:>9.2}x {cpu:>8.2} {per_cpu:>12.2}");
+        let partners = if relay {
+            format!("{:.0} %", by_partners * 100.0)
+        } else {
+            "-".to_string()
+        };
+        println!(
+            "{workers:>8} {gbits:>12.2} {speedup:>9.2}x {cpu:>8.2} {per_cpu:>12.2} {partners:>9}"
+        );
         rows.push(format!(
-            "{{\"workers\": {workers}, \"gbit_per_s\": {gbits:.3}, \"speedup\": {speedup:.3}, \"cpu_s\": {cpu:.3}, \"gbit_per_cpu_s\": {per_cpu:.3}}}"
+            "{{\"workers\": {workers}, \"gbit_per_s\": {gbits:.3}, \"speedup\": {speedup:.3}, \"cpu_s\": {cpu:.3}, \"gbit_per_cpu_s\": {per_cpu:.3}, \"partners_share\": {by_partners:.3}}}"
         ));
     }
     if let Some(path) = arg(&args, "--json") {

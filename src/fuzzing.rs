@@ -1,6 +1,8 @@
 //! The bodies of the fuzz targets: bytes in, every pure parser and packet decision exercised.
 //!
-//! Not an API. Each `fuzz/fuzz_targets/*.rs` is one line around a function here, and
+//! Not an API, and not in the daemon's build: compiled only with the `fuzzing` feature, which the
+//! fuzz crate (`fuzz/`) and `--all-features` turn on. Each `fuzz/fuzz_targets/*.rs` is one line
+//! around a function here, and
 //! `tests/fuzz_smoke.rs` feeds the same functions a seeded, mutated corpus on stable Rust, so
 //! CI runs the same bodies with or without cargo-fuzz. A body panics only on a bug: every
 //! input, however malformed, must be answered with an error or a result.

@@ -27,6 +27,7 @@ pub mod cli;
 /// The pure core (its own crate, `crates/core`): the control core and its helpers at its root.
 pub use tunnelgate_core as core;
 pub use tunnelgate_core::config;
+#[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
 pub use tunnelgate_core::rules;

@@ -850,13 +850,5 @@ fn ago(secs: u64) -> String {
     }
 }
 
-/// The current Unix time in seconds (0 if the clock is before 1970).
-pub fn now_unix() -> u64 {
-    crate::shell::clock::wall_now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
-
 #[cfg(test)]
 pub(crate) mod tests;

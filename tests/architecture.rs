@@ -268,6 +268,34 @@ fn outside_the_shells_the_tunnelgate_crate_does_no_io() {
     );
 }
 
+/// The pure modules take the shell's results as values (the time as `now`): they name no path
+/// into `shell`, read as Rust (so a clock behind `crate::shell::clock` is seen).
+#[test]
+fn outside_the_shells_the_tunnelgate_crate_names_no_shell() {
+    let mut files = Vec::new();
+    rust_files(&root().join("src"), &mut files);
+    let mut found = Vec::new();
+    for file in files.iter().filter(|f| !is_test_file(f)) {
+        let relative = file.strip_prefix(root()).expect("under the root");
+        // The fuzz bodies drive the shell's own code on purpose (a feature's, for fuzzing).
+        if is_shell(relative) || relative == Path::new("src/fuzzing.rs") {
+            continue;
+        }
+        for path in paths_in(file) {
+            let segments: Vec<&str> = path.split("::").collect();
+            // `crate::shell` (the sidecar's own `shell` module is its root's business).
+            if segments.starts_with(&["crate", "shell"]) {
+                found.push(format!("{}: {path}", relative.display()));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "pure modules naming the shell (take the value as an argument):\n{}",
+        found.join("\n")
+    );
+}
+
 /// The checker itself: it must see what it is meant to forbid, and skip what it must.
 #[test]
 fn the_checker_finds_io_and_skips_comments_and_tests() {
@@ -744,4 +772,394 @@ fn the_reader_flattens_use_trees_skips_tests_and_finds_circles() {
         parents_of(&tree, "getrandom"),
         BTreeSet::from(["ring".to_string()])
     );
+}
+
+// --- The environment: every TUNNELGATE_* variable is read in shell::tuning ----------------------
+
+/// The file that reads every `TUNNELGATE_*` variable, and the one exempt: the test hooks'
+/// (compiled only with the `test-hooks` feature, never in a user's build).
+const TUNING: &str = "src/shell/tuning.rs";
+const TEST_HOOKS: &str = "src/shell/test_hooks.rs";
+
+/// Every `const NAME: &str = "TUNNELGATE_..."` in `files`, by name.
+fn tunnelgate_consts(files: &[PathBuf]) -> BTreeMap<String, String> {
+    #[derive(Default)]
+    struct Consts(BTreeMap<String, String>);
+    impl<'ast> Visit<'ast> for Consts {
+        fn visit_item_const(&mut self, c: &'ast syn::ItemConst) {
+            if let syn::Expr::Lit(syn::ExprLit {
+                lit: syn::Lit::Str(s),
+                ..
+            }) = &*c.expr
+            {
+                self.0.insert(c.ident.to_string(), s.value());
+            }
+        }
+    }
+    let mut consts = Consts::default();
+    for file in files {
+        let text = std::fs::read_to_string(file).expect("read source");
+        if let Ok(parsed) = syn::parse_file(&text) {
+            consts.visit_file(&parsed);
+        }
+    }
+    consts.0
+}
+
+/// The environment reads of production code (`env::var`, `env::var_os`, `env::vars`,
+/// `env::vars_os`), each with the function it is in and the variable it names when it can be
+/// told (a literal, or a constant of `consts`): `None` when it cannot (a parameter, an
+/// iteration over all, another crate's constant: the argument's text is kept).
+struct EnvReads<'a> {
+    consts: &'a BTreeMap<String, String>,
+    function: String,
+    reads: Vec<EnvRead>,
+}
+
+#[derive(Debug)]
+struct EnvRead {
+    function: String,
+    named: Option<String>,
+    argument: String,
+}
+
+impl EnvReads<'_> {
+    fn in_function(&mut self, name: String, visit: impl FnOnce(&mut Self)) {
+        let outer = std::mem::replace(&mut self.function, name);
+        visit(self);
+        self.function = outer;
+    }
+}
+
+impl<'ast> Visit<'ast> for EnvReads<'_> {
+    fn visit_item(&mut self, item: &'ast syn::Item) {
+        let test_only = match item {
+            syn::Item::Fn(i) => is_test_only(&i.attrs),
+            syn::Item::Mod(i) => is_test_only(&i.attrs),
+            syn::Item::Impl(i) => is_test_only(&i.attrs),
+            _ => false,
+        };
+        if !test_only {
+            syn::visit::visit_item(self, item);
+        }
+    }
+
+    fn visit_item_fn(&mut self, f: &'ast syn::ItemFn) {
+        self.in_function(f.sig.ident.to_string(), |v| syn::visit::visit_item_fn(v, f));
+    }
+
+    fn visit_impl_item_fn(&mut self, f: &'ast syn::ImplItemFn) {
+        if !is_test_only(&f.attrs) {
+            self.in_function(f.sig.ident.to_string(), |v| {
+                syn::visit::visit_impl_item_fn(v, f)
+            });
+        }
+    }
+
+    fn visit_expr_call(&mut self, call: &'ast syn::ExprCall) {
+        if let syn::Expr::Path(p) = &*call.func {
+            let segments: Vec<String> = p
+                .path
+                .segments
+                .iter()
+                .map(|s| s.ident.to_string())
+                .collect();
+            let n = segments.len();
+            if n >= 2
+                && segments[n - 2] == "env"
+                && matches!(
+                    segments[n - 1].as_str(),
+                    "var" | "var_os" | "vars" | "vars_os"
+                )
+            {
+                let argument = match call.args.first() {
+                    Some(syn::Expr::Path(arg)) => arg
+                        .path
+                        .segments
+                        .iter()
+                        .map(|s| s.ident.to_string())
+                        .collect::<Vec<_>>()
+                        .join("::"),
+                    _ => String::new(),
+                };
+                let named = match call.args.first() {
+                    Some(syn::Expr::Lit(syn::ExprLit {
+                        lit: syn::Lit::Str(s),
+                        ..
+                    })) => Some(s.value()),
+                    Some(syn::Expr::Path(arg)) => arg
+                        .path
+                        .segments
+                        .last()
+                        .and_then(|s| self.consts.get(&s.ident.to_string()).cloned()),
+                    _ => None,
+                };
+                self.reads.push(EnvRead {
+                    function: self.function.clone(),
+                    named,
+                    argument,
+                });
+            }
+        }
+        syn::visit::visit_expr_call(self, call);
+    }
+}
+
+/// The environment reads in `text` (see [`EnvReads`]).
+fn env_reads(text: &str, consts: &BTreeMap<String, String>) -> Vec<EnvRead> {
+    let parsed = syn::parse_file(text).expect("parse");
+    let mut reads = EnvReads {
+        consts,
+        function: String::new(),
+        reads: Vec::new(),
+    };
+    reads.visit_file(&parsed);
+    reads.reads
+}
+
+/// The variables outside `TUNNELGATE_*` the daemon reads where they are used: systemd's and the
+/// kernel's protocols, tracing's filter, wireguard-go's and Kubernetes' own.
+const OTHER_VARIABLES: [&str; 8] = [
+    "NOTIFY_SOCKET",
+    "WATCHDOG_USEC",
+    "WATCHDOG_PID",
+    "JOURNAL_STREAM",
+    "PATH",
+    "POD_NAME",
+    "POD_NAMESPACE",
+    "WG_PROCESS_FOREGROUND",
+];
+
+/// Whether a read of `named` may sit outside `shell::tuning`: a variable it can tell that is
+/// not ours (or tracing's `RUST_LOG`, named through `EnvFilter::DEFAULT_ENV`).
+fn may_read_elsewhere(read: &EnvRead) -> bool {
+    match read.named.as_deref() {
+        Some(name) => !name.starts_with("TUNNELGATE_") && OTHER_VARIABLES.contains(&name),
+        None => read.argument == "EnvFilter::DEFAULT_ENV",
+    }
+}
+
+#[test]
+fn every_tunnelgate_variable_is_read_in_shell_tuning() {
+    let mut files = Vec::new();
+    rust_files(&root().join("src"), &mut files);
+    let consts = tunnelgate_consts(&files);
+    let mut stray = Vec::new();
+    for file in &files {
+        let relative = file
+            .strip_prefix(root())
+            .expect("under the root")
+            .to_string_lossy()
+            .to_string();
+        if relative == TUNING || relative == TEST_HOOKS || is_test_file(file) {
+            continue;
+        }
+        let text = std::fs::read_to_string(file).expect("read source");
+        for read in env_reads(&text, &consts) {
+            if !may_read_elsewhere(&read) {
+                stray.push(format!("{relative}, fn {}: {read:?}", read.function));
+            }
+        }
+    }
+    assert!(
+        stray.is_empty(),
+        "environment variables read outside {TUNING} (read them there, or name a variable \
+         that is not ours in OTHER_VARIABLES):\n{}",
+        stray.join("\n")
+    );
+    // The one exemption stays a test build's.
+    let shell = std::fs::read_to_string(root().join("src/shell.rs")).expect("src/shell.rs");
+    assert!(
+        shell.contains("#[cfg(feature = \"test-hooks\")]\npub mod test_hooks;"),
+        "{TEST_HOOKS} is exempt only while it is compiled under the test-hooks feature"
+    );
+}
+
+#[test]
+fn the_environment_checker_finds_reads_by_literal_constant_and_parameter() {
+    let text = r#"
+        const OURS: &str = "TUNNELGATE_X";
+        fn a() { let _ = std::env::var_os("TUNNELGATE_Y"); }
+        fn b() { let _ = std::env::var(OURS); }
+        fn c(name: &str) { let _ = env::var_os(name); }
+        fn d() { let _ = std::env::var("NOTIFY_SOCKET"); }
+        fn e() { for _ in std::env::vars() {} }
+        #[cfg(test)]
+        mod tests { fn f() { let _ = std::env::var("TUNNELGATE_Z"); } }
+    "#;
+    let parsed = syn::parse_file(text).expect("parse");
+    let mut consts = BTreeMap::new();
+    for item in &parsed.items {
+        if let syn::Item::Const(c) = item {
+            if let syn::Expr::Lit(syn::ExprLit {
+                lit: syn::Lit::Str(s),
+                ..
+            }) = &*c.expr
+            {
+                consts.insert(c.ident.to_string(), s.value());
+            }
+        }
+    }
+    let reads = env_reads(text, &consts);
+    let named: Vec<Option<&str>> = reads.iter().map(|r| r.named.as_deref()).collect();
+    assert_eq!(
+        named,
+        [
+            Some("TUNNELGATE_Y"),
+            Some("TUNNELGATE_X"),
+            None,
+            Some("NOTIFY_SOCKET"),
+            None
+        ]
+    );
+    let allowed: Vec<bool> = reads.iter().map(may_read_elsewhere).collect();
+    assert_eq!(allowed, [false, false, false, true, false]);
+    let functions: Vec<&str> = reads.iter().map(|r| r.function.as_str()).collect();
+    assert_eq!(functions, ["a", "b", "c", "d", "e"]);
+}
+
+// --- One lifecycle: no detached task or thread outside the composition root ---------------------
+
+/// The composition root: it starts, owns and stops every long-lived task and thread.
+const COMPOSITION_ROOT: &str = "src/shell/process.rs";
+
+/// Whether `e` starts a task or a thread: `tokio::spawn`, `task::spawn_blocking`,
+/// `thread::spawn`, or a `thread::Builder`'s `spawn` (seen through `?`, `expect`, `unwrap`).
+fn is_spawn(e: &syn::Expr) -> bool {
+    match e {
+        syn::Expr::Try(t) => is_spawn(&t.expr),
+        syn::Expr::MethodCall(m) if m.method == "expect" || m.method == "unwrap" => {
+            is_spawn(&m.receiver)
+        }
+        syn::Expr::MethodCall(m) if m.method == "spawn" => {
+            // A thread Builder's: the receiver chain starts at `Builder::new()`.
+            let mut receiver = &*m.receiver;
+            loop {
+                match receiver {
+                    syn::Expr::MethodCall(inner) => receiver = &inner.receiver,
+                    syn::Expr::Call(c) => {
+                        break matches!(&*c.func, syn::Expr::Path(p)
+                            if p.path.segments.iter().any(|s| s.ident == "Builder"))
+                    }
+                    _ => break false,
+                }
+            }
+        }
+        syn::Expr::Call(c) => match &*c.func {
+            syn::Expr::Path(p) => {
+                let segments: Vec<String> = p
+                    .path
+                    .segments
+                    .iter()
+                    .map(|s| s.ident.to_string())
+                    .collect();
+                let n = segments.len();
+                n >= 2
+                    && matches!(segments[n - 1].as_str(), "spawn" | "spawn_blocking")
+                    && matches!(segments[n - 2].as_str(), "tokio" | "task" | "thread")
+            }
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
+/// The spawns in production code whose handle is dropped at once (the spawn is a statement of
+/// its own, or bound to `_`), by the function they are in.
+#[derive(Default)]
+struct Detached {
+    function: String,
+    found: Vec<String>,
+}
+
+impl<'ast> Visit<'ast> for Detached {
+    fn visit_item(&mut self, item: &'ast syn::Item) {
+        let test_only = match item {
+            syn::Item::Fn(i) => is_test_only(&i.attrs),
+            syn::Item::Mod(i) => is_test_only(&i.attrs),
+            syn::Item::Impl(i) => is_test_only(&i.attrs),
+            _ => false,
+        };
+        if !test_only {
+            syn::visit::visit_item(self, item);
+        }
+    }
+
+    fn visit_item_fn(&mut self, f: &'ast syn::ItemFn) {
+        let outer = std::mem::replace(&mut self.function, f.sig.ident.to_string());
+        syn::visit::visit_item_fn(self, f);
+        self.function = outer;
+    }
+
+    fn visit_impl_item_fn(&mut self, f: &'ast syn::ImplItemFn) {
+        if is_test_only(&f.attrs) {
+            return;
+        }
+        let outer = std::mem::replace(&mut self.function, f.sig.ident.to_string());
+        syn::visit::visit_impl_item_fn(self, f);
+        self.function = outer;
+    }
+
+    fn visit_stmt(&mut self, stmt: &'ast syn::Stmt) {
+        let dropped = match stmt {
+            syn::Stmt::Expr(e, Some(_)) => is_spawn(e),
+            syn::Stmt::Local(l) => {
+                matches!(l.pat, syn::Pat::Wild(_))
+                    && l.init.as_ref().is_some_and(|i| is_spawn(&i.expr))
+            }
+            _ => false,
+        };
+        if dropped {
+            self.found.push(self.function.clone());
+        }
+        syn::visit::visit_stmt(self, stmt);
+    }
+}
+
+fn detached_spawns(text: &str) -> Vec<String> {
+    let parsed = syn::parse_file(text).expect("parse");
+    let mut d = Detached::default();
+    d.visit_file(&parsed);
+    d.found
+}
+
+#[test]
+fn no_task_or_thread_is_detached_outside_the_composition_root() {
+    let mut files = Vec::new();
+    rust_files(&root().join("src"), &mut files);
+    let mut found = Vec::new();
+    for file in files.iter().filter(|f| !is_test_file(f)) {
+        let relative = file.strip_prefix(root()).expect("under the root");
+        // The sidecar is another program, with its own root: its event recorder's task lives
+        // as long as its runtime (not the daemon's lifecycle).
+        if relative == Path::new(COMPOSITION_ROOT) || relative.starts_with("src/sidecar") {
+            continue;
+        }
+        let text = std::fs::read_to_string(file).expect("read source");
+        for function in detached_spawns(&text) {
+            found.push(format!("{}, fn {function}", relative.display()));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "a task or thread started and its handle dropped outside {COMPOSITION_ROOT} (keep the handle and \
+         join it, or hand it to the root):\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn the_spawn_checker_finds_dropped_handles_and_passes_kept_ones() {
+    let text = r#"
+        fn a() { tokio::spawn(async {}); }
+        fn b() { let _ = std::thread::spawn(|| ()); }
+        fn c() { std::thread::Builder::new().name("x".into()).spawn(|| ()).expect("spawn"); }
+        fn d() { tokio::task::spawn_blocking(|| ()); }
+        fn kept() -> JoinHandle<()> { let h = tokio::spawn(async {}); h }
+        fn returned() -> JoinHandle<()> { tokio::spawn(async {}) }
+        fn process() { std::process::Command::new("x").spawn().expect("x"); }
+        #[cfg(test)]
+        mod tests { fn t() { tokio::spawn(async {}); } }
+    "#;
+    assert_eq!(detached_spawns(text), ["a", "b", "c", "d"]);
 }

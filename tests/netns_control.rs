@@ -241,3 +241,105 @@ fn a_start_whose_packet_threads_cannot_start_leaves_nothing_behind() {
     }
     assert!(hit, "no thread limit made the packet threads fail to start");
 }
+
+/// The real stop's order (`shell::process::stop_in_order` run on the daemon's own parts), seen
+/// from outside while a SIGTERM stops it: the UAPI socket is gone before the packet threads, and
+/// the packet threads are gone before the firewall table (nothing leaves the tunnel
+/// un-masqueraded). Each moment is taken by a watcher of its own: the socket's path and the
+/// threads in `/proc/PID/task` polled every 200 us, the table's deletion from `nft monitor`.
+#[test]
+#[ignore = "needs root"]
+fn a_stop_removes_the_uapi_socket_then_joins_the_packet_threads_then_removes_the_rules() {
+    use std::io::BufRead as _;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    require_root();
+    let ns = Netns::new();
+    let mut cfg = TgConfig::new(0, &["100.64.11.1/32"])
+        .peer(Peer::new(&Keypair::generate().public, &["100.64.11.2/32"]));
+    cfg.extra = "[[ingress]]\ntarget = \"10.96.0.10\"\n".into();
+    let table = format!("tunnelgate_{}", cfg.name);
+    let mut tg = Tunnelgate::start(&ns, cfg);
+    let pid = tg.pid();
+    let socket = wg_socket(&tg.cfg.name);
+    assert!(socket.exists(), "UAPI socket up");
+    let packet_threads = move || -> usize {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            return 0;
+        };
+        tasks
+            .flatten()
+            .filter(|t| {
+                std::fs::read_to_string(t.path().join("comm"))
+                    .is_ok_and(|c| c.starts_with("tg-tun") || c.starts_with("tg-udp"))
+            })
+            .count()
+    };
+    assert!(packet_threads() > 0, "no packet threads found by name");
+    assert!(
+        ns.exec(&["nft", "list", "tables"]).contains(&table),
+        "the ingress installs {table}"
+    );
+
+    // The table's deletion, as nftables announces it.
+    let mut monitor = ns
+        .command(&["nft", "monitor", "tables"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("nft monitor");
+    let events = std::io::BufReader::new(monitor.stdout.take().expect("monitor stdout"));
+    let table_gone = std::thread::spawn({
+        let table = table.clone();
+        move || {
+            events
+                .lines()
+                .map_while(Result::ok)
+                .find(|l| l.starts_with("delete table") && l.contains(&table))
+                .map(|_| clock::now())
+        }
+    });
+    // Let the monitor subscribe before the stop.
+    std::thread::sleep(Duration::from_millis(300));
+    let stop = Arc::new(AtomicBool::new(false));
+    let poll = |check: Box<dyn Fn() -> bool + Send>| {
+        let stop = stop.clone();
+        std::thread::spawn(move || loop {
+            if check() {
+                return Some(clock::now());
+            }
+            if stop.load(Ordering::Relaxed) {
+                return None;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        })
+    };
+    let socket_gone = poll(Box::new(move || !socket.exists()));
+    let threads_gone = poll(Box::new(move || packet_threads() == 0));
+    let status = tg.sigterm();
+    assert!(status.success(), "{status:?}: {}", tg.stderr());
+    stop.store(true, Ordering::Relaxed);
+    let socket_gone = socket_gone
+        .join()
+        .expect("socket watcher")
+        .expect("UAPI socket removed");
+    let threads_gone = threads_gone
+        .join()
+        .expect("thread watcher")
+        .expect("packet threads joined");
+    let _ = monitor.kill();
+    let _ = monitor.wait();
+    let table_gone = table_gone
+        .join()
+        .expect("monitor reader")
+        .expect("the table's deletion announced");
+    assert!(
+        socket_gone <= threads_gone,
+        "the packet threads went {:?} before the UAPI socket",
+        socket_gone - threads_gone
+    );
+    assert!(
+        threads_gone <= table_gone,
+        "the rules went {:?} before the packet threads stopped",
+        threads_gone - table_gone
+    );
+}

@@ -583,6 +583,10 @@ struct StreamSeen {
     /// CPU ticks of the sender's TUN readers' partners and of the receiver's UDP readers'.
     sealed_by_partners: u64,
     opened_by_partners: u64,
+    /// Jobs the sender's partners sealed and the receiver's opened, as `status` counts them
+    /// (reads and receive batches; not those their readers took back).
+    sealed_jobs: u64,
+    opened_jobs: u64,
 }
 
 /// 300 MB of one TCP stream from one daemon to the other, both with `workers` workers, over a
@@ -642,6 +646,12 @@ fn one_peers_stream(workers: u16, subnet: u8, port: u16) -> StreamSeen {
     ]);
     let v: serde_json::Value = serde_json::from_str(&report).expect("iperf3 JSON");
     let status = b.status_json().expect("status");
+    let jobs = |tg: &Tunnelgate, key: &str| -> u64 {
+        let status = tg.status_json().expect("status");
+        status["tuning"][key]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no tuning.{key} in the status: {status}"))
+    };
     let ticks =
         |tg: &Tunnelgate, prefix: &str| -> u64 { thread_ticks(tg.pid(), prefix).values().sum() };
     StreamSeen {
@@ -651,6 +661,8 @@ fn one_peers_stream(workers: u16, subnet: u8, port: u16) -> StreamSeen {
         invalid: status["drops"]["invalid"].as_u64().unwrap_or(u64::MAX),
         sealed_by_partners: ticks(&a, "tg-tun-h"),
         opened_by_partners: ticks(&b, "tg-udp-h"),
+        sealed_jobs: jobs(&a, "relay_jobs_sealed"),
+        opened_jobs: jobs(&b, "relay_jobs_opened"),
     }
 }
 
@@ -679,6 +691,11 @@ fn one_peers_stream_through_relay_partners_arrives_in_order() {
         0,
         "1 worker: no partners"
     );
+    assert_eq!(
+        (single.sealed_jobs, single.opened_jobs),
+        (0, 0),
+        "1 worker: no partner jobs"
+    );
     assert!(
         relayed.reorder <= single.reorder,
         "the relay reordered: {relayed:?} against {single:?}"
@@ -693,10 +710,17 @@ fn one_peers_stream_through_relay_partners_arrives_in_order() {
     );
     // The CPUs the daemons may use, as they count them (affinity and cgroup quota).
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if relay::partners(4, cpus) > 0 {
-        assert!(
-            relayed.sealed_by_partners > 0,
-            "no read was sealed by a partner: {relayed:?}"
-        );
-    }
+    // With partners (a CPU besides each reader's), they seal reads and open receive batches,
+    // counted in jobs; without, none.
+    let with_partners = relay::partners(4, cpus) > 0;
+    assert_eq!(
+        (relayed.sealed_jobs > 0, relayed.opened_jobs > 0),
+        (with_partners, with_partners),
+        "{cpus} CPUs, jobs sealed and opened by partners: {relayed:?}"
+    );
+    assert_eq!(
+        relayed.sealed_by_partners > 0,
+        with_partners,
+        "{cpus} CPUs, partners' CPU ticks sealing: {relayed:?}"
+    );
 }

@@ -6,11 +6,12 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use tunnelgate::config::decode_key;
 use tunnelgate::config::SecretKey;
+use tunnelgate::shell::clock::unix_now as now_unix;
 use tunnelgate::shell::config_file::{load_config, LoadError};
 use tunnelgate::shell::keys::GenerateKey as _;
 use tunnelgate::shell::logging::{init_logging, LogFormat};
 use tunnelgate::shell::status_client::{query_status, status_socket_path};
-use tunnelgate::telemetry::{now_unix, render_status_text};
+use tunnelgate::telemetry::render_status_text;
 
 const DEFAULT_CONFIG: &str = "/etc/tunnelgate/tunnelgate.toml";
 
@@ -171,7 +172,7 @@ fn main() -> ExitCode {
         .is_some_and(|a| tunnelgate::shell::userspace::is_wg_name(&a))
     {
         // wireguard-go's command line has no room for flags: the environment only.
-        match tunnelgate::shell::seccomp::policy_from_env() {
+        match tunnelgate::shell::tuning::seccomp_policy() {
             Ok(policy) => tunnelgate::shell::seccomp::set_policy(policy),
             Err(e) => {
                 eprintln!("tunnelgate-wg: {e}");

@@ -34,6 +34,15 @@ pub fn wall_now() -> SystemTime {
     SystemTime::now()
 }
 
+/// The current Unix time in seconds (0 if the clock is before 1970): the `now` that the pure
+/// telemetry renders "N seconds ago" and handshake ages against.
+pub fn unix_now() -> u64 {
+    wall_now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
 /// The calling thread's CPU clock (`CLOCK_THREAD_CPUTIME_ID`): the CPU time it has used, what
 /// the packet readers' real-time budget is counted in. A system call (the vDSO does not serve
 /// this clock): the readers read it once per batch, and only at real-time priority.

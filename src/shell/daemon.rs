@@ -135,17 +135,41 @@ pub struct Daemon {
     config_read: Option<JoinHandle<ConfigRead>>,
 }
 
+/// A start that failed: why, and the daemon when it got as far as existing (its packet threads
+/// may run and rules may be installed), for the caller to stop.
+pub struct StartFailed {
+    pub error: anyhow::Error,
+    pub daemon: Option<Box<Daemon>>,
+}
+
+impl StartFailed {
+    fn early(error: anyhow::Error) -> StartFailed {
+        StartFailed {
+            error,
+            daemon: None,
+        }
+    }
+
+    fn with(daemon: Daemon, error: anyhow::Error) -> StartFailed {
+        StartFailed {
+            error,
+            daemon: Some(Box::new(daemon)),
+        }
+    }
+}
+
 impl Daemon {
     /// Brings the tunnel up: device, socket, addresses, peers, routes, rules, packet loops.
     /// `health_bound` is where the health endpoint's listener (bound for
     /// `config.health.listen`, served with [`Daemon::serve_health`]) is, if any.
-    /// On any error everything done so far is undone before returning.
+    /// On an error once the daemon exists, it comes back in the [`StartFailed`] for the caller
+    /// to stop the one way a stop goes (`shell::process::stop_in_order`).
     pub async fn start(
         config: Config,
         config_path: PathBuf,
         health_bound: Option<SocketAddr>,
         threads: ThreadSetup,
-    ) -> Result<Daemon> {
+    ) -> Result<Daemon, StartFailed> {
         Daemon::start_in(
             Mode::Daemon,
             config,
@@ -164,9 +188,9 @@ impl Daemon {
         name: &str,
         health_bound: Option<SocketAddr>,
         threads: ThreadSetup,
-    ) -> Result<Daemon> {
+    ) -> Result<Daemon, StartFailed> {
         let config = Config::device_only(name)
-            .map_err(|e| anyhow::anyhow!("interface name {name:?}: {e}"))?;
+            .map_err(|e| StartFailed::early(anyhow::anyhow!("interface name {name:?}: {e}")))?;
         Daemon::start_in(Mode::Userspace, config, None, health_bound, threads).await
     }
 
@@ -176,7 +200,36 @@ impl Daemon {
         config_path: Option<PathBuf>,
         health_bound: Option<SocketAddr>,
         threads: ThreadSetup,
-    ) -> Result<Daemon> {
+    ) -> Result<Daemon, StartFailed> {
+        let (mut daemon, dataplane) =
+            Daemon::build(mode, config, config_path, health_bound, threads)
+                .await
+                .map_err(StartFailed::early)?;
+        // Failures are in the core, which says below whether the start must be abandoned.
+        let _ = daemon.drain().await;
+        if let Some(why) = daemon.control.start_failure() {
+            return Err(StartFailed::with(daemon, anyhow::anyhow!("{why}")));
+        }
+        if let Err(e) = dataplane.start() {
+            let e = anyhow::Error::new(e).context("starting the packet loops");
+            return Err(StartFailed::with(daemon, e));
+        }
+        daemon.publish();
+        // The loop's first turn is due now, not counted from the start of a slow start.
+        daemon.handle.event_loop.beat(crate::shell::clock::now());
+        let (listen_port, workers) = (daemon.handle.listen_port(), dataplane.workers());
+        tracing::info!(interface = %daemon.handle.name(), listen_port, workers, "Tunnel up");
+        Ok(daemon)
+    }
+
+    /// The daemon, its device, sockets and data plane made (not started), nothing installed.
+    async fn build(
+        mode: Mode,
+        config: Config,
+        config_path: Option<PathBuf>,
+        health_bound: Option<SocketAddr>,
+        threads: ThreadSetup,
+    ) -> Result<(Daemon, Arc<Dataplane>)> {
         let iface = &config.interface;
         let workers = iface
             .workers
@@ -225,7 +278,7 @@ impl Daemon {
             event_loop: Arc::new(LoopPulse::new(crate::shell::clock::now())),
         });
         let observe: Arc<dyn crate::telemetry::Observe> = handle.clone();
-        let mut daemon = Daemon {
+        let daemon = Daemon {
             executor: Executor::new(dataplane.clone(), netlink, link_index, firewall_mode),
             handle,
             control,
@@ -234,21 +287,7 @@ impl Daemon {
             health: HealthEndpoint::new(observe),
             config_read: None,
         };
-        // Failures are in the core, which says below whether the start must be abandoned.
-        let _ = daemon.drain().await;
-        if let Some(why) = daemon.control.start_failure() {
-            daemon.teardown().await;
-            anyhow::bail!("{why}");
-        }
-        if let Err(e) = dataplane.start() {
-            daemon.teardown().await;
-            return Err(anyhow::Error::new(e).context("starting the packet loops"));
-        }
-        daemon.publish();
-        // The loop's first turn is due now, not counted from the start of a slow start.
-        daemon.handle.event_loop.beat(crate::shell::clock::now());
-        tracing::info!(interface = %daemon.handle.name(), listen_port, workers, "Tunnel up");
-        Ok(daemon)
+        Ok((daemon, dataplane))
     }
 
     pub fn handle(&self) -> Arc<Handle> {
@@ -539,18 +578,15 @@ impl Daemon {
         published.backend = self.executor.backend_name();
     }
 
-    /// Stops the packet threads and undoes what the core says was installed: a failed start's
-    /// way back (a stop runs the same two steps, in the same order, from
-    /// `shell::process::stop_in_order`). The TUN device goes when the process exits.
-    pub(crate) async fn teardown(&mut self) {
-        // Joined here, not on a blocking thread: a failed start serves nothing yet. Under a
-        // pids limit at the edge, `nft` could not be forked (EAGAIN) now and then once the
-        // packet threads were joined on the pool; our reading (not measured) is that a pool
-        // thread made for the join, the last one not yet idle again, took the task `nft` needed.
+    /// Stop, step 3 of a failed start (`shell::process::stop_in_order`): the packet threads
+    /// joined here, not on a blocking thread: a failed start serves nothing yet. Under a pids
+    /// limit at the edge, `nft` could not be forked (EAGAIN) now and then once the packet
+    /// threads were joined on the pool; our reading (not measured) is that a pool thread made
+    /// for the join, the last one not yet idle again, took the task `nft` needed.
+    pub(crate) fn stop_dataplane_in_place(&mut self) {
         if let Err(e) = self.handle.dataplane.stop() {
             tracing::warn!(error = %e, "Packet threads did not stop");
         }
-        self.undo_installed().await;
     }
 
     /// Undoes what the core says was installed (collecting, not stopping at, errors), after

@@ -33,7 +33,7 @@ use crate::shell::priority::ReaderSpawner;
 use crate::shell::tuning::Tuning;
 use crate::shell::udp::WgSocket;
 use parking_lot::{Mutex, RwLock};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -59,7 +59,7 @@ pub fn default_workers() -> usize {
 }
 
 /// Whole CPUs the packet threads may use (affinity or quota, whichever is lower).
-fn usable_cpus(tuning: &Tuning) -> usize {
+pub fn usable_cpus(tuning: &Tuning) -> usize {
     usize::try_from(tuning.usable_cpus_milli() / 1000).unwrap_or(1)
 }
 
@@ -122,6 +122,13 @@ pub struct Dataplane {
 }
 
 /// What the threads share. Private to the data plane: the workers read it, the owner changes it.
+/// Jobs relay partners did, counted once a job, where a partner takes it up.
+#[derive(Default)]
+struct PartnerJobs {
+    sealed: AtomicU64,
+    opened: AtomicU64,
+}
+
 struct Inner {
     table: RwLock<Arc<PeerTable>>,
     /// One TUN queue per worker.
@@ -135,12 +142,18 @@ struct Inner {
     epoch: Instant,
     /// Every packet thread started (UDP readers of replaced sockets included), for the join.
     handles: Mutex<Vec<JoinHandle<()>>>,
+    /// Stops each relay started, for [`Dataplane::stop`]: a relay's partners end when it stops,
+    /// not only when its reader exits (a reader stuck in a wait would keep them).
+    relay_stops: Mutex<Vec<Box<dyn Fn() + Send + Sync>>>,
     /// How the packet threads run.
     threads: ThreadSetup,
     /// What all packet readers together may spend at real-time priority.
     realtime_budget: SharedBudget,
     /// Each reader's priority as it runs.
     readers: readers::ReaderStates,
+    /// Jobs relay partners did: reads sealed and receive batches opened (not those their
+    /// readers took back).
+    partner_jobs: PartnerJobs,
     /// The CPUs the packet threads may use and how many are busy: relay partners take one only
     /// while one is free.
     cores: Arc<relay::Cores>,
@@ -190,9 +203,11 @@ impl Dataplane {
                 heartbeats: Heartbeats::new(workers),
                 epoch,
                 handles: Mutex::new(Vec::new()),
+                relay_stops: Mutex::new(Vec::new()),
                 threads,
                 realtime_budget,
                 readers: readers::ReaderStates::new(workers),
+                partner_jobs: PartnerJobs::default(),
                 cores,
                 fatal: watch::Sender::new(None),
                 handshakes: handshakes::HandshakeQueue::new(),
@@ -207,6 +222,13 @@ impl Dataplane {
     /// started, the ones already running are stopped before the error is returned.
     pub fn start(&self) -> std::io::Result<()> {
         install_panic_hook();
+        if let Some(lowered) = crate::core::knobs::relay_lowered(
+            self.inner.threads.tuning.relay_partners,
+            self.workers(),
+            usable_cpus(&self.inner.threads.tuning),
+        ) {
+            tracing::warn!("{lowered}");
+        }
         let started = (|| {
             let partners = self.inner.partners();
             for worker in 0..self.workers() {
@@ -217,6 +239,15 @@ impl Dataplane {
                         workers::SealJob::new,
                     ))
                 });
+                if let Some(relay) = &relay {
+                    // Weak: a relay gone with its reader and partners is not kept for this.
+                    let relay = Arc::downgrade(relay);
+                    self.inner.relay_stops.lock().push(Box::new(move || {
+                        if let Some(relay) = relay.upgrade() {
+                            relay.stop();
+                        }
+                    }));
+                }
                 let reader_relay = relay.clone();
                 // The reader first: partners whose reader never started would wait for ever.
                 self.inner
@@ -324,6 +355,15 @@ impl Dataplane {
         self.inner.readers.view()
     }
 
+    /// Jobs relay partners did so far: (reads sealed, receive batches opened).
+    pub fn partner_jobs(&self) -> (u64, u64) {
+        let jobs = &self.inner.partner_jobs;
+        (
+            jobs.sealed.load(Ordering::Relaxed),
+            jobs.opened.load(Ordering::Relaxed),
+        )
+    }
+
     /// How the packet threads run (the tuning in force, the readers' real-time access).
     pub fn thread_setup(&self) -> &ThreadSetup {
         &self.inner.threads
@@ -371,6 +411,10 @@ impl Dataplane {
         // Wakes the UDP readers now rather than at their next receive timeout.
         for socket in self.inner.sockets().iter() {
             socket.shutdown();
+        }
+        // The relays' partners, and every wait for a turn, end now, whatever their readers do.
+        for stop in std::mem::take(&mut *self.inner.relay_stops.lock()) {
+            stop();
         }
         let deadline = crate::shell::clock::now() + STOP_WAIT;
         let threads = std::mem::take(&mut *self.inner.handles.lock());
@@ -500,6 +544,15 @@ impl Inner {
         for worker in 0..group.len() {
             let relay = (partners > 0)
                 .then(|| Arc::new(workers::UdpRelay::new(partners, inner.cores.clone())));
+            if let Some(relay) = &relay {
+                // Weak: the relays of a replaced socket group go with their threads.
+                let relay = Arc::downgrade(relay);
+                inner.relay_stops.lock().push(Box::new(move || {
+                    if let Some(relay) = relay.upgrade() {
+                        relay.stop();
+                    }
+                }));
+            }
             let (reader_group, reader_relay) = (group.clone(), relay.clone());
             // The reader first: partners whose reader never started would wait for ever.
             inner.spawn(PacketThread::UdpReader(worker), move |inner| {

@@ -345,13 +345,8 @@ pub fn choose(mode: FirewallMode) -> Result<Backend, FirewallError> {
 
 /// [`choose`], with the commands it runs under `limits`.
 pub fn choose_within(mode: FirewallMode, limits: &Limits) -> Result<Backend, FirewallError> {
-    let flavour = match iptables_flavour(std::env::var_os("TUNNELGATE_IPTABLES").as_deref()) {
-        Ok(f) => f,
-        Err(e) => {
-            tracing::warn!("{e}; choosing by the rules on the host");
-            None
-        }
-    };
+    // A value refused is in the start's warnings (`shell::tuning`); the host decides then.
+    let flavour = crate::shell::tuning::iptables_flavour();
     let legacy_rules = || {
         [Family::V4, Family::V6].iter().any(|f| {
             run(save_bin(*f, true), &[], None, limits)
@@ -394,25 +389,6 @@ pub fn choose_within(mode: FirewallMode, limits: &Limits) -> Result<Backend, Fir
                     program: "nft (or iptables-restore)".into(),
                 })
             }
-        }
-    }
-}
-
-/// The iptables flavour `TUNNELGATE_IPTABLES` names: `Some(true)` for `legacy`, `Some(false)`
-/// for `nft`, `None` when unset or empty (follow the host). Anything else, a typo or bytes that
-/// are not UTF-8, is named (shortened) in the error, so the fallback is not silent.
-pub fn iptables_flavour(value: Option<&std::ffi::OsStr>) -> Result<Option<bool>, String> {
-    let Some(value) = value.filter(|v| !v.is_empty()) else {
-        return Ok(None);
-    };
-    match value.to_str() {
-        Some("legacy") => Ok(Some(true)),
-        Some("nft") => Ok(Some(false)),
-        _ => {
-            let shown: String = value.to_string_lossy().chars().take(32).collect();
-            Err(format!(
-                "TUNNELGATE_IPTABLES={shown:?}: expected \"legacy\" or \"nft\""
-            ))
         }
     }
 }
@@ -674,22 +650,5 @@ mod tests {
         assert_eq!(err.to_string(), "sh failed: parse error");
         let err = run("tunnelgate-no-such-tool", &[], None, &limits(10_000)).expect_err("missing");
         assert!(matches!(err, FirewallError::Missing { .. }), "{err}");
-    }
-
-    #[test]
-    fn the_iptables_flavour_variable_names_what_it_cannot_use() {
-        use std::os::unix::ffi::OsStrExt as _;
-        let os = |b: &[u8]| std::ffi::OsStr::from_bytes(b).to_owned();
-        assert_eq!(iptables_flavour(None), Ok(None));
-        assert_eq!(iptables_flavour(Some(&os(b""))), Ok(None));
-        assert_eq!(iptables_flavour(Some(&os(b"legacy"))), Ok(Some(true)));
-        assert_eq!(iptables_flavour(Some(&os(b"nft"))), Ok(Some(false)));
-        let err = iptables_flavour(Some(&os(b"legcy"))).expect_err("typo");
-        assert!(err.contains("TUNNELGATE_IPTABLES=\"legcy\""), "{err}");
-        let err = iptables_flavour(Some(&os(b"leg\xffacy"))).expect_err("not UTF-8");
-        assert!(err.contains("expected \"legacy\" or \"nft\""), "{err}");
-        // A huge value is shortened, not echoed whole into the log.
-        let err = iptables_flavour(Some(&os(&[b'x'; 1 << 20]))).expect_err("huge");
-        assert!(err.len() < 120, "{} bytes", err.len());
     }
 }

@@ -6,7 +6,7 @@
 
 use crate::core::forwarding::{self, ForwardingRecord, OtherRecord, Writer};
 use crate::rules::Family;
-use crate::telemetry::status::{DEFAULT_RUN_DIR, RUN_DIR_ENV};
+use crate::telemetry::status::DEFAULT_RUN_DIR;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -23,10 +23,7 @@ pub struct SharedForwarding {
 
 impl SharedForwarding {
     pub fn new(interface: &str) -> SharedForwarding {
-        let dir = std::env::var_os(RUN_DIR_ENV)
-            .filter(|d| !d.is_empty())
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from(DEFAULT_RUN_DIR));
+        let dir = crate::shell::tuning::run_dir().unwrap_or_else(|| PathBuf::from(DEFAULT_RUN_DIR));
         SharedForwarding {
             dir,
             interface: interface.to_string(),

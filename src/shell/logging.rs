@@ -7,7 +7,7 @@
 //!
 //! The format comes from `--log-format` or the environment variable [`LOG_FORMAT_ENV`]
 //! (declare the flag with `#[arg(long, value_enum, env = LOG_FORMAT_ENV, default_value_t)]`,
-//! or call [`LogFormat::from_env`]). What is logged is the callers' business: one line per
+//! or pass its value to [`LogFormat::from_var`]). What is logged is the callers' business: one line per
 //! meaningful event, never per packet, never a key.
 
 use std::fmt;
@@ -60,13 +60,7 @@ impl fmt::Display for LogFormat {
 }
 
 impl LogFormat {
-    /// The format [`LOG_FORMAT_ENV`] asks for; `Human` when it is unset. An invalid value is
-    /// an error, so a typo does not silently change what a log collector receives.
-    pub fn from_env() -> Result<LogFormat, UnknownLogFormat> {
-        LogFormat::from_var(std::env::var(LOG_FORMAT_ENV))
-    }
-
-    /// [`LogFormat::from_env`] given the variable's value: unset or blank is `Human`; a value
+    /// The format the variable's value (clap's, through `--log-format`) asks for: unset or blank is `Human`; a value
     /// that is not UTF-8 is as unknown as a typo.
     pub fn from_var(
         value: Result<String, std::env::VarError>,

@@ -35,16 +35,26 @@ fn errno_is(err: &rtnetlink::Error, code: i32) -> bool {
     }
 }
 
+/// A netlink connection and its driver task: the task is owned here and ends with it (the
+/// daemon's executor holds it, and the composition root's stop drops the daemon), never left
+/// running detached.
 pub struct Netlink {
     handle: Handle,
+    connection: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Netlink {
+    fn drop(&mut self) {
+        self.connection.abort();
+    }
 }
 
 impl Netlink {
-    /// Opens a connection; its driver runs on the current tokio runtime.
+    /// Opens a connection; its driver runs on the current tokio runtime until this is dropped.
     pub fn connect() -> Result<Netlink, NetlinkError> {
         let (conn, handle, _) = rtnetlink::new_connection().map_err(NetlinkError::Connect)?;
-        tokio::spawn(conn);
-        Ok(Netlink { handle })
+        let connection = tokio::spawn(conn);
+        Ok(Netlink { handle, connection })
     }
 
     pub async fn link_index(&self, name: &str) -> Result<u32, NetlinkError> {

@@ -70,11 +70,14 @@ impl Observe for Handle {
             })
             .collect();
         let drops = self.dataplane.drops();
-        let tuning = tuning_status(
+        let mut tuning = tuning_status(
             self.dataplane.thread_setup(),
             self.dataplane.workers(),
             Some(&self.dataplane.readers()),
         );
+        let (sealed, opened) = self.dataplane.partner_jobs();
+        tuning.relay_jobs_sealed = Some(sealed);
+        tuning.relay_jobs_opened = Some(opened);
         // System calls first: the published view's lock is held for copying only.
         let process = crate::shell::procfs::read();
         let netns_id = crate::shell::status_client::own_netns_id();
@@ -193,6 +196,14 @@ pub fn tuning_status(
         relay_asked: t
             .relay_partners
             .map(|n| u32::try_from(n).unwrap_or(u32::MAX)),
+        relay_lowered: crate::core::knobs::relay_lowered(
+            t.relay_partners,
+            workers,
+            crate::shell::dataplane::usable_cpus(t),
+        ),
+        environment: t.environment.clone(),
+        relay_jobs_sealed: None,
+        relay_jobs_opened: None,
         cpus: u32::try_from(t.cpus.affinity).unwrap_or(u32::MAX),
         cpu_quota_milli: t.cpus.quota_milli,
         socket_buffer_bytes: u64::try_from(t.socket_buffer_bytes).unwrap_or(u64::MAX),

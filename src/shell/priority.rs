@@ -129,12 +129,14 @@ impl ReaderSpawner {
     /// For `access` [`Access::Capability`]: starts the spawner thread, then drops
     /// `CAP_SYS_NICE` from the calling (main) thread. Otherwise a spawner that starts threads
     /// directly. Call once, after the capabilities drop, before the runtime starts.
-    pub fn start(access: &Access) -> io::Result<ReaderSpawner> {
+    /// The spawner thread's handle, if one was started, is the caller's to join
+    /// ([`SpawnerThread::join`]) once every spawner is dropped.
+    pub fn start(access: &Access) -> io::Result<(ReaderSpawner, SpawnerThread)> {
         if *access != Access::Capability {
-            return Ok(ReaderSpawner::default());
+            return Ok((ReaderSpawner::default(), SpawnerThread(None)));
         }
         let (starts, queue) = mpsc::channel::<Start>();
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("tg-spawner".into())
             .spawn(move || {
                 // Ends when the last sender is gone (the data plane stopped).
@@ -143,9 +145,12 @@ impl ReaderSpawner {
                 }
             })?;
         privilege::give_up(Capability::CAP_SYS_NICE).map_err(io::Error::other)?;
-        Ok(ReaderSpawner {
-            starts: Some(starts),
-        })
+        Ok((
+            ReaderSpawner {
+                starts: Some(starts),
+            },
+            SpawnerThread(Some(thread)),
+        ))
     }
 
     /// Starts a packet reader named `name` running `body`.
@@ -166,6 +171,31 @@ impl ReaderSpawner {
         started
             .recv()
             .map_err(|_| io::Error::other("the reader spawner thread is gone"))?
+    }
+}
+
+/// The `tg-spawner` thread, owned by the composition root, which joins it at exit.
+pub struct SpawnerThread(Option<JoinHandle<()>>);
+
+impl SpawnerThread {
+    /// Joins the thread: it ends once every [`ReaderSpawner`] is dropped (the data plane
+    /// stopped and gone). Waits at most `wait`; a thread still running then (a spawner kept
+    /// somewhere) is named in the log and left to the process's exit.
+    pub fn join(self, wait: std::time::Duration) {
+        let Some(thread) = self.0 else {
+            return;
+        };
+        let started = crate::shell::clock::now();
+        while !thread.is_finished() {
+            if crate::shell::clock::since(started) > wait {
+                tracing::warn!("The reader spawner thread did not end within {wait:?}");
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        if thread.join().is_err() {
+            tracing::warn!("The reader spawner thread panicked");
+        }
     }
 }
 

@@ -6,7 +6,7 @@
 
 use crate::config::Config;
 use crate::core::control::{Mode, Reload};
-use crate::shell::daemon::{Daemon, Handle};
+use crate::shell::daemon::{Daemon, Handle, StartFailed};
 use crate::shell::dataplane::ThreadSetup;
 use crate::shell::serve::local_socket::CloseFirst;
 use crate::shell::serve::status::StatusSocket;
@@ -115,8 +115,8 @@ pub fn main(mut launch: Launch) -> ExitCode {
         return failed_before_start(&mut launch, format!("cannot drop privileges: {e}"));
     }
     // Before any other thread: from here on only the packet readers may hold CAP_SYS_NICE.
-    let spawner = match priority::ReaderSpawner::start(&access) {
-        Ok(spawner) => spawner,
+    let (spawner, spawner_thread) = match priority::ReaderSpawner::start(&access) {
+        Ok(started) => started,
         Err(e) => {
             return failed_before_start(
                 &mut launch,
@@ -140,7 +140,12 @@ pub fn main(mut launch: Launch) -> ExitCode {
             return failed_before_start(&mut launch, format!("cannot start the runtime: {e}"))
         }
     };
-    match runtime.block_on(serve(launch, threads)) {
+    let served = runtime.block_on(serve(launch, threads));
+    // Every task ends with the runtime (bounded: a hung blocking call is left to the exit);
+    // the spawner's last sender went with the data plane.
+    runtime.shutdown_timeout(SIDE_TASKS_WAIT);
+    spawner_thread.join(SIDE_TASKS_WAIT);
+    match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %format!("{e:#}"), "{program} failed");
@@ -190,18 +195,27 @@ async fn start(launch: &Launch, threads: ThreadSetup) -> anyhow::Result<Started>
         Some(listener) => Some(listener.local_addr().context("health listener")?),
         None => None,
     };
-    let mut daemon = match launch {
+    let started = match launch {
         Launch::Run { config, path } => {
-            Daemon::start((**config).clone(), path.clone(), health_bound, threads).await?
+            Daemon::start((**config).clone(), path.clone(), health_bound, threads).await
         }
         Launch::Userspace { name, .. } => {
-            Daemon::start_userspace(name, health_bound, threads).await?
+            Daemon::start_userspace(name, health_bound, threads).await
+        }
+    };
+    let mut daemon = match started {
+        Ok(daemon) => daemon,
+        Err(StartFailed { error, daemon }) => {
+            if let Some(daemon) = daemon {
+                stop_failed_start(daemon).await;
+            }
+            return Err(error);
         }
     };
     if let Some(listener) = health {
         // The daemon moves it when a reload names another address.
         if let Err(e) = daemon.serve_health(listener) {
-            daemon.teardown().await;
+            stop_failed_start(Box::new(daemon)).await;
             return Err(e.context("serving the health endpoint"));
         }
     }
@@ -210,6 +224,20 @@ async fn start(launch: &Launch, threads: ThreadSetup) -> anyhow::Result<Started>
         status,
         daemon,
     })
+}
+
+/// A start that failed once the daemon existed stops the one way a stop goes
+/// ([`stop_in_order`]), with nothing served yet: no side tasks, and the packet threads joined in
+/// place ([`Daemon::stop_dataplane_in_place`]).
+async fn stop_failed_start(daemon: Box<Daemon>) {
+    stop_in_order(&mut Running {
+        handle: daemon.handle(),
+        daemon: Some(daemon),
+        watchdog_stop: None,
+        side_tasks: Vec::new(),
+        serving: false,
+    })
+    .await;
 }
 
 fn bind_health(
@@ -419,6 +447,7 @@ pub async fn serve(mut launch: Launch, threads: ThreadSetup) -> anyhow::Result<(
         daemon,
         watchdog_stop: Some(watchdog_stop),
         side_tasks,
+        serving: true,
     })
     .await;
     match outcome {
@@ -470,13 +499,15 @@ pub(crate) async fn stop_in_order(parts: &mut impl Parts) {
     parts.join_side_tasks().await;
 }
 
-/// What [`serve`] runs once its loop has ended: the daemon (`None` if its task failed) and the
-/// side tasks.
+/// What [`serve`] runs once its loop has ended, or what a failed start got as far as: the
+/// daemon (`None` if its task failed) and the side tasks.
 struct Running {
     handle: Arc<Handle>,
     daemon: Option<Box<Daemon>>,
     watchdog_stop: Option<tokio::sync::oneshot::Sender<()>>,
     side_tasks: Vec<JoinHandle<()>>,
+    /// Whether it served (a stop), or failed to start.
+    serving: bool,
 }
 
 impl Parts for Running {
@@ -491,8 +522,10 @@ impl Parts for Running {
     }
 
     async fn stop_dataplane(&mut self) {
-        if let Some(daemon) = &mut self.daemon {
-            daemon.stop_dataplane().await;
+        match &mut self.daemon {
+            Some(daemon) if self.serving => daemon.stop_dataplane().await,
+            Some(daemon) => daemon.stop_dataplane_in_place(),
+            None => {}
         }
     }
 
@@ -530,89 +563,9 @@ async fn close_local_sockets(sockets: &CloseFirst, wait: Duration) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicBool, Ordering};
 
-    /// Records the steps of a stop, and whether the local sockets were closed when each ran.
-    struct Recorded {
-        sockets: CloseFirst,
-        closed: Arc<AtomicBool>,
-        steps: Vec<(&'static str, bool)>,
-    }
-
-    impl Recorded {
-        fn step(&mut self, name: &'static str) {
-            self.steps.push((name, self.closed.load(Ordering::SeqCst)));
-        }
-    }
-
-    impl Parts for Recorded {
-        async fn close_local_sockets(&mut self) {
-            close_local_sockets(&self.sockets, SOCKETS_CLOSE_WAIT).await;
-            self.step("sockets");
-        }
-        async fn close_health_listener(&mut self) {
-            self.step("health listener");
-        }
-        async fn stop_dataplane(&mut self) {
-            self.step("data plane");
-        }
-        async fn remove_installed(&mut self) {
-            self.step("rules, forwarding, routes");
-        }
-        async fn drain_health(&mut self) {
-            self.step("health requests");
-        }
-        async fn join_side_tasks(&mut self) {
-            self.step("side tasks");
-        }
-    }
-
-    /// The one stop order of both modes: every local socket is closed (its server has dropped
-    /// its close request) before anything else stops; then the health listener, the data
-    /// plane, what was installed (so nothing leaves the tunnel un-masqueraded), the health
-    /// requests in flight, the side tasks.
-    #[tokio::test]
-    async fn a_stop_closes_the_sockets_then_health_then_the_data_plane_then_rules() {
-        let sockets = CloseFirst::default();
-        let closed = Arc::new(AtomicBool::new(false));
-        let server = tokio::spawn({
-            let (mut request, closed) = (sockets.request(), closed.clone());
-            async move {
-                (&mut request).await;
-                // A server unlinks its socket a moment after it is asked, then drops the
-                // request.
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                closed.store(true, Ordering::SeqCst);
-                drop(request);
-            }
-        });
-        let mut parts = Recorded {
-            sockets,
-            closed,
-            steps: Vec::new(),
-        };
-        stop_in_order(&mut parts).await;
-        server.await.expect("server task");
-        let names: Vec<&str> = parts.steps.iter().map(|(name, _)| *name).collect();
-        assert_eq!(
-            names,
-            [
-                "sockets",
-                "health listener",
-                "data plane",
-                "rules, forwarding, routes",
-                "health requests",
-                "side tasks"
-            ]
-        );
-        let early: Vec<&str> = parts
-            .steps
-            .iter()
-            .filter(|(_, closed)| !closed)
-            .map(|(name, _)| *name)
-            .collect();
-        assert!(early.is_empty(), "ran before the sockets closed: {early:?}");
-    }
+    // The stop's order is tested on the real parts, in namespaces:
+    // tests/netns_control.rs `a_stop_removes_the_uapi_socket_then_joins_the_packet_threads_then_removes_the_rules`.
 
     /// A server that never closes does not hold the stop: it is given up after the wait and
     /// the rest of the stop runs. (No claim on how long the wait took: only that it ends.)

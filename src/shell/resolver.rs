@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use crate::shell::clock;
 
 /// Overrides `/etc/resolv.conf` (tests; documented in docs/operations.md).
-pub const RESOLV_CONF_ENV: &str = "TUNNELGATE_RESOLV_CONF";
+pub const RESOLV_CONF_ENV: &str = crate::shell::tuning::RESOLV_CONF;
 
 pub struct Resolver {
     inner: TokioResolver,
@@ -44,10 +44,8 @@ impl Resolver {
     pub fn new(nameservers: &[SocketAddr]) -> Result<Resolver, String> {
         let absolute = !nameservers.is_empty();
         let (config, mut opts) = if nameservers.is_empty() {
-            let path = std::env::var_os(RESOLV_CONF_ENV)
-                .filter(|p| !p.is_empty())
-                .map(std::path::PathBuf::from)
-                .unwrap_or_else(|| "/etc/resolv.conf".into());
+            let path =
+                crate::shell::tuning::resolv_conf().unwrap_or_else(|| "/etc/resolv.conf".into());
             let text =
                 std::fs::read(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
             hickory_resolver::system_conf::parse_resolv_conf(text)

@@ -9,25 +9,8 @@ use std::io;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 /// The environment variable behind `--seccomp` (and the only way to set it for
-/// `tunnelgate-wg`, whose command line is wireguard-go's).
+/// `tunnelgate-wg`, whose command line is wireguard-go's): read by `shell::tuning`.
 pub const POLICY_ENV: &str = "TUNNELGATE_SECCOMP";
-
-/// The policy named by [`POLICY_ENV`], the default when it is unset or empty.
-pub fn policy_from_env() -> Result<Policy, String> {
-    policy_from_var(std::env::var(POLICY_ENV))
-}
-
-/// [`policy_from_env`] given the variable's value. A value that is not UTF-8 is refused like
-/// any other unknown one, not taken for unset.
-pub fn policy_from_var(value: Result<String, std::env::VarError>) -> Result<Policy, String> {
-    match value {
-        Ok(v) if !v.is_empty() => v.parse().map_err(|e| format!("{POLICY_ENV}: {e}")),
-        Ok(_) | Err(std::env::VarError::NotPresent) => Ok(Policy::default()),
-        Err(std::env::VarError::NotUnicode(v)) => Err(format!(
-            "{POLICY_ENV}: {v:?} is not UTF-8 (expected enforce, log or off)"
-        )),
-    }
-}
 
 /// The policy for packet threads started from now on (set once at start-up from `--seccomp`).
 static POLICY: AtomicU8 = AtomicU8::new(0);
@@ -133,25 +116,6 @@ fn install(program: &[Instruction]) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_policy_variable_refuses_garbage_and_what_is_not_utf8() {
-        use std::os::unix::ffi::OsStringExt as _;
-        assert_eq!(
-            policy_from_var(Err(std::env::VarError::NotPresent)),
-            Ok(Policy::default())
-        );
-        assert_eq!(policy_from_var(Ok(String::new())), Ok(Policy::default()));
-        assert_eq!(policy_from_var(Ok("log".into())), Ok(Policy::Log));
-        let err = policy_from_var(Ok("of\u{0}f".into())).expect_err("garbage");
-        assert!(err.starts_with("TUNNELGATE_SECCOMP: "), "{err}");
-        assert!(policy_from_var(Ok("x".repeat(1 << 20))).is_err());
-        // Not taken for unset (which would be the default, `enforce`: safe, but not asked for).
-        let not_utf8 = std::ffi::OsString::from_vec(b"of\xff".to_vec());
-        let err =
-            policy_from_var(Err(std::env::VarError::NotUnicode(not_utf8))).expect_err("not UTF-8");
-        assert!(err.contains("not UTF-8"), "{err}");
-    }
 
     /// How a forked child ended.
     #[derive(Debug, PartialEq, Eq)]

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use crate::telemetry::status::{
     status_socket_path_in, ReloadAnswer, ReloadOutcome, Request, StatusError, DEFAULT_RUN_DIR,
-    IO_TIMEOUT, RELOAD_TIMEOUT, RUN_DIR_ENV,
+    IO_TIMEOUT, RELOAD_TIMEOUT,
 };
 use crate::telemetry::Snapshot;
 
@@ -86,10 +86,7 @@ pub fn status_sockets_in(dir: &Path) -> Vec<PathBuf> {
 
 /// The run directory: `$TUNNELGATE_RUN_DIR`, else [`DEFAULT_RUN_DIR`].
 pub fn run_dir() -> PathBuf {
-    std::env::var_os(RUN_DIR_ENV)
-        .filter(|d| !d.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(DEFAULT_RUN_DIR))
+    crate::shell::tuning::run_dir().unwrap_or_else(|| PathBuf::from(DEFAULT_RUN_DIR))
 }
 
 /// Where `ip netns add NAME` bind-mounts its namespaces.

@@ -1,16 +1,27 @@
-//! The queue and scheduling knobs (`TUNNELGATE_SOCKET_BUFFER`, `TUNNELGATE_TUN_TXQUEUELEN`,
-//! `TUNNELGATE_AQM_TARGET_US`, `TUNNELGATE_AQM_INTERVAL_US`, `TUNNELGATE_RT_PRIORITY`,
-//! `TUNNELGATE_RT_SHARE_PERCENT`, `TUNNELGATE_RELAY_PARTNERS`, `TUNNELGATE_NO_UDP_GRO`,
-//! `TUNNELGATE_NO_UDP_GSO`) and the CPUs
-//! the process may use, read once by the composition root (`shell::process::main`) into one
-//! [`Tuning`] and passed down: the data plane, the sockets and the TUN device take their values
-//! from it, and `check` and `status` show it. A value that is not a number in range is named in
-//! a warning and the default stays, as for `TUNNELGATE_IPTABLES`.
+//! Every `TUNNELGATE_*` environment variable the process reads, read here and nowhere else
+//! (`tests/architecture.rs` holds every other file to it; the test hooks' variable is the one
+//! exception, in `shell::test_hooks` under the `test-hooks` feature, never in a user's build;
+//! options that clap also takes from the environment, `#[arg(env = ...)]`, are command-line
+//! options and clap parses them). The queue and scheduling knobs (`TUNNELGATE_SOCKET_BUFFER`,
+//! `TUNNELGATE_TUN_TXQUEUELEN`, `TUNNELGATE_AQM_TARGET_US`, `TUNNELGATE_AQM_INTERVAL_US`,
+//! `TUNNELGATE_RT_PRIORITY`, `TUNNELGATE_RT_SHARE_PERCENT`, `TUNNELGATE_RELAY_PARTNERS`,
+//! `TUNNELGATE_NO_UDP_GRO`, `TUNNELGATE_NO_UDP_GSO`), the firewall's `TUNNELGATE_IPTABLES`, the
+//! packet threads' `TUNNELGATE_SECCOMP` and the CPUs the process may use are read once by the
+//! composition root (`shell::process::main`) into one [`Tuning`] and passed down: the data
+//! plane, the sockets and the TUN device take their values from it, and `check` and `status`
+//! show it. The paths (`TUNNELGATE_RUN_DIR`, `TUNNELGATE_RESOLV_CONF`) and the log format are
+//! read where they are needed, through the functions below. Each value is parsed strictly
+//! (`core::knobs`): a value that is not a number in range, one of its words or a flag is named
+//! in a warning and the default stays.
 
 use crate::core::aqm;
+use crate::core::knobs;
 use crate::core::priority::Budget;
-use std::ffi::{OsStr, OsString};
+use crate::core::seccomp::Policy;
+use std::ffi::OsString;
 use std::ops::RangeInclusive;
+use std::os::unix::ffi::OsStrExt as _;
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// Kernel socket buffer size. The default ~208 KB drops packets at a few hundred Mbit/s;
@@ -51,9 +62,42 @@ pub struct Tuning {
     pub relay_partners: Option<usize>,
     /// The CPUs the process may use: its affinity, and its cgroup's quota.
     pub cpus: crate::shell::cgroup::Cpus,
+    /// The packet threads' seccomp policy `TUNNELGATE_SECCOMP` names (`--seccomp` is the same
+    /// option); `None`: unset.
+    pub seccomp: Option<Policy>,
+    /// The iptables flavour `TUNNELGATE_IPTABLES` names: `Some(true)` for `legacy`,
+    /// `Some(false)` for `nft`; `None`: follow the host.
+    pub iptables_legacy: Option<bool>,
+    /// Every `TUNNELGATE_*` variable set, as `NAME="value"` (shortened), for `check`.
+    pub environment: Vec<String>,
     /// Values not taken, each naming its variable, for the start's log and `check`.
     pub warnings: Vec<String>,
 }
+
+const SECCOMP: &str = crate::shell::seccomp::POLICY_ENV;
+const IPTABLES: &str = "TUNNELGATE_IPTABLES";
+const RUN_DIR: &str = crate::telemetry::status::RUN_DIR_ENV;
+/// The resolver's configuration file, for tests (`shell::resolver`).
+pub const RESOLV_CONF: &str = "TUNNELGATE_RESOLV_CONF";
+const LOG_FORMAT: &str = crate::shell::logging::LOG_FORMAT_ENV;
+
+/// Every variable a user may set, as `check` lists them.
+pub const KNOBS: [&str; 14] = [
+    "TUNNELGATE_SOCKET_BUFFER",
+    "TUNNELGATE_TUN_TXQUEUELEN",
+    "TUNNELGATE_AQM_TARGET_US",
+    "TUNNELGATE_AQM_INTERVAL_US",
+    "TUNNELGATE_RT_PRIORITY",
+    "TUNNELGATE_RT_SHARE_PERCENT",
+    "TUNNELGATE_RELAY_PARTNERS",
+    "TUNNELGATE_NO_UDP_GRO",
+    "TUNNELGATE_NO_UDP_GSO",
+    SECCOMP,
+    IPTABLES,
+    RUN_DIR,
+    RESOLV_CONF,
+    LOG_FORMAT,
+];
 
 impl Default for Tuning {
     /// The defaults, with the CPUs of the machine (no quota): for tests and benches that build
@@ -79,8 +123,10 @@ impl Tuning {
         cpus: crate::shell::cgroup::Cpus,
     ) -> Tuning {
         let mut warnings = Vec::new();
+        let mut environment = Vec::new();
+        let raw = |name: &str| var(name).map(|v| v.as_bytes().to_vec());
         let mut number = |name: &str, range: RangeInclusive<u64>, default: u64| -> u64 {
-            match bounded(name, var(name).as_deref(), &range) {
+            match knobs::number(name, raw(name).as_deref(), &range) {
                 Ok(value) => value.unwrap_or(default),
                 Err(e) => {
                     warnings.push(format!("{e}; using the default {default}"));
@@ -119,10 +165,10 @@ impl Tuning {
             u64::from(crate::core::priority::budget::DEFAULT_SHARE_PERCENT),
         );
         // Unset: as many as the CPUs allow (`core::relay::allowed`).
-        let relay_partners = match bounded(
+        let relay_partners = match knobs::number(
             "TUNNELGATE_RELAY_PARTNERS",
-            var("TUNNELGATE_RELAY_PARTNERS").as_deref(),
-            &(0..=3),
+            raw("TUNNELGATE_RELAY_PARTNERS").as_deref(),
+            &(0..=crate::core::relay::MAX_PARTNERS as u64),
         ) {
             Ok(asked) => asked,
             Err(e) => {
@@ -132,7 +178,53 @@ impl Tuning {
                 None
             }
         };
+        // A flag: 1 or true turns the offload off, 0 or false leaves it on.
+        let mut off = |name: &str| match knobs::flag(name, raw(name).as_deref()) {
+            Ok(off) => off.unwrap_or(false),
+            Err(e) => {
+                warnings.push(format!("{e}; leaving the offload on"));
+                false
+            }
+        };
+        let (no_gro, no_gso) = (off("TUNNELGATE_NO_UDP_GRO"), off("TUNNELGATE_NO_UDP_GSO"));
+        let seccomp = match seccomp_policy_from(raw(SECCOMP).as_deref()) {
+            Ok(policy) => policy,
+            Err(e) => {
+                warnings.push(format!("{e}; using {}", Policy::default()));
+                None
+            }
+        };
+        let iptables_legacy = match iptables_flavour_from(raw(IPTABLES).as_deref()) {
+            Ok(flavour) => flavour,
+            Err(e) => {
+                warnings.push(format!("{e}; choosing by the rules on the host"));
+                None
+            }
+        };
+        // Parsed by clap for `run` (`--log-format`'s fallback); named here too, so `check` and
+        // `tunnelgate-wg` warn of it like of any other.
+        if let Err(e) = knobs::word(
+            LOG_FORMAT,
+            raw(LOG_FORMAT).as_deref(),
+            &["human", "text", "json", "journal"],
+        ) {
+            warnings.push(format!("{e}; using human"));
+        }
+        for name in [RUN_DIR, RESOLV_CONF] {
+            if let Err(e) = knobs::path(name, raw(name).as_deref()) {
+                warnings.push(format!("{e}; using the default"));
+            }
+        }
+        for name in KNOBS {
+            if let Some(value) = raw(name) {
+                let shown: String = String::from_utf8_lossy(&value).chars().take(32).collect();
+                environment.push(format!("{name}={shown:?}"));
+            }
+        }
         Tuning {
+            seccomp,
+            iptables_legacy,
+            environment,
             relay_partners: relay_partners.and_then(|n| usize::try_from(n).ok()),
             rt_priority: i32::try_from(rt_priority).ok().filter(|p| *p > 0),
             // Within what the cgroup lets real-time threads run, if it limits them.
@@ -147,8 +239,8 @@ impl Tuning {
             socket_buffer_bytes: usize::try_from(socket_buffer_bytes)
                 .unwrap_or(DEFAULT_SOCKET_BUFFER_BYTES),
             tun_txqueuelen: u32::try_from(tun_txqueuelen).unwrap_or(DEFAULT_TUN_TXQUEUELEN),
-            udp_gro: var("TUNNELGATE_NO_UDP_GRO").is_none(),
-            udp_gso: var("TUNNELGATE_NO_UDP_GSO").is_none(),
+            udp_gro: !no_gro,
+            udp_gso: !no_gso,
             cpus,
             warnings,
         }
@@ -171,40 +263,59 @@ impl Tuning {
     }
 }
 
-/// `value` of variable `name` as a number in `range`: `Ok(None)` when unset or empty, `Err`
-/// (naming the variable, an escaped excerpt of at most 32 characters and the range) otherwise.
-pub fn bounded(
-    name: &str,
-    value: Option<&OsStr>,
-    range: &RangeInclusive<u64>,
-) -> Result<Option<u64>, String> {
-    let Some(value) = value.filter(|v| !v.is_empty()) else {
-        return Ok(None);
-    };
-    match value.to_str().and_then(|v| v.parse::<u64>().ok()) {
-        Some(n) if range.contains(&n) => Ok(Some(n)),
-        _ => {
-            let shown: String = value.to_string_lossy().chars().take(32).collect();
-            Err(format!(
-                "{name}={shown:?}: expected a number from {} to {}",
-                range.start(),
-                range.end()
-            ))
-        }
-    }
+/// The policy `value` of `TUNNELGATE_SECCOMP` names: `Ok(None)` when unset, the warning for
+/// anything but `enforce`, `log` or `off`.
+fn seccomp_policy_from(value: Option<&[u8]>) -> Result<Option<Policy>, String> {
+    let words = Policy::NAMES;
+    Ok(knobs::word(SECCOMP, value, &words)?.and_then(|i| words[i].parse().ok()))
+}
+
+/// The iptables flavour `value` of `TUNNELGATE_IPTABLES` names (`Some(true)`: legacy).
+fn iptables_flavour_from(value: Option<&[u8]>) -> Result<Option<bool>, String> {
+    Ok(knobs::word(IPTABLES, value, &["legacy", "nft"])?.map(|i| i == 0))
+}
+
+fn env_bytes(name: &str) -> Option<Vec<u8>> {
+    std::env::var_os(name).map(|v| v.as_bytes().to_vec())
+}
+
+/// `TUNNELGATE_SECCOMP` for `tunnelgate-wg`, whose command line (wireguard-go's) has no room
+/// for `--seccomp`: the default when unset, the warning otherwise.
+pub fn seccomp_policy() -> Result<Policy, String> {
+    Ok(seccomp_policy_from(env_bytes(SECCOMP).as_deref())?.unwrap_or_default())
+}
+
+/// `TUNNELGATE_IPTABLES`, as the firewall chooses its backend: a refused value follows the
+/// host (the warning is [`Tuning::warnings`]', logged at start and shown by `check`).
+pub fn iptables_flavour() -> Option<bool> {
+    iptables_flavour_from(env_bytes(IPTABLES).as_deref())
+        .ok()
+        .flatten()
+}
+
+/// The path a variable names, `None` when unset or refused (empty).
+fn path_var(name: &str) -> Option<PathBuf> {
+    knobs::path(name, env_bytes(name).as_deref())
+        .ok()
+        .flatten()
+        .map(|p| PathBuf::from(std::ffi::OsStr::from_bytes(&p)))
+}
+
+/// `TUNNELGATE_RUN_DIR`: where the status and UAPI sockets and shared records live.
+pub fn run_dir() -> Option<PathBuf> {
+    path_var(RUN_DIR)
+}
+
+/// `TUNNELGATE_RESOLV_CONF`: the resolver's configuration file, for tests.
+pub fn resolv_conf() -> Option<PathBuf> {
+    path_var(RESOLV_CONF)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::collections::BTreeMap;
-    use std::os::unix::ffi::OsStrExt as _;
-
-    const RANGE: RangeInclusive<u64> = 16..=65536;
-
-    fn parse(raw: &[u8]) -> Result<Option<u64>, String> {
-        bounded("TUNNELGATE_X", Some(OsStr::from_bytes(raw)), &RANGE)
-    }
+    use std::ffi::OsStr;
 
     fn tuning(vars: &[(&str, &[u8])]) -> Tuning {
         let vars: BTreeMap<String, OsString> = vars
@@ -212,33 +323,6 @@ mod tests {
             .map(|(k, v)| (k.to_string(), OsStr::from_bytes(v).to_os_string()))
             .collect();
         Tuning::from_vars(|name| vars.get(name).cloned(), Default::default())
-    }
-
-    #[test]
-    fn unset_or_empty_means_the_default_and_a_number_in_range_is_taken() {
-        assert_eq!(bounded("TUNNELGATE_X", None, &RANGE), Ok(None));
-        assert_eq!(parse(b""), Ok(None));
-        assert_eq!(parse(b"16"), Ok(Some(16)));
-        assert_eq!(parse(b"65536"), Ok(Some(65536)));
-    }
-
-    #[test]
-    fn garbage_out_of_range_huge_and_not_utf8_values_are_named_short() {
-        for raw in [
-            &b"15"[..],
-            b"65537",
-            b"-1",
-            b"4k",
-            b" 512",
-            b"99999999999999999999999999",
-            b"\xff\xfe",
-            &[b'7'; 100_000],
-        ] {
-            let e = parse(raw).expect_err("refused");
-            assert!(e.starts_with("TUNNELGATE_X=\""), "{e}");
-            assert!(e.ends_with("expected a number from 16 to 65536"), "{e}");
-            assert!(e.len() < 160, "{e}");
-        }
     }
 
     #[test]
@@ -251,7 +335,9 @@ mod tests {
         assert_eq!(t.tun_txqueuelen, DEFAULT_TUN_TXQUEUELEN);
         assert!(t.udp_gro && t.udp_gso);
         assert_eq!(t.relay_partners, None, "the CPUs decide");
+        assert_eq!((t.seccomp, t.iptables_legacy), (None, None));
         assert!(t.warnings.is_empty());
+        assert!(t.environment.is_empty());
     }
 
     #[test]
@@ -264,7 +350,10 @@ mod tests {
             ("TUNNELGATE_SOCKET_BUFFER", b"262144"),
             ("TUNNELGATE_TUN_TXQUEUELEN", b"512"),
             ("TUNNELGATE_NO_UDP_GRO", b"1"),
+            ("TUNNELGATE_NO_UDP_GSO", b"false"),
             ("TUNNELGATE_RELAY_PARTNERS", b"3"),
+            ("TUNNELGATE_SECCOMP", b"log"),
+            ("TUNNELGATE_IPTABLES", b"legacy"),
         ]);
         assert_eq!(t.relay_partners, Some(3));
         let off = tuning(&[("TUNNELGATE_RELAY_PARTNERS", b"0")]);
@@ -280,7 +369,15 @@ mod tests {
         assert_eq!(t.rt_budget.share_percent, 80);
         assert_eq!((t.socket_buffer_bytes, t.tun_txqueuelen), (262_144, 512));
         assert!(!t.udp_gro && t.udp_gso);
+        assert_eq!(
+            (t.seccomp, t.iptables_legacy),
+            (Some(Policy::Log), Some(true))
+        );
         assert!(t.warnings.is_empty(), "{:?}", t.warnings);
+        assert_eq!(t.environment.len(), 11, "{:?}", t.environment);
+        assert!(t
+            .environment
+            .contains(&"TUNNELGATE_NO_UDP_GRO=\"1\"".to_string()));
         let off = tuning(&[
             ("TUNNELGATE_AQM_TARGET_US", b"0"),
             ("TUNNELGATE_RT_PRIORITY", b"0"),
@@ -289,37 +386,70 @@ mod tests {
         assert!(!off.socket_options().timestamps);
     }
 
+    /// A flag is not a presence flag: 0 and false leave the offload on.
+    #[test]
+    fn an_offload_flag_of_zero_or_false_leaves_the_offload_on() {
+        for value in [&b"0"[..], b"false"] {
+            let t = tuning(&[
+                ("TUNNELGATE_NO_UDP_GRO", value),
+                ("TUNNELGATE_NO_UDP_GSO", value),
+            ]);
+            assert!(t.udp_gro && t.udp_gso, "{value:?}");
+            assert!(t.warnings.is_empty(), "{:?}", t.warnings);
+        }
+        let t = tuning(&[
+            ("TUNNELGATE_NO_UDP_GRO", b"true"),
+            ("TUNNELGATE_NO_UDP_GSO", b"1"),
+        ]);
+        assert!(!t.udp_gro && !t.udp_gso);
+    }
+
     #[test]
     fn every_bad_value_is_named_once_and_its_default_stays() {
         let long = [b'9'; 100_000];
         let t = tuning(&[
             ("TUNNELGATE_AQM_TARGET_US", b"1ms"),
             ("TUNNELGATE_AQM_INTERVAL_US", b"999"),
-            ("TUNNELGATE_RT_PRIORITY", b"50"),
+            ("TUNNELGATE_RT_PRIORITY", b"+2"),
             ("TUNNELGATE_RT_SHARE_PERCENT", b"100"),
             ("TUNNELGATE_SOCKET_BUFFER", &long),
             ("TUNNELGATE_TUN_TXQUEUELEN", b"\xff"),
             ("TUNNELGATE_RELAY_PARTNERS", b"4"),
+            ("TUNNELGATE_NO_UDP_GRO", b""),
+            ("TUNNELGATE_NO_UDP_GSO", b"yes"),
+            ("TUNNELGATE_SECCOMP", b"bogus"),
+            ("TUNNELGATE_IPTABLES", b"bogus"),
+            ("TUNNELGATE_RUN_DIR", b""),
+            ("TUNNELGATE_RESOLV_CONF", b""),
+            ("TUNNELGATE_LOG_FORMAT", b"JSON"),
         ]);
         assert_eq!(
             t,
             Tuning {
                 warnings: t.warnings.clone(),
+                environment: t.environment.clone(),
                 ..tuning(&[])
             }
         );
-        assert_eq!(t.warnings.len(), 7, "{:?}", t.warnings);
+        assert_eq!(t.warnings.len(), 14, "{:?}", t.warnings);
         for (w, name) in t.warnings.iter().zip([
             "TUNNELGATE_SOCKET_BUFFER=",
             "TUNNELGATE_TUN_TXQUEUELEN=",
             "TUNNELGATE_AQM_TARGET_US=",
             "TUNNELGATE_AQM_INTERVAL_US=",
-            "TUNNELGATE_RT_PRIORITY=",
+            "TUNNELGATE_RT_PRIORITY=\"+2\"",
             "TUNNELGATE_RT_SHARE_PERCENT=",
             "TUNNELGATE_RELAY_PARTNERS=",
+            "TUNNELGATE_NO_UDP_GRO=\"\"",
+            "TUNNELGATE_NO_UDP_GSO=",
+            "TUNNELGATE_SECCOMP=\"bogus\"",
+            "TUNNELGATE_IPTABLES=\"bogus\"",
+            "TUNNELGATE_LOG_FORMAT=\"JSON\"",
+            "TUNNELGATE_RUN_DIR=\"\"",
+            "TUNNELGATE_RESOLV_CONF=\"\"",
         ]) {
             assert!(
-                w.starts_with(name) && w.contains("using the default") && w.len() < 160,
+                w.starts_with(name) && w.contains(": expected ") && w.len() < 200,
                 "{w}"
             );
         }

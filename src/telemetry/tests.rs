@@ -152,6 +152,10 @@ pub(crate) fn sample_tuning() -> tuning::TuningStatus {
         workers: 2,
         relay_partners: 1,
         relay_asked: None,
+        relay_lowered: None,
+        environment: Vec::new(),
+        relay_jobs_sealed: None,
+        relay_jobs_opened: None,
         cpus: 2,
         cpu_quota_milli: Some(1500),
         socket_buffer_bytes: 7 << 20,
@@ -895,5 +899,48 @@ fn the_relay_line_says_why_it_is_off() {
     assert_eq!(
         line(3, None, 8),
         "  relay: 3 partner threads per packet reader"
+    );
+}
+
+/// A relay lowered to fit is shown lowered, with the reason, under the relay line; the
+/// variables set are listed.
+#[test]
+fn a_lowered_relay_and_the_variables_set_are_shown() {
+    let t = tuning::TuningStatus {
+        relay_partners: 1,
+        relay_asked: Some(3),
+        relay_lowered: Some(
+            "TUNNELGATE_RELAY_PARTNERS=3 lowered to 1: one partner per other CPU, 2 CPUs".into(),
+        ),
+        environment: vec!["TUNNELGATE_RELAY_PARTNERS=\"3\"".into()],
+        ..sample_tuning()
+    };
+    let mut out = String::new();
+    tuning::write_tuning(&mut out, &t).expect("written");
+    assert!(
+        out.contains("  relay: 1 partner thread per packet reader\n    TUNNELGATE_RELAY_PARTNERS=3 lowered to 1: one partner per other CPU, 2 CPUs\n"),
+        "{out}"
+    );
+    assert!(
+        out.contains("  environment: TUNNELGATE_RELAY_PARTNERS=\"3\"\n"),
+        "{out}"
+    );
+    let running = tuning::TuningStatus {
+        relay_jobs_sealed: Some(7),
+        relay_jobs_opened: Some(9),
+        ..sample_tuning()
+    };
+    let mut jobs = String::new();
+    tuning::write_tuning(&mut jobs, &running).expect("written");
+    assert!(
+        jobs.contains("    partners' jobs: 7 reads sealed, 9 receive batches opened\n"),
+        "{jobs}"
+    );
+    let mut none = String::new();
+    tuning::write_tuning(&mut none, &sample_tuning()).expect("written");
+    assert!(!none.contains("partners' jobs"), "{none}");
+    assert!(
+        none.contains("  environment: no TUNNELGATE_* variable set"),
+        "{none}"
     );
 }

@@ -26,6 +26,15 @@ pub struct TuningStatus {
     /// At most how many were asked for (`TUNNELGATE_RELAY_PARTNERS`); `None`: as many as the
     /// CPUs allow.
     pub relay_asked: Option<u32>,
+    /// Why fewer partners run than were asked for (`core::knobs::relay_lowered`); `None`: as
+    /// asked.
+    pub relay_lowered: Option<String>,
+    /// Every `TUNNELGATE_*` variable set, as `NAME="value"`.
+    pub environment: Vec<String>,
+    /// Jobs the relay partners did so far: reads sealed, receive batches opened; `None` from
+    /// `check` (nothing runs).
+    pub relay_jobs_sealed: Option<u64>,
+    pub relay_jobs_opened: Option<u64>,
     /// CPUs in the process's affinity mask.
     pub cpus: u32,
     /// The cgroup's CPU quota, thousandths of a CPU; `None`: no quota.
@@ -125,6 +134,17 @@ pub fn write_tuning(out: &mut String, t: &TuningStatus) -> std::fmt::Result {
         (1, _) => writeln!(out, "  relay: 1 partner thread per packet reader")?,
         (n, _) => writeln!(out, "  relay: {n} partner threads per packet reader")?,
     }
+    if let Some(lowered) = &t.relay_lowered {
+        writeln!(out, "    {lowered}")?;
+    }
+    if let (Some(sealed), Some(opened)) = (t.relay_jobs_sealed, t.relay_jobs_opened) {
+        if t.relay_partners > 0 {
+            writeln!(
+                out,
+                "    partners' jobs: {sealed} reads sealed, {opened} receive batches opened"
+            )?;
+        }
+    }
     writeln!(
         out,
         "  queues: socket buffers {} bytes (GRO {}, GSO {}), TUN txqueuelen {}",
@@ -132,7 +152,12 @@ pub fn write_tuning(out: &mut String, t: &TuningStatus) -> std::fmt::Result {
         on_off(t.udp_gro),
         on_off(t.udp_gso),
         t.tun_txqueuelen
-    )
+    )?;
+    if t.environment.is_empty() {
+        writeln!(out, "  environment: no TUNNELGATE_* variable set")
+    } else {
+        writeln!(out, "  environment: {}", t.environment.join(", "))
+    }
 }
 
 fn on_off(on: bool) -> &'static str {

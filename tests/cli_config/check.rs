@@ -309,9 +309,18 @@ fn check_shows_the_tuning_a_start_would_get_in_text_and_json() {
             || readers.starts_with("  packet readers: normal priority: running as "),
         "{readers}"
     );
-    if readers.contains("real-time") {
-        assert!(tuning.contains("budget: 80 % of the time each"), "{tuning}");
-    }
+    // The budget is shown exactly when the readers may use real-time priority.
+    assert_eq!(
+        tuning.contains("    budget: 80 % of the time each"),
+        readers.contains("real-time"),
+        "{tuning}"
+    );
+    assert!(
+        tuning.contains(
+            "  environment: TUNNELGATE_AQM_INTERVAL_US=\"20000\", TUNNELGATE_RT_SHARE_PERCENT=\"80\"\n"
+        ),
+        "{tuning}"
+    );
 
     let out = check(
         &[
@@ -379,7 +388,64 @@ fn check_shows_the_tuning_a_start_would_get_in_text_and_json() {
         out.stderr
     );
     let json: serde_json::Value = serde_json::from_str(&out.stdout).expect("check --json");
-    if json["tuning"]["readers"]["priority"] == 1 {
-        assert_eq!(json["tuning"]["readers"]["share_percent"], 90, "{json}");
+    // The default share, whether or not this process may use real-time priority.
+    assert_eq!(json["tuning"]["readers"]["share_percent"], 90, "{json}");
+}
+
+/// Every knob is read strictly and `check` says so: a sign, an empty value, a word that is
+/// not the knob's, a flag that is not 1/0/true/false each get the one warning; a flag of 0
+/// leaves the offload on; a relay asked past the CPUs is shown lowered, with the reason.
+#[test]
+fn check_warns_of_every_value_not_taken_and_shows_what_was_lowered() {
+    let dir = TempDir::new("check-knobs");
+    dir.write_secret("private.key", &format!("{}\n", genkey()));
+    let path = dir.write(
+        "tunnelgate.toml",
+        "[interface]\nname = \"tgknobs0\"\nprivate_key_file = \"private.key\"\n\
+         addresses = [\"100.64.0.1/32\"]\nworkers = 2\n",
+    );
+    let mut cmd = Command::new(tunnelgate_bin());
+    cmd.args(["check", "--config", &path.display().to_string()])
+        .env("TUNNELGATE_RT_PRIORITY", "+2")
+        .env("TUNNELGATE_SOCKET_BUFFER", "")
+        .env("TUNNELGATE_SECCOMP", "bogus")
+        .env("TUNNELGATE_IPTABLES", "bogus")
+        .env("TUNNELGATE_NO_UDP_GRO", "0")
+        .env("TUNNELGATE_NO_UDP_GSO", "yes")
+        .env("TUNNELGATE_RELAY_PARTNERS", "3");
+    let out = common::output_of(cmd, None);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    for warning in [
+        "TUNNELGATE_RT_PRIORITY=\"+2\": expected a number from 0 to 49; using the default 1",
+        "TUNNELGATE_SOCKET_BUFFER=\"\": expected a number from 65536 to 67108864",
+        "TUNNELGATE_SECCOMP=\"bogus\": expected one of \"enforce\", \"log\", \"off\"",
+        "TUNNELGATE_IPTABLES=\"bogus\": expected one of \"legacy\", \"nft\"",
+        "TUNNELGATE_NO_UDP_GSO=\"yes\": expected 1, 0, true or false",
+    ] {
+        assert_eq!(
+            out.stderr
+                .matches(&format!("tunnelgate check: warning: {warning}"))
+                .count(),
+            1,
+            "{warning}: {}",
+            out.stderr
+        );
     }
+    assert!(
+        !out.stderr.contains("TUNNELGATE_NO_UDP_GRO"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        out.stdout.contains("(GRO on, GSO on)"),
+        "0 leaves GRO on, a refused value GSO: {}",
+        out.stdout
+    );
+    // Two workers give one partner at most (one per other worker), whatever the CPUs.
+    assert!(
+        out.stdout
+            .contains("    TUNNELGATE_RELAY_PARTNERS=3 lowered to 1: "),
+        "{}",
+        out.stdout
+    );
 }

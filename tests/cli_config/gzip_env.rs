@@ -96,7 +96,8 @@ fn hostile_environment_values_get_an_error_or_are_ignored_never_a_panic() {
     let path = case.write("listen_port = 51820", "listen_port = 51820");
 
     // Ignored by `check` (and harmless to the daemon): notify and watchdog targets, the
-    // journal's stream, the GRO switch, a typo'd iptables flavour, RUST_LOG.
+    // journal's stream, RUST_LOG; our own (the GRO switch, a typo'd iptables flavour) are
+    // warned of and their defaults stay.
     let mut cmd = Command::new(tunnelgate_bin());
     cmd.args(["check", "--config", &path.display().to_string()])
         .env("NOTIFY_SOCKET", bytes(b"@garbage\xff"))
@@ -108,6 +109,11 @@ fn hostile_environment_values_get_an_error_or_are_ignored_never_a_panic() {
         .env("RUST_LOG", bytes(b"\xff"));
     let out = common::output_of(cmd, None);
     assert_eq!(out.code, Some(0), "{out:?}");
+    // Ours are named, shortened, in a warning each.
+    for name in ["TUNNELGATE_NO_UDP_GRO=", "TUNNELGATE_IPTABLES=\"xxxx"] {
+        assert_eq!(out.stderr.matches(name).count(), 1, "{name}: {out:?}");
+    }
+    assert!(out.stderr.len() < 2000, "{out:?}");
 
     // A config path that is not UTF-8 is a path like any other: named, not found.
     let mut cmd = Command::new(tunnelgate_bin());
@@ -118,7 +124,8 @@ fn hostile_environment_values_get_an_error_or_are_ignored_never_a_panic() {
     assert!(out.stderr.contains("/nonexistent-ts/"), "{out:?}");
 
     // `tunnelgate-wg` reads its seccomp policy from the environment only: a value that is
-    // not UTF-8 stops it before anything else (not the default policy taken in silence).
+    // not one of its words (here not even UTF-8) stops it before anything else (not the
+    // default policy taken in silence).
     let mut cmd = Command::new(tunnelgate_bin());
     cmd.arg0("tunnelgate-wg")
         .arg("ts/bad")
@@ -127,7 +134,10 @@ fn hostile_environment_values_get_an_error_or_are_ignored_never_a_panic() {
     let out = common::output_of(cmd, None);
     assert_eq!(out.code, Some(2), "{out:?}");
     assert!(
-        out.stderr.contains("TUNNELGATE_SECCOMP") && out.stderr.contains("not UTF-8"),
+        out.stderr.contains("TUNNELGATE_SECCOMP=\"of")
+            && out
+                .stderr
+                .contains("expected one of \"enforce\", \"log\", \"off\""),
         "{out:?}"
     );
 }

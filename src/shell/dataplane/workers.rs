@@ -275,6 +275,7 @@ pub(super) fn tun_partner(inner: &Inner, worker: usize, relay: &TunRelay, me: us
     let served = relay.serve(me, |job, turn| {
         #[cfg(feature = "test-hooks")]
         crate::shell::test_hooks::partner_job_starts();
+        inner.partner_jobs.sealed.fetch_add(1, Ordering::Relaxed);
         seal_job(inner, worker, job, turn)
     });
     if let Err(e) = served {
@@ -554,6 +555,11 @@ pub(super) struct UdpRelay {
 }
 
 impl UdpRelay {
+    /// Stops its partners (and every wait for a turn), whether or not its reader has exited.
+    pub(super) fn stop(&self) {
+        self.relay.stop();
+    }
+
     pub(super) fn new(partners: usize, cores: Arc<Cores>) -> UdpRelay {
         UdpRelay {
             relay: Relay::new(partners, cores, OpenJob::new),
@@ -578,6 +584,7 @@ pub(super) fn udp_partner(
     let served = relay.relay.serve(me, |job, turn| {
         #[cfg(feature = "test-hooks")]
         crate::shell::test_hooks::partner_job_starts();
+        inner.partner_jobs.opened.fetch_add(1, Ordering::Relaxed);
         open_job(&opener, relay, job, turn)
     });
     if let Err(e) = served {

@@ -46,7 +46,7 @@ use tokio::task::JoinHandle;
 use super::accept::{self, Conn, Policy};
 
 use crate::telemetry::http::{bound_metrics, OPENMETRICS_TEXT, PLAIN_TEXT, PROMETHEUS_TEXT};
-use crate::telemetry::{now_unix, render_metrics, Observe};
+use crate::telemetry::{render_metrics, Observe};
 
 /// How much the health endpoint gives each client.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -176,7 +176,7 @@ fn route<B>(
         },
         _ => {
             let body = bound_metrics(
-                render_metrics(&observe.snapshot(), now_unix()),
+                render_metrics(&observe.snapshot(), crate::shell::clock::unix_now()),
                 max_metrics_bytes,
             );
             let openmetrics = req

@@ -321,6 +321,70 @@ fn within_budget(
     Ok(())
 }
 
+/// The property of `realtime_cpu_never_exceeds_the_share_plus_one_burst_in_any_window` for one
+/// sequence of steps.
+fn one_reader_within_its_share(events: Vec<Step>) -> Result<(), TestCaseError> {
+    let t0 = crate::test_util::now();
+    let process = roomy(t0);
+    let mut r = Reader::new(t0);
+    // (when, real-time CPU so far) at every call: all of it, and the unauthenticated part.
+    let mut all = vec![(t0, Duration::ZERO)];
+    let mut unauthenticated = vec![(t0, Duration::ZERO)];
+    for event in events {
+        step(&mut r, event, &process);
+        all.push((r.now, r.guard.realtime_cpu()));
+        unauthenticated.push((r.now, r.guard.unauthenticated_cpu()));
+    }
+    let budget = Budget::default();
+    let slack = budget.burst + US * MAX_BATCH_US as u32;
+    within_budget(&all, budget.share_percent, slack)?;
+    within_budget(&unauthenticated, budget.unauthenticated_percent, slack)
+}
+
+/// The case proptest once shrank to (saved as a seed when a step was four numbers: a seed
+/// replays nothing once the strategy changes, so the case is spelt out here): one drained step,
+/// then a reader busy on every CPU microsecond of 26 steps with no packet. The fifth number
+/// (unauthenticated packets), added since, is 0.
+#[test]
+fn the_saved_case_of_a_reader_busy_without_packets_stays_within_its_share() {
+    let shrunk: [(u64, u64, bool, u64); 27] = [
+        (0, 0, true, 0),
+        (847, 847, false, 0),
+        (1341, 1341, false, 0),
+        (1307, 1307, false, 0),
+        (1228, 1228, false, 0),
+        (857, 857, false, 0),
+        (811, 811, false, 0),
+        (1562, 1562, false, 0),
+        (1418, 1418, false, 0),
+        (709, 709, false, 0),
+        (954, 954, false, 0),
+        (65, 65, false, 0),
+        (973, 973, false, 0),
+        (1112, 1112, false, 0),
+        (330, 330, false, 0),
+        (321, 321, false, 0),
+        (979, 979, false, 0),
+        (621, 621, false, 0),
+        (1477, 1477, false, 0),
+        (1234, 1234, false, 0),
+        (840, 840, false, 0),
+        (635, 635, false, 0),
+        (1501, 1501, false, 0),
+        (834, 834, false, 0),
+        (61, 61, false, 0),
+        (1117, 1117, false, 0),
+        (867, 867, false, 0),
+    ];
+    let events = shrunk
+        .iter()
+        .map(|&(wall, cpu, drained, packets)| (wall, cpu, drained, packets, 0))
+        .collect();
+    if let Err(e) = one_reader_within_its_share(events) {
+        panic!("{e}");
+    }
+}
+
 proptest! {
     /// Whatever the arrival pattern (a flood of small batches that drain every time, a
     /// saturating stream, idle gaps, any mix of authenticated and unauthenticated packets), a
@@ -329,21 +393,7 @@ proptest! {
     /// share plus the burst, plus one batch each (the charge comes after the batch it pays for).
     #[test]
     fn realtime_cpu_never_exceeds_the_share_plus_one_burst_in_any_window(events in steps()) {
-        let t0 = crate::test_util::now();
-        let process = roomy(t0);
-        let mut r = Reader::new(t0);
-        // (when, real-time CPU so far) at every call: all of it, and the unauthenticated part.
-        let mut all = vec![(t0, Duration::ZERO)];
-        let mut unauthenticated = vec![(t0, Duration::ZERO)];
-        for event in events {
-            step(&mut r, event, &process);
-            all.push((r.now, r.guard.realtime_cpu()));
-            unauthenticated.push((r.now, r.guard.unauthenticated_cpu()));
-        }
-        let budget = Budget::default();
-        let slack = budget.burst + US * MAX_BATCH_US as u32;
-        within_budget(&all, budget.share_percent, slack)?;
-        within_budget(&unauthenticated, budget.unauthenticated_percent, slack)?;
+        one_reader_within_its_share(events)?;
     }
 
     /// Readers that share one process budget (a quota of one CPU) spend together, over any

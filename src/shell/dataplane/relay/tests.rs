@@ -262,13 +262,6 @@ fn a_stop_wakes_idle_partners_and_waiters_for_a_turn() {
 }
 
 #[test]
-fn a_turn_of_no_relay_orders_nothing() {
-    let mut turn = Turn::<()>::of(None);
-    turn.hold();
-    drop(turn);
-}
-
-#[test]
 fn no_read_goes_to_a_partner_while_every_cpu_is_busy() {
     let cores = Arc::new(Cores::new(2));
     let relay = Relay::new(1, cores.clone(), || ());

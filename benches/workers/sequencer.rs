@@ -1,4 +1,7 @@
-//! Per-peer release in sequence order. Several workers seal (or open) one peer's packets and
+//! Per-peer release in sequence order, for the workers bench's `--shared` mode only (the
+//! daemon's relay orders its emissions by turns instead: `shell::dataplane::relay`); its tests
+//! run as `tests/bench_sequencer.rs`.
+//! Several workers seal (or open) one peer's packets and Several workers seal (or open) one peer's packets and
 //! finish in any order; the sequencer gives each packet a number when it is handed out and
 //! releases the results in that order: outbound, sealed datagrams leave the socket in counter
 //! order; inbound, opened packets reach the TUN in the order they arrived. Pure: the shell keeps
@@ -107,6 +110,3 @@ impl<T> Sequencer<T> {
         Some((n, result))
     }
 }
-
-#[cfg(test)]
-mod tests;
