@@ -356,6 +356,19 @@ fn a_partner_that_panics_mid_job_releases_its_turn_lock_cpu_and_weight() {
     *claim.job() = 1;
     claim.post(7);
     assert_eq!(relay.in_flight(), 7);
+    // The partner has the job before the reader asks for its turn (else, on a loaded machine,
+    // the reader takes the job back and the partner never runs it).
+    let since = crate::shell::clock::now();
+    while relay.mailboxes[0].working_on.load(Ordering::SeqCst) == NOT_WORKING
+        && crate::shell::clock::since(since) < Duration::from_secs(5)
+    {
+        std::thread::yield_now();
+    }
+    assert_ne!(
+        relay.mailboxes[0].working_on.load(Ordering::SeqCst),
+        NOT_WORKING,
+        "the partner took the job"
+    );
     // The reader's next turn waits for the job's, lending (blocking on the partner's lock):
     // it must come back once the partner is gone.
     let reader = {
