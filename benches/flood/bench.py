@@ -254,7 +254,9 @@ def generator_ceiling(rig: Rig, kind: str, seconds: float, procs: int, size: int
     try:
         if not sink.stdout or sink.stdout.readline().strip() != "listening":
             raise CommandFailed("the sink did not start")
-        return gens_result(start_gens(rig, kind, 0, seconds, procs, size, f"{ADDR['pf']}:{SINK_PORT}"), seconds)
+        # The sink answers nothing, so it hands out no cookie: init2's messages are init's size.
+        sink_kind = "init" if kind == "init2" else kind
+        return gens_result(start_gens(rig, sink_kind, 0, seconds, procs, size, f"{ADDR['pf']}:{SINK_PORT}"), seconds)
     finally:
         sink.kill()
         sink.wait()
