@@ -127,11 +127,9 @@ impl SecretStore {
         self.api.clone()
     }
 
-    /// Creates the Secret with `data`, never touching one that exists: `Ok(true)` created,
-    /// `Ok(false)` when the API server answers that it already exists (409 AlreadyExists: another
-    /// writer created it first, and theirs stands).
-    pub async fn create(&self, data: &BTreeMap<String, Vec<u8>>) -> Result<bool, kube::Error> {
-        let secret = Secret {
+    /// This Secret (its name and namespace) holding `data`.
+    fn secret_with(&self, data: &BTreeMap<String, Vec<u8>>) -> Secret {
+        Secret {
             metadata: ObjectMeta {
                 name: Some(self.obj.name.clone()),
                 namespace: Some(self.obj.namespace.clone()),
@@ -143,7 +141,14 @@ impl SecretStore {
                     .collect(),
             ),
             ..Secret::default()
-        };
+        }
+    }
+
+    /// Creates the Secret with `data`, never touching one that exists: `Ok(true)` created,
+    /// `Ok(false)` when the API server answers that it already exists (409 AlreadyExists: another
+    /// writer created it first, and theirs stands).
+    pub async fn create(&self, data: &BTreeMap<String, Vec<u8>>) -> Result<bool, kube::Error> {
+        let secret = self.secret_with(data);
         let params = PostParams {
             field_manager: Some(FIELD_MANAGER.into()),
             ..PostParams::default()
@@ -158,19 +163,7 @@ impl SecretStore {
     /// Server-side apply of `data` under [`FIELD_MANAGER`], forced: the sidecar is the only writer
     /// of these keys, so it takes them over from whoever created the Secret.
     pub async fn apply(&self, data: &BTreeMap<String, Vec<u8>>) -> Result<(), kube::Error> {
-        let secret = Secret {
-            metadata: ObjectMeta {
-                name: Some(self.obj.name.clone()),
-                namespace: Some(self.obj.namespace.clone()),
-                ..ObjectMeta::default()
-            },
-            data: Some(
-                data.iter()
-                    .map(|(k, v)| (k.clone(), ByteString(v.clone())))
-                    .collect(),
-            ),
-            ..Secret::default()
-        };
+        let secret = self.secret_with(data);
         let params = PatchParams::apply(FIELD_MANAGER).force();
         self.api
             .patch(&self.obj.name, &params, &Patch::Apply(&secret))
