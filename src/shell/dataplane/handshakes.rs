@@ -6,6 +6,7 @@
 //! behind one, however many initiations arrive.
 
 use super::table::PeerTable;
+use super::workers::send_one;
 use super::Inner;
 use crate::core::handshake::{SourceLimiter, UnderLoad, QUEUE_CAPACITY};
 use crate::core::packet::{self, DropReason, Inbound, PeerPath, Sender};
@@ -149,7 +150,7 @@ impl HandshakeWork {
         let slot = match identified {
             Ok(Sender::Peer(slot)) => slot,
             Ok(Sender::Cookie(len)) => {
-                send(inner, socket, &self.cookie[..len], q.from);
+                send_one(inner, socket, &self.cookie[..len], q.from);
                 return;
             }
             Err(reason) => {
@@ -163,7 +164,7 @@ impl HandshakeWork {
         };
         match decision {
             Inbound::Reply(len) => {
-                send(inner, socket, &self.out[..len], q.from);
+                send_one(inner, socket, &self.out[..len], q.from);
                 // What queued up for the peer while it had no session goes now.
                 loop {
                     let queued = {
@@ -171,7 +172,7 @@ impl HandshakeWork {
                         peer.flush_queued(&mut self.out)
                     };
                     let Some(len) = queued else { break };
-                    send(inner, socket, &self.out[..len], q.from);
+                    send_one(inner, socket, &self.out[..len], q.from);
                 }
             }
             Inbound::Drop(reason) if reason.after_authentication() => {
@@ -181,18 +182,6 @@ impl HandshakeWork {
             // A handshake message delivers nothing to the TUN device, and only a data message
             // asks for a takeover.
             Inbound::Deliver(_) | Inbound::Nothing | Inbound::TakeOver => {}
-        }
-    }
-}
-
-/// Sends one handshake-path datagram to `to` on `socket`.
-fn send(inner: &Inner, socket: &WgSocket, bytes: &[u8], to: PeerPath) {
-    match socket.send_one(bytes, to) {
-        Ok(false) => {}
-        Ok(true) => super::workers::forget_source(inner, to.local.unwrap_or(to.remote.ip())),
-        Err(e) => {
-            inner.drops.add(DropReason::UdpSend, 1);
-            tracing::debug!(error = %e, "handshake send failed");
         }
     }
 }

@@ -5,7 +5,7 @@
 
 use super::table::PeerSlot;
 use super::Inner;
-use crate::core::packet::{steering, DropReason};
+use crate::core::packet::steering;
 use crate::core::takeover::{TakeoverStep, TokenBucket, REKEY_TIMEOUT};
 use crate::shell::udp::WgSocket;
 use std::time::Instant;
@@ -35,10 +35,7 @@ pub(super) fn step(
             );
             let Some(len) = sent else { return };
             let socket = &sockets[steering::worker_of_peer(slot.index(), sockets.len())];
-            if let Err(e) = socket.send_one(&buf[..len], to) {
-                inner.drops.add(DropReason::UdpSend, 1);
-                tracing::debug!(error = %e, "takeover initiation not sent");
-            }
+            super::workers::send_one(inner, socket, &buf[..len], to);
         }
         TakeoverStep::Completed { to, after } => tracing::info!(
             peer = %slot.public_key(),

@@ -385,7 +385,21 @@ fn flush(inner: &Inner, socket: &WgSocket, out: &mut SendBatch) {
 
 /// A local address peers replied from is gone: they fall back to the kernel's choice of
 /// source until they send to another address of ours (rare: a walk over the table).
-pub(super) fn forget_source(inner: &Inner, gone: IpAddr) {
+/// Sends one datagram from the timer thread (a timer's message, a handshake reply, a
+/// takeover's initiation) to `to` on `socket`; a source address gone from this host is
+/// forgotten by every peer, a failure counted.
+pub(super) fn send_one(inner: &Inner, socket: &WgSocket, bytes: &[u8], to: PeerPath) {
+    match socket.send_one(bytes, to) {
+        Ok(false) => {}
+        Ok(true) => forget_source(inner, to.local.unwrap_or(to.remote.ip())),
+        Err(e) => {
+            inner.drops.add(DropReason::UdpSend, 1);
+            tracing::debug!(error = %e, "send from the timer thread failed");
+        }
+    }
+}
+
+fn forget_source(inner: &Inner, gone: IpAddr) {
     tracing::info!(address = %gone, "Local address gone; replying from the kernel's choice");
     for slot in inner.snapshot().peers() {
         slot.lock().forget_source(gone);
@@ -956,14 +970,7 @@ pub(super) fn timer_loop(inner: &Inner) {
             }
             let Some((len, to)) = tick.send else { continue };
             let socket = &sockets[steering::worker_of_peer(slot.index(), sockets.len())];
-            match socket.send_one(&buf[..len], to) {
-                Ok(false) => {}
-                Ok(true) => forget_source(inner, to.local.unwrap_or(to.remote.ip())),
-                Err(e) => {
-                    inner.drops.add(DropReason::UdpSend, 1);
-                    tracing::debug!(error = %e, "timer send failed");
-                }
-            }
+            send_one(inner, socket, &buf[..len], to);
         }
     }
 }
