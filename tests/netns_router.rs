@@ -329,41 +329,44 @@ fn check_router(router: &str) -> CmdOutput {
     tunnelgate_cli(&["check", "--config", &path.display().to_string()], None)
 }
 
-/// The `AllowedIPs = ...` line printed for each peer, in order.
-fn client_allowed_ips(out: &str) -> Vec<(String, String)> {
+/// The client side of `tunnelgate check`: the `AllowedIPs` of the one `[Peer]` section, and
+/// the comment line naming each peer, in order.
+fn client_allowed_ips(out: &str) -> (String, Vec<String>) {
     let section = out
-        .split_once("# client side: AllowedIPs for each peer")
+        .split_once("# client side: the [Peer] section for this host")
         .map(|(_, rest)| rest)
         .unwrap_or_else(|| panic!("no client side section in:\n{out}"));
-    let lines: Vec<&str> = section.lines().skip(1).collect();
-    lines
-        .chunks(2)
-        .take_while(|c| c.len() == 2 && c[0].starts_with("# peer["))
-        .map(|c| {
-            (
-                c[0].to_string(),
-                c[1].strip_prefix("AllowedIPs = ")
-                    .unwrap_or_else(|| panic!("bad line {:?}", c[1]))
-                    .to_string(),
-            )
-        })
-        .collect()
+    let allowed = section
+        .lines()
+        .find_map(|l| l.strip_prefix("AllowedIPs = "))
+        .unwrap_or_else(|| panic!("no AllowedIPs line in:\n{section}"))
+        .to_string();
+    let peers = section
+        .lines()
+        .filter(|l| l.starts_with("# peer["))
+        .map(str::to_string)
+        .collect();
+    (allowed, peers)
 }
 
 #[test]
 fn check_prints_client_allowed_ips_for_a_subnet_router() {
     let out = check_router("advertise_routes = [\"10.40.0.0/24\", \"fd40::/64\"]");
     assert!(out.success(), "{}", out.stderr);
-    let peers = client_allowed_ips(&out.stdout);
-    assert_eq!(peers.len(), 2, "{}", out.stdout);
-    assert!(peers[0].0.starts_with(&format!("# peer[0] {PEER_A}")));
-    assert!(peers[1].0.starts_with(&format!("# peer[1] {PEER_B}")));
-    for (_, allowed) in &peers {
-        assert_eq!(
-            allowed,
-            "100.81.0.1/32, fd81::1/128, 10.40.0.0/24, fd40::/64"
-        );
-    }
+    let (allowed, peers) = client_allowed_ips(&out.stdout);
+    assert_eq!(
+        peers,
+        [
+            format!("# peer[0] {PEER_A}: 100.81.0.2/32, fd81::2/128"),
+            format!("# peer[1] {PEER_B}: 100.81.0.3/32")
+        ],
+        "{}",
+        out.stdout
+    );
+    assert_eq!(
+        allowed,
+        "100.81.0.1/32, fd81::1/128, 10.40.0.0/24, fd40::/64"
+    );
     assert!(out.stdout.contains("net.ipv4.ip_forward = 1"));
     assert!(out.stdout.contains("net.ipv6.conf.all.forwarding = 1"));
     assert!(!out.stderr.contains("warning"), "{}", out.stderr);
@@ -373,11 +376,9 @@ fn check_prints_client_allowed_ips_for_a_subnet_router() {
 fn check_prints_default_routes_for_an_exit_node() {
     let out = check_router("exit_node = true");
     assert!(out.success(), "{}", out.stderr);
-    let peers = client_allowed_ips(&out.stdout);
-    assert_eq!(peers.len(), 2);
-    for (_, allowed) in &peers {
-        assert_eq!(allowed, "0.0.0.0/0, ::/0");
-    }
+    let (allowed, peers) = client_allowed_ips(&out.stdout);
+    assert_eq!(peers.len(), 2, "{}", out.stdout);
+    assert_eq!(allowed, "0.0.0.0/0, ::/0");
     assert!(!out.stderr.contains("warning"), "{}", out.stderr);
 }
 

@@ -106,26 +106,47 @@ pub fn render_plan(config: &Config, firewall: Option<(&str, &str)>) -> String {
         }
     }
     if !config.peers.is_empty() {
-        let _ = writeln!(
-            out,
-            "\n# client side: AllowedIPs for each peer (the [Peer] section for this host in its wg-quick config)"
-        );
-        let allowed: Vec<String> = client_allowed_ips(config)
-            .iter()
-            .map(ToString::to_string)
-            .collect();
-        for (i, peer) in config.peers.iter().enumerate() {
-            let here: Vec<String> = peer.allowed_ips.iter().map(ToString::to_string).collect();
-            let _ = writeln!(
-                out,
-                "# peer[{i}] {} (its allowed_ips here: {})",
-                peer.public_key,
-                here.join(", ")
-            );
-            let _ = writeln!(out, "AllowedIPs = {}", allowed.join(", "));
-        }
+        client_side(config, &mut out);
     }
     out
+}
+
+/// The `[Peer]` section a peer's wg-quick config needs for this host: the public key, the
+/// endpoint peers reach it at (`interface.public_endpoint`, e.g. a group's load balancer; said
+/// as a comment when the config does not know it) and what to route here; then each peer's own
+/// addresses, for its `[Interface] Address`.
+fn client_side(config: &Config, out: &mut String) {
+    let iface = &config.interface;
+    let _ = writeln!(
+        out,
+        "\n# client side: the [Peer] section for this host in each peer's wg-quick config"
+    );
+    let _ = writeln!(out, "[Peer]");
+    let _ = writeln!(out, "PublicKey = {}", iface.private_key.public_key());
+    let _ = match (&iface.public_endpoint, iface.listen_port) {
+        (Some(endpoint), _) => writeln!(out, "Endpoint = {endpoint}"),
+        (None, 0) => writeln!(
+            out,
+            "# Endpoint: none to give (interface.listen_port is chosen at random); set interface.public_endpoint"
+        ),
+        (None, port) => writeln!(
+            out,
+            "# Endpoint = <this host's address>:{port} (interface.public_endpoint prints it here)"
+        ),
+    };
+    let allowed: Vec<String> = client_allowed_ips(config)
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    let _ = writeln!(out, "AllowedIPs = {}", allowed.join(", "));
+    let _ = writeln!(
+        out,
+        "# each peer's own addresses (its [Interface] Address), as its allowed_ips here:"
+    );
+    for (i, peer) in config.peers.iter().enumerate() {
+        let here: Vec<String> = peer.allowed_ips.iter().map(ToString::to_string).collect();
+        let _ = writeln!(out, "# peer[{i}] {}: {}", peer.public_key, here.join(", "));
+    }
 }
 
 /// What a peer must route through the tunnel to this host: every address and network this
@@ -152,4 +173,71 @@ pub fn client_allowed_ips(config: &Config) -> Vec<crate::config::IpNet> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{decode_key, SecretFiles};
+    use std::path::Path;
+
+    struct NoFiles;
+    impl SecretFiles for NoFiles {
+        fn read_secret(&self, path: &Path) -> Result<String, String> {
+            Err(format!("no file {}", path.display()))
+        }
+    }
+
+    const KEY: &str = "yAnz5TF+lXXJte14tji3zlMNq+hd2rYUIgJBgB3fBmk=";
+    const PEER: &str = "AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=";
+
+    fn client_side_of(interface_extra: &str) -> String {
+        let text = format!(
+            "[interface]\nprivate_key = \"{KEY}\"\naddresses = [\"100.64.1.1/32\"]\n{interface_extra}\n\
+             [[peer]]\npublic_key = \"{PEER}\"\nallowed_ips = [\"100.64.0.2/32\"]\n"
+        );
+        let config = Config::parse(&text, Path::new("/etc/tg"), &NoFiles).expect("valid");
+        let plan = render_plan(&config, None);
+        let (_, section) = plan
+            .split_once("# client side: ")
+            .unwrap_or_else(|| panic!("no client side in:\n{plan}"));
+        section.to_string()
+    }
+
+    /// The section a peer pastes: this host's key, the endpoint the config names (a group's
+    /// balancer), what to route here, then each peer's own addresses as comments.
+    #[test]
+    fn the_client_side_names_the_public_endpoint_and_this_hosts_key() {
+        let own = crate::config::SecretKey(decode_key(KEY).expect("key")).public_key();
+        let section =
+            client_side_of("listen_port = 51820\npublic_endpoint = \"[2001:db8::10]:51820\"");
+        let lines: Vec<&str> = section.lines().skip(1).collect();
+        assert_eq!(
+            lines,
+            [
+                "[Peer]".to_string(),
+                format!("PublicKey = {own}"),
+                "Endpoint = [2001:db8::10]:51820".to_string(),
+                "AllowedIPs = 100.64.1.1/32".to_string(),
+                "# each peer's own addresses (its [Interface] Address), as its allowed_ips here:"
+                    .to_string(),
+                format!("# peer[0] {PEER}: 100.64.0.2/32"),
+            ]
+        );
+    }
+
+    /// Without `public_endpoint` no Endpoint line a peer could paste: a comment says how to
+    /// get one (with a fixed port) or why there is none (a random port).
+    #[test]
+    fn without_a_public_endpoint_the_endpoint_is_only_a_comment() {
+        let fixed = client_side_of("listen_port = 51820");
+        assert!(!fixed.contains("\nEndpoint ="), "{fixed}");
+        assert!(
+            fixed.contains("# Endpoint = <this host's address>:51820 (interface.public_endpoint"),
+            "{fixed}"
+        );
+        let random = client_side_of("");
+        assert!(!random.contains("\nEndpoint ="), "{random}");
+        assert!(random.contains("chosen at random"), "{random}");
+    }
 }

@@ -52,6 +52,10 @@ pub struct Interface {
     /// Packet workers (`interface.workers`); `None` = the CPUs this process may use (its
     /// affinity and cgroup quota). Fixed for the life of the daemon.
     pub workers: Option<u16>,
+    /// Where peers reach this host (`interface.public_endpoint`): a load balancer's address in
+    /// front of a group of replicas, an HA pair's moving address, a NAT's public side. Only
+    /// printed, in the client's `[Peer]` section (`check`); the daemon never dials it.
+    pub public_endpoint: Option<Endpoint>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,6 +74,25 @@ pub struct Peer {
 pub enum Endpoint {
     Addr(SocketAddr),
     Host { host: String, port: u16 },
+}
+
+impl Endpoint {
+    /// `host:port` as the config takes it (`peer.endpoint`, `interface.public_endpoint`): an
+    /// address, or a DNS name, with a port other than 0.
+    pub fn parse(text: &str) -> Result<Endpoint, String> {
+        validate::parse_endpoint(text)
+    }
+}
+
+/// As written in a config or a wg-quick `Endpoint =` line: `198.51.100.7:51820`,
+/// `[2001:db8::1]:51820`, `vpn.example.com:51820`.
+impl std::fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Endpoint::Addr(addr) => write!(f, "{addr}"),
+            Endpoint::Host { host, port } => write!(f, "{host}:{port}"),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -40,6 +40,9 @@ pub(super) struct RawInterface {
     pub workers: Option<i64>,
     /// Key files may be readable (not writable) by their group; never by others.
     pub key_files_readable_by_group: Option<bool>,
+    /// host:port at which peers reach this host (a load balancer's or a moving address):
+    /// printed in the client's `[Peer]` section, never dialled.
+    pub public_endpoint: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

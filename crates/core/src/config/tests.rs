@@ -220,6 +220,13 @@ fn bad_peers_name_their_key() {
     );
     assert_error(
         &peer(&format!(
+            "public_key = \"{PUB_B}\"\nendpoint = \"1.2.3.4:0\""
+        )),
+        "peer[0].endpoint",
+        &["no valid port"],
+    );
+    assert_error(
+        &peer(&format!(
             "public_key = \"{PUB_B}\"\npersistent_keepalive = -1"
         )),
         "peer[0].persistent_keepalive",
@@ -595,4 +602,38 @@ fn a_device_only_config_refuses_a_bad_name() {
     assert_eq!(err.key, "interface.name");
     assert!(err.problem.contains("not a valid interface name"), "{err}");
     assert!(Config::device_only("").is_err(), "empty");
+}
+
+#[test]
+fn a_public_endpoint_is_an_address_or_a_name_with_a_port() {
+    for (text, shown) in [
+        ("203.0.113.10:51820", "203.0.113.10:51820"),
+        ("[2001:db8::10]:51820", "[2001:db8::10]:51820"),
+        ("VPN.Example.com.:443", "vpn.example.com:443"),
+    ] {
+        let c = parse(&minimal(&format!("public_endpoint = \"{text}\"\n"))).expect("valid");
+        let endpoint = c.interface.public_endpoint.expect("an endpoint");
+        assert_eq!(endpoint.to_string(), shown, "{text}");
+    }
+    assert_eq!(
+        parse(&minimal(""))
+            .expect("valid")
+            .interface
+            .public_endpoint,
+        None
+    );
+    for (text, needle) in [
+        ("203.0.113.10", "no port"),
+        ("203.0.113.10:0", "no valid port"),
+        ("lb.example.com:70000", "no valid port"),
+        ("", "no port"),
+        ("bad host!:51820", "not a valid DNS name"),
+        ("[2001:db8::10:51820", "not a valid DNS name"),
+    ] {
+        assert_error(
+            &minimal(&format!("public_endpoint = \"{text}\"\n")),
+            "interface.public_endpoint",
+            &[needle],
+        );
+    }
 }

@@ -87,6 +87,7 @@ pub(super) fn device_only(name: &str) -> Result<Config, ConfigError> {
         mtu: DEFAULT_MTU,
         fwmark: None,
         workers: None,
+        public_endpoint: None,
     };
     let router = router(super::raw::RawRouter::default(), &interface, &mut errs);
     let config = Config {
@@ -175,6 +176,16 @@ fn interface(
         0 => None,
         n => Some(n as u16),
     };
+    let public_endpoint =
+        raw.public_endpoint
+            .as_deref()
+            .and_then(|text| match parse_endpoint(text) {
+                Ok(e) => Some(e),
+                Err(problem) => {
+                    errs.push("interface.public_endpoint", problem);
+                    None
+                }
+            });
     Interface {
         name,
         private_key,
@@ -183,6 +194,7 @@ fn interface(
         mtu,
         fwmark,
         workers,
+        public_endpoint,
     }
 }
 
@@ -754,10 +766,14 @@ fn int_in(
 }
 
 pub(super) fn parse_endpoint(text: &str) -> Result<Endpoint, String> {
+    let expected = "expected host:port like \"198.51.100.7:51820\", \"[2001:db8::1]:51820\" or \"vpn.example.com:51820\"";
     if let Ok(addr) = text.parse::<SocketAddr>() {
+        // Nothing listens on port 0: a datagram to it is refused by the sender's own kernel.
+        if addr.port() == 0 {
+            return Err(format!("\"{text}\" has no valid port: {expected}"));
+        }
         return Ok(Endpoint::Addr(addr));
     }
-    let expected = "expected host:port like \"198.51.100.7:51820\", \"[2001:db8::1]:51820\" or \"vpn.example.com:51820\"";
     let (host, port) = text
         .rsplit_once(':')
         .ok_or_else(|| format!("\"{text}\" has no port: {expected}"))?;
