@@ -834,6 +834,7 @@ pub fn sidecar(data: &[u8]) {
         load_balancer_class: None,
         annotations,
         ports,
+        load_balancer_ingress: Vec::new(),
         created: None,
     };
     let Ok(rendered) = render(&svc, base, &BTreeMap::new(), || SecretKey(OWN_KEY)) else {

@@ -62,6 +62,9 @@ pub struct ServiceInfo {
     pub load_balancer_class: Option<String>,
     pub annotations: Annotations,
     pub ports: Vec<ServicePort>,
+    /// `status.loadBalancer.ingress`: each entry's IP, else its host name (a proxy group's
+    /// balancer: the address peers reach the group at).
+    pub load_balancer_ingress: Vec<String>,
     /// `metadata.creationTimestamp` in Unix seconds: in a proxy group, the older of two Services
     /// that claim the same port keeps it.
     pub created: Option<i64>,

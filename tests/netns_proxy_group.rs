@@ -99,6 +99,7 @@ fn start_replica(node: &Netns, ordinal: u32, peer: &WgGo) -> Pod {
         ordinal,
         pools: vec!["100.64.1.0/24".parse().expect("pool")],
         identity: tunnelgate::sidecar::group::Identity::PerReplica,
+        endpoint: None,
     };
     let out = render_group(
         &replica,

@@ -238,6 +238,7 @@ fn group_replica(group: &str, pod_name: Option<&str>, cli: &Cli) -> Result<Repli
         ordinal,
         pools: cli.address_pools.clone(),
         identity: cli.identity.unwrap_or_default(),
+        endpoint: None,
     };
     for pool in &cli.address_pools {
         pool_address(pool, replica.address_ordinal())

@@ -18,6 +18,9 @@ use std::net::IpAddr;
 
 /// `tunnelgate.dev/proxy-group: NAME`: the Service is served by every replica of group NAME.
 pub const ANNOTATION_PROXY_GROUP: &str = "tunnelgate.dev/proxy-group";
+/// `tunnelgate.dev/proxy-group-balancer: NAME`: the Service is the UDP load balancer in front of
+/// group NAME (shared identity): its address is where peers reach the group.
+pub const ANNOTATION_GROUP_BALANCER: &str = "tunnelgate.dev/proxy-group-balancer";
 
 /// What one replica of a group is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -30,6 +33,9 @@ pub struct Replica {
     pub pools: Vec<IpNet>,
     /// Whether the replica has a key and addresses of its own, or the group's.
     pub identity: Identity,
+    /// Where peers reach the group (its balancer's address and port, [`balancer_endpoint`]):
+    /// the rendered `interface.public_endpoint`, unless the base config names one.
+    pub endpoint: Option<String>,
 }
 
 impl Replica {
@@ -193,6 +199,86 @@ pub fn is_member(svc: &ServiceInfo, group: &str) -> bool {
         .is_some_and(|g| g.trim() == group)
 }
 
+/// Whether `svc` is the load balancer of `group` ([`ANNOTATION_GROUP_BALANCER`]).
+pub fn is_balancer(svc: &ServiceInfo, group: &str) -> bool {
+    svc.annotations
+        .get(ANNOTATION_GROUP_BALANCER)
+        .is_some_and(|g| g.trim() == group)
+}
+
+/// Where peers reach `group`, from its balancer among `services` (others are ignored): the
+/// first address of the balancer's `status.loadBalancer.ingress`, with its UDP port.
+/// `Ok(None)`: no balancer, or it has no address yet (the cloud assigns it later). Several
+/// balancers: the oldest counts, and the others are named in the error beside it. A balancer
+/// with no UDP port or several, or an address that is not one, is an error naming the Service;
+/// it never refuses the rendering (the group serves the same without an endpoint printed).
+pub fn balancer_endpoint<'a>(
+    services: impl IntoIterator<Item = &'a ServiceInfo>,
+    group: &str,
+) -> (Option<String>, Vec<String>) {
+    let mut balancers: Vec<&ServiceInfo> = services
+        .into_iter()
+        .filter(|s| is_balancer(s, group))
+        .collect();
+    balancers.sort_by(|a, b| {
+        (a.created, &a.namespace, &a.name).cmp(&(b.created, &b.namespace, &b.name))
+    });
+    let Some(balancer) = balancers.first() else {
+        return (None, Vec::new());
+    };
+    let name = format!("{}/{}", balancer.namespace, balancer.name);
+    let mut problems: Vec<String> = balancers[1..]
+        .iter()
+        .map(|other| {
+            format!(
+                "Service {}/{} is annotated {ANNOTATION_GROUP_BALANCER}: {group} too; the older {name} is the group's balancer",
+                other.namespace, other.name
+            )
+        })
+        .collect();
+    let udp: Vec<i32> = balancer
+        .ports
+        .iter()
+        .filter(|p| p.protocol.as_deref() == Some("UDP"))
+        .map(|p| p.port)
+        .collect();
+    let port = match udp.as_slice() {
+        [port] => *port,
+        [] => {
+            problems.push(format!(
+                "balancer Service {name} has no UDP port: expected one, the WireGuard port peers dial"
+            ));
+            return (None, problems);
+        }
+        _ => {
+            problems.push(format!(
+                "balancer Service {name} has {} UDP ports: expected one, the WireGuard port peers dial",
+                udp.len()
+            ));
+            return (None, problems);
+        }
+    };
+    let Some(address) = balancer.load_balancer_ingress.first() else {
+        return (None, problems);
+    };
+    let text = match address.parse::<IpAddr>() {
+        Ok(ip) => match u16::try_from(port) {
+            Ok(p) => std::net::SocketAddr::new(ip, p).to_string(),
+            Err(_) => format!("{address}:{port}"),
+        },
+        Err(_) => format!("{address}:{port}"),
+    };
+    match crate::config::Endpoint::parse(&text) {
+        Ok(endpoint) => (Some(endpoint.to_string()), problems),
+        Err(e) => {
+            problems.push(format!(
+                "balancer Service {name}'s address is not an endpoint peers can dial: {e}"
+            ));
+            (None, problems)
+        }
+    }
+}
+
 /// The ordinal of a StatefulSet pod: the number after its last `-`.
 pub fn ordinal_of(pod_name: &str) -> Result<u32, String> {
     pod_name
@@ -328,6 +414,7 @@ impl<'a> Base<'a> {
         let mut notes = Vec::new();
         if let Some(table) = &mut prepared.table {
             set_pool_addresses(table, replica, &mut prepared.problems);
+            set_public_endpoint(table, replica, &mut notes);
             set_per_service_readiness(table, &mut notes);
             set_key_files_readable_by_group(table);
         }
@@ -847,6 +934,29 @@ fn set_pool_addresses(table: &mut toml::Table, replica: &Replica, problems: &mut
     }
     if let Some(iface) = table.get_mut("interface").and_then(|i| i.as_table_mut()) {
         iface.insert("addresses".into(), toml::Value::Array(addrs));
+    }
+}
+
+/// `interface.public_endpoint` is the group balancer's address, unless the base config names
+/// one (the operator's word stands; a note says so when they differ).
+fn set_public_endpoint(table: &mut toml::Table, replica: &Replica, notes: &mut Vec<String>) {
+    let Some(endpoint) = &replica.endpoint else {
+        return;
+    };
+    let Some(iface) = table.get_mut("interface").and_then(|i| i.as_table_mut()) else {
+        return;
+    };
+    match iface.get("public_endpoint").and_then(toml::Value::as_str) {
+        Some(own) if own != endpoint => notes.push(format!(
+            "interface.public_endpoint {own:?} of the base config stands; the group's balancer is at {endpoint}"
+        )),
+        Some(_) => {}
+        None => {
+            iface.insert(
+                "public_endpoint".into(),
+                toml::Value::String(endpoint.clone()),
+            );
+        }
     }
 }
 

@@ -238,6 +238,110 @@ async fn group_shared_identity_refuses_a_malformed_identity_secret_and_uses_it_o
 /// The flag and its environment variable take exactly `per-replica` or `shared`, only with a
 /// proxy group, and a group name too long for its identity Secret's name is refused: exit 2,
 /// before any API call.
+/// The group's UDP load balancer (containers/k8s/group-shared/balancer.yaml), annotated for
+/// group `group`, with `ingress` as its load balancer's addresses so far.
+fn balancer_service(group: &str, created: u32, ingress: &[&str]) -> Value {
+    let mut s = group_service(
+        NS,
+        &format!("{group}-wireguard"),
+        None,
+        created,
+        json!({"tunnelgate.dev/proxy-group-balancer": group}),
+    );
+    s["spec"]["type"] = json!("LoadBalancer");
+    s["spec"]["ports"] =
+        json!([{"name": "wireguard", "port": 51820, "targetPort": "wireguard", "protocol": "UDP"}]);
+    s["status"] = json!({"loadBalancer": {"ingress": ingress.iter().map(|ip| json!({"ip": ip})).collect::<Vec<_>>()}});
+    s
+}
+
+/// The Endpoint a peer's `[Peer]` section gets from replica `ordinal`'s config, as `tunnelgate
+/// check` prints it (`None`: only a comment, no Endpoint line).
+fn printed_endpoint(fake: &Fake, ordinal: u32) -> Option<String> {
+    let config = daemon_config(&replica_secret(fake, ordinal));
+    let plan = tunnelgate::core::check_report::render_plan(&config, None);
+    let (_, client) = plan.split_once("# client side: ")?;
+    client
+        .lines()
+        .find_map(|l| l.strip_prefix("Endpoint = "))
+        .map(str::to_string)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_shared_identity_prints_the_balancers_address_as_the_peers_endpoint() {
+    let fake = Fake::start_many(group_cluster(), BTreeMap::new()).await;
+    let inputs = Inputs::new(&fake, "group-balancer");
+    let replicas = [
+        shared_replica(&inputs, 0, "a"),
+        shared_replica(&inputs, 1, "a"),
+    ];
+    for (i, r) in replicas.iter().enumerate() {
+        wait_for(r, &format!("replica {i}'s Secret"), || {
+            replica_patches(&fake, i as u32) >= 1
+        })
+        .await;
+        assert_eq!(printed_endpoint(&fake, i as u32), None, "no balancer yet");
+    }
+    // The balancer appears before its load balancer has an address, beside one of another
+    // group: still nothing to print.
+    fake.add(balancer_service(GROUP, 20, &[]), false);
+    fake.add(balancer_service("another", 21, &["198.51.100.99"]), false);
+    // Then the cloud gives it an address: every replica's client section names it, with the
+    // group's key.
+    fake.change(
+        NS,
+        &format!("{GROUP}-wireguard"),
+        |s| s["status"]["loadBalancer"]["ingress"] = json!([{"ip": "203.0.113.10"}]),
+        false,
+    );
+    for (i, r) in replicas.iter().enumerate() {
+        wait_for(r, &format!("replica {i}'s endpoint"), || {
+            printed_endpoint(&fake, i as u32).as_deref() == Some("203.0.113.10:51820")
+        })
+        .await;
+        let plan = tunnelgate::core::check_report::render_plan(
+            &daemon_config(&replica_secret(&fake, i as u32)),
+            None,
+        );
+        assert!(
+            plan.contains(&format!(
+                "[Peer]\nPublicKey = {}\nEndpoint = 203.0.113.10:51820\n",
+                utf8(&identity_secret(&fake), "public_key")
+            )),
+            "{plan}"
+        );
+    }
+    assert!(
+        replicas[0].log().contains("203.0.113.10:51820"),
+        "the log names the endpoint: {}",
+        replicas[0].log()
+    );
+    // A balancer the peers cannot dial (two UDP ports) is named in the log and prints nothing.
+    fake.change(
+        NS,
+        &format!("{GROUP}-wireguard"),
+        |s| {
+            s["spec"]["ports"] = json!([
+                {"name": "a", "port": 51820, "protocol": "UDP"},
+                {"name": "b", "port": 51821, "protocol": "UDP"}
+            ])
+        },
+        false,
+    );
+    wait_for(&replicas[0], "the endpoint to go", || {
+        printed_endpoint(&fake, 0).is_none()
+    })
+    .await;
+    assert!(
+        replicas[0].log().contains("has 2 UDP ports"),
+        "{}",
+        replicas[0].log()
+    );
+    for r in replicas {
+        r.stop();
+    }
+}
+
 #[test]
 fn group_identity_bad_usage_exits_2() {
     use std::os::unix::ffi::OsStrExt as _;

@@ -22,6 +22,10 @@ pub(crate) const README_KUBECTL: &[(&str, &str)] = &[
         "not run: group_identity.rs checks the public_key the sidecars write to tgp-identity",
     ),
     (
+        "kubectl -n tunnelgate exec tgp-0 -c proxy -- tunnelgate check | sed -n '/^# client side/,$p'",
+        "not run: needs a kubelet; group_identity.rs's group_shared_identity_prints_the_balancers_address_as_the_peers_endpoint renders the same section from each replica's config",
+    ),
+    (
         "kubectl -n tunnelgate get service tgp-wireguard -o jsonpath='{.status.loadBalancer.ingress[0].ip}'",
         "not run: needs a load balancer controller (the same read of tunnelgate-proxy-wireguard runs in readme_single_service_commands)",
     ),

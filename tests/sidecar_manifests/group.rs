@@ -396,6 +396,7 @@ fn group_base_config_and_examples_render_for_each_replica() {
             ordinal: ordinal as u32,
             pools: pools.clone(),
             identity: tunnelgate::sidecar::group::Identity::PerReplica,
+            endpoint: None,
         };
         let key = SecretKey([ordinal as u8 + 1; 32]);
         let out = render_group(&replica, &services, &base, &BTreeMap::new(), || key.clone())

@@ -120,6 +120,11 @@ fn group_shared_runs_one_identity_behind_one_udp_balancer() {
     assert_eq!(lb["spec"]["sessionAffinity"], "ClientIP");
     assert_eq!(lb["spec"]["externalTrafficPolicy"], "Local");
     assert_eq!(lb["spec"]["publishNotReadyAddresses"], Value::Null);
+    // Annotated for the group: the sidecar prints its address as the peers' Endpoint.
+    assert_eq!(
+        lb["metadata"]["annotations"][tunnelgate::sidecar::group::ANNOTATION_GROUP_BALANCER],
+        "tgp"
+    );
     let labels = &set["spec"]["template"]["metadata"]["labels"];
     for (k, v) in lb["spec"]["selector"].as_object().expect("selector") {
         assert_eq!(&labels[k], v, "the balancer selects the replicas");
@@ -249,6 +254,7 @@ fn group_shared_base_config_renders_one_key_and_address_for_every_replica() {
             ordinal,
             pools: pools.clone(),
             identity: Identity::Shared,
+            endpoint: None,
         };
         let current = with_group_key(&BTreeMap::new(), &group);
         let out = render_group(&replica, &services, &base, &current, || {

@@ -50,6 +50,7 @@ fn replica(ordinal: u32) -> Replica {
             "fd7a:115c:a1e0:1::/64".parse().expect("pool"),
         ],
         identity: Identity::PerReplica,
+        endpoint: None,
     }
 }
 
@@ -962,4 +963,172 @@ fn a_malformed_or_foreign_identity_secret_is_refused() {
             "{what}: the reason shows the key"
         );
     }
+}
+
+/// The group's UDP load balancer, annotated for the group, with `ingress` as the addresses
+/// its load balancer has so far.
+fn balancer(name: &str, created: i64, ports: Vec<ServicePort>, ingress: &[&str]) -> ServiceInfo {
+    let mut s = ServiceInfo {
+        namespace: "tunnelgate".into(),
+        name: name.into(),
+        type_: Some("LoadBalancer".into()),
+        ports,
+        load_balancer_ingress: ingress.iter().map(|a| a.to_string()).collect(),
+        created: Some(created),
+        ..ServiceInfo::default()
+    };
+    s.annotations
+        .insert(ANNOTATION_GROUP_BALANCER.into(), GROUP.into());
+    s
+}
+
+#[test]
+fn the_groups_endpoint_is_its_balancers_first_address_with_its_udp_port() {
+    let udp = || vec![port(51820, None, "UDP")];
+    let member = service("apps", "web", 1, &[(ANNOTATION_EXPOSE, "true")]);
+    for (ingress, expected) in [
+        (&["203.0.113.10"][..], Some("203.0.113.10:51820")),
+        (
+            &["2001:db8::10", "203.0.113.10"][..],
+            Some("[2001:db8::10]:51820"),
+        ),
+        (&["LB-1.Example.com"][..], Some("lb-1.example.com:51820")),
+        // Not assigned yet: no endpoint, and nothing wrong.
+        (&[][..], None),
+    ] {
+        let services = [member.clone(), balancer("tgp-wireguard", 5, udp(), ingress)];
+        let (endpoint, problems) = balancer_endpoint(&services, GROUP);
+        assert_eq!(endpoint.as_deref(), expected, "{ingress:?}");
+        assert!(problems.is_empty(), "{problems:?}");
+    }
+    // No balancer, or one of another group: nothing.
+    assert_eq!(balancer_endpoint(&[member.clone()], GROUP), (None, vec![]));
+    let mut other = balancer("other-wireguard", 5, udp(), &["203.0.113.10"]);
+    other
+        .annotations
+        .insert(ANNOTATION_GROUP_BALANCER.into(), "other".into());
+    assert_eq!(balancer_endpoint(&[other], GROUP), (None, vec![]));
+}
+
+/// Hostile or mistaken balancers never refuse a rendering: each gives no endpoint (or the
+/// older balancer's) and a problem naming the Service.
+#[test]
+fn a_balancer_that_gives_no_dialable_endpoint_is_named_and_ignored() {
+    let udp = || vec![port(51820, None, "UDP")];
+    let cases: Vec<(Vec<ServiceInfo>, Option<&str>, &str)> = vec![
+        (
+            vec![balancer("lb", 5, vec![port(80, None, "TCP")], &["203.0.113.10"])],
+            None,
+            "tunnelgate/lb has no UDP port",
+        ),
+        (
+            vec![balancer(
+                "lb",
+                5,
+                vec![port(51820, None, "UDP"), port(51821, None, "UDP")],
+                &["203.0.113.10"],
+            )],
+            None,
+            "tunnelgate/lb has 2 UDP ports",
+        ),
+        (
+            vec![balancer("lb", 5, udp(), &["not a host!"])],
+            None,
+            "tunnelgate/lb's address is not an endpoint",
+        ),
+        (
+            vec![balancer("lb", 5, vec![port(0, None, "UDP")], &["203.0.113.10"])],
+            None,
+            "no valid port",
+        ),
+        (
+            vec![balancer("lb", 5, vec![port(70000, None, "UDP")], &["203.0.113.10"])],
+            None,
+            "no valid port",
+        ),
+        (
+            vec![balancer("lb", 5, udp(), &[&"a".repeat(300)])],
+            None,
+            "not a valid DNS name",
+        ),
+        (
+            vec![
+                balancer("newer", 9, udp(), &["198.51.100.1"]),
+                balancer("older", 2, udp(), &["203.0.113.10"]),
+            ],
+            Some("203.0.113.10:51820"),
+            "tunnelgate/newer is annotated tunnelgate.dev/proxy-group-balancer: tgp too; the older tunnelgate/older",
+        ),
+    ];
+    for (services, expected, needle) in cases {
+        let (endpoint, problems) = balancer_endpoint(&services, GROUP);
+        assert_eq!(endpoint.as_deref(), expected, "{problems:?}");
+        assert!(
+            problems.iter().any(|p| p.contains(needle)),
+            "{needle:?} not in {problems:?}"
+        );
+        // The replica renders the same, with the endpoint if any.
+        let mut r = shared(1);
+        r.endpoint = endpoint;
+        let out = render_shared(&r, &BTreeMap::new(), &key(90));
+        assert_eq!(
+            daemon_view(&out)
+                .interface
+                .public_endpoint
+                .map(|e| e.to_string())
+                .as_deref(),
+            expected
+        );
+    }
+}
+
+#[test]
+fn every_replica_renders_the_balancers_address_as_its_public_endpoint_unless_the_base_names_one() {
+    let group = key(90);
+    let empty = BTreeMap::new();
+    for n in [0, 1, 5] {
+        let mut r = shared(n);
+        r.endpoint = Some("203.0.113.10:51820".into());
+        let out = render_shared(&r, &empty, &group);
+        let config = daemon_view(&out);
+        assert_eq!(
+            config.interface.public_endpoint.map(|e| e.to_string()),
+            Some("203.0.113.10:51820".into())
+        );
+        // What `tunnelgate check` prints for a peer: the group's key and the balancer.
+        let plan = crate::core::check_report::render_plan(&daemon_view(&out), None);
+        assert!(
+            plan.contains(&format!(
+                "[Peer]\nPublicKey = {}\nEndpoint = 203.0.113.10:51820\n",
+                group.public_key()
+            )),
+            "{plan}"
+        );
+    }
+    // The operator's own public_endpoint in the base stands, and a note says so.
+    let base_with = base().replace(
+        "listen_port = 51820\n",
+        "listen_port = 51820\npublic_endpoint = \"vpn.example.com:51820\"\n",
+    );
+    let mut r = shared(1);
+    r.endpoint = Some("203.0.113.10:51820".into());
+    let out = render_group(&r, &[], &base_with, &with_group_key(&empty, &group), || {
+        panic!("no key generated")
+    })
+    .expect("renders");
+    assert_eq!(
+        daemon_view(&out)
+            .interface
+            .public_endpoint
+            .map(|e| e.to_string()),
+        Some("vpn.example.com:51820".into())
+    );
+    assert!(
+        out.rendered
+            .notes
+            .iter()
+            .any(|n| n.contains("\"vpn.example.com:51820\" of the base config stands")),
+        "{:?}",
+        out.rendered.notes
+    );
 }

@@ -89,6 +89,13 @@ pub fn service_info(svc: &Service) -> ServiceInfo {
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
         ports,
+        load_balancer_ingress: svc
+            .status
+            .iter()
+            .flat_map(|s| s.load_balancer.iter())
+            .flat_map(|lb| lb.ingress.iter().flatten())
+            .filter_map(|i| i.ip.clone().or_else(|| i.hostname.clone()))
+            .collect(),
         created: svc
             .metadata
             .creation_timestamp

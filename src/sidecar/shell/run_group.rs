@@ -33,7 +33,8 @@ use crate::core::dns::{MAX_CONCURRENT_RESOLUTIONS, RESOLVE_TIMEOUT};
 use crate::shell::keys::GenerateKey as _;
 use crate::shell::resolver::Resolver;
 use crate::sidecar::group::{
-    group_key, identity_data, is_member, render_group, with_group_key, Replica,
+    balancer_endpoint, group_key, identity_data, is_balancer, is_member, render_group,
+    with_group_key, Identity, Replica,
 };
 use crate::sidecar::{changed_keys, Backoff, Rejected, ServiceInfo, KEY_PRIVATE};
 use futures::{Stream, StreamExt as _};
@@ -130,6 +131,8 @@ struct GroupLoop {
     known_group_key: Option<SecretKey>,
     /// The over-limit problem last said on the pod.
     reported_over_limit: Option<String>,
+    /// With a shared identity: the group balancer's endpoint and problems last said.
+    reported_balancer: (Option<String>, Vec<String>),
     /// The directory shared with the proxy container, if any.
     config_dir: Option<ConfigDir>,
 }
@@ -250,6 +253,7 @@ pub async fn run_group(
         checks: NameChecks::default(),
         written: None,
         known_key: None,
+        reported_balancer: (None, Vec::new()),
         reported_over_limit: None,
     };
     tracing::info!(
@@ -426,7 +430,12 @@ impl GroupLoop {
     fn member(&self, svc: &Service) -> Option<(Key, Member)> {
         let mut info = service_info(svc);
         info.keep_what_a_group_reads();
-        is_member(&info, &self.settings.replica.group).then(|| {
+        // With a shared identity the group's balancer too: its address is the group's
+        // endpoint (render_group reads only members).
+        let group = &self.settings.replica.group;
+        let balancer =
+            self.settings.replica.identity == Identity::Shared && is_balancer(&info, group);
+        (is_member(&info, group) || balancer).then(|| {
             (
                 (info.namespace.clone(), info.name.clone()),
                 Member {
@@ -616,8 +625,12 @@ impl GroupLoop {
             Some(key) => with_group_key(&current, &key),
             None => current,
         };
+        let replica = Replica {
+            endpoint: self.balancer_endpoint(),
+            ..self.settings.replica.clone()
+        };
         let out = render_group(
-            &self.settings.replica,
+            &replica,
             self.members.values().map(|m| &*m.info),
             &base,
             &current,
@@ -663,6 +676,36 @@ impl GroupLoop {
             "Secret updated"
         );
         handed
+    }
+
+    /// With a shared identity, where peers reach the group: its balancer's address, said in the
+    /// log when it changes (and its problems, once each). `None` in a per-replica group.
+    fn balancer_endpoint(&mut self) -> Option<String> {
+        if self.settings.replica.identity != Identity::Shared {
+            return None;
+        }
+        let (endpoint, problems) = balancer_endpoint(
+            self.members.values().map(|m| &*m.info),
+            &self.settings.replica.group,
+        );
+        let (said_endpoint, said_problems) = &self.reported_balancer;
+        for problem in problems.iter().filter(|p| !said_problems.contains(p)) {
+            tracing::warn!(problem = %problem, "Group balancer");
+        }
+        if *said_endpoint != endpoint {
+            match &endpoint {
+                Some(e) => tracing::info!(
+                    endpoint = %e,
+                    "Peers reach the group at its balancer's address: the Endpoint of their [Peer] section (`tunnelgate check` prints the section)"
+                ),
+                None => tracing::info!(
+                    annotation = crate::sidecar::group::ANNOTATION_GROUP_BALANCER,
+                    "No group balancer address (yet): no Service so annotated, or its load balancer has none"
+                ),
+            }
+        }
+        self.reported_balancer = (endpoint.clone(), problems);
+        endpoint
     }
 
     /// With a shared identity, the group's key: read from its identity Secret, or, when there is
