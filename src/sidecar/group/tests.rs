@@ -1002,7 +1002,10 @@ fn the_groups_endpoint_is_its_balancers_first_address_with_its_udp_port() {
         assert!(problems.is_empty(), "{problems:?}");
     }
     // No balancer, or one of another group: nothing.
-    assert_eq!(balancer_endpoint(std::slice::from_ref(&member), GROUP), (None, vec![]));
+    assert_eq!(
+        balancer_endpoint(std::slice::from_ref(&member), GROUP),
+        (None, vec![])
+    );
     let mut other = balancer("other-wireguard", 5, udp(), &["203.0.113.10"]);
     other
         .annotations
