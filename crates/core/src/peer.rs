@@ -119,6 +119,10 @@ pub struct Peer<S = Tunnel> {
     takeover: TakeoverState,
     /// When the latest takeover initiation went, on the caller's clock.
     takeover_started: Option<Instant>,
+    /// When a handshake response last completed a session this side initiated, on the
+    /// caller's clock ([`Peer::decapsulate_handshake`]). boringtun's own record of it moves only
+    /// with its timer tick (100 ms), too coarse to time a takeover of a few milliseconds.
+    response_completed_at: Option<Instant>,
 }
 
 impl Peer<Tunnel> {
@@ -159,6 +163,7 @@ impl<S: Session> Peer<S> {
             newest: None,
             takeover: TakeoverState::Idle,
             takeover_started: None,
+            response_completed_at: None,
         }
     }
 
@@ -264,6 +269,27 @@ impl<S: Session> Peer<S> {
         received.action
     }
 
+    /// [`Peer::decapsulate`] for a handshake message on the handshake path at `now`: a
+    /// response that completes this side's initiation (boringtun confirms it with a keepalive)
+    /// is stamped with `now`, which times a takeover.
+    pub fn decapsulate_handshake<T: PeerLookup>(
+        &mut self,
+        peers: &T,
+        me: &T::Peer,
+        from: PeerPath,
+        datagram: &[u8],
+        landing: &mut [u8],
+        now: Instant,
+    ) -> Inbound {
+        let decision = self.decapsulate(peers, me, from, datagram, landing);
+        if Handshake::of(datagram) == Some(Handshake::Response)
+            && matches!(decision, Inbound::Reply(_))
+        {
+            self.response_completed_at = Some(now);
+        }
+        decision
+    }
+
     /// Whether `datagram` from `from` is a data message naming a session this side does not
     /// have, from a source with which it has no live session: a takeover's cue.
     fn names_unknown_session(&self, datagram: &[u8], from: PeerPath) -> bool {
@@ -284,10 +310,13 @@ impl<S: Session> Peer<S> {
         global: &mut TokenBucket,
         out: &mut [u8],
     ) -> (TakeoverStep, Option<usize>) {
-        let completed_at = self
-            .tunnel
-            .since_last_handshake()
-            .and_then(|since| now.checked_sub(since));
+        // A response stamped on this clock; else boringtun's coarser record (a session that
+        // completed as the responder, which a takeover never is, or a caller without stamps).
+        let completed_at = self.response_completed_at.or_else(|| {
+            self.tunnel
+                .since_last_handshake()
+                .and_then(|since| now.checked_sub(since))
+        });
         let step = self
             .takeover
             .due(now, self.takeover_started, completed_at, global);

@@ -160,7 +160,7 @@ impl HandshakeWork {
         };
         let decision = {
             let mut peer = slot.lock();
-            peer.decapsulate(table, slot, q.from, datagram, &mut self.out)
+            peer.decapsulate_handshake(table, slot, q.from, datagram, &mut self.out, now)
         };
         match decision {
             Inbound::Reply(len) => {
