@@ -11,7 +11,9 @@
 //! IPv6 sources counted per /64) and the kernel's (`MAX_QUEUED_INCOMING_HANDSHAKES` 4,096,
 //! under load from an eighth of it, held one second).
 
+use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
+use std::hash::BuildHasher;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
@@ -101,6 +103,98 @@ const BANK_MAX: u64 = COST * PER_SOURCE_BURST as u64;
 /// How often idle buckets (full again) are forgotten.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
+impl Bucket {
+    fn full(now: Instant) -> Bucket {
+        Bucket {
+            banked: BANK_MAX,
+            last: now,
+        }
+    }
+
+    /// The refill banked by `now`, up to a full bucket.
+    fn banked_at(&self, now: Instant) -> u64 {
+        let refill =
+            u64::try_from(now.saturating_duration_since(self.last).as_nanos()).unwrap_or(u64::MAX);
+        self.banked.saturating_add(refill).min(BANK_MAX)
+    }
+
+    /// Refills to `now` and takes one token: whether there was one.
+    fn take(&mut self, now: Instant) -> bool {
+        self.banked = self.banked_at(now);
+        self.last = now;
+        if self.banked >= COST {
+            self.banked -= COST;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// Sources one packet reader's [`Admission`] table holds: sets of [`ADMISSION_WAYS`].
+pub const ADMISSION_SLOTS: usize = 4096;
+
+/// Sources per set of an [`Admission`] table: a source lands in one set by a keyed hash and
+/// takes the place of the idlest there, so sources that share a set do not reset each
+/// other's buckets.
+pub const ADMISSION_WAYS: usize = 4;
+
+/// A packet reader's share per source of the handshake queue, under load: before a handshake
+/// message is queued, its source (IPv6 per /64) is charged [`PER_SOURCE_PER_SECOND`] with a
+/// burst of [`PER_SOURCE_BURST`], as the handshake path charges a proven source. So sources
+/// that flood cannot fill the queue that a new peer's initiation, and then its retry with the
+/// cookie, must pass through: the queue holds their share and the newcomer's.
+///
+/// The address is not proven here (a reader checks no mac): a source may be spoofed. Spoofing
+/// a victim's address can spend its share, but only while the interface is under load, which
+/// any flood already brings about; spoofing many addresses gets each its own share, and that
+/// is no worse than no admission at all. Bounded: a fixed table of sets, chosen by a hash keyed
+/// per table (an attacker cannot aim at a victim's set); a new source in a full set takes the
+/// place of the one whose bucket is fullest (the idlest), with a full bucket of its own.
+pub struct Admission {
+    sets: Vec<[Option<(u64, Bucket)>; ADMISSION_WAYS]>,
+    hasher: RandomState,
+}
+
+impl Default for Admission {
+    fn default() -> Self {
+        Admission::new()
+    }
+}
+
+impl Admission {
+    pub fn new() -> Admission {
+        Admission {
+            sets: vec![[None; ADMISSION_WAYS]; ADMISSION_SLOTS / ADMISSION_WAYS],
+            hasher: RandomState::new(),
+        }
+    }
+
+    /// Charges `source` one handshake message at `now`: whether it may be queued.
+    pub fn admit(&mut self, source: IpAddr, now: Instant) -> bool {
+        let tag = self.hasher.hash_one(SourceKey::of(source));
+        let set = &mut self.sets[(tag % (ADMISSION_SLOTS / ADMISSION_WAYS) as u64) as usize];
+        if let Some((_, bucket)) = set.iter_mut().flatten().find(|(held, _)| *held == tag) {
+            return bucket.take(now);
+        }
+        // A free place, else the idlest source's: the one with the most refill banked by now.
+        let place = set.iter().position(Option::is_none).unwrap_or_else(|| {
+            (0..ADMISSION_WAYS)
+                .max_by_key(|&w| set[w].map_or(u64::MAX, |(_, b)| b.banked_at(now)))
+                .unwrap_or(0)
+        });
+        let mut bucket = Bucket::full(now);
+        let admitted = bucket.take(now);
+        set[place] = Some((tag, bucket));
+        admitted
+    }
+
+    /// Sources the table holds (at most [`ADMISSION_SLOTS`]).
+    pub fn sources(&self) -> usize {
+        self.sets.iter().flatten().flatten().count()
+    }
+}
+
 impl Default for SourceLimiter {
     fn default() -> Self {
         SourceLimiter::new()
@@ -122,20 +216,10 @@ impl SourceLimiter {
         if !self.buckets.contains_key(&key) && self.buckets.len() >= MAX_SOURCES {
             return false;
         }
-        let bucket = self.buckets.entry(key).or_insert(Bucket {
-            banked: BANK_MAX,
-            last: now,
-        });
-        let refill = u64::try_from(now.saturating_duration_since(bucket.last).as_nanos())
-            .unwrap_or(u64::MAX);
-        bucket.banked = bucket.banked.saturating_add(refill).min(BANK_MAX);
-        bucket.last = now;
-        if bucket.banked >= COST {
-            bucket.banked -= COST;
-            true
-        } else {
-            false
-        }
+        self.buckets
+            .entry(key)
+            .or_insert(Bucket::full(now))
+            .take(now)
     }
 
     /// Sources remembered now.

@@ -8,10 +8,13 @@
 use super::table::PeerTable;
 use super::workers::send_one;
 use super::Inner;
-use crate::core::handshake::{SourceLimiter, UnderLoad, QUEUE_CAPACITY};
+use crate::core::handshake::{Admission, SourceLimiter, UnderLoad, QUEUE_CAPACITY};
 use crate::core::packet::{self, DropReason, Inbound, PeerPath, Sender};
 use crate::shell::udp::{WgSocket, MAX_DATAGRAM};
 use crossbeam_queue::ArrayQueue;
+use std::cell::RefCell;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 /// The largest handshake message (an initiation); a response is 92 bytes, a cookie reply 64.
@@ -36,13 +39,46 @@ struct Queued {
 /// normal-priority consumer holds.
 pub(super) struct HandshakeQueue {
     queue: ArrayQueue<Queued>,
+    /// Whether the interface is under load, as the timer thread last decided it: the readers
+    /// then charge each source before queueing ([`HandshakeQueue::admit`]).
+    under_load: AtomicBool,
+    /// Set by a reader that refused a source its share; the timer thread takes it as load (so
+    /// a flood the readers keep out of the queue still keeps the interface under load).
+    refused: AtomicBool,
+}
+
+std::thread_local! {
+    /// Each packet thread's own share table (made at its first message under load): no lock
+    /// between readers, and a source keeps to one reader's socket by the kernel's hash.
+    static ADMISSION: RefCell<Option<Admission>> = const { RefCell::new(None) };
 }
 
 impl HandshakeQueue {
     pub(super) fn new() -> HandshakeQueue {
         HandshakeQueue {
             queue: ArrayQueue::new(QUEUE_CAPACITY),
+            under_load: AtomicBool::new(false),
+            refused: AtomicBool::new(false),
         }
+    }
+
+    /// Whether a handshake message from `source` may be queued: always, unless under load;
+    /// then as the source's share allows ([`Admission`], this thread's table).
+    pub(super) fn admit(&self, source: IpAddr) -> bool {
+        if !self.under_load.load(Ordering::Relaxed) {
+            return true;
+        }
+        let now = crate::shell::clock::now();
+        let admitted = ADMISSION.with(|table| {
+            table
+                .borrow_mut()
+                .get_or_insert_with(Admission::new)
+                .admit(source, now)
+        });
+        if !admitted {
+            self.refused.store(true, Ordering::Relaxed);
+        }
+        admitted
     }
 
     /// Queues `datagram` (a handshake message by [`crate::core::wg::is_handshake`]), received
@@ -95,7 +131,11 @@ impl HandshakeWork {
     pub(super) fn round(&mut self, inner: &Inner, table: &PeerTable, now: Instant) -> bool {
         let queue = &inner.handshakes;
         let depth = queue.depth();
-        let under_load = self.load.observe(depth, QUEUE_CAPACITY, now);
+        // A source the readers refused counts as a deep queue: the flood is still on.
+        let refused = queue.refused.swap(false, Ordering::Relaxed);
+        let seen = if refused { QUEUE_CAPACITY } else { depth };
+        let under_load = self.load.observe(seen, QUEUE_CAPACITY, now);
+        queue.under_load.store(under_load, Ordering::Relaxed);
         table.limiter().set_under_load(under_load);
         if depth == 0 {
             return false;
@@ -212,6 +252,30 @@ mod tests {
         assert!(
             queue.push(from(), 1, &[2u8; 92]),
             "room again after one is taken"
+        );
+    }
+
+    /// Not under load every message may be queued; under load a source gets its burst, is
+    /// then refused (and the refusal is left for the timer thread to see as load), while a
+    /// source that sent nothing yet still gets in.
+    #[test]
+    fn under_load_a_source_past_its_share_is_refused_and_a_new_one_admitted() {
+        use crate::core::handshake::PER_SOURCE_BURST;
+        let queue = HandshakeQueue::new();
+        let flooder = from().remote.ip();
+        assert!((0..100).all(|_| queue.admit(flooder)), "no load, no limit");
+        assert!(!queue.refused.load(Ordering::Relaxed));
+        queue.under_load.store(true, Ordering::Relaxed);
+        let admitted = (0..100).filter(|_| queue.admit(flooder)).count();
+        // The burst (a few more if the test's own clock refilled one meanwhile).
+        assert!(
+            (PER_SOURCE_BURST as usize..PER_SOURCE_BURST as usize + 3).contains(&admitted),
+            "{admitted}"
+        );
+        assert!(queue.refused.load(Ordering::Relaxed), "the refusal is told");
+        assert!(
+            queue.admit(IpAddr::from([203, 0, 113, 7])),
+            "a newcomer gets in"
         );
     }
 

@@ -759,6 +759,14 @@ fn open_batch(
         // checks their type and size only, and never runs a Diffie-Hellman.
         if wg::is_handshake(datagram) {
             unauthenticated += 1;
+            // Under load each source gets its share of the queue, so a flood from some
+            // sources leaves room for a new peer's initiation and its retry.
+            if !inner.handshakes.admit(from.remote.ip()) {
+                inner
+                    .drops
+                    .add_received(DropReason::HandshakeLimited, datagram.len());
+                continue;
+            }
             if inner.handshakes.push(from, emit.worker, datagram) {
                 queued_handshakes = true;
             } else {

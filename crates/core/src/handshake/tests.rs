@@ -119,3 +119,74 @@ proptest! {
         prop_assert!(allowed as f64 <= bound + 1e-9, "{} > {}", allowed, bound);
     }
 }
+
+/// Sixty-four sources flooding at 10,000 messages a second each get their share and no more,
+/// and a newcomer among them gets its first message in, and its retry 5 s later: the two a
+/// new peer needs (an initiation answered with a cookie, then the retry with mac2).
+#[test]
+fn flooding_sources_get_their_share_and_a_newcomer_its_initiation_and_retry() {
+    let now = t0();
+    let mut admission = Admission::new();
+    let flooders: Vec<IpAddr> = (0..64)
+        .map(|i| IpAddr::V4(Ipv4Addr::new(198, 51, 100, i)))
+        .collect();
+    let newcomer = IpAddr::V4(Ipv4Addr::new(203, 0, 113, 7));
+    let mut admitted = 0usize;
+    let mut newcomer_in = Vec::new();
+    // 10 s, every 100 µs each flooder sends one.
+    for tick in 0..100_000u64 {
+        let at = now + Duration::from_micros(tick * 100);
+        for f in &flooders {
+            admitted += usize::from(admission.admit(*f, at));
+        }
+        if tick % 50_000 == 15_000 {
+            newcomer_in.push(admission.admit(newcomer, at));
+        }
+    }
+    // Each flooder: its burst and 20 a second for 10 s, and not one more.
+    let share = 64 * (PER_SOURCE_BURST as usize + 10 * PER_SOURCE_PER_SECOND as usize);
+    assert!(admitted <= share, "{admitted} > {share}");
+    assert!(admitted >= share - 64, "{admitted}: the share is given");
+    assert_eq!(newcomer_in, [true, true], "the initiation and its retry");
+}
+
+#[test]
+fn admission_counts_an_ipv6_64_as_one_source_and_forgets_nothing_it_needs() {
+    let now = t0();
+    let mut admission = Admission::new();
+    let host = |n: u16| IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0, 1, 0, 0, 0, n));
+    // Hosts of one /64 share one bucket: the burst, then nothing at the same instant.
+    let admitted = (0..100).filter(|n| admission.admit(host(*n), now)).count();
+    assert_eq!(admitted, PER_SOURCE_BURST as usize);
+    // Another /64 is its own source.
+    let other = IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0, 2, 0, 0, 0, 1));
+    assert!(admission.admit(other, now));
+    // A v4-mapped address is its IPv4 source.
+    let v4 = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 9));
+    let mapped = IpAddr::V6(Ipv4Addr::new(192, 0, 2, 9).to_ipv6_mapped());
+    let taken = (0..PER_SOURCE_BURST)
+        .filter(|_| admission.admit(v4, now))
+        .count();
+    assert_eq!(taken, PER_SOURCE_BURST as usize);
+    assert!(
+        !admission.admit(mapped, now),
+        "the same source, out of tokens"
+    );
+}
+
+proptest! {
+    /// However many sources (spoofed ones: any number), the table stays its fixed size and a
+    /// source admitted in a burst never gets more than its burst at one instant.
+    #[test]
+    fn admission_is_bounded_whatever_the_sources(sources in proptest::collection::vec(any::<u32>(), 1..5000)) {
+        let now = t0();
+        let mut admission = Admission::new();
+        for s in &sources {
+            admission.admit(IpAddr::V4(Ipv4Addr::from(*s)), now);
+        }
+        prop_assert!(admission.sources() <= ADMISSION_SLOTS);
+        let one = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1));
+        let burst = (0..50).filter(|_| admission.admit(one, now)).count();
+        prop_assert!(burst <= PER_SOURCE_BURST as usize);
+    }
+}
