@@ -695,6 +695,35 @@ def table(head: tuple, body: list[tuple]) -> list[str]:
     return lines
 
 
+def done_when(rows: list[dict]) -> list[str]:
+    """Issue 44's done-when, row by row at the default (real-time) priority: what the figures say,
+    not a judgement of the rig (a rate the generator did not reach is said as such)."""
+    ok = lambda c: "yes" if c else "NO"  # noqa: E731
+    out = ["done-when (issue 44), readers at real-time priority:"]
+    streams = {(r["flood"], r["rate"]): r for r in rows if r["window"] == "stream" and r["mode"] == "rt"}
+    want = {"1x": 1.0, "2x": 2.0}
+    for r in rows:
+        if r["window"] != "neighbour" or r["mode"] != "rt" or r["flood"] not in JOIN_FLOODS:
+            continue
+        lost = r["ping_lost"] / max(1, r["ping_sent"])
+        parts = [f"sent {r['sent_x_old_capacity'] or 0:.2f}x the old capacity ({ok((r['sent_x_old_capacity'] or 0) >= want.get(r['rate'], 0))})",
+                 f"ping p99 {r['ping_p99_max_ms'] or 0:.2f} ms (worst round), lost {lost * 100:.1f} % ({ok((r['ping_p99_max_ms'] or 1e9) <= 5 and lost <= 0.01)})"]
+        if "joiner_joins" in r:
+            parts.append(f"joiner through the cookie on its first retry in {r['joiner_first_retry_through_cookie']}/{r['joiner_joins']}, "
+                         f"longest {r['joiner_handshake_max_s'] if r['joiner_handshake_max_s'] is not None else '-'} s "
+                         f"({ok(r['joiner_first_retry_through_cookie'] == r['joiner_joins'] and (r['joiner_handshake_max_s'] or 1e9) <= REKEY_TIMEOUT + 1)})")
+        st = streams.get((r["flood"], r["rate"]))
+        if st and st["stream_kept_min"] is not None:
+            parts.append(f"stream kept {st['stream_kept_min']:.2f} (least) ({ok(st['stream_kept_min'] >= 0.8)})")
+        out.append(f"  {r['flood']} {r['rate']}: " + "; ".join(parts))
+    b = stall_bound_ms()["burst_plus_batch"]
+    for r in rows:
+        if r["window"] == "neighbour" and r["mode"] == "rt" and " gso" in r["flood"] and r["neighbour_longest_stall_ms"] is not None:
+            out.append(f"  {r['flood']} (GRO-sized): neighbour's longest stall {r['neighbour_longest_stall_ms']:.1f} ms against {b:g} ms "
+                       f"({ok(r['neighbour_longest_stall_ms'] <= b)})")
+    return out
+
+
 def report(rows: list[dict], results: dict) -> str:
     f = lambda v, fmt="{:.2f}": "-" if v is None else fmt.format(v)  # noqa: E731
     pct = lambda v: "-" if v is None else f"{v * 100:.0f} %"  # noqa: E731
@@ -733,6 +762,7 @@ def report(rows: list[dict], results: dict) -> str:
             if over > 0:
                 lines.append(f"  {r['flood']} {r['rate']} rt: longest stall {r['neighbour_longest_stall_ms']:.1f} ms, "
                              f"{over:.1f} ms over burst + one batch (no-flood window: {f(r['neighbour_alone_longest_stall_ms'], '{:.1f}')} ms)")
+    lines += ["", *done_when(rows)]
     caps = results.get("capacity", {})
     lines.append("")
     for kind, c in caps.items():
@@ -747,7 +777,8 @@ def report(rows: list[dict], results: dict) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()),
+                                 epilog="The default run is issue 44's done-when; --quick is one round of it (see benches/flood/README.md).")
     ap.add_argument("--rounds", type=int, default=3, help="rounds, each mode in turn (default 3)")
     ap.add_argument("--duration", type=float, default=8, help="seconds per measurement window (default 8)")
     ap.add_argument("--ramp-step", type=float, default=2, help="seconds per rate of the capacity ramp (default 2)")
