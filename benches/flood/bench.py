@@ -56,7 +56,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "common"))
 from benchproc import (  # noqa: E402
-    PID, REPO, CommandFailed, Daemon, ThreadSampler, add_ns, add_output_args, build_release_tunnelgate, genkey, git_commit, kill_ns, log,
+    CLK_TCK, PID, REPO, CommandFailed, Daemon, ThreadSampler, add_ns, add_output_args, build_release_tunnelgate, genkey, git_commit, kill_ns, log,
     WG_SOCKET_DIR, iperf3_server, nsx, process_facts, raise_on_signals, results_path, run, stop_process, sweep_stale, tail, thread_sched,
     threads_named, wait_for,
 )
@@ -466,6 +466,7 @@ def measure(rig: Rig, kind: str | None, rate: float, seconds: float, procs: int,
     txq: list[int] = []
     with ThreadSampler({"reader": rig.proxy.pid}, prefixes=("tg-udp-rx-",)) as sampler:
         threads0 = proxy_threads_ns(rig)
+        cpu0 = cpu_times(rig.reader_cpu)
         end = time.monotonic() + window
         while time.monotonic() < end:
             if joiner and not joiner.joined and time.monotonic() >= flood_start + JOIN_AT:
@@ -477,6 +478,7 @@ def measure(rig: Rig, kind: str | None, rate: float, seconds: float, procs: int,
             time.sleep(min(0.1, max(0.0, end - time.monotonic())))
         readers = sampler.stop()
         threads1 = proxy_threads_ns(rig)
+        cpu1 = cpu_times(rig.reader_cpu)
     if joiner and not joiner.joined:  # a window shorter than JOIN_AT
         joiner.join()
     threads = {name: round((ns - threads0.get(name, 0)) / 1e9 / window, 3) for name, ns in threads1.items()}
@@ -502,6 +504,15 @@ def measure(rig: Rig, kind: str | None, rate: float, seconds: float, procs: int,
     rd = readers.get("reader", {})
     r["reader"] = {"fifo_fraction": rd.get("fifo_fraction"), "cpu_share": rd.get("cpu_share"), "samples": sum(t["samples"] for t in rd.get("threads", {}).values())}
     r["proxy_cpu_share"] = round(daemon_cpu, 3)
+    # Where the reader's CPU went (/proc/stat): a stall of the neighbour that neither the reader
+    # nor the neighbour's own CPU time explains was softirq, another process, or the hypervisor.
+    r["reader_cpu_time"] = cpu_delta(cpu0, cpu1)
+    ct = r["reader_cpu_time"]
+    if ct and r["reader"]["cpu_share"] is not None:
+        busy = 1 - ct["idle"] - ct["iowait"]
+        # What neither the reader nor the neighbour used of the CPU they share (softirq and
+        # steal included): other threads, the kernel's receive work, the hypervisor.
+        r["reader_cpu_time"]["others"] = round(max(0.0, busy - r["reader"]["cpu_share"] - r["neighbour"]["cpu_share"]), 3)
     r["proxy_threads_cpu_share"] = {k: v for k, v in sorted(threads.items(), key=lambda kv: -kv[1]) if v >= 0.005}
     r["socket_queue_bytes"] = {"max": max(queue, default=None), "median": statistics.median(queue) if queue else None, "samples": len(queue),
                                "tx_max": max(txq, default=None)}
@@ -543,6 +554,44 @@ def stream(rig: Rig, kind: str | None, rate: float, seconds: float, procs: int, 
     finally:
         stop_process(server)
         run(["taskset", "-a", "-p", "-c", rig.other_cpus, str(client_pid)], check=False)
+
+
+CPU_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def cpu_times(cpu: int) -> dict[str, int] | None:
+    """The clock ticks of one CPU by kind, from /proc/stat's cpuN line; also the CPU time of its
+    ksoftirqd thread, in ns (softirq work deferred to a thread)."""
+    try:
+        for line in open("/proc/stat"):
+            if line.startswith(f"cpu{cpu} "):
+                out = dict(zip(CPU_FIELDS, map(int, line.split()[1:9])))
+                break
+        else:
+            return None
+    except OSError:
+        return None
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                if Path(f"/proc/{pid}/comm").read_text().strip() == f"ksoftirqd/{cpu}":
+                    out["ksoftirqd_ns"] = int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
+                    break
+            except (OSError, ValueError, IndexError):
+                continue
+    return out
+
+
+def cpu_delta(a: dict | None, b: dict | None) -> dict | None:
+    """Shares of the interval between two `cpu_times` by kind, and ksoftirqd's share."""
+    if not a or not b:
+        return None
+    d = {k: b[k] - a[k] for k in CPU_FIELDS}
+    total = sum(d.values()) or 1
+    out = {k: round(v / total, 3) for k, v in d.items()}
+    if "ksoftirqd_ns" in a and "ksoftirqd_ns" in b:
+        out["ksoftirqd"] = round((b["ksoftirqd_ns"] - a["ksoftirqd_ns"]) / 1e9 / (total / CLK_TCK), 3)
+    return out
 
 
 def proxy_threads_ns(rig: Rig) -> dict[str, int]:
@@ -643,6 +692,7 @@ def summarize(results: dict) -> list[dict]:
             "neighbour_alone_longest_stall_ms": max(alone_stalls) if alone_stalls else None,
             "reader_cpu_share": med([r["reader"]["cpu_share"] for r in rs if r["reader"]["cpu_share"] is not None]),
             "reader_fifo_fraction": med([r["reader"]["fifo_fraction"] for r in rs if r["reader"]["fifo_fraction"] is not None]),
+            "cpu_others_share": med([r["reader_cpu_time"]["others"] for r in rs if (r.get("reader_cpu_time") or {}).get("others") is not None]),
             "socket_drop_fraction": med([r["socket_drops"] / max(1, r.get("generator", {}).get("sent", 1)) for r in rs]),
             "replies": med([r.get("generator", {}).get("replies", 0) for r in rs]),
             "socket_queue_max_kb": med([r["socket_queue_bytes"]["max"] / 1024 for r in rs if r.get("socket_queue_bytes", {}).get("max") is not None]),
@@ -738,11 +788,11 @@ def report(rows: list[dict], results: dict) -> str:
         body.append((r["flood"], r["rate"], r["mode"], f(r["offered_pps"], "{:.0f}"), f(r["sent_pps"], "{:.0f}"), f(r["sent_x_old_capacity"], "{:.2f}x"),
                      pct(r["neighbour_share"]), f(r["neighbour_vs_normal"], "{:.2f}x"),
                      f"{f(r['neighbour_longest_stall_ms'], '{:.1f}')} ({f(r['neighbour_alone_longest_stall_ms'], '{:.1f}')})",
-                     pct(r["reader_cpu_share"]), pct(r["reader_fifo_fraction"]),
+                     pct(r["reader_cpu_share"]), pct(r["reader_fifo_fraction"]), pct(r["cpu_others_share"]),
                      pct(r["socket_drop_fraction"]), f(r["socket_queue_max_kb"], "{:.0f}"), f(r["replies"], "{:.0f}"),
                      f"{f(r['ping_p50_ms'])} / {f(r['ping_p99_ms'])}", f"{r['ping_lost']}/{r['ping_sent']}", f(r["underlay_ping_p99_ms"]), join))
     lines = table(("flood", "rate", "priority", "offered/s", "sent/s", "x old cap", "neighbour kept", "vs normal prio", "longest stall ms (no flood)",
-                   "reader CPU", "reader at FIFO", "socket drops", "queue max KB", "replies", "ping p50/p99 ms", "ping lost", "underlay p99",
+                   "reader CPU", "reader at FIFO", "rest of CPU", "socket drops", "queue max KB", "replies", "ping p50/p99 ms", "ping lost", "underlay p99",
                    "joiner handshake s"), body)
     sbody = [(r["flood"], r["rate"], r["mode"], f(r["sent_pps"], "{:.0f}"), f(r["sent_x_old_capacity"], "{:.2f}x"), f(r["stream_alone_mbps"], "{:.0f}"),
               f(r["stream_mbps"], "{:.0f}"), f"{f(r['stream_kept'])} (min {f(r['stream_kept_min'])})", pct(r["reader_cpu_share"]))
@@ -932,6 +982,8 @@ def main() -> int:
                                 f"(CPU {r['neighbour']['cpu_share'] * 100:.0f} %, longest stall {r['neighbour'].get('longest_stall_ms')} ms), "
                                 f"reader CPU {(r['reader']['cpu_share'] or 0) * 100:.0f} % at FIFO "
                                 f"{(r['reader']['fifo_fraction'] or 0) * 100:.0f} % of samples, ping p99 {r['ping']['p99_ms']} ms, lost {r['ping']['lost']}"
+                                + (f"; the rest of CPU {rig.reader_cpu}: {ct.get('others', 0) * 100:.0f} % (softirq {ct['softirq'] * 100:.0f} %, "
+                                   f"steal {ct['steal'] * 100:.0f} %)" if (ct := r.get("reader_cpu_time")) else "")
                                 + (f"; joiner {j.get('handshake_s')} s ({j.get('initiations')} initiations, {j.get('cookie_replies')} cookie replies)" if j else ""))
                         if not rig.proxy.alive():
                             raise CommandFailed(f"the proxy exited: {tail(rig.proxy.logfile)}")
