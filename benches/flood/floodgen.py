@@ -8,7 +8,9 @@
                                         UDP_GRO socket takes in one piece, as a NIC's GRO would
                                         coalesce them), counts what comes back, prints one JSON line
   sink PORT SECONDS                     binds a UDP port and never reads it (the generator's ceiling)
-  neighbour SECONDS                     a busy loop: prints how many iterations per second it made
+  neighbour SECONDS                     a busy loop: prints how many iterations per second it made,
+                                        and its longest stall (the longest gap between two looks at
+                                        the clock, every STALL_CHUNK iterations)
 
 KIND: init (handshake initiations with a valid mac1 for PUBKEY: anyone can make them from the public
 key), init2 (the same with a valid mac2: the generator first floods until the target answers with a
@@ -33,6 +35,7 @@ import sys
 import time
 
 POOL = 1024  # distinct messages, sent round-robin
+STALL_CHUNK = 1000  # the neighbour's iterations between two looks at the clock
 BATCH_MAX = 64
 
 
@@ -264,18 +267,42 @@ def sink(port: int, seconds: float) -> dict:
 
 
 def neighbour(seconds: float) -> dict:
-    """A normal-priority busy loop: iterations per second of wall time, and its CPU share."""
+    """A normal-priority busy loop: iterations per second of wall time, its CPU share, and its
+    stalls: the gaps between chunks of STALL_CHUNK iterations (about 30 us each when it has the
+    CPU), the longest of them, and how many passed 5, 10, 20 and 40 ms. A gap is time the loop
+    did not run: another thread (a reader at real-time priority, the scheduler's choice at
+    normal priority), softirq, or the hypervisor held its CPU."""
     n = 0
     t0 = time.monotonic()
     c0 = time.thread_time()
     end = t0 + seconds
+    prev = t0
+    longest = 0.0
+    gaps = []  # the longest few, in seconds
+    over = {5: 0, 10: 0, 20: 0, 40: 0}
     while True:
-        for _ in range(20000):
+        for _ in range(STALL_CHUNK):
             n += 1
-        if time.monotonic() >= end:
+        now = time.monotonic()
+        gap = now - prev
+        prev = now
+        if gap > 0.002:
+            gaps.append(gap)
+            if len(gaps) > 64:
+                gaps.sort(reverse=True)
+                del gaps[8:]
+            for ms in over:
+                if gap * 1000 > ms:
+                    over[ms] += 1
+        if gap > longest:
+            longest = gap
+        if now >= end:
             break
     wall = time.monotonic() - t0
-    return {"iterations_per_s": n / wall, "cpu_share": round((time.thread_time() - c0) / wall, 4), "seconds": round(wall, 3)}
+    gaps.sort(reverse=True)
+    return {"iterations_per_s": n / wall, "cpu_share": round((time.thread_time() - c0) / wall, 4), "seconds": round(wall, 3),
+            "longest_stall_ms": round(longest * 1000, 2), "stalls_ms": [round(g * 1000, 2) for g in gaps[:8]],
+            "stalls_over_ms": {str(k): v for k, v in over.items()}, "chunk_iterations": STALL_CHUNK}
 
 
 def main() -> int:

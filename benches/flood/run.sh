@@ -13,6 +13,6 @@ if [[ "$(id -u)" != "0" ]]; then
 fi
 
 source scripts/packages.sh
-install_missing wireguard-tools iproute2 iputils-ping util-linux python3 || true
+install_missing wireguard-tools wireguard-go iperf3 iproute2 iputils-ping util-linux python3 || true
 
 exec python3 benches/flood/bench.py "$@"
