@@ -59,34 +59,17 @@ fn setup(extra: usize) -> (Netns, Netns, TgConfig, WgGo) {
     (a, b, cfg, wg)
 }
 
-/// Reply times (Unix seconds) in `ping -D` output.
-fn reply_times(out: &str) -> Vec<f64> {
-    out.lines()
-        .filter(|l| l.contains("bytes from"))
-        .filter_map(|l| l.strip_prefix('[')?.split(']').next()?.parse().ok())
-        .collect()
-}
-
-fn unix_now() -> f64 {
-    clock::wall_now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64())
-}
-
-/// The longest gap between replies in `times` that ends after `after`.
-fn longest_gap_after(times: &[f64], after: f64) -> f64 {
-    times
-        .windows(2)
-        .filter(|w| w[1] > after)
-        .map(|w| w[1] - w[0])
-        .fold(0.0, f64::max)
-}
-
 #[test]
 #[ignore = "needs root"]
 fn a_restarted_tunnelgate_takes_the_pinging_peer_over_at_once() {
     let (a, b, cfg, wg) = setup(0);
-    restart_under_pings(&a, &b, cfg, wg.name(), wg.public_key(), "wireguard-go");
+    let target = PingTarget {
+        peer_iface: wg.name(),
+        peer_public: wg.public_key(),
+        peer_kind: "wireguard-go",
+        to: A_TUN4,
+    };
+    restart_under_pings(&a, &b, cfg, &target);
 }
 
 /// The same with tunnelgate as the client: the peer that keeps sending is tunnelgate too.
@@ -105,89 +88,13 @@ fn a_restarted_tunnelgate_takes_a_tunnelgate_client_over_at_once() {
     client_cfg.key = client_key;
     client_cfg.workers = Some(1);
     let client = Tunnelgate::start(&b, client_cfg);
-    restart_under_pings(
-        &a,
-        &b,
-        cfg,
-        client.name(),
-        client.public_key(),
-        "tunnelgate",
-    );
-}
-
-/// Starts tunnelgate in `a` with `cfg`; while the peer in `b` (interface `peer_iface`, key
-/// `peer_public`) pings it every 100 ms, kills it with SIGKILL and starts the same config
-/// again; reports the longest silence and asserts the peer was answered soon after the new
-/// process was ready, by a takeover it counts.
-fn restart_under_pings(
-    a: &Netns,
-    b: &Netns,
-    cfg: TgConfig,
-    peer_iface: &str,
-    peer_public: &str,
-    peer_kind: &str,
-) {
-    let mut tg = Tunnelgate::start(a, cfg.clone());
-    let mut ping = b.spawn(&["ping", "-n", "-D", "-i", "0.1", "-W", "1", A_TUN4]);
-    wait_handshake(peer_iface, &cfg.key.public, Duration::from_secs(10));
-    std::thread::sleep(Duration::from_secs(2));
-
-    let killed_at = unix_now();
-    tg.kill9();
-    drop(tg); // its UAPI socket goes before the new process makes its own
-    let tg = Tunnelgate::spawn(a, cfg.clone());
-    tg.wait_ready(Duration::from_secs(10))
-        .unwrap_or_else(|e| panic!("restart: {e}"));
-    let ready_at = unix_now();
-    // Long enough for the peer's own re-handshake (~15 s) to show if takeover did nothing.
-    let deadline = clock::now() + Duration::from_secs(20);
-    let mut first_after = None;
-    while clock::now() < deadline {
-        std::thread::sleep(Duration::from_millis(200));
-        let times = reply_times(&ping.stdout());
-        if let Some(t) = times.iter().find(|t| **t > killed_at) {
-            first_after = Some(*t);
-            if times.last().is_some_and(|last| *last > t + 2.0) {
-                break;
-            }
-        }
-    }
-    let _ = ping.kill9();
-    let times = reply_times(&ping.stdout());
-    let silence = longest_gap_after(&times, killed_at);
-    let first = first_after.unwrap_or_else(|| {
-        panic!(
-            "no ping answered within 20 s of the restart\ntunnelgate:\n{}",
-            tg.stderr()
-        )
-    });
-    let after_ready = first - ready_at;
-    eprintln!(
-        "restart against {peer_kind}: longest silence {silence:.2} s (SIGKILL to first \
-         reply); {after_ready:.2} s after the new process was ready ({:.2} s to start)",
-        ready_at - killed_at
-    );
-    assert!(
-        after_ready <= 2.0,
-        "the peer waited {after_ready:.2} s after the new process was ready\n{}",
-        tg.stderr()
-    );
-    assert!(
-        tg.stderr().contains("Takeover"),
-        "a takeover line at info:\n{}",
-        tg.stderr()
-    );
-    let status = tg.status_json().expect("status JSON");
-    let peer = &status["peers"][0];
-    assert_eq!(peer["takeovers_started"], 1, "{status:#}");
-    assert_eq!(peer["takeovers_completed"], 1, "{status:#}");
-    let metrics = tg.metrics().expect("/metrics");
-    let completed = metric(
-        &metrics,
-        "tunnelgate_peer_takeovers_total",
-        &format!("peer=\"{peer_public}\",peer_name=\"\",outcome=\"completed\""),
-    );
-    assert_eq!(completed, Some(1.0), "{metrics}");
+    let target = PingTarget {
+        peer_iface: client.name(),
+        peer_public: client.public_key(),
+        peer_kind: "tunnelgate",
+        to: A_TUN4,
+    };
+    restart_under_pings(&a, &b, cfg, &target);
 }
 
 /// A data message (type 4) naming `receiver`, with a zero counter and a junk tag.

@@ -5,22 +5,36 @@ A wireguard-go client pings the tunnel address every 100 ms through a UDP balanc
 (nft DNAT, as kube-proxy does) to one of two replicas that hold the same private key, and
 this measures the longest gap between ping replies around:
 
-  restart   the replica is killed with SIGKILL and the same config started again at once;
-  failover  the replica is killed, the balancer moves to the other one at once and flushes
-            its conntrack entries (what kube-proxy does when an endpoint leaves).
+  restart          the replica is killed with SIGKILL and the same config started again at once;
+  failover         the replica is killed, the balancer moves to the other one at once and flushes
+                   its conntrack entries (what kube-proxy does when an endpoint leaves);
+  failover-readyz  the replica is killed, and a balancer that follows readiness (a stand-in for
+                   kubelet's probe plus kube-proxy) polls every replica every 500 ms: when the one
+                   it points at is not ready, it moves to a ready one and flushes conntrack.
+                   tunnelgate replicas are probed with GET /readyz; wireguard-go has no health
+                   endpoint, so its replicas count as ready while their process lives.
 
-Each case runs with tunnelgate replicas and with wireguard-go replicas, in one run. Needs root.
+Each case runs with tunnelgate replicas and with wireguard-go replicas, in one run, --rounds
+times (default 3); the table reports the largest figure over the rounds. The tunnelgate binary
+is `cargo build --release` of this tree unless --bin names one. Needs root.
 """
 import argparse
-import base64
+import ctypes
+import http.client
 import json
 import os
+import random
 import re
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))
+from benchproc import CommandFailed, add_output_args, build_release_tunnelgate, git_commit, results_path  # noqa: E402
 
 NS = {"client": "fo-client", "lb": "fo-lb", "r1": "fo-r1", "r2": "fo-r2"}
 LB_ADDR, CLIENT_ADDR = "10.9.0.1", "10.9.0.2"
@@ -28,6 +42,10 @@ REPLICA_ADDR = {"r1": "10.9.1.2", "r2": "10.9.2.2"}
 LB_SIDE = {"r1": "10.9.1.1", "r2": "10.9.2.1"}
 TUN_SERVER, TUN_CLIENT = "100.64.9.1", "100.64.9.2"
 PORT = 51820
+HEALTH_PORT = 9002
+PROBE_PERIOD = 0.5  # the readiness-following balancer's poll period, seconds
+PROBE_TIMEOUT = 0.4
+CASES = ("restart", "failover", "failover-readyz")
 WG_ENV = dict(os.environ, WG_I_PREFER_BUGGY_USERSPACE_TO_POLISHED_KMOD="1")
 
 
@@ -107,6 +125,78 @@ table ip fo_lb {{
         nsx("lb", "conntrack", "-D", "-p", "udp", "--orig-port-dst", str(PORT), check=False)
 
 
+LIBC = ctypes.CDLL(None, use_errno=True)
+CLONE_NEWNET = 0x40000000
+
+
+def enter_netns(name):
+    """Moves the calling thread (only it) into namespace `name`: its sockets live there."""
+    fd = os.open(f"/var/run/netns/{name}", os.O_RDONLY)
+    try:
+        if LIBC.setns(fd, CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"setns {name}: {os.strerror(err)}")
+    finally:
+        os.close(fd)
+
+
+def readyz_ok(addr):
+    """GET http://ADDR:9002/readyz from the calling thread's namespace: 200 is ready; an error,
+    a timeout or any other status is not."""
+    conn = http.client.HTTPConnection(addr, HEALTH_PORT, timeout=PROBE_TIMEOUT)
+    try:
+        conn.request("GET", "/readyz")
+        return conn.getresponse().status == 200
+    except (OSError, http.client.HTTPException):
+        return False
+    finally:
+        conn.close()
+
+
+class ReadinessBalancer(threading.Thread):
+    """A stand-in for a readiness probe plus kube-proxy, in the balancer namespace: every
+    PROBE_PERIOD it asks each replica whether it is ready (tunnelgate: GET /readyz; wireguard-go,
+    which has no health endpoint: its process lives), and when the replica the DNAT points at is
+    not, points the DNAT at a ready one and deletes the flow's conntrack entries. One failed
+    probe moves it (kubelet's default failureThreshold is 3, at a 10 s period)."""
+
+    def __init__(self, replicas, owner):
+        super().__init__(daemon=True)
+        self.replicas, self.owner = replicas, owner
+        self.stopping = threading.Event()
+        self.all_ready = threading.Event()  # one probe round found every replica ready
+        self.moves = []  # (unix time, from, to)
+        self.error = None
+
+    def ready(self, name):
+        replica = self.replicas[name]
+        if replica.kind == "tunnelgate":
+            return readyz_ok(REPLICA_ADDR[name])
+        return replica.proc is not None and replica.proc.poll() is None
+
+    def run(self):
+        try:
+            enter_netns(NS["lb"])
+            while not self.stopping.is_set():
+                started = time.monotonic()
+                states = {name: self.ready(name) for name in self.replicas}
+                if all(states.values()):
+                    self.all_ready.set()
+                if self.all_ready.is_set() and not states[self.owner]:
+                    to = next((name for name, ok in states.items() if ok), None)
+                    if to is not None:
+                        point_balancer(to)
+                        self.moves.append((time.time(), self.owner, to))
+                        self.owner = to
+                self.stopping.wait(max(0.0, PROBE_PERIOD - (time.monotonic() - started)))
+        except Exception as e:  # reported by the measurement
+            self.error = e
+
+    def stop(self):
+        self.stopping.set()
+        self.join(5)
+
+
 class Replica:
     """One replica: tunnelgate (`run --config`) or wireguard-go configured with `wg set`."""
 
@@ -136,7 +226,7 @@ public_key = "{self.client_public}"
 allowed_ips = ["{TUN_CLIENT}/32"]
 
 [health]
-listen = ""
+listen = "{REPLICA_ADDR[self.where]}:{HEALTH_PORT}"
 """)
             self.proc = subprocess.Popen(["ip", "netns", "exec", NS[self.where], self.binary, "run",
                                           "--config", cfg], stdout=log, stderr=log)
@@ -191,13 +281,19 @@ def reply_times(text):
 
 
 def measure(kind, case, binary, workdir, window):
-    """One case with one kind of replica: the longest silence after the event, in seconds."""
+    """One round of one case with one kind of replica: the silences after the event, in seconds."""
     lab()
     server_key, client_key = genkey(), genkey()
     replicas = {r: Replica(kind, r, server_key, client_key[1], binary, workdir) for r in ("r1", "r2")}
     replicas["r1"].start()
-    if case == "failover":
+    if case != "restart":
         replicas["r2"].start()
+    balancer = None
+    if case == "failover-readyz":
+        balancer = ReadinessBalancer(replicas, "r1")
+        balancer.start()
+        if not balancer.all_ready.wait(10):
+            raise RuntimeError(f"{kind} {case}: the balancer never found both replicas ready ({balancer.error})")
     client = subprocess.Popen(["ip", "netns", "exec", NS["client"], "wireguard-go", "-f", "wgfoc"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=WG_ENV)
     wait_for(lambda: os.path.exists("/var/run/wireguard/wgfoc.sock"))
@@ -207,14 +303,16 @@ def measure(kind, case, binary, workdir, window):
     with open(pinglog, "w") as out:
         ping = subprocess.Popen(["ip", "netns", "exec", NS["client"], "ping", "-n", "-D", "-i", "0.1",
                                  "-W", "1", TUN_SERVER], stdout=out, stderr=subprocess.DEVNULL)
-        time.sleep(3)
+        # The probe's phase against the crash is random in a cluster: so it is here (a fixed
+        # wait would kill at the same point of the probe period every round).
+        time.sleep(3 + (random.uniform(0, PROBE_PERIOD) if balancer else 0))
         event = time.time()
         replicas["r1"].kill()
         if case == "restart":
             replicas["r1"].start()
-        else:
+        elif case == "failover":
             point_balancer("r2")
-        ready = time.time()
+        ready = time.time()  # failover-readyz: replaced by the balancer's move below
         end = event + window
         while time.time() < end:
             time.sleep(0.2)
@@ -223,6 +321,13 @@ def measure(kind, case, binary, workdir, window):
                 break
         ping.send_signal(signal.SIGINT)
         ping.wait()
+    if balancer is not None:
+        balancer.stop()
+        if balancer.error is not None:
+            raise RuntimeError(f"{kind} {case}: the balancer failed: {balancer.error}")
+        if not balancer.moves:
+            raise RuntimeError(f"{kind} {case}: the balancer never moved")
+        ready = balancer.moves[0][0]
     times = reply_times(open(pinglog).read())
     before = [t for t in times if t <= event]
     after = [t for t in times if t > event]
@@ -244,37 +349,86 @@ def measure(kind, case, binary, workdir, window):
     }
 
 
+def worst(values):
+    """The largest of a case's figures over the rounds; None (no reply within the window) is
+    the worst of all."""
+    return None if any(v is None for v in values) else max(values)
+
+
+def build_profile(binary):
+    """`release` or `debug` for a binary under a cargo target directory, else `unknown`."""
+    parent = Path(binary).parent.name
+    return parent if parent in ("release", "debug") else "unknown"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--bin", default="target/release/tunnelgate")
+    ap.add_argument("--bin", help="tunnelgate binary (default: `cargo build --release` of this tree)")
     ap.add_argument("--window", type=float, default=25.0, help="seconds to wait for replies")
-    ap.add_argument("--out", help="write the JSON results here")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of every case (default 3)")
+    ap.add_argument("--case", action="append", choices=CASES, help="only this case (repeatable)")
+    add_output_args(ap, "failover")
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("needs root (network namespaces)")
-    binary = os.path.abspath(args.bin)
-    commit = sh("git", "rev-parse", "--short", "HEAD", check=False).stdout.strip()
+    if args.rounds < 1:
+        sys.exit("--rounds must be at least 1")
+    out = results_path(args, "failover")
+    cases = args.case or list(CASES)
     rows = []
     with tempfile.TemporaryDirectory(prefix="failover-") as workdir:
+        if args.bin:
+            binary = os.path.abspath(args.bin)
+        else:
+            try:
+                binary = build_release_tunnelgate(Path(workdir) / "cargo-build.log")
+            except CommandFailed as e:
+                sys.exit(str(e))
         try:
-            for case in ("restart", "failover"):
-                for kind in ("tunnelgate", "wireguard-go"):
-                    row = measure(kind, case, binary, workdir, args.window)
-                    print(json.dumps(row), flush=True)
-                    rows.append(row)
+            for rnd in range(1, args.rounds + 1):
+                for case in cases:
+                    for kind in ("tunnelgate", "wireguard-go"):
+                        row = dict(measure(kind, case, binary, workdir, args.window), round=rnd)
+                        print(json.dumps(row), flush=True)
+                        rows.append(row)
         finally:
             teardown()
-    result = {"commit": commit, "binary": args.bin, "client": "wireguard-go (Debian)",
-              "ping_interval_s": 0.1, "rows": rows}
+    summary = []
+    for case in cases:
+        for kind in ("tunnelgate", "wireguard-go"):
+            mine = [r for r in rows if r["case"] == case and r["replicas"] == kind]
+            summary.append({
+                "replicas": kind,
+                "case": case,
+                "rounds": len(mine),
+                "longest_silence_max_s": worst([r["longest_silence_s"] for r in mine]),
+                "after_ready_max_s": worst([r["after_ready_s"] for r in mine]),
+                "longest_silence_s": [r["longest_silence_s"] for r in mine],
+            })
+    result = {
+        "commit": git_commit(),
+        "build_profile": build_profile(binary),
+        "binary": binary,
+        "client": "wireguard-go (Debian)",
+        "ping_interval_s": 0.1,
+        "probe_period_s": PROBE_PERIOD,
+        "rounds": args.rounds,
+        "summary": summary,
+        "rows": rows,
+    }
+    fmt = lambda v: "no reply" if v is None else f"{v} s"  # noqa: E731
     print()
-    print("| replicas | case | longest silence | after the new one was ready |")
-    print("|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['replicas']} | {r['case']} | {r['longest_silence_s']} s | {r['after_ready_s']} s |")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=2)
-            f.write("\n")
+    print(f"max over {args.rounds} round(s), {result['build_profile']} build of {result['commit']}:")
+    print("| replicas | case | longest silence | after the new one was ready | each round |")
+    print("|---|---|---|---|---|")
+    for r in summary:
+        each = ", ".join(fmt(v) for v in r["longest_silence_s"])
+        print(f"| {r['replicas']} | {r['case']} | {fmt(r['longest_silence_max_s'])} | {fmt(r['after_ready_max_s'])} | {each} |")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(result, f, indent=2)
+        f.write("\n")
+    print(f"\nresults: {out}")
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ mod middlebox;
 mod names;
 mod netns;
 mod notify;
+mod pings;
 mod process;
 mod status;
 mod traffic;
@@ -37,6 +38,6 @@ mod wg;
 // A suite uses what it needs: the rest of the index is unused there.
 #[allow(unused_imports)]
 pub use self::{
-    daemon::*, dns::*, firewall::*, middlebox::*, names::*, netns::*, notify::*, process::*,
-    status::*, traffic::*, wg::*,
+    daemon::*, dns::*, firewall::*, middlebox::*, names::*, netns::*, notify::*, pings::*,
+    process::*, status::*, traffic::*, wg::*,
 };

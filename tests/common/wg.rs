@@ -1,6 +1,8 @@
-//! WireGuard keys, `wg show dump` parsing, peers, and the wireguard-go peer daemon ([`WgGo`]).
+//! WireGuard keys, `wg show dump` parsing, peers, and the userspace WireGuard peer daemon
+//! ([`WgGo`]: wireguard-go, or boringtun-cli or gotatun by [`WgImpl`]).
 
 use std::fs;
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -200,8 +202,127 @@ fn wg_set_peer_args(peer: &Peer, dir: &TempDir) -> Vec<String> {
     a
 }
 
-/// A wireguard-go peer running in a namespace (`wireguard-go -f NAME`), configured with `wg`.
-/// Dropping it stops the daemon (SIGTERM, then SIGKILL) and removes its socket if left behind.
+/// Where the benches and scripts/test.sh `cargo install` the peers that Debian does not package
+/// (`${XDG_CACHE_HOME:-$HOME/.cache}/tunnelgate-bench/bin`, as benches/iperf/bench.py does).
+pub fn cargo_tool_dir() -> PathBuf {
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache")
+        });
+    cache.join("tunnelgate-bench").join("bin")
+}
+
+/// `command` on PATH, else in [`cargo_tool_dir`].
+fn find_tool(command: &str) -> Option<PathBuf> {
+    let on_path = std::env::var_os("PATH")
+        .map(|p| {
+            std::env::split_paths(&p)
+                .map(|d| d.join(command))
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default();
+    on_path
+        .into_iter()
+        .chain([cargo_tool_dir().join(command)])
+        .find(|p| p.is_file())
+}
+
+/// The userspace WireGuard implementations a [`WgGo`] peer can run. Each makes a bare TUN
+/// interface in the foreground and serves UAPI at `/var/run/wireguard/NAME.sock`, so `wg` and
+/// `ip` configure them all the same way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WgImpl {
+    /// Debian's `wireguard-go` (PATH).
+    WireguardGo,
+    /// `boringtun-cli` (crate `boringtun-cli`), on PATH or in [`cargo_tool_dir`].
+    Boringtun,
+    /// Mullvad's fork of boringtun, `gotatun` (crate `gotatun-cli`), on PATH or in
+    /// [`cargo_tool_dir`].
+    Gotatun,
+}
+
+impl WgImpl {
+    pub fn label(self) -> &'static str {
+        match self {
+            WgImpl::WireguardGo => "wireguard-go",
+            WgImpl::Boringtun => "boringtun-cli",
+            WgImpl::Gotatun => "gotatun",
+        }
+    }
+
+    /// How to install it.
+    fn install_hint(self) -> String {
+        let root = cargo_tool_dir();
+        let root = root.parent().unwrap_or(Path::new("")).display();
+        match self {
+            WgImpl::WireguardGo => "apt-get install --no-install-recommends wireguard-go".into(),
+            WgImpl::Boringtun => format!("cargo install boringtun-cli --locked --root {root}"),
+            WgImpl::Gotatun => format!("cargo install gotatun-cli --locked --root {root}"),
+        }
+    }
+
+    /// Its binary, or why there is none.
+    pub fn binary(self) -> Result<PathBuf, String> {
+        find_tool(self.label()).ok_or_else(|| {
+            format!(
+                "{} is neither on PATH nor in {} (install it: `{}`; scripts/test.sh does)",
+                self.label(),
+                cargo_tool_dir().display(),
+                self.install_hint()
+            )
+        })
+    }
+
+    /// Whether scripts/test.sh installs it, so that CI always has it: not gotatun (a 90 s
+    /// build), whose test runs where it is installed.
+    fn installed_by_ci(self) -> bool {
+        match self {
+            WgImpl::WireguardGo | WgImpl::Boringtun => true,
+            WgImpl::Gotatun => false,
+        }
+    }
+
+    /// Whether its binary is there. When it is not, a test skips with a note on stderr, except
+    /// under `CI=true` for a peer CI installs (see [`WgImpl::installed_by_ci`]), where it fails.
+    pub fn available(self) -> bool {
+        match self.binary() {
+            Ok(_) => true,
+            Err(why) if std::env::var("CI").as_deref() == Ok("true") && self.installed_by_ci() => {
+                panic!("CI=true, and the test cannot run: {why}")
+            }
+            Err(why) => {
+                eprintln!("test skipped: {why}");
+                false
+            }
+        }
+    }
+
+    /// `ip netns exec NS BINARY ... NAME`, in the foreground, as root.
+    fn command(self, ns: &Netns, name: &str) -> Command {
+        let binary = self.binary().unwrap_or_else(|e| panic!("{e}"));
+        let binary = binary.to_string_lossy();
+        match self {
+            WgImpl::WireguardGo => {
+                let mut cmd = ns.command(&[&binary, "-f", name]);
+                cmd.env("WG_PROCESS_FOREGROUND", "1");
+                cmd
+            }
+            // Both log to stdout in the foreground.
+            WgImpl::Boringtun | WgImpl::Gotatun => {
+                let mut cmd =
+                    ns.command(&[&binary, "--foreground", "--disable-drop-privileges", name]);
+                cmd.env("WG_SUDO", "1");
+                cmd
+            }
+        }
+    }
+}
+
+/// A userspace WireGuard peer running in a namespace (wireguard-go by default, see [`WgImpl`]),
+/// configured with `wg`. Dropping it stops the daemon (SIGTERM, then SIGKILL) and removes its
+/// socket if left behind.
 #[derive(Debug)]
 pub struct WgGo {
     ns: String,
@@ -219,11 +340,21 @@ impl WgGo {
     }
 
     pub fn start_with_key(ns: &Netns, key: Keypair, listen_port: u16, addresses: &[&str]) -> WgGo {
+        WgGo::start_impl(ns, WgImpl::WireguardGo, key, listen_port, addresses)
+    }
+
+    /// [`WgGo::start_with_key`] with the implementation `imp` (its binary must be there: see
+    /// [`WgImpl::available`]).
+    pub fn start_impl(
+        ns: &Netns,
+        imp: WgImpl,
+        key: Keypair,
+        listen_port: u16,
+        addresses: &[&str],
+    ) -> WgGo {
         let name = unique_name("tgw");
         let dir = TempDir::new(&name);
-        let mut cmd = ns.command(&["wireguard-go", "-f", &name]);
-        cmd.env("WG_PROCESS_FOREGROUND", "1");
-        let mut proc = Proc::spawn(cmd, &name, dir.path());
+        let mut proc = Proc::spawn(imp.command(ns, &name), &name, dir.path());
         let sock = wg_socket(&name);
         let up = poll_until(Duration::from_secs(10), || {
             sock.exists() || !proc.is_running()
@@ -231,7 +362,8 @@ impl WgGo {
         if !up || !sock.exists() {
             let _ = proc.kill9();
             panic!(
-                "wireguard-go {name} did not create {} (exited: {:?}); stdout:\n{}\nstderr:\n{}",
+                "{} {name} did not create {} (exited: {:?}); stdout:\n{}\nstderr:\n{}",
+                imp.label(),
                 sock.display(),
                 proc.try_wait(),
                 proc.stdout(),
