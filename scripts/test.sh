@@ -124,21 +124,25 @@ FUZZ_BUILD_LOG="$LOG_DIR/fuzz-build.log"
 fuzz_build_start=$SECONDS
 nice -n 19 scripts/fuzz-smoke.sh --build-only >"$FUZZ_BUILD_LOG" 2>&1 &
 fuzz_build_pid=$!
-# tests/netns_takeover_interop.rs runs boringtun-cli as a WireGuard peer. It is built once into
-# the benches' cache (benches/iperf/bench.py installs there too), about 30 s of build the first
-# time, and reused after; the test finds it there or on PATH. gotatun (crate gotatun-cli, a
-# 90 s build) is not installed here: its test runs where it is installed, and skips otherwise.
+# tests/netns_takeover_interop.rs runs boringtun-cli and gotatun (crate gotatun-cli) as
+# WireGuard peers. They are built once into the benches' cache (benches/iperf/bench.py installs
+# there too), about 30 s and 90 s of build the first time, and reused after; the test finds
+# them there or on PATH.
 TOOL_CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/tunnelgate-bench"
-install_boringtun() {
-    if command -v boringtun-cli >/dev/null 2>&1 || [[ -x "$TOOL_CACHE/bin/boringtun-cli" ]]; then
-        echo "boringtun-cli already installed (PATH or $TOOL_CACHE/bin)"
-        return 0
-    fi
-    cargo install boringtun-cli --locked --root "$TOOL_CACHE"
+install_peers() { # install_peers BINARY:CRATE...
+    local pair binary crate
+    for pair in "$@"; do
+        binary="${pair%%:*}" crate="${pair#*:}"
+        if command -v "$binary" >/dev/null 2>&1 || [[ -x "$TOOL_CACHE/bin/$binary" ]]; then
+            echo "$binary already installed (PATH or $TOOL_CACHE/bin)"
+        else
+            cargo install "$crate" --locked --root "$TOOL_CACHE" || return 1
+        fi
+    done
 }
 if is_root; then
-    step "boringtun-cli for the interop suite (cargo install into $TOOL_CACHE)" \
-        "$LOG_DIR/boringtun.log" install_boringtun
+    step "boringtun-cli and gotatun for the interop suite (cargo install into $TOOL_CACHE)" \
+        "$LOG_DIR/peers.log" install_peers boringtun-cli:boringtun-cli gotatun:gotatun-cli
 fi
 # The tests that run the image wait for it (below).
 IMAGE_TESTS=(statefulset_pod_from_the_image podman_save_keeps_the_fully_qualified_name)

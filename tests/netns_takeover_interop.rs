@@ -5,8 +5,7 @@
 //!
 //! The peers come from `cargo install boringtun-cli` / `gotatun-cli` into
 //! `${XDG_CACHE_HOME:-$HOME/.cache}/tunnelgate-bench`, or PATH. A test whose peer is missing is
-//! skipped with a note; under `CI=true` the boringtun-cli test fails instead (scripts/test.sh
-//! installs it), while the gotatun one, a 90 s build CI does not make, still skips.
+//! skipped with a note; under `CI=true` it fails instead (scripts/test.sh installs both).
 //!
 //! Run as root: `cargo test --test netns_takeover_interop -- --ignored --test-threads=1`.
 

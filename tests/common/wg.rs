@@ -275,21 +275,12 @@ impl WgImpl {
         })
     }
 
-    /// Whether scripts/test.sh installs it, so that CI always has it: not gotatun (a 90 s
-    /// build), whose test runs where it is installed.
-    fn installed_by_ci(self) -> bool {
-        match self {
-            WgImpl::WireguardGo | WgImpl::Boringtun => true,
-            WgImpl::Gotatun => false,
-        }
-    }
-
     /// Whether its binary is there. When it is not, a test skips with a note on stderr, except
-    /// under `CI=true` for a peer CI installs (see [`WgImpl::installed_by_ci`]), where it fails.
+    /// under `CI=true`, where it fails: scripts/test.sh installs all three.
     pub fn available(self) -> bool {
         match self.binary() {
             Ok(_) => true,
-            Err(why) if std::env::var("CI").as_deref() == Ok("true") && self.installed_by_ci() => {
+            Err(why) if std::env::var("CI").as_deref() == Ok("true") => {
                 panic!("CI=true, and the test cannot run: {why}")
             }
             Err(why) => {
