@@ -121,6 +121,8 @@ struct Balancer {
     stop: Arc<AtomicBool>,
     /// (Unix time, replica) of every move after the first placement.
     moves: Arc<Mutex<Vec<(f64, usize)>>>,
+    /// What the probes saw, as it changed, for failure messages.
+    log: Arc<Mutex<Vec<String>>>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -184,21 +186,32 @@ impl Balancer {
         point.to(0);
         let stop = Arc::new(AtomicBool::new(false));
         let moves = Arc::new(Mutex::new(Vec::new()));
-        let (stop2, moves2) = (stop.clone(), moves.clone());
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (stop2, moves2, log2) = (stop.clone(), moves.clone(), log.clone());
         let thread = lab.lb.thread(move || {
             let mut on = 0;
+            let mut seen: Vec<Option<String>> = vec![None; REPLICA_LAN.len()];
             while !stop2.load(Ordering::Relaxed) {
                 let started = clock::now();
-                let ready: Vec<bool> = REPLICA_LAN
+                let probes: Vec<String> = REPLICA_LAN
                     .iter()
                     .map(|lan| {
                         let addr = SocketAddr::new(ip_of(lan), HEALTH_PORT);
-                        matches!(
-                            http_get(addr, "/readyz", Duration::from_millis(300)),
-                            Ok((200, _))
-                        )
+                        match http_get(addr, "/readyz", Duration::from_millis(300)) {
+                            Ok((code, _)) => code.to_string(),
+                            Err(e) => e,
+                        }
                     })
                     .collect();
+                for (i, probe) in probes.iter().enumerate() {
+                    if seen[i].as_ref() != Some(probe) {
+                        if let Ok(mut l) = log2.lock() {
+                            l.push(format!("{:.2} replica {i}: {probe}", unix_now()));
+                        }
+                        seen[i] = Some(probe.clone());
+                    }
+                }
+                let ready: Vec<bool> = probes.iter().map(|p| p == "200").collect();
                 if !ready[on] {
                     if let Some(to) = (0..ready.len()).find(|i| ready[*i]) {
                         point.to(to);
@@ -214,12 +227,25 @@ impl Balancer {
         Balancer {
             stop,
             moves,
+            log,
             thread: Some(thread),
         }
     }
 
     fn moves(&self) -> Vec<(f64, usize)> {
         self.moves.lock().map(|m| m.clone()).unwrap_or_default()
+    }
+
+    /// What the probes saw and the moves, one line each.
+    fn log(&self) -> String {
+        let mut lines = self.log.lock().map(|l| l.clone()).unwrap_or_default();
+        lines.extend(
+            self.moves()
+                .iter()
+                .map(|(at, to)| format!("{at:.2} moved to replica {to}")),
+        );
+        lines.sort();
+        lines.join("\n")
     }
 
     /// The first move at or after `t` (Unix seconds).
@@ -286,7 +312,8 @@ fn failover_behind_a_readiness_following_balancer_takes_the_peer_over_within_3_s
     let first_after = times.iter().find(|t| **t > killed_at).copied();
     let Some(first_after) = first_after else {
         panic!(
-            "no reply within 25 s of the kill (balancer moves {moves:?})\n{}",
+            "no reply within 25 s of the kill; balancer:\n{}\n{}",
+            balancer.log(),
             second.stderr()
         );
     };
@@ -300,12 +327,14 @@ fn failover_behind_a_readiness_following_balancer_takes_the_peer_over_within_3_s
     assert_eq!(
         moves.iter().map(|(_, to)| *to).collect::<Vec<_>>(),
         [1],
-        "one move, to the other replica"
+        "one move, to the other replica; balancer:\n{}",
+        balancer.log()
     );
     assert!(
         silence <= 3.0,
         "the client went {silence:.2} s without a reply (balancer moved {moved:.2} s after \
-         the kill)\n{}",
+         the kill)\nbalancer:\n{}\n{}",
+        balancer.log(),
         second.stderr()
     );
     assert_eq!(
@@ -524,8 +553,8 @@ fn a_rolling_restart_of_both_replicas_keeps_a_tcp_stream_going() {
     );
     let configs = [replica_config(&shared, 0), replica_config(&shared, 1)];
     let mut replicas = [
-        Tunnelgate::start(&lab.replicas[0], configs[0].clone()),
-        Tunnelgate::start(&lab.replicas[1], configs[1].clone()),
+        Some(Tunnelgate::start(&lab.replicas[0], configs[0].clone())),
+        Some(Tunnelgate::start(&lab.replicas[1], configs[1].clone())),
     ];
     let balancer = Balancer::start(&lab, true);
     wg.add_peer(
@@ -546,25 +575,29 @@ fn a_rolling_restart_of_both_replicas_keeps_a_tcp_stream_going() {
     let mut takeovers = Vec::new();
     for (i, label) in [(0, "A"), (1, "B")] {
         let t = unix_now();
-        let status = replicas[i].sigterm();
+        let mut old = replicas[i].take().expect("replica");
+        let status = old.sigterm();
         assert!(status.success(), "replica {label} exited with {status}");
-        let restarted = Tunnelgate::start(&lab.replicas[i], configs[i].clone());
-        // The old guard goes after its socket is gone: it removes nothing the new one made.
-        drop(std::mem::replace(&mut replicas[i], restarted));
+        // The old guard goes first: on drop it removes the interface's UAPI socket path,
+        // which the new process (the same name) is about to make its own.
+        drop(old);
+        replicas[i] = Some(Tunnelgate::start(&lab.replicas[i], configs[i].clone()));
         let ready = unix_now();
+        let other = replicas[1 - i].as_ref().expect("the other replica");
         let moved = poll_until(Duration::from_secs(5), || balancer.moved_after(t).is_some());
         let (moved_at, to) = balancer.moved_after(t).unwrap_or((f64::NAN, usize::MAX));
         assert!(
             moved && to == 1 - i,
-            "the balancer moved the flow off replica {label}: {:?}",
-            balancer.moves()
+            "the balancer moved the flow off replica {label}:\n{}",
+            balancer.log()
         );
         if let Err(e) =
             stream.flows_after(moved_at, Duration::from_secs(2), Duration::from_secs(30))
         {
             panic!(
-                "after restarting replica {label}: {e}\nthe other replica:\n{}",
-                replicas[1 - i].stderr()
+                "after restarting replica {label}: {e}\nbalancer:\n{}\nthe other replica:\n{}",
+                balancer.log(),
+                other.stderr()
             );
         }
         eprintln!(
@@ -572,7 +605,7 @@ fn a_rolling_restart_of_both_replicas_keeps_a_tcp_stream_going() {
             ready - t,
             moved_at - t
         );
-        let status = replicas[1 - i].status_json().expect("status JSON");
+        let status = other.status_json().expect("status JSON");
         takeovers.push(status["peers"][0]["takeovers_completed"].clone());
     }
     std::thread::sleep(Duration::from_secs(1));
@@ -589,15 +622,17 @@ fn a_rolling_restart_of_both_replicas_keeps_a_tcp_stream_going() {
         received.stall_ended - started_at
     );
     assert_eq!(received.bytes, sent, "every byte sent arrived");
+    assert!(
+        received.stall <= Duration::from_secs(5),
+        "the stream stalled {:.2} s (ended at {:.2})\nbalancer:\n{}",
+        received.stall.as_secs_f64(),
+        received.stall_ended,
+        balancer.log()
+    );
     assert_eq!(
         takeovers,
         [1, 1],
         "each replica that got the flow took the client over once"
-    );
-    assert!(
-        received.stall <= Duration::from_secs(5),
-        "the stream stalled {:.2} s",
-        received.stall.as_secs_f64()
     );
     assert_eq!(
         client_endpoint(&wg, &shared.key.public).as_deref(),
