@@ -533,9 +533,9 @@ fn receive(
 /// side without NAT (a subnet router with `snat = false`), behind the balancer, which is also
 /// the backend's router and moves the route to the tunnel's addresses with the DNAT (the HA
 /// pair of `docs/router.md`). A TCP stream from the client to the backend runs while replica
-/// A is restarted (SIGTERM, its exit, the same config started again, ready), and then, once
-/// the balancer has moved the flow to B and the stream goes on, replica B: the stream must go
-/// on through both, without a reset, every byte intact.
+/// A is restarted (SIGTERM, its exit, the balancer moving the flow to B, the same config
+/// started again, ready), and then, once the stream goes on through B, replica B the same
+/// way: the stream must go on through both, without a reset, every byte intact.
 ///
 /// It survives the moves because no replica holds state the stream needs: no NAT, and the
 /// forward rules let a mid-stream packet through on the replica that did not see the SYN
@@ -581,9 +581,8 @@ fn a_rolling_restart_of_both_replicas_keeps_a_tcp_stream_going() {
         // The old guard goes first: on drop it removes the interface's UAPI socket path,
         // which the new process (the same name) is about to make its own.
         drop(old);
-        replicas[i] = Some(Tunnelgate::start(&lab.replicas[i], configs[i].clone()));
-        let ready = unix_now();
-        let other = replicas[1 - i].as_ref().expect("the other replica");
+        // The endpoint leaves before the new process comes, as a terminating pod's does: a
+        // restart in place faster than the probe period could slip between two probes.
         let moved = poll_until(Duration::from_secs(5), || balancer.moved_after(t).is_some());
         let (moved_at, to) = balancer.moved_after(t).unwrap_or((f64::NAN, usize::MAX));
         assert!(
@@ -591,6 +590,9 @@ fn a_rolling_restart_of_both_replicas_keeps_a_tcp_stream_going() {
             "the balancer moved the flow off replica {label}:\n{}",
             balancer.log()
         );
+        replicas[i] = Some(Tunnelgate::start(&lab.replicas[i], configs[i].clone()));
+        let ready = unix_now();
+        let other = replicas[1 - i].as_ref().expect("the other replica");
         if let Err(e) =
             stream.flows_after(moved_at, Duration::from_secs(2), Duration::from_secs(30))
         {
