@@ -128,7 +128,6 @@ struct Balancer {
 
 /// What the balancer points at a replica: the DNAT of the WireGuard port, and (for the
 /// rolling restart) the route back to the tunnel's addresses.
-#[derive(Clone)]
 struct Point {
     lb: String,
     front_dev: String,
@@ -245,6 +244,9 @@ impl Balancer {
                 .map(|(at, to)| format!("{at:.2} moved to replica {to}")),
         );
         lines.sort();
+        if self.thread.as_ref().is_some_and(|t| t.is_finished()) {
+            lines.push("the balancer's thread has ended (a failed nft or ip panics it)".into());
+        }
         lines.join("\n")
     }
 
