@@ -421,27 +421,3 @@ pub fn tcp_roundtrip(
         Ok(out)
     })
 }
-
-/// Reply times (Unix seconds) in `ping -D` output.
-pub fn reply_times(out: &str) -> Vec<f64> {
-    out.lines()
-        .filter(|l| l.contains("bytes from"))
-        .filter_map(|l| l.strip_prefix('[')?.split(']').next()?.parse().ok())
-        .collect()
-}
-
-/// Now in Unix seconds, the clock `ping -D` stamps its lines with.
-pub fn unix_now() -> f64 {
-    clock::wall_now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64())
-}
-
-/// The longest gap between replies in `times` that ends after `after`.
-pub fn longest_gap_after(times: &[f64], after: f64) -> f64 {
-    times
-        .windows(2)
-        .filter(|w| w[1] > after)
-        .map(|w| w[1] - w[0])
-        .fold(0.0, f64::max)
-}
