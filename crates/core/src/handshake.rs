@@ -2,7 +2,8 @@
 //! "under load" (from the depth of its handshake queue, as the kernel decides it), and how
 //! many handshakes one source may cost per second once it is. Time comes in as `now`.
 //!
-//! The readers only queue handshake messages (initiations, responses, cookie replies); one
+//! The readers only queue handshake messages (initiations, responses, cookie replies), and
+//! under load only each source's share of them ([`Admission`]); one
 //! thread of normal priority takes them from the queue, checks mac1, and, under load, demands
 //! a cookie (mac2) and charges the source here before any Diffie-Hellman. A source that holds
 //! a cookie can thus buy at most [`PER_SOURCE_PER_SECOND`] handshakes a second (after a burst
