@@ -144,7 +144,9 @@ fn the_link_checker_reads_links_and_headings_as_github_does() {
         links("see [a](x.md#b-c) and `[not](y)`\n```\n[no](z)\n```\n[c](../d.json)"),
         ["x.md#b-c", "../d.json"]
     );
-    assert!(anchors("# Title\n## How a replica is configured\n```\n# not\n```")
-        .contains("how-a-replica-is-configured"));
+    assert!(
+        anchors("# Title\n## How a replica is configured\n```\n# not\n```")
+            .contains("how-a-replica-is-configured")
+    );
     assert_eq!(anchor(" Floods: under `load`, 2x"), "floods-under-load-2x");
 }

@@ -119,6 +119,14 @@ impl DropCounters {
         self.received_bytes[reason as usize].fetch_add(bytes as u64, Ordering::Relaxed);
     }
 
+    /// `packets` received WireGuard datagrams of `bytes` in all, dropped for one reason:
+    /// [`DropCounters::add_received`] for a batch at once.
+    #[inline]
+    pub fn add_received_many(&self, reason: DropReason, packets: u64, bytes: u64) {
+        self.add(reason, packets);
+        self.received_bytes[reason as usize].fetch_add(bytes, Ordering::Relaxed);
+    }
+
     /// What `/metrics` and `tunnelgate status` show.
     pub fn snapshot(&self) -> DropStats {
         let mut stats = DropStats::default();

@@ -64,18 +64,21 @@ impl HandshakeQueue {
 
     /// Whether a handshake message from `source` may be queued: always, unless under load;
     /// then as the source's share allows ([`Admission`], this thread's table).
-    pub(super) fn admit(&self, source: IpAddr) -> bool {
+    /// `now` is asked only under load (a reader reads the clock once per batch).
+    pub(super) fn admit(&self, source: IpAddr, now: impl FnOnce() -> Instant) -> bool {
         if !self.under_load.load(Ordering::Relaxed) {
             return true;
         }
-        let now = crate::shell::clock::now();
+        let now = now();
         let admitted = ADMISSION.with(|table| {
             table
                 .borrow_mut()
                 .get_or_insert_with(Admission::new)
                 .admit(source, now)
         });
-        if !admitted {
+        // Stored only when not yet set: readers refusing a million messages a second do
+        // not write the shared line each time.
+        if !admitted && !self.refused.load(Ordering::Relaxed) {
             self.refused.store(true, Ordering::Relaxed);
         }
         admitted
@@ -263,10 +266,14 @@ mod tests {
         use crate::core::handshake::PER_SOURCE_BURST;
         let queue = HandshakeQueue::new();
         let flooder = from().remote.ip();
-        assert!((0..100).all(|_| queue.admit(flooder)), "no load, no limit");
+        let now = crate::shell::clock::now;
+        assert!(
+            (0..100).all(|_| queue.admit(flooder, now)),
+            "no load, no limit"
+        );
         assert!(!queue.refused.load(Ordering::Relaxed));
         queue.under_load.store(true, Ordering::Relaxed);
-        let admitted = (0..100).filter(|_| queue.admit(flooder)).count();
+        let admitted = (0..100).filter(|_| queue.admit(flooder, now)).count();
         // The burst (a few more if the test's own clock refilled one meanwhile).
         assert!(
             (PER_SOURCE_BURST as usize..PER_SOURCE_BURST as usize + 3).contains(&admitted),
@@ -274,7 +281,7 @@ mod tests {
         );
         assert!(queue.refused.load(Ordering::Relaxed), "the refusal is told");
         assert!(
-            queue.admit(IpAddr::from([203, 0, 113, 7])),
+            queue.admit(IpAddr::from([203, 0, 113, 7]), now),
             "a newcomer gets in"
         );
     }
