@@ -85,7 +85,7 @@ BATCH_MS_MAX = 20.0
 UNAUTHENTICATED_SHARE = 0.25
 # The reader's capacity before handshakes had their own path (results/2026-11-27-0a05297.json:
 # initiations with a valid mac1, where the proxy's socket dropped more than 2 %): the rates the
-# done-when of issue 44 names ("1x and 2x the old reader's capacity").
+# flood targets name ("1x and 2x the old reader's capacity").
 OLD_CAPACITY = {"init": 600860, "init2": 600860}
 FLOODS = ("init", "init2", "data", "cookie")
 MODES = {"rt": {}, "normal": {"TUNNELGATE_RT_PRIORITY": "0"}}
@@ -750,7 +750,7 @@ def done_when(rows: list[dict]) -> list[str]:
     """Issue 44's done-when, row by row at the default (real-time) priority: what the figures say,
     not a judgement of the rig (a rate the generator did not reach is said as such)."""
     ok = lambda c: "yes" if c else "NO"  # noqa: E731
-    out = ["done-when (issue 44), readers at real-time priority:"]
+    out = ["the flood targets, readers at real-time priority:"]
     streams = {(r["flood"], r["rate"]): r for r in rows if r["window"] == "stream" and r["mode"] == "rt"}
     want = {"1x": 1.0, "2x": 2.0}
     for r in rows:
@@ -831,7 +831,7 @@ def report(rows: list[dict], results: dict) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()),
-                                 epilog="The default run is issue 44's done-when; --quick is one round of it (see benches/flood/README.md).")
+                                 epilog="The default run is the flood targets' run; --quick is one round of it (see benches/flood/README.md).")
     ap.add_argument("--rounds", type=int, default=3, help="rounds, each mode in turn (default 3)")
     ap.add_argument("--duration", type=float, default=8, help="seconds per measurement window (default 8)")
     ap.add_argument("--ramp-step", type=float, default=2, help="seconds per rate of the capacity ramp (default 2)")
