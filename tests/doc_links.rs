@@ -150,3 +150,29 @@ fn the_link_checker_reads_links_and_headings_as_github_does() {
     );
     assert_eq!(anchor(" Floods: under `load`, 2x"), "floods-under-load-2x");
 }
+
+/// No page a user reads names one of the project's issue numbers ("issue 44"): a page shows the
+/// present, and history lives in CHANGELOG.md and the run files.
+#[test]
+fn no_page_names_an_issue_number() {
+    let mut named = Vec::new();
+    for page in pages() {
+        let text = std::fs::read_to_string(&page).unwrap_or_default();
+        for (n, line) in text.lines().enumerate() {
+            let lower = line.to_lowercase();
+            let mut rest = lower.as_str();
+            while let Some(at) = rest.find("issue ") {
+                rest = &rest[at + "issue ".len()..];
+                if rest.starts_with(|c: char| c.is_ascii_digit()) {
+                    named.push(format!("{}:{}: {line}", relative(&page), n + 1));
+                    break;
+                }
+            }
+        }
+    }
+    assert!(
+        named.is_empty(),
+        "pages naming an issue:\n{}",
+        named.join("\n")
+    );
+}
