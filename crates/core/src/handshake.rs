@@ -149,7 +149,9 @@ pub const ADMISSION_WAYS: usize = 4;
 /// The address is not proven here (a reader checks no mac): a source may be spoofed. Spoofing
 /// a victim's address can spend its share, but only while the interface is under load, which
 /// any flood already brings about; spoofing many addresses gets each its own share, and that
-/// is no worse than no admission at all. Bounded: a fixed table of sets, chosen by a hash keyed
+/// is no worse than no admission at all. The shell keeps one table per packet thread, so a
+/// source whose datagrams one reader and its relay partners open gets a share from each (at
+/// most 4). Bounded: a fixed table of sets, chosen by a hash keyed
 /// per table (an attacker cannot aim at a victim's set); a new source in a full set takes the
 /// place of the one whose bucket is fullest (the idlest), with a full bucket of its own.
 pub struct Admission {
