@@ -262,13 +262,8 @@ class Daemon:
             nsx(self.ns, "ip", "route", "add", route, "dev", self.ifname)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            terminate_process(self.proc)
         self.sock().unlink(missing_ok=True)
 
 
@@ -287,6 +282,17 @@ def iperf3_server(ns: str, port: int, bind: str | None = None, timeout: float = 
         stop_process(server)
         raise CommandFailed(f"iperf3 server on port {port} in {ns} did not start")
     return server
+
+
+def terminate_process(proc: subprocess.Popen, grace: float = 5) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within `grace` seconds; reaped either way."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def stop_process(proc: subprocess.Popen) -> None:

@@ -56,6 +56,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "common"))
 from benchproc import (  # noqa: E402
+    terminate_process,
     CLK_TCK, PID, REPO, CommandFailed, Daemon, ThreadSampler, add_ns, add_output_args, build_release_tunnelgate, genkey, git_commit, kill_ns, log,
     WG_SOCKET_DIR, iperf3_server, nsx, process_facts, raise_on_signals, results_path, run, stop_process, sweep_stale, tail, thread_sched,
     threads_named, wait_for,
@@ -434,13 +435,8 @@ class Joiner:
         return self.proc is not None and self.proc.poll() is None
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            terminate_process(self.proc)
         self.proc = None
         (WG_SOCKET_DIR / f"{self.ifname}.sock").unlink(missing_ok=True)
 
