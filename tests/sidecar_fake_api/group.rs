@@ -96,16 +96,28 @@ pub(crate) fn replica_secrets(n: u32) -> BTreeMap<Key, BTreeMap<String, Vec<u8>>
 }
 
 pub(crate) fn replica(inputs: &Inputs, ordinal: u32, tag: &str) -> Sidecar {
+    replica_with(inputs, ordinal, tag, &[])
+}
+
+/// Replica `ordinal` of the group, with `extra` environment beside the pod's.
+pub(crate) fn replica_with(
+    inputs: &Inputs,
+    ordinal: u32,
+    tag: &str,
+    extra: &[(&str, &str)],
+) -> Sidecar {
     let pod = format!("{GROUP}-{ordinal}");
+    let mut env = vec![
+        ("POD_NAME", pod.as_str()),
+        ("POD_NAMESPACE", NS),
+        ("TUNNELGATE_ADDRESS_POOLS", POOL),
+    ];
+    env.extend_from_slice(extra);
     Sidecar::start_with(
         inputs,
         &format!("{pod}-{tag}"),
         &["--proxy-group", GROUP],
-        &[
-            ("POD_NAME", pod.as_str()),
-            ("POD_NAMESPACE", NS),
-            ("TUNNELGATE_ADDRESS_POOLS", POOL),
-        ],
+        &env,
     )
 }
 

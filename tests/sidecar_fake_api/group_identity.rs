@@ -8,18 +8,27 @@ pub(crate) const IDENTITY: &str = "tgp-identity";
 
 /// Replica `ordinal` of the group with `--identity shared` (by its environment variable).
 pub(crate) fn shared_replica(inputs: &Inputs, ordinal: u32, tag: &str) -> Sidecar {
-    let pod = format!("{GROUP}-{ordinal}");
-    Sidecar::start_with(
+    replica_with(
         inputs,
-        &format!("{pod}-{tag}"),
-        &["--proxy-group", GROUP],
-        &[
-            ("POD_NAME", pod.as_str()),
-            ("POD_NAMESPACE", NS),
-            ("TUNNELGATE_ADDRESS_POOLS", POOL),
-            ("TUNNELGATE_GROUP_IDENTITY", "shared"),
-        ],
+        ordinal,
+        tag,
+        &[("TUNNELGATE_GROUP_IDENTITY", "shared")],
     )
+}
+
+/// Replicas 0 and 1 with the shared identity, once each has written its Secret.
+async fn two_shared_replicas_written(fake: &Fake, inputs: &Inputs) -> [Sidecar; 2] {
+    let replicas = [
+        shared_replica(inputs, 0, "a"),
+        shared_replica(inputs, 1, "a"),
+    ];
+    for (i, r) in replicas.iter().enumerate() {
+        wait_for(r, &format!("replica {i}'s Secret"), || {
+            replica_patches(fake, i as u32) >= 1
+        })
+        .await;
+    }
+    replicas
 }
 
 fn identity_secret(fake: &Fake) -> BTreeMap<String, Vec<u8>> {
@@ -79,14 +88,7 @@ async fn group_shared_identity_gives_every_replica_one_key_and_address_and_a_sca
     // No Secret beforehand: the first replica creates the identity, each its own config Secret.
     let fake = Fake::start_many(group_cluster(), BTreeMap::new()).await;
     let inputs = Inputs::new(&fake, "group-shared");
-    let r0 = shared_replica(&inputs, 0, "a");
-    let r1 = shared_replica(&inputs, 1, "a");
-    for (i, r) in [&r0, &r1].into_iter().enumerate() {
-        wait_for(r, &format!("replica {i}'s Secret"), || {
-            replica_patches(&fake, i as u32) >= 1
-        })
-        .await;
-    }
+    let [r0, r1] = two_shared_replicas_written(&fake, &inputs).await;
     let group = identity_secret(&fake);
     assert_eq!(
         group.keys().map(String::as_str).collect::<Vec<_>>(),
@@ -147,14 +149,7 @@ async fn group_shared_identity_two_replicas_racing_to_create_it_end_with_one_key
     // create would: both create, and the API server's 409 AlreadyExists settles it.
     fake.lock().absent_gets.insert(key(NS, IDENTITY), 2);
     let inputs = Inputs::new(&fake, "group-shared-race");
-    let r0 = shared_replica(&inputs, 0, "a");
-    let r1 = shared_replica(&inputs, 1, "a");
-    for (i, r) in [&r0, &r1].into_iter().enumerate() {
-        wait_for(r, &format!("replica {i}'s Secret"), || {
-            replica_patches(&fake, i as u32) >= 1
-        })
-        .await;
-    }
+    let [r0, r1] = two_shared_replicas_written(&fake, &inputs).await;
     assert_eq!(fake.lock().absent_gets[&key(NS, IDENTITY)], 0);
     assert_eq!(identity_posts(&fake), 2, "both replicas tried to create it");
     for i in 0..2 {
@@ -271,16 +266,9 @@ fn printed_endpoint(fake: &Fake, ordinal: u32) -> Option<String> {
 async fn group_shared_identity_prints_the_balancers_address_as_the_peers_endpoint() {
     let fake = Fake::start_many(group_cluster(), BTreeMap::new()).await;
     let inputs = Inputs::new(&fake, "group-balancer");
-    let replicas = [
-        shared_replica(&inputs, 0, "a"),
-        shared_replica(&inputs, 1, "a"),
-    ];
-    for (i, r) in replicas.iter().enumerate() {
-        wait_for(r, &format!("replica {i}'s Secret"), || {
-            replica_patches(&fake, i as u32) >= 1
-        })
-        .await;
-        assert_eq!(printed_endpoint(&fake, i as u32), None, "no balancer yet");
+    let replicas = two_shared_replicas_written(&fake, &inputs).await;
+    for i in 0..2 {
+        assert_eq!(printed_endpoint(&fake, i), None, "no balancer yet");
     }
     // The balancer appears before its load balancer has an address, beside one of another
     // group: still nothing to print.
