@@ -7,7 +7,7 @@
 //!
 //! Two ways to give peers to workers:
 //! - default: each peer is owned by one worker, as the daemon steers them
-//!   (`core::packet::steering::worker_of_peer`): one peer never uses more than one worker;
+//!   (`core::packet::steering::Steering`): one peer never uses more than one worker;
 //! - `--shared`: every worker works on every peer, and each peer's batches are put back in
 //!   order by a `sequencer::Sequencer` (`benches/workers/sequencer.rs`) per direction (numbers reserved under the peer's
 //!   lock with the counters, released once sealed and opened): what one peer on several workers
@@ -33,7 +33,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tunnelgate::config::{PublicKey, SecretKey};
 use tunnelgate::core::control::PeerSpec;
-use tunnelgate::core::packet::steering::worker_of_peer;
+use tunnelgate::core::packet::steering::Steering;
 use tunnelgate::core::packet::{Inbound, Outbound, PeerLookup, PeerPath};
 use tunnelgate::core::peer::{Peer, Sending};
 use tunnelgate::core::relay;
@@ -432,14 +432,16 @@ fn round_trip(pair: &Pair, shared: bool, packet: &[u8], buffers: &mut Buffers) -
 fn measure(pairs: &Arc<Vec<Pair>>, workers: usize, shared: bool, duration: Duration) -> f64 {
     let stop = Arc::new(AtomicBool::new(false));
     let moved = Arc::new(AtomicU64::new(0));
+    let steering = Arc::new(Steering::balanced(1..=pairs.len() as u32, workers));
     let threads: Vec<_> = (0..workers)
         .map(|w| {
             let (pairs, stop, moved) = (pairs.clone(), stop.clone(), moved.clone());
+            let steering = steering.clone();
             std::thread::spawn(move || {
                 let owned: Vec<&Pair> = pairs
                     .iter()
                     .enumerate()
-                    .filter(|(i, _)| shared || worker_of_peer(*i as u32 + 1, workers) == w)
+                    .filter(|(i, _)| shared || steering.worker_of_peer(*i as u32 + 1) == w)
                     .map(|(_, p)| p)
                     .collect();
                 // A worker that owns no peer has nothing to do: the daemon's blocks in

@@ -26,6 +26,7 @@ pub use table::TableChange;
 use crate::config::{PublicKey, SecretKey};
 use crate::core::control::{PeerChanges, PeerSpec};
 use crate::core::liveness::{Heartbeats, PacketThread, STALL_LIMIT};
+use crate::core::packet::steering::Steering;
 use crate::core::packet::{DropCounters, DropStats};
 use crate::core::peer::PeerStats;
 use crate::core::priority::{Access, SharedBudget};
@@ -166,6 +167,9 @@ struct Inner {
     timers: std::sync::OnceLock<std::thread::Thread>,
     /// A reader asked for a takeover since the timer thread last walked the peers.
     takeover_asked: AtomicBool,
+    /// Which worker owns which peer: the program installed on the sockets, kept to pick the
+    /// socket a peer's timer messages leave from and to install again on new sockets.
+    steering: RwLock<Arc<Steering>>,
 }
 
 impl Dataplane {
@@ -213,6 +217,7 @@ impl Dataplane {
                 handshakes: handshakes::HandshakeQueue::new(),
                 timers: std::sync::OnceLock::new(),
                 takeover_asked: AtomicBool::new(false),
+                steering: RwLock::new(Arc::new(Steering::plain(workers))),
             }),
             stopped: AtomicBool::new(false),
         })
@@ -276,11 +281,16 @@ impl Dataplane {
         self.inner.queues.len()
     }
 
-    /// Carries out a peer change from the control core.
+    /// Carries out a peer change from the control core, and shares the peers out over the
+    /// workers again ([`Steering::balanced`]) when that changes who owns what.
     pub fn apply_peers(&self, changes: &PeerChanges) -> TableChange {
         let current = self.inner.snapshot();
         let (next, change) = current.apply(changes);
+        let steering = Steering::balanced(next.peers().map(|slot| slot.index()), self.workers());
         *self.inner.table.write() = Arc::new(next);
+        if steering != **self.inner.steering.read() {
+            self.inner.steer(steering);
+        }
         change
     }
 
@@ -290,6 +300,10 @@ impl Dataplane {
         let options = self.inner.threads.tuning.socket_options();
         let group = WgSocket::bind_group(port, fwmark, self.workers(), &options)?;
         let bound = group[0].local_port()?;
+        let steering = self.inner.steering();
+        if let Err(error) = WgSocket::steer(&group, &steering) {
+            tracing::warn!(%error, "UDP steering program refused; the kernel spreads peers by address hash");
+        }
         let old = std::mem::replace(&mut *self.inner.sockets.write(), Arc::new(group));
         for socket in old.iter() {
             socket.shutdown();
@@ -504,6 +518,27 @@ impl Inner {
 
     fn sockets(&self) -> Arc<Vec<WgSocket>> {
         self.sockets.read().clone()
+    }
+
+    fn steering(&self) -> Arc<Steering> {
+        self.steering.read().clone()
+    }
+
+    /// Installs `steering` on the sockets and keeps it. Refused, the sockets keep the program
+    /// they have and the steering it stands for.
+    fn steer(&self, steering: Steering) {
+        match WgSocket::steer(&self.sockets(), &steering) {
+            Ok(()) => {
+                tracing::debug!(
+                    moved = steering.moved().len(),
+                    "Peers shared out over the workers"
+                );
+                *self.steering.write() = Arc::new(steering);
+            }
+            Err(error) => {
+                tracing::warn!(%error, "UDP steering program refused; peers stay on the workers they had");
+            }
+        }
     }
 
     fn now_ms(&self) -> u64 {

@@ -71,9 +71,10 @@ impl WgSocket {
     }
 
     /// One socket per packet worker, all on `port` (`SO_REUSEPORT`), with a steering program
-    /// that hands every datagram of a session to the worker that owns its peer (see
-    /// [`steering_program`]): a peer's datagrams stay in order on one worker, and peers spread
-    /// over all of them. One worker gets one plain socket.
+    /// that hands every datagram of a session to the worker that owns its peer
+    /// ([`steering::Steering::program`]): a peer's datagrams stay in order on one worker. The
+    /// group starts with the plain modulo; [`WgSocket::steer`] shares out the peers once
+    /// they are known. One worker gets one plain socket.
     pub fn bind_group(
         port: u16,
         fwmark: Option<u32>,
@@ -89,16 +90,34 @@ impl WgSocket {
         let group = (0..workers)
             .map(|_| WgSocket::bind_with(port, fwmark, true, options))
             .collect::<io::Result<Vec<WgSocket>>>()?;
-        let workers = u32::try_from(workers).map_err(io::Error::other)?;
-        let mut program = steering_program(workers);
-        let prog = libc::sock_fprog {
-            len: program.len() as u16,
-            filter: program.as_mut_ptr(),
+        if let Err(error) = WgSocket::steer(&group, &steering::Steering::plain(workers)) {
+            // Without it the kernel spreads by a hash of the addresses: still one peer per
+            // socket, only not evenly by peer.
+            tracing::warn!(%error, "UDP steering program refused; the kernel spreads peers by address hash");
+        }
+        Ok(group)
+    }
+
+    /// Installs `steering` as the reuse-port program of `group` (a group from
+    /// [`WgSocket::bind_group`]; one socket has nothing to steer). Replaces the program before:
+    /// the kernel switches at once, so a peer whose owner moved may have a few datagrams
+    /// opened out of order, which its replay window accepts.
+    pub fn steer(group: &[WgSocket], steering: &steering::Steering) -> io::Result<()> {
+        let Some(first) = group.first().filter(|_| group.len() > 1) else {
+            return Ok(());
         };
-        // SAFETY: a valid fd and a program that outlives the call (the kernel copies it).
+        let program = steering.program();
+        let prog = libc::sock_fprog {
+            len: u16::try_from(program.len()).map_err(io::Error::other)?,
+            // The kernel copies the program and never writes through this pointer.
+            filter: program.as_ptr().cast::<libc::sock_filter>().cast_mut(),
+        };
+        // SAFETY: a valid fd and `prog` pointing at `len` instructions laid out as
+        // `struct sock_filter` (`cbpf::Instruction` is repr(C) with the same fields), alive for
+        // the call (the kernel copies them).
         let r = unsafe {
             libc::setsockopt(
-                group[0].socket.as_raw_fd(),
+                first.socket.as_raw_fd(),
                 libc::SOL_SOCKET,
                 libc::SO_ATTACH_REUSEPORT_CBPF,
                 (&prog as *const libc::sock_fprog).cast(),
@@ -106,11 +125,9 @@ impl WgSocket {
             )
         };
         if r < 0 {
-            // Without it the kernel spreads by a hash of the addresses: still one peer per
-            // socket, only not evenly by peer.
-            tracing::warn!(error = %io::Error::last_os_error(), "UDP steering program refused; the kernel spreads peers by address hash");
+            return Err(io::Error::last_os_error());
         }
-        Ok(group)
+        Ok(())
     }
 
     fn bind_with(
@@ -398,27 +415,6 @@ impl WgSocket {
         batch.clear();
         dropped
     }
-}
-
-/// The classic BPF program of a reuse-port group of `workers` sockets: it returns the index of
-/// the socket that gets a datagram, the same choice as [`steering::owning_worker`]. The kernel runs it
-/// on the UDP payload.
-fn steering_program(workers: u32) -> Vec<libc::sock_filter> {
-    const LD_B_ABS: u16 = 0x10 | 0x20; // BPF_LD (0) | BPF_B | BPF_ABS
-    const JEQ_K: u16 = 0x05 | 0x10; // BPF_JMP | BPF_JEQ | BPF_K
-    const JA: u16 = 0x05; // BPF_JMP | BPF_JA
-    const MOD_K: u16 = 0x04 | 0x90; // BPF_ALU | BPF_MOD | BPF_K
-    const RET_A: u16 = 0x06 | 0x10; // BPF_RET | BPF_A
-    let op = |code, jt, jf, k| libc::sock_filter { code, jt, jf, k };
-    vec![
-        op(LD_B_ABS, 0, 0, 0),                                 // A = message type
-        op(JEQ_K, 0, 2, u32::from(steering::INITIATION_TYPE)), // an initiation names no session of ours
-        op(LD_B_ABS, 0, 0, steering::INITIATION_SPREAD_BYTE as u32),
-        op(JA, 0, 0, 1),
-        op(LD_B_ABS, 0, 0, steering::PEER_INDEX_BYTE as u32),
-        op(MOD_K, 0, 0, workers),
-        op(RET_A, 0, 0, 0),
-    ]
 }
 
 fn gso_supported(socket: &Socket) -> bool {

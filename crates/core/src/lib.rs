@@ -15,6 +15,7 @@
 pub mod allowed_ips;
 pub mod aqm;
 pub mod backoff;
+pub mod cbpf;
 pub mod cgroup;
 pub mod check_report;
 pub mod config;

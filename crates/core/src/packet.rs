@@ -536,34 +536,7 @@ pub fn newer(newest: Option<Sequence>, this: Sequence) -> bool {
     }
 }
 
-/// Which packet worker receives a datagram: every datagram of a session goes to the worker that
-/// owns its peer, so one peer's datagrams stay in order and peers spread over the workers.
-pub mod steering {
-    pub const INITIATION_TYPE: u8 = 1;
-    /// An initiation's sender index is the peer's random number: its low byte spreads them.
-    pub const INITIATION_SPREAD_BYTE: usize = 4;
-    /// Our session index (the receiver index of responses, cookies and data; little-endian at 4..8)
-    /// is the peer's table index shifted left by 8 (`core::wg`): its second byte is the low byte
-    /// of the peer's index.
-    pub const PEER_INDEX_BYTE: usize = 5;
-
-    /// The worker of `workers` whose socket receives `datagram` (what the shell's reuse-port steering
-    /// program decides in the kernel): the owner of the peer whose session it names, any worker for an initiation.
-    /// A datagram too short to say goes to worker 0.
-    pub fn owning_worker(datagram: &[u8], workers: usize) -> usize {
-        let byte = match datagram.first() {
-            Some(&INITIATION_TYPE) => datagram.get(INITIATION_SPREAD_BYTE),
-            Some(_) => datagram.get(PEER_INDEX_BYTE),
-            None => None,
-        };
-        byte.map_or(0, |b| usize::from(*b) % workers.max(1))
-    }
-
-    /// The worker that owns the peer with table index `peer_index`: where its datagrams arrive.
-    pub fn worker_of_peer(peer_index: u32, workers: usize) -> usize {
-        (peer_index & 0xff) as usize % workers.max(1)
-    }
-}
+pub mod steering;
 
 #[cfg(test)]
 mod tests;

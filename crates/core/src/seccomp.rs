@@ -30,15 +30,7 @@
 //! the system call number alone, so the kernel (5.11+) caches it per thread and skips the
 //! program on the hot path (`read`, `write`, `recvmmsg`, `sendmmsg`, `poll`).
 
-/// One classic-BPF instruction: the kernel's `struct sock_filter`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Instruction {
-    pub code: u16,
-    pub jt: u8,
-    pub jf: u8,
-    pub k: u32,
-}
+pub use crate::cbpf::Instruction;
 
 /// What the packet threads do about seccomp (`tunnelgate run --seccomp`,
 /// `$TUNNELGATE_SECCOMP`).
@@ -106,16 +98,7 @@ impl std::fmt::Display for Policy {
     }
 }
 
-// linux/filter.h and linux/bpf_common.h.
-const BPF_LD: u16 = 0x00;
-const BPF_W: u16 = 0x00;
-const BPF_ABS: u16 = 0x20;
-const BPF_JMP: u16 = 0x05;
-const BPF_JEQ: u16 = 0x10;
-const BPF_JGE: u16 = 0x30;
-const BPF_JSET: u16 = 0x40;
-const BPF_K: u16 = 0x00;
-const BPF_RET: u16 = 0x06;
+use crate::cbpf::{BPF_ABS, BPF_JEQ, BPF_JGE, BPF_JMP, BPF_JSET, BPF_K, BPF_LD, BPF_RET, BPF_W};
 
 // linux/seccomp.h.
 pub const RET_KILL_PROCESS: u32 = 0x8000_0000;

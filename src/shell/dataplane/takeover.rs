@@ -5,7 +5,7 @@
 
 use super::table::PeerSlot;
 use super::Inner;
-use crate::core::packet::steering;
+use crate::core::packet::steering::Steering;
 use crate::core::takeover::{TakeoverStep, TokenBucket, REKEY_TIMEOUT};
 use crate::shell::udp::WgSocket;
 use std::time::Instant;
@@ -14,6 +14,7 @@ use std::time::Instant;
 pub(super) fn step(
     inner: &Inner,
     sockets: &[WgSocket],
+    steering: &Steering,
     slot: &PeerSlot,
     now: Instant,
     global: &mut TokenBucket,
@@ -34,7 +35,7 @@ pub(super) fn step(
                 "Takeover: the peer sends on a session this process does not have; initiating a handshake to its source"
             );
             let Some(len) = sent else { return };
-            let socket = &sockets[steering::worker_of_peer(slot.index(), sockets.len())];
+            let socket = &sockets[steering.worker_of_peer(slot.index()) % sockets.len()];
             super::workers::send_one(inner, socket, &buf[..len], to);
         }
         TakeoverStep::Completed { to, after } => tracing::info!(

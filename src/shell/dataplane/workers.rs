@@ -13,7 +13,7 @@ use super::Inner;
 use crate::core::aqm;
 use crate::core::liveness::{PacketThread, IDLE_WAKE};
 use crate::core::offload::{self, Coalescer, SplitPlan, VNET_HDR_LEN};
-use crate::core::packet::{self, steering, DropReason, Inbound, Outbound, PeerPath, Sender};
+use crate::core::packet::{self, DropReason, Inbound, Outbound, PeerPath, Sender};
 use crate::core::peer::{LimiterReset, Sending};
 use crate::core::relay::{hands_off_batch, hands_off_read, opens_after_in_flight};
 use crate::core::takeover::{self, TokenBucket};
@@ -973,8 +973,17 @@ pub(super) fn timer_loop(inner: &Inner) {
             continue; // no key: no handshakes, no keepalives
         }
         let sockets = inner.sockets();
+        let steering = inner.steering();
         for slot in table.peers() {
-            super::takeover::step(inner, &sockets, slot, now, &mut takeovers, &mut buf);
+            super::takeover::step(
+                inner,
+                &sockets,
+                &steering,
+                slot,
+                now,
+                &mut takeovers,
+                &mut buf,
+            );
             if !tick_due {
                 continue;
             }
@@ -986,7 +995,7 @@ pub(super) fn timer_loop(inner: &Inner) {
                 log_handshake(slot);
             }
             let Some((len, to)) = tick.send else { continue };
-            let socket = &sockets[steering::worker_of_peer(slot.index(), sockets.len())];
+            let socket = &sockets[steering.worker_of_peer(slot.index()) % sockets.len()];
             send_one(inner, socket, &buf[..len], to);
         }
     }

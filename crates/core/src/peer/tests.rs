@@ -428,7 +428,7 @@ fn the_limiter_resets_once_a_second_of_the_time_given() {
 
 #[test]
 fn every_message_of_a_session_is_steered_to_the_worker_that_owns_its_peer() {
-    use crate::packet::steering::{owning_worker, worker_of_peer};
+    use crate::packet::steering::Steering;
     let mut p = pair(None, None);
     let (mut buf, mut landing) = (vec![0u8; 2048], vec![0u8; 2048]);
     let Inbound::Reply(len) = remote_initiates(&mut p, &mut buf, &mut landing) else {
@@ -441,13 +441,17 @@ fn every_message_of_a_session_is_steered_to_the_worker_that_owns_its_peer() {
     let data = p.remote.flush_queued(&mut buf).expect("queued data");
     // The local peer was made with table index 1: its session index is 1 << 8 (+ a counter).
     for workers in [1usize, 2, 3, 8] {
-        assert_eq!(
-            owning_worker(&buf[..data], workers),
-            worker_of_peer(1, workers),
-            "{workers} workers"
-        );
+        for steering in [
+            Steering::plain(workers),
+            Steering::balanced([1, 3, 5, 7], workers),
+        ] {
+            assert_eq!(
+                steering.owning_worker(&buf[..data]),
+                steering.worker_of_peer(1),
+                "{steering:?}"
+            );
+        }
     }
-    assert_eq!(owning_worker(&[], 4), 0, "too short to say: worker 0");
 }
 
 /// Seals `packets` on one reservation of `from`, in reverse order (as parallel workers might
