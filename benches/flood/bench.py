@@ -70,6 +70,11 @@ TUNNEL = {"c": "10.100.0.1", "p": "10.100.0.2", "j": "10.100.0.3"}
 PORT = 51820
 SINK_PORT = 9999
 STREAM_PORT = 5201
+# The decoy: the same generator at the same rate, to an address behind a veth into a namespace of
+# its own whose ingress hook drops everything at once (this kernel has no dummy device). The
+# stream's control window: the generator takes its CPU as in the flood window, and nothing
+# reaches the proxy.
+DECOY_NET, DECOY_TARGET = "198.18.0.1/24", "198.18.0.2"
 # The joining peer: it is given the proxy's endpoint JOIN_AT s into a flood window, which then
 # runs on for at least JOIN_WINDOW s: its first initiation, a cookie reply, and its first retry
 # REKEY_TIMEOUT (5 s) plus up to 1/3 s of jitter later. It is waited for JOIN_LIMIT s in all
@@ -151,7 +156,7 @@ class Rig:
     def __init__(self, workdir: Path, binary: str, workers: int, reader_cpu: int, other_cpus: str, extra_env: dict[str, str]):
         self.workdir, self.binary, self.workers = workdir, binary, workers
         self.reader_cpu, self.other_cpus, self.extra_env = reader_cpu, other_cpus, extra_env
-        self.ns = {k: f"{NS_PREFIX}{PID}{k}" for k in "cpfj"}
+        self.ns = {k: f"{NS_PREFIX}{PID}{k}" for k in "cpfjx"}
         self.created: list[str] = []
         # j: the joining peer, which the proxy's config lists from the start.
         self.keys = {k: genkey() for k in "cpj"}
@@ -159,7 +164,7 @@ class Rig:
         self.reader_tid: int | None = None
 
     def build(self) -> None:
-        for k in "cpfj":
+        for k in "cpfjx":
             add_ns(self.ns[k])
             self.created.append(self.ns[k])
         for other, mine, theirs in (("c", "pc", "c"), ("f", "pf", "f"), ("j", "pj", "j")):
@@ -174,6 +179,15 @@ class Rig:
         vf = f"{IF_PREFIX}{PID}vf"
         for a in flood_sources():
             nsx(self.ns["f"], "ip", "addr", "add", f"{a}/24", "dev", vf)
+        # x: the decoy, reached from f by a veth whose far end drops every frame at ingress.
+        vd, vx = f"{IF_PREFIX}{PID}vd", f"{IF_PREFIX}{PID}vx"
+        run(["ip", "link", "add", vd, "netns", self.ns["f"], "type", "veth", "peer", "name", vx, "netns", self.ns["x"]])
+        nsx(self.ns["f"], "ip", "addr", "add", DECOY_NET, "dev", vd)
+        nsx(self.ns["f"], "ip", "link", "set", vd, "up")
+        nsx(self.ns["x"], "ip", "link", "set", vx, "up")
+        mac = json.loads(nsx(self.ns["x"], "ip", "-j", "link", "show", vx).stdout)[0]["address"]
+        nsx(self.ns["f"], "ip", "neigh", "replace", DECOY_TARGET, "lladdr", mac, "dev", vd, "nud", "permanent")
+        nsx(self.ns["x"], "nft", "-f", "-", input=f"table netdev decoy {{\n chain in {{\n  type filter hook ingress device {vx} priority 0; policy drop;\n }}\n}}\n")
 
     def start(self, env: dict[str, str]) -> None:
         self.stop()
@@ -515,25 +529,29 @@ def measure(rig: Rig, kind: str | None, rate: float, seconds: float, procs: int,
     return r
 
 
-def stream(rig: Rig, kind: str | None, rate: float, seconds: float, procs: int, size: int, cpu: str) -> dict:
+def stream(rig: Rig, kind: str | None, rate: float, seconds: float, procs: int, size: int, cpu: str, decoy: bool = False) -> dict:
     """One window of `seconds` with an iperf3 TCP stream from the client through the tunnel to the
     proxy's tunnel address, and a flood of `kind` at `rate` (none when kind is None); no
     neighbour. The stream's two iperf3 ends and the client's tunnelgate run on `cpu` (taskset),
-    the generator where it always runs."""
+    the generator where it always runs. `decoy`: the generator sends to the decoy address instead
+    of the proxy (init2 as init: the decoy hands out no cookie)."""
     server = iperf3_server(rig.ns["p"], STREAM_PORT, TUNNEL["p"])
     client_pid = rig.daemons["c"].pid
     try:
         run(["taskset", "-a", "-p", "-c", cpu, str(server.pid)])
         run(["taskset", "-a", "-p", "-c", cpu, str(client_pid)])
         d0 = udp_drops(rig.ns["p"], PORT)
-        gens = start_gens(rig, kind, rate, seconds, procs, size) if kind else []
+        if kind and decoy:
+            gens = start_gens(rig, "init" if kind == "init2" else kind, rate, seconds, procs, size, f"{DECOY_TARGET}:{PORT}")
+        else:
+            gens = start_gens(rig, kind, rate, seconds, procs, size) if kind else []
         time.sleep(0.3)
         window = max(1, int(round(seconds - 0.6)))
         with ThreadSampler({"reader": rig.proxy.pid}, prefixes=("tg-udp-rx-",)) as sampler:
             p = run(["ip", "netns", "exec", rig.ns["c"], "taskset", "-c", cpu, "iperf3", "-c", TUNNEL["p"], "-p", str(STREAM_PORT),
                      "-t", str(window), "-J"], check=False, timeout=window + 30)
             readers = sampler.stop()
-        r: dict = {"flood": kind, "offered_pps": rate, "window": "stream", "stream_cpu": cpu}
+        r: dict = {"flood": kind, "offered_pps": rate, "window": "stream", "stream_cpu": cpu, "decoy": decoy}
         if gens:
             r["generator"] = gens_result(gens, seconds)
         try:
@@ -633,7 +651,7 @@ def proxy_facts(rig: Rig) -> dict:
 
 
 def sweep_stale_runs() -> None:
-    sweep_stale(NS_PREFIX + r"(\d+)[cpfj]", IF_PREFIX + r"(\d+)[cpj]\.sock")
+    sweep_stale(NS_PREFIX + r"(\d+)[cpfjx]", IF_PREFIX + r"(\d+)[cpj]\.sock")
 
 
 def flood_name(r: dict) -> str:
@@ -716,15 +734,19 @@ def summarize(results: dict) -> list[dict]:
         n = normal.get((r["flood"], r["rate"]))
         r["neighbour_vs_normal"] = r["neighbour_share"] / n if r["neighbour_share"] is not None and n else None
     for (flood, label, mode), rs in sorted(streams.items(), key=lambda kv: (flood_order(kv[0][0]), kv[0][1], kv[0][2] != "rt")):
+        rs = [r for r in rs if not r.get("decoy")]
         kept = [r["stream_kept"] for r in rs if r.get("stream_kept") is not None]
+        kept_quiet = [r["stream_kept_vs_quiet"] for r in rs if r.get("stream_kept_vs_quiet") is not None]
         old = OLD_CAPACITY.get(flood)
         sent = med([r.get("generator", {}).get("pps", 0) for r in rs])
         rows.append({
             "window": "stream", "flood": flood, "rate": label, "mode": mode,
             "sent_pps": sent, "sent_x_old_capacity": round(sent / old, 2) if old and sent else None,
             "stream_alone_mbps": med([r["stream_alone_mbps"] for r in rs if r.get("stream_alone_mbps")]),
+            "stream_decoy_mbps": med([r["stream_decoy_mbps"] for r in rs if r.get("stream_decoy_mbps")]),
             "stream_mbps": med([r["stream"]["mbps"] for r in rs]),
             "stream_kept": med(kept), "stream_kept_min": min(kept) if kept else None,
+            "stream_kept_vs_quiet": med(kept_quiet), "stream_kept_vs_quiet_min": min(kept_quiet) if kept_quiet else None,
             "reader_cpu_share": med([r["reader"]["cpu_share"] for r in rs if r["reader"]["cpu_share"] is not None]),
             "rounds": len(rs),
         })
@@ -762,7 +784,8 @@ def done_when(rows: list[dict]) -> list[str]:
                          f"({ok(r['joiner_first_retry_through_cookie'] == r['joiner_joins'] and (r['joiner_handshake_max_s'] or 1e9) <= REKEY_TIMEOUT + 1)})")
         st = streams.get((r["flood"], r["rate"]))
         if st and st["stream_kept_min"] is not None:
-            parts.append(f"stream kept {st['stream_kept_min']:.2f} (least) ({ok(st['stream_kept_min'] >= 0.8)})")
+            parts.append(f"stream kept {st['stream_kept_min']:.2f} (least; against the decoy window, "
+                         f"{st['stream_kept_vs_quiet_min'] or 0:.2f} against a quiet machine) ({ok(st['stream_kept_min'] >= 0.8)})")
         out.append(f"  {r['flood']} {r['rate']}: " + "; ".join(parts))
     b = stall_bound_ms()["burst_plus_batch"]
     for r in rows:
@@ -794,12 +817,14 @@ def report(rows: list[dict], results: dict) -> str:
                    "reader CPU", "reader at FIFO", "rest of CPU", "socket drops", "queue max KB", "replies", "ping p50/p99 ms", "ping lost", "underlay p99",
                    "joiner handshake s"), body)
     sbody = [(r["flood"], r["rate"], r["mode"], f(r["sent_pps"], "{:.0f}"), f(r["sent_x_old_capacity"], "{:.2f}x"), f(r["stream_alone_mbps"], "{:.0f}"),
-              f(r["stream_mbps"], "{:.0f}"), f"{f(r['stream_kept'])} (min {f(r['stream_kept_min'])})", pct(r["reader_cpu_share"]))
+              f(r.get("stream_decoy_mbps"), "{:.0f}"), f(r["stream_mbps"], "{:.0f}"), f"{f(r['stream_kept'])} (min {f(r['stream_kept_min'])})",
+              f"{f(r.get('stream_kept_vs_quiet'))} (min {f(r.get('stream_kept_vs_quiet_min'))})", pct(r["reader_cpu_share"]))
              for r in rows if r["window"] == "stream"]
     if sbody:
         cpu = results["meta"].get("stream_cpu")
         lines += ["", f"stream through the tunnel (iperf3 TCP, client -> proxy; its ends and the client's tunnelgate on the {cpu} CPU; no neighbour):"]
-        lines += table(("flood", "rate", "priority", "sent/s", "x old cap", "Mbit/s no flood", "Mbit/s flood", "stream kept", "reader CPU"), sbody)
+        lines += table(("flood", "rate", "priority", "sent/s", "x old cap", "Mbit/s quiet", "Mbit/s decoy", "Mbit/s flood", "stream kept (vs decoy)",
+                        "kept vs quiet", "reader CPU"), sbody)
     b = stall_bound_ms()
     lines.append("")
     lines.append(f"real-time bound: burst {BURST_MS:g} ms + one batch (<= {BATCH_MS_MAX:g} ms, 4,096 datagrams) = {b['burst_plus_batch']:g} ms; "
@@ -994,9 +1019,9 @@ def main() -> int:
                 if stream_floods and mode == "rt":
                     for kind, label, rate in [(k, lab, r) for k in stream_floods for lab, r in plan[k]]:
                         pair = []
-                        for k, lab, rt in ((None, "none", 0.0), (kind, label, rate)):
+                        for k, lab, rt, decoy in ((None, "none", 0.0, False), (kind, label, rate, True), (kind, label, rate, False)):
                             try:
-                                r = stream(rig, k, rt, args.duration, args.gen_procs, args.data_size, stream_cpu)
+                                r = stream(rig, k, rt, args.duration, args.gen_procs, args.data_size, stream_cpu, decoy)
                             except (CommandFailed, subprocess.SubprocessError, OSError) as e:
                                 r = {"flood": k, "window": "stream", "error": str(e)}
                             r.update(mode=mode, round=rnd, rate_label=lab, pair=f"stream-{kind}-{label}")
@@ -1005,13 +1030,16 @@ def main() -> int:
                             if "error" in r:
                                 log(f"    stream {k} {lab}: error {r['error']}")
                             else:
-                                log(f"    stream, {k or 'no flood':8} {lab:5} sent {r.get('generator', {}).get('pps', 0):>7}/s: {r['stream']['mbps']} Mbit/s "
+                                log(f"    stream, {k or 'no flood':8} {lab:5} {'to the decoy ' if decoy else ''}sent {r.get('generator', {}).get('pps', 0):>7}/s: {r['stream']['mbps']} Mbit/s "
                                     f"({r['stream']['retransmits']} retransmits), reader CPU {(r['reader']['cpu_share'] or 0) * 100:.0f} %")
                             if not rig.proxy.alive():
                                 raise CommandFailed(f"the proxy exited: {tail(rig.proxy.logfile)}")
-                        if "error" not in pair[0] and "error" not in pair[1] and pair[0]["stream"]["mbps"]:
-                            pair[1]["stream_alone_mbps"] = pair[0]["stream"]["mbps"]
-                            pair[1]["stream_kept"] = round(pair[1]["stream"]["mbps"] / pair[0]["stream"]["mbps"], 3)
+                        quiet, decoyed, flooded = pair
+                        if not any("error" in r for r in pair) and quiet["stream"]["mbps"] and decoyed["stream"]["mbps"]:
+                            flooded["stream_alone_mbps"] = quiet["stream"]["mbps"]
+                            flooded["stream_decoy_mbps"] = decoyed["stream"]["mbps"]
+                            flooded["stream_kept"] = round(flooded["stream"]["mbps"] / decoyed["stream"]["mbps"], 3)
+                            flooded["stream_kept_vs_quiet"] = round(flooded["stream"]["mbps"] / quiet["stream"]["mbps"], 3)
     except KeyboardInterrupt as e:
         interrupted = True
         log(f"\ninterrupted ({e or 'Ctrl-C'}): cleaning up")

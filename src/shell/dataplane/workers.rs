@@ -758,6 +758,9 @@ fn open_batch(
     // refused, counted once at the end (a flood is a million a second).
     let mut batch_now = None;
     let (mut refused, mut refused_bytes) = (0u64, 0u64);
+    // The batch's clock does not move, so a source refused once is refused for the rest of the
+    // batch: its next messages (a GRO train is one source's) are refused without the table.
+    let mut refused_source = None;
     for (from, datagram) in batch.datagrams() {
         // Handshakes go to their own path (the timer thread, at normal priority): a reader
         // checks their type and size only, and never runs a Diffie-Hellman.
@@ -765,8 +768,10 @@ fn open_batch(
             unauthenticated += 1;
             // Under load each source gets its share of the queue, so a flood from some
             // sources leaves room for a new peer's initiation and its retry.
+            let source = from.remote.ip();
             let now = || *batch_now.get_or_insert_with(crate::shell::clock::now);
-            if !inner.handshakes.admit(from.remote.ip(), now) {
+            if refused_source == Some(source) || !inner.handshakes.admit(source, now) {
+                refused_source = Some(source);
                 refused += 1;
                 refused_bytes += datagram.len() as u64;
                 continue;
