@@ -59,6 +59,28 @@ impl UnderLoad {
     }
 }
 
+/// How long a packet reader waits before its next receive after a batch that brought nothing
+/// but refused or queued handshakes and emptied its socket, while the interface is under load
+/// ([`flood_nap`]).
+pub const FLOOD_NAP: Duration = Duration::from_micros(200);
+
+/// Whether a reader should wait [`FLOOD_NAP`] before it receives again, given the batch it just
+/// handled: under load (a handshake flood), with its socket emptied (`drained`), and nothing in
+/// the batch that authenticated (`unauthenticated == datagrams`). A flood's trains then reach the
+/// reader a few at a time, one wake-up per nap, instead of each waking it: on a shared CPU each
+/// wake-up of a real-time reader preempts whatever runs there (the stream's own ends, on a
+/// small gateway). What it costs: a datagram of an established peer that arrives during the
+/// nap waits for its end, at most [`FLOOD_NAP`]; a batch with anything that authenticated, or
+/// one that left datagrams in the socket, never naps.
+pub fn flood_nap(
+    under_load: bool,
+    drained: bool,
+    datagrams: u64,
+    unauthenticated: u64,
+) -> Option<Duration> {
+    (under_load && drained && datagrams > 0 && unauthenticated >= datagrams).then_some(FLOOD_NAP)
+}
+
 /// What the limiter counts a source by: an IPv4 address, or an IPv6 /64 (one host's share of
 /// a network, as wireguard-go counts it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

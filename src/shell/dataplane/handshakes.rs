@@ -84,6 +84,11 @@ impl HandshakeQueue {
         admitted
     }
 
+    /// Whether the interface is under load, as the timer thread last found it.
+    pub(super) fn under_load(&self) -> bool {
+        self.under_load.load(Ordering::Relaxed)
+    }
+
     /// Queues `datagram` (a handshake message by [`crate::core::wg::is_handshake`]), received
     /// on `worker`'s socket from `from`. `false`: the queue is full and it was not taken.
     pub(super) fn push(&self, from: PeerPath, worker: usize, datagram: &[u8]) -> bool {

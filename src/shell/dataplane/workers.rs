@@ -11,6 +11,7 @@ use super::relay::{Busy, Cores, Relay, Stopper, TakeBack, Turn};
 use super::table::{PeerSlot, PeerTable};
 use super::Inner;
 use crate::core::aqm;
+use crate::core::handshake;
 use crate::core::liveness::{PacketThread, IDLE_WAKE};
 use crate::core::offload::{self, Coalescer, SplitPlan, VNET_HDR_LEN};
 use crate::core::packet::{self, DropReason, Inbound, Outbound, PeerPath, Sender};
@@ -502,8 +503,16 @@ pub(super) fn udp_loop(inner: &Inner, worker: usize, socket: &WgSocket, relay: O
             queue.on_batch(batch.oldest_wait(clock::wall_now()), now);
         }
         let datagrams = batch.datagram_count();
+        // Under load, a batch of nothing but handshakes (a flood's) is charged and queued here:
+        // a partner would only add a hand-off to that cheap work, and the batch's size would
+        // hold this reader back from opening the next (the replay-window rule).
+        let under_load = inner.handshakes.under_load();
+        let handshakes_only = under_load
+            && batch
+                .datagrams()
+                .all(|(_, datagram)| wg::is_handshake(datagram));
         let claim = relay
-            .filter(|r| hands_off_batch(r.relay.in_flight(), datagrams))
+            .filter(|r| !handshakes_only && hands_off_batch(r.relay.in_flight(), datagrams))
             .and_then(|r| r.relay.claim());
         if let Some(mut claim) = claim {
             // The partner opens it; the drops the AQM owes now go with it (and what it does
@@ -517,9 +526,10 @@ pub(super) fn udp_loop(inner: &Inner, worker: usize, socket: &WgSocket, relay: O
             continue;
         }
         let mut turn = Turn::of_taking_back(relay.map(|r| &r.relay), &take_back);
-        if let Some(relay) = relay {
+        if let Some(relay) = relay.filter(|_| !handshakes_only) {
             // Opened beside the batches in flight, this one's counters would run too far
-            // ahead of theirs for the replay window: open it after them.
+            // ahead of theirs for the replay window: open it after them. (Handshakes have no
+            // counters.)
             if opens_after_in_flight(relay.relay.in_flight(), datagrams) {
                 turn.hold();
             }
@@ -533,6 +543,12 @@ pub(super) fn udp_loop(inner: &Inner, worker: usize, socket: &WgSocket, relay: O
             &mut turn,
         );
         priority.unauthenticated(unauthenticated);
+        drop(turn);
+        // A flood's trains then arrive a few per wake-up (see `flood_nap`).
+        let nap = handshake::flood_nap(under_load, drained, datagrams as u64, unauthenticated);
+        if let Some(nap) = nap {
+            std::thread::sleep(nap);
+        }
     }
 }
 

@@ -190,3 +190,20 @@ proptest! {
         prop_assert!(burst <= PER_SOURCE_BURST as usize);
     }
 }
+
+#[test]
+fn a_reader_naps_only_after_a_drained_batch_of_nothing_but_a_flood_under_load() {
+    assert_eq!(flood_nap(true, true, 64, 64), Some(FLOOD_NAP));
+    assert_eq!(flood_nap(false, true, 64, 64), None, "not under load");
+    assert_eq!(
+        flood_nap(true, false, 64, 64),
+        None,
+        "the socket has more waiting"
+    );
+    assert_eq!(
+        flood_nap(true, true, 64, 63),
+        None,
+        "one datagram authenticated"
+    );
+    assert_eq!(flood_nap(true, true, 0, 0), None, "an empty batch");
+}
