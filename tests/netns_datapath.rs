@@ -16,6 +16,7 @@ use common::*;
 use std::time::Duration;
 use tunnelgate::config::SecretKey;
 use tunnelgate::core::liveness::STALL_LIMIT;
+use tunnelgate::core::packet::steering::Steering;
 use tunnelgate::core::relay;
 use tunnelgate::shell::clock;
 use tunnelgate::shell::dataplane::{Dataplane, ThreadSetup};
@@ -241,8 +242,8 @@ fn stopping_the_data_path_ends_every_packet_thread() {
         let tuning = &setup.tuning;
         let queues = tunnelgate::shell::tun::create_queues(&iface, 1420, 2, tuning.tun_txqueuelen)
             .expect("TUN queues");
-        let sockets =
-            WgSocket::bind_group(0, None, 2, &tuning.socket_options()).expect("UDP sockets");
+        let sockets = WgSocket::bind_group(0, None, &Steering::plain(2), &tuning.socket_options())
+            .expect("UDP sockets");
         let dataplane = Dataplane::new(queues, sockets, Some(SecretKey::generate()), setup)
             .expect("data plane");
         dataplane.start().expect("start");

@@ -11,6 +11,7 @@
 use crate::config::{Config, FirewallMode};
 use crate::core::control::{Action, Control, Executed, Lookup, Mode, Refused, Reload, View};
 use crate::core::liveness::{LoopPulse, LOOP_TURN};
+use crate::core::packet::steering::Steering;
 use crate::shell::dataplane::{self, Dataplane, ThreadSetup};
 use crate::shell::executor::Executor;
 use crate::shell::netlink::Netlink;
@@ -247,7 +248,7 @@ impl Daemon {
         let sockets = WgSocket::bind_group(
             iface.listen_port,
             iface.fwmark,
-            workers,
+            &Steering::plain(workers),
             &tuning.socket_options(),
         )
         .with_context(|| format!("cannot bind the WireGuard UDP port {}", iface.listen_port))?;

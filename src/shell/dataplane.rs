@@ -298,12 +298,8 @@ impl Dataplane {
     /// sockets. Returns the port bound.
     pub fn rebind(&self, port: u16, fwmark: Option<u32>) -> std::io::Result<u16> {
         let options = self.inner.threads.tuning.socket_options();
-        let group = WgSocket::bind_group(port, fwmark, self.workers(), &options)?;
+        let group = WgSocket::bind_group(port, fwmark, &self.inner.steering(), &options)?;
         let bound = group[0].local_port()?;
-        let steering = self.inner.steering();
-        if let Err(error) = WgSocket::steer(&group, &steering) {
-            tracing::warn!(%error, "UDP steering program refused; the kernel spreads peers by address hash");
-        }
         let old = std::mem::replace(&mut *self.inner.sockets.write(), Arc::new(group));
         for socket in old.iter() {
             socket.shutdown();

@@ -73,14 +73,15 @@ impl WgSocket {
     /// One socket per packet worker, all on `port` (`SO_REUSEPORT`), with a steering program
     /// that hands every datagram of a session to the worker that owns its peer
     /// ([`steering::Steering::program`]): a peer's datagrams stay in order on one worker. The
-    /// group starts with the plain modulo; [`WgSocket::steer`] shares out the peers once
-    /// they are known. One worker gets one plain socket.
+    /// group starts with `steering` (the plain modulo before the peers are known);
+    /// [`WgSocket::steer`] shares out the peers once they are. One worker gets one plain socket.
     pub fn bind_group(
         port: u16,
         fwmark: Option<u32>,
-        workers: usize,
+        steering: &steering::Steering,
         options: &SocketOptions,
     ) -> io::Result<Vec<WgSocket>> {
+        let workers = steering.workers();
         if workers <= 1 {
             return Ok(vec![WgSocket::bind(port, fwmark, options)?]);
         }
@@ -90,7 +91,7 @@ impl WgSocket {
         let group = (0..workers)
             .map(|_| WgSocket::bind_with(port, fwmark, true, options))
             .collect::<io::Result<Vec<WgSocket>>>()?;
-        if let Err(error) = WgSocket::steer(&group, &steering::Steering::plain(workers)) {
+        if let Err(error) = WgSocket::steer(&group, steering) {
             // Without it the kernel spreads by a hash of the addresses: still one peer per
             // socket, only not evenly by peer.
             tracing::warn!(%error, "UDP steering program refused; the kernel spreads peers by address hash");

@@ -10,6 +10,11 @@
 //! plain owner (`byte % workers`) are listed, and the shell's reuse-port program in the kernel
 //! checks that list before the modulo.
 
+use crate::cbpf::{
+    Instruction, BPF_A, BPF_ABS, BPF_ALU, BPF_B, BPF_JA, BPF_JEQ, BPF_JMP, BPF_K, BPF_LD, BPF_MOD,
+    BPF_RET,
+};
+
 /// The message type of a handshake initiation.
 pub const INITIATION_TYPE: u8 = 1;
 /// An initiation's sender index is the peer's random number: its low byte spreads them.
@@ -23,11 +28,6 @@ pub const PEER_INDEX_BYTE: usize = 5;
 /// any peer list where evening out matters (a few peers per worker); with thousands of
 /// peers the plain modulo is already close to even.
 pub const MAX_MOVED: usize = 64;
-
-use crate::cbpf::{
-    Instruction, BPF_A, BPF_ABS, BPF_ALU, BPF_B, BPF_JA, BPF_JEQ, BPF_JMP, BPF_K, BPF_LD, BPF_MOD,
-    BPF_RET,
-};
 
 /// Which worker owns each value of the steering byte.
 #[derive(Debug, Clone, PartialEq, Eq)]
