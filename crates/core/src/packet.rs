@@ -519,21 +519,18 @@ pub fn roam(current: Option<PeerPath>, from: PeerPath, authenticated: bool) -> O
     (authenticated && current != Some(from)).then_some(from)
 }
 
-/// A data message's place in its sender's order: the session it came on and its counter.
-pub type Sequence = (u32, u64);
+/// A data message's place in its sender's order: the generation of the session it came on (the
+/// order this side established its sessions in) and its counter.
+pub type Sequence = (u64, u64);
 
 /// Whether a data message at `this` is newer than `newest`, the newest one a peer has seen
-/// (`None`: none yet), and so may move its endpoint ([`roam`]). Messages of one session compare
-/// by counter. Another session than the newest one's counts as newer: sessions only move
-/// forward (a rekey), and the counters of two sessions say nothing about each other. Batches
-/// opened on several threads finish out of order: without this, an older batch that finishes
-/// later would set the endpoint back to an address the peer has left.
+/// (`None`: none yet), and so may move its endpoint ([`roam`]): a later session, or a later
+/// counter of the same one. Batches opened on several threads finish out of order: without
+/// this, an older batch that finishes later would set the endpoint back to an address the peer
+/// has left, also a late batch of a session the peer has since rekeyed away from.
 #[inline]
 pub fn newer(newest: Option<Sequence>, this: Sequence) -> bool {
-    match newest {
-        None => true,
-        Some((session, counter)) => session != this.0 || this.1 > counter,
-    }
+    newest.is_none_or(|newest| this > newest)
 }
 
 pub mod steering;

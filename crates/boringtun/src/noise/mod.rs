@@ -78,6 +78,8 @@ pub struct Tunn {
     rate_limiter: Arc<RateLimiter>,
     /// Ephemeral keys (and a rate limiter of its own, without a shared one) come from here
     rng: Rng,
+    /// Sessions established so far: the next one's generation is one more.
+    generations: u64,
 }
 
 /// Counters reserved on the current sending session by [`Tunn::reserve_send`]: seal message `i`
@@ -246,12 +248,16 @@ impl Tunn {
             |shared| (false, shared),
         );
 
+        // The session part (the low byte) starts at a random value: two processes that give a
+        // peer the same 24-bit index (the caller's) then give its sessions different indices,
+        // so a session one of them established is never mistaken for the other's.
+        let start = rand_core::RngCore::next_u32(&mut *rng) & 0xff;
         Tunn {
             handshake: Handshake::new(
                 static_private,
                 static_public,
                 peer_static_public,
-                index << 8,
+                (index << 8) | start,
                 preshared_key,
             ),
             sessions: Default::default(),
@@ -264,7 +270,14 @@ impl Tunn {
 
             rate_limiter: rate_limiter.1,
             rng,
+            generations: 0,
         }
+    }
+
+    /// The generation of the session being established now.
+    fn next_generation(&mut self) -> u64 {
+        self.generations += 1;
+        self.generations
     }
 
     /// Update the private key and clear existing sessions
@@ -461,6 +474,7 @@ impl Tunn {
 
         // Store new session in ring buffer
         let index = session.local_index();
+        let session = session.with_generation(self.next_generation());
         self.sessions[index % N_SESSIONS] = Some(Arc::new(session));
 
         self.timer_tick(TimerName::TimeLastPacketReceived);
@@ -492,6 +506,7 @@ impl Tunn {
         // Store new session in ring buffer
         let l_idx = session.local_index();
         let index = l_idx % N_SESSIONS;
+        let session = session.with_generation(self.next_generation());
         self.sessions[index] = Some(Arc::new(session));
 
         self.timer_tick(TimerName::TimeLastPacketReceived);
@@ -723,6 +738,52 @@ mod tests {
         );
 
         (my_tun, their_tun)
+    }
+
+    /// Randomness whose first word is fixed (the session byte's start), then the OS's.
+    struct FirstWord(Option<u32>);
+
+    impl RngCore for FirstWord {
+        fn next_u32(&mut self) -> u32 {
+            self.0.take().unwrap_or_else(|| OsRng.next_u32())
+        }
+        fn next_u64(&mut self) -> u64 {
+            OsRng.next_u64()
+        }
+        fn fill_bytes(&mut self, dest: &mut [u8]) {
+            OsRng.fill_bytes(dest)
+        }
+        fn try_fill_bytes(&mut self, dest: &mut [u8]) -> Result<(), rand_core::Error> {
+            OsRng.try_fill_bytes(dest)
+        }
+    }
+
+    impl rand_core::CryptoRng for FirstWord {}
+
+    /// Two processes that give a peer the same index (a restarted one, another replica) start
+    /// its sessions' byte apart, so one never takes the other's session for its own; the peer
+    /// part stays the caller's.
+    #[test]
+    fn the_session_byte_starts_at_random_and_the_peer_part_is_kept() {
+        let their = x25519_dalek::StaticSecret::random_from_rng(OsRng);
+        let their_public = x25519_dalek::PublicKey::from(&their);
+        let first_sender_index = |first_word: u32| {
+            let mine = x25519_dalek::StaticSecret::random_from_rng(OsRng);
+            let mut tun = Tunn::new(
+                mine,
+                their_public,
+                None,
+                None,
+                0xab_cdef,
+                None,
+                Box::new(FirstWord(Some(first_word))),
+            );
+            let init = create_handshake_init(&mut tun);
+            u32::from_le_bytes([init[4], init[5], init[6], init[7]])
+        };
+        let (a, b) = (first_sender_index(0x10), first_sender_index(0x7f));
+        assert_eq!((a >> 8, b >> 8), (0xab_cdef, 0xab_cdef));
+        assert_eq!((a & 0xff, b & 0xff), (0x11, 0x80), "the start, plus one");
     }
 
     fn create_handshake_init(tun: &mut Tunn) -> Vec<u8> {

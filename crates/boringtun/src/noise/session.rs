@@ -14,6 +14,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// A transport session (one handshake's keys, counters and replay window).
 pub struct Session {
     pub(crate) receiving_index: u32,
+    /// The order in which its `Tunn` established it (1, 2, 3 ...): a session of a higher
+    /// generation is newer, whatever the indices (which cycle and start at random).
+    generation: u64,
     sending_index: u32,
     receiver: TransportKey,
     sender: TransportKey,
@@ -180,6 +183,7 @@ impl Session {
     ) -> Session {
         Session {
             receiving_index: local_index,
+            generation: 0,
             sending_index: peer_index,
             receiver: TransportKey::new(&receiving_key),
             sender: TransportKey::new(&sending_key),
@@ -195,6 +199,17 @@ impl Session {
     /// Our index for this session: the receiver index of every data message the peer sends.
     pub fn receiving_index(&self) -> u32 {
         self.receiving_index
+    }
+
+    /// The order in which its tunnel established it: higher is newer.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Numbers the session as its tunnel's `generation`-th.
+    pub(crate) fn with_generation(mut self, generation: u64) -> Session {
+        self.generation = generation;
+        self
     }
 
     /// The peer's index for this session, written into every data message we send.

@@ -553,11 +553,13 @@ fn keepalive_starts_a_handshake_only_for_a_peer_without_a_session() {
 }
 
 #[test]
-fn only_a_newer_message_of_a_session_or_another_session_counts_as_newer() {
+fn only_a_later_counter_or_a_later_session_counts_as_newer() {
     assert!(newer(None, (1, 0)));
     assert!(newer(Some((1, 5)), (1, 6)));
     assert!(!newer(Some((1, 5)), (1, 5)));
     assert!(!newer(Some((1, 5)), (1, 4)));
     // A rekey: the counters of two sessions say nothing about each other.
     assert!(newer(Some((1, 500)), (2, 0)));
+    // A late batch of the session before: never newer, whatever its counter.
+    assert!(!newer(Some((2, 0)), (1, 900)));
 }
