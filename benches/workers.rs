@@ -131,14 +131,34 @@ fn pair(index: u32) -> Pair {
     let Outbound::Send { len, .. } = remote.encapsulate(&packet(), &mut wire) else {
         panic!("no initiation");
     };
-    let Inbound::Reply(len) =
-        local.decapsulate(&Anyone, &(), at("192.0.2.2:1"), &wire[..len], &mut plain)
-    else {
+    let now = tunnelgate::shell::clock::now();
+    let Inbound::Reply(len) = local.decapsulate(
+        &Anyone,
+        &(),
+        at("192.0.2.2:1"),
+        &wire[..len],
+        &mut plain,
+        now,
+    ) else {
         panic!("no response");
     };
-    let _ = remote.decapsulate(&Anyone, &(), at("192.0.2.1:1"), &plain[..len], &mut wire);
+    let _ = remote.decapsulate(
+        &Anyone,
+        &(),
+        at("192.0.2.1:1"),
+        &plain[..len],
+        &mut wire,
+        now,
+    );
     let len = remote.flush_queued(&mut wire).expect("queued data");
-    let delivered = local.decapsulate(&Anyone, &(), at("192.0.2.2:1"), &wire[..len], &mut plain);
+    let delivered = local.decapsulate(
+        &Anyone,
+        &(),
+        at("192.0.2.2:1"),
+        &wire[..len],
+        &mut plain,
+        now,
+    );
     assert!(
         matches!(delivered, Inbound::Deliver(_)),
         "session not confirmed"

@@ -21,6 +21,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 pub use crate::core::packet::{DropReason, DropStats};
 
@@ -71,6 +72,24 @@ pub struct Snapshot {
     pub netns_id: Option<String>,
     /// The tuning in force: the packet readers' priority and why, the AQM, the workers.
     pub tuning: tuning::TuningStatus,
+    /// The group's endpoint exchange (`takeover.group_listen`); `None` without one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group_exchange: Option<GroupExchangeStatus>,
+}
+
+/// What the group's endpoint exchange did: datagrams taken from other replicas, endpoints they
+/// told, datagrams sent, the replicas its name resolves to, and the datagrams refused by why
+/// (`forged`: not sealed by a replica of this identity; `replayed`; `stale`; `malformed`;
+/// `own`: this replica's own, back through the group's name; `over_rate`: past the bound of
+/// datagrams opened per second, unopened).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct GroupExchangeStatus {
+    pub replicas: u64,
+    pub accepted: u64,
+    pub endpoints_learned: u64,
+    pub sent: u64,
+    pub refused: BTreeMap<String, u64>,
 }
 
 impl Snapshot {
@@ -121,6 +140,9 @@ pub struct PeerStatus {
     pub takeovers_started: u64,
     pub takeovers_completed: u64,
     pub takeovers_failed: u64,
+    /// Takeovers asked for when no endpoint where the peer authenticated was known: none sent.
+    #[serde(default)]
+    pub takeovers_no_endpoint: u64,
     /// Milliseconds from initiation to handshake, summed over the completed takeovers.
     pub takeover_ms_total: u64,
     /// The same for the latest completed takeover.
@@ -256,6 +278,10 @@ pub fn render_metrics(snap: &Snapshot, now_unix: u64) -> String {
     tuning::register_metrics(reg, &snap.tuning);
     render_name_metrics(reg, &snap.names);
     render_service_metrics(reg, &snap.services);
+
+    if let Some(g) = &snap.group_exchange {
+        render_group_metrics(reg, g);
+    }
 
     let reloads = Counter::<u64>::default();
     reloads.inc_by(snap.reloads);
@@ -413,6 +439,7 @@ fn render_peer_metrics(reg: &mut Registry, peers: &[PeerStatus], now_unix: u64) 
             ("started", p.takeovers_started),
             ("completed", p.takeovers_completed),
             ("failed", p.takeovers_failed),
+            ("no_endpoint", p.takeovers_no_endpoint),
         ] {
             let mut with = l.clone();
             with.push(("outcome".to_string(), outcome.to_string()));
@@ -583,6 +610,42 @@ fn render_name_metrics(reg: &mut Registry, names: &[NameStatus]) {
     );
 }
 
+fn render_group_metrics(reg: &mut Registry, g: &GroupExchangeStatus) {
+    let datagrams = Family::<Labels, Counter>::default();
+    datagrams
+        .get_or_create(&label("result", "accepted"))
+        .inc_by(g.accepted);
+    for (why, n) in &g.refused {
+        datagrams.get_or_create(&label("result", why)).inc_by(*n);
+    }
+    reg.register(
+        "group_exchange_received",
+        "Datagrams the group's endpoint exchange received: accepted, or refused and why",
+        datagrams,
+    );
+    let learned = Counter::<u64>::default();
+    learned.inc_by(g.endpoints_learned);
+    reg.register(
+        "group_exchange_endpoints_learned",
+        "Endpoints other replicas of this identity told, where its peers authenticated",
+        learned,
+    );
+    let sent = Counter::<u64>::default();
+    sent.inc_by(g.sent);
+    reg.register(
+        "group_exchange_sent",
+        "Datagrams the group's endpoint exchange sent",
+        sent,
+    );
+    let replicas = Gauge::<i64>::default();
+    replicas.set(i64::try_from(g.replicas).unwrap_or(i64::MAX));
+    reg.register(
+        "group_exchange_replicas",
+        "Addresses the group's replica name resolves to (this replica's own included)",
+        replicas,
+    );
+}
+
 /// One series per `service` label: how many of its names do not resolve (0: every rule of
 /// it is installed). Alert on `> 0`: that Service is not served, while `/readyz` may be 200.
 fn render_service_metrics(reg: &mut Registry, services: &[ServiceStatus]) {
@@ -625,6 +688,27 @@ fn write_status(out: &mut String, snap: &Snapshot, now: u64) -> std::fmt::Result
         "  reloads: {} ({} failed)",
         snap.reloads, snap.reload_failures
     )?;
+    if let Some(g) = &snap.group_exchange {
+        let refused: Vec<String> = g
+            .refused
+            .iter()
+            .filter(|(_, n)| **n > 0)
+            .map(|(why, n)| format!("{n} {why}"))
+            .collect();
+        writeln!(
+            out,
+            "  group exchange: {} replicas, {} accepted ({} endpoints), {} sent, refused: {}",
+            g.replicas,
+            g.accepted,
+            g.endpoints_learned,
+            g.sent,
+            if refused.is_empty() {
+                "none".to_string()
+            } else {
+                refused.join(", ")
+            }
+        )?;
+    }
     if !snap.version.is_empty() {
         writeln!(out, "  version: {}", snap.version)?;
     }
@@ -659,13 +743,17 @@ fn write_status(out: &mut String, snap: &Snapshot, now: u64) -> std::fmt::Result
             "  handshakes: {} initiated, {} answered, {} failed",
             p.handshake_attempts, p.handshakes_answered, p.handshake_failures
         )?;
-        if p.takeovers_started > 0 {
+        if p.takeovers_started + p.takeovers_no_endpoint > 0 {
             let last = p
                 .takeover_ms_last
                 .map_or_else(String::new, |ms| format!(", latest in {ms} ms"));
+            let unknown = match p.takeovers_no_endpoint {
+                0 => String::new(),
+                n => format!(", {n} without a known endpoint"),
+            };
             writeln!(
                 out,
-                "  takeovers: {} started, {} completed, {} failed{last}",
+                "  takeovers: {} started, {} completed, {} failed{unknown}{last}",
                 p.takeovers_started, p.takeovers_completed, p.takeovers_failed
             )?;
         }

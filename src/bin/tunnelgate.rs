@@ -150,6 +150,8 @@ enum Command {
         #[arg(long, env = tunnelgate::shell::userspace::HEALTH_ENV, value_name = "ADDR")]
         health: Option<std::net::SocketAddr>,
         #[command(flatten)]
+        takeover: tunnelgate::shell::userspace::TakeoverArgs,
+        #[command(flatten)]
         log: LogArgs,
         #[command(flatten)]
         seccomp: SeccompArgs,
@@ -204,11 +206,18 @@ fn main() -> ExitCode {
             foreground,
             interface,
             health,
+            takeover,
             log,
             seccomp,
         } => {
             tunnelgate::shell::seccomp::set_policy(seccomp.seccomp);
-            tunnelgate::shell::userspace::run(foreground, &interface, health, log.log_format)
+            tunnelgate::shell::userspace::run(
+                foreground,
+                &interface,
+                health,
+                takeover.answer(),
+                log.log_format,
+            )
         }
         Command::Help { command } => help(&command),
         Command::Man { dir } => man(&dir),

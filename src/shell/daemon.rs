@@ -33,6 +33,8 @@ use tokio::task::JoinHandle;
 /// How often the config file is compared with the running configuration. Polling (not
 /// inotify) also catches Kubernetes' atomic `..data` symlink swap and key-file changes.
 const CONFIG_POLL: Duration = Duration::from_secs(2);
+/// How often the peers' learned endpoints are looked at (the endpoints file, the group).
+const ENDPOINTS_TICK: Duration = Duration::from_secs(1);
 /// Commands (reloads, UAPI sets) that may wait for the event loop at once.
 const COMMAND_QUEUE: usize = 16;
 /// How long one config-file poll waits for its read (microseconds on a sane filesystem); a read
@@ -75,6 +77,8 @@ pub struct Handle {
     local_sockets: CloseFirst,
     /// The event loop's heartbeat, which `/healthz` and the watchdog check.
     pub(crate) event_loop: Arc<LoopPulse>,
+    /// What the group's endpoint exchange counted, once it runs.
+    pub(crate) group_stats: std::sync::OnceLock<Arc<crate::shell::group::GroupStats>>,
 }
 
 impl Handle {
@@ -134,6 +138,10 @@ pub struct Daemon {
     health: HealthEndpoint,
     /// A config-file read that outlived its poll's wait, collected by the next poll.
     config_read: Option<JoinHandle<ConfigRead>>,
+    /// The endpoints file: where peers authenticated, for takeovers after a restart.
+    endpoints: crate::shell::endpoints::Keeper,
+    /// The group's endpoint exchange (`takeover.group_listen`), once started.
+    group: Option<crate::shell::group::Group>,
 }
 
 /// A start that failed: why, and the daemon when it got as far as existing (its packet threads
@@ -188,10 +196,12 @@ impl Daemon {
     pub async fn start_userspace(
         name: &str,
         health_bound: Option<SocketAddr>,
+        answer: crate::core::takeover::Answer,
         threads: ThreadSetup,
     ) -> Result<Daemon, StartFailed> {
-        let config = Config::device_only(name)
+        let mut config = Config::device_only(name)
             .map_err(|e| StartFailed::early(anyhow::anyhow!("interface name {name:?}: {e}")))?;
+        config.takeover.answer = answer;
         Daemon::start_in(Mode::Userspace, config, None, health_bound, threads).await
     }
 
@@ -208,6 +218,17 @@ impl Daemon {
                 .map_err(StartFailed::early)?;
         // Failures are in the core, which says below whether the start must be abandoned.
         let _ = daemon.drain().await;
+        // Before the first datagram: a takeover right after a restart needs the endpoints.
+        daemon.endpoints.read_if_new_identity();
+        if let Some(settings) = daemon.control.config().takeover.group.clone() {
+            match crate::shell::group::Group::start(&settings, dataplane.clone()).await {
+                Ok(group) => {
+                    let _ = daemon.handle.group_stats.set(group.stats.clone());
+                    daemon.group = Some(group);
+                }
+                Err(e) => return Err(StartFailed::with(daemon, e)),
+            }
+        }
         if let Some(why) = daemon.control.start_failure() {
             return Err(StartFailed::with(daemon, anyhow::anyhow!("{why}")));
         }
@@ -255,6 +276,11 @@ impl Daemon {
         let listen_port = sockets[0].local_port()?;
         let key = mode.starts_with_key().then(|| iface.private_key.clone());
         let dataplane = Arc::new(Dataplane::new(queues, sockets, key, threads)?);
+        dataplane.set_takeover_answer(config.takeover.answer);
+        let endpoints = crate::shell::endpoints::Keeper::new(
+            crate::shell::endpoints::path_for(&config.takeover, &iface.name),
+            dataplane.clone(),
+        );
         let firewall_mode: FirewallMode = config.firewall.mode;
         let now = crate::shell::clock::now();
         let control = match mode {
@@ -277,6 +303,7 @@ impl Daemon {
             commands: tx,
             local_sockets: CloseFirst::default(),
             event_loop: Arc::new(LoopPulse::new(crate::shell::clock::now())),
+            group_stats: std::sync::OnceLock::new(),
         });
         let observe: Arc<dyn crate::telemetry::Observe> = handle.clone();
         let daemon = Daemon {
@@ -287,6 +314,8 @@ impl Daemon {
             config_path,
             health: HealthEndpoint::new(observe),
             config_read: None,
+            endpoints,
+            group: None,
         };
         Ok((daemon, dataplane))
     }
@@ -347,6 +376,8 @@ impl Daemon {
     pub async fn stop_dataplane(&mut self) {
         let pulse = self.handle.event_loop.clone();
         with_pulse(&pulse, self.stop_packet_threads()).await;
+        // Nothing moves now: what the peers learned last is what the next start reads.
+        with_pulse(&pulse, self.endpoints.save_at_stop()).await;
     }
 
     /// Stop, step 4: removes what the core says was installed (rules, forwarding, routes),
@@ -367,6 +398,8 @@ impl Daemon {
         let mut config_poll = tokio::time::interval(CONFIG_POLL);
         config_poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_file_error = String::new();
+        let mut endpoints_tick = tokio::time::interval(ENDPOINTS_TICK);
+        endpoints_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let dataplane = self.handle.dataplane.clone();
         let mut fatal = std::pin::pin!(dataplane.fatal_error());
         #[cfg(feature = "test-hooks")]
@@ -409,6 +442,13 @@ impl Daemon {
                 }
                 Some(command) = self.commands.recv() => self.command(command).await,
                 _ = config_poll.tick() => self.poll_config_file(&mut last_file_error).await,
+                _ = endpoints_tick.tick() => {
+                    let news = self.endpoints.tick(crate::shell::clock::now());
+                    if let Some(group) = &self.group {
+                        group.tell(&news);
+                    }
+                }
+                why = group_ended(&mut self.group) => return Err(why),
             }
         }
     }
@@ -623,6 +663,14 @@ impl Daemon {
         if let Ok(Err(e)) = tokio::task::spawn_blocking(move || dataplane.stop()).await {
             tracing::warn!(error = %e, "Packet threads did not stop");
         }
+    }
+}
+
+/// Resolves when the group's exchange ended (never without one).
+async fn group_ended(group: &mut Option<crate::shell::group::Group>) -> String {
+    match group {
+        Some(group) => group.ended().await,
+        None => std::future::pending().await,
     }
 }
 

@@ -16,8 +16,10 @@
 mod handshakes;
 mod readers;
 pub mod relay;
+mod send;
 mod table;
 mod takeover;
+mod timers;
 mod workers;
 
 pub use readers::ReadersView;
@@ -30,10 +32,13 @@ use crate::core::packet::steering::Steering;
 use crate::core::packet::{DropCounters, DropStats};
 use crate::core::peer::PeerStats;
 use crate::core::priority::{Access, SharedBudget};
+use crate::core::takeover::{Answer, Learned, Origin};
 use crate::shell::priority::ReaderSpawner;
 use crate::shell::tuning::Tuning;
 use crate::shell::udp::WgSocket;
 use parking_lot::{Mutex, RwLock};
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -46,6 +51,10 @@ use tun_rs::SyncDevice;
 /// scheduling delay. A thread still running then is wedged; waiting longer would wedge the
 /// caller too.
 const STOP_WAIT: Duration = Duration::from_secs(3);
+
+/// Peers not configured (yet) whose learned endpoints are kept for when they are added: the
+/// kernel's peer limit.
+const LEARNED_FOR_LATER: usize = 1 << 20;
 
 /// Most packet workers the default picks, whatever the machine: past this, more threads on one
 /// TUN device only contend.
@@ -165,8 +174,11 @@ struct Inner {
     /// The timer thread, once started: a reader that queued a handshake or asks for a
     /// takeover wakes it.
     timers: std::sync::OnceLock<std::thread::Thread>,
-    /// A reader asked for a takeover since the timer thread last walked the peers.
-    takeover_asked: AtomicBool,
+    /// Peers whose data named a session this process does not have, on their way from the
+    /// readers to the handshake thread, and which sources a takeover may answer.
+    takeovers: takeover::Requests,
+    /// Endpoints learned of peers not configured yet, for when they are added.
+    learned_for_later: Mutex<HashMap<PublicKey, (Vec<SocketAddr>, Origin)>>,
     /// Which worker owns which peer: the program installed on the sockets, kept to pick the
     /// socket a peer's timer messages leave from and to install again on new sockets.
     steering: RwLock<Arc<Steering>>,
@@ -216,7 +228,8 @@ impl Dataplane {
                 fatal: watch::Sender::new(None),
                 handshakes: handshakes::HandshakeQueue::new(),
                 timers: std::sync::OnceLock::new(),
-                takeover_asked: AtomicBool::new(false),
+                takeovers: takeover::Requests::new(),
+                learned_for_later: Mutex::new(HashMap::new()),
                 steering: RwLock::new(Arc::new(Steering::plain(workers))),
             }),
             stopped: AtomicBool::new(false),
@@ -267,8 +280,7 @@ impl Dataplane {
                     })?;
                 }
             }
-            self.inner
-                .spawn(PacketThread::Timers, workers::timer_loop)?;
+            self.inner.spawn(PacketThread::Timers, timers::timer_loop)?;
             Inner::start_udp_readers(&self.inner)
         })();
         if started.is_err() {
@@ -282,10 +294,31 @@ impl Dataplane {
     }
 
     /// Carries out a peer change from the control core, and shares the peers out over the
-    /// workers again ([`Steering::balanced`]) when that changes who owns what.
+    /// workers again ([`Steering::balanced`]) when that changes who owns what. A peer added
+    /// gets what was learned of it before it existed ([`Dataplane::learn_endpoints`]).
     pub fn apply_peers(&self, changes: &PeerChanges) -> TableChange {
         let current = self.inner.snapshot();
         let (next, change) = current.apply(changes);
+        let waited: Vec<_> = {
+            let mut waiting = self.inner.learned_for_later.lock();
+            if waiting.is_empty() {
+                Vec::new()
+            } else {
+                change
+                    .added
+                    .iter()
+                    .filter_map(|key| waiting.remove(key).map(|learned| (*key, learned)))
+                    .collect()
+            }
+        };
+        for (key, (endpoints, origin)) in waited {
+            if let Some(slot) = next.slot(&key) {
+                let mut peer = slot.lock();
+                for e in endpoints.iter().rev() {
+                    peer.learn(*e, origin);
+                }
+            }
+        }
         let steering = Steering::balanced(next.peers().map(|slot| slot.index()), self.workers());
         *self.inner.table.write() = Arc::new(next);
         if steering != **self.inner.steering.read() {
@@ -338,6 +371,72 @@ impl Dataplane {
             private_key: table.private_key().cloned(),
             public_key: *table.public_key(),
         }
+    }
+
+    /// Which sources a takeover may answer (`takeover.answer_any_source`).
+    pub fn set_takeover_answer(&self, answer: Answer) {
+        self.inner.takeovers.set_answer(answer);
+    }
+
+    /// Endpoints where this identity saw peers authenticate, newest first, by `origin` (before a
+    /// restart, or at another replica): a takeover may go there. A peer not (yet) configured
+    /// gets them when it is added (at most [`LEARNED_FOR_LATER`] such peers are kept).
+    pub fn learn_endpoints(&self, peers: BTreeMap<PublicKey, Vec<SocketAddr>>, origin: Origin) {
+        let table = self.inner.snapshot();
+        let mut later = Vec::new();
+        for (key, endpoints) in peers {
+            match table.slot(&key) {
+                Some(slot) => {
+                    let mut peer = slot.lock();
+                    for e in endpoints.iter().rev() {
+                        peer.learn(*e, origin);
+                    }
+                }
+                None => later.push((key, endpoints)),
+            }
+        }
+        if !later.is_empty() {
+            let mut waiting = self.inner.learned_for_later.lock();
+            for (key, endpoints) in later {
+                if waiting.len() < LEARNED_FOR_LATER || waiting.contains_key(&key) {
+                    waiting.insert(key, (endpoints, origin));
+                }
+            }
+        }
+    }
+
+    /// The peers whose learned endpoints changed since the last call, each with its newest.
+    pub fn learned_news(&self) -> Vec<(PublicKey, Learned)> {
+        let table = self.inner.snapshot();
+        table
+            .peers()
+            .filter_map(|slot| {
+                let newest = {
+                    let mut peer = slot.lock();
+                    if !peer.take_learned_news() {
+                        return None;
+                    }
+                    let newest = peer.known_endpoints().learned().next();
+                    newest
+                };
+                newest.map(|e| (*slot.public_key(), e))
+            })
+            .collect()
+    }
+
+    /// Every peer's learned endpoints, newest first (peers that learned none are left out).
+    pub fn learned_endpoints(&self) -> Vec<(PublicKey, Vec<SocketAddr>)> {
+        let table = self.inner.snapshot();
+        table
+            .peers()
+            .filter_map(|slot| {
+                let endpoints: Vec<SocketAddr> = {
+                    let peer = slot.lock();
+                    peer.known_endpoints().learned().map(|e| e.addr).collect()
+                };
+                (!endpoints.is_empty()).then(|| (*slot.public_key(), endpoints))
+            })
+            .collect()
     }
 
     /// Every peer with a copy of its counters and path.

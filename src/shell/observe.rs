@@ -63,6 +63,7 @@ impl Observe for Handle {
                     takeovers_started: c.takeovers_started,
                     takeovers_completed: c.takeovers_completed,
                     takeovers_failed: c.takeovers_failed,
+                    takeovers_no_endpoint: c.takeovers_no_endpoint,
                     takeover_ms_total: millis(c.takeover_time_total),
                     takeover_ms_last: c.takeover_time_last.map(millis),
                     persistent_keepalive: p.spec.persistent_keepalive,
@@ -141,6 +142,24 @@ impl Observe for Handle {
             not_ready_reason: None,
             version: env!("CARGO_PKG_VERSION").to_string(),
             tuning,
+            group_exchange: self.group_stats.get().map(|g| {
+                use std::sync::atomic::Ordering::Relaxed;
+                crate::telemetry::GroupExchangeStatus {
+                    replicas: g.replicas.load(Relaxed),
+                    accepted: g.accepted.load(Relaxed),
+                    endpoints_learned: g.endpoints_learned.load(Relaxed),
+                    sent: g.sent.load(Relaxed),
+                    refused: g
+                        .refusals()
+                        .into_iter()
+                        .map(|(why, n)| (why.to_string(), n))
+                        .chain(std::iter::once((
+                            "over_rate".to_string(),
+                            g.over_rate.load(Relaxed),
+                        )))
+                        .collect(),
+                }
+            }),
         };
         let readiness = view.readiness.clone();
         drop(published);

@@ -42,6 +42,8 @@ pub enum Launch {
     Userspace {
         name: String,
         health: Option<SocketAddr>,
+        /// Which sources a takeover may answer (`--takeover-any-source`).
+        answer: crate::core::takeover::Answer,
         /// The readiness pipe to the forking parent (`None` in the foreground).
         ready: Option<OnReady>,
     },
@@ -199,8 +201,8 @@ async fn start(launch: &Launch, threads: ThreadSetup) -> anyhow::Result<Started>
         Launch::Run { config, path } => {
             Daemon::start((**config).clone(), path.clone(), health_bound, threads).await
         }
-        Launch::Userspace { name, .. } => {
-            Daemon::start_userspace(name, health_bound, threads).await
+        Launch::Userspace { name, answer, .. } => {
+            Daemon::start_userspace(name, health_bound, *answer, threads).await
         }
     };
     let mut daemon = match started {

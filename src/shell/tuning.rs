@@ -79,10 +79,15 @@ const IPTABLES: &str = "TUNNELGATE_IPTABLES";
 const RUN_DIR: &str = crate::telemetry::status::RUN_DIR_ENV;
 /// The resolver's configuration file, for tests (`shell::resolver`).
 pub const RESOLV_CONF: &str = "TUNNELGATE_RESOLV_CONF";
+/// Where the endpoints this identity authenticated are kept across a restart
+/// (`shell::endpoints`), unless `takeover.state_file` says.
+pub const STATE_DIR: &str = "TUNNELGATE_STATE_DIR";
+/// The state directory systemd gives a unit with `StateDirectory=` (its first path).
+const SYSTEMD_STATE_DIRECTORY: &str = "STATE_DIRECTORY";
 const LOG_FORMAT: &str = crate::shell::logging::LOG_FORMAT_ENV;
 
 /// Every variable a user may set, as `check` lists them.
-pub const KNOBS: [&str; 14] = [
+pub const KNOBS: [&str; 15] = [
     "TUNNELGATE_SOCKET_BUFFER",
     "TUNNELGATE_TUN_TXQUEUELEN",
     "TUNNELGATE_AQM_TARGET_US",
@@ -96,6 +101,7 @@ pub const KNOBS: [&str; 14] = [
     IPTABLES,
     RUN_DIR,
     RESOLV_CONF,
+    STATE_DIR,
     LOG_FORMAT,
 ];
 
@@ -210,7 +216,7 @@ impl Tuning {
         ) {
             warnings.push(format!("{e}; using human"));
         }
-        for name in [RUN_DIR, RESOLV_CONF] {
+        for name in [RUN_DIR, RESOLV_CONF, STATE_DIR] {
             if let Err(e) = knobs::path(name, raw(name).as_deref()) {
                 warnings.push(format!("{e}; using the default"));
             }
@@ -309,6 +315,16 @@ pub fn run_dir() -> Option<PathBuf> {
 /// `TUNNELGATE_RESOLV_CONF`: the resolver's configuration file, for tests.
 pub fn resolv_conf() -> Option<PathBuf> {
     path_var(RESOLV_CONF)
+}
+
+/// The folder of the endpoints file: `TUNNELGATE_STATE_DIR`, else the first of systemd's
+/// `STATE_DIRECTORY` (colon-separated), else `None` (the caller's default).
+pub fn state_dir() -> Option<PathBuf> {
+    path_var(STATE_DIR).or_else(|| {
+        let given = std::env::var_os(SYSTEMD_STATE_DIRECTORY)?;
+        let first = given.as_bytes().split(|b| *b == b':').next()?;
+        (!first.is_empty()).then(|| PathBuf::from(std::ffi::OsStr::from_bytes(first)))
+    })
 }
 
 #[cfg(test)]

@@ -23,6 +23,9 @@ const FOREGROUND_ENV: &str = "WG_PROCESS_FOREGROUND";
 /// Where `tunnelgate-wg` (whose command line is wireguard-go's) reads a health address from.
 pub const HEALTH_ENV: &str = "TUNNELGATE_HEALTH";
 
+/// Where `tunnelgate-wg` reads `--takeover-any-source` from.
+pub const TAKEOVER_ANY_SOURCE_ENV: &str = "TUNNELGATE_TAKEOVER_ANY_SOURCE";
+
 /// `tunnelgate-wg` takes wireguard-go's arguments.
 #[derive(clap::Parser)]
 #[command(
@@ -39,6 +42,29 @@ struct WgArgs {
     /// Serve /healthz, /readyz and /metrics on this address (e.g. 127.0.0.1:9002).
     #[arg(long, env = HEALTH_ENV, value_name = "ADDR")]
     health: Option<std::net::SocketAddr>,
+    #[command(flatten)]
+    takeover: TakeoverArgs,
+}
+
+/// The takeover opt-in, for both spellings of the drop-in.
+#[derive(clap::Args, Debug, Clone, Copy)]
+pub struct TakeoverArgs {
+    /// UNSAFE outside a closed network: answer a data message for a session this process does
+    /// not have with a handshake to its source, proven or not. An off-path attacker who saw one
+    /// of a peer's data messages can then move the tunnel through itself. Without it, a
+    /// takeover goes only to an endpoint where the peer authenticated.
+    #[arg(long, env = TAKEOVER_ANY_SOURCE_ENV, value_parser = clap::builder::BoolishValueParser::new(), default_value_t = false, num_args = 0..=1, default_missing_value = "true")]
+    pub takeover_any_source: bool,
+}
+
+impl TakeoverArgs {
+    pub fn answer(self) -> crate::core::takeover::Answer {
+        if self.takeover_any_source {
+            crate::core::takeover::Answer::AnySource
+        } else {
+            crate::core::takeover::Answer::KnownEndpoints
+        }
+    }
 }
 
 /// Whether `argv0` (the program name it was run as) asks for wireguard-go's command line.
@@ -55,6 +81,7 @@ pub fn wg_main() -> ExitCode {
             args.foreground,
             &args.interface,
             args.health,
+            args.takeover.answer(),
             LogFormat::default(),
         ),
         Err(code) => code,
@@ -69,6 +96,7 @@ pub fn run(
     foreground: bool,
     name: &str,
     health: Option<std::net::SocketAddr>,
+    answer: crate::core::takeover::Answer,
     log_format: LogFormat,
 ) -> ExitCode {
     let foreground = foreground
@@ -98,6 +126,7 @@ pub fn run(
     crate::shell::process::main(Launch::Userspace {
         name: name.to_string(),
         health,
+        answer,
         ready,
     })
 }

@@ -39,6 +39,7 @@ pub(crate) fn sample_snapshot() -> Snapshot {
                 takeovers_started: 2,
                 takeovers_completed: 1,
                 takeovers_failed: 1,
+                takeovers_no_endpoint: 0,
                 takeover_ms_total: 250,
                 takeover_ms_last: Some(250),
                 persistent_keepalive: Some(25),
@@ -120,6 +121,7 @@ pub(crate) fn sample_snapshot() -> Snapshot {
             start_time_seconds: 1_763_900_000.0,
         }),
         tuning: sample_tuning(),
+        group_exchange: None,
     }
 }
 

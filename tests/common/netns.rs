@@ -72,10 +72,33 @@ impl Netns {
 
     /// A `Command` for `ip netns exec NAME args...`: the process is `args[0]` itself (no shell, no
     /// fork), so its pid is the one to signal.
+    ///
+    /// A tunnelgate started so keeps its endpoints file (`TUNNELGATE_STATE_DIR`) in this
+    /// namespace's directory: a restart in the same namespace reads it back, another namespace
+    /// (another host) has its own, and nothing outlives the test.
     pub fn command(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", &self.name]).args(args);
+        cmd.env("TUNNELGATE_STATE_DIR", self.state_dir());
         cmd
+    }
+
+    /// Gives the processes of this namespace `/etc/hosts` lines of their own (`ip netns exec`
+    /// mounts `/etc/netns/NAME/hosts` over `/etc/hosts`): a name that resolves to several
+    /// addresses, as a Kubernetes headless Service's does. Removed with the namespace.
+    pub fn hosts(&self, lines: &str) {
+        let dir = Path::new("/etc/netns").join(&self.name);
+        fs::create_dir_all(&dir).expect("create /etc/netns/NAME");
+        fs::write(
+            dir.join("hosts"),
+            format!("127.0.0.1 localhost\n::1 localhost\n{lines}\n"),
+        )
+        .expect("write /etc/netns/NAME/hosts");
+    }
+
+    /// Where the daemons of this namespace keep their endpoints files.
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir.path().join("state")
     }
 
     /// Runs `args` in the namespace to completion, whatever its exit code.
@@ -221,6 +244,7 @@ impl Default for Netns {
 impl Drop for Netns {
     fn drop(&mut self) {
         kill_ns_processes(&self.name);
+        let _ = fs::remove_dir_all(Path::new("/etc/netns").join(&self.name));
         if let Err(e) = try_run(&["ip", "netns", "del", &self.name]) {
             eprintln!("harness: {e}");
         }

@@ -10,7 +10,7 @@ pub mod wgquick;
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use ipnet::IpNet;
@@ -37,6 +37,7 @@ pub struct Config {
     pub router: Router,
     pub dns: Dns,
     pub health: Health,
+    pub takeover: Takeover,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -143,6 +144,39 @@ pub struct Dns {
     pub reresolve_interval: Duration,
     /// Empty: the system's resolv.conf.
     pub nameservers: Vec<SocketAddr>,
+}
+
+/// `[takeover]`: which endpoints a takeover may send to, where this identity keeps the
+/// endpoints it authenticated across a restart, and the exchange of endpoints between the
+/// replicas of a group that shares the identity. Fixed for the life of the daemon.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Takeover {
+    /// `answer_any_source`: [`Answer::AnySource`] answers any source, proven or not.
+    pub answer: crate::takeover::Answer,
+    pub state_file: StateFile,
+    /// `group_listen` and `group_replicas`, both or neither.
+    pub group: Option<GroupExchange>,
+}
+
+/// `takeover.state_file`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum StateFile {
+    /// Absent: `<name>.endpoints` in the state directory the service manager gives
+    /// (`$STATE_DIRECTORY`), else `/var/lib/tunnelgate` (the shell decides).
+    #[default]
+    Default,
+    /// `""`: endpoints are not kept across a restart.
+    Off,
+    Path(PathBuf),
+}
+
+/// `takeover.group_listen` / `group_replicas`: the replicas of one identity tell each other
+/// where they saw its peers authenticate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupExchange {
+    pub listen: SocketAddr,
+    /// Every address this resolves to is a replica (re-resolved); its port is theirs.
+    pub replicas: Endpoint,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

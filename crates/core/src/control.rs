@@ -492,6 +492,12 @@ impl Control {
                 workers_text(new.interface.workers)
             )));
         }
+        if new.takeover != self.config.takeover {
+            self.reload_failures += 1;
+            return Err(Refused(
+                "the [takeover] section cannot change on reload: restart the daemon (a restart costs a peer one round trip when its endpoint is known)".to_string(),
+            ));
+        }
         let old = std::mem::replace(&mut self.config, new.clone());
         if new.interface.listen_port != old.interface.listen_port {
             self.actions.push_back(Action::Rebind {

@@ -16,7 +16,7 @@
 use crate::config::{PublicKey, SecretKey};
 use crate::control::PeerSpec;
 use crate::packet::{self, DropReason, Inbound, Outbound, PeerLookup, PeerPath};
-use crate::takeover::{self, TakeoverState, TakeoverStep, TokenBucket};
+use crate::takeover::{self, Answer, KnownEndpoints, Origin, Settle, Start, TakeoverState};
 use crate::wg::{
     Handshake, Limiter, OpenKey, Opened, Outcome, Randomness, SealBatch, Session, Tunnel,
     TunnelError,
@@ -45,11 +45,13 @@ pub struct PeerCounters {
     pub handshakes_answered: u64,
     /// Timer errors other than an expired session (the handshake gave up).
     pub handshake_failures: u64,
-    /// Takeovers ([`crate::takeover`]): initiations sent to the source of a session this
-    /// process did not have, those a handshake followed within REKEY_TIMEOUT, those none did.
+    /// Takeovers ([`crate::takeover`]): initiations sent to a known endpoint of a peer that
+    /// named a session this process did not have, those a handshake followed within
+    /// REKEY_TIMEOUT, those none did, and those asked for with no known endpoint to send to.
     pub takeovers_started: u64,
     pub takeovers_completed: u64,
     pub takeovers_failed: u64,
+    pub takeovers_no_endpoint: u64,
     /// The time from a takeover's initiation to its handshake, summed over the completed
     /// ones, and the latest.
     pub takeover_time_total: Duration,
@@ -119,6 +121,13 @@ pub struct Peer<S = Tunnel> {
     takeover: TakeoverState,
     /// When the latest takeover initiation went, on the caller's clock.
     takeover_started: Option<Instant>,
+    /// When the latest takeover was started or found nowhere to go: the next request waits
+    /// REKEY_TIMEOUT from it, so a peer that keeps sending costs one look per 5 s.
+    takeover_decided: Option<Instant>,
+    /// Where a takeover may send: the configured endpoint and those the peer authenticated from.
+    known: KnownEndpoints,
+    /// The learned endpoints changed since [`Peer::take_learned_news`] last looked.
+    learned_news: bool,
     /// When a handshake response last completed a session this side initiated, on the
     /// caller's clock ([`Peer::decapsulate_handshake`]). boringtun's own record of it moves only
     /// with its timer tick (100 ms), too coarse to time a takeover of a few milliseconds.
@@ -163,6 +172,10 @@ impl<S: Session> Peer<S> {
             newest: None,
             takeover: TakeoverState::Idle,
             takeover_started: None,
+            takeover_decided: None,
+            // Where it was configured (or, made again, where it was reached) is known.
+            known: KnownEndpoints::configured(path.map(|p| p.remote)),
+            learned_news: false,
             response_completed_at: None,
         }
     }
@@ -212,12 +225,10 @@ impl<S: Session> Peer<S> {
             self.counters.rx_packets += 1;
             // Only a message newer than every one seen may move the endpoint: batches opened
             // on several threads are recorded in the order they finish, not the order sent.
-            let this = (opened.session, opened.counter);
+            let this = (opened.generation, opened.counter);
             if packet::newer(self.newest, this) {
                 self.newest = Some(this);
-                if let Some(path) = packet::roam(self.path, from, true) {
-                    self.path = Some(path);
-                }
+                self.roam(from);
             }
         }
         received.action
@@ -246,27 +257,58 @@ impl<S: Session> Peer<S> {
         from: PeerPath,
         datagram: &[u8],
         landing: &mut [u8],
+        now: Instant,
     ) -> Inbound {
         let received =
             packet::decapsulate(peers, me, &mut self.tunnel, from.remote, datagram, landing);
-        if !received.authenticated && self.names_unknown_session(datagram, from) {
+        if !received.authenticated
+            && takeover::is_data(datagram)
+            && self.tunnel.receiving(datagram).is_none()
+        {
             // Another process had this session (before a restart, or another replica).
-            return match self.takeover.request(from) {
-                true => Inbound::TakeOver,
-                false => Inbound::Drop(DropReason::UnknownPeer),
-            };
+            return self.ask_takeover(from, now);
         }
         if received.authenticated {
             self.counters.rx_bytes += datagram.len() as u64;
             self.counters.rx_packets += 1;
-            if let Some(path) = packet::roam(self.path, from, true) {
-                self.path = Some(path);
-            }
+            self.roam(from);
         }
         if let Inbound::Reply(len) = received.action {
             self.counters.sent(&landing[..len]);
         }
         received.action
+    }
+
+    /// A data message from `from` named a session this side keeps, and did not authenticate
+    /// under its keys ([`OpenKey::open`] refused it as a forgery, not as a replay): another
+    /// process may have handed out the same index (a peer back from a replica that reused it).
+    /// It asks for a takeover as a session this side does not have would; otherwise it is
+    /// dropped as invalid.
+    pub fn failed_open(&mut self, error: TunnelError, from: PeerPath, now: Instant) -> Inbound {
+        match error {
+            TunnelError::Forged => self.ask_takeover(from, now),
+            _ => Inbound::Drop(DropReason::Invalid),
+        }
+    }
+
+    /// A takeover's cue from `from`: news once per takeover (the caller hands the peer to the
+    /// handshake thread), dropped as an unknown session otherwise.
+    fn ask_takeover(&mut self, from: PeerPath, now: Instant) -> Inbound {
+        match self.takeover.request(from, now, self.takeover_decided) {
+            true => Inbound::TakeOver,
+            false => Inbound::Drop(DropReason::UnknownPeer),
+        }
+    }
+
+    /// An authenticated datagram from `from`: the peer is reached there from now on, and a
+    /// takeover may go there.
+    fn roam(&mut self, from: PeerPath) {
+        if let Some(path) = packet::roam(self.path, from, true) {
+            self.path = Some(path);
+        }
+        if self.known.learn(from.remote, Origin::Authenticated) {
+            self.learned_news = true;
+        }
     }
 
     /// [`Peer::decapsulate`] for a handshake message on the handshake path at `now`: a
@@ -281,7 +323,7 @@ impl<S: Session> Peer<S> {
         landing: &mut [u8],
         now: Instant,
     ) -> Inbound {
-        let decision = self.decapsulate(peers, me, from, datagram, landing);
+        let decision = self.decapsulate(peers, me, from, datagram, landing, now);
         if Handshake::of(datagram) == Some(Handshake::Response)
             && matches!(decision, Inbound::Reply(_))
         {
@@ -290,39 +332,28 @@ impl<S: Session> Peer<S> {
         decision
     }
 
-    /// Whether `datagram` from `from` is a data message naming a session this side does not
-    /// have, from a source with which it has no live session: a takeover's cue.
-    fn names_unknown_session(&self, datagram: &[u8], from: PeerPath) -> bool {
-        takeover::wants_takeover(
-            datagram,
-            from,
-            self.path,
-            self.tunnel.since_last_handshake(),
-        ) && self.tunnel.receiving(datagram).is_none()
+    /// The takeover was not handed to the handshake thread (its queue was full): a later data
+    /// message asks again.
+    pub fn withdraw_takeover(&mut self) {
+        self.takeover.withdraw();
     }
 
-    /// On the timer thread at `now`: the takeover's next step within its bounds (`global`:
-    /// the process-wide bucket). For [`TakeoverStep::Initiate`], the initiation is the first
-    /// `len` bytes of `out` (`None`: the session could not make one), counted as sent.
-    pub fn on_takeover(
+    /// On the handshake thread at `now`: starts the requested takeover towards the endpoint
+    /// [`takeover::target`] picks under `answer`. For [`Start::Initiate`], the initiation is the
+    /// first `len` bytes of `out` (`None`: the session could not make one), counted as sent.
+    pub fn start_takeover(
         &mut self,
         now: Instant,
-        global: &mut TokenBucket,
+        answer: Answer,
         out: &mut [u8],
-    ) -> (TakeoverStep, Option<usize>) {
-        // A response stamped on this clock; else boringtun's coarser record (a session that
-        // completed as the responder, which a takeover never is, or a caller without stamps).
-        let completed_at = self.response_completed_at.or_else(|| {
-            self.tunnel
-                .since_last_handshake()
-                .and_then(|since| now.checked_sub(since))
-        });
-        let step = self
-            .takeover
-            .due(now, self.takeover_started, completed_at, global);
+    ) -> (Start, Option<usize>) {
+        let start = self.takeover.start(now, self.path, &self.known, answer);
+        if start != Start::Nothing {
+            self.takeover_decided = Some(now);
+        }
         let mut sent = None;
-        match step {
-            TakeoverStep::Initiate(_) => {
+        match start {
+            Start::Initiate { .. } => {
                 self.takeover_started = Some(now);
                 self.counters.takeovers_started += 1;
                 if let Outcome::Network(m) = self.tunnel.initiate_anew(out) {
@@ -331,15 +362,55 @@ impl<S: Session> Peer<S> {
                     sent = Some(len);
                 }
             }
-            TakeoverStep::Completed { after, .. } => {
+            Start::NoKnownEndpoint { .. } => self.counters.takeovers_no_endpoint += 1,
+            Start::Nothing => {}
+        }
+        (start, sent)
+    }
+
+    /// On the handshake thread at `now`: whether the started takeover completed (a handshake,
+    /// whichever side initiated it) or failed, counted.
+    pub fn settle_takeover(&mut self, now: Instant) -> Settle {
+        // A response stamped on this clock since the takeover started, else boringtun's own,
+        // coarser record (a handshake the peer initiated, this side answering): a stamp older
+        // than the takeover must not hide that record.
+        let recorded = self
+            .tunnel
+            .since_last_handshake()
+            .and_then(|since| now.checked_sub(since));
+        let stamped = self
+            .response_completed_at
+            .filter(|at| self.takeover_started.is_some_and(|started| *at >= started));
+        let completed_at = stamped.or(recorded);
+        let settle = self.takeover.settle(now, completed_at);
+        match settle {
+            Settle::Completed { after, .. } => {
                 self.counters.takeovers_completed += 1;
                 self.counters.takeover_time_total += after;
                 self.counters.takeover_time_last = Some(after);
             }
-            TakeoverStep::Failed(_) => self.counters.takeovers_failed += 1,
-            TakeoverStep::Nothing => {}
+            Settle::Failed { .. } => self.counters.takeovers_failed += 1,
+            Settle::Pending => {}
         }
-        (step, sent)
+        settle
+    }
+
+    /// Records that this identity saw the peer authenticate at `addr` (`origin`: before a
+    /// restart, or at another replica of the group): a takeover may go there.
+    pub fn learn(&mut self, addr: std::net::SocketAddr, origin: Origin) {
+        if self.known.learn(addr, origin) {
+            self.learned_news = true;
+        }
+    }
+
+    /// The endpoints a takeover may go to.
+    pub fn known_endpoints(&self) -> &KnownEndpoints {
+        &self.known
+    }
+
+    /// Whether the learned endpoints changed since the last call.
+    pub fn take_learned_news(&mut self) -> bool {
+        std::mem::take(&mut self.learned_news)
     }
 
     /// The next packet that waited in the session's queue for a handshake, encrypted into
@@ -413,9 +484,16 @@ impl<S: Session> Peer<S> {
         }
     }
 
-    /// Sets where the peer is reached (configured, or `wg set endpoint`).
+    /// Sets where the peer is reached (configured, or `wg set endpoint`): a takeover may go
+    /// there too.
     pub fn set_endpoint(&mut self, path: PeerPath) {
         self.path = Some(path);
+        self.known.set_configured(Some(path.remote));
+    }
+
+    /// Carries what a peer made again (a new preshared key) knew of where it is reached.
+    pub fn inherit_known_endpoints<T>(&mut self, from: &Peer<T>) {
+        self.known.inherit_learned(&from.known);
     }
 
     /// A new persistent keepalive interval for a live session.

@@ -1,87 +1,174 @@
 //! Takeover: the process that receives a peer's data messages for a session it does not have
 //! (it was restarted, or it is another replica of the same identity behind one address)
-//! initiates a handshake to their source at once, instead of letting the peer wait out
+//! initiates a handshake with that peer at once, instead of letting the peer wait out
 //! KEEPALIVE_TIMEOUT + REKEY_TIMEOUT (about 15 s) before it re-handshakes on its own.
 //!
-//! The receive path only records, under the peer's lock, that a takeover is wanted and from
-//! where ([`TakeoverState::request`]); the timer thread decides and sends
-//! ([`TakeoverState::due`]), within two bounds: one takeover initiation per peer per
-//! [`REKEY_TIMEOUT`], and [`GLOBAL_PER_SECOND`] in all ([`TokenBucket`]). A datagram can name a
-//! session index only if it traces to a configured peer ([`crate::session_index`]); anything
-//! else is dropped as before. Time is an argument.
+//! WireGuard's promise is that no one without a key moves a tunnel, and a fresh initiation is a
+//! capability: whoever holds one can deliver it to the peer from an address of their own, and the
+//! peer then moves its endpoint there (it roams on any message that authenticates). So the
+//! initiation goes only to an endpoint where this identity has seen the peer authenticate
+//! ([`KnownEndpoints`]: the configured endpoint, the endpoints this process authenticated, those
+//! it authenticated before a restart, and those its group's replicas authenticated), never to the
+//! unproven source of the data message that asked for it, unless that source is one of them.
+//! With no known endpoint the peer waits for its own rekey, as with every WireGuard. Only an
+//! explicit opt-in ([`Answer::AnySource`]) answers any source, for closed networks.
+//!
+//! The receive path only records, under the peer's lock, that a takeover is wanted
+//! ([`TakeoverState::request`], at most once per peer per [`REKEY_TIMEOUT`]); the handshake
+//! thread picks the endpoint and sends ([`TakeoverState::start`]) while it has room
+//! ([`IN_FLIGHT`] takeovers at once, none while the interface is under load), then settles it
+//! ([`TakeoverState::settle`]). Time is an argument.
 
 use crate::packet::PeerPath;
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 /// WireGuard's REKEY_TIMEOUT: at most one takeover initiation per peer in this time, and a
 /// takeover that no handshake completed within it has failed.
 pub const REKEY_TIMEOUT: Duration = Duration::from_secs(5);
-/// At most this many takeover initiations per second from the whole process (burst as many):
-/// what a spoofed victim can receive at most, whatever the number of peers.
-pub const GLOBAL_PER_SECOND: u32 = 100;
-/// A session whose handshake is older than this is gone (WireGuard's REJECT_AFTER_TIME).
-pub const SESSION_LIFETIME: Duration = Duration::from_secs(180);
+/// Takeovers started and not yet settled at once, per process. Each one's answer (a handshake
+/// response, two Diffie-Hellmans) comes back through the handshake queue: this many answers
+/// arriving together stay below the depth that puts the interface under load (an eighth of
+/// 4,096), so a restart's takeovers never make their own answers wait for cookies.
+pub const IN_FLIGHT: usize = 256;
 /// A data message's type byte and its smallest size (header, counter and tag; a keepalive).
 pub const DATA_TYPE: u8 = 4;
 pub const DATA_MIN_LEN: usize = 32;
-/// An initiation's size: the bytes a takeover sends for a data message it received.
+/// An initiation's size: the bytes a takeover sends.
 pub const INITIATION_LEN: usize = 148;
+/// Learned endpoints kept per peer (the newest first).
+pub const KNOWN_PER_PEER: usize = 4;
 
-/// A token bucket refilled at `per_second`, holding at most one second's worth.
-#[derive(Debug, Clone)]
-pub struct TokenBucket {
-    per_second: u32,
-    /// Refill banked, at most one second.
-    banked: Duration,
-    last: Option<Instant>,
+/// Which sources a takeover may answer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Answer {
+    /// Only endpoints where this identity has seen the peer authenticate (the default).
+    #[default]
+    KnownEndpoints,
+    /// Any source, proven or not (`takeover.answer_any_source`): an off-path attacker who saw
+    /// one data message can then move the tunnel through itself. For closed networks only.
+    AnySource,
 }
 
-impl TokenBucket {
-    /// A full bucket of `per_second` tokens (0: never allows).
-    pub fn new(per_second: u32) -> TokenBucket {
-        TokenBucket {
-            per_second,
-            banked: Duration::from_secs(1),
-            last: None,
+/// How this identity came to know a peer's endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Origin {
+    /// This process authenticated a datagram of the peer from it.
+    Authenticated,
+    /// This process's predecessor did (the state file, read at start).
+    Restored,
+    /// A replica of the same identity did (the group's exchange).
+    Group,
+}
+
+impl Origin {
+    pub fn name(self) -> &'static str {
+        match self {
+            Origin::Authenticated => "authenticated",
+            Origin::Restored => "restored",
+            Origin::Group => "group",
+        }
+    }
+}
+
+/// One endpoint this identity saw the peer authenticate from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Learned {
+    pub addr: SocketAddr,
+    pub origin: Origin,
+}
+
+/// The endpoints a takeover may send to: the configured one (`endpoint`, or `wg set endpoint`)
+/// and up to [`KNOWN_PER_PEER`] learned ones, newest first. A peer that never authenticated
+/// holds no learned list at all (no allocation), so 100,000 configured but quiet peers cost a
+/// pointer each.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KnownEndpoints {
+    configured: Option<SocketAddr>,
+    learned: Option<Box<[Option<Learned>; KNOWN_PER_PEER]>>,
+}
+
+impl KnownEndpoints {
+    pub fn configured(configured: Option<SocketAddr>) -> KnownEndpoints {
+        KnownEndpoints {
+            configured,
+            learned: None,
         }
     }
 
-    /// Takes one token at `now`, if there is one.
-    pub fn take(&mut self, now: Instant) -> bool {
-        if self.per_second == 0 {
+    pub fn set_configured(&mut self, configured: Option<SocketAddr>) {
+        self.configured = configured;
+    }
+
+    /// Records that the peer authenticated from `addr` (by `origin`): it becomes the newest,
+    /// the oldest falls off. Returns whether the list changed.
+    pub fn learn(&mut self, addr: SocketAddr, origin: Origin) -> bool {
+        let list = self.learned.get_or_insert_with(Default::default);
+        let at = list.iter().position(|e| e.is_some_and(|e| e.addr == addr));
+        let entry = Learned { addr, origin };
+        // Already the newest: an origin closer to this process wins (authenticated here beats
+        // restored or told), but the order stays.
+        if at == Some(0) {
+            let first = list[0].get_or_insert(entry);
+            if origin < first.origin {
+                first.origin = origin;
+                return true;
+            }
             return false;
         }
-        let since = self
-            .last
-            .map_or(Duration::ZERO, |last| now.saturating_duration_since(last));
-        self.last = Some(now);
-        self.banked = (self.banked + since).min(Duration::from_secs(1));
-        let cost = Duration::from_secs(1) / self.per_second;
-        match self.banked.checked_sub(cost) {
-            Some(left) => {
-                self.banked = left;
-                true
-            }
-            None => false,
-        }
+        let end = at.unwrap_or(KNOWN_PER_PEER - 1);
+        list[..=end].rotate_right(1);
+        list[0] = Some(entry);
+        true
+    }
+
+    /// Takes `other`'s learned endpoints (a peer made again keeps what it knew).
+    pub fn inherit_learned(&mut self, other: &KnownEndpoints) {
+        self.learned.clone_from(&other.learned);
+    }
+
+    /// Whether a takeover may send to `addr`: it is configured or learned.
+    pub fn contains(&self, addr: SocketAddr) -> bool {
+        self.configured == Some(addr) || self.learned().any(|e| e.addr == addr)
+    }
+
+    /// The learned endpoints, newest first.
+    pub fn learned(&self) -> impl Iterator<Item = Learned> + '_ {
+        self.learned
+            .iter()
+            .flat_map(|l| l.iter().flatten().copied())
+    }
+
+    /// Where a takeover goes without a better cue: the newest learned endpoint, else the
+    /// configured one.
+    pub fn best(&self) -> Option<SocketAddr> {
+        self.learned().next().map(|e| e.addr).or(self.configured)
     }
 }
 
-/// Whether `datagram`, which names a session the peer does not have, asks for a takeover:
-/// a data message (a response or cookie does not: those answer our own initiations), from a
-/// source with which the peer has no live session (`session_age`: since its last handshake,
-/// `path`: where it is reached). A stale message of an old session from the peer's current
-/// source is no reason.
-pub fn wants_takeover(
-    datagram: &[u8],
-    from: PeerPath,
+/// Where a takeover asked for by a data message from `cue` goes: `cue` itself when it is a
+/// known endpoint (or with [`Answer::AnySource`]), else the best known endpoint (from the
+/// local address the peer was last reached from, when it is that one), else nowhere.
+pub fn target(
+    cue: PeerPath,
     path: Option<PeerPath>,
-    session_age: Option<Duration>,
-) -> bool {
-    let data = datagram.first() == Some(&DATA_TYPE) && datagram.len() >= DATA_MIN_LEN;
-    let live = session_age.is_some_and(|age| age < SESSION_LIFETIME);
-    let same_source = path.is_some_and(|p| p.remote == from.remote);
-    data && !(live && same_source)
+    known: &KnownEndpoints,
+    answer: Answer,
+) -> Option<PeerPath> {
+    if answer == Answer::AnySource || known.contains(cue.remote) {
+        return Some(cue);
+    }
+    let best = known.best()?;
+    Some(match path {
+        Some(p) if p.remote == best => p,
+        _ => PeerPath::to(best),
+    })
+}
+
+/// Whether `datagram` can be a takeover's cue: a data message (a response or cookie does not:
+/// those answer our own initiations).
+pub fn is_data(datagram: &[u8]) -> bool {
+    datagram.first() == Some(&DATA_TYPE) && datagram.len() >= DATA_MIN_LEN
 }
 
 /// One peer's takeover.
@@ -89,77 +176,100 @@ pub fn wants_takeover(
 pub enum TakeoverState {
     #[default]
     Idle,
-    /// Wanted, towards this source (the first one seen); the timer thread sends it.
-    Requested(PeerPath),
+    /// Wanted: a data message from `cue` named a session this process does not have.
+    Requested { cue: PeerPath, at: Instant },
     /// An initiation went to `to` at `at`; waiting for a handshake to complete.
     Started { at: Instant, to: PeerPath },
 }
 
-/// What the timer thread does about one peer's takeover at a tick.
+/// What [`TakeoverState::start`] decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TakeoverStep {
+pub enum Start {
+    /// Nothing was requested (or it was settled meanwhile).
     Nothing,
-    /// Send an initiation to this source now (the bounds allowed it).
-    Initiate(PeerPath),
+    /// Send an initiation to `to` now.
+    Initiate { to: PeerPath },
+    /// No endpoint is known where the peer authenticated: it waits for its own rekey.
+    NoKnownEndpoint { cue: PeerPath },
+}
+
+/// What [`TakeoverState::settle`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settle {
+    /// Not started, or still waiting.
+    Pending,
     /// A handshake completed this long after the takeover's initiation.
-    Completed {
-        to: PeerPath,
-        after: Duration,
-    },
+    Completed { to: PeerPath, after: Duration },
     /// No handshake completed within [`REKEY_TIMEOUT`].
-    Failed(PeerPath),
+    Failed { to: PeerPath },
 }
 
 impl TakeoverState {
-    /// On the receive path, under the peer's lock: a takeover towards `from` is wanted.
-    /// Returns whether this is news, so the timer thread is woken once, not per datagram.
-    pub fn request(&mut self, from: PeerPath) -> bool {
+    /// On the receive path at `now`, under the peer's lock: a data message from `cue` named a
+    /// session this process does not have. `last_started` is when this peer's previous takeover
+    /// started (or found no endpoint): at most one per [`REKEY_TIMEOUT`]. Returns whether this is news, so the
+    /// handshake thread is handed the peer once, not per datagram.
+    pub fn request(&mut self, cue: PeerPath, now: Instant, last_started: Option<Instant>) -> bool {
+        let spaced =
+            last_started.is_none_or(|last| now.saturating_duration_since(last) >= REKEY_TIMEOUT);
         match self {
-            TakeoverState::Idle => {
-                *self = TakeoverState::Requested(from);
+            TakeoverState::Idle if spaced => {
+                *self = TakeoverState::Requested { cue, at: now };
                 true
             }
-            TakeoverState::Requested(_) | TakeoverState::Started { .. } => false,
+            _ => false,
         }
     }
 
-    /// On the timer thread at `now`: `last_started` is when this peer's previous takeover
-    /// started, `completed_at` when its latest handshake completed (on the same clock), and
-    /// `global` the process-wide bucket. An allowed request becomes `Started` (the caller
-    /// sends the initiation); a refused one waits for a later tick.
-    pub fn due(
+    /// The request was not handed over (the hand-off queue was full): a later data message
+    /// asks again.
+    pub fn withdraw(&mut self) {
+        if matches!(self, TakeoverState::Requested { .. }) {
+            *self = TakeoverState::Idle;
+        }
+    }
+
+    /// On the handshake thread at `now`: where the requested takeover goes ([`target`]). An
+    /// initiation to send makes it `Started`; with nowhere to send it is over.
+    pub fn start(
         &mut self,
         now: Instant,
-        last_started: Option<Instant>,
-        completed_at: Option<Instant>,
-        global: &mut TokenBucket,
-    ) -> TakeoverStep {
-        match *self {
-            TakeoverState::Idle => TakeoverStep::Nothing,
-            TakeoverState::Requested(to) => {
-                let spaced = last_started
-                    .is_none_or(|last| now.saturating_duration_since(last) >= REKEY_TIMEOUT);
-                if spaced && global.take(now) {
-                    *self = TakeoverState::Started { at: now, to };
-                    TakeoverStep::Initiate(to)
-                } else {
-                    TakeoverStep::Nothing
-                }
+        path: Option<PeerPath>,
+        known: &KnownEndpoints,
+        answer: Answer,
+    ) -> Start {
+        let TakeoverState::Requested { cue, .. } = *self else {
+            return Start::Nothing;
+        };
+        match target(cue, path, known, answer) {
+            Some(to) => {
+                *self = TakeoverState::Started { at: now, to };
+                Start::Initiate { to }
             }
-            TakeoverState::Started { at, to } => {
-                if let Some(done) = completed_at.filter(|done| *done >= at) {
-                    *self = TakeoverState::Idle;
-                    TakeoverStep::Completed {
-                        to,
-                        after: done.saturating_duration_since(at),
-                    }
-                } else if now.saturating_duration_since(at) >= REKEY_TIMEOUT {
-                    *self = TakeoverState::Idle;
-                    TakeoverStep::Failed(to)
-                } else {
-                    TakeoverStep::Nothing
-                }
+            None => {
+                *self = TakeoverState::Idle;
+                Start::NoKnownEndpoint { cue }
             }
+        }
+    }
+
+    /// On the handshake thread at `now`: `completed_at` is when the peer's latest handshake
+    /// completed (on the same clock), whichever side initiated it.
+    pub fn settle(&mut self, now: Instant, completed_at: Option<Instant>) -> Settle {
+        let TakeoverState::Started { at, to } = *self else {
+            return Settle::Pending;
+        };
+        if let Some(done) = completed_at.filter(|done| *done >= at) {
+            *self = TakeoverState::Idle;
+            Settle::Completed {
+                to,
+                after: done.saturating_duration_since(at),
+            }
+        } else if now.saturating_duration_since(at) >= REKEY_TIMEOUT {
+            *self = TakeoverState::Idle;
+            Settle::Failed { to }
+        } else {
+            Settle::Pending
         }
     }
 }

@@ -41,6 +41,10 @@ pub enum TunnelError {
     /// Under handshake load and the sender has no valid cookie yet.
     #[error("under load")]
     UnderLoad,
+    /// A data message whose tag did not verify under the keys of the session it names: a
+    /// forgery, or another process's session that reused the index.
+    #[error("message rejected: decryption failed")]
+    Forged,
 }
 
 fn map_error(e: WireGuardError) -> TunnelError {
@@ -56,7 +60,7 @@ fn map_error(e: WireGuardError) -> TunnelError {
         WireGuardError::InvalidTai64nTimestamp => TunnelError::Rejected("invalid timestamp"),
         WireGuardError::WrongTai64nTimestamp => TunnelError::Rejected("replayed handshake"),
         WireGuardError::InvalidMac => TunnelError::Rejected("invalid mac"),
-        WireGuardError::InvalidAeadTag => TunnelError::Rejected("decryption failed"),
+        WireGuardError::InvalidAeadTag => TunnelError::Forged,
         WireGuardError::InvalidCounter => TunnelError::Rejected("invalid counter"),
         WireGuardError::DuplicateCounter => TunnelError::Rejected("replayed packet"),
         WireGuardError::InvalidPacket => TunnelError::Rejected("invalid packet"),
@@ -318,6 +322,8 @@ pub struct Opened {
     pub len: usize,
     pub counter: u64,
     pub session: u32,
+    /// The session's place in the order its tunnel established sessions: higher is newer.
+    pub generation: u64,
 }
 
 impl OpenKey {
@@ -333,6 +339,7 @@ impl OpenKey {
             len: opened.len,
             counter: opened.counter,
             session: self.0.receiving_index(),
+            generation: self.0.generation(),
         })
     }
 
@@ -344,6 +351,7 @@ impl OpenKey {
             len: opened.len,
             counter: opened.counter,
             session: self.0.receiving_index(),
+            generation: self.0.generation(),
         })
     }
 }

@@ -5,8 +5,8 @@
 //! Diffie-Hellman and the reply. A packet reader so never runs a Diffie-Hellman and never waits
 //! behind one, however many initiations arrive.
 
+use super::send::send_one;
 use super::table::PeerTable;
-use super::workers::send_one;
 use super::Inner;
 use crate::core::handshake::{Admission, SourceLimiter, UnderLoad, QUEUE_CAPACITY};
 use crate::core::packet::{self, DropReason, Inbound, PeerPath, Sender};

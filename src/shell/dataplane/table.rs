@@ -109,6 +109,19 @@ impl PeerTable {
         self.peers.values()
     }
 
+    /// The peer with `key`, if it is one.
+    pub(super) fn slot(&self, key: &PublicKey) -> Option<&Arc<PeerSlot>> {
+        self.peers.get(key)
+    }
+
+    /// Whether `slot` (perhaps of an older table) is still one of this table's peers: the
+    /// same live state, not a peer removed or made again since.
+    pub(super) fn holds(&self, slot: &PeerSlot) -> bool {
+        self.peers
+            .get(&slot.public_key)
+            .is_some_and(|mine| Arc::ptr_eq(&mine.state, &slot.state))
+    }
+
     /// The next table generation after `changes`. Peers not named keep their slot; an
     /// upserted peer keeps its session unless its preshared key changed; a changed interface
     /// key re-keys every kept session (boringtun keeps the session state).
@@ -141,7 +154,7 @@ impl PeerTable {
             }
             if first_key {
                 let index = self.free_index(&next, key, true, changes);
-                let peer = Peer::new(
+                let mut peer = Peer::new(
                     &tunnel_key,
                     key,
                     &old.spec,
@@ -150,6 +163,7 @@ impl PeerTable {
                     old.lock().path(),
                     Box::new(rand_core::OsRng),
                 );
+                peer.inherit_known_endpoints(&old.lock());
                 change.reset.push(*key);
                 next.insert(Arc::new(PeerSlot {
                     public_key: *key,
@@ -204,7 +218,7 @@ impl PeerTable {
                     }
                     let roamed = existing.and_then(|o| o.lock().path());
                     let index = self.free_index(&next, &key, first_key, changes);
-                    let peer = Peer::new(
+                    let mut peer = Peer::new(
                         &tunnel_key,
                         &key,
                         &upsert.spec,
@@ -213,6 +227,9 @@ impl PeerTable {
                         upsert.endpoint.map(PeerPath::to).or(roamed),
                         Box::new(rand_core::OsRng),
                     );
+                    if let Some(old) = existing {
+                        peer.inherit_known_endpoints(&old.lock());
+                    }
                     Arc::new(PeerSlot {
                         public_key: key,
                         index,

@@ -5,9 +5,9 @@
 //! one snapshot of the peer table; a peer's lock is held for one call into `core::peer` and
 //! released before any send or write; nothing here logs per packet.
 
-use super::handshakes::HandshakeWork;
 use super::readers::ThreadPriority;
 use super::relay::{Busy, Cores, Relay, Stopper, TakeBack, Turn};
+use super::send::forget_source;
 use super::table::{PeerSlot, PeerTable};
 use super::Inner;
 use crate::core::aqm;
@@ -15,21 +15,16 @@ use crate::core::handshake;
 use crate::core::liveness::{PacketThread, IDLE_WAKE};
 use crate::core::offload::{self, Coalescer, SplitPlan, VNET_HDR_LEN};
 use crate::core::packet::{self, DropReason, Inbound, Outbound, PeerPath, Sender};
-use crate::core::peer::{LimiterReset, Sending};
+use crate::core::peer::Sending;
 use crate::core::relay::{hands_off_batch, hands_off_read, opens_after_in_flight};
-use crate::core::takeover::{self, TokenBucket};
 use crate::core::wg::{self, SealBatch};
 use crate::shell::seccomp::{self, Confinement};
 use crate::shell::udp::{RecvBatch, SendBatch, WgSocket, BATCH, MAX_DATAGRAM};
 use crate::shell::{clock, tun};
-use std::net::IpAddr;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// How often WireGuard's handshake, rekey and keepalive timers are driven (boringtun expects
-/// about every 100 ms; its own device uses 250 ms).
-const TIMER_TICK: Duration = Duration::from_millis(100);
 /// Largest packet the TUN device hands us in one read with offloads on.
 const TUN_READ_BYTES: usize = VNET_HDR_LEN + 65535;
 /// Super-packets assembled per batch of TUN writes on the receive path.
@@ -77,7 +72,7 @@ pub(super) type TunRelay = Relay<SealJob>;
 /// Confines the calling packet thread, once its setup is done, to the seccomp allow-list
 /// (`core::seccomp`). The outcome is logged once per process; a thread that could not be
 /// confined logs why and runs on without the filter (the packet path matters more).
-fn confine(thread: &str) {
+pub(super) fn confine(thread: &str) {
     static LOGGED: std::sync::Once = std::sync::Once::new();
     let confined = seccomp::confine_current_thread();
     if matches!(confined, Ok(Confinement::Filtered(_))) {
@@ -381,29 +376,6 @@ fn flush(inner: &Inner, socket: &WgSocket, out: &mut SendBatch) {
         if let Some(gone) = out.take_stale_source() {
             forget_source(inner, gone);
         }
-    }
-}
-
-/// A local address peers replied from is gone: they fall back to the kernel's choice of
-/// source until they send to another address of ours (rare: a walk over the table).
-/// Sends one datagram from the timer thread (a timer's message, a handshake reply, a
-/// takeover's initiation) to `to` on `socket`; a source address gone from this host is
-/// forgotten by every peer, a failure counted.
-pub(super) fn send_one(inner: &Inner, socket: &WgSocket, bytes: &[u8], to: PeerPath) {
-    match socket.send_one(bytes, to) {
-        Ok(false) => {}
-        Ok(true) => forget_source(inner, to.local.unwrap_or(to.remote.ip())),
-        Err(e) => {
-            inner.drops.add(DropReason::UdpSend, 1);
-            tracing::debug!(error = %e, "send from the timer thread failed");
-        }
-    }
-}
-
-fn forget_source(inner: &Inner, gone: IpAddr) {
-    tracing::info!(address = %gone, "Local address gone; replying from the kernel's choice");
-    for slot in inner.snapshot().peers() {
-        slot.lock().forget_source(gone);
     }
 }
 
@@ -907,10 +879,24 @@ impl Received<'_> {
                     landing,
                 )
             }
-            Some(Err(_)) => Inbound::Drop(DropReason::Invalid),
-            None => {
+            Some(Err(error)) => {
+                // A forgery, or a session another process gave the same index: a takeover's
+                // cue, like a session this process does not have.
+                let now = clock::now();
                 let mut peer = self.slot.lock();
-                peer.decapsulate(self.table, self.slot, self.from, self.datagram, landing)
+                peer.failed_open(error, self.from, now)
+            }
+            None => {
+                let now = clock::now();
+                let mut peer = self.slot.lock();
+                peer.decapsulate(
+                    self.table,
+                    self.slot,
+                    self.from,
+                    self.datagram,
+                    landing,
+                    now,
+                )
             }
         };
         match decision {
@@ -942,89 +928,20 @@ impl Received<'_> {
                 return false;
             }
             Inbound::TakeOver => {
-                // Once per takeover: the timer thread sends the initiation now.
+                // Once per takeover: the handshake thread sends the initiation now, to an
+                // endpoint where the peer authenticated.
                 emit.coalescer.abandon();
                 inner
                     .drops
                     .add_received(DropReason::UnknownPeer, self.datagram.len());
-                inner.takeover_asked.store(true, Ordering::Relaxed);
-                inner.wake_timers();
+                if inner.takeovers.hand_over(self.slot) {
+                    inner.wake_timers();
+                } else {
+                    self.slot.lock().withdraw_takeover();
+                }
                 return false;
             }
         }
         true
     }
-}
-
-/// The timer thread: every peer's handshake, rekey and keepalive timers each [`TIMER_TICK`],
-/// and the handshake path ([`handshakes`]): the readers wake it when they queue a handshake
-/// message, and it takes them a round at a time between its timers.
-pub(super) fn timer_loop(inner: &Inner) {
-    let mut buf = vec![0u8; wg::MIN_OUTPUT.max(2048)];
-    confine(&PacketThread::Timers.name());
-    let mut limiter_reset = LimiterReset::default();
-    let mut handshakes = HandshakeWork::new();
-    let mut takeovers = TokenBucket::new(takeover::GLOBAL_PER_SECOND);
-    let mut next_tick = clock::now();
-    let mut more = false;
-    while !inner.stop.load(Ordering::Relaxed) {
-        inner.beat(PacketThread::Timers);
-        if !more {
-            // Parked, not asleep: `Dataplane::stop`, a reader that queued a handshake and a
-            // reader that asks for a takeover unpark it.
-            std::thread::park_timeout(next_tick.saturating_duration_since(clock::now()));
-        }
-        let now = clock::now();
-        let table = inner.snapshot();
-        more = handshakes.round(inner, &table, now);
-        let tick_due = now >= next_tick;
-        // A takeover goes at once, not at the next tick; the peers are walked for it only
-        // when one was asked for (a handshake flood wakes this thread often).
-        let takeover_due = inner.takeover_asked.swap(false, Ordering::Relaxed);
-        if !tick_due && !takeover_due {
-            continue;
-        }
-        if tick_due {
-            next_tick = now + TIMER_TICK;
-            if limiter_reset.due(now) {
-                table.limiter().reset_count();
-            }
-        }
-        if table.private_key().is_none() {
-            continue; // no key: no handshakes, no keepalives
-        }
-        let sockets = inner.sockets();
-        let steering = inner.steering();
-        for slot in table.peers() {
-            super::takeover::step(
-                inner,
-                &sockets,
-                &steering,
-                slot,
-                now,
-                &mut takeovers,
-                &mut buf,
-            );
-            if !tick_due {
-                continue;
-            }
-            let tick = {
-                let mut peer = slot.lock();
-                peer.on_tick(now, &mut buf)
-            };
-            if tick.handshake_completed {
-                log_handshake(slot);
-            }
-            let Some((len, to)) = tick.send else { continue };
-            let socket = &sockets[steering.worker_of_peer(slot.index()) % sockets.len()];
-            send_one(inner, socket, &buf[..len], to);
-        }
-    }
-}
-
-fn log_handshake(slot: &PeerSlot) {
-    let endpoint = slot.lock().path();
-    let endpoint = endpoint.map_or_else(|| "none".into(), |p| p.remote.to_string());
-    let name = slot.spec().name.as_deref().unwrap_or("");
-    tracing::info!(peer = %slot.public_key(), peer_name = name, %endpoint, "Handshake completed");
 }

@@ -17,6 +17,7 @@ pub(super) struct RawConfig {
     pub router: Option<RawRouter>,
     pub dns: Option<RawDns>,
     pub health: Option<RawHealth>,
+    pub takeover: Option<RawTakeover>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -107,4 +108,16 @@ pub(super) struct RawHealth {
     pub allow_from_tunnel: Option<bool>,
     /// "all" (default) or "per-service".
     pub readiness: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct RawTakeover {
+    /// true: a takeover may answer any source, proven or not (closed networks only).
+    pub answer_any_source: Option<bool>,
+    /// Where the endpoints this identity authenticated are kept across a restart; "" = nowhere.
+    pub state_file: Option<String>,
+    /// UDP address the group's endpoint exchange listens on (replicas of one identity).
+    pub group_listen: Option<String>,
+    /// host:port of the other replicas: every address the name resolves to is one.
+    pub group_replicas: Option<String>,
 }

@@ -148,6 +148,59 @@ fn bad_interface_values_name_their_key() {
     );
 }
 
+#[test]
+fn bad_takeover_values_name_their_key() {
+    let with = |extra: &str| minimal("").to_string() + "\n[takeover]\n" + extra + "\n";
+    assert_error(
+        &with("group_listen = \"not an address\""),
+        "takeover.group_listen",
+        &["not an address", "IP:port"],
+    );
+    assert_error(
+        &with("group_listen = \"[::]:51821\""),
+        "takeover.group_replicas",
+        &["missing"],
+    );
+    assert_error(
+        &with("group_replicas = \"tgp.default.svc:51821\""),
+        "takeover.group_listen",
+        &["missing"],
+    );
+    assert_error(
+        &with("group_listen = \"[::]:51821\"\ngroup_replicas = \"tgp:0\""),
+        "takeover.group_replicas",
+        &["tgp:0"],
+    );
+    assert_error(
+        &with("state_file = \"/var/lib/tunnelgate/\""),
+        "takeover.state_file",
+        &["not a file path"],
+    );
+    assert_error(
+        &with("answer_any_source = 1"),
+        "takeover.answer_any_source",
+        &["expected"],
+    );
+    assert_error(&with("colour = 1"), "takeover.colour", &["unknown field"]);
+    let fine = parse(&with(
+        "answer_any_source = true\nstate_file = \"tg0.endpoints\"\ngroup_listen = \"[::]:51821\"\ngroup_replicas = \"tgp.default.svc:51821\"",
+    ))
+    .expect("valid");
+    assert_eq!(fine.takeover.answer, crate::takeover::Answer::AnySource);
+    assert_eq!(
+        fine.takeover.state_file,
+        StateFile::Path(PathBuf::from("/etc/tg/tg0.endpoints")),
+        "relative to the config file"
+    );
+    assert_eq!(fine.takeover.group.map(|g| g.listen.port()), Some(51821));
+    let off = parse(&with("state_file = \"\"")).expect("valid");
+    assert_eq!(off.takeover.state_file, StateFile::Off);
+    assert_eq!(
+        parse(&minimal("")).expect("valid").takeover,
+        Takeover::default()
+    );
+}
+
 /// `[peer]` for `[[peer]]` is the classic TOML slip: the error says which section and the fix,
 /// not serde's "invalid type: map, expected a sequence".
 #[test]

@@ -7,6 +7,7 @@ use serde::de::{self, Deserialize, Deserializer, Visitor};
 
 use super::raw::{
     RawConfig, RawDns, RawFirewall, RawForward, RawHealth, RawInterface, RawPeer, RawRouter,
+    RawTakeover,
 };
 use super::ConfigError;
 
@@ -50,6 +51,7 @@ fn section_fields(section: &str) -> Option<(&'static [&'static str], bool)> {
         "router" => (field_names::<RawRouter>(), false),
         "dns" => (field_names::<RawDns>(), false),
         "health" => (field_names::<RawHealth>(), false),
+        "takeover" => (field_names::<RawTakeover>(), false),
         _ => return None,
     })
 }

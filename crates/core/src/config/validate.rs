@@ -50,6 +50,7 @@ pub(super) fn validate(
     let router = router(raw.router.unwrap_or_default(), &interface, &mut errs);
     let dns = dns(raw.dns.unwrap_or_default(), &mut errs);
     let health = health(raw.health.unwrap_or_default(), &mut errs);
+    let takeover = takeover(raw.takeover.unwrap_or_default(), base_dir, &mut errs);
     check_egress_ports(&egress, &interface, &health, &mut errs);
     if errs.0.is_empty() {
         Ok(Config {
@@ -61,6 +62,7 @@ pub(super) fn validate(
             router,
             dns,
             health,
+            takeover,
         })
     } else {
         Err(ConfigErrors(errs.0))
@@ -101,6 +103,7 @@ pub(super) fn device_only(name: &str) -> Result<Config, ConfigError> {
             listen: None,
             ..health(super::raw::RawHealth::default(), &mut errs)
         },
+        takeover: Takeover::default(),
         interface,
     };
     // Defaults are valid by construction (the config tests parse an empty file's sections).
@@ -658,6 +661,63 @@ fn health(raw: super::raw::RawHealth, errs: &mut Errors) -> Health {
         allow_from_tunnel: raw.allow_from_tunnel.unwrap_or(false),
         readiness,
     }
+}
+
+fn takeover(raw: super::raw::RawTakeover, base_dir: &Path, errs: &mut Errors) -> Takeover {
+    let answer = match raw.answer_any_source {
+        Some(true) => crate::takeover::Answer::AnySource,
+        _ => crate::takeover::Answer::KnownEndpoints,
+    };
+    let state_file = match raw.state_file.as_deref() {
+        None => StateFile::Default,
+        Some("") => StateFile::Off,
+        Some(path) if path.contains('\0') || path.ends_with('/') => {
+            errs.push(
+                "takeover.state_file",
+                format!("{:?} is not a file path: expected a path like \"/var/lib/tunnelgate/tg0.endpoints\", or \"\" to keep no endpoints across a restart", short(path)),
+            );
+            StateFile::Default
+        }
+        Some(path) => StateFile::Path(base_dir.join(path)),
+    };
+    let listen = raw.group_listen.as_deref().map(|text| {
+        text.parse::<SocketAddr>().map_err(|_| {
+            errs.push(
+                "takeover.group_listen",
+                format!(
+                    "{:?} is not an address: expected IP:port like \"[::]:51821\"",
+                    short(text)
+                ),
+            )
+        })
+    });
+    let replicas = raw
+        .group_replicas
+        .as_deref()
+        .map(|text| parse_endpoint(text).map_err(|why| errs.push("takeover.group_replicas", why)));
+    let group = match (listen, replicas) {
+        (Some(Ok(listen)), Some(Ok(replicas))) => Some(GroupExchange { listen, replicas }),
+        (None, None) => None,
+        (Some(_), None) => {
+            errs.push("takeover.group_replicas", "missing: takeover.group_listen needs the replicas' host:port (the group's headless Service name), or neither key".to_string());
+            None
+        }
+        (None, Some(_)) => {
+            errs.push("takeover.group_listen", "missing: takeover.group_replicas needs the address the exchange listens on, like \"[::]:51821\", or neither key".to_string());
+            None
+        }
+        _ => None,
+    };
+    Takeover {
+        answer,
+        state_file,
+        group,
+    }
+}
+
+/// At most 80 characters of `text`, for an error message.
+fn short(text: &str) -> String {
+    text.chars().take(80).collect()
 }
 
 /// The key files of a configuration that lets their group read them.

@@ -453,6 +453,23 @@ fn a_reload_that_changes_the_worker_count_is_refused_and_changes_nothing() {
     assert_eq!(sim.control.config().interface.workers, None);
 }
 
+#[test]
+fn a_reload_that_changes_the_takeover_section_is_refused_and_changes_nothing() {
+    let mut sim = Sim::new(BASE);
+    sim.drive();
+    let before = sim.log.len();
+    let mut open = config(BASE);
+    open.takeover.answer = crate::takeover::Answer::AnySource;
+    let r = sim.control.handle_config_loaded(open, sim.now);
+    assert!(r.is_err_and(|e| e.0.contains("[takeover] section cannot change on reload")));
+    sim.drive();
+    assert_eq!(sim.log.len(), before, "a refused reload asks for nothing");
+    assert_eq!(
+        sim.control.config().takeover.answer,
+        crate::takeover::Answer::KnownEndpoints
+    );
+}
+
 const FQDN: &str = r#"addresses = ["100.64.0.1/32"]
 [dns]
 reresolve_interval = "60s"

@@ -7,6 +7,7 @@ use crate::allowed_ips::AllowedIps;
 use crate::config::IpNet;
 use crate::packet::DropReason;
 use crate::peer::Sending;
+use crate::takeover::{Answer, Settle, Start};
 use crate::test_util::{ipv4_packet, rng, rng_mut};
 use crate::wg::Limiter;
 use std::net::SocketAddr;
@@ -99,8 +100,34 @@ fn remote_initiates(p: &mut Pair, buf: &mut [u8], landing: &mut [u8]) -> Inbound
         Outbound::Send { len, .. } => buf[..len].to_vec(),
         other => panic!("expected an initiation, got {other:?}"),
     };
-    p.local
-        .decapsulate(&table(), &0, path(REMOTE), &init, landing)
+    p.local.decapsulate(
+        &table(),
+        &0,
+        path(REMOTE),
+        &init,
+        landing,
+        crate::test_util::now(),
+    )
+}
+
+/// A handshake the remote starts on a live session (a rekey), completed both ways.
+fn rekey(p: &mut Pair, buf: &mut [u8], landing: &mut [u8]) {
+    let Outcome::Network(init) = p.remote.tunnel.initiate_anew(buf) else {
+        panic!("the remote initiates");
+    };
+    let init = init.to_vec();
+    let now = crate::test_util::now();
+    let Inbound::Reply(len) = p
+        .local
+        .decapsulate(&table(), &0, path(REMOTE), &init, landing, now)
+    else {
+        panic!("expected a response");
+    };
+    let response = landing[..len].to_vec();
+    let mut out = vec![0u8; 2048];
+    let _ = p
+        .remote
+        .decapsulate(&table(), &0, path(LOCAL), &response, &mut out, now);
 }
 
 /// A whole handshake the remote starts, confirmed by its first data message.
@@ -109,14 +136,24 @@ fn establish(p: &mut Pair, buf: &mut [u8], landing: &mut [u8]) {
         panic!("expected a response");
     };
     let response = landing[..len].to_vec();
-    let _ = p
-        .remote
-        .decapsulate(&table(), &0, path(LOCAL), &response, landing);
+    let _ = p.remote.decapsulate(
+        &table(),
+        &0,
+        path(LOCAL),
+        &response,
+        landing,
+        crate::test_util::now(),
+    );
     let queued = p.remote.flush_queued(buf).expect("the queued packet");
     let data = buf[..queued].to_vec();
-    let delivered = p
-        .local
-        .decapsulate(&table(), &0, path(REMOTE), &data, landing);
+    let delivered = p.local.decapsulate(
+        &table(),
+        &0,
+        path(REMOTE),
+        &data,
+        landing,
+        crate::test_util::now(),
+    );
     assert!(matches!(delivered, Inbound::Deliver(_)), "{delivered:?}");
 }
 
@@ -146,13 +183,23 @@ fn a_handshake_the_peer_initiated_is_answered_counted_and_roams_to_its_sender() 
     // The response completes the remote's handshake and releases its queued packet, which
     // the local peer delivers.
     let response = landing[..len].to_vec();
-    let _ = p
-        .remote
-        .decapsulate(&table(), &0, path(LOCAL), &response, &mut landing);
+    let _ = p.remote.decapsulate(
+        &table(),
+        &0,
+        path(LOCAL),
+        &response,
+        &mut landing,
+        crate::test_util::now(),
+    );
     let queued = p.remote.flush_queued(&mut buf).expect("the queued packet");
-    let delivered = p
-        .local
-        .decapsulate(&table(), &0, path(REMOTE), &buf[..queued], &mut landing);
+    let delivered = p.local.decapsulate(
+        &table(),
+        &0,
+        path(REMOTE),
+        &buf[..queued],
+        &mut landing,
+        crate::test_util::now(),
+    );
     assert!(
         matches!(delivered, Inbound::Deliver(n) if landing[..n] == ipv4_packet([10, 0, 0, 2], [10, 0, 0, 1], b"hi"))
     );
@@ -230,16 +277,26 @@ fn garbage_is_invalid_and_neither_counted_nor_roamed() {
     let mut landing = vec![0u8; 2048];
     let mut garbage = vec![4u8; 64];
     garbage[1..4].fill(0);
-    let decision =
-        p.local
-            .decapsulate(&table(), &0, path("198.51.100.9:1"), &garbage, &mut landing);
+    let decision = p.local.decapsulate(
+        &table(),
+        &0,
+        path("198.51.100.9:1"),
+        &garbage,
+        &mut landing,
+        crate::test_util::now(),
+    );
     // A data message for a session this side lacks may be another process's session: a
     // takeover's cue (sent later, within its bounds), never an authenticated datagram.
     assert_eq!(decision, Inbound::TakeOver);
     garbage[0] = 9;
-    let decision =
-        p.local
-            .decapsulate(&table(), &0, path("198.51.100.9:1"), &garbage, &mut landing);
+    let decision = p.local.decapsulate(
+        &table(),
+        &0,
+        path("198.51.100.9:1"),
+        &garbage,
+        &mut landing,
+        crate::test_util::now(),
+    );
     assert_eq!(decision, Inbound::Drop(DropReason::Invalid));
     let stats = p.local.stats();
     assert_eq!(stats.counters, PeerCounters::default());
@@ -254,9 +311,14 @@ fn an_inner_source_outside_the_allowed_ips_is_dropped_but_authenticated() {
         panic!("expected a response");
     };
     let response = landing[..len].to_vec();
-    let _ = p
-        .remote
-        .decapsulate(&table(), &0, path(LOCAL), &response, &mut landing);
+    let _ = p.remote.decapsulate(
+        &table(),
+        &0,
+        path(LOCAL),
+        &response,
+        &mut landing,
+        crate::test_util::now(),
+    );
     let _ = p.remote.flush_queued(&mut buf);
     let spoofed = ipv4_packet([10, 0, 0, 99], [10, 0, 0, 1], b"not yours");
     let Outbound::Send { len, .. } = p.remote.encapsulate(&spoofed, &mut buf) else {
@@ -264,9 +326,14 @@ fn an_inner_source_outside_the_allowed_ips_is_dropped_but_authenticated() {
     };
     let roamed = path("192.0.2.77:4000");
     let before = p.local.stats().counters.rx_packets;
-    let decision = p
-        .local
-        .decapsulate(&table(), &0, roamed, &buf[..len], &mut landing);
+    let decision = p.local.decapsulate(
+        &table(),
+        &0,
+        roamed,
+        &buf[..len],
+        &mut landing,
+        crate::test_util::now(),
+    );
     assert_eq!(decision, Inbound::Drop(DropReason::BadSource));
     assert_eq!(p.local.stats().counters.rx_packets, before + 1);
     assert_eq!(
@@ -435,9 +502,14 @@ fn every_message_of_a_session_is_steered_to_the_worker_that_owns_its_peer() {
         panic!("expected a response");
     };
     let response = landing[..len].to_vec();
-    let _ = p
-        .remote
-        .decapsulate(&table(), &0, path(LOCAL), &response, &mut landing);
+    let _ = p.remote.decapsulate(
+        &table(),
+        &0,
+        path(LOCAL),
+        &response,
+        &mut landing,
+        crate::test_util::now(),
+    );
     let data = p.remote.flush_queued(&mut buf).expect("queued data");
     // The local peer was made with table index 1: its session index is 1 << 8 (+ a counter).
     for workers in [1usize, 2, 3, 8] {
@@ -476,7 +548,14 @@ fn seal_batch(from: &mut Peer, packets: &[Vec<u8>]) -> (Vec<Vec<u8>>, PeerPath) 
 /// The daemon's receive path: the session found under the lock, opened outside it, recorded.
 fn open_outside(to: &mut Peer, from: PeerPath, message: &[u8], landing: &mut [u8]) -> Inbound {
     let Some(key) = to.receiving(message) else {
-        return to.decapsulate(&table(), &0, from, message, landing);
+        return to.decapsulate(
+            &table(),
+            &0,
+            from,
+            message,
+            landing,
+            crate::test_util::now(),
+        );
     };
     match key.open(message, landing) {
         Ok(opened) => to.opened(&table(), &0, from, message.len(), &opened, landing),
@@ -660,8 +739,13 @@ fn an_older_batch_finishing_later_does_not_move_the_endpoint_back() {
     assert_eq!(p.local.path(), Some(again));
 }
 
+/// A restarted side (same key, same peer, no session) whose peer keeps sending: the cue may
+/// come through an off-path attacker's address (it relayed one data message), but the
+/// initiation goes to where the peer authenticated (here its configured endpoint), and the
+/// peer's answer from there completes it; the attacker's address is never sent to, nor roamed
+/// to. Completion is timed from the response.
 #[test]
-fn a_restarted_side_takes_the_session_over_with_one_initiation_to_the_source() {
+fn a_restarted_side_takes_over_through_the_known_endpoint_never_the_cues_source() {
     let (a, b) = (SecretKey::generate(), SecretKey::generate());
     let (la, lb) = (
         Limiter::new(&a.public_key(), &mut rng_mut()),
@@ -689,9 +773,9 @@ fn a_restarted_side_takes_the_session_over_with_one_initiation_to_the_source() {
     let (mut buf, mut landing) = (vec![0u8; 2048], vec![0u8; 2048]);
     establish(&mut p, &mut buf, &mut landing);
 
-    // The local process restarts: same key, same peer, no session. The remote keeps sending.
+    // The local process restarts: same key, same peer (configured at REMOTE), no session.
     p.local = local(Some(path(REMOTE)));
-    let moved = path("198.51.100.9:40000");
+    let attacker = path("198.51.100.9:40000");
     let mut data = || {
         let Sending::Seal { batch, .. } = p.remote.begin_send(1, 20) else {
             panic!("the remote has a session");
@@ -702,15 +786,16 @@ fn a_restarted_side_takes_the_session_over_with_one_initiation_to_the_source() {
     };
     let (first, second) = (data(), data());
     let mut new_local = std::mem::replace(&mut p.local, local(None));
+    let t0 = crate::test_util::now();
     assert_eq!(
-        new_local.decapsulate(&table(), &0, moved, &first, &mut landing),
+        new_local.decapsulate(&table(), &0, attacker, &first, &mut landing, t0),
         Inbound::TakeOver,
         "the first names a session this side lacks: take over"
     );
     assert_eq!(
-        new_local.decapsulate(&table(), &0, moved, &second, &mut landing),
+        new_local.decapsulate(&table(), &0, attacker, &second, &mut landing, t0),
         Inbound::Drop(DropReason::UnknownPeer),
-        "one wake per takeover"
+        "one hand-over per takeover"
     );
     assert_eq!(
         new_local.path(),
@@ -718,45 +803,43 @@ fn a_restarted_side_takes_the_session_over_with_one_initiation_to_the_source() {
         "no roam on a stranger's word"
     );
 
-    let t0 = crate::test_util::now();
-    let mut global = TokenBucket::new(takeover::GLOBAL_PER_SECOND);
-    let (step, sent) = new_local.on_takeover(t0, &mut global, &mut buf);
+    let (start, sent) = new_local.start_takeover(t0, Answer::KnownEndpoints, &mut buf);
     assert_eq!(
-        step,
-        TakeoverStep::Initiate(moved),
-        "to the datagram's source"
+        start,
+        Start::Initiate { to: path(REMOTE) },
+        "to where the peer authenticated, not to the cue's source"
     );
     let len = sent.expect("an initiation");
     assert_eq!(Handshake::of(&buf[..len]), Some(Handshake::Initiation));
     let initiation = buf[..len].to_vec();
     let Inbound::Reply(len) =
         p.remote
-            .decapsulate(&table(), &0, path(LOCAL), &initiation, &mut landing)
+            .decapsulate(&table(), &0, path(LOCAL), &initiation, &mut landing, t0)
     else {
         panic!("the remote answers a newer initiation from the same key");
     };
     let response = landing[..len].to_vec();
     // The response is handled on the handshake path 37 ms after the initiation went.
     let answered = t0 + Duration::from_millis(37);
-    let confirmed =
-        new_local.decapsulate_handshake(&table(), &0, moved, &response, &mut landing, answered);
+    let confirmed = new_local.decapsulate_handshake(
+        &table(),
+        &0,
+        path(REMOTE),
+        &response,
+        &mut landing,
+        answered,
+    );
     assert!(
         matches!(confirmed, Inbound::Reply(_)),
         "a keepalive confirms: {confirmed:?}"
     );
-    assert_eq!(
-        new_local.path(),
-        Some(moved),
-        "the answer roams to the source"
-    );
+    assert_eq!(new_local.path(), Some(path(REMOTE)));
 
-    // The timer thread sees it at its next tick, later: the time is the response's.
-    let (step, _) =
-        new_local.on_takeover(answered + Duration::from_millis(60), &mut global, &mut buf);
+    // Settled later: the time is the response's.
     assert_eq!(
-        step,
-        TakeoverStep::Completed {
-            to: moved,
+        new_local.settle_takeover(answered + Duration::from_millis(60)),
+        Settle::Completed {
+            to: path(REMOTE),
             after: Duration::from_millis(37)
         }
     );
@@ -765,10 +848,163 @@ fn a_restarted_side_takes_the_session_over_with_one_initiation_to_the_source() {
         (
             c.takeovers_started,
             c.takeovers_completed,
-            c.takeovers_failed
+            c.takeovers_failed,
+            c.takeovers_no_endpoint
         ),
-        (1, 1, 0)
+        (1, 1, 0, 0)
     );
     assert_eq!(c.takeover_time_last, Some(Duration::from_millis(37)));
     assert_eq!(c.takeover_time_total, Duration::from_millis(37));
+
+    // Ten seconds on, another takeover, which the peer completes by initiating itself (this
+    // side answers): the older response stamp must not hide that handshake.
+    let t1 = t0 + Duration::from_secs(10);
+    let third = {
+        let Sending::Seal { batch, .. } = p.remote.begin_send(1, 20) else {
+            panic!("the remote has a session");
+        };
+        let len = batch.seal(
+            0,
+            &ipv4_packet([10, 0, 0, 2], [10, 0, 0, 1], b"x"),
+            &mut buf,
+        );
+        let mut m = buf[..len].to_vec();
+        m[4] ^= 0x40; // names a session this side does not have
+        m
+    };
+    assert_eq!(
+        new_local.decapsulate(&table(), &0, path(REMOTE), &third, &mut landing, t1),
+        Inbound::TakeOver
+    );
+    assert!(matches!(
+        new_local
+            .start_takeover(t1, Answer::KnownEndpoints, &mut buf)
+            .0,
+        Start::Initiate { .. }
+    ));
+    let Outcome::Network(init) = p.remote.tunnel.initiate_anew(&mut buf) else {
+        panic!("the remote initiates");
+    };
+    let init = init.to_vec();
+    assert!(matches!(
+        new_local.decapsulate_handshake(&table(), &0, path(REMOTE), &init, &mut landing, t1),
+        Inbound::Reply(_)
+    ));
+    assert!(
+        matches!(
+            new_local.settle_takeover(t1 + Duration::from_millis(100)),
+            Settle::Completed { .. }
+        ),
+        "completed by the peer's own handshake"
+    );
+    assert_eq!(new_local.stats().counters.takeovers_failed, 0);
+}
+
+/// With no endpoint known (none configured, none authenticated, none restored or told), a cue
+/// sends nothing: the peer waits for its own rekey. The opt-in answers the cue's source.
+#[test]
+fn with_no_known_endpoint_a_takeover_sends_nothing_unless_any_source_is_allowed() {
+    let mut p = pair(None, Some(path(REMOTE)));
+    let (mut buf, mut landing) = (vec![0u8; 2048], vec![0u8; 2048]);
+    establish(&mut p, &mut buf, &mut landing);
+    let Sending::Seal { batch, .. } = p.remote.begin_send(1, 20) else {
+        panic!("a session");
+    };
+    let len = batch.seal(
+        0,
+        &ipv4_packet([10, 0, 0, 2], [10, 0, 0, 1], b"x"),
+        &mut buf,
+    );
+    let message = buf[..len].to_vec();
+    let cue = path("198.51.100.9:40000");
+    let t0 = crate::test_util::now();
+    for (answer, expected) in [
+        (Answer::KnownEndpoints, Start::NoKnownEndpoint { cue }),
+        (Answer::AnySource, Start::Initiate { to: cue }),
+    ] {
+        // A fresh process: nothing known.
+        let (a, b) = (SecretKey::generate(), SecretKey::generate());
+        let limiter = Limiter::new(&a.public_key(), &mut rng_mut());
+        let mut fresh = Peer::new(&a, &b.public_key(), &spec(None), 1, &limiter, None, rng());
+        assert_eq!(
+            fresh.decapsulate(&table(), &0, cue, &message, &mut landing, t0),
+            Inbound::TakeOver
+        );
+        let (start, sent) = fresh.start_takeover(t0, answer, &mut buf);
+        assert_eq!(start, expected, "{answer:?}");
+        assert_eq!(sent.is_some(), answer == Answer::AnySource);
+        assert_eq!(
+            fresh.stats().counters.takeovers_no_endpoint,
+            u64::from(answer == Answer::KnownEndpoints)
+        );
+        // A peer that keeps sending asks again only after REKEY_TIMEOUT: one look per 5 s.
+        let soon = t0 + Duration::from_secs(1);
+        assert_eq!(
+            fresh.decapsulate(&table(), &0, cue, &message, &mut landing, soon),
+            Inbound::Drop(DropReason::UnknownPeer)
+        );
+    }
+}
+
+/// A peer back from another process that handed out the same session index (a fail-back to a
+/// replica that still holds an older session under that index): the message does not open
+/// under this side's keys, and that is a takeover's cue like a session this side lacks. A
+/// replay of a genuine message is not.
+#[test]
+fn a_message_that_names_a_kept_session_but_does_not_open_asks_for_a_takeover() {
+    let mut p = pair(None, Some(path(REMOTE)));
+    let (mut buf, mut landing) = (vec![0u8; 2048], vec![0u8; 2048]);
+    establish(&mut p, &mut buf, &mut landing);
+    let Sending::Seal { batch, .. } = p.remote.begin_send(1, 20) else {
+        panic!("a session");
+    };
+    let len = batch.seal(
+        0,
+        &ipv4_packet([10, 0, 0, 2], [10, 0, 0, 1], b"x"),
+        &mut buf,
+    );
+    let genuine = buf[..len].to_vec();
+    let mut forged = genuine.clone();
+    let last = forged.len() - 1;
+    forged[last] ^= 1;
+    let key = p.local.receiving(&forged).expect("names a kept session");
+    let error = key.open(&forged, &mut landing).expect_err("does not open");
+    let t0 = crate::test_util::now();
+    assert_eq!(
+        p.local.failed_open(error, path(REMOTE), t0),
+        Inbound::TakeOver
+    );
+    let key = p.local.receiving(&genuine).expect("kept");
+    key.open(&genuine, &mut landing).expect("opens once");
+    let replayed = key.open(&genuine, &mut landing).expect_err("a replay");
+    assert_eq!(
+        p.local.failed_open(replayed, path(REMOTE), t0),
+        Inbound::Drop(DropReason::Invalid),
+        "a replay is no cue"
+    );
+}
+
+/// Sessions only move forward: after a rekey, a late batch of the session before (sent from the
+/// address the peer has since left) is delivered but never moves the endpoint back.
+#[test]
+fn a_late_batch_of_the_session_before_a_rekey_does_not_move_the_endpoint_back() {
+    let mut p = pair(None, None);
+    let (mut buf, mut landing) = (vec![0u8; 2048], vec![0u8; 2048]);
+    establish(&mut p, &mut buf, &mut landing);
+    let packet = ipv4_packet([10, 0, 0, 2], [10, 0, 0, 1], &[7; 100]);
+    let (old, _) = seal_batch(&mut p.remote, std::slice::from_ref(&packet));
+    // A rekey: a second handshake, then a message of the new session from a new address.
+    rekey(&mut p, &mut buf, &mut landing);
+    let (new, _) = seal_batch(&mut p.remote, std::slice::from_ref(&packet));
+    let (left, moved_to) = (path("192.0.2.7:5000"), path("192.0.2.99:7000"));
+    assert_eq!(
+        open_outside(&mut p.local, moved_to, &new[0], &mut landing),
+        Inbound::Deliver(packet.len())
+    );
+    assert_eq!(
+        open_outside(&mut p.local, left, &old[0], &mut landing),
+        Inbound::Deliver(packet.len()),
+        "delivered: the old session is still kept"
+    );
+    assert_eq!(p.local.path(), Some(moved_to), "moved back by a late batch");
 }

@@ -1,8 +1,12 @@
 use super::*;
 use crate::test_util::now;
 
+fn addr(port: u16) -> SocketAddr {
+    SocketAddr::from(([192, 0, 2, 7], port))
+}
+
 fn path(port: u16) -> PeerPath {
-    PeerPath::to(std::net::SocketAddr::from(([192, 0, 2, 7], port)))
+    PeerPath::to(addr(port))
 }
 
 fn data(len: usize) -> Vec<u8> {
@@ -12,140 +16,155 @@ fn data(len: usize) -> Vec<u8> {
 }
 
 #[test]
-fn the_bucket_allows_its_rate_and_refills() {
-    let t0 = now();
-    let mut bucket = TokenBucket::new(10);
-    let burst = (0..100).filter(|_| bucket.take(t0)).count();
-    assert_eq!(burst, 10, "a full bucket is one second's worth");
-    assert!(!bucket.take(t0 + Duration::from_millis(50)));
-    assert!(bucket.take(t0 + Duration::from_millis(150)));
-    // Over ten seconds of constant asking, about ten per second get through.
-    let mut allowed = 0;
-    for ms in (200..10_200).step_by(1) {
-        if bucket.take(t0 + Duration::from_millis(ms)) {
-            allowed += 1;
-        }
-    }
-    assert!((99..=101).contains(&allowed), "{allowed}");
-    assert!(!TokenBucket::new(0).take(t0));
-}
-
-#[test]
-fn only_a_data_message_from_a_source_without_a_live_session_wants_a_takeover() {
-    let from = path(1000);
-    let fresh = Some(Duration::from_secs(3));
-    assert!(
-        wants_takeover(&data(32), from, None, None),
-        "no session at all"
-    );
-    assert!(
-        wants_takeover(&data(32), from, Some(path(2000)), fresh),
-        "another source"
-    );
-    assert!(
-        wants_takeover(&data(32), from, Some(from), Some(SESSION_LIFETIME)),
-        "an expired session"
-    );
-    assert!(
-        !wants_takeover(&data(32), from, Some(from), fresh),
-        "a stale message"
-    );
-    assert!(!wants_takeover(&data(31), from, None, None), "too short");
+fn only_a_data_message_is_a_cue() {
+    assert!(is_data(&data(32)));
+    assert!(!is_data(&data(31)), "too short");
     let mut response = data(92);
     response[0] = 2;
-    assert!(!wants_takeover(&response, from, None, None), "not data");
+    assert!(!is_data(&response), "a response answers our own initiation");
+}
+
+/// The attack this guards against: the cue's source is an off-path attacker's address; a
+/// fresh initiation sent there would be relayed to the peer, which would move its endpoint to
+/// the attacker. The initiation goes to where the peer authenticated, or nowhere.
+#[test]
+fn a_takeover_goes_to_a_known_endpoint_never_to_an_unproven_source() {
+    let attacker = path(6666);
+    let mut known = KnownEndpoints::default();
+    assert_eq!(
+        target(attacker, None, &known, Answer::KnownEndpoints),
+        None,
+        "nothing known: the peer waits for its own rekey"
+    );
+    known.set_configured(Some(addr(51820)));
+    assert_eq!(
+        target(attacker, None, &known, Answer::KnownEndpoints),
+        Some(path(51820)),
+        "the configured endpoint"
+    );
+    known.learn(addr(4000), Origin::Restored);
+    assert_eq!(
+        target(attacker, None, &known, Answer::KnownEndpoints),
+        Some(path(4000)),
+        "the newest learned endpoint before the configured one"
+    );
+    let cue = path(4000);
+    assert_eq!(
+        target(cue, None, &known, Answer::KnownEndpoints),
+        Some(cue),
+        "a cue from a known endpoint is answered there"
+    );
+    assert_eq!(
+        target(attacker, None, &known, Answer::AnySource),
+        Some(attacker),
+        "only the opt-in answers any source"
+    );
+    // The local address the peer was last reached from goes with its endpoint.
+    let reached = PeerPath {
+        remote: addr(4000),
+        local: Some([198, 51, 100, 1].into()),
+    };
+    assert_eq!(
+        target(attacker, Some(reached), &known, Answer::KnownEndpoints),
+        Some(reached)
+    );
 }
 
 #[test]
-fn a_request_starts_once_then_completes_or_fails() {
+fn known_endpoints_keep_the_newest_few_and_the_closest_origin() {
+    let mut known = KnownEndpoints::default();
+    assert!(known.learned().next().is_none());
+    for port in 1..=6 {
+        assert!(known.learn(addr(port), Origin::Group));
+    }
+    let ports: Vec<u16> = known.learned().map(|e| e.addr.port()).collect();
+    assert_eq!(
+        ports,
+        [6, 5, 4, 3],
+        "newest first, at most {KNOWN_PER_PEER}"
+    );
+    assert!(!known.contains(addr(2)), "the oldest fell off");
+    assert!(
+        known.learn(addr(4), Origin::Authenticated),
+        "moved to the front"
+    );
+    let first = known.learned().next().expect("one");
+    assert_eq!(
+        (first.addr.port(), first.origin),
+        (4, Origin::Authenticated)
+    );
+    assert!(!known.learn(addr(4), Origin::Group), "already the newest");
+    assert_eq!(
+        known.learned().next().map(|e| e.origin),
+        Some(Origin::Authenticated),
+        "a told endpoint does not hide that this process authenticated it"
+    );
+    assert_eq!(known.learned().count(), KNOWN_PER_PEER);
+}
+
+#[test]
+fn one_request_per_peer_per_rekey_timeout() {
     let t0 = now();
-    let mut bucket = TokenBucket::new(GLOBAL_PER_SECOND);
     let mut state = TakeoverState::default();
-    assert!(state.request(path(1)));
-    assert!(!state.request(path(2)), "one wake per takeover");
-    assert_eq!(
-        state.due(t0, None, None, &mut bucket),
-        TakeoverStep::Initiate(path(1)),
-        "to the first source"
+    assert!(state.request(path(1), t0, None));
+    assert!(
+        !state.request(path(2), t0, None),
+        "one hand-over per takeover"
     );
-    assert!(!state.request(path(3)), "started: nothing more to ask");
-    let later = t0 + Duration::from_millis(250);
+    let mut known = KnownEndpoints::configured(Some(addr(1)));
     assert_eq!(
-        state.due(later, Some(t0), None, &mut bucket),
-        TakeoverStep::Nothing
+        state.start(t0, None, &known, Answer::KnownEndpoints),
+        Start::Initiate { to: path(1) }
+    );
+    assert!(!state.request(path(3), t0, Some(t0)), "started");
+    // Settled, the next request waits out REKEY_TIMEOUT from the last start.
+    assert_eq!(
+        state.settle(t0 + REKEY_TIMEOUT, None),
+        Settle::Failed { to: path(1) }
+    );
+    let soon = t0 + REKEY_TIMEOUT - Duration::from_millis(1);
+    assert!(!state.request(path(1), soon, Some(t0)));
+    assert!(state.request(path(1), t0 + REKEY_TIMEOUT, Some(t0)));
+    // With nothing known the request ends without a send.
+    known = KnownEndpoints::default();
+    assert_eq!(
+        state.start(t0 + REKEY_TIMEOUT, None, &known, Answer::KnownEndpoints),
+        Start::NoKnownEndpoint { cue: path(1) }
+    );
+    assert_eq!(state, TakeoverState::Idle);
+    // A withdrawn request (the hand-off was full) may be asked again at once.
+    assert!(state.request(path(1), t0 + REKEY_TIMEOUT, None));
+    state.withdraw();
+    assert!(state.request(path(1), t0 + REKEY_TIMEOUT, None));
+}
+
+#[test]
+fn a_started_takeover_completes_on_any_later_handshake_or_fails_after_rekey_timeout() {
+    let t0 = now();
+    let known = KnownEndpoints::configured(Some(addr(1)));
+    let mut state = TakeoverState::default();
+    assert_eq!(
+        state.settle(t0, Some(t0)),
+        Settle::Pending,
+        "nothing started"
+    );
+    state.request(path(1), t0, None);
+    state.start(t0, None, &known, Answer::KnownEndpoints);
+    let before = t0.checked_sub(Duration::from_secs(1)).expect("clock");
+    assert_eq!(
+        state.settle(t0 + Duration::from_millis(50), Some(before)),
+        Settle::Pending,
+        "a handshake older than the takeover is not its completion"
     );
     assert_eq!(
-        state.due(
-            later,
-            Some(t0),
-            Some(t0 + Duration::from_millis(200)),
-            &mut bucket
+        state.settle(
+            t0 + Duration::from_millis(80),
+            Some(t0 + Duration::from_millis(37))
         ),
-        TakeoverStep::Completed {
+        Settle::Completed {
             to: path(1),
-            after: Duration::from_millis(200)
+            after: Duration::from_millis(37)
         }
     );
     assert_eq!(state, TakeoverState::Idle);
-
-    // A handshake older than the initiation does not complete it; REKEY_TIMEOUT fails it.
-    assert!(state.request(path(1)));
-    let t1 = t0 + REKEY_TIMEOUT;
-    assert_eq!(
-        state.due(t1, Some(t0), None, &mut bucket),
-        TakeoverStep::Initiate(path(1))
-    );
-    let old = Some(t0);
-    assert_eq!(
-        state.due(t1 + Duration::from_secs(1), Some(t1), old, &mut bucket),
-        TakeoverStep::Nothing
-    );
-    assert_eq!(
-        state.due(t1 + REKEY_TIMEOUT, Some(t1), old, &mut bucket),
-        TakeoverStep::Failed(path(1))
-    );
-}
-
-#[test]
-fn one_takeover_per_peer_per_rekey_timeout_and_the_global_cap() {
-    let t0 = now();
-    let mut bucket = TokenBucket::new(GLOBAL_PER_SECOND);
-    let mut state = TakeoverState::default();
-    state.request(path(1));
-    let soon = t0 + Duration::from_secs(1);
-    assert_eq!(
-        state.due(soon, Some(t0), None, &mut bucket),
-        TakeoverStep::Nothing,
-        "the previous one started a second ago"
-    );
-    assert!(
-        matches!(state, TakeoverState::Requested(_)),
-        "kept for later"
-    );
-    assert_eq!(
-        state.due(t0 + REKEY_TIMEOUT, Some(t0), None, &mut bucket),
-        TakeoverStep::Initiate(path(1))
-    );
-
-    // Many peers asking at once: no more than the cap leave in any second.
-    let mut peers = vec![TakeoverState::default(); 1000];
-    for p in &mut peers {
-        p.request(path(9));
-    }
-    let mut bucket = TokenBucket::new(GLOBAL_PER_SECOND);
-    let mut sent = 0;
-    for tick in 0..10u64 {
-        let at = t0 + Duration::from_millis(100 * tick);
-        for p in &mut peers {
-            if let TakeoverStep::Initiate(_) = p.due(at, None, None, &mut bucket) {
-                sent += 1;
-            }
-        }
-    }
-    let cap = GLOBAL_PER_SECOND as usize;
-    assert!(
-        sent <= 2 * cap,
-        "{sent} in one second (burst {cap} + refill {cap})"
-    );
-    assert!(sent >= cap, "the cap is used: {sent}");
 }

@@ -1,0 +1,76 @@
+//! The timer thread (`tg-timers`): every peer's handshake, rekey and keepalive timers each
+//! [`TIMER_TICK`], the handshake path ([`super::handshakes`]) and takeovers
+//! ([`super::takeover`]). The readers wake it when they queue a handshake message or hand it a
+//! takeover; it works a round of each between its timers. Its sends leave after every peer
+//! lock is let go ([`super::send`]).
+
+use super::handshakes::HandshakeWork;
+use super::send::send_one;
+use super::table::PeerSlot;
+use super::takeover::TakeoverWork;
+use super::Inner;
+use crate::core::liveness::PacketThread;
+use crate::core::peer::LimiterReset;
+use crate::core::wg;
+use crate::shell::clock;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+/// How often WireGuard's handshake, rekey and keepalive timers are driven (boringtun expects
+/// about every 100 ms; its own device uses 250 ms).
+const TIMER_TICK: Duration = Duration::from_millis(100);
+
+/// The timer thread's loop, until the data plane stops.
+pub(super) fn timer_loop(inner: &Inner) {
+    let mut buf = vec![0u8; wg::MIN_OUTPUT.max(2048)];
+    super::workers::confine(&PacketThread::Timers.name());
+    let mut limiter_reset = LimiterReset::default();
+    let mut handshakes = HandshakeWork::new();
+    let mut takeovers = TakeoverWork::new();
+    let mut next_tick = clock::now();
+    let mut more = false;
+    while !inner.stop.load(Ordering::Relaxed) {
+        inner.beat(PacketThread::Timers);
+        if !more {
+            // Parked, not asleep: `Dataplane::stop`, a reader that queued a handshake and a
+            // reader that hands over a takeover unpark it.
+            std::thread::park_timeout(next_tick.saturating_duration_since(clock::now()));
+        }
+        let now = clock::now();
+        let table = inner.snapshot();
+        more = handshakes.round(inner, &table, now);
+        // Answering a peer's own handshake first: under load, takeovers wait.
+        more |= takeovers.round(inner, &table, inner.handshakes.under_load(), now);
+        if now < next_tick {
+            continue;
+        }
+        next_tick = now + TIMER_TICK;
+        if limiter_reset.due(now) {
+            table.limiter().reset_count();
+        }
+        if table.private_key().is_none() {
+            continue; // no key: no handshakes, no keepalives
+        }
+        let sockets = inner.sockets();
+        let steering = inner.steering();
+        for slot in table.peers() {
+            let tick = {
+                let mut peer = slot.lock();
+                peer.on_tick(now, &mut buf)
+            };
+            if tick.handshake_completed {
+                log_handshake(slot);
+            }
+            let Some((len, to)) = tick.send else { continue };
+            let socket = &sockets[steering.worker_of_peer(slot.index()) % sockets.len()];
+            send_one(inner, socket, &buf[..len], to);
+        }
+    }
+}
+
+fn log_handshake(slot: &PeerSlot) {
+    let endpoint = slot.lock().path();
+    let endpoint = endpoint.map_or_else(|| "none".into(), |p| p.remote.to_string());
+    let name = slot.spec().name.as_deref().unwrap_or("");
+    tracing::info!(peer = %slot.public_key(), peer_name = name, %endpoint, "Handshake completed");
+}

@@ -1,0 +1,266 @@
+//! The group's endpoint exchange on the wire (`core::group_exchange` seals, opens and decides):
+//! a UDP socket on `takeover.group_listen`, the replicas found by resolving
+//! `takeover.group_replicas` (a StatefulSet's headless Service name) every few seconds, the
+//! news of this replica's peers sent to each of them, a hello to each replica that appears (it
+//! answers with every endpoint it knows), and what the others tell handed to the data plane as
+//! endpoints a takeover may go to. A task of the daemon's: its end is the daemon's fatal error.
+
+use crate::config::{Endpoint, GroupExchange, PublicKey};
+use crate::core::group_exchange::{Entry, Exchange, Kind, Refusal, MAX_DATAGRAM};
+use crate::core::takeover::{Learned, Origin};
+use crate::shell::dataplane::Dataplane;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// How often the replicas' name is resolved again.
+const RESOLVE_EVERY: Duration = Duration::from_secs(5);
+/// A lookup that takes longer is given up (the next one comes at `RESOLVE_EVERY`).
+const RESOLVE_TIMEOUT: Duration = Duration::from_secs(3);
+/// Datagrams opened per second at most: a flood of garbage to the port costs a decryption each
+/// (a replica group sends a few a second).
+const OPENS_PER_SECOND: u64 = 20_000;
+
+/// What the exchange counted, for status and metrics.
+#[derive(Debug, Default)]
+pub struct GroupStats {
+    pub accepted: AtomicU64,
+    pub endpoints_learned: AtomicU64,
+    pub sent: AtomicU64,
+    pub replicas: AtomicU64,
+    refused: [AtomicU64; Refusal::ALL.len()],
+    /// Datagrams dropped unopened past `OPENS_PER_SECOND`.
+    pub over_rate: AtomicU64,
+}
+
+impl GroupStats {
+    fn refused(&self, why: Refusal) {
+        let at = Refusal::ALL.iter().position(|r| *r == why).unwrap_or(0);
+        self.refused[at].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Refusals by reason.
+    pub fn refusals(&self) -> Vec<(&'static str, u64)> {
+        Refusal::ALL
+            .iter()
+            .zip(&self.refused)
+            .map(|(r, n)| (r.name(), n.load(Ordering::Relaxed)))
+            .collect()
+    }
+}
+
+/// The exchange as the daemon holds it: where to tell news, and what it counted.
+pub struct Group {
+    news: mpsc::Sender<Vec<Entry>>,
+    pub stats: Arc<GroupStats>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Group {
+    /// Binds `settings.listen` and starts the exchange for the identity the data plane has.
+    pub async fn start(
+        settings: &GroupExchange,
+        dataplane: Arc<Dataplane>,
+    ) -> anyhow::Result<Group> {
+        let identity = dataplane.identity();
+        let Some(private) = identity.private_key else {
+            anyhow::bail!("takeover.group_listen needs the interface's private key");
+        };
+        let socket = tokio::net::UdpSocket::bind(settings.listen)
+            .await
+            .map_err(|e| anyhow::anyhow!("takeover.group_listen {}: {e}", settings.listen))?;
+        let sender = {
+            use rand_core::RngCore as _;
+            rand_core::OsRng.next_u64()
+        };
+        let exchange = Exchange::new(&private, sender);
+        let stats = Arc::new(GroupStats::default());
+        let (tx, rx) = mpsc::channel(64);
+        tracing::info!(
+            listen = %settings.listen,
+            replicas = %settings.replicas,
+            "Group endpoint exchange up: replicas of this identity tell each other where peers authenticated"
+        );
+        let task = tokio::spawn(run(
+            socket,
+            exchange,
+            settings.replicas.clone(),
+            dataplane,
+            stats.clone(),
+            rx,
+        ));
+        Ok(Group {
+            news: tx,
+            stats,
+            task,
+        })
+    }
+
+    /// Tells the other replicas what this one authenticated (`news`: each peer's newest
+    /// learned endpoint; those learned from others or a file are not told again).
+    pub fn tell(&self, news: &[(PublicKey, Learned)]) {
+        let entries: Vec<Entry> = news
+            .iter()
+            .filter(|(_, l)| l.origin == Origin::Authenticated)
+            .map(|(peer, l)| Entry {
+                peer: *peer,
+                endpoint: l.addr,
+            })
+            .collect();
+        if !entries.is_empty() && self.news.try_send(entries).is_err() {
+            tracing::debug!("group exchange busy: news dropped (the next hello's dump has it)");
+        }
+    }
+
+    /// Resolves when the exchange's task ended (it never does unless it failed).
+    pub async fn ended(&mut self) -> String {
+        match (&mut self.task).await {
+            Ok(Ok(())) => "the group endpoint exchange ended".into(),
+            Ok(Err(e)) => format!("the group endpoint exchange failed: {e:#}"),
+            Err(e) if e.is_panic() => format!("the group endpoint exchange panicked: {e}"),
+            Err(e) => format!("the group endpoint exchange was cancelled: {e}"),
+        }
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn wall_ms() -> u64 {
+    crate::shell::clock::wall_now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+async fn run(
+    socket: tokio::net::UdpSocket,
+    mut exchange: Exchange,
+    replicas: Endpoint,
+    dataplane: Arc<Dataplane>,
+    stats: Arc<GroupStats>,
+    mut news: mpsc::Receiver<Vec<Entry>>,
+) -> anyhow::Result<()> {
+    let mut known: BTreeSet<SocketAddr> = BTreeSet::new();
+    let mut resolve = tokio::time::interval(RESOLVE_EVERY);
+    resolve.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut buf = vec![0u8; MAX_DATAGRAM + 1];
+    let (mut window_start, mut opened) = (crate::shell::clock::now(), 0u64);
+    let mut last_resolve_error = String::new();
+    loop {
+        tokio::select! {
+            _ = resolve.tick() => {
+                match lookup(&replicas).await {
+                    Ok(found) => {
+                        last_resolve_error.clear();
+                        let appeared: Vec<SocketAddr> = found.difference(&known).copied().collect();
+                        known = found;
+                        stats.replicas.store(known.len() as u64, Ordering::Relaxed);
+                        if !appeared.is_empty() {
+                            let hello = exchange.seal(Kind::Hello, &[], wall_ms());
+                            send_all(&socket, &hello, &appeared, &stats).await;
+                        }
+                    }
+                    Err(e) => {
+                        if e != last_resolve_error {
+                            tracing::warn!(replicas = %replicas, error = %e, "Group replicas not found; the exchange tells the ones found before");
+                            last_resolve_error = e;
+                        }
+                    }
+                }
+            }
+            Some(entries) = news.recv() => {
+                let datagrams = exchange.seal(Kind::News, &entries, wall_ms());
+                let to: Vec<SocketAddr> = known.iter().copied().collect();
+                send_all(&socket, &datagrams, &to, &stats).await;
+            }
+            received = socket.recv_from(&mut buf) => {
+                let (len, from) = received?;
+                let now = crate::shell::clock::now();
+                if now.saturating_duration_since(window_start) >= Duration::from_secs(1) {
+                    (window_start, opened) = (now, 0);
+                }
+                if opened >= OPENS_PER_SECOND {
+                    stats.over_rate.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+                opened += 1;
+                match exchange.open(&buf[..len], wall_ms(), now) {
+                    Ok(message) => {
+                        stats.accepted.fetch_add(1, Ordering::Relaxed);
+                        match message.kind {
+                            Kind::Hello => {
+                                if exchange.dump_due(message.sender, now) {
+                                    let all: Vec<Entry> = dataplane
+                                        .learned_endpoints()
+                                        .into_iter()
+                                        .flat_map(|(peer, endpoints)| {
+                                            endpoints.into_iter().rev().map(move |endpoint| Entry { peer, endpoint })
+                                        })
+                                        .collect();
+                                    let datagrams = exchange.seal(Kind::Dump, &all, wall_ms());
+                                    send_all(&socket, &datagrams, &[from], &stats).await;
+                                }
+                            }
+                            Kind::News | Kind::Dump => {
+                                let mut by_peer: BTreeMap<PublicKey, Vec<SocketAddr>> = BTreeMap::new();
+                                for e in &message.entries {
+                                    // Told oldest first within a peer: the last is the newest.
+                                    by_peer.entry(e.peer).or_default().insert(0, e.endpoint);
+                                }
+                                stats.endpoints_learned.fetch_add(message.entries.len() as u64, Ordering::Relaxed);
+                                dataplane.learn_endpoints(by_peer, Origin::Group);
+                            }
+                        }
+                    }
+                    Err(why) => {
+                        stats.refused(why);
+                        if why != Refusal::Own {
+                            tracing::debug!(from = %from, reason = why.name(), "Group exchange datagram refused");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Every address `replicas` resolves to, with its port.
+async fn lookup(replicas: &Endpoint) -> Result<BTreeSet<SocketAddr>, String> {
+    match replicas {
+        Endpoint::Addr(a) => Ok(BTreeSet::from([*a])),
+        Endpoint::Host { host, port } => {
+            let name = format!("{host}:{port}");
+            match tokio::time::timeout(RESOLVE_TIMEOUT, tokio::net::lookup_host(name)).await {
+                Ok(Ok(found)) => Ok(found.collect()),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Err(format!("no answer within {RESOLVE_TIMEOUT:?}")),
+            }
+        }
+    }
+}
+
+async fn send_all(
+    socket: &tokio::net::UdpSocket,
+    datagrams: &[Vec<u8>],
+    to: &[SocketAddr],
+    stats: &GroupStats,
+) {
+    for addr in to {
+        for d in datagrams {
+            match socket.send_to(d, addr).await {
+                Ok(_) => {
+                    stats.sent.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    tracing::debug!(to = %addr, error = %e, "Group exchange send failed");
+                }
+            }
+        }
+    }
+}
