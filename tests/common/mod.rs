@@ -31,6 +31,7 @@ mod netns;
 mod notify;
 mod pings;
 mod process;
+mod skip;
 mod status;
 mod traffic;
 mod wg;
@@ -39,5 +40,5 @@ mod wg;
 #[allow(unused_imports)]
 pub use self::{
     daemon::*, dns::*, firewall::*, middlebox::*, names::*, netns::*, notify::*, pings::*,
-    process::*, status::*, traffic::*, wg::*,
+    process::*, skip::*, status::*, traffic::*, wg::*,
 };

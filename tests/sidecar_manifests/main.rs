@@ -22,6 +22,8 @@ use tunnelgate::sidecar::{api::service_info, render};
 
 const NS: &str = "tunnelgate";
 
+#[path = "../common/mod.rs"]
+mod common;
 mod group;
 mod group_shared;
 mod images;
@@ -33,4 +35,20 @@ mod single_service;
 use group::*;
 use images::IMAGE_NAME;
 use manifests::*;
+use schemas::validator_or_skip;
 use single_service::*;
+
+/// Whether kubectl runs (Debian's kubernetes-client: scripts/test.sh installs it); the test
+/// [`common::skip`]s without it.
+pub(crate) fn kubectl_or_skip() -> bool {
+    let found = Command::new("kubectl")
+        .args(["version", "--client"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !found {
+        common::skip(
+            "kubectl is not installed (apt-get install --no-install-recommends kubernetes-client)",
+        );
+    }
+    found
+}
