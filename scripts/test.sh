@@ -148,6 +148,23 @@ if is_root; then
 fi
 # The tests that run the image wait for it (below).
 IMAGE_TESTS=(statefulset_pod_from_the_image podman_save_keeps_the_fully_qualified_name)
+# What the daemons' run directory holds before the root suites: afterwards it holds nothing more
+# (a daemon killed by a test leaves its status socket and forwarding record; the harness
+# removes them, also when the test fails).
+RUN_DIR=/run/tunnelgate
+run_dir_before="$(ls -A "$RUN_DIR" 2>/dev/null | sort || true)"
+run_dir_left() { # what the suites added to the run directory, if anything
+    local now
+    now="$(ls -A "$RUN_DIR" 2>/dev/null | sort || true)"
+    local left
+    left="$(comm -13 <(printf '%s\n' "$run_dir_before") <(printf '%s\n' "$now") | sed '/^$/d')"
+    if [[ -n "$left" ]]; then
+        echo "the suites left in $RUN_DIR:"
+        printf '  %s\n' $left
+        return 1
+    fi
+    echo "$RUN_DIR holds nothing the suites made"
+}
 if is_root; then
     step "cargo test --ignored (netns suites)" "$LOG_DIR/netns.log" \
         cargo test --all-features --no-fail-fast -- --ignored --test-threads=1 \
@@ -176,6 +193,9 @@ if [[ -n "$image_pid" ]]; then
     step "pod test (the documented image)" "$LOG_DIR/pod.log" \
         cargo test --all-features --no-fail-fast --test sidecar_fake_api -- --ignored \
         --test-threads=1 "${IMAGE_TESTS[@]}"
+fi
+if is_root; then
+    step "nothing left in $RUN_DIR" "$LOG_DIR/run-dir.log" run_dir_left
 fi
 fuzz_build_rc=0
 wait "$fuzz_build_pid" || fuzz_build_rc=$?
