@@ -59,6 +59,19 @@ for c in rustfmt clippy; do
     fi
 done
 
+# --- disk ----------------------------------------------------------------------------------------
+# A first run needs about 25 GB (docs/testing.md, "What it leaves behind, and the disk it needs"),
+# most of it build output in target/ and fuzz/target/; a later run reuses nearly all of it. Said
+# before the builds start, and again in the summary.
+need_gb=25
+[[ -d target/debug ]] && need_gb=5
+avail_gb=$(($(df -Pk . | awk 'NR == 2 {print $4}') / 1024 / 1024))
+disk_note=""
+if ((avail_gb < need_gb)); then
+    disk_note="warning: ${avail_gb} GB free for this checkout; a first run of the suite needs about 25 GB, a later one about 5 (docs/testing.md)"
+    echo "$disk_note" >&2
+fi
+
 # --- steps ---------------------------------------------------------------------------------------
 LOG_DIR="$(mktemp -d "${TMPDIR:-/tmp}/tunnelgate-test.XXXXXX")"
 trap 'rm -rf "$LOG_DIR"; give_back_build_dirs' EXIT
@@ -231,6 +244,7 @@ if [[ -f "$LOG_DIR/pod.log" ]]; then
 fi
 echo
 printf '%s\n' "${RESULTS[@]}"
+[[ -z "$disk_note" ]] || echo "$disk_note"
 if ((failed)); then
     echo "FAILED"
     exit 1
