@@ -170,6 +170,10 @@ fn the_package_installs_runs_and_leaves_only_the_admins_files() {
     let local_copy = at(&root, "/usr/local/bin/tunnelgate");
     std::fs::create_dir_all(local_copy.parent().expect("bin dir")).expect("/usr/local/bin");
     std::fs::write(&local_copy, "#!/bin/sh\n").expect("a copy in /usr/local/bin");
+    // And its manual page, which `man` reads before the package's.
+    let local_page = at(&root, "/usr/local/share/man/man8/tunnelgate.8.gz");
+    std::fs::create_dir_all(local_page.parent().expect("man8")).expect("/usr/local/share/man");
+    std::fs::write(&local_page, "").expect("a page in /usr/local/share/man");
     let installed = in_root_ok(
         &root,
         &[
@@ -189,14 +193,16 @@ fn the_package_installs_runs_and_leaves_only_the_admins_files() {
     let said = format!("{}{}", installed.stdout, installed.stderr);
     assert!(
         said.contains("another tunnelgate is installed")
-            && said.contains("/usr/local/bin/tunnelgate"),
-        "the postinst names the copy that hides the package's: {said}"
+            && said.contains("/usr/local/bin/tunnelgate")
+            && said.contains("/usr/local/share/man/man8/tunnelgate.8.gz"),
+        "the postinst names the copy and the page that hide the package's: {said}"
     );
     assert!(
         said.contains("wireguard-tools is not installed"),
         "--no-install-recommends left out wireguard-tools, and the postinst says so: {said}"
     );
     std::fs::remove_file(&local_copy).expect("rm the copy");
+    std::fs::remove_file(&local_page).expect("rm the page");
     let fields = in_root_ok(
         &root,
         &[
