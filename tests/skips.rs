@@ -51,54 +51,55 @@ fn is_skipping_name(name: &str) -> bool {
     name == "skip" || name.ends_with("_or_skip")
 }
 
+/// Finds a call to a function (or method) whose name `call` (or `method`) accepts.
+struct Calls {
+    call: fn(&str) -> bool,
+    method: fn(&str) -> bool,
+    found: bool,
+}
+
+impl<'ast> Visit<'ast> for Calls {
+    fn visit_expr_call(&mut self, call: &'ast syn::ExprCall) {
+        if let syn::Expr::Path(p) = &*call.func {
+            if p.path
+                .segments
+                .last()
+                .is_some_and(|s| (self.call)(&s.ident.to_string()))
+            {
+                self.found = true;
+            }
+        }
+        syn::visit::visit_expr_call(self, call);
+    }
+
+    fn visit_expr_method_call(&mut self, call: &'ast syn::ExprMethodCall) {
+        if (self.method)(&call.method.to_string()) {
+            self.found = true;
+        }
+        syn::visit::visit_expr_method_call(self, call);
+    }
+}
+
 /// Whether `expr` calls a function that may skip (methods too, but not `Iterator::skip`).
 fn calls_skip(expr: &syn::Expr) -> bool {
-    struct Finder(bool);
-    impl<'ast> Visit<'ast> for Finder {
-        fn visit_expr_call(&mut self, call: &'ast syn::ExprCall) {
-            if let syn::Expr::Path(p) = &*call.func {
-                if p.path
-                    .segments
-                    .last()
-                    .is_some_and(|s| is_skipping_name(&s.ident.to_string()))
-                {
-                    self.0 = true;
-                }
-            }
-            syn::visit::visit_expr_call(self, call);
-        }
-        fn visit_expr_method_call(&mut self, call: &'ast syn::ExprMethodCall) {
-            if call.method.to_string().ends_with("_or_skip") {
-                self.0 = true;
-            }
-            syn::visit::visit_expr_method_call(self, call);
-        }
-    }
-    let mut finder = Finder(false);
-    finder.visit_expr(expr);
-    finder.0
+    let mut calls = Calls {
+        call: is_skipping_name,
+        method: |m| m.ends_with("_or_skip"),
+        found: false,
+    };
+    calls.visit_expr(expr);
+    calls.found
 }
 
 /// Whether a function body calls `skip` (or `ok_or_skip`) itself.
 fn calls_skip_directly(block: &syn::Block) -> bool {
-    struct Finder(bool);
-    impl<'ast> Visit<'ast> for Finder {
-        fn visit_expr_call(&mut self, call: &'ast syn::ExprCall) {
-            if let syn::Expr::Path(p) = &*call.func {
-                if p.path
-                    .segments
-                    .last()
-                    .is_some_and(|s| s.ident == "skip" || s.ident == "ok_or_skip")
-                {
-                    self.0 = true;
-                }
-            }
-            syn::visit::visit_expr_call(self, call);
-        }
-    }
-    let mut finder = Finder(false);
-    finder.visit_block(block);
-    finder.0
+    let mut calls = Calls {
+        call: |f| f == "skip" || f == "ok_or_skip",
+        method: |_| false,
+        found: false,
+    };
+    calls.visit_block(block);
+    calls.found
 }
 
 /// The `return`s of one test function that no skip guards. Closures, async blocks and nested

@@ -258,26 +258,16 @@ fn me() -> std::io::Result<Writer> {
     })
 }
 
-/// `SO_NETNS_COOKIE` (Linux 5.14), the generic value that these architectures use; the libc
-/// crate does not export it.
-#[cfg(any(
-    target_arch = "x86_64",
-    target_arch = "x86",
-    target_arch = "aarch64",
-    target_arch = "arm",
-    target_arch = "riscv64"
-))]
-const SO_NETNS_COOKIE: libc::c_int = 71;
+/// `SO_NETNS_COOKIE` (Linux 5.14), which the libc crate does not export: 71 as in
+/// asm-generic, which all but sparc follow.
+const SO_NETNS_COOKIE: libc::c_int = if cfg!(any(target_arch = "sparc", target_arch = "sparc64")) {
+    0x50
+} else {
+    71
+};
 
 /// The cookie of this process's network namespace: a number the kernel never gives another
 /// namespace while it runs (the inode number it does reuse). `None` before Linux 5.14.
-#[cfg(any(
-    target_arch = "x86_64",
-    target_arch = "x86",
-    target_arch = "aarch64",
-    target_arch = "arm",
-    target_arch = "riscv64"
-))]
 #[allow(unsafe_code)]
 fn netns_cookie() -> Option<u64> {
     use std::os::fd::AsRawFd;
@@ -297,17 +287,6 @@ fn netns_cookie() -> Option<u64> {
         )
     };
     (rc == 0 && len as usize == std::mem::size_of::<u64>()).then_some(cookie)
-}
-
-#[cfg(not(any(
-    target_arch = "x86_64",
-    target_arch = "x86",
-    target_arch = "aarch64",
-    target_arch = "arm",
-    target_arch = "riscv64"
-)))]
-fn netns_cookie() -> Option<u64> {
-    None
 }
 
 /// Whether the process that wrote a record still runs: the same pid with the same start time

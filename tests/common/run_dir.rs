@@ -1,15 +1,13 @@
 //! The daemons' run directory, `/run/tunnelgate`, as the suites leave it: holding nothing of
 //! theirs. A daemon removes its status socket and forwarding record when it stops; one killed
-//! with -9 cannot, so the guards do: [`Tunnelgate`]'s drop removes its status socket,
-//! [`Netns`]'s drop the sockets of the interfaces this process made in it (whatever started
+//! with -9 cannot, so the guards do: `Tunnelgate`'s drop removes its status socket,
+//! `Netns`'s drop the sockets of the interfaces this process made in it (whatever started
 //! their daemons, also while a test panics) and every forwarding record written in it (whose
 //! sysctls die with it), and the sweep what a killed test process left.
 
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-
-use super::*;
 
 /// Where the daemons the harness starts keep their status sockets and forwarding records (the
 /// harness does not set `TUNNELGATE_RUN_DIR`).

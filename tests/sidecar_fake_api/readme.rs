@@ -190,21 +190,6 @@ fn readme_kubectl_commands_are_all_accounted_for() {
     }
 }
 
-/// Whether kubectl can be run: without it the test skips ([`common::skip`]: a failure under
-/// `CI=true`).
-pub(crate) fn kubectl_or_skip() -> bool {
-    let found = Command::new("kubectl")
-        .args(["version", "--client"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !found {
-        common::skip(
-            "kubectl is not installed (apt-get install --no-install-recommends kubernetes-client)",
-        );
-    }
-    found
-}
-
 /// Runs README commands with `sh` in a copy of the repository's `containers/` (so `apply -k
 /// containers/k8s` works as shown), with the fake's kubeconfig, a `HOME` of its own and nothing
 /// else of the environment: a real cluster's config is never read. `kubectl` on the PATH is a

@@ -32,23 +32,9 @@ mod manifests;
 mod schemas;
 mod single_service;
 
+use common::kubectl_or_skip;
 use group::*;
 use images::IMAGE_NAME;
 use manifests::*;
 use schemas::validator_or_skip;
 use single_service::*;
-
-/// Whether kubectl runs (Debian's kubernetes-client: scripts/test.sh installs it); the test
-/// [`common::skip`]s without it.
-pub(crate) fn kubectl_or_skip() -> bool {
-    let found = Command::new("kubectl")
-        .args(["version", "--client"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !found {
-        common::skip(
-            "kubectl is not installed (apt-get install --no-install-recommends kubernetes-client)",
-        );
-    }
-    found
-}
