@@ -113,6 +113,13 @@ nsx $X "$BIN" status --interface tgdemo0 | sed 's/^/    /'
 
 echo "==> iperf3: peer -> 100.64.0.1:5201 (through the tunnel and the ingress DNAT), 5 s"
 nsx $P iperf3 -c 100.64.0.1 -t 5 -f g | grep -E 'sender|receiver' | sed 's/^/    /'
-echo "    (the limit here is the peer, Debian's wireguard-go, without offloads: about 0.3 Gbit/s"
-echo "    with wireguard-go at both ends. tunnelgate at both ends carries about 6 Gbit/s on a"
-echo "    2-vCPU VM; to measure both: sudo benches/iperf/run.sh)"
+# The README's figure, from the same run file its Performance table cites.
+RUN_FILE=benches/iperf/results/2026-11-29-final-c415529.json
+BOTH_ENDS="$(python3 -c 'import json, statistics, sys
+runs = json.load(open(sys.argv[1]))["setups"]["tunnelgate"]["runs"]
+print("%.2f" % (statistics.median(r["bps"] for r in runs if r["test"] == "tcp1") / 1e9))' "$RUN_FILE")"
+echo "    That is one TCP stream from Debian's wireguard-go (no offloads) to tunnelgate, with both"
+echo "    ends and iperf3 on this machine's CPUs: the wireguard-go end bounds it (about 0.3 Gbit/s"
+echo "    with wireguard-go at both ends). With tunnelgate at both ends, one stream carried"
+echo "    $BOTH_ENDS Gbit/s on a 2-vCPU VM ($RUN_FILE);"
+echo "    to measure this machine: sudo benches/iperf/run.sh"

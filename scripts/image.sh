@@ -11,8 +11,10 @@
 #    and imported with `podman import` as localhost/tunnelgate-base:bookworm. It stands in for
 #    debian:bookworm-slim, containers/Containerfile's BASE.
 # 2. Default: the binaries from `cargo build --release --locked --features sidecar --bins` on
-#    the host (the profile scripts/test.sh's scale step builds, so CI compiles nothing twice;
-#    TUNNELGATE_IMAGE_SKIP_CARGO=1 takes target/release as it is), stripped as the
+#    the host (TUNNELGATE_IMAGE_SKIP_CARGO=1 takes target/release as it is: scripts/test.sh
+#    passes it, with the binaries its scale step's `cargo test --release` linked, which this
+#    build would otherwise compile again, since a test build turns on the dev-dependencies'
+#    features and so shares no artifact of the crates that use them), stripped as the
 #    Containerfile's compile stage strips them. They reach the build as the build context named
 #    `build`, which takes the place of the Containerfile's stage of that name: podman 4.3 and
 #    Docker's BuildKit then skip that stage (containers/Containerfile says why the stage name is

@@ -90,6 +90,20 @@ fi
 run() { "${AS_ROOT[@]}" "$@"; }
 
 UNITS=(tunnelgate.service tunnelgate@.service)
+# The README as installed: of the pages it links, only router.md (beside it) and config/ are
+# installed, so a note under its title says where the rest is, and its router.md link is local.
+render_readme() {
+    sed -n '1p' README.md
+    cat <<'NOTE'
+
+> This copy was installed with tunnelgate. Beside it are `router.md` (a subnet router or exit
+> node, with or without systemd) and the example configurations in `config/`; every command
+> has a manual page (`man 8 tunnelgate`, `man 8 tunnelgate-run`, ...). The other pages this
+> README links (`docs/`, `containers/`, `benches/`, `CHANGELOG.md`) are in the source
+> repository tunnelgate was built from.
+NOTE
+    sed -e '1d' -e 's|](docs/router\.md)|](router.md)|g' README.md
+}
 # A unit as installed: the repository's names /usr/local/bin and /etc, moved to BINDIR and
 # SYSCONFDIR when they differ.
 render_unit() { # render_unit NAME
@@ -216,7 +230,8 @@ for unit in "${UNITS[@]}"; do
     run install -m 0644 "$units_tmp/$unit" "$DESTDIR$UNITDIR/$unit"
 done
 
-run install -m 0644 README.md "$DESTDIR$DOCDIR/README.md"
+render_readme >"$units_tmp/README.md"
+run install -m 0644 "$units_tmp/README.md" "$DESTDIR$DOCDIR/README.md"
 run install -m 0644 docs/router.md "$DESTDIR$DOCDIR/router.md"
 run install -m 0644 config/*.toml "$DESTDIR$DOCDIR/config/"
 

@@ -47,15 +47,30 @@ install_missing dpkg-dev python3 sudo lintian || echo "warning: the package and 
 if ! command -v kubectl >/dev/null 2>&1; then
     install_missing kubernetes-client || echo "warning: the kubectl checks need kubectl" >&2
 fi
-# The manifest suite validates containers/k8s against the real Kubernetes schemas, offline.
-if ! command -v kubernetes-validate >/dev/null 2>&1; then
-    python3 -m pip install -q kubernetes-validate || echo "warning: the manifest schema check needs kubernetes-validate" >&2
-fi
+# The manifest suite validates containers/k8s against the real Kubernetes schemas, offline, with
+# kubernetes-validate in a Python virtual environment of its own in /var/tmp (Debian 12's pip
+# refuses the system's Python: PEP 668). Without it those tests skip, and under CI=true fail.
+install_missing python3-venv || echo "warning: the manifest schema tests need python3-venv" >&2
+scripts/kubernetes-validate.sh >/dev/null ||
+    echo "warning: no kubernetes-validate (scripts/kubernetes-validate.sh): the manifest schema tests will fail under CI=true, and skip otherwise" >&2
 for c in rustfmt clippy; do
     if ! cargo "${c/rustfmt/fmt}" --version >/dev/null 2>&1 && command -v rustup >/dev/null; then
         as_toolchain_owner rustup component add "$c"
     fi
 done
+
+# --- disk ----------------------------------------------------------------------------------------
+# A first run needs about 25 GB (docs/testing.md, "What it leaves behind, and the disk it needs"),
+# most of it build output in target/ and fuzz/target/; a later run reuses nearly all of it. Said
+# before the builds start, and again in the summary.
+need_gb=25
+[[ -d target/debug ]] && need_gb=5
+avail_gb=$(($(df -Pk . | awk 'NR == 2 {print $4}') / 1024 / 1024))
+disk_note=""
+if ((avail_gb < need_gb)); then
+    disk_note="warning: ${avail_gb} GB free for this checkout; a first run of the suite needs about 25 GB, a later one about 5 (docs/testing.md)"
+    echo "$disk_note" >&2
+fi
 
 # --- steps ---------------------------------------------------------------------------------------
 LOG_DIR="$(mktemp -d "${TMPDIR:-/tmp}/tunnelgate-test.XXXXXX")"
@@ -146,6 +161,23 @@ if is_root; then
 fi
 # The tests that run the image wait for it (below).
 IMAGE_TESTS=(statefulset_pod_from_the_image podman_save_keeps_the_fully_qualified_name)
+# What the daemons' run directory holds before the root suites: afterwards it holds nothing more
+# (a daemon killed by a test leaves its status socket and forwarding record; the harness
+# removes them, also when the test fails).
+RUN_DIR=/run/tunnelgate
+run_dir_before="$(ls -A "$RUN_DIR" 2>/dev/null | sort || true)"
+run_dir_left() { # what the suites added to the run directory, if anything
+    local now
+    now="$(ls -A "$RUN_DIR" 2>/dev/null | sort || true)"
+    local left
+    left="$(comm -13 <(printf '%s\n' "$run_dir_before") <(printf '%s\n' "$now") | sed '/^$/d')"
+    if [[ -n "$left" ]]; then
+        echo "the suites left in $RUN_DIR:"
+        printf '  %s\n' $left
+        return 1
+    fi
+    echo "$RUN_DIR holds nothing the suites made"
+}
 if is_root; then
     step "cargo test --ignored (netns suites)" "$LOG_DIR/netns.log" \
         cargo test --all-features --no-fail-fast -- --ignored --test-threads=1 \
@@ -168,12 +200,18 @@ if [[ -n "$image_pid" ]]; then
     step "image: containers/README.md's podman build (scripts/image.sh --documented)" \
         "$LOG_DIR/image.log" image_documented
     # The other way in: the host's release binaries as the build context `build` (the runtime
-    # stage's layers come from the build above), under a tag of its own.
+    # stage's layers come from the build above), under a tag of its own. The binaries are those
+    # the scale step linked, as the package's are: image.sh's own `cargo build --release`
+    # would build them again (a test build turns on the dev-dependencies' features, so the
+    # two builds share no artifact of the crates that use them), about 3 more minutes.
     step "image: host binaries (scripts/image.sh)" "$LOG_DIR/image-host.log" \
-        scripts/image.sh localhost/tunnelgate:host-binaries
+        env TUNNELGATE_IMAGE_SKIP_CARGO=1 scripts/image.sh localhost/tunnelgate:host-binaries
     step "pod test (the documented image)" "$LOG_DIR/pod.log" \
         cargo test --all-features --no-fail-fast --test sidecar_fake_api -- --ignored \
         --test-threads=1 "${IMAGE_TESTS[@]}"
+fi
+if is_root; then
+    step "nothing left in $RUN_DIR" "$LOG_DIR/run-dir.log" run_dir_left
 fi
 fuzz_build_rc=0
 wait "$fuzz_build_pid" || fuzz_build_rc=$?
@@ -209,6 +247,7 @@ if [[ -f "$LOG_DIR/pod.log" ]]; then
 fi
 echo
 printf '%s\n' "${RESULTS[@]}"
+[[ -z "$disk_note" ]] || echo "$disk_note"
 if ((failed)); then
     echo "FAILED"
     exit 1

@@ -3,6 +3,13 @@
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+// The one way a test skips a check (a failure under `CI=true`), shared with the integration
+// tests: tests/skips.rs holds both to it.
+#[allow(unreachable_pub, dead_code)]
+#[path = "../tests/common/skip.rs"]
+mod skip;
+pub(crate) use skip::skip;
+
 /// A fresh path under the system temp dir (not created: code under test may create it),
 /// removed with everything in it on drop.
 pub(crate) struct TempDir(pub(crate) PathBuf);

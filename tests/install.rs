@@ -126,6 +126,7 @@ fn install_sh_puts_binaries_link_units_and_a_private_config_dir_in_place() {
     let unit =
         std::fs::read_to_string(root.join("etc/systemd/system/tunnelgate.service")).expect("unit");
     assert!(unit.contains("file:/usr/share/doc/tunnelgate/README.md"));
+    installed_readme_links_lead_somewhere(&root.join("usr/share/doc/tunnelgate"));
 
     // A second run (an upgrade) keeps what the admin put into /etc/tunnelgate.
     std::fs::write(etc.join("private.key"), "kept\n").expect("a key");
@@ -533,13 +534,19 @@ fn man_refuses_a_missing_folder_an_existing_page_and_a_planted_link() {
     let out = man(&missing);
     assert_eq!(out.code, Some(1), "{out:?}");
     assert!(
-        out.stderr.contains(&missing.display().to_string()),
-        "{out:?}"
+        out.stderr.contains(&format!(
+            "{0} does not exist: give a folder that exists (mkdir -p {0} makes one)",
+            missing.display()
+        )),
+        "says so, and how to make it: {out:?}"
     );
+    assert!(!missing.exists(), "made no folder");
 
     let file = tmp.path().join("a-file");
     std::fs::write(&file, "x").expect("a file");
-    assert_eq!(man(&file).code, Some(1));
+    let out = man(&file);
+    assert_eq!(out.code, Some(1));
+    assert!(out.stderr.contains("is not a folder"), "{out:?}");
 
     let dir = tmp.path().join("pages");
     std::fs::create_dir(&dir).expect("pages");
@@ -563,4 +570,43 @@ fn man_refuses_a_missing_folder_an_existing_page_and_a_planted_link() {
         Some(1),
         "a second run finds its pages there"
     );
+}
+
+/// The README installed into `doc_dir` says at its top what is installed beside it and where
+/// the rest is, and each of its relative links either resolves there or leads into one of the
+/// folders and files of the source repository that the note names.
+fn installed_readme_links_lead_somewhere(doc_dir: &Path) {
+    let text = std::fs::read_to_string(doc_dir.join("README.md")).expect("installed README");
+    let note_at = text.find("> This copy was installed with tunnelgate.");
+    assert!(
+        note_at.is_some_and(|at| at < 40),
+        "the note under the title: {}",
+        &text[..text.len().min(400)]
+    );
+    assert!(
+        text.contains("man 8 tunnelgate"),
+        "points at the manual pages"
+    );
+    let elsewhere = ["docs/", "containers/", "benches/", "CHANGELOG.md"];
+    for name in elsewhere {
+        assert!(text.contains(&format!("`{name}`")), "the note names {name}");
+    }
+    let mut links = 0;
+    for (at, _) in text.match_indices("](") {
+        let target: String = text[at + 2..]
+            .chars()
+            .take_while(|c| *c != ')' && *c != '#')
+            .collect();
+        if target.is_empty() || target.contains("://") {
+            continue;
+        }
+        links += 1;
+        assert!(
+            doc_dir.join(&target).exists()
+                || elsewhere.iter().any(|e| target.starts_with(e)) && repo(&target).exists(),
+            "the installed README links {target}, which is neither installed nor in the note"
+        );
+    }
+    assert!(links > 10, "{links} relative links");
+    assert!(text.contains("](router.md)"), "router.md, beside it");
 }

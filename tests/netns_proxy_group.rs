@@ -71,6 +71,20 @@ struct Pod {
     _dir: TempDir,
 }
 
+impl Drop for Pod {
+    /// The replica stops as a pod's container would, and what a replica killed by the test
+    /// could not remove goes: its UAPI and status sockets (its forwarding record goes with its
+    /// namespace, [`Netns`]'s drop).
+    fn drop(&mut self) {
+        self.daemon.signal(nix::sys::signal::Signal::SIGTERM);
+        if self.daemon.wait_timeout(Duration::from_secs(5)).is_none() {
+            let _ = self.daemon.kill9();
+        }
+        let _ = std::fs::remove_file(wg_socket(&self.iface));
+        let _ = std::fs::remove_file(status_socket(&self.iface));
+    }
+}
+
 fn start_replica(node: &Netns, ordinal: u32, peer: &WgGo) -> Pod {
     let ns = Netns::new();
     ns.exec(&["ip", "link", "set", "lo", "up"]);

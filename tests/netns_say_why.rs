@@ -1,7 +1,9 @@
-//! Issue 27, "say why": a user who may not open the daemon's sockets is told so (and `status`
-//! exits 1, never "no daemon is running" with 0), and a daemon killed with -9 that its parent
-//! has not reaped yet (a zombie) is dead to the next start, which then puts the forwarding
-//! sysctl it left on back when it stops.
+//! "Say why": a user who may not open the daemon's sockets is told so (and `status` exits 1,
+//! never "no daemon is running" with 0); a daemon killed with -9 that its parent has not reaped
+//! yet (a zombie) is dead to the next start, which says so and puts the forwarding sysctl it
+//! left on back when it stops; and a forwarding record of a namespace that ended, found by a
+//! new namespace with the same inode number, is ignored, removed and said so, so the admin's
+//! forwarding stays on.
 //!
 //! Run as root: `cargo test --all-features --test netns_say_why -- --ignored --test-threads=1`.
 
@@ -160,5 +162,60 @@ fn a_zombie_daemon_is_dead_to_the_next_start() {
         "the last daemon put back what the dead one changed; stderr:\n{}",
         next.stderr()
     );
+    assert!(
+        next.stderr()
+            .contains("A forwarding record's daemon is gone"),
+        "says why it takes the dead one's record over:\n{}",
+        next.stderr()
+    );
     drop(zombie);
+}
+
+/// A namespace ends with a daemon's forwarding record left behind (`ipv4=needed,changed`: it
+/// was killed), and the kernel gives its inode number to a new namespace, where an admin turns
+/// forwarding on and then runs tunnelgate for the same interface. Taken as this namespace's,
+/// the record would make the daemon's stop turn the admin's forwarding off. Its namespace
+/// cookie is not this namespace's: the daemon ignores it, removes it and says so.
+#[test]
+#[ignore = "needs root and network namespaces"]
+fn a_record_of_a_namespace_that_ended_is_ignored_and_said_so() {
+    require_root();
+    let ns = Netns::new();
+    ns.sysctl("net.ipv4.ip_forward", "1");
+    let name = th_name();
+    let record = forwarding_record(&name);
+    let inode = ns.exec(&["readlink", "/proc/self/ns/net"]);
+    let mut gone = std::process::Command::new("true").spawn().expect("true");
+    let pid = gone.id();
+    gone.wait().expect("reap");
+    std::fs::create_dir_all(RUN_DIR).expect("run dir");
+    std::fs::write(
+        &record,
+        format!(
+            "pid={pid}\nstart=1\nnetns={}\nnetns_cookie={}\nipv4=needed,changed\nipv6=\n",
+            inode.trim(),
+            u64::MAX
+        ),
+    )
+    .expect("plant the record");
+
+    let mut cfg = TgConfig::new(0, &["100.64.95.1/32"]);
+    cfg.name = name;
+    cfg.extra = "[[ingress]]\ntarget = \"10.96.95.10\"\nports = [\"80\"]\n".into();
+    let mut tg = Tunnelgate::start(&ns, cfg);
+    let status = tg.sigterm();
+    assert!(status.success(), "{status:?}\n{}", tg.stderr());
+    assert_eq!(
+        ns.sysctl_get("net.ipv4.ip_forward"),
+        "1",
+        "the admin's forwarding stays on; stderr:\n{}",
+        tg.stderr()
+    );
+    assert!(
+        tg.stderr()
+            .contains("Ignoring and removing a forwarding record whose network namespace is gone"),
+        "says why:\n{}",
+        tg.stderr()
+    );
+    assert!(!record.exists(), "{} is left", record.display());
 }

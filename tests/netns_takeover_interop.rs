@@ -29,7 +29,7 @@ const MAX_SILENCE_AFTER_READY: f64 = 1.0;
 /// keeps sending), then the restart.
 fn restart_against(imp: WgImpl) {
     require_root();
-    if !imp.available() {
+    if !imp.available_or_skip() {
         return;
     }
     let (a, b, _) = lan_pair(A_LAN4, A_LAN6, B_LAN4, B_LAN6);

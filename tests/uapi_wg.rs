@@ -1,6 +1,8 @@
 //! End-to-end tests of the UAPI socket: the real `wg(8)` against a fake in-memory device
 //! (root, ignored by default), and raw protocol over a tokio `UnixStream` (no root).
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -153,23 +155,15 @@ async fn wg_ok(args: &[&str]) -> String {
     stdout
 }
 
-fn why_not_runnable() -> Option<String> {
-    if !Path::new(WG).exists() {
-        return Some(format!("{WG} is not installed (wireguard-tools)"));
-    }
-    // /proc/self belongs to the effective user.
-    let euid = std::fs::metadata("/proc/self").map(|m| std::os::unix::fs::MetadataExt::uid(&m));
-    if euid.ok() != Some(0) {
-        return Some("needs root to use /var/run/wireguard".into());
-    }
-    None
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs root and wg"]
 async fn real_wg_show_showconf_and_set() {
-    if let Some(why) = why_not_runnable() {
-        eprintln!("skipping real_wg_show_showconf_and_set: {why}");
+    // Root, to use /var/run/wireguard.
+    common::require_root();
+    if !Path::new(WG).exists() {
+        common::skip(format!(
+            "{WG} is not installed (apt-get install --no-install-recommends wireguard-tools)"
+        ));
         return;
     }
     let name = format!("tgu{}", std::process::id());

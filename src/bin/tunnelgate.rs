@@ -599,9 +599,23 @@ fn help(command: &[String]) -> ExitCode {
     }
 }
 
-/// `tunnelgate man DIR`: the manual pages, from this command line's own definition.
+/// `tunnelgate man DIR`: the manual pages, from this command line's own definition. DIR must be
+/// a folder already: a missing one is said so, with the command that makes it (the pages are
+/// written by root into staging folders, so this makes no folder on its own).
 fn man(dir: &std::path::Path) -> ExitCode {
     use clap::CommandFactory;
+    if !dir.is_dir() {
+        let why = if dir.exists() {
+            "is not a folder"
+        } else {
+            "does not exist"
+        };
+        eprintln!(
+            "tunnelgate man: {} {why}: give a folder that exists (mkdir -p {0} makes one)",
+            dir.display()
+        );
+        return ExitCode::from(1);
+    }
     let written = tunnelgate::cli::man_pages(Cli::command()).and_then(|pages| {
         pages
             .into_iter()

@@ -1,10 +1,12 @@
 //! The forwarding sysctls and the records that let several tunnelgates share them: one file per
 //! interface, `<run dir>/<iface>.forwarding` (the run dir is `/var/run/tunnelgate`, or
 //! `$TUNNELGATE_RUN_DIR`), written atomically (temporary file + rename), read and changed only
-//! under an exclusive lock on `<run dir>/forwarding.lock`, so a start and a stop never
-//! interleave. Reads, writes and liveness checks only: [`crate::core::forwarding`] decides.
+//! under an exclusive lock on the run directory itself (`flock` of the directory: no lock file
+//! is left behind), so a start and a stop never interleave. A record whose writer or network
+//! namespace is gone is said so in the log when it is read; one whose namespace is gone is
+//! removed. Reads, writes and liveness checks only: [`crate::core::forwarding`] decides.
 
-use crate::core::forwarding::{self, ForwardingRecord, OtherRecord, Writer};
+use crate::core::forwarding::{self, ForwardingRecord, OtherRecord, Standing, Writer};
 use crate::rules::Family;
 use crate::telemetry::status::DEFAULT_RUN_DIR;
 use std::collections::{BTreeMap, BTreeSet};
@@ -53,7 +55,17 @@ impl SharedForwarding {
         }
         match me() {
             Ok(me) => {
-                let previous = self.read_other(&self.interface);
+                // Every record is read once at start, so one of a namespace that is gone
+                // does not wait for the next stop to be found.
+                let others: Vec<String> = self
+                    .interfaces()
+                    .into_iter()
+                    .filter(|name| *name != self.interface)
+                    .collect();
+                for name in others {
+                    let _ = self.read_other(&me, &name);
+                }
+                let previous = self.read_other(&me, &self.interface);
                 let record = forwarding::on_enable(&me, previous.as_ref(), families, &changed);
                 self.write(&self.interface, &record);
                 self.written = Some(record);
@@ -75,10 +87,7 @@ impl SharedForwarding {
     /// this namespace needs, and updates the records ([`forwarding::on_release`] decides).
     pub fn release(&mut self, families: &BTreeSet<Family>) {
         let lock = self.lock();
-        let own = self
-            .read_other(&self.interface)
-            .map(|o| o.record)
-            .or_else(|| self.written.clone());
+        let own = self.read_own().or_else(|| self.written.clone());
         let Some(own) = own else {
             return;
         };
@@ -86,7 +95,7 @@ impl SharedForwarding {
             .interfaces()
             .into_iter()
             .filter(|name| *name != self.interface)
-            .filter_map(|name| self.read_other(&name))
+            .filter_map(|name| self.read_other(&own.writer, &name))
             .collect();
         let plan = forwarding::on_release(&own, families, &others);
         for family in &plan.restore {
@@ -126,18 +135,14 @@ impl SharedForwarding {
         self.dir.join(format!("{interface}{SUFFIX}"))
     }
 
-    /// The exclusive lock, held until the value is dropped; `None` (logged) when the run
-    /// directory cannot be used: the records then cannot be shared either.
+    /// The exclusive lock on the run directory, held until the value is dropped; `None`
+    /// (logged) when the run directory cannot be used: the records then cannot be shared either.
     fn lock(&self) -> Option<File> {
         let open = || -> std::io::Result<File> {
             std::fs::create_dir_all(&self.dir)?;
-            let file = File::options()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .open(self.dir.join("forwarding.lock"))?;
-            file.lock()?;
-            Ok(file)
+            let dir = File::open(&self.dir)?;
+            dir.lock()?;
+            Ok(dir)
         };
         open()
             .inspect_err(|e| {
@@ -164,22 +169,57 @@ impl SharedForwarding {
         names
     }
 
-    /// The record of `interface` and whether its writer still runs; `None` when there is none
-    /// (or it cannot be read: logged, and left alone).
-    fn read_other(&self, interface: &str) -> Option<OtherRecord> {
+    /// This daemon's own record as last written, read back as it stands.
+    fn read_own(&self) -> Option<ForwardingRecord> {
+        let text = std::fs::read_to_string(self.path(&self.interface)).ok()?;
+        forwarding::parse(&text).ok()
+    }
+
+    /// The record of `interface` and whether its writer still runs, as `me` takes it
+    /// ([`forwarding::standing`]); `None` when there is none, when it cannot be read (logged,
+    /// and left alone), or when its network namespace is gone (logged, and removed).
+    fn read_other(&self, me: &Writer, interface: &str) -> Option<OtherRecord> {
         let path = self.path(interface);
         let text = std::fs::read_to_string(&path).ok()?;
-        match forwarding::parse(&text) {
-            Ok(record) => Some(OtherRecord {
-                interface: interface.to_string(),
-                alive: is_alive(&record.writer),
-                record,
-            }),
+        let record = match forwarding::parse(&text) {
+            Ok(record) => record,
             Err(e) => {
                 tracing::warn!(path = %path.display(), error = %e, "Ignoring an unreadable forwarding record");
-                None
+                return None;
+            }
+        };
+        let alive = is_alive(&record.writer);
+        let w = &record.writer;
+        match forwarding::standing(me, &record, alive) {
+            Standing::Live => {}
+            Standing::WriterGone => {
+                if w.same_namespace(me) {
+                    tracing::info!(
+                        path = %path.display(),
+                        pid = w.pid,
+                        "A forwarding record's daemon is gone (killed, or not yet reaped): its \
+                         needs no longer count, and what it turned on is put back once no running \
+                         daemon needs it"
+                    );
+                }
+            }
+            Standing::NamespaceGone => {
+                tracing::info!(
+                    path = %path.display(),
+                    pid = w.pid,
+                    netns = %w.netns,
+                    "Ignoring and removing a forwarding record whose network namespace is gone \
+                     (its inode number now names another namespace); its sysctls went with it"
+                );
+                self.remove(interface);
+                return None;
             }
         }
+        Some(OtherRecord {
+            interface: interface.to_string(),
+            alive,
+            record,
+        })
     }
 
     fn write(&self, interface: &str, record: &ForwardingRecord) {
@@ -214,7 +254,39 @@ fn me() -> std::io::Result<Writer> {
         netns: std::fs::read_link("/proc/self/ns/net")?
             .to_string_lossy()
             .into_owned(),
+        netns_cookie: netns_cookie(),
     })
+}
+
+/// `SO_NETNS_COOKIE` (Linux 5.14), which the libc crate does not export: 71 as in
+/// asm-generic, which all but sparc follow.
+const SO_NETNS_COOKIE: libc::c_int = if cfg!(any(target_arch = "sparc", target_arch = "sparc64")) {
+    0x50
+} else {
+    71
+};
+
+/// The cookie of this process's network namespace: a number the kernel never gives another
+/// namespace while it runs (the inode number it does reuse). `None` before Linux 5.14.
+#[allow(unsafe_code)]
+fn netns_cookie() -> Option<u64> {
+    use std::os::fd::AsRawFd;
+    // Any socket carries its namespace; an unbound Unix one needs no address or network.
+    let socket = std::os::unix::net::UnixDatagram::unbound().ok()?;
+    let mut cookie: u64 = 0;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    // SAFETY: the socket is open for the whole call; `cookie` and `len` are live locals, and
+    // `len` says how many bytes `cookie` holds, which the kernel writes at most.
+    let rc = unsafe {
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_NETNS_COOKIE,
+            std::ptr::addr_of_mut!(cookie).cast(),
+            &mut len,
+        )
+    };
+    (rc == 0 && len as usize == std::mem::size_of::<u64>()).then_some(cookie)
 }
 
 /// Whether the process that wrote a record still runs: the same pid with the same start time
@@ -283,15 +355,20 @@ mod tests {
 
     #[test]
     fn this_process_is_alive_and_a_changed_start_time_is_not() {
-        let Ok(me) = me() else {
-            return; // no /proc here
-        };
+        let me = me().expect("this process in /proc");
         assert!(is_alive(&me));
         let reused = Writer {
             start_ticks: me.start_ticks + 1,
             ..me
         };
         assert!(!is_alive(&reused));
+    }
+
+    /// The cookie is read, and names this namespace: the same on a second read.
+    #[test]
+    fn this_namespace_has_a_cookie() {
+        let cookie = netns_cookie().expect("SO_NETNS_COOKIE (Linux 5.14)");
+        assert_eq!(netns_cookie(), Some(cookie));
     }
 
     #[test]
@@ -305,17 +382,17 @@ mod tests {
     /// `/proc` entry (same pid, same start time) stays, but it is dead.
     #[test]
     fn an_unreaped_child_that_exited_is_dead() {
-        let Ok(mut child) = std::process::Command::new("sleep").arg("30").spawn() else {
-            return; // no `sleep` here
-        };
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("sleep");
         let pid = child.id();
-        let Ok(start) = start_ticks(pid) else {
-            return; // no /proc here
-        };
+        let start = start_ticks(pid).expect("the child in /proc");
         let writer = Writer {
             pid,
             start_ticks: start,
             netns: String::new(),
+            netns_cookie: None,
         };
         assert!(is_alive(&writer), "a running child is alive");
         // Killed with -9 and not reaped: wait until the kernel shows it as a zombie.

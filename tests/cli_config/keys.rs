@@ -70,7 +70,10 @@ fn genkey_and_pubkey_work_like_wg() {
             common::output_of(wg, Some(&wg_key)).stdout.trim()
         );
     } else {
-        eprintln!("wg is not installed: skipping the comparison with `wg pubkey`");
+        common::skip(
+            "wg is not installed, so tunnelgate's keys are not compared with `wg pubkey` \
+             (apt-get install --no-install-recommends wireguard-tools)",
+        );
     }
 }
 

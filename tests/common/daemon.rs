@@ -299,6 +299,9 @@ impl Drop for Tunnelgate {
     fn drop(&mut self) {
         self.proc.stop_quietly(Duration::from_secs(5));
         let _ = fs::remove_file(wg_socket(&self.cfg.name));
+        // What a daemon killed with -9 could not remove (its forwarding record goes with its
+        // namespace: a later daemon of the namespace may still need it).
+        let _ = fs::remove_file(status_socket(&self.cfg.name));
         // Every suite runs the daemon under the packet threads' seccomp filter: a call missing
         // from its list kills the daemon with SIGSYS, maybe only on the way out, where the
         // test itself may not look. That must fail the test.

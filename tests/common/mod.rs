@@ -31,6 +31,8 @@ mod netns;
 mod notify;
 mod pings;
 mod process;
+mod run_dir;
+mod skip;
 mod status;
 mod traffic;
 mod wg;
@@ -39,5 +41,5 @@ mod wg;
 #[allow(unused_imports)]
 pub use self::{
     daemon::*, dns::*, firewall::*, middlebox::*, names::*, netns::*, notify::*, pings::*,
-    process::*, status::*, traffic::*, wg::*,
+    process::*, run_dir::*, skip::*, status::*, traffic::*, wg::*,
 };

@@ -55,11 +55,17 @@ fn owner_pid(name: &str) -> Option<u32> {
     pid.parse().ok()
 }
 
+/// Whether this test process generated `name` ([`unique_name`]).
+pub(super) fn made_here(name: &str) -> bool {
+    owner_pid(name) == Some(std::process::id())
+}
+
 fn pid_alive(pid: u32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
 }
 
-/// Deletes namespaces and UAPI sockets that an earlier, killed harness run left behind.
+/// Deletes namespaces, UAPI sockets, status sockets and forwarding records that an earlier,
+/// killed harness run left behind.
 pub(super) fn sweep_stale() {
     SWEEP.call_once(|| {
         let stale = |name: &str| owner_pid(name).is_some_and(|p| p > 1 && !pid_alive(p));
@@ -80,6 +86,7 @@ pub(super) fn sweep_stale() {
                 }
             }
         }
+        sweep_run_dir(stale);
     });
 }
 

@@ -243,8 +243,25 @@ impl Default for Netns {
 
 impl Drop for Netns {
     fn drop(&mut self) {
+        // The interfaces this process made here, while their daemons still hold them: a daemon
+        // killed below (also while a test panics) cannot remove its sockets.
+        let interfaces: Vec<String> = try_run(&["ip", "-n", &self.name, "-o", "link", "show"])
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.split(':').nth(1))
+            .map(|n| n.trim().split('@').next().unwrap_or_default().to_string())
+            .filter(|n| made_here(n))
+            .collect();
         kill_ns_processes(&self.name);
         let _ = fs::remove_dir_all(Path::new("/etc/netns").join(&self.name));
+        for name in &interfaces {
+            let _ = fs::remove_file(status_socket(name));
+            let _ = fs::remove_file(wg_socket(name));
+        }
+        // A daemon killed in it left its forwarding record: the namespace's sysctls end here.
+        if let Some(id) = netns_id(&self.name) {
+            remove_records_of(&id);
+        }
         if let Err(e) = try_run(&["ip", "netns", "del", &self.name]) {
             eprintln!("harness: {e}");
         }

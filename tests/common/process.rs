@@ -312,3 +312,18 @@ pub fn cpu_ticks(pid: u32) -> Option<u64> {
     // rest starts at field 3 (state); utime is field 14, stime 15.
     Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
 }
+
+/// Whether kubectl runs (Debian's kubernetes-client: scripts/test.sh installs it); without it
+/// the test [`skip`]s (a failure under `CI=true`).
+pub fn kubectl_or_skip() -> bool {
+    let found = Command::new("kubectl")
+        .args(["version", "--client"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !found {
+        skip(
+            "kubectl is not installed (apt-get install --no-install-recommends kubernetes-client)",
+        );
+    }
+    found
+}

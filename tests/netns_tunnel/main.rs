@@ -16,7 +16,6 @@ use nix::unistd::Pid;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, UdpSocket};
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
 use std::time::Duration;
 use tunnelgate::shell::clock;
 
@@ -38,9 +37,6 @@ const C_TUN4: &str = "100.64.0.3";
 /// The listen ports used in these tests.
 const TG_PORT: u16 = 51820;
 const WG_PORT: u16 = 51821;
-
-/// Where the status socket lives (the harness does not set TUNNELGATE_RUN_DIR).
-const STATUS_DIR: &str = "/var/run/tunnelgate";
 
 const SHORT: Duration = Duration::from_secs(10);
 

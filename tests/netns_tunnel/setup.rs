@@ -72,10 +72,6 @@ pub(crate) fn dropped(tg: &Tunnelgate, reason: &str) -> u64 {
         .unwrap_or_else(|| panic!("no series of {labels} in /metrics:\n{body}"))
 }
 
-pub(crate) fn status_socket(iface: &str) -> PathBuf {
-    PathBuf::from(STATUS_DIR).join(format!("{iface}.sock"))
-}
-
 /// `ip rule` and `ip -6 rule` of a namespace.
 pub(crate) fn ip_rules(ns: &Netns) -> (String, String) {
     (

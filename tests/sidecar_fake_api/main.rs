@@ -73,6 +73,7 @@ mod readme_commands;
 mod sidecar;
 mod single_service;
 
+use common::kubectl_or_skip;
 use fake_api::*;
 use fake_objects::*;
 use group::*;

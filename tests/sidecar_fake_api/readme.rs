@@ -190,22 +190,6 @@ fn readme_kubectl_commands_are_all_accounted_for() {
     }
 }
 
-/// Whether kubectl can be run: without it the test is skipped with a note, except in CI.
-pub(crate) fn kubectl_present() -> bool {
-    let found = Command::new("kubectl")
-        .args(["version", "--client"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !found {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "kubectl is not installed"
-        );
-        eprintln!("SKIPPED: kubectl is not installed");
-    }
-    found
-}
-
 /// Runs README commands with `sh` in a copy of the repository's `containers/` (so `apply -k
 /// containers/k8s` works as shown), with the fake's kubeconfig, a `HOME` of its own and nothing
 /// else of the environment: a real cluster's config is never read. `kubectl` on the PATH is a

@@ -4,7 +4,7 @@ use super::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readme_single_service_commands() {
-    if !kubectl_present() {
+    if !kubectl_or_skip() {
         return;
     }
     let fake = Fake::start_many(Vec::new(), BTreeMap::new()).await;
@@ -270,7 +270,7 @@ pub(crate) fn config_peers(conf: &str) -> Vec<[String; 4]> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readme_proxy_group_commands() {
-    if !kubectl_present() {
+    if !kubectl_or_skip() {
         return;
     }
     let g = readme_group_deployed("readme-group").await;
@@ -373,7 +373,7 @@ async fn readme_proxy_group_commands() {
 #[ignore = "needs root"]
 async fn readme_peer_config_is_brought_up_by_wg_quick() {
     common::require_root();
-    if !kubectl_present() {
+    if !kubectl_or_skip() {
         return;
     }
     let g = readme_group_deployed("readme-wg").await;

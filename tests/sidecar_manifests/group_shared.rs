@@ -4,6 +4,7 @@
 //! rolling updates and disruptions take one replica at a time, the Role reads the identity by
 //! name, and every replica renders the same key and address from the base config.
 
+use super::schemas::validate;
 use super::*;
 use tunnelgate::sidecar::group::{render_group, with_group_key, Identity, Replica};
 
@@ -11,19 +12,10 @@ pub(crate) fn shared_dir() -> PathBuf {
     dir().join("group-shared")
 }
 
-/// `kubectl kustomize containers/k8s/group-shared`; `None` (skipped with a note) without
-/// kubectl, except in CI, where it fails.
-fn built() -> Option<Vec<Value>> {
-    let present = Command::new("kubectl")
-        .args(["version", "--client"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !present {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "kubectl is not installed"
-        );
-        eprintln!("SKIPPED: kubectl is not installed");
+/// What `kubectl kustomize containers/k8s/group-shared` prints; `None` without kubectl (the
+/// test skips: [`kubectl_or_skip`]).
+fn kustomized_or_skip() -> Option<String> {
+    if !kubectl_or_skip() {
         return None;
     }
     let out = Command::new("kubectl")
@@ -37,7 +29,12 @@ fn built() -> Option<Vec<Value>> {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let text = String::from_utf8(out.stdout).expect("utf-8");
+    Some(String::from_utf8(out.stdout).expect("utf-8"))
+}
+
+/// The objects of [`kustomized_or_skip`].
+fn built_or_skip() -> Option<Vec<Value>> {
+    let text = kustomized_or_skip()?;
     Some(serde_saphyr::from_multiple(&text).expect("kustomize output parses"))
 }
 
@@ -55,49 +52,31 @@ fn in_list<'a>(list: &'a Value, name: &str) -> &'a Value {
 }
 
 /// Every object `kubectl apply -k containers/k8s/group-shared` sends is valid against the
-/// Kubernetes 1.33 schemas (`kubernetes-validate --strict`; skipped without it but in CI).
+/// Kubernetes 1.33 schemas (`kubernetes-validate --strict`).
 #[test]
 fn group_shared_builds_and_every_object_is_valid() {
-    let Some(objects) = built() else { return };
+    let Some(text) = kustomized_or_skip() else {
+        return;
+    };
+    let objects: Vec<Value> = serde_saphyr::from_multiple(&text).expect("kustomize output parses");
     assert!(objects.len() >= 15, "{} objects", objects.len());
     assert!(shared_dir().join("kustomization.yaml").is_file());
-    if Command::new("kubernetes-validate")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "kubernetes-validate is not installed: pip install kubernetes-validate"
-        );
-        eprintln!("SKIPPED: kubernetes-validate is not installed");
+    let Some(validator) = validator_or_skip() else {
         return;
+    };
+    let tmp = common::TempDir::new("tg-group-shared");
+    let file = tmp.path().join("group-shared.yaml");
+    std::fs::write(&file, &text).expect("write");
+    if let Err(report) = validate(&validator, &file) {
+        panic!("{report}");
     }
-    let out = Command::new("kubectl")
-        .args(["kustomize", "containers/k8s/group-shared"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .env("KUBECONFIG", "/dev/null")
-        .output()
-        .expect("kubectl kustomize");
-    let file = std::env::temp_dir().join(format!("tg-group-shared-{}.yaml", std::process::id()));
-    std::fs::write(&file, &out.stdout).expect("write");
-    let v = Command::new("kubernetes-validate")
-        .args(["--strict", "-k", "1.33.0"])
-        .arg(&file)
-        .output()
-        .expect("run kubernetes-validate");
-    let _ = std::fs::remove_file(&file);
-    assert!(
-        v.status.success(),
-        "not valid:\n{}{}",
-        String::from_utf8_lossy(&v.stdout),
-        String::from_utf8_lossy(&v.stderr)
-    );
 }
 
 #[test]
 fn group_shared_runs_one_identity_behind_one_udp_balancer() {
-    let Some(objects) = built() else { return };
+    let Some(objects) = built_or_skip() else {
+        return;
+    };
     let set = one(&objects, "StatefulSet", "tgp");
     let pod = &set["spec"]["template"]["spec"];
     let sidecar = in_list(&pod["containers"], "sidecar");
@@ -166,7 +145,9 @@ fn group_shared_runs_one_identity_behind_one_udp_balancer() {
 /// The Role reads the identity Secret by name and may create it; it can never overwrite it.
 #[test]
 fn group_shared_role_gets_the_identity_by_name_and_never_writes_it() {
-    let Some(objects) = built() else { return };
+    let Some(objects) = built_or_skip() else {
+        return;
+    };
     let role = one(&objects, "Role", "tgp-identity");
     assert_eq!(role["metadata"]["namespace"], NS);
     let rules = role["rules"].as_array().expect("rules");
@@ -212,7 +193,9 @@ fn set_sa(objects: &[Value]) -> String {
 /// address for every replica, and its peer has no endpoint (the peer dials the balancer).
 #[test]
 fn group_shared_base_config_renders_one_key_and_address_for_every_replica() {
-    let Some(objects) = built() else { return };
+    let Some(objects) = built_or_skip() else {
+        return;
+    };
     let base = one(&objects, "ConfigMap", "tgp-base")["data"]["base.toml"]
         .as_str()
         .expect("base.toml")

@@ -149,19 +149,10 @@ fn the_image_reference_reader_finds_names() {
 
 /// A registry is one edit: `newName`/`newTag` of the kustomization's `images:` entry moves every
 /// container of the deployment (proxy, sidecar, init), and nothing else, in what `kubectl apply
-/// -k` sends. Skipped without kubectl, except in CI.
+/// -k` sends. Skipped without kubectl ([`common::skip`]: a failure under `CI=true`).
 #[test]
 fn a_registry_is_one_edit_of_the_kustomization() {
-    if !Command::new("kubectl")
-        .args(["version", "--client"])
-        .output()
-        .is_ok_and(|o| o.status.success())
-    {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "kubectl is not installed"
-        );
-        eprintln!("SKIPPED: kubectl is not installed");
+    if !kubectl_or_skip() {
         return;
     }
     const PUSHED: &str = "registry.example.com/team/tunnelgate";

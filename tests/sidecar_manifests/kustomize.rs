@@ -19,19 +19,10 @@ pub(crate) fn ids(objects: &[Value]) -> Vec<(String, String, String)> {
 
 /// `kubectl kustomize` (offline) of both examples: what `kubectl apply -k` sends. Every object of
 /// the files is in it unchanged, nothing else, and the objects the README names exist. Without
-/// kubectl the test is skipped with a note, except in CI, where it fails.
+/// kubectl the test skips ([`common::skip`]: a failure under `CI=true`).
 #[test]
 fn kustomize_builds_every_object_the_readme_applies() {
-    if !Command::new("kubectl")
-        .args(["version", "--client"])
-        .output()
-        .is_ok_and(|o| o.status.success())
-    {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "kubectl is not installed"
-        );
-        eprintln!("SKIPPED: kubectl is not installed");
+    if !kubectl_or_skip() {
         return;
     }
     let readme = std::fs::read_to_string(dir().join("../README.md")).expect("README");

@@ -22,6 +22,8 @@ use tunnelgate::sidecar::{api::service_info, render};
 
 const NS: &str = "tunnelgate";
 
+#[path = "../common/mod.rs"]
+mod common;
 mod group;
 mod group_shared;
 mod images;
@@ -30,7 +32,9 @@ mod manifests;
 mod schemas;
 mod single_service;
 
+use common::kubectl_or_skip;
 use group::*;
 use images::IMAGE_NAME;
 use manifests::*;
+use schemas::validator_or_skip;
 use single_service::*;

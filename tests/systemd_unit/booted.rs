@@ -10,9 +10,7 @@ use super::*;
 #[ignore = "needs root, systemd-nspawn and a Debian rootfs (built once with debootstrap)"]
 fn a_wedged_packet_thread_gets_the_service_restarted_by_the_systemd_watchdog() {
     require_root();
-    let Some(rootfs) =
-        rootfs_or_skip("a_wedged_packet_thread_gets_the_service_restarted_by_the_systemd_watchdog")
-    else {
+    let Some(rootfs) = rootfs_or_skip() else {
         return;
     };
     let watchdog = Duration::from_secs(
@@ -111,9 +109,7 @@ fn a_stalled_event_loop_gets_the_service_restarted_by_the_systemd_watchdog() {
         panic!("the stall hook is compiled only with --features test-hooks (or --all-features)");
     }
     require_root();
-    let Some(rootfs) =
-        rootfs_or_skip("a_stalled_event_loop_gets_the_service_restarted_by_the_systemd_watchdog")
-    else {
+    let Some(rootfs) = rootfs_or_skip() else {
         return;
     };
     let watchdog = Duration::from_secs(6);
@@ -216,9 +212,7 @@ fn a_stalled_event_loop_gets_the_service_restarted_by_the_systemd_watchdog() {
 fn systemctl_reload_under_real_systemd_fails_on_a_refused_file() {
     require_root();
     // Skipped with a note on a developer machine without the tools; CI must run it.
-    let Some(rootfs) =
-        rootfs_or_skip("systemctl_reload_under_real_systemd_fails_on_a_refused_file")
-    else {
+    let Some(rootfs) = rootfs_or_skip() else {
         return;
     };
     let ns = Netns::new();

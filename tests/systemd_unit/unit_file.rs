@@ -317,3 +317,57 @@ fn unit_says_what_issue_5_asks_for() {
         "enabled in multi-user.target"
     );
 }
+
+/// The units' comments hold for every place they are installed: they name no unit folder (the
+/// package's is not install.sh's), write the key 0600 from the start as docs/router.md does
+/// (never `> key && chmod`), and the template says what it differs in, as the test above checks.
+#[test]
+fn the_units_comments_hold_wherever_they_are_installed() {
+    for (unit, text) in [
+        ("tunnelgate.service", unit_text()),
+        ("tunnelgate@.service", template_text()),
+    ] {
+        let comments: Vec<&str> = text.lines().filter(|l| l.starts_with('#')).collect();
+        for dir in [
+            "/etc/systemd/system",
+            "/usr/lib/systemd/system",
+            "/lib/systemd/system",
+        ] {
+            assert!(
+                comments.iter().all(|l| !l.contains(dir)),
+                "{unit}'s comments name {dir}"
+            );
+        }
+        for line in comments.iter().filter(|l| l.contains("genkey")) {
+            assert!(
+                line.contains("umask 077") && !line.contains("chmod"),
+                "{unit}: {line}"
+            );
+        }
+    }
+    assert!(unit_text().contains("umask 077; tunnelgate genkey >"));
+    assert!(
+        template_text().contains("differ only in Description, ExecStart and\n# ExecReload"),
+        "the template's header names what the test above lets differ"
+    );
+}
+
+/// docs/router.md's capabilities row names every capability the unit keeps.
+#[test]
+fn router_md_names_every_capability_the_unit_grants() {
+    let router =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/router.md"))
+            .expect("router.md");
+    let row = router
+        .lines()
+        .find(|l| l.starts_with("| capabilities |"))
+        .expect("the capabilities row");
+    let granted = service_words("CapabilityBoundingSet");
+    assert!(granted.len() >= 4, "{granted:?}");
+    for cap in granted {
+        assert!(
+            row.contains(&format!("`{cap}`")),
+            "router.md's row omits {cap}: {row}"
+        );
+    }
+}

@@ -9,7 +9,8 @@
 //! an earlier run killed with -9, or a daemon that stopped while this one still needed the
 //! value), and only when no other running tunnelgate in the namespace still needs it. A daemon
 //! that stops while another still needs a value it changed leaves that change recorded, so the
-//! last one to stop puts it back.
+//! last one to stop puts it back. A record whose writer is gone counts for nothing but its
+//! changes; one whose namespace is gone is ignored ([`standing`]).
 
 use crate::rules::Family;
 use std::collections::{BTreeMap, BTreeSet};
@@ -24,7 +25,53 @@ pub struct Writer {
     /// The process start time, in clock ticks after boot (`/proc/PID/stat` field 22).
     pub start_ticks: u64,
     /// The network namespace, as `readlink /proc/self/ns/net` shows it (`net:[4026531840]`).
+    /// The kernel gives a new namespace the inode number of one that is gone, so this alone
+    /// names a namespace only while it exists.
     pub netns: String,
+    /// The namespace's cookie (`SO_NETNS_COOKIE`), never reused while the system runs: it tells
+    /// a namespace from a later one with the same inode number. `None` in a record of an older
+    /// version, or where the kernel (before 5.14) has no cookie.
+    pub netns_cookie: Option<u64>,
+}
+
+impl Writer {
+    /// Whether both wrote in the same network namespace: the same inode number, and the same
+    /// cookie where both have one.
+    pub fn same_namespace(&self, other: &Writer) -> bool {
+        self.netns == other.netns
+            && match (self.netns_cookie, other.netns_cookie) {
+                (Some(a), Some(b)) => a == b,
+                _ => true,
+            }
+    }
+}
+
+/// What a daemon makes of another record it reads (its own interface's included).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Standing {
+    /// Its writer runs: its needs count, in its namespace.
+    Live,
+    /// Its writer is gone (killed, or a zombie) but its namespace may still be there: its needs
+    /// no longer count, and what it changed is put back by the next daemon of that namespace
+    /// that gives something up (or the next run of its interface).
+    WriterGone,
+    /// Its namespace is gone: this daemon's namespace has the record's inode number but
+    /// another cookie, so the namespace that wrote it ended (and its sysctls with it). The
+    /// record describes nothing: it is ignored and removed, never inherited.
+    NamespaceGone,
+}
+
+/// How `me` takes a record whose writer is `alive` or not. Decided before any other use of the
+/// record: a [`Standing::NamespaceGone`] record never reaches [`on_enable`] or [`on_release`].
+pub fn standing(me: &Writer, record: &ForwardingRecord, alive: bool) -> Standing {
+    let w = &record.writer;
+    if w.netns == me.netns && !w.same_namespace(me) {
+        Standing::NamespaceGone
+    } else if alive {
+        Standing::Live
+    } else {
+        Standing::WriterGone
+    }
 }
 
 /// What one daemon (one interface) records about the forwarding sysctls.
@@ -75,7 +122,7 @@ pub fn on_enable(
         needed: needed.clone(),
         changed: changed_now.clone(),
     };
-    if let Some(prev) = previous.filter(|p| p.record.writer.netns == me.netns) {
+    if let Some(prev) = previous.filter(|p| p.record.writer.same_namespace(me)) {
         let ours = prev.record.writer == *me;
         if ours || !prev.alive {
             record.changed.extend(prev.record.changed.iter().copied());
@@ -90,7 +137,7 @@ pub fn on_enable(
 /// Whether a stopping daemon puts `family` back to off: tunnelgate changed it (per `own` or any
 /// other record of this namespace) and no other running daemon of this namespace needs it.
 pub fn restore_family(family: Family, own: &ForwardingRecord, others: &[OtherRecord]) -> bool {
-    let here = |o: &&OtherRecord| o.record.writer.netns == own.writer.netns;
+    let here = |o: &&OtherRecord| o.record.writer.same_namespace(&own.writer);
     let still_needed = others
         .iter()
         .filter(here)
@@ -127,7 +174,7 @@ pub fn on_release(
     // another config), and once its record is gone nobody else would look.
     let orphaned = others
         .iter()
-        .filter(|o| o.record.writer.netns == own.writer.netns && !o.alive)
+        .filter(|o| o.record.writer.same_namespace(&own.writer) && !o.alive)
         .flat_map(|o| o.record.changed.iter().copied());
     let restore: BTreeSet<Family> = released
         .iter()
@@ -145,7 +192,7 @@ pub fn on_release(
     for other in others {
         let rec = &other.record;
         // A live daemon's record is its own to change; so is another namespace's.
-        if rec.writer.netns != own.writer.netns || (other.alive && !rec.needed.is_empty()) {
+        if !rec.writer.same_namespace(&own.writer) || (other.alive && !rec.needed.is_empty()) {
             continue;
         }
         let changed: BTreeSet<Family> = rec.changed.difference(&restore).copied().collect();
@@ -208,6 +255,7 @@ pub fn unavailable_reason(missing: &BTreeMap<Family, String>, retry_cap_secs: u6
 /// pid=4242
 /// start=123456
 /// netns=net:[4026531840]
+/// netns_cookie=4096
 /// ipv4=needed,changed
 /// ipv6=needed
 /// ```
@@ -218,6 +266,9 @@ pub fn render(record: &ForwardingRecord) -> String {
          pid={}\nstart={}\nnetns={}\n",
         w.pid, w.start_ticks, w.netns
     );
+    if let Some(cookie) = w.netns_cookie {
+        let _ = writeln!(out, "netns_cookie={cookie}");
+    }
     for family in Family::ALL {
         let mut flags = Vec::new();
         if record.needed.contains(&family) {
@@ -233,7 +284,7 @@ pub fn render(record: &ForwardingRecord) -> String {
 
 /// Reads [`render`]'s text back; an error names the line that is wrong.
 pub fn parse(text: &str) -> Result<ForwardingRecord, String> {
-    let (mut pid, mut start, mut netns) = (None, None, None);
+    let (mut pid, mut start, mut netns, mut netns_cookie) = (None, None, None, None);
     let (mut needed, mut changed) = (BTreeSet::new(), BTreeSet::new());
     for line in text.lines().map(str::trim) {
         if line.is_empty() || line.starts_with('#') {
@@ -253,6 +304,7 @@ pub fn parse(text: &str) -> Result<ForwardingRecord, String> {
             }
             "start" => start = Some(number(value)?),
             "netns" => netns = Some(value.to_string()),
+            "netns_cookie" => netns_cookie = Some(number(value)?),
             "ipv4" | "ipv6" => {
                 let family = if key == "ipv4" {
                     Family::V4
@@ -276,6 +328,7 @@ pub fn parse(text: &str) -> Result<ForwardingRecord, String> {
                 pid,
                 start_ticks,
                 netns,
+                netns_cookie,
             },
             needed,
             changed,

@@ -444,12 +444,11 @@ mod tests {
         }
     }
 
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     #[test]
     fn a_thread_may_set_its_own_scheduling_policy_and_no_one_elses() {
         let p = enforce();
-        let Some((_, nr)) = ALLOWED_SCHED_SELF else {
-            return;
-        };
+        let (_, nr) = ALLOWED_SCHED_SELF.expect("listed on this architecture");
         let mut call = Call::new(nr);
         call.args[0] = 0;
         assert_eq!(run(&p, &call), RET_ALLOW, "the calling thread");
@@ -463,12 +462,11 @@ mod tests {
         }
     }
 
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     #[test]
     fn fcntl_may_only_read_the_close_on_exec_flag() {
         let p = enforce();
-        let Some((_, nr)) = ALLOWED_FCNTL_GETFD else {
-            return;
-        };
+        let (_, nr) = ALLOWED_FCNTL_GETFD.expect("listed on this architecture");
         let mut call = Call::new(nr);
         call.args[1] = libc::F_GETFD as u64;
         assert_eq!(run(&p, &call), RET_ALLOW, "F_GETFD");

@@ -477,7 +477,7 @@ mod tests {
             .expect("client");
         match outcome {
             Some(outcome) => assert_eq!(outcome, "EACCES"),
-            None => eprintln!("skipped: needs root and /usr/bin/python3"),
+            None => crate::test_util::skip("needs root and /usr/bin/python3"),
         }
         let _ = stop_tx.send(());
         server.await.expect("no panic").expect("served");

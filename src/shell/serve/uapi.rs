@@ -730,7 +730,7 @@ mod tests {
             .expect("client");
         match outcome {
             Some(outcome) => assert_eq!(outcome, "EACCES"),
-            None => eprintln!("skipped: needs root and /usr/bin/python3"),
+            None => crate::test_util::skip("needs root and /usr/bin/python3"),
         }
         server.stop().await.expect("stop");
     }

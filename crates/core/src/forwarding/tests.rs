@@ -7,12 +7,15 @@ use super::*;
 use proptest::prelude::*;
 
 const NS: &str = "net:[4026531840]";
+/// The cookie of the namespace `NS` names in these tests.
+const COOKIE: u64 = 4096;
 
 fn writer(pid: u32) -> Writer {
     Writer {
         pid,
         start_ticks: u64::from(pid) * 10,
         netns: NS.into(),
+        netns_cookie: Some(COOKIE),
     }
 }
 
@@ -211,6 +214,70 @@ fn a_record_is_inherited_only_from_a_dead_run_of_this_namespace() {
     assert_eq!(rec, record(2, &[V4, V6], &[V4, V6]));
 }
 
+/// A record written in a namespace that has ended, read in a new namespace the kernel gave the
+/// same inode number: the cookie tells them apart.
+fn from_a_namespace_that_ended(
+    pid: u32,
+    needed: &[Family],
+    changed: &[Family],
+) -> ForwardingRecord {
+    let mut rec = record(pid, needed, changed);
+    rec.writer.netns_cookie = Some(COOKIE - 1);
+    rec
+}
+
+#[test]
+fn a_record_is_live_its_writer_gone_or_its_namespace_gone() {
+    let me = writer(2);
+    assert_eq!(standing(&me, &record(1, &[V4], &[]), true), Standing::Live);
+    assert_eq!(
+        standing(&me, &record(1, &[V4], &[V4]), false),
+        Standing::WriterGone,
+        "killed with -9 in this namespace: its change is ours to put back"
+    );
+    let ended = from_a_namespace_that_ended(1, &[V4], &[V4]);
+    assert_eq!(standing(&me, &ended, false), Standing::NamespaceGone);
+    assert_eq!(
+        standing(&me, &ended, true),
+        Standing::NamespaceGone,
+        "its namespace ended, so whatever runs under that pid is not its writer"
+    );
+    let mut elsewhere = record(1, &[V4], &[V4]);
+    elsewhere.writer.netns = "net:[4026532999]".into();
+    elsewhere.writer.netns_cookie = Some(COOKIE + 1);
+    assert_eq!(
+        standing(&me, &elsewhere, false),
+        Standing::WriterGone,
+        "another namespace's: left for that namespace"
+    );
+    // Without a cookie on either side (an older version, a kernel before 5.14), the inode
+    // number is all there is: the same namespace.
+    let mut old = record(1, &[V4], &[V4]);
+    old.writer.netns_cookie = None;
+    assert_eq!(standing(&me, &old, false), Standing::WriterGone);
+    assert!(old.writer.same_namespace(&me) && me.same_namespace(&old.writer));
+}
+
+#[test]
+fn a_record_of_a_namespace_that_ended_is_neither_inherited_nor_counted() {
+    // The trap: an admin turned forwarding on in a new namespace, whose inode number a dead
+    // daemon's record names with `changed`. Taken as ours, our stop would turn it off.
+    let ended = other("tg0", from_a_namespace_that_ended(1, &[V4], &[V4]), false);
+    let rec = on_enable(&writer(2), Some(&ended), &set(&[V4]), &BTreeSet::new());
+    assert_eq!(rec, record(2, &[V4], &[]), "nothing inherited");
+    let plan = on_stop(&rec, std::slice::from_ref(&ended));
+    assert!(plan.restore.is_empty(), "{plan:?}");
+    assert!(
+        plan.others.is_empty(),
+        "another namespace's record: not ours to rewrite"
+    );
+    // Nor does a live daemon of the ended namespace keep ours on (it cannot exist, but its
+    // record must not count).
+    let phantom = other("tg1", from_a_namespace_that_ended(3, &[V4], &[]), true);
+    let plan = on_stop(&record(2, &[V4], &[V4]), &[phantom]);
+    assert_eq!(plan.restore, set(&[V4]));
+}
+
 #[test]
 fn the_file_text_round_trips_and_bad_text_is_named() {
     for rec in [
@@ -224,8 +291,19 @@ fn the_file_text_round_trips_and_bad_text_is_named() {
     assert_eq!(
         render(&record(4242, &[V4, V6], &[V4])),
         "# tunnelgate forwarding sysctls of one interface (written atomically)\n\
-         pid=4242\nstart=42420\nnetns=net:[4026531840]\nipv4=needed,changed\nipv6=needed\n"
+         pid=4242\nstart=42420\nnetns=net:[4026531840]\nnetns_cookie=4096\n\
+         ipv4=needed,changed\nipv6=needed\n"
     );
+    // A record of an older version has no cookie: it reads back as one without.
+    let mut old = record(7, &[V4], &[V4]);
+    old.writer.netns_cookie = None;
+    let text = render(&old);
+    assert!(!text.contains("netns_cookie"), "{text}");
+    assert_eq!(parse(&text), Ok(old));
+    let e = parse("pid=1\nstart=2\nnetns=n\nnetns_cookie=-1\n")
+        .err()
+        .unwrap_or_default();
+    assert!(e.contains("netns_cookie=-1"), "{e}");
     assert!(parse("pid=1\nstart=2\n").is_err(), "netns missing");
     let e = parse("pid=x\nstart=2\nnetns=n\n").err().unwrap_or_default();
     assert!(e.contains("pid=x"), "{e}");
