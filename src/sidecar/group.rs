@@ -155,7 +155,9 @@ pub fn group_key(
 }
 
 /// A replica's Secret data as rendering reads it, with the group's key in place of its own:
-/// every replica renders the same key, and its Secret keeps a copy of it.
+/// every replica renders the same key. The rendering of a shared identity keeps no copy of it
+/// in the replica's Secret ([`render_group`]): the key is kept in the identity Secret alone,
+/// and reaches the proxy container through the pod's in-memory volume.
 pub fn with_group_key(
     current: &BTreeMap<String, Vec<u8>>,
     key: &SecretKey,
@@ -334,6 +336,8 @@ pub fn pool_address(pool: &IpNet, ordinal: u32) -> Result<IpNet, String> {
 /// Renders replica `replica`'s Secret data from the base configuration and `services` (any
 /// Services: those not of the group are ignored). `new_key` is called only when the Secret has no
 /// `private.key` yet. The Secret never passes the API server's limit, [`SECRET_MAX_BYTES`].
+/// With a shared identity, `current` carries the group's key ([`with_group_key`]) and the data
+/// has no `private.key`: the replica's Secret keeps no copy of the group's key.
 pub fn render_group<'a>(
     replica: &Replica,
     services: impl IntoIterator<Item = &'a ServiceInfo>,
@@ -361,7 +365,7 @@ pub fn render_group_within<'a>(
     let mut refused = Vec::new();
     let candidates = base.claim_ports(members, &mut refused, &mut notes);
     let (served, text, checked) = base.valid_services(&candidates, &mut refused)?;
-    let (rendered, config) = finish(text, &base.prepared, current, notes.clone(), checked)?;
+    let (rendered, config) = base.finish_data(text, notes.clone(), checked)?;
     let mut draft = Draft {
         rendered,
         config,
@@ -441,6 +445,23 @@ impl<'a> Base<'a> {
             prepared,
         };
         Ok((base, notes))
+    }
+
+    /// The Secret data for `text` ([`finish`]). With a shared identity, without `private.key`:
+    /// the group's key is kept in its identity Secret only, never copied into each replica's
+    /// Secret (the shell hands it to the proxy container with the rest). Taken out here, before
+    /// the size is counted, so the Secret holds exactly what was counted.
+    fn finish_data(
+        &self,
+        text: String,
+        notes: Vec<String>,
+        checked: Option<Config>,
+    ) -> Result<(Rendered, Config), Rejected> {
+        let (mut rendered, config) = finish(text, &self.prepared, self.current, notes, checked)?;
+        if self.replica.identity == Identity::Shared {
+            rendered.data.remove(KEY_PRIVATE);
+        }
+        Ok((rendered, config))
     }
 
     /// The members (oldest first) the replica can serve, each with its rules. A Service that
@@ -695,9 +716,7 @@ impl<'a> Base<'a> {
                     .collect(),
             )
         })?;
-        let prepared = &self.prepared;
-        (draft.rendered, draft.config) =
-            finish(text.text, prepared, self.current, notes, Some(checked))?;
+        (draft.rendered, draft.config) = self.finish_data(text.text, notes, Some(checked))?;
         Ok(over_limit)
     }
 }

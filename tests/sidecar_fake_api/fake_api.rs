@@ -505,6 +505,41 @@ impl Fake {
                 st.notify_secret(&key(ns, name), rv);
                 reply(StatusCode::OK, &secret_json(ns, name, &data, rv))
             }
+            (&Method::PATCH, ["api", "v1", "namespaces", ns, "secrets", name])
+                if content_type == "application/merge-patch+json" =>
+            {
+                // A JSON merge patch of data keys: null removes a key (whoever wrote it), a
+                // string sets it.
+                let Some(data) = st.secrets.get_mut(&key(ns, name)) else {
+                    return status(
+                        StatusCode::NOT_FOUND,
+                        "NotFound",
+                        &format!("secrets \"{name}\" not found"),
+                    );
+                };
+                let Ok(patch) = serde_json::from_str::<Value>(&body) else {
+                    return status(StatusCode::BAD_REQUEST, "BadRequest", "not JSON");
+                };
+                for (k, v) in patch["data"].as_object().into_iter().flatten() {
+                    match v.as_str() {
+                        None => {
+                            data.remove(k);
+                        }
+                        Some(text) => {
+                            let bytes = base64::Engine::decode(
+                                &base64::engine::general_purpose::STANDARD,
+                                text,
+                            )
+                            .unwrap_or_default();
+                            data.insert(k.clone(), bytes);
+                        }
+                    }
+                }
+                let data = data.clone();
+                let rv = st.next_rv().parse().unwrap_or(0);
+                st.notify_secret(&key(ns, name), rv);
+                reply(StatusCode::OK, &secret_json(ns, name, &data, rv))
+            }
             (&Method::POST, ["api", "v1", "namespaces", ns, "secrets"]) => {
                 let Ok(v) = serde_json::from_str::<Value>(&body) else {
                     return status(StatusCode::BAD_REQUEST, "BadRequest", "not JSON");

@@ -264,11 +264,13 @@ fn group_shared_base_config_renders_one_key_and_address_for_every_replica() {
         assert!(out.refused.is_empty(), "{:?}", out.refused);
         assert_eq!(out.served, ["apps/web"]);
         let data = &out.rendered.data;
-        seen.insert((
-            data["private.key"].clone(),
-            data["public_key"].clone(),
-            data["device_ips"].clone(),
-        ));
+        // The group's key is kept in its identity Secret only, never in a replica's.
+        assert!(!data.contains_key("private.key"), "replica {ordinal}");
+        seen.insert((data["public_key"].clone(), data["device_ips"].clone()));
+        assert_eq!(
+            data["public_key"],
+            group.public_key().to_base64().as_bytes()
+        );
         assert_eq!(data["device_ips"], br#"["100.64.1.1"]"#);
     }
     assert_eq!(seen.len(), 1, "every replica renders the same identity");

@@ -6,7 +6,9 @@
 //!
 //! With a shared identity, each pass first reads the group's identity Secret; when there is none
 //! it creates it (never overwriting: when another replica won the race, the API server answers
-//! 409 AlreadyExists and this one reads the winner's key). Every replica renders that key.
+//! 409 AlreadyExists and this one reads the winner's key). Every replica renders that key, hands
+//! it to its proxy container through the shared volume and keeps no copy of it in its own
+//! Secret.
 //!
 //! After each write, the served Services' target names are looked up in the background, in the
 //! pod's DNS with the daemon's own resolver settings (the daemon's state is not visible from
@@ -36,7 +38,7 @@ use crate::sidecar::group::{
     balancer_endpoint, group_key, identity_data, is_balancer, is_member, render_group,
     with_group_key, Identity, Replica,
 };
-use crate::sidecar::{changed_keys, Backoff, Rejected, ServiceInfo, KEY_PRIVATE};
+use crate::sidecar::{changed_keys, stale_keys, Backoff, Rejected, ServiceInfo, KEY_PRIVATE};
 use futures::{Stream, StreamExt as _};
 use k8s_openapi::api::core::v1::{Secret, Service};
 use kube::runtime::{watcher, WatchStreamExt as _};
@@ -518,15 +520,19 @@ impl GroupLoop {
             watcher::Event::Delete(_) => None,
             watcher::Event::Init | watcher::Event::InitDone => return false,
         };
-        if let Some(key) = data.as_ref().and_then(|d| d.get(KEY_PRIVATE)) {
-            self.known_key = Some(key.clone());
+        // With a shared identity the Secret holds no key of the replica's own.
+        if !self.shared() {
+            if let Some(key) = data.as_ref().and_then(|d| d.get(KEY_PRIVATE)) {
+                self.known_key = Some(key.clone());
+            }
         }
         let Some(written) = &self.written else {
             return false; // nothing written yet: the first pass reads it anyway
         };
-        let intact = data
-            .as_ref()
-            .is_some_and(|d| changed_keys(written, d).is_empty());
+        // A key added that this sidecar does not write (the group's key copied back in) counts.
+        let intact = data.as_ref().is_some_and(|d| {
+            changed_keys(written, d).is_empty() && stale_keys(written, d).is_empty()
+        });
         if !intact {
             tracing::warn!(
                 secret = %self.settings.secret,
@@ -536,6 +542,10 @@ impl GroupLoop {
             self.written = None;
         }
         !intact
+    }
+
+    fn shared(&self) -> bool {
+        self.settings.replica.identity == Identity::Shared
     }
 
     fn replace(&mut self, next: BTreeMap<Key, Member>) -> bool {
@@ -607,23 +617,26 @@ impl GroupLoop {
             .base
             .clone()
             .map_err(|e| Failure::Rejected(Rejected(vec![e])))?;
-        let current = match self
+        // What the Secret holds; deleted, it comes back with the key it had, if this sidecar
+        // saw it (per replica: with a shared identity `known_key` stays empty).
+        let stored = match self
             .secret
             .data_if_exists()
             .await
             .map_err(|e| Failure::Api(Box::new(e)))?
         {
             Some(data) => data,
-            // Deleted: it comes back with the key it had, if this sidecar saw it.
             None => self
                 .known_key
                 .iter()
                 .map(|k| (KEY_PRIVATE.to_string(), k.clone()))
                 .collect(),
         };
-        let current = match self.group_key().await? {
-            Some(key) => with_group_key(&current, &key),
-            None => current,
+        let group_key = self.group_key().await?;
+        // Rendering reads the key from here: the group's in place of any the Secret holds.
+        let current = match &group_key {
+            Some(key) => std::borrow::Cow::Owned(with_group_key(&stored, key)),
+            None => std::borrow::Cow::Borrowed(&stored),
         };
         let replica = Replica {
             endpoint: self.balancer_endpoint(),
@@ -637,21 +650,21 @@ impl GroupLoop {
             SecretKey::generate,
         )
         .map_err(Failure::Rejected)?;
+        drop(current);
         if let Some(key) = out.rendered.data.get(KEY_PRIVATE) {
             self.known_key = Some(key.clone());
         }
         for note in &out.rendered.notes {
             tracing::info!(note = %note, "Rendering note");
         }
-        // A key of the config this sidecar no longer sends (plain after gz, or gz after plain)
-        // must go too: the apply drops it.
-        let stale = [crate::sidecar::KEY_CONFIG, crate::sidecar::KEY_CONFIG_GZ]
-            .into_iter()
-            .any(|k| current.contains_key(k) && !out.rendered.data.contains_key(k));
-        let changed = changed_keys(&out.rendered.data, &current).join(",");
-        if changed.is_empty() && !stale {
+        // A key this sidecar no longer sends must go too: the config's other form (plain after
+        // gz, or gz after plain), or, with a shared identity, a copy of the group's key that an
+        // older version wrote. The apply drops what only it owned; the rest is removed after it.
+        let stale = stale_keys(&out.rendered.data, &stored);
+        let changed = changed_keys(&out.rendered.data, &stored).join(",");
+        if changed.is_empty() && stale.is_empty() {
             tracing::debug!(secret = %self.settings.secret, "Secret is up to date");
-            self.hand_over(&out.rendered.data)?;
+            self.hand_over(&out.rendered.data, group_key.as_ref())?;
             self.written = Some(out.rendered.data);
             self.checks
                 .rendered(out.names, out.nameservers, out.reresolve_interval);
@@ -661,15 +674,24 @@ impl GroupLoop {
         let written = self.secret.apply(&out.rendered.data).await;
         // Events after the write, and whether or not it worked: never before it.
         self.report_refusals(&out.refused, out.over_limit);
-        written.map_err(|e| Failure::Api(Box::new(e)))?;
-        // The Secret holds the key now: only then may the proxy start using it.
-        let handed = self.hand_over(&out.rendered.data);
+        let held = written.map_err(|e| Failure::Api(Box::new(e)))?;
+        let left = stale_keys(&out.rendered.data, &held);
+        if !left.is_empty() {
+            self.secret
+                .remove_keys(&left)
+                .await
+                .map_err(|e| Failure::Api(Box::new(e)))?;
+        }
+        // The Secret (or, with a shared identity, the identity Secret) holds the key now: only
+        // then may the proxy start using it.
+        let handed = self.hand_over(&out.rendered.data, group_key.as_ref());
         self.written = Some(out.rendered.data);
         self.checks
             .rendered(out.names, out.nameservers, out.reresolve_interval);
         tracing::info!(
             secret = %self.settings.secret,
             keys = %changed,
+            removed = %stale.join(","),
             generated_key = out.rendered.generated_key,
             services = out.served.len(),
             left_out = out.refused.len(),
@@ -770,13 +792,18 @@ impl GroupLoop {
     }
 
     /// Writes what the Secret now holds to the shared directory, when it differs from what is
-    /// there. Called only once the Secret holds it, so the proxy never runs a key that is not
-    /// kept in the API (a replica that comes back must find it).
-    fn hand_over(&mut self, data: &BTreeMap<String, Vec<u8>>) -> Result<(), Failure> {
+    /// there, with `group_key` as the key when the replica runs the group's shared identity.
+    /// Called only once the Secret holds it, so the proxy never runs a key that is not kept in
+    /// the API (a replica that comes back must find it).
+    fn hand_over(
+        &mut self,
+        data: &BTreeMap<String, Vec<u8>>,
+        group_key: Option<&SecretKey>,
+    ) -> Result<(), Failure> {
         let Some(dir) = &mut self.config_dir else {
             return Ok(());
         };
-        let files = volume_files(data).map_err(Failure::Volume)?;
+        let files = volume_files(data, group_key).map_err(Failure::Volume)?;
         let wrote = dir
             .update(files)
             .map_err(|e| Failure::Volume(format!("{}: {e}", dir.path().display())))?;
