@@ -296,6 +296,15 @@ impl Fake {
         st.notify_secret(&key(ns, name), rv);
     }
 
+    /// Someone else writes Secret NS/NAME whole (`kubectl create`, or `kubectl apply` over an
+    /// existing one); its watches are told.
+    pub(crate) fn put_secret(&self, ns: &str, name: &str, data: BTreeMap<String, Vec<u8>>) {
+        let mut st = self.lock();
+        st.secrets.insert(key(ns, name), data);
+        let rv = st.next_rv().parse().unwrap_or(0);
+        st.notify_secret(&key(ns, name), rv);
+    }
+
     /// Tells every open watch that its resourceVersion is too old (410 Gone), then ends it: the
     /// client must list again.
     pub(crate) fn expire_watches(&self) {

@@ -1,6 +1,6 @@
 //! Proxy groups with a shared identity: one key (Secret `tgp-identity`) and one set of addresses
-//! for every replica, created once whatever the race, never overwritten, and kept in no
-//! replica's Secret.
+//! for every replica, created once whatever the race, never overwritten, kept in no replica's
+//! Secret, and a new key taken by every replica at once.
 
 use super::*;
 use crate::group_scale::served_services;
@@ -285,6 +285,30 @@ async fn group_shared_identity_refuses_a_malformed_identity_secret_and_uses_it_o
     r0.stop();
 }
 
+/// How soon every replica runs a new group key: a watch of the identity Secret, not the
+/// 5-minute resync (a debounce of 200 ms, two reads, a write and the hand-over; well under a
+/// second here).
+const ROTATION_LIMIT: Duration = Duration::from_secs(2);
+
+/// Waits until `f` holds, at most `limit` from now; panics with every replica's log after it.
+async fn within(sidecars: &[&Sidecar], what: &str, limit: Duration, f: impl Fn() -> bool) {
+    let start = tunnelgate::shell::clock::tokio_now();
+    while !f() {
+        if tunnelgate::shell::clock::tokio_now() - start > limit {
+            let logs: Vec<String> = sidecars.iter().map(|s| s.log()).collect();
+            panic!(
+                "not within {limit:?}: {what}; logs:\n{}",
+                logs.join("\n---\n")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!(
+        "{what}: {:?}",
+        tunnelgate::shell::clock::tokio_now() - start
+    );
+}
+
 /// Every PATCH and POST the replicas sent to their own Secrets, as sent.
 fn replica_writes(fake: &Fake) -> Vec<String> {
     fake.requests()
@@ -391,6 +415,200 @@ async fn group_shared_identity_keeps_no_key_in_a_replica_secret_and_removes_an_o
     for r in replicas {
         r.stop();
     }
+}
+
+/// An operator rotates the group's key: every replica's volume (what its proxy container runs,
+/// and reloads within 2 s of the swap) carries the new key within [`ROTATION_LIMIT`], whether
+/// the identity Secret is edited in place or deleted and created again. A malformed new key is
+/// refused (a Warning Event on each pod, the Secret named in the log, the value never echoed)
+/// and the running key stays; the fix is taken as fast, without waiting out a backoff.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_shared_identity_rotation_reaches_every_replica_at_once() {
+    use base64::Engine as _;
+    let fake = Fake::start_many(group_cluster(), BTreeMap::new()).await;
+    let inputs = Inputs::new(&fake, "group-shared-rotate");
+    let replicas = two_shared_replicas_written(&fake, &inputs).await;
+    let all = [&replicas[0], &replicas[1]];
+    let first = utf8(&identity_secret(&fake), "private.key");
+    for (i, r) in replicas.iter().enumerate() {
+        wait_for(r, &format!("replica {i}'s volume"), || {
+            volume_key(&inputs, i as u32, "a").as_deref() == Some(first.as_str())
+        })
+        .await;
+    }
+    let every_volume_runs = |key: &SecretKey| {
+        let text = key.expose_base64();
+        (0..2).all(|i| {
+            volume_key(&inputs, i, "a").is_some_and(|k| k.trim() == text)
+                && utf8(&replica_secret(&fake, i), "public_key") == key.public_key().to_base64()
+        })
+    };
+
+    // 1. Edited in place (`kubectl apply` of a new Secret over it).
+    let second = SecretKey([31; 32]);
+    let mut data = BTreeMap::from([(
+        "private.key".to_string(),
+        second.expose_base64().into_bytes(),
+    )]);
+    data.insert(
+        "public_key".into(),
+        second.public_key().to_base64().into_bytes(),
+    );
+    fake.put_secret(NS, IDENTITY, data);
+    within(
+        &all,
+        "an edited key in every volume",
+        ROTATION_LIMIT,
+        || every_volume_runs(&second),
+    )
+    .await;
+    for i in 0..2 {
+        let config = handed_over(&inputs.dir.join(format!("{GROUP}-{i}-a-volume")));
+        assert_eq!(config.interface.private_key, second, "replica {i} loads it");
+        assert!(!replica_secret(&fake, i).contains_key("private.key"));
+    }
+    assert!(
+        replicas[0].log().contains("rotated=true"),
+        "{}",
+        replicas[0].log()
+    );
+
+    // 2. A malformed new key (33 bytes): refused on each pod, the running key stays.
+    let bad = base64::engine::general_purpose::STANDARD.encode([3u8; 33]);
+    fake.put_secret(
+        NS,
+        IDENTITY,
+        BTreeMap::from([("private.key".to_string(), bad.clone().into_bytes())]),
+    );
+    for (i, r) in replicas.iter().enumerate() {
+        let pod = format!("{GROUP}-{i}");
+        wait_for(r, &format!("a Warning Event on {pod}"), || {
+            events(&fake).iter().any(|e| {
+                e["involvedObject"]["name"] == pod.as_str()
+                    && e["message"].as_str().is_some_and(|m| {
+                        m.contains("group identity Secret tg/tgp-identity")
+                            && m.contains("decodes to 33 bytes")
+                    })
+            })
+        })
+        .await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(every_volume_runs(&second), "the running key stays");
+    for (i, r) in replicas.iter().enumerate() {
+        let log = r.log();
+        assert!(
+            log.contains("group identity Secret tg/tgp-identity: private.key decodes to 33 bytes"),
+            "replica {i}: {log}"
+        );
+        assert!(!log.contains(&bad[..20]), "replica {i} echoed the value");
+    }
+    for e in events(&fake) {
+        let message = e["message"].as_str().unwrap_or_default();
+        assert!(!message.contains(&bad[..20]), "an Event echoed the value");
+    }
+
+    // 3. Fixed by hand (`wg genkey` with its newline, no public_key): taken as fast, though the
+    //    refusal's retry waits out a backoff.
+    let third = SecretKey([41; 32]);
+    fake.put_secret(
+        NS,
+        IDENTITY,
+        BTreeMap::from([(
+            "private.key".to_string(),
+            format!("{}\n", third.expose_base64()).into_bytes(),
+        )]),
+    );
+    within(&all, "a fixed key in every volume", ROTATION_LIMIT, || {
+        every_volume_runs(&third)
+    })
+    .await;
+
+    // 4. Deleted, then created with a new key: no replica puts the old key back in between (its
+    //    create would make the operator's fail), each keeps running it, then takes the new one.
+    let posts = identity_posts(&fake);
+    fake.delete_secret(NS, IDENTITY);
+    for (i, r) in replicas.iter().enumerate() {
+        wait_for(r, &format!("replica {i} to see it gone"), || {
+            r.log().contains("Group identity Secret is missing")
+        })
+        .await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        identity_posts(&fake),
+        posts,
+        "a replica created it again at once"
+    );
+    assert!(every_volume_runs(&third), "the running key stays meanwhile");
+    let fourth = SecretKey([51; 32]);
+    fake.put_secret(
+        NS,
+        IDENTITY,
+        BTreeMap::from([(
+            "private.key".to_string(),
+            fourth.expose_base64().into_bytes(),
+        )]),
+    );
+    within(
+        &all,
+        "a re-created key in every volume",
+        ROTATION_LIMIT,
+        || every_volume_runs(&fourth),
+    )
+    .await;
+    assert_eq!(identity_posts(&fake), posts);
+    assert_eq!(identity_writes_other_than_create(&fake), 0);
+    for r in replicas {
+        r.stop();
+    }
+}
+
+/// A deleted identity Secret that nobody creates again is created by a replica with the key the
+/// group runs, once IDENTITY_RECREATE_AFTER (30 s) has passed: peers keep working, the volume
+/// never changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_shared_identity_deleted_and_not_replaced_is_created_again_with_the_running_key() {
+    let fake = Fake::start_many(group_cluster(), BTreeMap::new()).await;
+    let inputs = Inputs::new(&fake, "group-shared-recreate");
+    let r0 = shared_replica(&inputs, 0, "a");
+    wait_for(&r0, "replica 0's volume", || {
+        volume_key(&inputs, 0, "a").is_some()
+    })
+    .await;
+    let running = utf8(&identity_secret(&fake), "private.key");
+    let posts = identity_posts(&fake);
+    fake.delete_secret(NS, IDENTITY);
+    let gone = tunnelgate::shell::clock::tokio_now();
+    let deadline = gone + Duration::from_secs(45);
+    while identity_posts(&fake) == posts {
+        assert!(
+            tunnelgate::shell::clock::tokio_now() < deadline,
+            "not created again; log:\n{}",
+            r0.log()
+        );
+        assert_eq!(
+            volume_key(&inputs, 0, "a").as_deref(),
+            Some(running.as_str())
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let after = tunnelgate::shell::clock::tokio_now() - gone;
+    assert!(
+        after >= Duration::from_secs(29),
+        "created again after {after:?}"
+    );
+    wait_for(&r0, "the identity Secret back", || {
+        !identity_secret(&fake).is_empty()
+    })
+    .await;
+    assert_eq!(utf8(&identity_secret(&fake), "private.key"), running);
+    assert!(r0.log().contains("recreated=true"), "{}", r0.log());
+    assert_eq!(
+        volume_key(&inputs, 0, "a").as_deref(),
+        Some(running.as_str())
+    );
+    r0.stop();
 }
 
 /// The flag and its environment variable take exactly `per-replica` or `shared`, only with a

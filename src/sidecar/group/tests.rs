@@ -1032,6 +1032,76 @@ fn a_malformed_or_foreign_identity_secret_is_refused() {
     }
 }
 
+/// What a replica does about the identity: runs the key the Secret holds; creates one when
+/// there is none and it runs none; while it runs one and the Secret has been gone less than
+/// IDENTITY_RECREATE_AFTER, keeps running it and waits (a rotation may be creating it), then
+/// creates it again with that key; a malformed Secret is refused whatever runs, so the shell
+/// keeps the running key.
+#[test]
+fn a_missing_identity_is_waited_for_then_created_again_with_the_running_key() {
+    let running = key(97);
+    let rotated = key(98);
+    let never = || -> SecretKey { panic!("a new key while one runs") };
+    let s = "tg/tgp-identity";
+    let secs = Duration::from_secs;
+    // Present: its key, whatever runs (a rotation).
+    assert_eq!(
+        identity_step(
+            s,
+            Some(&identity_data(&rotated)),
+            Some(&running),
+            secs(0),
+            never
+        ),
+        Ok(IdentityStep::Use(rotated.clone()))
+    );
+    // Absent, nothing runs (the first replica): a new key, at once.
+    assert_eq!(
+        identity_step(s, None, None, secs(0), || rotated.clone()),
+        Ok(IdentityStep::Create {
+            key: rotated.clone(),
+            recreated: false
+        })
+    );
+    // Absent while a key runs: wait, keep it.
+    for (gone, left) in [(0, 30), (1, 29), (29, 1)] {
+        assert_eq!(
+            identity_step(s, None, Some(&running), secs(gone), never),
+            Ok(IdentityStep::Wait {
+                key: running.clone(),
+                remaining: secs(left)
+            }),
+            "gone for {gone} s"
+        );
+    }
+    assert_eq!(IDENTITY_RECREATE_AFTER, secs(30));
+    // Then create it again with that key.
+    for gone in [30, 31, 100_000] {
+        assert_eq!(
+            identity_step(s, None, Some(&running), secs(gone), never),
+            Ok(IdentityStep::Create {
+                key: running.clone(),
+                recreated: true
+            }),
+            "gone for {gone} s"
+        );
+    }
+    // Malformed (a rotation gone wrong): refused, naming the Secret, never the key, and
+    // never replaced by a create.
+    let bad = BTreeMap::from([(
+        KEY_PRIVATE.to_string(),
+        format!("{}x", rotated.expose_base64()).into_bytes(),
+    )]);
+    let e = identity_step(s, Some(&bad), Some(&running), secs(0), never).expect_err("bad");
+    assert!(
+        e.starts_with("group identity Secret tg/tgp-identity"),
+        "{e}"
+    );
+    assert!(e.contains("the replicas keep the key they run"), "{e}");
+    assert!(!e.contains(&rotated.expose_base64()[..20]), "{e}");
+    assert!(!e.contains(&running.expose_base64()[..20]), "{e}");
+}
+
 /// The group's UDP load balancer, annotated for the group, with `ingress` as the addresses
 /// its load balancer has so far.
 fn balancer(name: &str, created: i64, ports: Vec<ServicePort>, ingress: &[&str]) -> ServiceInfo {

@@ -8,7 +8,10 @@
 //! it creates it (never overwriting: when another replica won the race, the API server answers
 //! 409 AlreadyExists and this one reads the winner's key). Every replica renders that key, hands
 //! it to its proxy container through the shared volume and keeps no copy of it in its own
-//! Secret.
+//! Secret. The identity Secret is watched by name, so a new key (a rotation) reaches every
+//! replica at once; a malformed one is refused and the running key stays. When it is deleted,
+//! the running key stays for [`crate::sidecar::group::IDENTITY_RECREATE_AFTER`] (a rotation may
+//! be creating it anew), then the Secret is created again with it.
 //!
 //! After each write, the served Services' target names are looked up in the background, in the
 //! pod's DNS with the daemon's own resolver settings (the daemon's state is not visible from
@@ -35,8 +38,8 @@ use crate::core::dns::{MAX_CONCURRENT_RESOLUTIONS, RESOLVE_TIMEOUT};
 use crate::shell::keys::GenerateKey as _;
 use crate::shell::resolver::Resolver;
 use crate::sidecar::group::{
-    balancer_endpoint, group_key, identity_data, is_balancer, is_member, render_group,
-    with_group_key, Identity, Replica,
+    balancer_endpoint, group_key, identity_data, identity_step, is_balancer, is_member,
+    render_group, with_group_key, Identity, IdentityStep, Replica,
 };
 use crate::sidecar::{changed_keys, stale_keys, Backoff, Rejected, ServiceInfo, KEY_PRIVATE};
 use futures::{Stream, StreamExt as _};
@@ -131,6 +134,10 @@ struct GroupLoop {
     /// The group key last read or created: a deleted identity Secret is created again with it,
     /// so the replicas that are running keep one key.
     known_group_key: Option<SecretKey>,
+    /// Since when the identity Secret has been seen missing (while a key runs).
+    identity_missing_since: Option<Instant>,
+    /// When to look at a missing identity Secret again (and create it with the running key).
+    identity_recheck_at: Option<Instant>,
     /// The over-limit problem last said on the pod.
     reported_over_limit: Option<String>,
     /// With a shared identity: the group balancer's endpoint and problems last said.
@@ -238,9 +245,22 @@ pub async fn run_group(
         .identity
         .clone()
         .map(|obj| SecretStore::new(client.clone(), obj));
+    // The group's identity Secret, by name (RBAC can limit list and watch to it): a new key
+    // reaches this replica at once, not at the next resync.
+    let mut identity_watch = match &settings.identity {
+        Some(obj) => watcher(
+            Api::<Secret>::namespaced(client.clone(), &obj.namespace),
+            watcher::Config::default().fields(&format!("metadata.name={}", obj.name)),
+        )
+        .backoff(WatchBackoff::default())
+        .boxed(),
+        None => futures::stream::pending().boxed(),
+    };
     let mut this = GroupLoop {
         identity,
         known_group_key: None,
+        identity_missing_since: None,
+        identity_recheck_at: None,
         config_dir,
         secret,
         events: EventRecorder::start(client),
@@ -316,6 +336,12 @@ pub async fn run_group(
                 None => std::future::pending().await,
             }
         };
+        let identity_recheck = async {
+            match this.identity_recheck_at {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
         let checked = async {
             match check.as_mut() {
                 Some(task) => task.await,
@@ -361,6 +387,25 @@ pub async fn run_group(
                 Some(Err(e)) => tracing::debug!(error = %describe_watch(&e), "Watch of the replica's Secret failed: retrying"),
                 None => anyhow::bail!("the watch of the Secret ended"),
             },
+            event = identity_watch.next() => match event {
+                // A new key (or a malformed one, or the Secret gone): a pass now, even while a
+                // retry waits out a refusal of the old content.
+                Some(Ok(e)) => if this.identity_seen(e) {
+                    retry_at = None;
+                    mark(&mut pending);
+                },
+                Some(Err(e)) if watch_forbidden(&e) => tracing::warn!(
+                    error = %describe_watch(&e),
+                    secret = %this.settings.identity.as_ref().map_or(String::new(), ToString::to_string),
+                    "Watch of the group identity Secret refused: a new key reaches this replica only at its next pass (the sidecar needs list and watch on this Secret)"
+                ),
+                Some(Err(e)) => tracing::debug!(error = %describe_watch(&e), "Watch of the group identity Secret failed: retrying"),
+                None => anyhow::bail!("the watch of the group identity Secret ended"),
+            },
+            () = identity_recheck => {
+                this.identity_recheck_at = None;
+                mark(&mut pending);
+            }
             _ = base_tick.tick() => {
                 let base = read_base(&this.settings.base_config).await;
                 if base != this.base {
@@ -548,6 +593,30 @@ impl GroupLoop {
         self.settings.replica.identity == Identity::Shared
     }
 
+    /// Takes in one event of the group's identity Secret; true when a pass must look at it: it
+    /// holds another key than the one running (a rotation), a malformed one, or it is gone.
+    fn identity_seen(&mut self, event: watcher::Event<Secret>) -> bool {
+        let data = match event {
+            watcher::Event::Apply(s) | watcher::Event::InitApply(s) => secret_data(&s),
+            watcher::Event::Delete(_) => {
+                if self.known_group_key.is_some() {
+                    let now = crate::shell::clock::tokio_now();
+                    self.identity_missing_since.get_or_insert(now);
+                }
+                return true;
+            }
+            watcher::Event::Init | watcher::Event::InitDone => return false,
+        };
+        let name = self
+            .settings
+            .identity
+            .as_ref()
+            .map(ToString::to_string)
+            .unwrap_or_default();
+        let seen = group_key(&name, Some(&data));
+        seen != Ok(self.known_group_key.clone())
+    }
+
     fn replace(&mut self, next: BTreeMap<Key, Member>) -> bool {
         if next == self.members {
             return false;
@@ -731,9 +800,12 @@ impl GroupLoop {
     }
 
     /// With a shared identity, the group's key: read from its identity Secret, or, when there is
-    /// none, created there (with the key this replica last knew, else a new one). When the API
-    /// server answers that another replica created it meanwhile, that one's key is read and
-    /// used. A Secret that holds no usable key is refused, never overwritten.
+    /// none, created there (with the key this replica runs, else a new one). When the API server
+    /// answers that another replica created it meanwhile, that one's key is read and used. A
+    /// Secret that holds no usable key is refused, never overwritten, and the running key stays.
+    /// A Secret seen missing while a key runs is created again only
+    /// [`crate::sidecar::group::IDENTITY_RECREATE_AFTER`] later (the running key stays
+    /// meanwhile): a rotation may be creating it with a new key.
     async fn group_key(&mut self) -> Result<Option<SecretKey>, Failure> {
         let Some(store) = &self.identity else {
             return Ok(None);
@@ -747,20 +819,46 @@ impl GroupLoop {
         let api = |e| Failure::IdentityApi(Box::new(e));
         let refused = |e| Failure::Identity(Rejected(vec![e]));
         let found = store.data_if_exists().await.map_err(api)?;
-        let key = match group_key(&name, found.as_ref()).map_err(refused)? {
-            Some(key) => key,
-            None => {
-                let (key, known) = match &self.known_group_key {
-                    Some(k) => (k.clone(), true),
-                    None => (SecretKey::generate(), false),
-                };
+        let now = crate::shell::clock::tokio_now();
+        if found.is_some() {
+            self.identity_missing_since = None;
+            self.identity_recheck_at = None;
+        } else if self.known_group_key.is_some() {
+            self.identity_missing_since.get_or_insert(now);
+        }
+        let missing_for = self
+            .identity_missing_since
+            .map_or(Duration::ZERO, |since| now.saturating_duration_since(since));
+        let step = identity_step(
+            &name,
+            found.as_ref(),
+            self.known_group_key.as_ref(),
+            missing_for,
+            SecretKey::generate,
+        )
+        .map_err(refused)?;
+        let key = match step {
+            IdentityStep::Use(key) => key,
+            IdentityStep::Wait { key, remaining } => {
+                if self.identity_recheck_at.is_none() {
+                    tracing::warn!(
+                        secret = %name,
+                        recreate_in = ?remaining,
+                        "Group identity Secret is missing: running the group's key meanwhile; it is created again with that key unless someone creates it first (a rotation: then its key is taken)"
+                    );
+                }
+                self.identity_recheck_at = Some(now + remaining);
+                key
+            }
+            IdentityStep::Create { key, recreated } => {
                 if store.create(&identity_data(&key)).await.map_err(api)? {
                     tracing::info!(
                         secret = %name,
                         public_key = %key.public_key().to_base64(),
-                        recreated = known,
+                        recreated,
                         "Group identity Secret created: every replica of the group runs with this key"
                     );
+                    self.identity_missing_since = None;
                     key
                 } else {
                     // Another replica created it between the read and the create: its key stands.
@@ -776,6 +874,7 @@ impl GroupLoop {
                         public_key = %key.public_key().to_base64(),
                         "Group identity Secret was created by another replica first: using its key"
                     );
+                    self.identity_missing_since = None;
                     key
                 }
             }
@@ -784,6 +883,7 @@ impl GroupLoop {
             tracing::info!(
                 secret = %name,
                 public_key = %key.public_key().to_base64(),
+                rotated = self.known_group_key.is_some(),
                 "Running with the group's shared identity: peers configure one peer with this public key, and the group's UDP load balancer as its Endpoint"
             );
             self.known_group_key = Some(key.clone());
