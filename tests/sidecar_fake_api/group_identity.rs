@@ -493,7 +493,17 @@ async fn group_shared_identity_rotation_reaches_every_replica_at_once() {
         })
         .await;
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Refused again at each retry, backing off (0.2, 0.4, 0.8, 1.6, then 3.2 s): wait for the
+    // fifth refusal, so that a fix that waited for the next retry would miss ROTATION_LIMIT.
+    for (i, r) in replicas.iter().enumerate() {
+        wait_for(r, &format!("replica {i}'s fifth refusal"), || {
+            r.log()
+                .matches("Replica configuration still invalid")
+                .count()
+                >= 4
+        })
+        .await;
+    }
     assert!(every_volume_runs(&second), "the running key stays");
     for (i, r) in replicas.iter().enumerate() {
         let log = r.log();
@@ -509,7 +519,7 @@ async fn group_shared_identity_rotation_reaches_every_replica_at_once() {
     }
 
     // 3. Fixed by hand (`wg genkey` with its newline, no public_key): taken as fast, though the
-    //    refusal's retry waits out a backoff.
+    //    refusal's next retry is seconds away.
     let third = SecretKey([41; 32]);
     fake.put_secret(
         NS,
