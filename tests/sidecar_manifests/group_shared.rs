@@ -163,25 +163,30 @@ fn group_shared_runs_one_identity_behind_one_udp_balancer() {
         .any(|o| o["kind"] == "Service" && o["metadata"]["name"] == "db"));
 }
 
-/// The Role reads the identity Secret by name and may create it; it can never overwrite it.
+/// The Role reads and watches the identity Secret by name and may create it; it can never
+/// overwrite it, and reads no other Secret.
 #[test]
 fn group_shared_role_gets_the_identity_by_name_and_never_writes_it() {
     let Some(objects) = built() else { return };
     let role = one(&objects, "Role", "tgp-identity");
     assert_eq!(role["metadata"]["namespace"], NS);
     let rules = role["rules"].as_array().expect("rules");
-    let get = rules
-        .iter()
-        .find(|r| strs(&r["verbs"]).contains("get"))
-        .expect("get");
-    assert_eq!(
-        strs(&get["resourceNames"]),
-        BTreeSet::from(["tgp-identity".to_string()])
-    );
-    assert_eq!(
-        strs(&get["resources"]),
-        BTreeSet::from(["secrets".to_string()])
-    );
+    // The sidecar watches it with a metadata.name field selector: list and watch by name.
+    for verb in ["get", "list", "watch"] {
+        let rule = rules
+            .iter()
+            .find(|r| strs(&r["verbs"]).contains(verb))
+            .unwrap_or_else(|| panic!("{verb}"));
+        assert_eq!(
+            strs(&rule["resourceNames"]),
+            BTreeSet::from(["tgp-identity".to_string()]),
+            "{verb}"
+        );
+        assert_eq!(
+            strs(&rule["resources"]),
+            BTreeSet::from(["secrets".to_string()])
+        );
+    }
     let create = rules
         .iter()
         .find(|r| strs(&r["verbs"]).contains("create"))
