@@ -608,12 +608,12 @@ async fn group_shared_identity_deleted_and_not_replaced_is_created_again_with_th
         after >= Duration::from_secs(29),
         "created again after {after:?}"
     );
-    wait_for(&r0, "the identity Secret back", || {
-        !identity_secret(&fake).is_empty()
+    // The create's answer, then its log line.
+    wait_for(&r0, "the identity Secret back, and said", || {
+        !identity_secret(&fake).is_empty() && r0.log().contains("recreated=true")
     })
     .await;
     assert_eq!(utf8(&identity_secret(&fake), "private.key"), running);
-    assert!(r0.log().contains("recreated=true"), "{}", r0.log());
     assert_eq!(
         volume_key(&inputs, 0, "a").as_deref(),
         Some(running.as_str())
