@@ -159,7 +159,8 @@ pub enum TargetPort {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rendered {
     /// Every key the sidecar owns, `private.key` included (server-side apply drops a field its
-    /// manager stops sending, so the key is always sent, unchanged once it exists).
+    /// manager stops sending, so the key is always sent, unchanged once it exists); a proxy
+    /// group's replica with a shared identity leaves it out ([`group::render_group`]).
     pub data: BTreeMap<String, Vec<u8>>,
     /// Whether `private.key` was absent and a new key was generated.
     pub generated_key: bool,
@@ -442,6 +443,27 @@ pub fn changed_keys<'a>(
         .filter(|(k, v)| current.get(*k) != Some(*v))
         .map(|(k, _)| k.as_str())
         .collect()
+}
+
+/// The keys the sidecar writes ([`KEY_CONFIG`], [`KEY_CONFIG_GZ`], [`KEY_PRIVATE`],
+/// [`KEY_PUBLIC`], [`KEY_DEVICE_IPS`]) that `current` holds and `desired` does not: the plain
+/// config after the compressed one (or the other way round), or a `private.key` that a
+/// replica with a shared identity must not keep (an older version copied the group's key
+/// there). Non-empty means the Secret must be written even when [`changed_keys`] is empty.
+pub fn stale_keys(
+    desired: &BTreeMap<String, Vec<u8>>,
+    current: &BTreeMap<String, Vec<u8>>,
+) -> Vec<&'static str> {
+    [
+        KEY_CONFIG,
+        KEY_CONFIG_GZ,
+        KEY_PRIVATE,
+        KEY_PUBLIC,
+        KEY_DEVICE_IPS,
+    ]
+    .into_iter()
+    .filter(|k| current.contains_key(*k) && !desired.contains_key(*k))
+    .collect()
 }
 
 /// Splits `NS/NAME` (or a bare `NAME`, namespace `None`) and checks both parts are DNS labels or

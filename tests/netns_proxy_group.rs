@@ -138,7 +138,7 @@ fn start_replica(node: &Netns, ordinal: u32, peer: &WgGo) -> Pod {
     // `..data` symlink), which the proxy container runs.
     let dir = TempDir::new(&iface);
     ConfigDir::open(dir.path().to_path_buf())
-        .update(volume_files(&out.rendered.data).expect("volume files"))
+        .update(volume_files(&out.rendered.data, None).expect("volume files"))
         .expect("hand over");
     let config = dir.path().join(KEY_CONFIG);
     assert_eq!(

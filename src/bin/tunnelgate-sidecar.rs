@@ -69,7 +69,8 @@ struct Cli {
     /// With --proxy-group: per-replica (each replica its own key, Secret and addresses) or
     /// shared (every replica the group's key, kept in Secret $POD_NAMESPACE/<group>-identity,
     /// and the same addresses: host 1 of each pool, or the base config's), for one peer entry
-    /// behind one UDP load balancer. Default: per-replica.
+    /// behind one UDP load balancer; shared needs --config-dir, the one way the group's key
+    /// reaches the proxy container. Default: per-replica.
     #[arg(
         long,
         env = "TUNNELGATE_GROUP_IDENTITY",
@@ -129,6 +130,17 @@ fn main() -> ExitCode {
             "--config-dir: {} is not a directory: expected the volume shared with the proxy container",
             dir.display()
         ));
+    }
+    // The group's key is kept in its identity Secret only, never in the replica's own Secret:
+    // the volume is the one way it reaches the proxy container.
+    if group
+        .as_ref()
+        .is_some_and(|r| r.identity == Identity::Shared)
+        && cli.config_dir.is_none()
+    {
+        return usage(
+            "--identity shared needs --config-dir (TUNNELGATE_CONFIG_DIR): the group's key is kept in its identity Secret only, not in the replica's Secret, and reaches the proxy container through that shared volume",
+        );
     }
     if secret.is_none() && pod_name.is_none() {
         return usage(

@@ -15,6 +15,7 @@ use crate::config::{decode_key, Config, IpNet, Proto, SecretKey};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::IpAddr;
+use std::time::Duration;
 
 /// `tunnelgate.dev/proxy-group: NAME`: the Service is served by every replica of group NAME.
 pub const ANNOTATION_PROXY_GROUP: &str = "tunnelgate.dev/proxy-group";
@@ -127,7 +128,7 @@ pub fn group_key(
     let Some(data) = data else {
         return Ok(None);
     };
-    let fix = "(it is never overwritten: fix it, or delete it to have a new one created, which gives the group a new public key)";
+    let fix = "(it is never overwritten: the replicas keep the key they run until it holds a valid one, which they all take at once)";
     let Some(private) = data.get(KEY_PRIVATE) else {
         let mut keys: Vec<&str> = data.keys().map(String::as_str).take(8).collect();
         if data.len() > keys.len() {
@@ -154,8 +155,62 @@ pub fn group_key(
     Ok(Some(key))
 }
 
+/// How long a replica that runs the group's key waits, once it finds the identity Secret
+/// gone, before it creates it again with that key: an operator who rotates the key by deleting
+/// the Secret and creating it with a new key (two commands, seconds apart) gets the new key
+/// taken, not a 409 because a replica put the old key back in between. Meanwhile the replicas
+/// keep running the key they have, so a Secret deleted by mistake breaks no peer.
+pub const IDENTITY_RECREATE_AFTER: Duration = Duration::from_secs(30);
+
+/// What a replica does about the group's identity, given what its Secret holds now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IdentityStep {
+    /// Run the key the Secret holds.
+    Use(SecretKey),
+    /// The Secret is gone and this replica runs `key`: keep running it, and look again in
+    /// `remaining` (someone may be creating it with a new key: a rotation).
+    Wait { key: SecretKey, remaining: Duration },
+    /// Create the Secret with `key` (the one this replica runs when `recreated`, else a new one),
+    /// then run it, unless another replica's create came first.
+    Create { key: SecretKey, recreated: bool },
+}
+
+/// The step for identity Secret `secret`, from its data (`None`: it does not exist), the key
+/// this replica runs (if any) and how long the Secret has been seen missing. A malformed Secret
+/// is refused as [`group_key`] refuses it: the caller keeps the key it runs. `new_key` is called
+/// only when there is no key at all.
+pub fn identity_step(
+    secret: &str,
+    found: Option<&BTreeMap<String, Vec<u8>>>,
+    running: Option<&SecretKey>,
+    missing_for: Duration,
+    new_key: impl FnOnce() -> SecretKey,
+) -> Result<IdentityStep, String> {
+    if let Some(key) = group_key(secret, found)? {
+        return Ok(IdentityStep::Use(key));
+    }
+    Ok(match running {
+        None => IdentityStep::Create {
+            key: new_key(),
+            recreated: false,
+        },
+        Some(key) => match IDENTITY_RECREATE_AFTER.checked_sub(missing_for) {
+            Some(remaining) if !remaining.is_zero() => IdentityStep::Wait {
+                key: key.clone(),
+                remaining,
+            },
+            _ => IdentityStep::Create {
+                key: key.clone(),
+                recreated: true,
+            },
+        },
+    })
+}
+
 /// A replica's Secret data as rendering reads it, with the group's key in place of its own:
-/// every replica renders the same key, and its Secret keeps a copy of it.
+/// every replica renders the same key. The rendering of a shared identity keeps no copy of it
+/// in the replica's Secret ([`render_group`]): the key is kept in the identity Secret alone,
+/// and reaches the proxy container through the pod's in-memory volume.
 pub fn with_group_key(
     current: &BTreeMap<String, Vec<u8>>,
     key: &SecretKey,
@@ -334,6 +389,8 @@ pub fn pool_address(pool: &IpNet, ordinal: u32) -> Result<IpNet, String> {
 /// Renders replica `replica`'s Secret data from the base configuration and `services` (any
 /// Services: those not of the group are ignored). `new_key` is called only when the Secret has no
 /// `private.key` yet. The Secret never passes the API server's limit, [`SECRET_MAX_BYTES`].
+/// With a shared identity, `current` carries the group's key ([`with_group_key`]) and the data
+/// has no `private.key`: the replica's Secret keeps no copy of the group's key.
 pub fn render_group<'a>(
     replica: &Replica,
     services: impl IntoIterator<Item = &'a ServiceInfo>,
@@ -361,7 +418,7 @@ pub fn render_group_within<'a>(
     let mut refused = Vec::new();
     let candidates = base.claim_ports(members, &mut refused, &mut notes);
     let (served, text, checked) = base.valid_services(&candidates, &mut refused)?;
-    let (rendered, config) = finish(text, &base.prepared, current, notes.clone(), checked)?;
+    let (rendered, config) = base.finish_data(text, notes.clone(), checked)?;
     let mut draft = Draft {
         rendered,
         config,
@@ -441,6 +498,23 @@ impl<'a> Base<'a> {
             prepared,
         };
         Ok((base, notes))
+    }
+
+    /// The Secret data for `text` ([`finish`]). With a shared identity, without `private.key`:
+    /// the group's key is kept in its identity Secret only, never copied into each replica's
+    /// Secret (the shell hands it to the proxy container with the rest). Taken out here, before
+    /// the size is counted, so the Secret holds exactly what was counted.
+    fn finish_data(
+        &self,
+        text: String,
+        notes: Vec<String>,
+        checked: Option<Config>,
+    ) -> Result<(Rendered, Config), Rejected> {
+        let (mut rendered, config) = finish(text, &self.prepared, self.current, notes, checked)?;
+        if self.replica.identity == Identity::Shared {
+            rendered.data.remove(KEY_PRIVATE);
+        }
+        Ok((rendered, config))
     }
 
     /// The members (oldest first) the replica can serve, each with its rules. A Service that
@@ -695,9 +769,7 @@ impl<'a> Base<'a> {
                     .collect(),
             )
         })?;
-        let prepared = &self.prepared;
-        (draft.rendered, draft.config) =
-            finish(text.text, prepared, self.current, notes, Some(checked))?;
+        (draft.rendered, draft.config) = self.finish_data(text.text, notes, Some(checked))?;
         Ok(over_limit)
     }
 }

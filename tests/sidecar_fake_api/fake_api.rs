@@ -296,6 +296,15 @@ impl Fake {
         st.notify_secret(&key(ns, name), rv);
     }
 
+    /// Someone else writes Secret NS/NAME whole (`kubectl create`, or `kubectl apply` over an
+    /// existing one); its watches are told.
+    pub(crate) fn put_secret(&self, ns: &str, name: &str, data: BTreeMap<String, Vec<u8>>) {
+        let mut st = self.lock();
+        st.secrets.insert(key(ns, name), data);
+        let rv = st.next_rv().parse().unwrap_or(0);
+        st.notify_secret(&key(ns, name), rv);
+    }
+
     /// Tells every open watch that its resourceVersion is too old (410 Gone), then ends it: the
     /// client must list again.
     pub(crate) fn expire_watches(&self) {
@@ -498,6 +507,41 @@ impl Fake {
                             "Invalid",
                             &format!("the fake cannot apply {op}"),
                         );
+                    }
+                }
+                let data = data.clone();
+                let rv = st.next_rv().parse().unwrap_or(0);
+                st.notify_secret(&key(ns, name), rv);
+                reply(StatusCode::OK, &secret_json(ns, name, &data, rv))
+            }
+            (&Method::PATCH, ["api", "v1", "namespaces", ns, "secrets", name])
+                if content_type == "application/merge-patch+json" =>
+            {
+                // A JSON merge patch of data keys: null removes a key (whoever wrote it), a
+                // string sets it.
+                let Some(data) = st.secrets.get_mut(&key(ns, name)) else {
+                    return status(
+                        StatusCode::NOT_FOUND,
+                        "NotFound",
+                        &format!("secrets \"{name}\" not found"),
+                    );
+                };
+                let Ok(patch) = serde_json::from_str::<Value>(&body) else {
+                    return status(StatusCode::BAD_REQUEST, "BadRequest", "not JSON");
+                };
+                for (k, v) in patch["data"].as_object().into_iter().flatten() {
+                    match v.as_str() {
+                        None => {
+                            data.remove(k);
+                        }
+                        Some(text) => {
+                            let bytes = base64::Engine::decode(
+                                &base64::engine::general_purpose::STANDARD,
+                                text,
+                            )
+                            .unwrap_or_default();
+                            data.insert(k.clone(), bytes);
+                        }
                     }
                 }
                 let data = data.clone();

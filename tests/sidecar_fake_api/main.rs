@@ -15,10 +15,12 @@
 //! working; a restart keeps the keys and writes nothing; an expired cluster-wide watch lists
 //! again; a missing Secret without `create` is reported and written once it exists.
 //!
-//! Proxy group with a shared identity: every replica renders the group's one key and host 1 of
-//! the pool, a replica scaled in gets them, two replicas racing to create the identity Secret end
-//! with one key (the loser's create answered 409 AlreadyExists), and a malformed identity Secret
-//! is reported on the pod, never overwritten, and used once fixed.
+//! Proxy group with a shared identity: every replica hands the group's one key to its volume and
+//! renders host 1 of the pool, a replica scaled in gets them, no replica's Secret holds the key
+//! (an older copy is removed), two replicas racing to create the identity Secret end with one key
+//! (the loser's create answered 409 AlreadyExists), a malformed identity Secret is reported on the
+//! pod, never overwritten, and used once fixed, and a rotation (edited, or deleted and created)
+//! reaches every volume within 2 s while a malformed new key keeps the old one.
 //!
 //! Proxy groups at scale (the fake has the real 1 MiB Secret limit): at 10,000 Services a burst
 //! of 50 costs at most 10 writes per replica and the sidecar stays under 64 MiB; 20 % port

@@ -22,6 +22,10 @@ pub(crate) const README_KUBECTL: &[(&str, &str)] = &[
         "not run: group_identity.rs checks the public_key the sidecars write to tgp-identity",
     ),
     (
+        "kubectl -n tunnelgate create secret generic tgp-identity --from-file=private.key=tgp.key --from-literal=public_key=\"$(wg pubkey < tgp.key)\" --dry-run=client -o yaml | kubectl apply -f -",
+        "run against the fake: readme_shared_identity_rotation_command",
+    ),
+    (
         "kubectl -n tunnelgate exec tgp-0 -c proxy -- tunnelgate check | sed -n '/^# client side/,$p'",
         "not run: needs a kubelet; group_identity.rs's group_shared_identity_prints_the_balancers_address_as_the_peers_endpoint renders the same section from each replica's config",
     ),

@@ -415,3 +415,92 @@ async fn readme_peer_config_is_brought_up_by_wg_quick() {
     r0.stop();
     r1.stop();
 }
+
+/// "Rotating the group's key": the README's commands, run as shown (`wg genkey`, `kubectl create
+/// secret ... --dry-run=client -o yaml | kubectl apply -f -`) against two replicas of a shared
+/// identity in namespace tunnelgate, put a new key and its public key in `tgp-identity`; both
+/// replicas' volumes run it within 2 s, their Secrets get its public key and no private key, and
+/// the key file is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readme_shared_identity_rotation_command() {
+    if !kubectl_present() {
+        return;
+    }
+    if Command::new("wg").arg("--version").output().is_err() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "wg is not installed"
+        );
+        eprintln!("SKIPPED: wg (wireguard-tools) is not installed");
+        return;
+    }
+    let ns = "tunnelgate";
+    let fake = Fake::start_many(group_cluster(), BTreeMap::new()).await;
+    let inputs = Inputs::new(&fake, "readme-rotate");
+    let volume = |i: u32| inputs.dir.join(format!("tgp-{i}-volume"));
+    let volume_key = |i: u32| std::fs::read_to_string(volume(i).join("private.key")).ok();
+    let replicas = [0, 1].map(|i| {
+        let pod = format!("tgp-{i}");
+        std::fs::create_dir_all(volume(i)).expect("volume");
+        let dir = volume(i).display().to_string();
+        Sidecar::start_with(
+            &inputs,
+            &pod,
+            &["--proxy-group", "tgp"],
+            &[
+                ("POD_NAME", pod.as_str()),
+                ("POD_NAMESPACE", ns),
+                ("TUNNELGATE_ADDRESS_POOLS", POOL),
+                ("TUNNELGATE_GROUP_IDENTITY", "shared"),
+                ("TUNNELGATE_CONFIG_DIR", dir.as_str()),
+            ],
+        )
+    });
+    let identity = || fake.secret_of(ns, "tgp-identity");
+    for (i, r) in replicas.iter().enumerate() {
+        wait_for(r, &format!("tgp-{i}'s volume"), || {
+            volume_key(i as u32).is_some()
+        })
+        .await;
+    }
+    let old = utf8(&identity(), "private.key");
+
+    let sh = Shell::new(&inputs);
+    let block = readme_blocks("sh")
+        .into_iter()
+        .find(|b| b.starts_with("(umask 077; wg genkey > tgp.key)"))
+        .expect("the README's rotation");
+    let out = sh.run(&block).await;
+    assert_eq!(out, "secret/tgp-identity configured\n");
+    assert!(!sh.root.join("tgp.key").exists(), "the key file is removed");
+    let new = utf8(&identity(), "private.key");
+    assert_ne!(new.trim(), old.trim(), "a new key");
+    let new_key = SecretKey(
+        tunnelgate::config::decode_key(new.trim()).expect("the README's key is a WireGuard key"),
+    );
+    assert_eq!(
+        utf8(&identity(), "public_key").trim(),
+        new_key.public_key().to_base64()
+    );
+    let start = clock::tokio_now();
+    for (i, r) in replicas.iter().enumerate() {
+        wait_for(r, &format!("tgp-{i} running the new key"), || {
+            volume_key(i as u32).as_deref() == Some(new_key.expose_base64().as_str())
+                && utf8(&fake.secret_of(ns, &format!("tgp-{i}")), "public_key")
+                    == new_key.public_key().to_base64()
+        })
+        .await;
+        assert!(!fake
+            .secret_of(ns, &format!("tgp-{i}"))
+            .contains_key("private.key"));
+        assert_eq!(
+            handed_over(&volume(i as u32)).interface.private_key,
+            new_key
+        );
+    }
+    let took = clock::tokio_now() - start;
+    assert!(took < Duration::from_secs(2), "took {took:?}");
+    for r in replicas {
+        r.stop();
+    }
+}

@@ -142,7 +142,8 @@ fn group_shared_runs_one_identity_behind_one_udp_balancer() {
         .any(|o| o["kind"] == "Service" && o["metadata"]["name"] == "db"));
 }
 
-/// The Role reads the identity Secret by name and may create it; it can never overwrite it.
+/// The Role reads and watches the identity Secret by name and may create it; it can never
+/// overwrite it, and reads no other Secret.
 #[test]
 fn group_shared_role_gets_the_identity_by_name_and_never_writes_it() {
     let Some(objects) = built_or_skip() else {
@@ -151,18 +152,22 @@ fn group_shared_role_gets_the_identity_by_name_and_never_writes_it() {
     let role = one(&objects, "Role", "tgp-identity");
     assert_eq!(role["metadata"]["namespace"], NS);
     let rules = role["rules"].as_array().expect("rules");
-    let get = rules
-        .iter()
-        .find(|r| strs(&r["verbs"]).contains("get"))
-        .expect("get");
-    assert_eq!(
-        strs(&get["resourceNames"]),
-        BTreeSet::from(["tgp-identity".to_string()])
-    );
-    assert_eq!(
-        strs(&get["resources"]),
-        BTreeSet::from(["secrets".to_string()])
-    );
+    // The sidecar watches it with a metadata.name field selector: list and watch by name.
+    for verb in ["get", "list", "watch"] {
+        let rule = rules
+            .iter()
+            .find(|r| strs(&r["verbs"]).contains(verb))
+            .unwrap_or_else(|| panic!("{verb}"));
+        assert_eq!(
+            strs(&rule["resourceNames"]),
+            BTreeSet::from(["tgp-identity".to_string()]),
+            "{verb}"
+        );
+        assert_eq!(
+            strs(&rule["resources"]),
+            BTreeSet::from(["secrets".to_string()])
+        );
+    }
     let create = rules
         .iter()
         .find(|r| strs(&r["verbs"]).contains("create"))
@@ -247,11 +252,13 @@ fn group_shared_base_config_renders_one_key_and_address_for_every_replica() {
         assert!(out.refused.is_empty(), "{:?}", out.refused);
         assert_eq!(out.served, ["apps/web"]);
         let data = &out.rendered.data;
-        seen.insert((
-            data["private.key"].clone(),
-            data["public_key"].clone(),
-            data["device_ips"].clone(),
-        ));
+        // The group's key is kept in its identity Secret only, never in a replica's.
+        assert!(!data.contains_key("private.key"), "replica {ordinal}");
+        seen.insert((data["public_key"].clone(), data["device_ips"].clone()));
+        assert_eq!(
+            data["public_key"],
+            group.public_key().to_base64().as_bytes()
+        );
         assert_eq!(data["device_ips"], br#"["100.64.1.1"]"#);
     }
     assert_eq!(seen.len(), 1, "every replica renders the same identity");

@@ -116,9 +116,15 @@ fn text(r: &GroupRendered, k: &str) -> String {
 }
 
 fn daemon_view(r: &GroupRendered) -> Config {
+    daemon_view_with(r, &text(r, KEY_PRIVATE))
+}
+
+/// What the daemon loads with `key` as its key file: with a shared identity, the group's key
+/// that the shell hands over beside the rendered config.
+fn daemon_view_with(r: &GroupRendered, key: &str) -> Config {
     let files = MapFiles(BTreeMap::from([(
         format!("{MOUNT_DIR}/{KEY_PRIVATE}"),
-        text(r, KEY_PRIVATE),
+        key.to_string(),
     )]));
     Config::parse(&text(r, KEY_CONFIG), Path::new(MOUNT_DIR), &files).expect("daemon accepts it")
 }
@@ -770,7 +776,15 @@ fn replicas_of_a_shared_identity_render_the_same_key_and_addresses() {
         .map(|n| render_shared(&shared(n), &empty, &group))
         .collect();
     for out in &outs {
-        assert_eq!(text(out, KEY_PRIVATE), group.expose_base64());
+        // The group's key is kept in its identity Secret alone: the replica's has none.
+        assert_eq!(
+            out.rendered
+                .data
+                .keys()
+                .map(String::as_str)
+                .collect::<Vec<_>>(),
+            [KEY_DEVICE_IPS, KEY_PUBLIC, KEY_CONFIG]
+        );
         assert_eq!(text(out, KEY_PUBLIC), group.public_key().to_base64());
         // Host 1 of each pool, whatever the ordinal.
         assert_eq!(
@@ -778,7 +792,10 @@ fn replicas_of_a_shared_identity_render_the_same_key_and_addresses() {
             r#"["100.64.1.1","fd7a:115c:a1e0:1::1"]"#
         );
         assert_eq!(
-            daemon_view(out).interface.private_key.expose_base64(),
+            daemon_view_with(out, &group.expose_base64())
+                .interface
+                .private_key
+                .expose_base64(),
             group.expose_base64()
         );
         assert!(!out.rendered.generated_key);
@@ -799,17 +816,67 @@ fn replicas_of_a_shared_identity_render_the_same_key_and_addresses() {
     assert_ne!(text(&own, KEY_PUBLIC), group.public_key().to_base64());
 }
 
+/// A replica switched to a shared identity (or whose Secret an older version wrote with a copy
+/// of the group's key) renders the group's public key and no `private.key`: the key it had is
+/// stale, so the shell removes it from the Secret.
 #[test]
 fn a_replica_switched_to_a_shared_identity_renders_the_group_key_over_its_own() {
     let before = render(&replica(1), &[]);
     let group = key(91);
     let after = render_shared(&shared(1), &before.rendered.data, &group);
-    assert_eq!(text(&after, KEY_PRIVATE), group.expose_base64());
+    assert!(!after.rendered.data.contains_key(KEY_PRIVATE));
     assert_eq!(text(&after, KEY_PUBLIC), group.public_key().to_base64());
     assert_eq!(
         text(&after, KEY_DEVICE_IPS),
         text(&render(&replica(0), &[]), KEY_DEVICE_IPS)
     );
+    assert_eq!(
+        crate::sidecar::stale_keys(&after.rendered.data, &before.rendered.data),
+        [KEY_PRIVATE]
+    );
+    // An older version's copy of the group's key: the same.
+    let copied = with_group_key(&after.rendered.data, &group);
+    let again = render_shared(&shared(1), &copied, &group);
+    assert_eq!(again.rendered.data, after.rendered.data);
+    assert_eq!(
+        crate::sidecar::stale_keys(&again.rendered.data, &copied),
+        [KEY_PRIVATE]
+    );
+    assert!(crate::sidecar::changed_keys(&again.rendered.data, &copied).is_empty());
+    // Per replica, the Secret keeps its own key, and nothing is stale.
+    let kept = render_group(&replica(1), &[], &base(), &before.rendered.data, || {
+        panic!("a new key for a replica that has one")
+    })
+    .expect("renders");
+    assert_eq!(kept.rendered.data, before.rendered.data);
+    assert!(crate::sidecar::stale_keys(&kept.rendered.data, &before.rendered.data).is_empty());
+}
+
+/// Past the size limit the rendering is done again for the oldest Services: that one too keeps
+/// no copy of the group's key.
+#[test]
+fn a_shared_identity_past_the_limit_still_keeps_no_key_in_the_replicas_secret() {
+    let services = many_ingress(2_000);
+    let group = key(96);
+    let current = with_group_key(&BTreeMap::new(), &group);
+    let within = |max| {
+        render_group_within(
+            &shared(1),
+            &services,
+            &base(),
+            &current,
+            || panic!("no key generated"),
+            max,
+        )
+        .expect("renders")
+    };
+    let all = within(SECRET_MAX_BYTES);
+    let max = crate::sidecar::gzip(text(&all, KEY_CONFIG).as_bytes()).len() * 2 / 3;
+    let g = within(max);
+    assert!(g.over_limit.is_some() && g.served.len() < 2_000);
+    assert!(!g.rendered.data.contains_key(KEY_PRIVATE));
+    assert_eq!(text(&g, KEY_PUBLIC), group.public_key().to_base64());
+    assert!(crate::sidecar::data_size(&g.rendered.data) <= max);
 }
 
 #[test]
@@ -965,6 +1032,76 @@ fn a_malformed_or_foreign_identity_secret_is_refused() {
     }
 }
 
+/// What a replica does about the identity: runs the key the Secret holds; creates one when
+/// there is none and it runs none; while it runs one and the Secret has been gone less than
+/// IDENTITY_RECREATE_AFTER, keeps running it and waits (a rotation may be creating it), then
+/// creates it again with that key; a malformed Secret is refused whatever runs, so the shell
+/// keeps the running key.
+#[test]
+fn a_missing_identity_is_waited_for_then_created_again_with_the_running_key() {
+    let running = key(97);
+    let rotated = key(98);
+    let never = || -> SecretKey { panic!("a new key while one runs") };
+    let s = "tg/tgp-identity";
+    let secs = Duration::from_secs;
+    // Present: its key, whatever runs (a rotation).
+    assert_eq!(
+        identity_step(
+            s,
+            Some(&identity_data(&rotated)),
+            Some(&running),
+            secs(0),
+            never
+        ),
+        Ok(IdentityStep::Use(rotated.clone()))
+    );
+    // Absent, nothing runs (the first replica): a new key, at once.
+    assert_eq!(
+        identity_step(s, None, None, secs(0), || rotated.clone()),
+        Ok(IdentityStep::Create {
+            key: rotated.clone(),
+            recreated: false
+        })
+    );
+    // Absent while a key runs: wait, keep it.
+    for (gone, left) in [(0, 30), (1, 29), (29, 1)] {
+        assert_eq!(
+            identity_step(s, None, Some(&running), secs(gone), never),
+            Ok(IdentityStep::Wait {
+                key: running.clone(),
+                remaining: secs(left)
+            }),
+            "gone for {gone} s"
+        );
+    }
+    assert_eq!(IDENTITY_RECREATE_AFTER, secs(30));
+    // Then create it again with that key.
+    for gone in [30, 31, 100_000] {
+        assert_eq!(
+            identity_step(s, None, Some(&running), secs(gone), never),
+            Ok(IdentityStep::Create {
+                key: running.clone(),
+                recreated: true
+            }),
+            "gone for {gone} s"
+        );
+    }
+    // Malformed (a rotation gone wrong): refused, naming the Secret, never the key, and
+    // never replaced by a create.
+    let bad = BTreeMap::from([(
+        KEY_PRIVATE.to_string(),
+        format!("{}x", rotated.expose_base64()).into_bytes(),
+    )]);
+    let e = identity_step(s, Some(&bad), Some(&running), secs(0), never).expect_err("bad");
+    assert!(
+        e.starts_with("group identity Secret tg/tgp-identity"),
+        "{e}"
+    );
+    assert!(e.contains("the replicas keep the key they run"), "{e}");
+    assert!(!e.contains(&rotated.expose_base64()[..20]), "{e}");
+    assert!(!e.contains(&running.expose_base64()[..20]), "{e}");
+}
+
 /// The group's UDP load balancer, annotated for the group, with `ingress` as the addresses
 /// its load balancer has so far.
 fn balancer(name: &str, created: i64, ports: Vec<ServicePort>, ingress: &[&str]) -> ServiceInfo {
@@ -1075,7 +1212,7 @@ fn a_balancer_that_gives_no_dialable_endpoint_is_named_and_ignored() {
         r.endpoint = endpoint;
         let out = render_shared(&r, &BTreeMap::new(), &key(90));
         assert_eq!(
-            daemon_view(&out)
+            daemon_view_with(&out, &key(90).expose_base64())
                 .interface
                 .public_endpoint
                 .map(|e| e.to_string())
@@ -1093,13 +1230,17 @@ fn every_replica_renders_the_balancers_address_as_its_public_endpoint_unless_the
         let mut r = shared(n);
         r.endpoint = Some("203.0.113.10:51820".into());
         let out = render_shared(&r, &empty, &group);
-        let config = daemon_view(&out);
+        let config = daemon_view_with(&out, &group.expose_base64());
         assert_eq!(
-            config.interface.public_endpoint.map(|e| e.to_string()),
+            config
+                .interface
+                .public_endpoint
+                .as_ref()
+                .map(|e| e.to_string()),
             Some("203.0.113.10:51820".into())
         );
         // What `tunnelgate check` prints for a peer: the group's key and the balancer.
-        let plan = crate::core::check_report::render_plan(&daemon_view(&out), None);
+        let plan = crate::core::check_report::render_plan(&config, None);
         assert!(
             plan.contains(&format!(
                 "[Peer]\nPublicKey = {}\nEndpoint = 203.0.113.10:51820\n",
@@ -1120,7 +1261,7 @@ fn every_replica_renders_the_balancers_address_as_its_public_endpoint_unless_the
     })
     .expect("renders");
     assert_eq!(
-        daemon_view(&out)
+        daemon_view_with(&out, &group.expose_base64())
             .interface
             .public_endpoint
             .map(|e| e.to_string()),

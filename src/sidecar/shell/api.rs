@@ -168,12 +168,36 @@ impl SecretStore {
     }
 
     /// Server-side apply of `data` under [`FIELD_MANAGER`], forced: the sidecar is the only writer
-    /// of these keys, so it takes them over from whoever created the Secret.
-    pub async fn apply(&self, data: &BTreeMap<String, Vec<u8>>) -> Result<(), kube::Error> {
+    /// of these keys, so it takes them over from whoever created the Secret. Returns what the
+    /// Secret holds after it.
+    pub async fn apply(
+        &self,
+        data: &BTreeMap<String, Vec<u8>>,
+    ) -> Result<BTreeMap<String, Vec<u8>>, kube::Error> {
         let secret = self.secret_with(data);
         let params = PatchParams::apply(FIELD_MANAGER).force();
         self.api
             .patch(&self.obj.name, &params, &Patch::Apply(&secret))
+            .await
+            .map(|s| secret_data(&s))
+    }
+
+    /// Removes `keys` from the Secret's data (a JSON merge patch setting each to null, which
+    /// removes a key whoever wrote it, and is a no-op for one already gone). Server-side apply
+    /// drops a key its manager stops sending only when no other manager owns it too: a key that
+    /// `kubectl edit` touched, say, stays until removed this way.
+    pub async fn remove_keys(&self, keys: &[&str]) -> Result<(), kube::Error> {
+        let nulls: serde_json::Map<String, serde_json::Value> = keys
+            .iter()
+            .map(|k| ((*k).to_string(), serde_json::Value::Null))
+            .collect();
+        let patch = serde_json::json!({ "data": nulls });
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..PatchParams::default()
+        };
+        self.api
+            .patch(&self.obj.name, &params, &Patch::Merge(&patch))
             .await
             .map(|_| ())
     }

@@ -10,7 +10,10 @@
 //! in each pod, so with per-replica Secrets mounted, every replica needs its own volume and mount
 //! in the manifests, and `kubectl scale` alone cannot add one. The Secret stays the durable
 //! record (the key survives the pod; peers read `public_key` from it); the volume is the hand-off.
+//! With a group's shared identity the replica's Secret holds no key: the volume's `private.key`
+//! is the group's, from its identity Secret, the one place the API keeps it.
 
+use crate::config::SecretKey;
 use crate::shell::config_file::{gunzip_bounded, MAX_DECOMPRESSED_BYTES};
 use crate::sidecar::{KEY_CONFIG, KEY_CONFIG_GZ, KEY_DEVICE_IPS, KEY_PRIVATE, KEY_PUBLIC};
 use std::collections::BTreeMap;
@@ -32,8 +35,13 @@ const DIR_MODE: u32 = 0o750;
 
 /// What the proxy container reads, from the Secret data the sidecar wrote (or found up to date):
 /// the configuration as plain `tunnelgate.toml` (gunzipped when the Secret holds the `.gz` form:
-/// a file has no 1 MiB limit), the private key, and the two keys peers need.
-pub fn volume_files(data: &BTreeMap<String, Vec<u8>>) -> Result<BTreeMap<String, Vec<u8>>, String> {
+/// a file has no 1 MiB limit), the private key, and the two keys peers need. The key is
+/// `group_key` when the replica runs the group's shared identity (its Secret holds none, and a
+/// `private.key` found there anyway is never handed over), else the Secret's own.
+pub fn volume_files(
+    data: &BTreeMap<String, Vec<u8>>,
+    group_key: Option<&SecretKey>,
+) -> Result<BTreeMap<String, Vec<u8>>, String> {
     let config = match (data.get(KEY_CONFIG), data.get(KEY_CONFIG_GZ)) {
         (Some(plain), _) => plain.clone(),
         // Bounded like the daemon's own read of a `.gz`: a bomb in the Secret stops here.
@@ -41,8 +49,18 @@ pub fn volume_files(data: &BTreeMap<String, Vec<u8>>) -> Result<BTreeMap<String,
             .map_err(|e| format!("{KEY_CONFIG_GZ}: {e}"))?,
         (None, None) => return Err(format!("no {KEY_CONFIG} to hand over")),
     };
-    let mut files = BTreeMap::from([(KEY_CONFIG.to_string(), config)]);
-    for key in [KEY_PRIVATE, KEY_PUBLIC, KEY_DEVICE_IPS] {
+    let private = match group_key {
+        Some(key) => key.expose_base64().into_bytes(),
+        None => data
+            .get(KEY_PRIVATE)
+            .cloned()
+            .ok_or_else(|| format!("no {KEY_PRIVATE} to hand over"))?,
+    };
+    let mut files = BTreeMap::from([
+        (KEY_CONFIG.to_string(), config),
+        (KEY_PRIVATE.to_string(), private),
+    ]);
+    for key in [KEY_PUBLIC, KEY_DEVICE_IPS] {
         let value = data
             .get(key)
             .ok_or_else(|| format!("no {key} to hand over"))?;
@@ -171,21 +189,26 @@ mod tests {
 
     #[test]
     fn the_volume_gets_the_plain_config_whichever_form_the_secret_holds() {
-        let plain = volume_files(&data(KEY_CONFIG, b"[interface]\n".to_vec())).expect("plain");
-        let gz =
-            volume_files(&data(KEY_CONFIG_GZ, crate::sidecar::gzip(b"[interface]\n"))).expect("gz");
+        let plain =
+            volume_files(&data(KEY_CONFIG, b"[interface]\n".to_vec()), None).expect("plain");
+        let gz = volume_files(
+            &data(KEY_CONFIG_GZ, crate::sidecar::gzip(b"[interface]\n")),
+            None,
+        )
+        .expect("gz");
         assert_eq!(plain, gz);
         assert_eq!(
             plain.keys().map(String::as_str).collect::<Vec<_>>(),
             [KEY_DEVICE_IPS, KEY_PRIVATE, KEY_PUBLIC, KEY_CONFIG]
         );
         assert_eq!(plain[KEY_CONFIG], b"[interface]\n");
-        let err = volume_files(&data(KEY_CONFIG_GZ, b"not gzip".to_vec())).expect_err("bad gz");
+        let err =
+            volume_files(&data(KEY_CONFIG_GZ, b"not gzip".to_vec()), None).expect_err("bad gz");
         assert!(err.contains("not a gzip-compressed"), "{err}");
         // Bounded like the daemon's read: a bomb in the Secret is refused, not unpacked.
         let mib = crate::sidecar::gzip(&vec![b' '; 1 << 20]);
         let bomb = mib.repeat((MAX_DECOMPRESSED_BYTES >> 20) as usize + 1);
-        let err = volume_files(&data(KEY_CONFIG_GZ, bomb)).expect_err("a bomb");
+        let err = volume_files(&data(KEY_CONFIG_GZ, bomb), None).expect_err("a bomb");
         assert!(err.contains("more than 67108864 bytes"), "{err}");
         // Every member, as the daemon reads them; garbage after the last is refused.
         let two = [
@@ -193,16 +216,38 @@ mod tests {
             crate::sidecar::gzip(b"[[peer]]\n"),
         ]
         .concat();
-        let files = volume_files(&data(KEY_CONFIG_GZ, two.clone())).expect("two members");
+        let files = volume_files(&data(KEY_CONFIG_GZ, two.clone()), None).expect("two members");
         assert_eq!(files[KEY_CONFIG], b"[interface]\n[[peer]]\n");
-        let err = volume_files(&data(KEY_CONFIG_GZ, [&two[..], b"junk"].concat()))
+        let err = volume_files(&data(KEY_CONFIG_GZ, [&two[..], b"junk"].concat()), None)
             .expect_err("trailing garbage");
         assert!(err.contains("trailing data"), "{err}");
         let mut no_key = data(KEY_CONFIG, Vec::new());
         no_key.remove(KEY_PRIVATE);
         assert_eq!(
-            volume_files(&no_key).expect_err("no key"),
+            volume_files(&no_key, None).expect_err("no key"),
             "no private.key to hand over"
+        );
+    }
+
+    /// With a shared identity the replica's Secret holds no key: the volume gets the group's,
+    /// and a `private.key` still in the Secret (an older version's copy, or anyone's edit) is
+    /// never what the proxy runs.
+    #[test]
+    fn with_a_shared_identity_the_volume_gets_the_group_key_not_the_secrets() {
+        let group = SecretKey([5; 32]);
+        let mut secret = data(KEY_CONFIG, b"[interface]\n".to_vec());
+        secret.remove(KEY_PRIVATE);
+        let files = volume_files(&secret, Some(&group)).expect("no key in the Secret");
+        assert_eq!(files[KEY_PRIVATE], group.expose_base64().into_bytes());
+        secret.insert(
+            KEY_PRIVATE.into(),
+            SecretKey([6; 32]).expose_base64().into_bytes(),
+        );
+        let files = volume_files(&secret, Some(&group)).expect("a stale key in the Secret");
+        assert_eq!(files[KEY_PRIVATE], group.expose_base64().into_bytes());
+        assert_eq!(
+            files.keys().map(String::as_str).collect::<Vec<_>>(),
+            [KEY_DEVICE_IPS, KEY_PRIVATE, KEY_PUBLIC, KEY_CONFIG]
         );
     }
 

@@ -6,7 +6,12 @@
 //!
 //! With a shared identity, each pass first reads the group's identity Secret; when there is none
 //! it creates it (never overwriting: when another replica won the race, the API server answers
-//! 409 AlreadyExists and this one reads the winner's key). Every replica renders that key.
+//! 409 AlreadyExists and this one reads the winner's key). Every replica renders that key, hands
+//! it to its proxy container through the shared volume and keeps no copy of it in its own
+//! Secret. The identity Secret is watched by name, so a new key (a rotation) reaches every
+//! replica at once; a malformed one is refused and the running key stays. When it is deleted,
+//! the running key stays for [`crate::sidecar::group::IDENTITY_RECREATE_AFTER`] (a rotation may
+//! be creating it anew), then the Secret is created again with it.
 //!
 //! After each write, the served Services' target names are looked up in the background, in the
 //! pod's DNS with the daemon's own resolver settings (the daemon's state is not visible from
@@ -33,10 +38,10 @@ use crate::core::dns::{MAX_CONCURRENT_RESOLUTIONS, RESOLVE_TIMEOUT};
 use crate::shell::keys::GenerateKey as _;
 use crate::shell::resolver::Resolver;
 use crate::sidecar::group::{
-    balancer_endpoint, group_key, identity_data, is_balancer, is_member, render_group,
-    with_group_key, Identity, Replica,
+    balancer_endpoint, group_key, identity_data, identity_step, is_balancer, is_member,
+    render_group, with_group_key, Identity, IdentityStep, Replica,
 };
-use crate::sidecar::{changed_keys, Backoff, Rejected, ServiceInfo, KEY_PRIVATE};
+use crate::sidecar::{changed_keys, stale_keys, Backoff, Rejected, ServiceInfo, KEY_PRIVATE};
 use futures::{Stream, StreamExt as _};
 use k8s_openapi::api::core::v1::{Secret, Service};
 use kube::runtime::{watcher, WatchStreamExt as _};
@@ -129,6 +134,10 @@ struct GroupLoop {
     /// The group key last read or created: a deleted identity Secret is created again with it,
     /// so the replicas that are running keep one key.
     known_group_key: Option<SecretKey>,
+    /// Since when the identity Secret has been seen missing (while a key runs).
+    identity_missing_since: Option<Instant>,
+    /// When to look at a missing identity Secret again (and create it with the running key).
+    identity_recheck_at: Option<Instant>,
     /// The over-limit problem last said on the pod.
     reported_over_limit: Option<String>,
     /// With a shared identity: the group balancer's endpoint and problems last said.
@@ -236,9 +245,22 @@ pub async fn run_group(
         .identity
         .clone()
         .map(|obj| SecretStore::new(client.clone(), obj));
+    // The group's identity Secret, by name (RBAC can limit list and watch to it): a new key
+    // reaches this replica at once, not at the next resync.
+    let mut identity_watch = match &settings.identity {
+        Some(obj) => watcher(
+            Api::<Secret>::namespaced(client.clone(), &obj.namespace),
+            watcher::Config::default().fields(&format!("metadata.name={}", obj.name)),
+        )
+        .backoff(WatchBackoff::default())
+        .boxed(),
+        None => futures::stream::pending().boxed(),
+    };
     let mut this = GroupLoop {
         identity,
         known_group_key: None,
+        identity_missing_since: None,
+        identity_recheck_at: None,
         config_dir,
         secret,
         events: EventRecorder::start(client),
@@ -314,6 +336,12 @@ pub async fn run_group(
                 None => std::future::pending().await,
             }
         };
+        let identity_recheck = async {
+            match this.identity_recheck_at {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
         let checked = async {
             match check.as_mut() {
                 Some(task) => task.await,
@@ -359,6 +387,25 @@ pub async fn run_group(
                 Some(Err(e)) => tracing::debug!(error = %describe_watch(&e), "Watch of the replica's Secret failed: retrying"),
                 None => anyhow::bail!("the watch of the Secret ended"),
             },
+            event = identity_watch.next() => match event {
+                // A new key (or a malformed one, or the Secret gone): a pass now, even while a
+                // retry waits out a refusal of the old content.
+                Some(Ok(e)) => if this.identity_seen(e) {
+                    retry_at = None;
+                    mark(&mut pending);
+                },
+                Some(Err(e)) if watch_forbidden(&e) => tracing::warn!(
+                    error = %describe_watch(&e),
+                    secret = %this.settings.identity.as_ref().map_or(String::new(), ToString::to_string),
+                    "Watch of the group identity Secret refused: a new key reaches this replica only at its next pass (the sidecar needs list and watch on this Secret)"
+                ),
+                Some(Err(e)) => tracing::debug!(error = %describe_watch(&e), "Watch of the group identity Secret failed: retrying"),
+                None => anyhow::bail!("the watch of the group identity Secret ended"),
+            },
+            () = identity_recheck => {
+                this.identity_recheck_at = None;
+                mark(&mut pending);
+            }
             _ = base_tick.tick() => {
                 let base = read_base(&this.settings.base_config).await;
                 if base != this.base {
@@ -518,15 +565,19 @@ impl GroupLoop {
             watcher::Event::Delete(_) => None,
             watcher::Event::Init | watcher::Event::InitDone => return false,
         };
-        if let Some(key) = data.as_ref().and_then(|d| d.get(KEY_PRIVATE)) {
-            self.known_key = Some(key.clone());
+        // With a shared identity the Secret holds no key of the replica's own.
+        if !self.shared() {
+            if let Some(key) = data.as_ref().and_then(|d| d.get(KEY_PRIVATE)) {
+                self.known_key = Some(key.clone());
+            }
         }
         let Some(written) = &self.written else {
             return false; // nothing written yet: the first pass reads it anyway
         };
-        let intact = data
-            .as_ref()
-            .is_some_and(|d| changed_keys(written, d).is_empty());
+        // A key added that this sidecar does not write (the group's key copied back in) counts.
+        let intact = data.as_ref().is_some_and(|d| {
+            changed_keys(written, d).is_empty() && stale_keys(written, d).is_empty()
+        });
         if !intact {
             tracing::warn!(
                 secret = %self.settings.secret,
@@ -536,6 +587,34 @@ impl GroupLoop {
             self.written = None;
         }
         !intact
+    }
+
+    fn shared(&self) -> bool {
+        self.settings.replica.identity == Identity::Shared
+    }
+
+    /// Takes in one event of the group's identity Secret; true when a pass must look at it: it
+    /// holds another key than the one running (a rotation), a malformed one, or it is gone.
+    fn identity_seen(&mut self, event: watcher::Event<Secret>) -> bool {
+        let data = match event {
+            watcher::Event::Apply(s) | watcher::Event::InitApply(s) => secret_data(&s),
+            watcher::Event::Delete(_) => {
+                if self.known_group_key.is_some() {
+                    let now = crate::shell::clock::tokio_now();
+                    self.identity_missing_since.get_or_insert(now);
+                }
+                return true;
+            }
+            watcher::Event::Init | watcher::Event::InitDone => return false,
+        };
+        let name = self
+            .settings
+            .identity
+            .as_ref()
+            .map(ToString::to_string)
+            .unwrap_or_default();
+        let seen = group_key(&name, Some(&data));
+        seen != Ok(self.known_group_key.clone())
     }
 
     fn replace(&mut self, next: BTreeMap<Key, Member>) -> bool {
@@ -607,23 +686,26 @@ impl GroupLoop {
             .base
             .clone()
             .map_err(|e| Failure::Rejected(Rejected(vec![e])))?;
-        let current = match self
+        // What the Secret holds; deleted, it comes back with the key it had, if this sidecar
+        // saw it (per replica: with a shared identity `known_key` stays empty).
+        let stored = match self
             .secret
             .data_if_exists()
             .await
             .map_err(|e| Failure::Api(Box::new(e)))?
         {
             Some(data) => data,
-            // Deleted: it comes back with the key it had, if this sidecar saw it.
             None => self
                 .known_key
                 .iter()
                 .map(|k| (KEY_PRIVATE.to_string(), k.clone()))
                 .collect(),
         };
-        let current = match self.group_key().await? {
-            Some(key) => with_group_key(&current, &key),
-            None => current,
+        let group_key = self.group_key().await?;
+        // Rendering reads the key from here: the group's in place of any the Secret holds.
+        let current = match &group_key {
+            Some(key) => std::borrow::Cow::Owned(with_group_key(&stored, key)),
+            None => std::borrow::Cow::Borrowed(&stored),
         };
         let replica = Replica {
             endpoint: self.balancer_endpoint(),
@@ -637,21 +719,21 @@ impl GroupLoop {
             SecretKey::generate,
         )
         .map_err(Failure::Rejected)?;
+        drop(current);
         if let Some(key) = out.rendered.data.get(KEY_PRIVATE) {
             self.known_key = Some(key.clone());
         }
         for note in &out.rendered.notes {
             tracing::info!(note = %note, "Rendering note");
         }
-        // A key of the config this sidecar no longer sends (plain after gz, or gz after plain)
-        // must go too: the apply drops it.
-        let stale = [crate::sidecar::KEY_CONFIG, crate::sidecar::KEY_CONFIG_GZ]
-            .into_iter()
-            .any(|k| current.contains_key(k) && !out.rendered.data.contains_key(k));
-        let changed = changed_keys(&out.rendered.data, &current).join(",");
-        if changed.is_empty() && !stale {
+        // A key this sidecar no longer sends must go too: the config's other form (plain after
+        // gz, or gz after plain), or, with a shared identity, a copy of the group's key that an
+        // older version wrote. The apply drops what only it owned; the rest is removed after it.
+        let stale = stale_keys(&out.rendered.data, &stored);
+        let changed = changed_keys(&out.rendered.data, &stored).join(",");
+        if changed.is_empty() && stale.is_empty() {
             tracing::debug!(secret = %self.settings.secret, "Secret is up to date");
-            self.hand_over(&out.rendered.data)?;
+            self.hand_over(&out.rendered.data, group_key.as_ref())?;
             self.written = Some(out.rendered.data);
             self.checks
                 .rendered(out.names, out.nameservers, out.reresolve_interval);
@@ -661,15 +743,24 @@ impl GroupLoop {
         let written = self.secret.apply(&out.rendered.data).await;
         // Events after the write, and whether or not it worked: never before it.
         self.report_refusals(&out.refused, out.over_limit);
-        written.map_err(|e| Failure::Api(Box::new(e)))?;
-        // The Secret holds the key now: only then may the proxy start using it.
-        let handed = self.hand_over(&out.rendered.data);
+        let held = written.map_err(|e| Failure::Api(Box::new(e)))?;
+        let left = stale_keys(&out.rendered.data, &held);
+        if !left.is_empty() {
+            self.secret
+                .remove_keys(&left)
+                .await
+                .map_err(|e| Failure::Api(Box::new(e)))?;
+        }
+        // The Secret (or, with a shared identity, the identity Secret) holds the key now: only
+        // then may the proxy start using it.
+        let handed = self.hand_over(&out.rendered.data, group_key.as_ref());
         self.written = Some(out.rendered.data);
         self.checks
             .rendered(out.names, out.nameservers, out.reresolve_interval);
         tracing::info!(
             secret = %self.settings.secret,
             keys = %changed,
+            removed = %stale.join(","),
             generated_key = out.rendered.generated_key,
             services = out.served.len(),
             left_out = out.refused.len(),
@@ -709,9 +800,12 @@ impl GroupLoop {
     }
 
     /// With a shared identity, the group's key: read from its identity Secret, or, when there is
-    /// none, created there (with the key this replica last knew, else a new one). When the API
-    /// server answers that another replica created it meanwhile, that one's key is read and
-    /// used. A Secret that holds no usable key is refused, never overwritten.
+    /// none, created there (with the key this replica runs, else a new one). When the API server
+    /// answers that another replica created it meanwhile, that one's key is read and used. A
+    /// Secret that holds no usable key is refused, never overwritten, and the running key stays.
+    /// A Secret seen missing while a key runs is created again only
+    /// [`crate::sidecar::group::IDENTITY_RECREATE_AFTER`] later (the running key stays
+    /// meanwhile): a rotation may be creating it with a new key.
     async fn group_key(&mut self) -> Result<Option<SecretKey>, Failure> {
         let Some(store) = &self.identity else {
             return Ok(None);
@@ -725,20 +819,46 @@ impl GroupLoop {
         let api = |e| Failure::IdentityApi(Box::new(e));
         let refused = |e| Failure::Identity(Rejected(vec![e]));
         let found = store.data_if_exists().await.map_err(api)?;
-        let key = match group_key(&name, found.as_ref()).map_err(refused)? {
-            Some(key) => key,
-            None => {
-                let (key, known) = match &self.known_group_key {
-                    Some(k) => (k.clone(), true),
-                    None => (SecretKey::generate(), false),
-                };
+        let now = crate::shell::clock::tokio_now();
+        if found.is_some() {
+            self.identity_missing_since = None;
+            self.identity_recheck_at = None;
+        } else if self.known_group_key.is_some() {
+            self.identity_missing_since.get_or_insert(now);
+        }
+        let missing_for = self
+            .identity_missing_since
+            .map_or(Duration::ZERO, |since| now.saturating_duration_since(since));
+        let step = identity_step(
+            &name,
+            found.as_ref(),
+            self.known_group_key.as_ref(),
+            missing_for,
+            SecretKey::generate,
+        )
+        .map_err(refused)?;
+        let key = match step {
+            IdentityStep::Use(key) => key,
+            IdentityStep::Wait { key, remaining } => {
+                if self.identity_recheck_at.is_none() {
+                    tracing::warn!(
+                        secret = %name,
+                        recreate_in = ?remaining,
+                        "Group identity Secret is missing: running the group's key meanwhile; it is created again with that key unless someone creates it first (a rotation: then its key is taken)"
+                    );
+                }
+                self.identity_recheck_at = Some(now + remaining);
+                key
+            }
+            IdentityStep::Create { key, recreated } => {
                 if store.create(&identity_data(&key)).await.map_err(api)? {
                     tracing::info!(
                         secret = %name,
                         public_key = %key.public_key().to_base64(),
-                        recreated = known,
+                        recreated,
                         "Group identity Secret created: every replica of the group runs with this key"
                     );
+                    self.identity_missing_since = None;
                     key
                 } else {
                     // Another replica created it between the read and the create: its key stands.
@@ -754,6 +874,7 @@ impl GroupLoop {
                         public_key = %key.public_key().to_base64(),
                         "Group identity Secret was created by another replica first: using its key"
                     );
+                    self.identity_missing_since = None;
                     key
                 }
             }
@@ -762,6 +883,7 @@ impl GroupLoop {
             tracing::info!(
                 secret = %name,
                 public_key = %key.public_key().to_base64(),
+                rotated = self.known_group_key.is_some(),
                 "Running with the group's shared identity: peers configure one peer with this public key, and the group's UDP load balancer as its Endpoint"
             );
             self.known_group_key = Some(key.clone());
@@ -770,13 +892,18 @@ impl GroupLoop {
     }
 
     /// Writes what the Secret now holds to the shared directory, when it differs from what is
-    /// there. Called only once the Secret holds it, so the proxy never runs a key that is not
-    /// kept in the API (a replica that comes back must find it).
-    fn hand_over(&mut self, data: &BTreeMap<String, Vec<u8>>) -> Result<(), Failure> {
+    /// there, with `group_key` as the key when the replica runs the group's shared identity.
+    /// Called only once the Secret holds it, so the proxy never runs a key that is not kept in
+    /// the API (a replica that comes back must find it).
+    fn hand_over(
+        &mut self,
+        data: &BTreeMap<String, Vec<u8>>,
+        group_key: Option<&SecretKey>,
+    ) -> Result<(), Failure> {
         let Some(dir) = &mut self.config_dir else {
             return Ok(());
         };
-        let files = volume_files(data).map_err(Failure::Volume)?;
+        let files = volume_files(data, group_key).map_err(Failure::Volume)?;
         let wrote = dir
             .update(files)
             .map_err(|e| Failure::Volume(format!("{}: {e}", dir.path().display())))?;
