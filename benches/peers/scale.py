@@ -78,7 +78,7 @@ NS_HTTP = r"""
 import http.client, json, sys, time
 port, path, mode, timeout = int(sys.argv[1]), sys.argv[2], sys.argv[3], float(sys.argv[4])
 def get():
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     t = time.monotonic()
     c.request("GET", path)
     r = c.getresponse()
@@ -100,7 +100,12 @@ if mode == "poll":
         time.sleep(0.01)
     print(json.dumps({"error": f"/readyz not 200 within {timeout:g} s"}), flush=True)
     sys.exit(1)
-status, body, took = get()
+t = time.monotonic()
+try:
+    status, body, took = get()
+except (OSError, http.client.HTTPException) as e:
+    print(json.dumps({"error": f"{type(e).__name__}: {e}", "seconds": round(time.monotonic() - t, 4)}))
+    sys.exit(0)
 print(json.dumps({"status": status, "bytes": len(body), "seconds": round(took, 4), "lines": body.count(b"\n"), "truncated": b"/metrics truncated" in body[-300:]}))
 """
 
@@ -307,7 +312,7 @@ class ConfigGateway(Daemon):
             terminate_process(poller, 1)
 
     def http(self, path: str) -> dict:
-        p = nsx(self.ns, "python3", "-c", NS_HTTP, str(HEALTH_PORT), path, "get", "0", timeout=60, check=False)
+        p = nsx(self.ns, "python3", "-c", NS_HTTP, str(HEALTH_PORT), path, "get", "0", timeout=120, check=False)
         try:
             return json.loads(p.stdout)
         except json.JSONDecodeError:
@@ -759,6 +764,8 @@ def report(results: dict) -> str:
                 rows.append((str(r["configured"]), f"{r['status']}: {r.get('reason', '')[:90]}"))
                 continue
             m = r.get("metrics") or {}
+            if "error" in m:
+                m = {"bytes": f"error after {m.get('seconds')} s"}
             rows.append((str(r["configured"]), fmt(r["start_to_socket_s"], "", 3), fmt(r["start_to_ready_s"], "", 3), fmt(r["rss_ready_mib"], "", 1), fmt(m.get("bytes")) + (" (cut)" if m.get("truncated") else ""),
                          fmt(m.get("seconds"), "", 3), fmt(r["show_dump_s"], "", 3), fmt(r["routes_installed"]), fmt(r["stop_s"], "", 3)))  # fmt: skip
         out += table(rows) + [""]
