@@ -222,7 +222,8 @@ fn spoofed_indices_draw_no_initiation_unless_they_trace_and_then_within_the_boun
 
 /// The group's endpoint exchange of two replicas: each listens on 51822 and finds the other
 /// (and itself) by `replicas.test`.
-const GROUP: &str = "[takeover]\ngroup_listen = \"0.0.0.0:51822\"\ngroup_replicas = \"replicas.test:51822\"\n";
+const GROUP: &str =
+    "[takeover]\ngroup_listen = \"0.0.0.0:51822\"\ngroup_replicas = \"replicas.test:51822\"\n";
 
 /// Two tunnelgate replicas with one key behind a UDP balancer (nft DNAT, as kube-proxy does);
 /// the owner is killed and the balancer moves to the other at once, deleting the flow's
