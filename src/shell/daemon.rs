@@ -470,6 +470,9 @@ impl Daemon {
                         .map_err(|e| UapiError::new(crate::uapi::Errno::EADDRINUSE, e)),
                     Err(e) => Err(e),
                 };
+                // A key set over UAPI (the drop-in's first `wg set`, or a new key): the
+                // endpoints file of that identity, before the peers' first data arrives.
+                self.endpoints.read_if_new_identity();
                 self.publish();
                 let _ = reply.send(outcome);
             }

@@ -241,6 +241,9 @@ pub enum WgImpl {
     /// Mullvad's fork of boringtun, `gotatun` (crate `gotatun-cli`), on PATH or in
     /// [`cargo_tool_dir`].
     Gotatun,
+    /// This build's `tunnelgate userspace` (the wireguard-go drop-in); `true`: with
+    /// `--takeover-any-source`.
+    Tunnelgate { any_source: bool },
 }
 
 impl WgImpl {
@@ -249,6 +252,7 @@ impl WgImpl {
             WgImpl::WireguardGo => "wireguard-go",
             WgImpl::Boringtun => "boringtun-cli",
             WgImpl::Gotatun => "gotatun",
+            WgImpl::Tunnelgate { .. } => "tunnelgate",
         }
     }
 
@@ -260,11 +264,15 @@ impl WgImpl {
             WgImpl::WireguardGo => "apt-get install --no-install-recommends wireguard-go".into(),
             WgImpl::Boringtun => format!("cargo install boringtun-cli --locked --root {root}"),
             WgImpl::Gotatun => format!("cargo install gotatun-cli --locked --root {root}"),
+            WgImpl::Tunnelgate { .. } => "cargo build (this repository)".into(),
         }
     }
 
     /// Its binary, or why there is none.
     pub fn binary(self) -> Result<PathBuf, String> {
+        if let WgImpl::Tunnelgate { .. } = self {
+            return Ok(PathBuf::from(tunnelgate_bin()));
+        }
         find_tool(self.label()).ok_or_else(|| {
             format!(
                 "{} is neither on PATH nor in {} (install it: `{}`; scripts/test.sh does)",
@@ -290,6 +298,13 @@ impl WgImpl {
                 let mut cmd = ns.command(&[&binary, "-f", name]);
                 cmd.env("WG_PROCESS_FOREGROUND", "1");
                 cmd
+            }
+            WgImpl::Tunnelgate { any_source } => {
+                let mut args = vec![binary.as_ref(), "userspace", "-f", name];
+                if any_source {
+                    args.push("--takeover-any-source");
+                }
+                ns.command(&args)
             }
             // Both log to stdout in the foreground.
             WgImpl::Boringtun | WgImpl::Gotatun => {
@@ -334,7 +349,19 @@ impl WgGo {
         listen_port: u16,
         addresses: &[&str],
     ) -> WgGo {
-        let name = unique_name("tgw");
+        WgGo::start_named(ns, imp, &unique_name("tgw"), key, listen_port, addresses)
+    }
+
+    /// [`WgGo::start_impl`] with the interface named `name`: a restart of an earlier one.
+    pub fn start_named(
+        ns: &Netns,
+        imp: WgImpl,
+        name: &str,
+        key: Keypair,
+        listen_port: u16,
+        addresses: &[&str],
+    ) -> WgGo {
+        let name = name.to_string();
         let dir = TempDir::new(&name);
         let mut proc = Proc::spawn(imp.command(ns, &name), &name, dir.path());
         let sock = wg_socket(&name);
