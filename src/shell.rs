@@ -8,6 +8,7 @@ pub mod config_file;
 pub mod daemon;
 pub mod dataplane;
 pub mod executor;
+pub mod fatal;
 pub mod firewall;
 pub mod forwarding;
 pub mod import;
