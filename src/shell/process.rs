@@ -392,8 +392,10 @@ pub async fn serve(mut launch: Launch, threads: ThreadSetup) -> anyhow::Result<(
     let mut side_tasks = vec![tokio::spawn({
         let (handler, stop, fatals) = (handle.clone(), handle.close_request(), fatals.clone());
         async move {
+            let closing = handler.clone();
             match guarded(&fatals, Part::Uapi, uapi.run(handler, stop)).await {
-                Some(Ok(())) | None => {}
+                Some(Ok(())) => ended_by_itself(&fatals, Part::Uapi, &closing),
+                None => {}
                 Some(Err(removed @ ServerError::SocketRemoved { .. })) => {
                     fatals.raise(Fatal::Deleted(removed.to_string()));
                 }
@@ -412,10 +414,15 @@ pub async fn serve(mut launch: Launch, threads: ThreadSetup) -> anyhow::Result<(
     });
     side_tasks.push(tokio::spawn({
         let (stop, observe, fatals) = (handle.close_request(), observe.clone(), fatals.clone());
+        let closing = handle.clone();
         async move {
             let served = status.serve(observe, reloader, stop);
-            if let Some(Err(e)) = guarded(&fatals, Part::Status, served).await {
-                fatals.died(format!("{} failed: {e}", Part::Status.name()));
+            match guarded(&fatals, Part::Status, served).await {
+                Some(Ok(())) => ended_by_itself(&fatals, Part::Status, &closing),
+                Some(Err(e)) => {
+                    fatals.died(format!("{} failed: {e}", Part::Status.name()));
+                }
+                None => {}
             }
         }
     }));
@@ -527,6 +534,14 @@ pub async fn serve(mut launch: Launch, threads: ThreadSetup) -> anyhow::Result<(
             tracing::info!(reason = %gone, "Interface gone; exiting");
             Ok(())
         }
+    }
+}
+
+/// A local server (UAPI, status) that returned: the stop closed it, or, if no stop asked,
+/// it ended by itself, which is its death.
+fn ended_by_itself(fatals: &Fatals, part: Part, handle: &Handle) {
+    if !handle.local_sockets().asked() {
+        fatals.died(format!("{} ended by itself", part.name()));
     }
 }
 
