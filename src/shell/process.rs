@@ -395,13 +395,14 @@ pub async fn serve(mut launch: Launch, threads: ThreadSetup) -> anyhow::Result<(
             let closing = handler.clone();
             match guarded(&fatals, Part::Uapi, uapi.run(handler, stop)).await {
                 Some(Ok(())) => ended_by_itself(&fatals, Part::Uapi, &closing),
-                None => {}
                 Some(Err(removed @ ServerError::SocketRemoved { .. })) => {
                     fatals.raise(Fatal::Deleted(removed.to_string()));
                 }
                 Some(Err(e)) => {
                     fatals.died(format!("{} failed: {e}", Part::Uapi.name()));
                 }
+                // Its panic, recorded.
+                None => {}
             }
         }
     })];
@@ -422,6 +423,7 @@ pub async fn serve(mut launch: Launch, threads: ThreadSetup) -> anyhow::Result<(
                 Some(Err(e)) => {
                     fatals.died(format!("{} failed: {e}", Part::Status.name()));
                 }
+                // Its panic, recorded.
                 None => {}
             }
         }
