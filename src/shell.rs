@@ -9,6 +9,7 @@ pub mod daemon;
 pub mod dataplane;
 pub mod endpoints;
 pub mod executor;
+pub mod fatal;
 pub mod firewall;
 pub mod forwarding;
 pub mod group;

@@ -183,9 +183,22 @@ fn a_deleted_tun_device_ends_the_daemon_non_zero_and_removes_the_rest() {
         .expect("the daemon must exit when its TUN device is deleted");
     assert_eq!(status.code(), Some(1), "exit status {status:?}");
     let log = tg.stderr();
-    assert_eq!(log.matches("Data path stopped").count(), 1, "{log}");
+    // Said once (every worker's TUN reader sees the device go), and at exit as the failure.
+    assert_eq!(log.matches("TUN device is gone").count(), 2, "{log}");
+    assert_eq!(
+        log.lines()
+            .filter(|l| l.contains("TUN device is gone") && l.contains("; stopping"))
+            .count(),
+        1,
+        "{log}"
+    );
+    assert!(
+        log.lines().any(|l| l.contains("ERROR")
+            && l.contains("failed")
+            && l.contains("TUN device is gone")),
+        "an error line at exit: {log}"
+    );
     assert_eq!(log.matches("TUN read failed").count(), 0, "{log}");
-    assert!(log.contains("TUN device is gone"), "{log}");
     // Everything else it installed is gone, so a supervisor can start it again at once.
     assert!(
         !ns.exec(&["nft", "list", "ruleset"]).contains("tunnelgate"),

@@ -437,8 +437,8 @@ fn kill_9_mid_traffic_then_restart_gives_fresh_rules_and_traffic() {
     lab.through(8080).expect("ingress after the restart");
 }
 
-/// A relay partner that panics in a job (`TUNNELGATE_TEST_PANIC_PARTNER`, a test hook) is the
-/// data plane's fatal error: `/healthz` answers 503 naming the panic, and the daemon exits
+/// A relay partner that panics in a job (`TUNNELGATE_TEST_PANIC=partner-job`, a test hook) is
+/// the data plane's fatal error: `/healthz` answers 503 naming the panic, and the daemon exits
 /// non-zero (a supervisor restarts it), where it used to run on "healthy" with a data path that
 /// moved less, or nothing. `TUNNELGATE_TEST_HOLD_FATAL` holds the exit while the test reads
 /// `/healthz`.
@@ -462,7 +462,8 @@ fn a_relay_partner_that_panics_fails_health_and_ends_the_daemon_non_zero() {
         cfg,
         &[
             ("TUNNELGATE_RELAY_PARTNERS", "3"),
-            ("TUNNELGATE_TEST_PANIC_PARTNER", "1"),
+            // A relay partner panics as it starts its first job once the daemon is ready.
+            ("TUNNELGATE_TEST_PANIC", "partner-job"),
             ("TUNNELGATE_TEST_HOLD_FATAL", &hold_env),
         ],
     );
@@ -496,8 +497,11 @@ fn a_relay_partner_that_panics_fails_health_and_ends_the_daemon_non_zero() {
         }
     });
     assert!(
-        reason.contains("panicked") && reason.contains("relay partner job 1 panics on purpose"),
-        "/healthz names the panic: {reason}"
+        reason.contains("panicked")
+            && reason.contains("TUNNELGATE_TEST_PANIC: partner-job panics on purpose")
+            && (reason.contains("packet thread tg-tun-h")
+                || reason.contains("packet thread tg-udp-h")),
+        "/healthz names the partner and the panic: {reason}"
     );
     assert!(
         tg.is_running(),
@@ -509,9 +513,9 @@ fn a_relay_partner_that_panics_fails_health_and_ends_the_daemon_non_zero() {
         .expect("the daemon must exit after a partner's panic");
     assert_eq!(status.code(), Some(1), "exit status {status:?}");
     let log = tg.stderr();
-    assert_eq!(log.matches("Data path stopped").count(), 1, "{log}");
-    assert!(
-        log.contains("relay partner job 1 panics on purpose"),
-        "{log}"
-    );
+    let died: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("ERROR") && l.contains("partner-job panics on purpose; stopping"))
+        .collect();
+    assert_eq!(died.len(), 1, "one error line names the death: {log}");
 }

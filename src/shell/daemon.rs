@@ -264,7 +264,8 @@ impl Daemon {
             tuning.tun_txqueuelen,
         )?;
         // From here on, dropping `queues` deletes the device and with it its addresses and routes.
-        let netlink = Netlink::connect()?;
+        let fatals = threads.fatals.clone();
+        let netlink = Netlink::connect(&fatals)?;
         let link_index = netlink.link_index(&iface.name).await?;
         let sockets = WgSocket::bind_group(
             iface.listen_port,
@@ -312,7 +313,7 @@ impl Daemon {
             control,
             commands: rx,
             config_path,
-            health: HealthEndpoint::new(observe),
+            health: HealthEndpoint::new(observe, fatals),
             config_read: None,
             endpoints,
             group: None,
@@ -326,8 +327,8 @@ impl Daemon {
 
     /// The event loop: until `shutdown` completes, feeds timers, lookups, commands and config
     /// file changes to the core and runs what it asks for. Returns the fatal error that ended it
-    /// early (the TUN device was deleted), if any: the process then exits non-zero so its
-    /// supervisor restarts it. Nothing is torn down here: the caller closes the local sockets
+    /// early (a part of the process died, or the TUN device was deleted: `shell::fatal`), if
+    /// any: the process then stops, and its mode decides the exit code. Nothing is torn down here: the caller closes the local sockets
     /// and then stops the rest (`shell::process::stop_in_order` owns that order).
     ///
     /// A shutdown kills the firewall command that runs at that moment (the turn in progress
@@ -427,12 +428,8 @@ impl Daemon {
                 .unwrap_or_else(|| crate::shell::clock::now() + Duration::from_secs(3600));
             tokio::select! {
                 Ok(()) = stopping.changed() => return Ok(()),
-                why = &mut fatal => {
-                    #[cfg(feature = "test-hooks")]
-                    crate::shell::test_hooks::hold_fatal_while_asked().await;
-                    // The data path logged it; the caller reports the exit.
-                    return Err(why);
-                }
+                // Whoever recorded it logged it; the caller stops and reports the exit.
+                why = &mut fatal => return Err(why),
                 () = tokio::time::sleep_until(wake.into()) => {
                     self.control.handle_timeout(crate::shell::clock::now());
                 }

@@ -27,12 +27,13 @@ pub use table::TableChange;
 
 use crate::config::{PublicKey, SecretKey};
 use crate::core::control::{PeerChanges, PeerSpec};
-use crate::core::liveness::{Heartbeats, PacketThread, STALL_LIMIT};
+use crate::core::liveness::{Fatal, Heartbeats, PacketThread, STALL_LIMIT};
 use crate::core::packet::steering::Steering;
 use crate::core::packet::{DropCounters, DropStats};
 use crate::core::peer::PeerStats;
 use crate::core::priority::{Access, SharedBudget};
 use crate::core::takeover::{Answer, Learned, Origin};
+use crate::shell::fatal::{panic_message, Fatals};
 use crate::shell::priority::ReaderSpawner;
 use crate::shell::tuning::Tuning;
 use crate::shell::udp::WgSocket;
@@ -44,7 +45,6 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use table::PeerTable;
-use tokio::sync::watch;
 use tun_rs::SyncDevice;
 
 /// How long [`Dataplane::stop`] waits for the threads: one idle wake plus a loaded machine's
@@ -82,12 +82,15 @@ pub fn relay_partners(tuning: &Tuning, workers: usize) -> usize {
 }
 
 /// How the packet threads run, decided once at start by the composition root: the tuning in
-/// force, how the readers reach real-time priority, and what starts them.
+/// force, how the readers reach real-time priority, what starts them, and where a thread's
+/// death (or the TUN device's) is recorded: the process's one record, which the other
+/// long-lived parts report to as well.
 #[derive(Clone)]
 pub struct ThreadSetup {
     pub tuning: Arc<Tuning>,
     pub access: Access,
     pub spawner: ReaderSpawner,
+    pub fatals: Fatals,
 }
 
 impl ThreadSetup {
@@ -98,6 +101,7 @@ impl ThreadSetup {
             tuning: Arc::new(tuning),
             access: Access::Off,
             spawner: ReaderSpawner::default(),
+            fatals: Fatals::new(),
         }
     }
 }
@@ -155,7 +159,8 @@ struct Inner {
     /// Stops each relay started, for [`Dataplane::stop`]: a relay's partners end when it stops,
     /// not only when its reader exits (a reader stuck in a wait would keep them).
     relay_stops: Mutex<Vec<Box<dyn Fn() + Send + Sync>>>,
-    /// How the packet threads run.
+    /// How the packet threads run, and the process's record of fatal errors
+    /// (`threads.fatals`): a packet thread's panic, the TUN device gone.
     threads: ThreadSetup,
     /// What all packet readers together may spend at real-time priority.
     realtime_budget: SharedBudget,
@@ -167,8 +172,6 @@ struct Inner {
     /// The CPUs the packet threads may use and how many are busy: relay partners take one only
     /// while one is free.
     cores: Arc<relay::Cores>,
-    /// Set once when the data path cannot go on (the TUN device is gone).
-    fatal: watch::Sender<Option<String>>,
     /// Handshake messages on their way from the readers to the timer thread.
     handshakes: handshakes::HandshakeQueue,
     /// The timer thread, once started: a reader that queued a handshake or asks for a
@@ -225,7 +228,6 @@ impl Dataplane {
                 readers: readers::ReaderStates::new(workers),
                 partner_jobs: PartnerJobs::default(),
                 cores,
-                fatal: watch::Sender::new(None),
                 handshakes: handshakes::HandshakeQueue::new(),
                 timers: std::sync::OnceLock::new(),
                 takeovers: takeover::Requests::new(),
@@ -478,12 +480,13 @@ impl Dataplane {
         &self.inner.threads
     }
 
-    /// Ok while every packet thread wakes within [`STALL_LIMIT`] and the data path has not
-    /// failed; otherwise why not (a thread's name, or the fatal error). Cheap: what `/healthz`
-    /// asks on every probe.
+    /// Ok while every packet thread wakes within [`STALL_LIMIT`] and nothing fatal is
+    /// recorded; otherwise why not (a thread's name, or the fatal error: a part of the process
+    /// that died, whichever, or the TUN device gone). Cheap: what `/healthz` asks on every
+    /// probe.
     pub fn liveness(&self) -> Result<(), String> {
-        if let Some(why) = self.inner.fatal.borrow().as_ref() {
-            return Err(why.clone());
+        if let Some(fatal) = self.inner.threads.fatals.get() {
+            return Err(fatal.to_string());
         }
         self.inner
             .heartbeats
@@ -491,23 +494,15 @@ impl Dataplane {
     }
 
     /// The fatal error, once there is one.
-    pub fn fatal(&self) -> Option<String> {
-        self.inner.fatal.borrow().clone()
+    pub fn fatal(&self) -> Option<Fatal> {
+        self.inner.threads.fatals.get()
     }
 
-    /// Completes when the data path has failed for good (the TUN device was deleted), with the
-    /// reason; the daemon should then exit non-zero. Pending forever otherwise.
+    /// Completes once something fatal is recorded (a packet thread died, the TUN device was
+    /// deleted, or any other long-lived part of the process died), with the reason; the
+    /// process then stops. Pending forever otherwise.
     pub async fn fatal_error(&self) -> String {
-        let mut rx = self.inner.fatal.subscribe();
-        let why = match rx.wait_for(Option::is_some).await {
-            Ok(why) => why.clone(),
-            // The sender lives in `self`, so it cannot be gone while we borrow it.
-            Err(_) => None,
-        };
-        match why {
-            Some(why) => why,
-            None => std::future::pending().await,
-        }
+        self.inner.threads.fatals.wait().await.to_string()
     }
 
     /// Stops every packet thread (UDP readers of replaced sockets too) and waits up to
@@ -597,15 +592,6 @@ fn install_panic_hook() {
     });
 }
 
-/// What a panic said, for the fatal error.
-fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
-    panic
-        .downcast_ref::<&str>()
-        .copied()
-        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
-        .unwrap_or("(no message)")
-}
-
 impl Inner {
     fn snapshot(&self) -> Arc<PeerTable> {
         self.table.read().clone()
@@ -649,20 +635,26 @@ impl Inner {
     }
 
     fn beat(&self, thread: PacketThread) {
+        #[cfg(feature = "test-hooks")]
+        crate::shell::test_hooks::panic_point(match thread {
+            PacketThread::TunReader(_) => crate::shell::fatal::Part::TunReader,
+            PacketThread::UdpReader(_) => crate::shell::fatal::Part::UdpReader,
+            PacketThread::Timers => crate::shell::fatal::Part::Timers,
+        });
         self.heartbeats.beat(thread, self.now_ms());
     }
 
-    /// Records why the data path cannot go on; only the first reason counts (every worker's
-    /// TUN reader sees the device go).
+    /// Records a packet thread's death (`why` names it: a relay partner that failed); the
+    /// process stops on it, exit 1, and `/healthz` says it meanwhile.
     fn raise_fatal(&self, why: String) {
-        self.fatal.send_if_modified(|slot| {
-            let first = slot.is_none();
-            if first {
-                tracing::error!(error = %why, "Data path stopped");
-                *slot = Some(why);
-            }
-            first
-        });
+        self.threads.fatals.died(why);
+    }
+
+    /// Records that the TUN device is gone (deleted under the process); only the first
+    /// reason counts (every worker's TUN reader sees the device go). A normal end in userspace
+    /// mode, a failure of `run` (`core::liveness::Fatal::is_failure`).
+    fn device_gone(&self, why: String) {
+        self.threads.fatals.raise(Fatal::Deleted(why));
     }
 
     /// One UDP reader per socket of the current group. The group of now, not of when the
@@ -722,7 +714,13 @@ impl Inner {
         let inner = self.clone();
         let handle = std::thread::Builder::new()
             .name(name.clone())
-            .spawn(move || inner.run_guarded(&name, body))?;
+            .spawn(move || {
+                inner.run_guarded(&name, |inner| {
+                    #[cfg(feature = "test-hooks")]
+                    crate::shell::test_hooks::partner_starts(&inner.stop);
+                    body(inner);
+                });
+            })?;
         self.keep_for_the_join(handle);
         Ok(())
     }
@@ -756,9 +754,10 @@ impl Inner {
         }
     }
 
-    /// Runs a packet thread's `body`: a panic in it (a reader's or a relay partner's) becomes
-    /// the data plane's fatal error, so `/healthz` fails with it and the daemon exits non-zero
-    /// rather than run on with a data path that moves less, or nothing.
+    /// Runs a packet thread's `body`: a panic in it (a reader's, a relay partner's, the
+    /// timers') is recorded as the thread's death, so `/healthz` fails with it and the process
+    /// exits non-zero, in every mode, rather than run on with a data path that moves less, or
+    /// nothing.
     fn run_guarded(&self, name: &str, body: impl FnOnce(&Inner)) {
         let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(self)));
         if let Err(panic) = ran {

@@ -2,6 +2,7 @@
 //! policy-rule changes computed by `core::routes`. Thin: no decisions here.
 
 use crate::core::routes::{PolicyRule, Route};
+use crate::shell::fatal::{guarded, Fatals, Part};
 use futures::TryStreamExt;
 use ipnet::IpNet;
 use rtnetlink::packet_route::rule::{RuleAction, RuleAttribute, RuleFlags, RuleMessage};
@@ -37,7 +38,9 @@ fn errno_is(err: &rtnetlink::Error, code: i32) -> bool {
 
 /// A netlink connection and its driver task: the task is owned here and ends with it (the
 /// daemon's executor holds it, and the composition root's stop drops the daemon), never left
-/// running detached.
+/// running detached. The driver must run as long as this lives: its panic, or its end before
+/// this is dropped, is recorded as its death (`shell::fatal`), and the process stops, exit 1,
+/// rather than run on with every later netlink request failing.
 pub struct Netlink {
     handle: Handle,
     connection: tokio::task::JoinHandle<()>,
@@ -50,10 +53,19 @@ impl Drop for Netlink {
 }
 
 impl Netlink {
-    /// Opens a connection; its driver runs on the current tokio runtime until this is dropped.
-    pub fn connect() -> Result<Netlink, NetlinkError> {
+    /// Opens a connection; its driver runs on the current tokio runtime until this is dropped
+    /// (an abort, not a death), and reports its death to `fatals`.
+    pub fn connect(fatals: &Fatals) -> Result<Netlink, NetlinkError> {
         let (conn, handle, _) = rtnetlink::new_connection().map_err(NetlinkError::Connect)?;
-        let connection = tokio::spawn(conn);
+        let fatals = fatals.clone();
+        let connection = tokio::spawn(async move {
+            if guarded(&fatals, Part::Netlink, conn).await.is_some() {
+                fatals.died(format!(
+                    "{} ended: the netlink connection closed",
+                    Part::Netlink.name()
+                ));
+            }
+        });
         Ok(Netlink { handle, connection })
     }
 

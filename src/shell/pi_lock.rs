@@ -7,7 +7,10 @@
 //! The protocol is the kernel's (futex(2), "Priority-inheritance futexes"): the word holds the
 //! owner's thread id; an uncontended lock or unlock is one compare-and-swap; a contended lock
 //! is `FUTEX_LOCK_PI`, which queues the caller, boosts the owner and marks the word; an unlock
-//! whose word was marked is `FUTEX_UNLOCK_PI`, which hands the lock to the first waiter.
+//! whose word was marked is `FUTEX_UNLOCK_PI`, which hands the lock to the first waiter. A wait
+//! that looks at a stop times out every so often on `CLOCK_MONOTONIC` (`FUTEX_LOCK_PI2`; on a
+//! kernel older than 5.14, `FUTEX_LOCK_PI` on `CLOCK_REALTIME`, said once in the log): both are
+//! the one `futex` system call the packet threads' seccomp filter allows.
 #![allow(unsafe_code)]
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -48,8 +51,12 @@ fn futex_tid(tid: libc::pid_t) -> std::io::Result<u32> {
         })
 }
 
-/// `FUTEX_LOCK_PI` (with `until`, an absolute `CLOCK_REALTIME` time: the kernel's clock for
-/// this operation) or `FUTEX_UNLOCK_PI` on `word`.
+/// `FUTEX_LOCK_PI2` (linux/futex.h, Linux 5.14): `FUTEX_LOCK_PI` whose timeout is an absolute
+/// `CLOCK_MONOTONIC` time (unless `FUTEX_CLOCK_REALTIME` is given, which we never do).
+const FUTEX_LOCK_PI2: libc::c_int = 13;
+
+/// `op` (`FUTEX_LOCK_PI`, `FUTEX_LOCK_PI2` or `FUTEX_UNLOCK_PI`) on `word`, with `until` (an
+/// absolute time on the operation's clock: [`WaitClock`]) as the lock's timeout.
 fn futex(word: &AtomicU32, op: libc::c_int, until: Option<&libc::timespec>) -> std::io::Result<()> {
     let timeout = until.map_or(std::ptr::null(), |t| t as *const libc::timespec);
     // SAFETY: `word` is a live, aligned u32 for the whole call, `timeout` null or a live
@@ -72,19 +79,89 @@ fn futex(word: &AtomicU32, op: libc::c_int, until: Option<&libc::timespec>) -> s
     }
 }
 
-/// `CLOCK_REALTIME` plus `after`, as `FUTEX_LOCK_PI`'s timeout wants it.
-fn realtime_in(after: Duration) -> libc::timespec {
+/// The clock a wait that looks at a stop times out on, with the operation that reads it.
+/// `CLOCK_MONOTONIC` (`FUTEX_LOCK_PI2`) unless the kernel lacks that operation: a step of the
+/// wall clock (NTP, an operator's `date -s`) then cannot push a deadline hours away and stall
+/// the look at the stop. `CLOCK_REALTIME` (`FUTEX_LOCK_PI`, whose timeout is always on it) only
+/// on kernels older than 5.14.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WaitClock {
+    Monotonic,
+    Realtime,
+}
+
+/// Set once the kernel said `ENOSYS` to `FUTEX_LOCK_PI2`: every timed wait after that uses
+/// `FUTEX_LOCK_PI` on `CLOCK_REALTIME`.
+static NO_LOCK_PI2: AtomicBool = AtomicBool::new(false);
+
+impl WaitClock {
+    /// The clock this kernel's timed waits use.
+    fn of_this_kernel() -> WaitClock {
+        if NO_LOCK_PI2.load(Ordering::Relaxed) {
+            WaitClock::Realtime
+        } else {
+            WaitClock::Monotonic
+        }
+    }
+
+    fn op(self) -> libc::c_int {
+        match self {
+            WaitClock::Monotonic => FUTEX_LOCK_PI2,
+            WaitClock::Realtime => libc::FUTEX_LOCK_PI,
+        }
+    }
+
+    fn id(self) -> libc::clockid_t {
+        match self {
+            WaitClock::Monotonic => libc::CLOCK_MONOTONIC,
+            WaitClock::Realtime => libc::CLOCK_REALTIME,
+        }
+    }
+
+    /// The absolute time `after` from now on this clock, as the lock's timeout wants it.
+    fn deadline_in(self, after: Duration) -> std::io::Result<libc::timespec> {
+        Ok(deadline(clock_now(self.id())?, after))
+    }
+}
+
+/// Says, once per process, that the kernel has no `FUTEX_LOCK_PI2` and the timed waits fall
+/// back to `FUTEX_LOCK_PI` on `CLOCK_REALTIME`.
+fn fall_back_to_realtime() {
+    if !NO_LOCK_PI2.swap(true, Ordering::Relaxed) {
+        tracing::warn!(
+            "This kernel has no FUTEX_LOCK_PI2 (Linux 5.14): a relay wait looks at a stop on \
+             CLOCK_REALTIME, so a step of the wall clock can delay a stop"
+        );
+    }
+}
+
+/// `clock`'s time now; an error (never a time of zero) when the clock cannot be read.
+fn clock_now(clock: libc::clockid_t) -> std::io::Result<libc::timespec> {
     let mut now = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
-    // SAFETY: `now` is a live timespec; CLOCK_REALTIME always exists.
-    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut now) };
-    let nanos = now.tv_nsec + i64::from(after.subsec_nanos());
+    // SAFETY: `now` is a live timespec for the whole call.
+    if unsafe { libc::clock_gettime(clock, &mut now) } != 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(std::io::Error::new(
+            e.kind(),
+            format!("clock_gettime({clock}): {e}"),
+        ));
+    }
+    Ok(now)
+}
+
+/// `now` plus `after`, the nanoseconds carried; saturates far in the future.
+fn deadline(now: libc::timespec, after: Duration) -> libc::timespec {
+    let nanos = now.tv_nsec + libc::c_long::from(after.subsec_nanos());
+    let secs = libc::time_t::try_from(after.as_secs()).unwrap_or(libc::time_t::MAX);
+    let secs = now
+        .tv_sec
+        .saturating_add(secs)
+        .saturating_add(libc::time_t::from(nanos >= 1_000_000_000));
     libc::timespec {
-        tv_sec: now.tv_sec
-            + libc::time_t::try_from(after.as_secs()).unwrap_or(libc::time_t::MAX / 2)
-            + libc::time_t::from(nanos >= 1_000_000_000),
+        tv_sec: secs,
         tv_nsec: nanos % 1_000_000_000,
     }
 }
@@ -109,6 +186,17 @@ impl PiLock {
     }
 
     fn lock_unless(&self, stop: Option<&AtomicBool>, every: Duration) -> std::io::Result<bool> {
+        self.lock_on(stop, every, WaitClock::of_this_kernel)
+    }
+
+    /// [`PiLock::lock_unless`] with the timed waits on the clock `clock` gives (the kernel's
+    /// choice, or a test's).
+    fn lock_on(
+        &self,
+        stop: Option<&AtomicBool>,
+        every: Duration,
+        clock: impl Fn() -> WaitClock,
+    ) -> std::io::Result<bool> {
         let me = my_tid()?;
         if self
             .word
@@ -121,14 +209,33 @@ impl PiLock {
             if stop.is_some_and(|s| s.load(Ordering::SeqCst)) {
                 return Ok(false);
             }
-            let until = stop.map(|_| realtime_in(every));
-            match futex(&self.word, libc::FUTEX_LOCK_PI, until.as_ref()) {
+            // Untimed: no clock. Timed: a deadline `every` from now on the wait's clock.
+            let (op, until) = match stop {
+                None => (libc::FUTEX_LOCK_PI, None),
+                Some(_) => {
+                    let clock = clock();
+                    (clock.op(), Some(clock.deadline_in(every)?))
+                }
+            };
+            #[cfg(test)]
+            tests::saw_wait(op, until);
+            match futex(&self.word, op, until.as_ref()) {
                 Ok(()) => return Ok(true),
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) if e.raw_os_error() == Some(libc::ETIMEDOUT) => continue,
+                Err(e) if e.raw_os_error() == Some(libc::ENOSYS) && op == FUTEX_LOCK_PI2 => {
+                    fall_back_to_realtime();
+                }
                 // EAGAIN: the owner is exiting; try again.
                 Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => std::thread::yield_now(),
-                Err(e) => return Err(std::io::Error::new(e.kind(), format!("FUTEX_LOCK_PI: {e}"))),
+                Err(e) => {
+                    let name = if op == FUTEX_LOCK_PI2 {
+                        "FUTEX_LOCK_PI2"
+                    } else {
+                        "FUTEX_LOCK_PI"
+                    };
+                    return Err(std::io::Error::new(e.kind(), format!("{name}: {e}")));
+                }
             }
         }
     }
@@ -171,8 +278,107 @@ impl PiLock {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::cell::Cell;
     use std::sync::Arc;
     use std::time::Duration;
+
+    thread_local! {
+        /// The operation and deadline of this thread's last timed wait.
+        static LAST_WAIT: Cell<Option<(libc::c_int, libc::timespec)>> = const { Cell::new(None) };
+    }
+
+    /// Called by [`PiLock::lock_on`] before each wait.
+    pub(super) fn saw_wait(op: libc::c_int, until: Option<libc::timespec>) {
+        if let Some(until) = until {
+            LAST_WAIT.with(|w| w.set(Some((op, until))));
+        }
+    }
+
+    fn ts(tv_sec: libc::time_t, tv_nsec: libc::c_long) -> libc::timespec {
+        libc::timespec { tv_sec, tv_nsec }
+    }
+
+    fn nanos(t: libc::timespec) -> i128 {
+        i128::from(t.tv_sec) * 1_000_000_000 + i128::from(t.tv_nsec)
+    }
+
+    #[test]
+    fn a_deadline_carries_its_nanoseconds_and_saturates() {
+        let at = |t: libc::timespec| (t.tv_sec, t.tv_nsec);
+        assert_eq!(
+            at(deadline(ts(5, 0), Duration::from_millis(5))),
+            (5, 5_000_000)
+        );
+        assert_eq!(
+            at(deadline(ts(5, 999_999_999), Duration::from_nanos(1))),
+            (6, 0)
+        );
+        assert_eq!(
+            at(deadline(ts(1, 500_000_000), Duration::from_millis(1_600))),
+            (3, 100_000_000)
+        );
+        assert_eq!(at(deadline(ts(7, 3), Duration::ZERO)), (7, 3));
+        let far = deadline(ts(1_000, 999_999_999), Duration::MAX);
+        assert_eq!(far.tv_sec, libc::time_t::MAX, "saturated, not wrapped");
+        assert!((0..1_000_000_000).contains(&far.tv_nsec));
+    }
+
+    /// A clock that cannot be read is an error, not a deadline counted from 1970 (which would
+    /// make every timed wait time out at once: a busy loop).
+    #[test]
+    fn a_clock_that_cannot_be_read_is_an_error() {
+        let e = clock_now(0x7fff).expect_err("no clock 0x7fff");
+        assert!(e.to_string().contains("clock_gettime"), "{e}");
+        assert!(clock_now(libc::CLOCK_MONOTONIC).expect("monotonic").tv_sec >= 0);
+    }
+
+    /// A wait that looks at a stop times out on `CLOCK_MONOTONIC` (`FUTEX_LOCK_PI2`, without
+    /// `FUTEX_CLOCK_REALTIME`), its deadline `every` from the monotonic now: a step of the wall
+    /// clock cannot move it. (The machine's clock is not stepped here: that needs
+    /// `CAP_SYS_TIME` and moves every other process's clock too.)
+    #[test]
+    fn a_timed_wait_is_on_the_monotonic_clock() {
+        if NO_LOCK_PI2.load(Ordering::Relaxed) {
+            eprintln!("skipped: this kernel has no FUTEX_LOCK_PI2 (Linux < 5.14)");
+            return;
+        }
+        let lock = Arc::new(PiLock::new());
+        let other = lock.clone();
+        let holder = std::thread::spawn(move || {
+            other.lock().expect("lock");
+            std::thread::sleep(Duration::from_millis(100));
+            other.unlock().expect("unlock");
+        });
+        while lock.word_for_tests() == 0 {
+            std::thread::yield_now();
+        }
+        let every = Duration::from_millis(20);
+        let before = clock_now(libc::CLOCK_MONOTONIC).expect("monotonic");
+        let never = AtomicBool::new(false);
+        LAST_WAIT.with(|w| w.set(None));
+        let took = lock.lock_until_stopped(&never, every).expect("lock");
+        let after = clock_now(libc::CLOCK_MONOTONIC).expect("monotonic");
+        lock.unlock().expect("unlock");
+        holder.join().expect("holder");
+        assert!(took);
+        let (op, until) = LAST_WAIT.with(Cell::get).expect("a timed wait");
+        if NO_LOCK_PI2.load(Ordering::Relaxed) {
+            return;
+        }
+        assert_eq!(
+            op, FUTEX_LOCK_PI2,
+            "the operation that times out on CLOCK_MONOTONIC"
+        );
+        assert_eq!(op & libc::FUTEX_CLOCK_REALTIME, 0);
+        let every = i128::try_from(every.as_nanos()).expect("small");
+        let until = nanos(until);
+        assert!(
+            until >= nanos(before) + every && until <= nanos(after) + every,
+            "the deadline {until} ns is not `every` from the monotonic now ({} ns .. {} ns)",
+            nanos(before),
+            nanos(after)
+        );
+    }
 
     /// Two threads add to a counter under the lock: nothing is lost, and a waiter blocks until
     /// the holder unlocks.
@@ -227,6 +433,16 @@ mod tests {
     /// a stop, without the lock: a stop ends every wait.
     #[test]
     fn a_stop_ends_a_wait_on_a_contended_lock() {
+        a_stop_ends_a_wait_on(WaitClock::of_this_kernel);
+    }
+
+    /// The fallback of kernels without `FUTEX_LOCK_PI2` honours a stop the same way.
+    #[test]
+    fn a_stop_ends_a_wait_on_the_realtime_fallback_too() {
+        a_stop_ends_a_wait_on(|| WaitClock::Realtime);
+    }
+
+    fn a_stop_ends_a_wait_on(clock: fn() -> WaitClock) {
         let lock = Arc::new(PiLock::new());
         let stop = Arc::new(AtomicBool::new(false));
         lock.lock().expect("lock");
@@ -234,7 +450,7 @@ mod tests {
             let (lock, stop) = (lock.clone(), stop.clone());
             std::thread::spawn(move || {
                 let took = lock
-                    .lock_until_stopped(&stop, Duration::from_millis(5))
+                    .lock_on(Some(&stop), Duration::from_millis(5), clock)
                     .expect("lock");
                 (took, crate::shell::clock::now())
             })

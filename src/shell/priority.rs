@@ -6,6 +6,7 @@
 #![allow(unsafe_code)]
 
 use crate::core::priority::{self, Access, Facts, Priority};
+use crate::shell::fatal::{panic_message, Fatals, Part};
 use crate::shell::privilege::{self, Caps};
 use crate::shell::tuning::Tuning;
 use caps::Capability;
@@ -130,18 +131,26 @@ impl ReaderSpawner {
     /// `CAP_SYS_NICE` from the calling (main) thread. Otherwise a spawner that starts threads
     /// directly. Call once, after the capabilities drop, before the runtime starts.
     /// The spawner thread's handle, if one was started, is the caller's to join
-    /// ([`SpawnerThread::join`]) once every spawner is dropped.
-    pub fn start(access: &Access) -> io::Result<(ReaderSpawner, SpawnerThread)> {
+    /// ([`SpawnerThread::join`]) once every spawner is dropped. Its panic is recorded in
+    /// `fatals` as its death: the process stops (exit 1) rather than find, at the next socket
+    /// rebind, that no reader can be started.
+    pub fn start(access: &Access, fatals: &Fatals) -> io::Result<(ReaderSpawner, SpawnerThread)> {
         if *access != Access::Capability {
             return Ok((ReaderSpawner::default(), SpawnerThread(None)));
         }
         let (starts, queue) = mpsc::channel::<Start>();
+        let fatals = fatals.clone();
         let thread = std::thread::Builder::new()
             .name("tg-spawner".into())
             .spawn(move || {
-                // Ends when the last sender is gone (the data plane stopped).
-                while let Ok(start) = queue.recv() {
-                    start();
+                let served =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| serve_starts(&queue)));
+                if let Err(panic) = served {
+                    fatals.died(format!(
+                        "{} panicked: {}",
+                        Part::Spawner.name(),
+                        panic_message(panic.as_ref())
+                    ));
                 }
             })?;
         privilege::give_up(Capability::CAP_SYS_NICE).map_err(io::Error::other)?;
@@ -171,6 +180,25 @@ impl ReaderSpawner {
         started
             .recv()
             .map_err(|_| io::Error::other("the reader spawner thread is gone"))?
+    }
+}
+
+/// The spawner thread's work: each start handed to it, until the last sender is gone (the data
+/// plane stopped).
+fn serve_starts(queue: &mpsc::Receiver<Start>) {
+    #[cfg(not(feature = "test-hooks"))]
+    while let Ok(start) = queue.recv() {
+        start();
+    }
+    // The test hook needs a look now and then: a wake every 20 ms, in test builds only.
+    #[cfg(feature = "test-hooks")]
+    loop {
+        crate::shell::test_hooks::panic_point(Part::Spawner);
+        match queue.recv_timeout(std::time::Duration::from_millis(20)) {
+            Ok(start) => start(),
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => return,
+        }
     }
 }
 

@@ -1,21 +1,28 @@
 //! The process around the data plane, the one composition root of `tunnelgate run` and
 //! `tunnelgate userspace` / `tunnelgate-wg`: claims the local sockets, starts the daemon, serves
 //! UAPI, the status socket and the systemd watchdog, listens for signals, and stops everything in
-//! one order ([`stop_in_order`]: the local sockets close first). `bin/` only parses arguments and
-//! `shell::userspace` only goes to the background; both end here.
+//! one order ([`stop_in_order`]: the local sockets close first). It also stops when a long-lived
+//! part dies (a panic or a fatal error of a packet thread, a server task, the netlink driver, the
+//! reader spawner, the watchdog or the event loop: `shell::fatal`), in every mode, with exit 1
+//! and an error line naming the part; only the interface's deletion ends the drop-in with 0.
+//! `bin/` only parses arguments and `shell::userspace` only goes to the background; both end
+//! here.
 
 use crate::config::Config;
 use crate::core::control::{Mode, Reload};
+use crate::core::liveness::Fatal;
 use crate::shell::daemon::{Daemon, Handle, StartFailed};
 use crate::shell::dataplane::ThreadSetup;
+use crate::shell::fatal::{guarded, panic_message, Fatals, Part};
 use crate::shell::serve::local_socket::CloseFirst;
 use crate::shell::serve::status::StatusSocket;
-use crate::shell::serve::uapi::UapiServer;
+use crate::shell::serve::uapi::{ServerError, UapiServer};
 use crate::shell::systemd;
 use crate::shell::tuning::Tuning;
 use crate::telemetry::status::{ReloadOutcome, Reloader};
 use crate::telemetry::Observe;
 use anyhow::Context;
+use futures::FutureExt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -92,12 +99,15 @@ impl Launch {
 }
 
 /// Runs `launch` to its end: drops privileges (before any thread: capabilities are per
-/// thread), starts the runtime and [`serve`]s. Exit 0 on a clean stop, 1 on a failure (said in
-/// the log, and on stderr where the log may be gone: [`Mode::follows_the_device`]).
+/// thread), starts the runtime and [`serve`]s. Exit 0 on a clean stop (and, in the drop-in, on
+/// its interface's deletion), 1 on a failure, a part's death included (said in the log, and on
+/// stderr where the log may be gone: [`Mode::follows_the_device`]).
 pub fn main(mut launch: Launch) -> ExitCode {
     use crate::shell::priority;
     let mode = launch.mode();
     let program = mode.program();
+    #[cfg(feature = "test-hooks")]
+    crate::shell::test_hooks::read_panic_hook();
     // The knobs, read once here and passed down; nothing below reads them again.
     let tuning = Tuning::from_env();
     for warning in &tuning.warnings {
@@ -116,8 +126,10 @@ pub fn main(mut launch: Launch) -> ExitCode {
     if let Err(e) = dropped {
         return failed_before_start(&mut launch, format!("cannot drop privileges: {e}"));
     }
+    // The record every long-lived part reports its death to, from the first thread on.
+    let fatals = Fatals::new();
     // Before any other thread: from here on only the packet readers may hold CAP_SYS_NICE.
-    let (spawner, spawner_thread) = match priority::ReaderSpawner::start(&access) {
+    let (spawner, spawner_thread) = match priority::ReaderSpawner::start(&access, &fatals) {
         Ok(started) => started,
         Err(e) => {
             return failed_before_start(
@@ -131,6 +143,7 @@ pub fn main(mut launch: Launch) -> ExitCode {
         tuning: Arc::new(tuning),
         access,
         spawner,
+        fatals,
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -142,7 +155,16 @@ pub fn main(mut launch: Launch) -> ExitCode {
             return failed_before_start(&mut launch, format!("cannot start the runtime: {e}"))
         }
     };
-    let served = runtime.block_on(serve(launch, threads));
+    // A panic of the root itself is a death too: said, exit 1 (what it started ends with the
+    // runtime and the process).
+    let served = runtime
+        .block_on(std::panic::AssertUnwindSafe(serve(launch, threads)).catch_unwind())
+        .unwrap_or_else(|panic| {
+            Err(anyhow::anyhow!(
+                "the process's composition root panicked: {}",
+                panic_message(panic.as_ref())
+            ))
+        });
     // Every task ends with the runtime (bounded: a hung blocking call is left to the exit);
     // the spawner's last sender went with the data plane.
     runtime.shutdown_timeout(SIDE_TASKS_WAIT);
@@ -321,19 +343,24 @@ impl Reloader for NotifyingReloader {
 enum Ended {
     /// SIGTERM or SIGINT.
     Signal,
-    /// The event loop ended by itself: the data plane's fatal error, or the task failed.
-    EventLoop(Result<(Box<Daemon>, Result<(), String>), tokio::task::JoinError>),
-    /// [`Mode::follows_the_device`]: the UAPI socket was deleted (or its server failed).
-    UapiGone,
+    /// Something fatal is recorded ([`Fatals`]): a part died, or the interface was deleted.
+    Fatal,
+    /// The event loop's task ended by itself: on something fatal, its own panic (both
+    /// recorded), or its task failed.
+    EventLoop(Result<Box<Daemon>, tokio::task::JoinError>),
 }
 
-/// Serves `launch` until a signal, the daemon's fatal error or (userspace) the UAPI socket's
-/// removal, then stops in order. The one `serve` of both modes: it starts every long-lived
+/// Serves `launch` until a signal or something fatal ([`Fatals`]: a long-lived part's death,
+/// the interface's deletion: its TUN device gone or, for the drop-in too, its UAPI socket
+/// removed), then stops in order. The one `serve` of both modes: it starts every long-lived
 /// part (the tunnel and its data plane, the health endpoint, the event loop, the UAPI and
-/// status servers, the systemd watchdog) and stops them all with [`stop_in_order`].
+/// status servers, the systemd watchdog), each under [`guarded`] or reporting its own death,
+/// and stops them all with [`stop_in_order`]. `Err` when the exit is a failure: a death in any
+/// mode, a deletion where the mode keeps its device ([`Fatal::is_failure`]).
 pub async fn serve(mut launch: Launch, threads: ThreadSetup) -> anyhow::Result<()> {
     let mode = launch.mode();
     let ready = launch.take_ready();
+    let fatals = threads.fatals.clone();
     let started = async {
         let signals = Signals::install(mode.has_config_file())?;
         Ok::<_, anyhow::Error>((signals, start(&launch, threads).await?))
@@ -348,6 +375,11 @@ pub async fn serve(mut launch: Launch, threads: ThreadSetup) -> anyhow::Result<(
     ) = match started.await {
         Ok(s) => s,
         Err(e) => {
+            // A part that died while the tunnel came up is the likelier cause: named first.
+            let e = match fatals.get() {
+                Some(fatal) => e.context(fatal.to_string()),
+                None => e,
+            };
             if let Some(ready) = ready {
                 ready(Err(format!("{e:#}")));
             }
@@ -356,11 +388,26 @@ pub async fn serve(mut launch: Launch, threads: ThreadSetup) -> anyhow::Result<(
     };
     let handle = daemon.handle();
     let observe: Arc<dyn Observe> = handle.clone();
-    // The UAPI and status sockets are served until the stop closes them, first thing.
-    let mut uapi_task = tokio::spawn({
-        let (handler, stop) = (handle.clone(), handle.close_request());
-        async move { uapi.run(handler, stop).await }
-    });
+    // The UAPI and status sockets are served until the stop closes them, first thing. Their
+    // servers end by themselves only by dying (a panic or an error) or, for UAPI, when its
+    // socket is removed: the interface's deletion, as wireguard-go takes it.
+    let mut side_tasks = vec![tokio::spawn({
+        let (handler, stop, fatals) = (handle.clone(), handle.close_request(), fatals.clone());
+        async move {
+            let closing = handler.clone();
+            match guarded(&fatals, Part::Uapi, uapi.run(handler, stop)).await {
+                Some(Ok(())) => ended_by_itself(&fatals, Part::Uapi, &closing),
+                Some(Err(removed @ ServerError::SocketRemoved { .. })) => {
+                    fatals.raise(Fatal::Deleted(removed.to_string()));
+                }
+                Some(Err(e)) => {
+                    fatals.died(format!("{} failed: {e}", Part::Uapi.name()));
+                }
+                // Its panic, recorded.
+                None => {}
+            }
+        }
+    })];
     // No reloader without a file (`wg setconf` is the way).
     let reloader: Option<Arc<dyn Reloader>> = mode.has_config_file().then(|| {
         Arc::new(NotifyingReloader {
@@ -368,51 +415,72 @@ pub async fn serve(mut launch: Launch, threads: ThreadSetup) -> anyhow::Result<(
             mode,
         }) as _
     });
-    let mut side_tasks = vec![tokio::spawn({
-        let (stop, observe) = (handle.close_request(), observe.clone());
+    side_tasks.push(tokio::spawn({
+        let (stop, observe, fatals) = (handle.close_request(), observe.clone(), fatals.clone());
+        let closing = handle.clone();
         async move {
-            if let Err(e) = status.serve(observe, reloader, stop).await {
-                tracing::error!(error = %e, "status socket failed");
+            let served = status.serve(observe, reloader, stop);
+            match guarded(&fatals, Part::Status, served).await {
+                Some(Ok(())) => ended_by_itself(&fatals, Part::Status, &closing),
+                Some(Err(e)) => {
+                    fatals.died(format!("{} failed: {e}", Part::Status.name()));
+                }
+                // Its panic, recorded.
+                None => {}
             }
         }
-    })];
+    }));
     let (watchdog_stop, watchdog_stopped) = tokio::sync::oneshot::channel::<()>();
-    side_tasks.push(tokio::spawn(systemd::watchdog(observe, async move {
-        let _ = watchdog_stopped.await;
-    })));
+    side_tasks.push(tokio::spawn({
+        let fatals = fatals.clone();
+        // Returns at once when systemd asks for no watchdog: that is not a death.
+        let watchdog = systemd::watchdog(observe, async move {
+            let _ = watchdog_stopped.await;
+        });
+        async move {
+            let _ = guarded(&fatals, Part::Watchdog, watchdog).await;
+        }
+    }));
     let (loop_stop, loop_stopped) = tokio::sync::oneshot::channel::<()>();
-    let mut event_loop = tokio::spawn(async move {
-        let mut daemon = Box::new(daemon);
-        let outcome = daemon
-            .run(async move {
-                let _ = loop_stopped.await;
-            })
+    let mut event_loop = tokio::spawn({
+        let fatals = fatals.clone();
+        async move {
+            let mut daemon = Box::new(daemon);
+            // A panic leaves the daemon here, so the stop still removes what it installed.
+            let _ = guarded(
+                &fatals,
+                Part::EventLoop,
+                daemon.run(async move {
+                    let _ = loop_stopped.await;
+                }),
+            )
             .await;
-        (daemon, outcome)
+            daemon
+        }
     });
-    match ready {
-        Some(ready) => ready(Ok(())),
-        None => notify(mode, "READY=1\nSTATUS=tunnel up"),
+    // A part that died before this point (as the tunnel came up) is a failed start: the
+    // forking parent is told so, and systemd is never told READY=1.
+    #[cfg(feature = "test-hooks")]
+    crate::shell::test_hooks::hold_ready_for_an_early_death(&fatals).await;
+    let early = fatals.get();
+    match (ready, &early) {
+        (Some(ready), None) => ready(Ok(())),
+        (Some(ready), Some(fatal)) => ready(Err(fatal.to_string())),
+        (None, None) => notify(mode, "READY=1\nSTATUS=tunnel up"),
+        (None, Some(_)) => {}
     }
-    if mode.follows_the_device() {
+    if early.is_none() && mode.follows_the_device() {
         tracing::info!(interface = %launch.name(), "Interface and UAPI socket ready");
     }
-    let mut uapi_ended = false;
+    #[cfg(feature = "test-hooks")]
+    if early.is_none() {
+        crate::shell::test_hooks::process_ready();
+    }
     let ended = loop {
         tokio::select! {
             () = stop_signal(&mut signals.term, &mut signals.int) => break Ended::Signal,
+            _ = fatals.wait() => break Ended::Fatal,
             ended = &mut event_loop => break Ended::EventLoop(ended),
-            served = &mut uapi_task, if !uapi_ended => {
-                uapi_ended = true;
-                match served {
-                    Ok(Err(e)) if mode.follows_the_device() => tracing::info!(error = %e, "UAPI socket gone; stopping"),
-                    Ok(Err(e)) => tracing::error!(error = %e, "UAPI server failed"),
-                    Ok(Ok(())) | Err(_) => {}
-                }
-                if mode.follows_the_device() {
-                    break Ended::UapiGone;
-                }
-            }
             () = reload_signal(&mut signals.hup) => {
                 notify(mode, "RELOADING=1");
                 // The event loop logs the outcome; `tunnelgate reload` is the way to wait on
@@ -421,29 +489,37 @@ pub async fn serve(mut launch: Launch, threads: ThreadSetup) -> anyhow::Result<(
                 tokio::select! {
                     _ = handle.reload("SIGHUP") => {}
                     () = stop_signal(&mut signals.term, &mut signals.int) => break Ended::Signal,
+                    _ = fatals.wait() => break Ended::Fatal,
                 }
                 notify(mode, "READY=1");
             }
         }
     };
+    if let Ended::EventLoop(ended) = &ended {
+        // It ends by itself only on something fatal, which it recorded or heard of; said
+        // here if not (before the hold, so `/healthz` names it too).
+        match ended {
+            Err(e) => event_loop_failed(&fatals, e),
+            Ok(_) if fatals.get().is_none() => {
+                fatals.died(format!("{} ended by itself", Part::EventLoop.name()));
+            }
+            Ok(_) => {}
+        }
+    }
+    if !matches!(ended, Ended::Signal) {
+        #[cfg(feature = "test-hooks")]
+        crate::shell::test_hooks::hold_fatal_while_asked().await;
+    }
     notify(mode, "STOPPING=1");
     tracing::info!("Shutting down");
     let _ = loop_stop.send(());
-    let ended = match ended {
-        Ended::EventLoop(ended) => ended,
-        Ended::Signal | Ended::UapiGone => event_loop.await,
+    let daemon = match ended {
+        Ended::EventLoop(ended) => ended.ok(),
+        Ended::Signal | Ended::Fatal => event_loop
+            .await
+            .inspect_err(|e| event_loop_failed(&fatals, e))
+            .ok(),
     };
-    let (daemon, outcome) = match ended {
-        Ok((daemon, outcome)) => (Some(daemon), Ok(outcome)),
-        Err(e) => (None, Err(e)),
-    };
-    if !uapi_ended {
-        side_tasks.push(tokio::spawn(async move {
-            if let Ok(Err(e)) = uapi_task.await {
-                tracing::error!(error = %e, "UAPI server failed");
-            }
-        }));
-    }
     stop_in_order(&mut Running {
         handle: handle.clone(),
         daemon,
@@ -452,17 +528,31 @@ pub async fn serve(mut launch: Launch, threads: ThreadSetup) -> anyhow::Result<(
         serving: true,
     })
     .await;
-    match outcome {
-        Ok(Ok(())) => Ok(()),
+    match fatals.get() {
+        // A stop that was asked for.
+        None => Ok(()),
+        Some(fatal) if fatal.is_failure(mode) => Err(anyhow::anyhow!(fatal)),
         // The interface was deleted (`ip link del`, `wg-quick down`): the normal way for the
         // drop-in to stop.
-        Ok(Err(why)) if mode.follows_the_device() => {
-            tracing::info!(reason = %why, "Interface gone; exiting");
+        Some(gone) => {
+            tracing::info!(reason = %gone, "Interface gone; exiting");
             Ok(())
         }
-        Ok(Err(why)) => Err(anyhow::anyhow!(why)),
-        Err(e) => Err(anyhow::anyhow!("the event loop failed: {e}")),
     }
+}
+
+/// A local server (UAPI, status) that returned: the stop closed it, or, if no stop asked,
+/// it ended by itself, which is its death.
+fn ended_by_itself(fatals: &Fatals, part: Part, handle: &Handle) {
+    if !handle.local_sockets().asked() {
+        fatals.died(format!("{} ended by itself", part.name()));
+    }
+}
+
+/// The event loop's task failed outside [`guarded`] (it cannot panic there, but its failure is
+/// not thrown away): its death, and no daemon to stop but what the drop does.
+fn event_loop_failed(fatals: &Fatals, e: &tokio::task::JoinError) {
+    fatals.died(format!("{}'s task failed: {e}", Part::EventLoop.name()));
 }
 
 /// The long-lived parts as a stop ends them, one method per step; [`stop_in_order`] is the one

@@ -91,7 +91,9 @@ pub fn wg_main() -> ExitCode {
 /// Runs the drop-in for interface `name` (with the health endpoint on `health`, if given). In
 /// the background (the default), returns in the parent once the child has the interface, the
 /// UAPI and status sockets (and the health endpoint) ready (exit 0), or has failed (exit 1, its
-/// error printed). The child runs [`crate::shell::process::main`].
+/// error printed: a part of it that died before it was ready included). The child runs
+/// [`crate::shell::process::main`], which exits 1 when a part of it dies later too (heard by
+/// whoever reaps it: systemd for a forking unit), and 0 when its interface is deleted.
 pub fn run(
     foreground: bool,
     name: &str,
@@ -170,12 +172,19 @@ fn daemonize() -> std::io::Result<Forked> {
         0 => {
             drop(read);
             // SAFETY: plain system calls on descriptors this process owns.
+            #[cfg(feature = "test-hooks")]
+            let keep_stderr = crate::shell::test_hooks::keeps_stderr();
+            #[cfg(not(feature = "test-hooks"))]
+            let keep_stderr = false;
             unsafe {
                 libc::setsid();
                 let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
                 if null >= 0 {
+                    // stdin, stdout and stderr (stderr kept only by a test hook).
                     for fd in 0..3 {
-                        libc::dup2(null, fd);
+                        if !(fd == 2 && keep_stderr) {
+                            libc::dup2(null, fd);
+                        }
                     }
                     if null > 2 {
                         libc::close(null);

@@ -1,10 +1,12 @@
 //! Whether the daemon is alive: each packet thread stamps a heartbeat on every wake (a batch, or
 //! an idle timeout), the event loop on every turn ([`LoopPulse`]), and `/healthz` fails when one
 //! has not stamped for [`STALL_LIMIT`]; and the systemd watchdog built on it
-//! ([`watchdog_interval`], [`WatchdogPings`]). Time is an argument (milliseconds on the shell's
-//! monotonic clock, or an `Instant` passed in); this file never reads a clock or the
-//! environment.
+//! ([`watchdog_interval`], [`WatchdogPings`]); and how the process ends when something ends
+//! it before a stop was asked for ([`Fatal`]: a part that died, or the interface deleted). Time
+//! is an argument (milliseconds on the shell's monotonic clock, or an `Instant` passed in); this
+//! file never reads a clock or the environment.
 
+use crate::control::Mode;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -240,9 +242,59 @@ impl WatchdogPings {
     }
 }
 
+/// Why the process ends before anyone asked it to stop: the first of its long-lived parts to
+/// die, or its interface deleted under it. The text names the part (`packet thread tg-udp-rx-0
+/// panicked: ...`, `UAPI server failed: ...`) or the deletion (`TUN device is gone: ...`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fatal {
+    /// The interface was deleted from outside: its TUN device is gone (`ip link del`,
+    /// `wg-quick down`), or its UAPI socket was removed (wireguard-go's signal to exit).
+    Deleted(String),
+    /// A long-lived part (a packet thread, a server task, the netlink connection's driver, the
+    /// reader spawner, the watchdog, the event loop) panicked, failed or ended by itself.
+    Died(String),
+}
+
+impl Fatal {
+    /// Whether the process's exit is a failure (exit 1, said at error level): always for a
+    /// death, whatever the mode, so a supervisor restarts it; for a deletion only where the
+    /// device's end is not the mode's normal way to stop ([`Mode::follows_the_device`]: the
+    /// drop-in exits 0 when its interface is deleted, as wireguard-go does; `run` was started
+    /// to keep its interface, and its supervisor should bring it back).
+    pub fn is_failure(&self, mode: Mode) -> bool {
+        match self {
+            Fatal::Deleted(_) => !mode.follows_the_device(),
+            Fatal::Died(_) => true,
+        }
+    }
+}
+
+impl std::fmt::Display for Fatal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Fatal::Deleted(why) | Fatal::Died(why) => f.write_str(why),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every death fails the process in every mode; only the drop-in takes its interface's
+    /// deletion as the normal way to stop.
+    #[test]
+    fn a_death_always_fails_and_a_deletion_only_where_the_mode_keeps_its_device() {
+        let died = Fatal::Died("UAPI server panicked: boom".into());
+        let deleted = Fatal::Deleted("TUN device is gone: No such device".into());
+        for mode in [Mode::Daemon, Mode::Userspace] {
+            assert!(died.is_failure(mode), "{mode:?}: {died}");
+        }
+        assert!(deleted.is_failure(Mode::Daemon));
+        assert!(!deleted.is_failure(Mode::Userspace));
+        assert_eq!(died.to_string(), "UAPI server panicked: boom");
+        assert_eq!(deleted.to_string(), "TUN device is gone: No such device");
+    }
 
     #[test]
     fn the_watchdog_pings_at_half_the_interval_systemd_gives() {

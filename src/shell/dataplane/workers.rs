@@ -165,7 +165,7 @@ pub(super) fn tun_loop(inner: &Inner, worker: usize, relay: Option<&TunRelay>) {
                     return;
                 }
                 if tun_is_gone(&e) {
-                    inner.raise_fatal(format!("TUN device is gone: {e}"));
+                    inner.device_gone(format!("TUN device is gone: {e}"));
                     return;
                 }
                 tracing::warn!(error = %e, "TUN read failed");

@@ -45,6 +45,7 @@ use tokio::task::JoinHandle;
 
 use super::accept::{self, Conn, Policy};
 
+use crate::shell::fatal::{guarded, Fatals, Part};
 use crate::telemetry::http::{bound_metrics, OPENMETRICS_TEXT, PLAIN_TEXT, PROMETHEUS_TEXT};
 use crate::telemetry::{render_metrics, Observe};
 
@@ -252,8 +253,11 @@ struct Serving {
 }
 
 /// The daemon's health endpoint: at most one listener, moved by [`HealthEndpoint::switch`].
+/// Its serving task's panic is recorded as its death (`shell::fatal`): the process stops, exit
+/// 1, rather than run on with probes that find nothing listening.
 pub struct HealthEndpoint {
     observe: Arc<dyn Observe>,
+    fatals: Fatals,
     serving: Option<Serving>,
     /// The address a reload reserved before the core took the new file.
     reserved: Option<(SocketAddr, TcpSocket)>,
@@ -262,9 +266,10 @@ pub struct HealthEndpoint {
 }
 
 impl HealthEndpoint {
-    pub fn new(observe: Arc<dyn Observe>) -> HealthEndpoint {
+    pub fn new(observe: Arc<dyn Observe>, fatals: Fatals) -> HealthEndpoint {
         HealthEndpoint {
             observe,
+            fatals,
             serving: None,
             reserved: None,
             retired: Vec::new(),
@@ -276,9 +281,14 @@ impl HealthEndpoint {
         let addr = listener.local_addr()?;
         let close = listener.as_fd().try_clone_to_owned()?;
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(serve_health(listener, self.observe.clone(), async move {
+        let served = serve_health(listener, self.observe.clone(), async move {
             let _ = stopped.await;
-        }));
+        });
+        let fatals = self.fatals.clone();
+        let task = tokio::spawn(async move {
+            // Ends at a stop or a move; a panic is the death `guarded` records.
+            let _ = guarded(&fatals, Part::Health, served).await;
+        });
         self.close_current();
         self.serving = Some(Serving {
             addr,

@@ -391,6 +391,11 @@ impl CloseFirst {
         }
     }
 
+    /// Whether [`CloseFirst::close`] was called: a server that ended before it ended by itself.
+    pub fn asked(&self) -> bool {
+        *self.asked.borrow()
+    }
+
     /// Asks every server to close and waits until each has dropped its request, or `limit`
     /// passes (then returns false: a server is stuck, and the stop goes on without it). Later
     /// calls find nothing open and return at once.
@@ -681,6 +686,10 @@ mod tests {
     #[tokio::test]
     async fn close_first_waits_until_every_server_has_dropped_its_request() {
         let sockets = CloseFirst::default();
+        assert!(
+            !sockets.asked(),
+            "no stop asked yet: a server ending now ends by itself"
+        );
         let (closed_tx, mut closed_rx) = tokio::sync::mpsc::unbounded_channel();
         for n in 0..2u64 {
             let request = sockets.request();
@@ -696,6 +705,7 @@ mod tests {
         }
         drop(closed_tx);
         assert!(sockets.close(std::time::Duration::from_secs(5)).await);
+        assert!(sockets.asked());
         let mut done = Vec::new();
         while let Ok(n) = closed_rx.try_recv() {
             done.push(n);
