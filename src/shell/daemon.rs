@@ -221,7 +221,8 @@ impl Daemon {
         // Before the first datagram: a takeover right after a restart needs the endpoints.
         daemon.endpoints.read_if_new_identity();
         if let Some(settings) = daemon.control.config().takeover.group.clone() {
-            match crate::shell::group::Group::start(&settings, dataplane.clone()).await {
+            let fatals = dataplane.thread_setup().fatals.clone();
+            match crate::shell::group::Group::start(&settings, dataplane.clone(), fatals).await {
                 Ok(group) => {
                     let _ = daemon.handle.group_stats.set(group.stats.clone());
                     daemon.group = Some(group);
@@ -445,7 +446,6 @@ impl Daemon {
                         group.tell(&news);
                     }
                 }
-                why = group_ended(&mut self.group) => return Err(why),
             }
         }
     }
@@ -663,14 +663,6 @@ impl Daemon {
         if let Ok(Err(e)) = tokio::task::spawn_blocking(move || dataplane.stop()).await {
             tracing::warn!(error = %e, "Packet threads did not stop");
         }
-    }
-}
-
-/// Resolves when the group's exchange ended (never without one).
-async fn group_ended(group: &mut Option<crate::shell::group::Group>) -> String {
-    match group {
-        Some(group) => group.ended().await,
-        None => std::future::pending().await,
     }
 }
 

@@ -40,11 +40,13 @@ pub enum Part {
     Watchdog,
     /// The event loop's task (the control core and its executor).
     EventLoop,
+    /// The group's endpoint exchange task (only with `takeover.group_listen`).
+    GroupExchange,
 }
 
 impl Part {
     /// Every kind of part.
-    pub const ALL: [Part; 11] = [
+    pub const ALL: [Part; 12] = [
         Part::TunReader,
         Part::UdpReader,
         Part::Partner,
@@ -56,6 +58,7 @@ impl Part {
         Part::Netlink,
         Part::Watchdog,
         Part::EventLoop,
+        Part::GroupExchange,
     ];
 
     /// How the log and `/healthz` name a task of this kind (a thread is named by its own
@@ -70,6 +73,7 @@ impl Part {
             Part::Netlink => "netlink connection driver",
             Part::Watchdog => "systemd watchdog",
             Part::EventLoop => "event loop",
+            Part::GroupExchange => "group endpoint exchange",
         }
     }
 
@@ -87,6 +91,7 @@ impl Part {
             Part::Netlink => "netlink",
             Part::Watchdog => "watchdog",
             Part::EventLoop => "event-loop",
+            Part::GroupExchange => "group",
         }
     }
 }

@@ -52,11 +52,12 @@ impl GroupStats {
     }
 }
 
-/// The exchange as the daemon holds it: where to tell news, and what it counted.
+/// The exchange as the daemon holds it: where to tell news, and what it counted. Its task's
+/// end (it never ends unless it fails) is recorded in the process's fatal record.
 pub struct Group {
     news: mpsc::Sender<Vec<Entry>>,
     pub stats: Arc<GroupStats>,
-    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+    task: tokio::task::JoinHandle<()>,
 }
 
 impl Group {
@@ -64,6 +65,7 @@ impl Group {
     pub async fn start(
         settings: &GroupExchange,
         dataplane: Arc<Dataplane>,
+        fatals: crate::shell::fatal::Fatals,
     ) -> anyhow::Result<Group> {
         let identity = dataplane.identity();
         let Some(private) = identity.private_key else {
@@ -84,14 +86,28 @@ impl Group {
             replicas = %settings.replicas,
             "Group endpoint exchange up: replicas of this identity tell each other where peers authenticated"
         );
-        let task = tokio::spawn(run(
+        let run = run(
             socket,
             exchange,
             settings.replicas.clone(),
             dataplane,
             stats.clone(),
             rx,
-        ));
+        );
+        let task = tokio::spawn(async move {
+            let part = crate::shell::fatal::Part::GroupExchange;
+            let ended = crate::shell::fatal::guarded(&fatals, part, run).await;
+            match ended {
+                // A panic is recorded by `guarded`.
+                None => {}
+                Some(Ok(())) => {
+                    fatals.died(format!("{} ended", part.name()));
+                }
+                Some(Err(e)) => {
+                    fatals.died(format!("{} failed: {e:#}", part.name()));
+                }
+            }
+        });
         Ok(Group {
             news: tx,
             stats,
@@ -112,16 +128,6 @@ impl Group {
             .collect();
         if !entries.is_empty() && self.news.try_send(entries).is_err() {
             tracing::debug!("group exchange busy: news dropped (the next hello's dump has it)");
-        }
-    }
-
-    /// Resolves when the exchange's task ended (it never does unless it failed).
-    pub async fn ended(&mut self) -> String {
-        match (&mut self.task).await {
-            Ok(Ok(())) => "the group endpoint exchange ended".into(),
-            Ok(Err(e)) => format!("the group endpoint exchange failed: {e:#}"),
-            Err(e) if e.is_panic() => format!("the group endpoint exchange panicked: {e}"),
-            Err(e) => format!("the group endpoint exchange was cancelled: {e}"),
         }
     }
 }
