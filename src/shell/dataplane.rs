@@ -214,7 +214,7 @@ impl Dataplane {
                 partner_jobs: PartnerJobs::default(),
                 cores,
                 fatal: watch::Sender::new(None),
-                handshakes: handshakes::HandshakeQueue::new(),
+                handshakes: handshakes::HandshakeQueue::new(epoch),
                 timers: std::sync::OnceLock::new(),
                 takeover_asked: AtomicBool::new(false),
                 steering: RwLock::new(Arc::new(Steering::plain(workers))),
