@@ -166,10 +166,12 @@ pub const TABLE_SLOTS: usize = 4096;
 pub const TABLE_WAYS: usize = 4;
 
 /// Cookie replies per second the packet threads together send under load from the interface's
-/// budget, after a burst of [`COOKIE_REPLIES_BURST`]. Each costs a reader a mac1 and a seal
-/// (about 0.5 us here) and its send; the budget bounds that and what spoofed sources can make
-/// the interface send to the addresses they name (64 bytes for each 148 they send).
-pub const COOKIE_REPLIES_PER_SECOND: u64 = 10_000;
+/// budget, after a burst of [`COOKIE_REPLIES_BURST`]. Each costs a reader a mac1, its source's
+/// cookie and a seal (about 0.8 us here) and a send of its own (a few us more: replies to a
+/// flood's many sources rarely share a GSO send); the budget bounds that and what spoofed
+/// sources can make the interface send to the addresses they name (64 bytes for each 148 they
+/// send). A new peer does not depend on it: its reserve answers it once the budget is spent.
+pub const COOKIE_REPLIES_PER_SECOND: u64 = 2_000;
 pub const COOKIE_REPLIES_BURST: u64 = 1_000;
 
 /// A source's reserve of cookie replies, drawn only once the interface's budget is spent: its
@@ -347,8 +349,24 @@ pub struct Gate {
     hasher: RandomState,
     /// The last source and its tag: a GRO train is one source's.
     last: Option<(IpAddr, u64)>,
+    /// What was found for the last source at the last instant ([`Memo`]).
+    memo: Option<Memo>,
     /// Off only in tests: the design without reserves, to compare with.
     with_reserves: bool,
+}
+
+/// What a [`Gate`] found for one source at one instant. A receive batch's clock does not move,
+/// and nothing but this gate's own decisions for that source could change the answers within
+/// it (the budgets only empty at a given instant), so the rest of a GRO train, one source's, is
+/// decided without the tables: whether the source's share has a token, and whether no cookie
+/// reply was left for it. (Another source taking a place in the same set could only have made
+/// the tables more generous; the memo is never less strict than they are.)
+#[derive(Debug, Clone, Copy)]
+struct Memo {
+    tag: u64,
+    at: Instant,
+    share_left: bool,
+    no_cookie: bool,
 }
 
 impl Default for Gate {
@@ -364,6 +382,7 @@ impl Gate {
             reserves: SourceTable::new(RESERVE),
             hasher: RandomState::new(),
             last: None,
+            memo: None,
             with_reserves: true,
         }
     }
@@ -380,12 +399,29 @@ impl Gate {
         mac1_valid: impl FnOnce() -> bool,
     ) -> Admit {
         let tag = self.tag(source);
-        if self.shares.has_token(tag, now) && mac2_valid() {
+        let memo = self.memo.filter(|m| m.tag == tag && m.at == now);
+        let share_left = match memo {
+            Some(m) => m.share_left,
+            None => self.shares.has_token(tag, now),
+        };
+        if share_left && mac2_valid() {
+            self.memo = None;
             if !mac1_valid() {
                 return Admit::Invalid;
             }
             self.shares.take(tag, now);
             return Admit::Queue;
+        }
+        let remember = |no_cookie| {
+            Some(Memo {
+                tag,
+                at: now,
+                share_left,
+                no_cookie,
+            })
+        };
+        if memo.is_some_and(|m| m.no_cookie) {
+            return Admit::Limited;
         }
         let from_budget = shared.cookies.available(now);
         let from_reserve = !from_budget
@@ -393,8 +429,10 @@ impl Gate {
             && self.reserves.has_token(tag, now)
             && shared.reserves.available(now);
         if !from_budget && !from_reserve {
+            self.memo = remember(true);
             return Admit::Limited;
         }
+        self.memo = remember(false);
         if !mac1_valid() {
             return Admit::Invalid;
         }
@@ -406,6 +444,7 @@ impl Gate {
             self.reserves.take(tag, now);
             return Admit::Cookie;
         }
+        self.memo = remember(true);
         Admit::Limited
     }
 

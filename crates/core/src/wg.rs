@@ -144,6 +144,14 @@ impl Limiter {
     }
 }
 
+/// Whether `datagram`, an initiation or a response by its size, carries a mac2 at all: an
+/// initiator without a cookie sends zeros, which no cookie makes (so its source's cookie need
+/// not be computed to refuse it).
+#[inline]
+pub fn carries_mac2(datagram: &[u8]) -> bool {
+    matches!(datagram.len(), 148 | 92) && datagram[datagram.len() - 16..].iter().any(|b| *b != 0)
+}
+
 /// One source address's cookie, as the limiter computes it now ([`Limiter::source_cookie`]).
 pub struct SourceCookie(boringtun::noise::rate_limiter::SourceCookie);
 
@@ -859,6 +867,7 @@ mod tests {
         let cookie = lb.source_cookie(src);
         assert!(lb.mac1_is_valid(&init));
         assert!(!lb.mac2_is_valid(&cookie, &init));
+        assert!(!carries_mac2(&init), "no cookie yet: zeros");
         let mut garbage = init.clone();
         garbage[40] ^= 1;
         assert!(!lb.mac1_is_valid(&garbage));
@@ -877,6 +886,7 @@ mod tests {
             _ => panic!("expected an initiation with mac2"),
         };
         assert!(lb.mac1_is_valid(&again) && lb.mac2_is_valid(&cookie, &again));
+        assert!(carries_mac2(&again));
         let elsewhere = lb.source_cookie("192.0.2.2".parse().expect("ip"));
         assert!(
             !lb.mac2_is_valid(&elsewhere, &again),

@@ -805,9 +805,13 @@ fn open_batch(
                 let admit = handshakes.admit(
                     source,
                     now,
+                    // A mac2 of zeros is no cookie: its source's cookie is not needed.
                     || {
-                        limiter
-                            .mac2_is_valid(cookie_of(&mut source_cookie, limiter, source), datagram)
+                        wg::carries_mac2(datagram)
+                            && limiter.mac2_is_valid(
+                                cookie_of(&mut source_cookie, limiter, source),
+                                datagram,
+                            )
                     },
                     || limiter.mac1_is_valid(datagram),
                 );

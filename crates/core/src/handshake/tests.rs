@@ -348,6 +348,50 @@ fn under_load_ends_after_the_queue_drains_whatever_the_refusals() {
     assert!(!shared.under_load());
 }
 
+/// A GRO train is decided once its source is found with nothing to give at the batch's instant:
+/// its next messages cost neither a MAC nor the tables. That never refuses what the tables
+/// would give: a proven message from a source with a share left is still queued, at the same
+/// instant, and once time moves the budget answers again.
+#[test]
+fn a_train_with_nothing_left_is_refused_at_once_but_never_its_proof() {
+    let now = t0();
+    let shared = Shared::new(now);
+    let mut gate = Gate::new();
+    while shared.cookies.take(now) {}
+    let source = v4(192, 0, 2, 1);
+    let mut answers = Vec::new();
+    for _ in 0..(RESERVE_BURST + 5) {
+        answers.push(admit(&mut gate, &shared, source, Macs::Mac1Only, now));
+    }
+    assert_eq!(
+        answers.iter().filter(|a| **a == Admit::Cookie).count(),
+        RESERVE_BURST as usize
+    );
+    let refused = gate.admit(
+        &shared,
+        source,
+        now,
+        || false,
+        || panic!("mac1 with nothing to give"),
+    );
+    assert_eq!(refused, Admit::Limited);
+    assert_eq!(
+        admit(&mut gate, &shared, source, Macs::Proven, now),
+        Admit::Queue,
+        "its proof"
+    );
+    assert_eq!(
+        admit(&mut gate, &shared, source, Macs::Mac1Only, now),
+        Admit::Limited
+    );
+    let later = now + Duration::from_millis(1);
+    assert_eq!(
+        admit(&mut gate, &shared, source, Macs::Mac1Only, later),
+        Admit::Cookie,
+        "the budget refilled"
+    );
+}
+
 #[test]
 fn shares_count_an_ipv6_64_as_one_source_and_mapped_v4_as_v4() {
     let now = t0();
