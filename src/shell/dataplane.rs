@@ -228,7 +228,7 @@ impl Dataplane {
                 readers: readers::ReaderStates::new(workers),
                 partner_jobs: PartnerJobs::default(),
                 cores,
-                handshakes: handshakes::HandshakeQueue::new(),
+                handshakes: handshakes::HandshakeQueue::new(epoch),
                 timers: std::sync::OnceLock::new(),
                 takeovers: takeover::Requests::new(),
                 learned_for_later: Mutex::new(HashMap::new()),

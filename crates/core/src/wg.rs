@@ -117,6 +117,57 @@ impl Limiter {
     pub fn set_under_load(&self, on: bool) {
         self.0.set_under_load(on);
     }
+
+    /// The cookie of `source` now, for [`Limiter::mac2_is_valid`] and
+    /// [`Limiter::write_cookie_reply`]: made once for a run of messages from one source.
+    pub fn source_cookie(&self, source: IpAddr) -> SourceCookie {
+        SourceCookie(self.0.source_cookie(source))
+    }
+
+    /// Whether `datagram` is an initiation or a response with a valid mac1 for our public key.
+    pub fn mac1_is_valid(&self, datagram: &[u8]) -> bool {
+        self.0.mac1_is_valid(datagram)
+    }
+
+    /// Whether `datagram` is an initiation or a response whose mac2 is valid for `cookie`'s
+    /// source (it proved that address). A mac2 of zeros is no cookie, found without a MAC.
+    pub fn mac2_is_valid(&self, cookie: &SourceCookie, datagram: &[u8]) -> bool {
+        RateLimiter::mac2_is_valid(&cookie.0, datagram)
+    }
+
+    /// Writes into `out` the cookie reply to `datagram` (an initiation or a response whose
+    /// mac1 the caller found valid) for `cookie`'s source: its length, or `None` if `datagram`
+    /// is no such message or `out` is smaller than a reply (64 bytes).
+    pub fn write_cookie_reply(
+        &self,
+        cookie: &SourceCookie,
+        datagram: &[u8],
+        out: &mut [u8],
+    ) -> Option<usize> {
+        self.0.write_cookie_reply(&cookie.0, datagram, out)
+    }
+}
+
+/// Whether `datagram`, an initiation or a response by its size, carries a mac2 at all: an
+/// initiator without a cookie sends zeros, which no cookie makes (so its source's cookie need
+/// not be computed to refuse it).
+#[inline]
+pub fn carries_mac2(datagram: &[u8]) -> bool {
+    matches!(datagram.len(), 148 | 92) && datagram[datagram.len() - 16..].iter().any(|b| *b != 0)
+}
+
+/// One source address's cookie, as the limiter computes it now ([`Limiter::source_cookie`]).
+pub struct SourceCookie(boringtun::noise::rate_limiter::SourceCookie);
+
+/// The peer index a cookie reply names (by its type and size alone; the index as
+/// [`Incoming::Index`] gives it), or `None` for any other message.
+#[inline]
+pub fn cookie_reply_index(datagram: &[u8]) -> Option<u32> {
+    if datagram.len() != 64 || datagram.get(..4) != Some(&[3, 0, 0, 0]) {
+        return None;
+    }
+    let index = datagram.get(4..8)?;
+    Some(u32::from_le_bytes([index[0], index[1], index[2], index[3]]) >> 8)
 }
 
 /// Whether `datagram` is a handshake message by its type and exact size alone (an initiation,
@@ -753,6 +804,15 @@ mod tests {
         assert!(!is_handshake(&init[..147]));
         assert!(!is_handshake(&[&[1u8, 0, 0, 1][..], &init[4..]].concat()));
         assert!(!is_handshake(&[1u8, 0]));
+        let reply = [
+            &[3u8, 0, 0, 0][..],
+            &0x1234_56ffu32.to_le_bytes()[..],
+            &[0u8; 56][..],
+        ]
+        .concat();
+        assert_eq!(cookie_reply_index(&reply), Some(0x12_3456));
+        assert_eq!(cookie_reply_index(&init), None);
+        assert_eq!(cookie_reply_index(&reply[..63]), None);
     }
 
     /// Under load, a message without a valid mac2 gets a cookie and is never charged; one
@@ -798,6 +858,57 @@ mod tests {
         assert_eq!(refused, Ok(Incoming::Limited));
         let allowed = classify_charged(&lb, &b, &b.public_key(), src, &again, &mut out, |_| true);
         assert_eq!(allowed, Ok(Incoming::Initiation(_a.public_key())));
+    }
+
+    /// The checks a reader makes under load agree with the handshake path's: an initiation
+    /// with a valid mac1 and no cookie gets a cookie reply its initiator takes, its retry
+    /// proves the source (mac2), and a message with a bad mac1 passes neither.
+    #[test]
+    fn a_readers_mac_checks_and_cookie_reply_are_the_handshake_paths() {
+        let (mut ta, _tb, _la, lb, _a, b) = pair();
+        let src: IpAddr = "192.0.2.1".parse().expect("ip");
+        let (mut buf, mut out) = (vec![0u8; 2048], vec![0u8; 2048]);
+        let init = match ta.initiate(&mut buf) {
+            Outcome::Network(m) => m.to_vec(),
+            other => panic!("expected initiation, got {other:?}"),
+        };
+        let cookie = lb.source_cookie(src);
+        assert!(lb.mac1_is_valid(&init));
+        assert!(!lb.mac2_is_valid(&cookie, &init));
+        assert!(!carries_mac2(&init), "no cookie yet: zeros");
+        let mut garbage = init.clone();
+        garbage[40] ^= 1;
+        assert!(!lb.mac1_is_valid(&garbage));
+        let mut reply = [0u8; 64];
+        let len = lb.write_cookie_reply(&cookie, &init, &mut reply);
+        assert_eq!(len, Some(64));
+        assert!(lb
+            .write_cookie_reply(&cookie, &init, &mut [0u8; 63])
+            .is_none());
+        assert!(matches!(
+            ta.decapsulate(src, &reply, &mut out),
+            Outcome::Done
+        ));
+        let again = match ta.active().format_handshake_initiation(&mut buf, true) {
+            TunnResult::WriteToNetwork(m) => m.to_vec(),
+            _ => panic!("expected an initiation with mac2"),
+        };
+        assert!(lb.mac1_is_valid(&again) && lb.mac2_is_valid(&cookie, &again));
+        assert!(carries_mac2(&again));
+        let elsewhere = lb.source_cookie("192.0.2.2".parse().expect("ip"));
+        assert!(
+            !lb.mac2_is_valid(&elsewhere, &again),
+            "proves its own address only"
+        );
+        // The handshake path finds it proven too.
+        lb.set_under_load(true);
+        let mut proved = false;
+        let who = classify_charged(&lb, &b, &b.public_key(), src, &again, &mut out, |p| {
+            proved = p;
+            true
+        });
+        assert_eq!(who, Ok(Incoming::Initiation(_a.public_key())));
+        assert!(proved);
     }
 
     #[test]

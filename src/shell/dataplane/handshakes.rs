@@ -1,20 +1,22 @@
 //! The handshake path, apart from the packet readers: the bounded queue the readers hand
 //! handshake messages to (initiations, responses, cookie replies; never blocking, a full queue
-//! drops and counts), and the work the timer thread does with them at normal priority: mac1,
-//! and under load mac2 and the per-source limit (decided in `core::handshake`), then the
-//! Diffie-Hellman and the reply. A packet reader so never runs a Diffie-Hellman and never waits
-//! behind one, however many initiations arrive.
+//! drops and counts), the state the readers share for it (under load, the cookie budgets) and
+//! each packet thread's gate under load (decided in `core::handshake`: a reader queues only
+//! messages whose mac2 proved their source, charged to it, and answers the others with cookie
+//! replies itself), and the work the timer thread does with the queue at normal priority: mac1,
+//! and under load mac2 and, for a proven source no reader charged, the per-source limit, then
+//! the Diffie-Hellman and the reply. A packet reader so never runs a Diffie-Hellman and never
+//! waits behind one, however many initiations arrive.
 
 use super::send::send_one;
 use super::table::PeerTable;
 use super::Inner;
-use crate::core::handshake::{Admission, SourceLimiter, UnderLoad, QUEUE_CAPACITY};
+use crate::core::handshake::{Admit, Gate, Shared, SourceLimiter, UnderLoad, QUEUE_CAPACITY};
 use crate::core::packet::{self, DropReason, Inbound, PeerPath, Sender};
 use crate::shell::udp::{WgSocket, MAX_DATAGRAM};
 use crossbeam_queue::ArrayQueue;
 use std::cell::RefCell;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 /// The largest handshake message (an initiation); a response is 92 bytes, a cookie reply 64.
@@ -26,11 +28,13 @@ const LARGEST: usize = 148;
 pub(super) const PER_ROUND: usize = 64;
 
 /// One queued handshake message: where it came from, which worker's socket took it (the reply
-/// leaves by the same), and its bytes (copied: the reader's batch is reused at once).
+/// leaves by the same), whether a reader charged its proven source already, and its bytes
+/// (copied: the reader's batch is reused at once).
 struct Queued {
     from: PeerPath,
     worker: usize,
     len: u8,
+    charged: bool,
     bytes: [u8; LARGEST],
 }
 
@@ -39,59 +43,63 @@ struct Queued {
 /// normal-priority consumer holds.
 pub(super) struct HandshakeQueue {
     queue: ArrayQueue<Queued>,
-    /// Whether the interface is under load, as the timer thread last decided it: the readers
-    /// then charge each source before queueing ([`HandshakeQueue::admit`]).
-    under_load: AtomicBool,
-    /// Set by a reader that refused a source its share; the timer thread takes it as load (so
-    /// a flood the readers keep out of the queue still keeps the interface under load).
-    refused: AtomicBool,
+    /// Under load (from the queue's depth alone) and the cookie budgets, shared by the packet
+    /// threads and the timer thread.
+    shared: Shared,
 }
 
 std::thread_local! {
-    /// Each packet thread's own share table (made at its first message under load): no lock
-    /// between readers, and a source keeps to one reader's socket by the kernel's hash.
-    static ADMISSION: RefCell<Option<Admission>> = const { RefCell::new(None) };
+    /// Each packet thread's own gate (its share and reserve tables, made at its first message
+    /// under load): no lock between readers, and a source keeps to one reader's socket by the
+    /// kernel's hash.
+    static GATE: RefCell<Option<Gate>> = const { RefCell::new(None) };
 }
 
 impl HandshakeQueue {
-    pub(super) fn new() -> HandshakeQueue {
+    pub(super) fn new(now: Instant) -> HandshakeQueue {
         HandshakeQueue {
             queue: ArrayQueue::new(QUEUE_CAPACITY),
-            under_load: AtomicBool::new(false),
-            refused: AtomicBool::new(false),
+            shared: Shared::new(now),
         }
     }
 
-    /// Whether a handshake message from `source` may be queued: always, unless under load;
-    /// then as the source's share allows ([`Admission`], this thread's table).
-    /// `now` is asked only under load (a reader reads the clock once per batch).
-    pub(super) fn admit(&self, source: IpAddr, now: impl FnOnce() -> Instant) -> bool {
-        if !self.under_load.load(Ordering::Relaxed) {
-            return true;
-        }
-        let now = now();
-        let admitted = ADMISSION.with(|table| {
-            table
-                .borrow_mut()
-                .get_or_insert_with(Admission::new)
-                .admit(source, now)
-        });
-        // Stored only when not yet set: readers refusing a million messages a second do
-        // not write the shared line each time.
-        if !admitted && !self.refused.load(Ordering::Relaxed) {
-            self.refused.store(true, Ordering::Relaxed);
-        }
-        admitted
+    /// Under load, what this packet thread does with an initiation or a response from
+    /// `source` at `now` ([`Gate::admit`], this thread's gate): the macs are checked by the
+    /// closures, only when the answer matters.
+    pub(super) fn admit(
+        &self,
+        source: IpAddr,
+        now: Instant,
+        mac2_valid: impl FnOnce() -> bool,
+        mac1_valid: impl FnOnce() -> bool,
+    ) -> Admit {
+        GATE.with(|gate| {
+            gate.borrow_mut().get_or_insert_with(Gate::new).admit(
+                &self.shared,
+                source,
+                now,
+                mac2_valid,
+                mac1_valid,
+            )
+        })
     }
 
-    /// Whether the interface is under load, as the timer thread last found it.
+    /// Whether the interface is under load, as last decided.
     pub(super) fn under_load(&self) -> bool {
-        self.under_load.load(Ordering::Relaxed)
+        self.shared.under_load()
     }
 
     /// Queues `datagram` (a handshake message by [`crate::core::wg::is_handshake`]), received
-    /// on `worker`'s socket from `from`. `false`: the queue is full and it was not taken.
-    pub(super) fn push(&self, from: PeerPath, worker: usize, datagram: &[u8]) -> bool {
+    /// on `worker`'s socket from `from` (`charged`: its proven source was charged by the
+    /// reader). `false`: the queue is full and it was not taken. A push that leaves the queue
+    /// deep puts the interface under load at once.
+    pub(super) fn push(
+        &self,
+        from: PeerPath,
+        worker: usize,
+        datagram: &[u8],
+        charged: bool,
+    ) -> bool {
         let Ok(len) = u8::try_from(datagram.len()) else {
             return false;
         };
@@ -100,14 +108,18 @@ impl HandshakeQueue {
         }
         let mut bytes = [0u8; LARGEST];
         bytes[..datagram.len()].copy_from_slice(datagram);
-        self.queue
+        let pushed = self
+            .queue
             .push(Queued {
                 from,
                 worker,
                 len,
+                charged,
                 bytes,
             })
-            .is_ok()
+            .is_ok();
+        self.shared.queued(self.queue.len());
+        pushed
     }
 
     pub(super) fn depth(&self) -> usize {
@@ -139,11 +151,9 @@ impl HandshakeWork {
     pub(super) fn round(&mut self, inner: &Inner, table: &PeerTable, now: Instant) -> bool {
         let queue = &inner.handshakes;
         let depth = queue.depth();
-        // A source the readers refused counts as a deep queue: the flood is still on.
-        let refused = queue.refused.swap(false, Ordering::Relaxed);
-        let seen = if refused { QUEUE_CAPACITY } else { depth };
-        let under_load = self.load.observe(seen, QUEUE_CAPACITY, now);
-        queue.under_load.store(under_load, Ordering::Relaxed);
+        // From the queue's depth alone (and what the readers saw of it since the last round):
+        // refused and answered messages never reach the queue and keep nothing on.
+        let under_load = queue.shared.observe(&mut self.load, depth, now);
         table.limiter().set_under_load(under_load);
         if depth == 0 {
             return false;
@@ -191,9 +201,10 @@ impl HandshakeWork {
             q.from.remote,
             datagram,
             &mut self.cookie,
-            // Under load a message that proved its address is charged to it; one that did
-            // not prove it was answered with a cookie and costs nothing.
-            |proved| !proved || sources.allow(source, now),
+            // Under load a message that proved its address is charged to it, unless the reader
+            // that queued it did; one that did not prove it was answered with a cookie and
+            // costs nothing.
+            |proved| !proved || q.charged || sources.allow(source, now),
         );
         let slot = match identified {
             Ok(Sender::Peer(slot)) => slot,
@@ -243,59 +254,60 @@ mod tests {
         PeerPath::to(SocketAddr::from(([192, 0, 2, 1], 51820)))
     }
 
+    fn now() -> Instant {
+        crate::shell::clock::now()
+    }
+
     #[test]
     fn a_full_queue_refuses_without_blocking_and_keeps_what_it_has() {
-        let queue = HandshakeQueue::new();
+        let queue = HandshakeQueue::new(now());
         let initiation = [1u8; 148];
         for _ in 0..QUEUE_CAPACITY {
-            assert!(queue.push(from(), 0, &initiation));
+            assert!(queue.push(from(), 0, &initiation, false));
         }
         assert!(
-            !queue.push(from(), 0, &initiation),
+            !queue.push(from(), 0, &initiation, false),
             "a full queue takes no more"
         );
         assert_eq!(queue.depth(), QUEUE_CAPACITY);
         let first = queue.queue.pop().expect("queued");
         assert_eq!(&first.bytes[..usize::from(first.len)], &initiation[..]);
         assert!(
-            queue.push(from(), 1, &[2u8; 92]),
+            queue.push(from(), 1, &[2u8; 92], false),
             "room again after one is taken"
         );
     }
 
-    /// Not under load every message may be queued; under load a source gets its burst, is
-    /// then refused (and the refusal is left for the timer thread to see as load), while a
-    /// source that sent nothing yet still gets in.
+    /// A push that leaves the queue at an eighth of its capacity puts the interface under
+    /// load at once, before the timer thread's next look; under load a thread's gate charges
+    /// only a proven source, and answers a message without a cookie.
     #[test]
-    fn under_load_a_source_past_its_share_is_refused_and_a_new_one_admitted() {
+    fn a_deep_push_puts_the_interface_under_load_and_only_proof_is_charged() {
         use crate::core::handshake::PER_SOURCE_BURST;
-        let queue = HandshakeQueue::new();
-        let flooder = from().remote.ip();
-        let now = crate::shell::clock::now;
-        assert!(
-            (0..100).all(|_| queue.admit(flooder, now)),
-            "no load, no limit"
-        );
-        assert!(!queue.refused.load(Ordering::Relaxed));
-        queue.under_load.store(true, Ordering::Relaxed);
-        let admitted = (0..100).filter(|_| queue.admit(flooder, now)).count();
-        // The burst (a few more if the test's own clock refilled one meanwhile).
-        assert!(
-            (PER_SOURCE_BURST as usize..PER_SOURCE_BURST as usize + 3).contains(&admitted),
-            "{admitted}"
-        );
-        assert!(queue.refused.load(Ordering::Relaxed), "the refusal is told");
-        assert!(
-            queue.admit(IpAddr::from([203, 0, 113, 7]), now),
-            "a newcomer gets in"
-        );
+        let queue = HandshakeQueue::new(now());
+        for _ in 0..QUEUE_CAPACITY / 8 - 1 {
+            assert!(queue.push(from(), 0, &[1u8; 148], false));
+        }
+        assert!(!queue.under_load());
+        assert!(queue.push(from(), 0, &[1u8; 148], false));
+        assert!(queue.under_load(), "deep: under load at once");
+        let source = from().remote.ip();
+        let at = now();
+        let answers: Vec<Admit> = (0..100)
+            .map(|_| queue.admit(source, at, || false, || true))
+            .collect();
+        assert!(answers.iter().all(|a| *a == Admit::Cookie), "{answers:?}");
+        let queued = (0..100)
+            .filter(|_| queue.admit(source, at, || true, || true) == Admit::Queue)
+            .count();
+        assert_eq!(queued, PER_SOURCE_BURST as usize, "its whole share");
     }
 
     #[test]
     fn a_datagram_larger_than_an_initiation_is_refused() {
-        let queue = HandshakeQueue::new();
-        assert!(!queue.push(from(), 0, &[1u8; 149]));
-        assert!(!queue.push(from(), 0, &[1u8; 300]));
+        let queue = HandshakeQueue::new(now());
+        assert!(!queue.push(from(), 0, &[1u8; 149], false));
+        assert!(!queue.push(from(), 0, &[1u8; 300], false));
         assert_eq!(queue.depth(), 0);
     }
 }

@@ -11,16 +11,17 @@ use super::send::forget_source;
 use super::table::{PeerSlot, PeerTable};
 use super::Inner;
 use crate::core::aqm;
-use crate::core::handshake;
+use crate::core::handshake::{self, Admit};
 use crate::core::liveness::{PacketThread, IDLE_WAKE};
 use crate::core::offload::{self, Coalescer, SplitPlan, VNET_HDR_LEN};
-use crate::core::packet::{self, DropReason, Inbound, Outbound, PeerPath, Sender};
+use crate::core::packet::{self, DropReason, Inbound, Outbound, PeerLookup, PeerPath, Sender};
 use crate::core::peer::Sending;
 use crate::core::relay::{hands_off_batch, hands_off_read, opens_after_in_flight};
 use crate::core::wg::{self, SealBatch};
 use crate::shell::seccomp::{self, Confinement};
 use crate::shell::udp::{RecvBatch, SendBatch, WgSocket, BATCH, MAX_DATAGRAM};
 use crate::shell::{clock, tun};
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -475,9 +476,10 @@ pub(super) fn udp_loop(inner: &Inner, worker: usize, socket: &WgSocket, relay: O
             queue.on_batch(batch.oldest_wait(clock::wall_now()), now);
         }
         let datagrams = batch.datagram_count();
-        // Under load, a batch of nothing but handshakes (a flood's) is charged and queued here:
-        // a partner would only add a hand-off to that cheap work, and the batch's size would
-        // hold this reader back from opening the next (the replay-window rule).
+        // Under load, a batch of nothing but handshakes (a flood's) is gated here (macs, cookie
+        // replies, the proven queued): a partner would only add a hand-off to that work, mostly
+        // drops, and the batch's size would hold this reader back from opening the next (the
+        // replay-window rule).
         let under_load = inner.handshakes.under_load();
         let handshakes_only = under_load
             && batch
@@ -742,29 +744,78 @@ fn open_batch(
     let inner = emit.inner;
     let mut unauthenticated = 0;
     let mut queued_handshakes = false;
-    // Under load: the batch's time for the handshake shares (read once), and the messages
-    // refused, counted once at the end (a flood is a million a second).
+    // Under load: the batch's time for the gate (read once), the cookie of the source last
+    // seen (a GRO train is one source's), and the messages dropped, counted once at the end
+    // (a flood is a million a second).
     let mut batch_now = None;
-    let (mut refused, mut refused_bytes) = (0u64, 0u64);
-    // The batch's clock does not move, so a source refused once is refused for the rest of the
-    // batch: its next messages (a GRO train is one source's) are refused without the table.
-    let mut refused_source = None;
+    let mut source_cookie: Option<(IpAddr, wg::SourceCookie)> = None;
+    let (mut limited, mut limited_bytes) = (0u64, 0u64);
+    let (mut invalid, mut invalid_bytes) = (0u64, 0u64);
     for (from, datagram) in batch.datagrams() {
         // Handshakes go to their own path (the timer thread, at normal priority): a reader
-        // checks their type and size only, and never runs a Diffie-Hellman.
+        // never runs a Diffie-Hellman. Not under load it checks their type and size only;
+        // under load it checks their macs itself (`core::handshake::Gate`).
         if wg::is_handshake(datagram) {
             unauthenticated += 1;
-            // Under load each source gets its share of the queue, so a flood from some
-            // sources leaves room for a new peer's initiation and its retry.
-            let source = from.remote.ip();
-            let now = || *batch_now.get_or_insert_with(crate::shell::clock::now);
-            if refused_source == Some(source) || !inner.handshakes.admit(source, now) {
-                refused_source = Some(source);
-                refused += 1;
-                refused_bytes += datagram.len() as u64;
-                continue;
-            }
-            if inner.handshakes.push(from, emit.worker, datagram) {
+            let handshakes = &inner.handshakes;
+            let charged = if !handshakes.under_load() {
+                false
+            } else if let Some(index) = wg::cookie_reply_index(datagram) {
+                // A cookie reply: queued only if it names a peer of ours.
+                if table.by_index(index).is_none() {
+                    inner
+                        .drops
+                        .add_received(DropReason::UnknownPeer, datagram.len());
+                    continue;
+                }
+                false
+            } else {
+                // An initiation or a response: queued only if its mac2 proved its source,
+                // which is charged its share; else a cookie reply from here, or a drop.
+                let source = from.remote.ip();
+                let now = *batch_now.get_or_insert_with(crate::shell::clock::now);
+                let limiter = table.limiter();
+                let admit = handshakes.admit(
+                    source,
+                    now,
+                    // A mac2 of zeros is no cookie: its source's cookie is not needed.
+                    || {
+                        wg::carries_mac2(datagram)
+                            && limiter.mac2_is_valid(
+                                cookie_of(&mut source_cookie, limiter, source),
+                                datagram,
+                            )
+                    },
+                    || limiter.mac1_is_valid(datagram),
+                );
+                match admit {
+                    Admit::Queue => true,
+                    Admit::Cookie => {
+                        let cookie = cookie_of(&mut source_cookie, limiter, source);
+                        let reply =
+                            limiter.write_cookie_reply(cookie, datagram, emit.replies.slot());
+                        if let Some(len) = reply {
+                            emit.replies.push(len, from);
+                            // A GRO batch holds more datagrams than a reply batch has room for.
+                            if emit.replies.is_full() {
+                                emit.flush_replies();
+                            }
+                        }
+                        continue;
+                    }
+                    Admit::Invalid => {
+                        invalid += 1;
+                        invalid_bytes += datagram.len() as u64;
+                        continue;
+                    }
+                    Admit::Limited => {
+                        limited += 1;
+                        limited_bytes += datagram.len() as u64;
+                        continue;
+                    }
+                }
+            };
+            if handshakes.push(from, emit.worker, datagram, charged) {
                 queued_handshakes = true;
             } else {
                 inner
@@ -821,10 +872,15 @@ fn open_batch(
             emit.flush_replies();
         }
     }
-    if refused > 0 {
+    if limited > 0 {
         inner
             .drops
-            .add_received_many(DropReason::HandshakeLimited, refused, refused_bytes);
+            .add_received_many(DropReason::HandshakeLimited, limited, limited_bytes);
+    }
+    if invalid > 0 {
+        inner
+            .drops
+            .add_received_many(DropReason::Invalid, invalid, invalid_bytes);
     }
     emit.flush_replies();
     emit.write_tun();
@@ -832,6 +888,20 @@ fn open_batch(
         inner.wake_timers();
     }
     unauthenticated
+}
+
+/// The cookie of `source` now, made once for a run of its messages (`cache`: the last source's).
+fn cookie_of<'c>(
+    cache: &'c mut Option<(IpAddr, wg::SourceCookie)>,
+    limiter: &wg::Limiter,
+    source: IpAddr,
+) -> &'c wg::SourceCookie {
+    if !matches!(cache, Some((held, _)) if *held == source) {
+        *cache = Some((source, limiter.source_cookie(source)));
+    }
+    &cache
+        .get_or_insert_with(|| (source, limiter.source_cookie(source)))
+        .1
 }
 
 /// Writes the decrypted packets to the TUN queue: one write per coalesced super-packet.

@@ -78,17 +78,11 @@ pub(crate) fn b2s_keyed_mac_16(key: &[u8], data1: &[u8]) -> [u8; 16] {
     hmac.finalize_fixed().into()
 }
 
-#[inline]
+#[cfg(test)]
 pub(crate) fn b2s_keyed_mac_16_2(key: &[u8], data1: &[u8], data2: &[u8]) -> [u8; 16] {
     let mut hmac = Blake2sMac::new_from_slice(key).unwrap();
     blake2::digest::Update::update(&mut hmac, data1);
     blake2::digest::Update::update(&mut hmac, data2);
-    hmac.finalize_fixed().into()
-}
-
-pub(crate) fn b2s_mac_24(key: &[u8], data1: &[u8]) -> [u8; 24] {
-    let mut hmac = Blake2sMac::new_from_slice(key).unwrap();
-    blake2::digest::Update::update(&mut hmac, data1);
     hmac.finalize_fixed().into()
 }
 

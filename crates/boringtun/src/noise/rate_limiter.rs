@@ -1,19 +1,20 @@
-use super::handshake::{
-    b2s_hash, b2s_keyed_mac_16, b2s_keyed_mac_16_2, b2s_mac_24, constant_time_eq,
-};
+use super::handshake::{b2s_hash, constant_time_eq};
 use crate::noise::handshake::{LABEL_COOKIE, LABEL_MAC1};
 use crate::noise::{HandshakeInit, HandshakeResponse, Packet, Tunn, TunnResult, WireGuardError};
 
+use std::convert::TryInto;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crate::sleepyinstant::Instant;
 
 use aead::generic_array::GenericArray;
-use aead::{AeadInPlace, KeyInit};
-use chacha20poly1305::{Key, XChaCha20Poly1305};
+use blake2::digest::block_buffer::{BlockBuffer, Lazy};
+use blake2::digest::core_api::{BlockSizeUser, UpdateCore, VariableOutputCore};
+use blake2::Blake2sVarCore;
 use parking_lot::Mutex;
 use rand_core::CryptoRngCore;
+use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, CHACHA20_POLY1305};
 
 const COOKIE_REFRESH: u64 = 128; // Use 128 and not 120 so the compiler can optimize out the division
 const COOKIE_SIZE: usize = 16;
@@ -23,6 +24,47 @@ const COOKIE_NONCE_SIZE: usize = 24;
 const RESET_PERIOD: u64 = 1;
 
 type Cookie = [u8; COOKIE_SIZE];
+
+/// BLAKE2s-128 keyed with one key, its key block compressed once (tunnelgate): mac1 (keyed with
+/// a hash of our public key), the cookie (keyed with the secret) and a source's mac2 (keyed with
+/// its cookie) are each computed from a copy, one compression of the three or four fewer.
+#[derive(Clone)]
+struct KeyedMac16 {
+    core: Blake2sVarCore,
+}
+
+impl KeyedMac16 {
+    /// `key`: 1 to 32 bytes (WireGuard's are 16 or 32).
+    fn new(key: &[u8]) -> KeyedMac16 {
+        let mut core = Blake2sVarCore::new_with_params(&[], &[], key.len(), COOKIE_SIZE);
+        let mut block = GenericArray::<u8, <Blake2sVarCore as BlockSizeUser>::BlockSize>::default();
+        block[..key.len()].copy_from_slice(key);
+        core.update_blocks(std::slice::from_ref(&block));
+        KeyedMac16 { core }
+    }
+
+    /// The MAC of `a` then `b`.
+    fn mac(&self, a: &[u8], b: &[u8]) -> [u8; COOKIE_SIZE] {
+        let mut core = self.core.clone();
+        let mut buffer = BlockBuffer::<_, Lazy>::default();
+        buffer.digest_blocks(a, |blocks| core.update_blocks(blocks));
+        buffer.digest_blocks(b, |blocks| core.update_blocks(blocks));
+        let mut out = GenericArray::default();
+        core.finalize_variable_core(&mut buffer, &mut out);
+        let mut mac = [0u8; COOKIE_SIZE];
+        mac.copy_from_slice(&out[..COOKIE_SIZE]);
+        mac
+    }
+}
+
+/// One source address's cookie as the responder computes it now, with mac2's key state made from
+/// it (tunnelgate): computed once for a run of messages from one source (a GRO train), then
+/// [`RateLimiter::mac2_is_valid`] and [`RateLimiter::write_cookie_reply`] for each.
+#[derive(Clone)]
+pub struct SourceCookie {
+    cookie: Cookie,
+    mac2: KeyedMac16,
+}
 
 /// There are two places where WireGuard requires "randomness" for cookies
 /// * The 24 byte nonce in the cookie massage - here the only goal is to avoid nonce reuse
@@ -34,15 +76,20 @@ type Cookie = [u8; COOKIE_SIZE];
 /// In order to avoid locking and calls to rand we derive pseudo random values using the AEAD and
 /// some counters.
 pub struct RateLimiter {
-    /// The key we use to derive the nonce
-    nonce_key: [u8; 32],
-    /// The key we use to derive the cookie
-    secret_key: [u8; 16],
+    /// The cookie secret's MAC, its key block done (tunnelgate: was the secret itself)
+    secret: KeyedMac16,
     start_time: Instant,
-    /// A single 64 bit counter (should suffice for many years)
+    /// The cookie reply's nonce is this prefix and a counter (tunnelgate; upstream hashed the
+    /// counter with a key): a fixed prefix makes XChaCha20's subkey a constant, made once.
+    nonce_prefix: [u8; 16],
+    /// A single 64 bit counter (should suffice for many years), from a random start
     nonce_ctr: AtomicU64,
-    mac1_key: [u8; 32],
-    cookie_key: Key,
+    /// mac1's MAC, keyed with HASH(LABEL_MAC1 || our public key), its key block done
+    mac1: KeyedMac16,
+    /// ChaCha20-Poly1305 under XChaCha20's subkey of HASH(LABEL_COOKIE || our public key) for
+    /// `nonce_prefix`: what XChaCha20-Poly1305 with that key and nonce does, without an HChaCha20
+    /// per reply
+    cookie_seal: LessSafeKey,
     limit: u64,
     /// The counter since last reset
     count: AtomicU64,
@@ -62,15 +109,25 @@ impl RateLimiter {
     ) -> Self {
         let mut secret_key = [0u8; 16];
         rng.fill_bytes(&mut secret_key);
-        let mut nonce_key = [0u8; 32];
-        rng.fill_bytes(&mut nonce_key);
+        let mut nonce_prefix = [0u8; 16];
+        rng.fill_bytes(&mut nonce_prefix);
+        let nonce_start = rng.next_u64();
+        let cookie_key = b2s_hash(LABEL_COOKIE, public_key.as_bytes());
+        let subkey = chacha20::hchacha::<chacha20::cipher::consts::U10>(
+            GenericArray::from_slice(&cookie_key),
+            GenericArray::from_slice(&nonce_prefix),
+        );
+        // A 32-byte key is all CHACHA20_POLY1305 asks for.
+        let cookie_seal = LessSafeKey::new(
+            UnboundKey::new(&CHACHA20_POLY1305, &subkey).expect("a 32-byte ChaCha20 key"),
+        );
         RateLimiter {
-            nonce_key,
-            secret_key,
+            secret: KeyedMac16::new(&secret_key),
             start_time: Instant::now(),
-            nonce_ctr: AtomicU64::new(0),
-            mac1_key: b2s_hash(LABEL_MAC1, public_key.as_bytes()),
-            cookie_key: b2s_hash(LABEL_COOKIE, public_key.as_bytes()).into(),
+            nonce_prefix,
+            nonce_ctr: AtomicU64::new(nonce_start),
+            mac1: KeyedMac16::new(&b2s_hash(LABEL_MAC1, public_key.as_bytes())),
+            cookie_seal,
             limit,
             count: AtomicU64::new(0),
             last_reset: Mutex::new(Instant::now()),
@@ -103,13 +160,64 @@ impl RateLimiter {
         let cur_counter = Instant::now().duration_since(self.start_time).as_secs() / COOKIE_REFRESH;
 
         // Next we derive the cookie
-        b2s_keyed_mac_16_2(&self.secret_key, &cur_counter.to_le_bytes(), &addr_bytes)
+        self.secret.mac(&cur_counter.to_le_bytes(), &addr_bytes)
     }
 
-    fn nonce(&self) -> [u8; COOKIE_NONCE_SIZE] {
-        let ctr = self.nonce_ctr.fetch_add(1, Ordering::Relaxed);
+    /// The cookie of `addr` now, for [`RateLimiter::mac2_is_valid`] and
+    /// [`RateLimiter::write_cookie_reply`] (tunnelgate).
+    pub fn source_cookie(&self, addr: IpAddr) -> SourceCookie {
+        let cookie = self.current_cookie(addr);
+        SourceCookie {
+            cookie,
+            mac2: KeyedMac16::new(&cookie),
+        }
+    }
 
-        b2s_mac_24(&self.nonce_key, &ctr.to_le_bytes())
+    /// Whether `message` (an initiation or a response, by its type and size) carries a valid
+    /// mac1 for our public key (tunnelgate). Anything else is `false`.
+    pub fn mac1_is_valid(&self, message: &[u8]) -> bool {
+        let Some((msg, mac1, _)) = split_macs(message) else {
+            return false;
+        };
+        constant_time_eq(&self.mac1.mac(msg, &[]), mac1)
+    }
+
+    /// Whether `message` (an initiation or a response) carries a valid mac2 for `source`'s
+    /// cookie (tunnelgate). A mac2 of zeros is no cookie (an initiator without one sends
+    /// zeros): `false` without a MAC.
+    pub fn mac2_is_valid(source: &SourceCookie, message: &[u8]) -> bool {
+        let Some((_, _, mac2)) = split_macs(message) else {
+            return false;
+        };
+        if mac2.iter().all(|b| *b == 0) {
+            return false;
+        }
+        let covered = &message[..message.len() - COOKIE_SIZE];
+        constant_time_eq(&source.mac2.mac(covered, &[]), mac2)
+    }
+
+    /// Writes into `dst` the cookie reply to `message` (an initiation or a response: the reply
+    /// names its sender index and binds its mac1) for `source`'s cookie (tunnelgate). The
+    /// caller checked mac1. `None`: not such a message, or `dst` too small.
+    pub fn write_cookie_reply(
+        &self,
+        source: &SourceCookie,
+        message: &[u8],
+        dst: &mut [u8],
+    ) -> Option<usize> {
+        let (_, mac1, _) = split_macs(message)?;
+        let index = u32::from_le_bytes(message.get(4..8)?.try_into().ok()?);
+        self.format_cookie_reply(index, source.cookie, mac1, dst)
+            .ok()
+            .map(|reply| reply.len())
+    }
+
+    fn nonce(&self) -> ([u8; COOKIE_NONCE_SIZE], [u8; 8]) {
+        let ctr = self.nonce_ctr.fetch_add(1, Ordering::Relaxed).to_le_bytes();
+        let mut nonce = [0u8; COOKIE_NONCE_SIZE];
+        nonce[..16].copy_from_slice(&self.nonce_prefix);
+        nonce[16..].copy_from_slice(&ctr);
+        (nonce, ctr)
     }
 
     fn is_under_load(&self) -> bool {
@@ -144,18 +252,24 @@ impl RateLimiter {
         message_type.copy_from_slice(&super::COOKIE_REPLY.to_le_bytes());
         // msg.receiver_index = little_endian(initiator.sender_index)
         receiver_index.copy_from_slice(&idx.to_le_bytes());
-        nonce.copy_from_slice(&self.nonce()[..]);
+        let (full_nonce, counter) = self.nonce();
+        nonce.copy_from_slice(&full_nonce);
 
-        let cipher = XChaCha20Poly1305::new(&self.cookie_key);
-
-        let iv = GenericArray::from_slice(nonce);
-
+        // XChaCha20-Poly1305(key, prefix || counter) is ChaCha20-Poly1305 under HChaCha20(key,
+        // prefix) with the nonce 0^4 || counter: the subkey is made once, in `new`.
+        let mut ietf_nonce = [0u8; 12];
+        ietf_nonce[4..].copy_from_slice(&counter);
         encrypted_cookie[..16].copy_from_slice(&cookie);
-        let tag = cipher
-            .encrypt_in_place_detached(iv, mac1, &mut encrypted_cookie[..16])
+        let tag = self
+            .cookie_seal
+            .seal_in_place_separate_tag(
+                Nonce::assume_unique_for_key(ietf_nonce),
+                Aad::from(mac1),
+                &mut encrypted_cookie[..16],
+            )
             .map_err(|_| WireGuardError::DestinationBufferTooSmall)?;
 
-        encrypted_cookie[16..].copy_from_slice(&tag);
+        encrypted_cookie[16..].copy_from_slice(tag.as_ref());
 
         Ok(&mut dst[..super::COOKIE_REPLY_SZ])
     }
@@ -189,7 +303,7 @@ impl RateLimiter {
             let (msg, macs) = src.split_at(src.len() - 32);
             let (mac1, mac2) = macs.split_at(16);
 
-            let computed_mac1 = b2s_keyed_mac_16(&self.mac1_key, msg);
+            let computed_mac1 = self.mac1.mac(msg, &[]);
             if !constant_time_eq(&computed_mac1[..16], mac1) {
                 return Err(TunnResult::Err(WireGuardError::InvalidMac));
             }
@@ -202,7 +316,7 @@ impl RateLimiter {
 
                 // Only given an address can we validate mac2
                 let cookie = self.current_cookie(addr);
-                let computed_mac2 = b2s_keyed_mac_16_2(&cookie, msg, mac1);
+                let computed_mac2 = KeyedMac16::new(&cookie).mac(msg, mac1);
 
                 if !constant_time_eq(&computed_mac2[..16], mac2) {
                     let cookie_packet = self
@@ -215,5 +329,96 @@ impl RateLimiter {
         }
 
         Ok((packet, proved))
+    }
+}
+
+/// An initiation's or a response's bytes before mac1, mac1 and mac2 (by type and size alone).
+fn split_macs(message: &[u8]) -> Option<(&[u8], &[u8], &[u8])> {
+    let kind = u32::from_le_bytes(message.get(..4)?.try_into().ok()?);
+    let expected = match kind {
+        super::HANDSHAKE_INIT => super::HANDSHAKE_INIT_SZ,
+        super::HANDSHAKE_RESP => super::HANDSHAKE_RESP_SZ,
+        _ => return None,
+    };
+    if message.len() != expected {
+        return None;
+    }
+    let (msg, macs) = message.split_at(message.len() - 2 * COOKIE_SIZE);
+    let (mac1, mac2) = macs.split_at(COOKIE_SIZE);
+    Some((msg, mac1, mac2))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::noise::handshake::{b2s_keyed_mac_16, b2s_keyed_mac_16_2};
+    use aead::{Aead, KeyInit, Payload};
+    use chacha20poly1305::XChaCha20Poly1305;
+
+    fn limiter() -> (RateLimiter, crate::x25519::PublicKey) {
+        let secret = crate::x25519::StaticSecret::random_from_rng(rand_core::OsRng);
+        let public = crate::x25519::PublicKey::from(&secret);
+        (RateLimiter::new(&public, 10, &mut rand_core::OsRng), public)
+    }
+
+    /// An initiation with a valid mac1 for `public` and the given mac2.
+    fn initiation(public: &crate::x25519::PublicKey, mac2: [u8; 16]) -> Vec<u8> {
+        let mut m = vec![7u8; 148];
+        m[..4].copy_from_slice(&1u32.to_le_bytes());
+        let mac1 = b2s_keyed_mac_16(&b2s_hash(LABEL_MAC1, public.as_bytes()), &m[..116]);
+        m[116..132].copy_from_slice(&mac1);
+        m[132..].copy_from_slice(&mac2);
+        m
+    }
+
+    /// The precomputed MAC states give upstream's values, and the reply made with the fixed
+    /// prefix and the precomputed subkey opens as any XChaCha20-Poly1305 reply does.
+    #[test]
+    fn precomputed_macs_and_the_cookie_reply_are_wireguards() {
+        let (limiter, public) = limiter();
+        let addr: IpAddr = "192.0.2.1".parse().expect("ip");
+        let source = limiter.source_cookie(addr);
+        let good = initiation(&public, [0; 16]);
+        assert!(limiter.mac1_is_valid(&good));
+        let mut bad = good.clone();
+        bad[20] ^= 1;
+        assert!(!limiter.mac1_is_valid(&bad));
+        assert!(!limiter.mac1_is_valid(&good[..147]));
+        assert!(
+            !RateLimiter::mac2_is_valid(&source, &good),
+            "zeros are no cookie"
+        );
+        let mac2 = b2s_keyed_mac_16_2(&source.cookie, &good[..116], &good[116..132]);
+        let signed = initiation(&public, mac2);
+        assert!(RateLimiter::mac2_is_valid(&source, &signed));
+        let other = limiter.source_cookie("192.0.2.2".parse().expect("ip"));
+        assert!(
+            !RateLimiter::mac2_is_valid(&other, &signed),
+            "another address's cookie"
+        );
+
+        let mut replies = [[0u8; 64]; 2];
+        for reply in &mut replies {
+            let len = limiter.write_cookie_reply(&source, &good, reply);
+            assert_eq!(len, Some(64));
+            assert_eq!(&reply[4..8], &good[4..8], "names the initiation's sender");
+            let key = b2s_hash(LABEL_COOKIE, public.as_bytes());
+            let opened = XChaCha20Poly1305::new_from_slice(&key)
+                .expect("a 32-byte key")
+                .decrypt(
+                    GenericArray::from_slice(&reply[8..32]),
+                    Payload {
+                        msg: &reply[32..64],
+                        aad: &good[116..132],
+                    },
+                )
+                .expect("the reply opens");
+            assert_eq!(opened, source.cookie);
+        }
+        assert_ne!(
+            replies[0][8..32],
+            replies[1][8..32],
+            "a nonce is never reused"
+        );
     }
 }
