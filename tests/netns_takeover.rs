@@ -330,3 +330,123 @@ fn failover_behind_an_instant_balancer_takes_the_peer_over_at_once() {
         "told by the first replica: {status:#}"
     );
 }
+
+/// The group's endpoint exchange on a shared network: a third namespace that reaches the
+/// replicas' exchange port (as any pod on the pod network may) and saw one of their datagrams
+/// on the wire sends it again (a replay), sends datagrams sealed under another key, garbage and
+/// a genuine datagram with a bit flipped. The replica refuses each, counts it by why, and takes
+/// nothing from it.
+#[test]
+#[ignore = "needs root"]
+fn the_group_exchange_refuses_and_counts_what_a_third_namespace_forges_or_replays() {
+    use tunnelgate::core::group_exchange::{Entry, Exchange, Kind};
+    let (lb, r1, r2, x) = (Netns::new(), Netns::new(), Netns::new(), Netns::new());
+    veth(&r1, &["10.9.1.2/24"], &lb, &["10.9.1.1/24"]);
+    veth(&r2, &["10.9.2.2/24"], &lb, &["10.9.2.1/24"]);
+    veth(&x, &["10.9.3.2/24"], &lb, &["10.9.3.1/24"]);
+    for (ns, via) in [(&r1, "10.9.1.1"), (&r2, "10.9.2.1"), (&x, "10.9.3.1")] {
+        ns.exec(&["ip", "route", "add", "default", "via", via]);
+    }
+    lb.sysctl("net.ipv4.ip_forward", "1");
+    for r in [&r1, &r2] {
+        r.hosts("10.9.1.2 replicas.test\n10.9.2.2 replicas.test");
+    }
+    let client = Keypair::generate();
+    let mut cfg = TgConfig::new(TG_PORT, &[&format!("{A_TUN4}/32")])
+        .peer(Peer::new(&client.public, &[&format!("{B_TUN4}/32")]));
+    cfg.workers = Some(1);
+    cfg.extra = GROUP.to_string();
+    let mut second = cfg.clone();
+    second.name = unique_name("tgd");
+    // One genuine datagram of the first replica's to the second, as seen on the way: the
+    // first says hello when it finds the second, which is up by then (it took it).
+    let other = Tunnelgate::start(&r2, second);
+    let (first, seen) = std::thread::scope(|s| {
+        let watch = s.spawn(|| {
+            capture_udp(&lb, Duration::from_secs(20), |d| {
+                d.from.ip().octets() == [10, 9, 1, 2] && d.to.port() == 51822
+            })
+        });
+        let first = Tunnelgate::start(&r1, cfg.clone());
+        (first, watch.join().expect("capture"))
+    });
+    let accepted = |tg: &Tunnelgate| {
+        let status = tg.status_json().expect("status JSON");
+        status["group_exchange"]["accepted"].as_u64().unwrap_or(0)
+    };
+    // The genuine exchange runs: each took the other's hello or dump.
+    assert!(
+        poll_until(Duration::from_secs(10), || accepted(&other) >= 1),
+        "{}",
+        other.stderr()
+    );
+    let before = accepted(&other);
+    let target: SocketAddr = "10.9.2.2:51822".parse().expect("addr");
+    let mut stranger = Exchange::new(&SecretKey([7u8; 32]), 42);
+    let lie = Entry {
+        peer: PublicKey(key_bytes(&client.public)),
+        endpoint: "10.9.3.2:6666".parse().expect("addr"),
+    };
+    x.in_ns(|| {
+        let socket = UdpSocket::bind("10.9.3.2:0").expect("bind");
+        for _ in 0..3 {
+            socket.send_to(&seen.payload, target).expect("replay");
+        }
+        let forged = stranger.seal(Kind::News, &[lie], u64::MAX / 2);
+        let now_ms = clock::wall_now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_millis() as u64;
+        for _ in 0..100 {
+            let forged = stranger.seal(Kind::News, &[lie], now_ms);
+            socket.send_to(&forged[0], target).expect("forged");
+        }
+        socket.send_to(&forged[0], target).expect("stale forgery");
+        let mut flipped = seen.payload.clone();
+        let last = flipped.len() - 1;
+        flipped[last] ^= 1;
+        socket.send_to(&flipped, target).expect("flipped");
+        socket.send_to(b"TGX1 garbage", target).expect("garbage");
+    });
+    let refused = |why: &str| {
+        let status = other.status_json().expect("status JSON");
+        status["group_exchange"]["refused"][why]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    // 3 replays, 100 forgeries, 1 forgery dated far ahead, 1 flipped bit, 1 garbage: each
+    // refused (the flipped one as a replay or a forgery: its counter was seen).
+    let all_refused = || {
+        ["forged", "replayed", "stale", "malformed"]
+            .iter()
+            .map(|why| refused(why))
+            .sum::<u64>()
+    };
+    assert!(
+        poll_until(Duration::from_secs(5), || all_refused() >= 106),
+        "refused: {}",
+        other.status_json().expect("status")["group_exchange"]
+    );
+    assert!(refused("forged") >= 100, "the forgeries");
+    let status = other.status_json().expect("status JSON");
+    let g = &status["group_exchange"];
+    eprintln!("the second replica's exchange after the attack: {g}");
+    assert!(refused("replayed") >= 3, "every replay refused: {g}");
+    assert!(refused("stale") >= 1, "the forgery dated far ahead: {g}");
+    assert!(refused("malformed") >= 1, "the garbage: {g}");
+    assert_eq!(
+        accepted(&other),
+        before,
+        "nothing of the stranger's taken: {g}"
+    );
+    // The metrics say the same.
+    let metrics = other.metrics().unwrap_or_default();
+    assert!(
+        metrics.lines().any(
+            |l| l.starts_with("tunnelgate_group_exchange_received_total")
+                && l.contains("result=\"forged\"")
+        ),
+        "{metrics}"
+    );
+    drop(first);
+}

@@ -70,53 +70,15 @@ impl Lab {
 /// The receiver index of the first data message from `from` to `to` that crosses R: what anyone
 /// on a path between P and D sees.
 fn observe_index(r: &Netns, from: Ipv4Addr, to: Ipv4Addr, to_port: u16) -> u32 {
-    use nix::sys::socket::{
-        recv, setsockopt, socket, sockopt, AddressFamily, MsgFlags, SockFlag, SockProtocol,
-        SockType,
-    };
-    r.in_ns(|| {
-        let fd = socket(
-            AddressFamily::Packet,
-            SockType::Datagram,
-            SockFlag::empty(),
-            SockProtocol::EthAll,
-        )
-        .expect("a packet socket (root)");
-        setsockopt(
-            &fd,
-            sockopt::ReceiveTimeout,
-            &nix::sys::time::TimeVal::new(0, 200_000),
-        )
-        .expect("timeout");
-        let deadline = clock::now() + Duration::from_secs(10);
-        let mut buf = [0u8; 2048];
-        while clock::now() < deadline {
-            let Ok(n) = recv(
-                std::os::fd::AsRawFd::as_raw_fd(&fd),
-                &mut buf,
-                MsgFlags::empty(),
-            ) else {
-                continue;
-            };
-            let ip = &buf[..n];
-            if ip.len() < 28 || ip[0] >> 4 != 4 || ip[9] != 17 {
-                continue;
-            }
-            let header = usize::from(ip[0] & 0x0f) * 4;
-            let (src, dst) = (
-                Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]),
-                Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]),
-            );
-            let udp = &ip[header..];
-            let port = u16::from_be_bytes([udp[2], udp[3]]);
-            let payload = &udp[8..];
-            if src == from && dst == to && port == to_port && payload.len() >= 32 && payload[0] == 4
-            {
-                return u32::from_le_bytes([payload[4], payload[5], payload[6], payload[7]]);
-            }
-        }
-        panic!("no data message from {from} to {to}:{to_port} crossed the router in 10 s");
-    })
+    let seen = capture_udp(r, Duration::from_secs(10), |s| {
+        *s.from.ip() == from
+            && *s.to.ip() == to
+            && s.to.port() == to_port
+            && s.payload.len() >= 32
+            && s.payload[0] == 4
+    });
+    let p = &seen.payload;
+    u32::from_le_bytes([p[4], p[5], p[6], p[7]])
 }
 
 /// What the attacker got.

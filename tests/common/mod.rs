@@ -22,6 +22,7 @@
 // an export of the test crate.
 #![allow(unreachable_pub)]
 
+mod capture;
 mod daemon;
 mod dns;
 mod firewall;
@@ -40,6 +41,6 @@ mod wg;
 // A suite uses what it needs: the rest of the index is unused there.
 #[allow(unused_imports)]
 pub use self::{
-    daemon::*, dns::*, firewall::*, middlebox::*, names::*, netns::*, notify::*, pings::*,
-    process::*, run_dir::*, skip::*, status::*, traffic::*, wg::*,
+    capture::*, daemon::*, dns::*, firewall::*, middlebox::*, names::*, netns::*, notify::*,
+    pings::*, process::*, run_dir::*, skip::*, status::*, traffic::*, wg::*,
 };
