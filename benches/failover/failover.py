@@ -13,6 +13,15 @@ this measures the longest gap between ping replies around:
                    it points at is not ready, it moves to a ready one and flushes conntrack.
                    tunnelgate replicas are probed with GET /readyz; wireguard-go has no health
                    endpoint, so its replicas count as ready while their process lives.
+  failback         nothing dies: the balancer moves the client to the other replica at once, and
+                   DWELL seconds later (well within the 180 s a session lives) back to the first,
+                   which still holds its old session; the figure is the move back's.
+
+tunnelgate replicas run as shipped: a takeover goes only where the client authenticated, which
+a restarted replica reads from its endpoints file (`takeover.state_file`, kept in the bench's
+work folder across the restart) and a replica that never saw the client learns from the other
+over the group's endpoint exchange (`takeover.group_listen`, the replicas found by one name that
+resolves to both, as a headless Service's does).
 
 Each case runs with tunnelgate replicas and with wireguard-go replicas, in one run, --rounds
 times (default 3); the table reports the largest figure over the rounds. The tunnelgate binary
@@ -45,7 +54,9 @@ PORT = 51820
 HEALTH_PORT = 9002
 PROBE_PERIOD = 0.5  # the readiness-following balancer's poll period, seconds
 PROBE_TIMEOUT = 0.4
-CASES = ("restart", "failover", "failover-readyz")
+CASES = ("restart", "failover", "failover-readyz", "failback")
+GROUP_PORT = 51822
+DWELL = 5.0  # failback: seconds on the other replica before the move back
 WG_ENV = dict(os.environ, WG_I_PREFER_BUGGY_USERSPACE_TO_POLISHED_KMOD="1")
 
 
@@ -76,6 +87,7 @@ def teardown():
             except (ProcessLookupError, ValueError):
                 pass
         sh("ip", "netns", "del", ns, check=False)
+        sh("rm", "-rf", f"/etc/netns/{ns}", check=False)
     # A process killed with SIGKILL leaves its UAPI socket: the next one would be waited for
     # by a stale file.
     for name in ("wgfoc", "wgfo1", "wgfo2", "tgfo1", "tgfo2"):
@@ -105,6 +117,11 @@ def lab():
         nsx("lb", "ip", "addr", "add", f"{LB_SIDE[r]}/24", "dev", f"fo-lb{r}")
         nsx("lb", "ip", "link", "set", f"fo-lb{r}", "up")
     nsx("lb", "sysctl", "-qw", "net.ipv4.ip_forward=1")
+    # The replicas find each other by one name (`ip netns exec` mounts /etc/netns/NS/hosts).
+    for r in ("r1", "r2"):
+        os.makedirs(f"/etc/netns/{NS[r]}", exist_ok=True)
+        with open(f"/etc/netns/{NS[r]}/hosts", "w") as f:
+            f.write("127.0.0.1 localhost\n" + "".join(f"{a} replicas.fo\n" for a in REPLICA_ADDR.values()))
     point_balancer("r1", flush=False)
 
 
@@ -227,6 +244,11 @@ allowed_ips = ["{TUN_CLIENT}/32"]
 
 [health]
 listen = "{REPLICA_ADDR[self.where]}:{HEALTH_PORT}"
+
+[takeover]
+state_file = "{os.path.join(self.workdir, self.name + '.endpoints')}"
+group_listen = "0.0.0.0:{GROUP_PORT}"
+group_replicas = "replicas.fo:{GROUP_PORT}"
 """)
             self.proc = subprocess.Popen(["ip", "netns", "exec", NS[self.where], self.binary, "run",
                                           "--config", cfg], stdout=log, stderr=log)
@@ -306,8 +328,17 @@ def measure(kind, case, binary, workdir, window):
         # The probe's phase against the crash is random in a cluster: so it is here (a fixed
         # wait would kill at the same point of the probe period every round).
         time.sleep(3 + (random.uniform(0, PROBE_PERIOD) if balancer else 0))
-        event = time.time()
-        replicas["r1"].kill()
+        moved_away = None
+        if case == "failback":
+            # Away to the second replica (a takeover there), and back after DWELL seconds.
+            moved_away = time.time()
+            point_balancer("r2")
+            time.sleep(DWELL)
+            event = time.time()
+            point_balancer("r1")
+        else:
+            event = time.time()
+            replicas["r1"].kill()
         if case == "restart":
             replicas["r1"].start()
         elif case == "failover":
@@ -331,6 +362,11 @@ def measure(kind, case, binary, workdir, window):
     times = reply_times(open(pinglog).read())
     before = [t for t in times if t <= event]
     after = [t for t in times if t > event]
+    away = None
+    if moved_away is not None:
+        went = [t for t in times if moved_away < t <= event]
+        there = [t for t in times if t <= moved_away]
+        away = round(went[0] - there[-1], 2) if went and there else None
     client.send_signal(signal.SIGKILL)
     for r in replicas.values():
         if r.proc and r.proc.poll() is None:
@@ -346,6 +382,7 @@ def measure(kind, case, binary, workdir, window):
         "after_ready_s": round(after[0] - ready, 2) if after else None,
         "ready_after_event_s": round(ready - event, 2),
         "window_s": window,
+        **({"move_away_silence_s": away, "dwell_s": DWELL} if moved_away is not None else {}),
     }
 
 
