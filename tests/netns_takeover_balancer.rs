@@ -77,6 +77,11 @@ impl Lab {
         for ((r, lan), gateway) in replicas.iter().zip(REPLICA_LAN).zip(REPLICA_GW) {
             veth(r, &[&format!("{lan}/24")], &lb, &[&format!("{gateway}/24")]);
             r.exec(&["ip", "route", "add", "default", "via", gateway]);
+            // The replicas find each other by one name, as a headless Service's resolves.
+            r.hosts(&format!(
+                "{} replicas.test\n{} replicas.test",
+                REPLICA_LAN[0], REPLICA_LAN[1]
+            ));
         }
         let backend = with_backend.then(|| {
             let backend = Netns::new();
@@ -106,11 +111,16 @@ fn replica_config(shared: &TgConfig, i: usize) -> TgConfig {
     cfg
 }
 
+/// The one configuration both replicas run: `client` as the only peer, the group's endpoint
+/// exchange between the replicas (a takeover goes only where the client authenticated: at the
+/// other replica, before the move), and `extra` TOML.
 fn shared_config(client: &str, extra: &str) -> TgConfig {
     let mut cfg = TgConfig::new(TG_PORT, &[&format!("{REPLICA_TUN}/32")])
         .peer(Peer::new(client, &[&format!("{CLIENT_TUN}/32")]));
     cfg.workers = Some(1);
-    cfg.extra = extra.to_string();
+    cfg.extra = format!(
+        "[takeover]\ngroup_listen = \"0.0.0.0:51822\"\ngroup_replicas = \"replicas.test:51822\"\n{extra}"
+    );
     cfg
 }
 

@@ -305,6 +305,10 @@ fn unit_says_what_issue_5_asks_for() {
     assert!(runtime.contains(&"tunnelgate".to_string()), "{runtime:?}");
     assert!(runtime.contains(&"wireguard".to_string()), "{runtime:?}");
     assert_eq!(service("RuntimeDirectoryPreserve"), "yes");
+    // The endpoints file lives in the state directory (writable under ProtectSystem=strict,
+    // kept across restarts and reboots, the daemon's alone).
+    assert_eq!(service("StateDirectory"), "tunnelgate");
+    assert_eq!(service("StateDirectoryMode"), "0700");
     // Read-only /proc/sys would make the forwarding sysctls fail.
     if service("ProtectKernelTunables") == "yes" {
         assert!(
