@@ -181,7 +181,7 @@ struct Inner {
     /// readers to the handshake thread, and which sources a takeover may answer.
     takeovers: takeover::Requests,
     /// Endpoints learned of peers not configured yet, for when they are added.
-    learned_for_later: Mutex<HashMap<PublicKey, (Vec<SocketAddr>, Origin)>>,
+    learned_for_later: Mutex<HashMap<PublicKey, (SocketAddr, Origin)>>,
     /// Which worker owns which peer: the program installed on the sockets, kept to pick the
     /// socket a peer's timer messages leave from and to install again on new sockets.
     steering: RwLock<Arc<Steering>>,
@@ -313,12 +313,9 @@ impl Dataplane {
                     .collect()
             }
         };
-        for (key, (endpoints, origin)) in waited {
+        for (key, (endpoint, origin)) in waited {
             if let Some(slot) = next.slot(&key) {
-                let mut peer = slot.lock();
-                for e in endpoints.iter().rev() {
-                    peer.learn(*e, origin);
-                }
+                slot.lock().learn(endpoint, origin);
             }
         }
         let steering = Steering::balanced(next.peers().map(|slot| slot.index()), self.workers());
@@ -380,28 +377,24 @@ impl Dataplane {
         self.inner.takeovers.set_answer(answer);
     }
 
-    /// Endpoints where this identity saw peers authenticate, newest first, by `origin` (before a
-    /// restart, or at another replica): a takeover may go there. A peer not (yet) configured
-    /// gets them when it is added (at most [`LEARNED_FOR_LATER`] such peers are kept).
-    pub fn learn_endpoints(&self, peers: BTreeMap<PublicKey, Vec<SocketAddr>>, origin: Origin) {
+    /// Endpoints where this identity saw peers authenticate, by `origin` (before a restart, or
+    /// at another replica): each the peer's newest, where a takeover may go. A peer not (yet)
+    /// configured gets its endpoint when it is added (at most [`LEARNED_FOR_LATER`] such peers
+    /// are kept).
+    pub fn learn_endpoints(&self, peers: BTreeMap<PublicKey, SocketAddr>, origin: Origin) {
         let table = self.inner.snapshot();
         let mut later = Vec::new();
-        for (key, endpoints) in peers {
+        for (key, endpoint) in peers {
             match table.slot(&key) {
-                Some(slot) => {
-                    let mut peer = slot.lock();
-                    for e in endpoints.iter().rev() {
-                        peer.learn(*e, origin);
-                    }
-                }
-                None => later.push((key, endpoints)),
+                Some(slot) => slot.lock().learn(endpoint, origin),
+                None => later.push((key, endpoint)),
             }
         }
         if !later.is_empty() {
             let mut waiting = self.inner.learned_for_later.lock();
-            for (key, endpoints) in later {
+            for (key, endpoint) in later {
                 if waiting.len() < LEARNED_FOR_LATER || waiting.contains_key(&key) {
-                    waiting.insert(key, (endpoints, origin));
+                    waiting.insert(key, (endpoint, origin));
                 }
             }
         }
@@ -418,7 +411,7 @@ impl Dataplane {
                     if !peer.take_learned_news() {
                         return None;
                     }
-                    let newest = peer.known_endpoints().learned().next();
+                    let newest = peer.known_endpoints().newest();
                     newest
                 };
                 newest.map(|e| (*slot.public_key(), e))
@@ -426,17 +419,18 @@ impl Dataplane {
             .collect()
     }
 
-    /// Every peer's learned endpoints, newest first (peers that learned none are left out).
-    pub fn learned_endpoints(&self) -> Vec<(PublicKey, Vec<SocketAddr>)> {
+    /// Every peer's newest learned endpoint (peers that learned none are left out).
+    pub fn learned_endpoints(&self) -> Vec<(PublicKey, SocketAddr)> {
         let table = self.inner.snapshot();
         table
             .peers()
             .filter_map(|slot| {
-                let endpoints: Vec<SocketAddr> = {
+                let newest = {
                     let peer = slot.lock();
-                    peer.known_endpoints().learned().map(|e| e.addr).collect()
+                    let newest = peer.known_endpoints().newest();
+                    newest
                 };
-                (!endpoints.is_empty()).then(|| (*slot.public_key(), endpoints))
+                newest.map(|e| (*slot.public_key(), e.addr))
             })
             .collect()
     }

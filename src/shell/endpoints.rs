@@ -249,10 +249,8 @@ impl Keeper {
                 return;
             }
             let peers = dataplane.learned_endpoints();
-            let text = endpoints_file::render(
-                &identity.public_key,
-                peers.iter().map(|(k, e)| (k, e.as_slice())),
-            );
+            let text =
+                endpoints_file::render(&identity.public_key, peers.iter().map(|(k, e)| (k, e)));
             let outcome = save(&path, &text).err().map(|e| e.to_string());
             let mut said = last_error.lock();
             if outcome != *said {
@@ -305,8 +303,8 @@ mod tests {
     }
 
     fn text() -> String {
-        let e = [SocketAddr::from(([192, 0, 2, 1], 51820))];
-        render(&key(1), [(&key(2), &e[..])])
+        let e = SocketAddr::from(([192, 0, 2, 1], 51820));
+        render(&key(1), [(&key(2), &e)])
     }
 
     #[test]

@@ -205,20 +205,20 @@ async fn run(
                                     let all: Vec<Entry> = dataplane
                                         .learned_endpoints()
                                         .into_iter()
-                                        .flat_map(|(peer, endpoints)| {
-                                            endpoints.into_iter().rev().map(move |endpoint| Entry { peer, endpoint })
-                                        })
+                                        .map(|(peer, endpoint)| Entry { peer, endpoint })
                                         .collect();
                                     let datagrams = exchange.seal(Kind::Dump, &all, wall_ms());
                                     send_all(&socket, &datagrams, &[from], &stats).await;
                                 }
                             }
                             Kind::News | Kind::Dump => {
-                                let mut by_peer: BTreeMap<PublicKey, Vec<SocketAddr>> = BTreeMap::new();
-                                for e in &message.entries {
-                                    // Told oldest first within a peer: the last is the newest.
-                                    by_peer.entry(e.peer).or_default().insert(0, e.endpoint);
-                                }
+                                // One entry per peer: its newest (a later one for the same peer
+                                // in one message wins).
+                                let by_peer: BTreeMap<PublicKey, SocketAddr> = message
+                                    .entries
+                                    .iter()
+                                    .map(|e| (e.peer, e.endpoint))
+                                    .collect();
                                 stats.endpoints_learned.fetch_add(message.entries.len() as u64, Ordering::Relaxed);
                                 dataplane.learn_endpoints(by_peer, Origin::Group);
                             }

@@ -3,20 +3,19 @@
 //! holds and how it is read back are decided here (render, parse, when to write); the shell
 //! reads and writes the file (`shell::endpoints`).
 //!
-//! The text, one peer a line, newest endpoint first:
+//! The text, one peer a line, with the newest endpoint it authenticated from:
 //!
 //! ```text
 //! # tunnelgate endpoints v1: where peers of this identity authenticated (written by tunnelgate)
 //! identity <this interface's public key, base64>
-//! <peer public key, base64> <ip:port> [<ip:port> ...]
+//! <peer public key, base64> <ip:port>
 //! ```
 //!
 //! A file of another identity is not ours and is ignored whole (its peers' endpoints were proven
-//! to another key). A line that is not a peer and its endpoints is skipped and counted; so are
-//! endpoints past [`KNOWN_PER_PEER`] and peers past [`MAX_PEERS`].
+//! to another key). A line that is not a peer and its endpoint is skipped and counted; so are
+//! peers past [`MAX_PEERS`].
 
 use crate::config::{decode_key, PublicKey};
-use crate::takeover::KNOWN_PER_PEER;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -24,30 +23,22 @@ use std::time::{Duration, Instant};
 /// The first line; a file that does not start with it is not an endpoints file.
 pub const HEADER: &str =
     "# tunnelgate endpoints v1: where peers of this identity authenticated (written by tunnelgate)";
-/// The largest file read: 2^20 peers (the kernel's limit) of four IPv6 endpoints each is about
-/// 230 MB; a daemon with that many peers has the memory. Past it the file is refused unread.
-pub const MAX_BYTES: u64 = 256 << 20;
+/// The largest file read: 2^20 peers (the kernel's limit) with an IPv6 endpoint each is about
+/// 100 MB. Past it the file is refused unread.
+pub const MAX_BYTES: u64 = 128 << 20;
 /// Peers taken from one file at most: the kernel's limit.
 pub const MAX_PEERS: usize = 1 << 20;
 /// The file is written at most this often (and at a stop), when a learned endpoint changed.
 pub const WRITE_EVERY: Duration = Duration::from_secs(10);
 
-/// The text of the file for `identity` and its peers' learned endpoints (newest first).
+/// The text of the file for `identity` and its peers' newest learned endpoints.
 pub fn render<'a>(
     identity: &PublicKey,
-    peers: impl IntoIterator<Item = (&'a PublicKey, &'a [SocketAddr])>,
+    peers: impl IntoIterator<Item = (&'a PublicKey, &'a SocketAddr)>,
 ) -> String {
     let mut out = format!("{HEADER}\nidentity {identity}\n");
-    for (peer, endpoints) in peers {
-        if endpoints.is_empty() {
-            continue;
-        }
-        out.push_str(&peer.to_string());
-        for e in endpoints.iter().take(KNOWN_PER_PEER) {
-            out.push(' ');
-            out.push_str(&e.to_string());
-        }
-        out.push('\n');
+    for (peer, endpoint) in peers {
+        out.push_str(&format!("{peer} {endpoint}\n"));
     }
     out
 }
@@ -55,8 +46,8 @@ pub fn render<'a>(
 /// What a file gave back.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Restored {
-    pub peers: BTreeMap<PublicKey, Vec<SocketAddr>>,
-    /// Lines (and endpoints past the per-peer bound) that were not taken.
+    pub peers: BTreeMap<PublicKey, SocketAddr>,
+    /// Lines that were not taken.
     pub skipped: usize,
 }
 
@@ -89,18 +80,14 @@ pub fn parse(text: &str, identity: &PublicKey) -> Result<Restored, Refused> {
     for line in lines {
         let mut words = line.split(' ');
         let peer = words.next().and_then(|w| decode_key(w).ok()).map(PublicKey);
-        let endpoints: Option<Vec<SocketAddr>> = words.map(|w| w.parse().ok()).collect();
-        match (peer, endpoints) {
-            (Some(peer), Some(mut endpoints))
-                if !endpoints.is_empty()
+        let endpoint = words.next().and_then(|w| w.parse::<SocketAddr>().ok());
+        match (peer, endpoint, words.next()) {
+            (Some(peer), Some(endpoint), None)
+                if endpoint.port() != 0
                     && restored.peers.len() < MAX_PEERS
                     && !restored.peers.contains_key(&peer) =>
             {
-                if endpoints.len() > KNOWN_PER_PEER {
-                    restored.skipped += endpoints.len() - KNOWN_PER_PEER;
-                    endpoints.truncate(KNOWN_PER_PEER);
-                }
-                restored.peers.insert(peer, endpoints);
+                restored.peers.insert(peer, endpoint);
             }
             _ => restored.skipped += 1,
         }

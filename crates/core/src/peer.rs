@@ -396,7 +396,7 @@ impl<S: Session> Peer<S> {
     }
 
     /// Records that this identity saw the peer authenticate at `addr` (`origin`: before a
-    /// restart, or at another replica of the group): a takeover may go there.
+    /// restart, or at another replica of the group): its newest, where a takeover may go.
     pub fn learn(&mut self, addr: std::net::SocketAddr, origin: Origin) {
         if self.known.learn(addr, origin) {
             self.learned_news = true;

@@ -7,8 +7,8 @@
 //! capability: whoever holds one can deliver it to the peer from an address of their own, and the
 //! peer then moves its endpoint there (it roams on any message that authenticates). So the
 //! initiation goes only to an endpoint where this identity has seen the peer authenticate
-//! ([`KnownEndpoints`]: the configured endpoint, the endpoints this process authenticated, those
-//! it authenticated before a restart, and those its group's replicas authenticated), never to the
+//! ([`KnownEndpoints`]: the configured endpoint, and the newest endpoint the peer authenticated
+//! from: at this process, before a restart, or at another replica of its group), never to the
 //! unproven source of the data message that asked for it, unless that source is one of them.
 //! With no known endpoint the peer waits for its own rekey, as with every WireGuard. Only an
 //! explicit opt-in ([`Answer::AnySource`]) answers any source, for closed networks.
@@ -36,8 +36,6 @@ pub const DATA_TYPE: u8 = 4;
 pub const DATA_MIN_LEN: usize = 32;
 /// An initiation's size: the bytes a takeover sends.
 pub const INITIATION_LEN: usize = 148;
-/// Learned endpoints kept per peer (the newest first).
-pub const KNOWN_PER_PEER: usize = 4;
 
 /// Which sources a takeover may answer.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -79,13 +77,14 @@ pub struct Learned {
 }
 
 /// The endpoints a takeover may send to: the configured one (`endpoint`, or `wg set endpoint`)
-/// and up to [`KNOWN_PER_PEER`] learned ones, newest first. A peer that never authenticated
-/// holds no learned list at all (no allocation), so 100,000 configured but quiet peers cost a
-/// pointer each.
+/// and the newest one this identity saw the peer authenticate from. Only the newest: an address
+/// the peer has left (a NAT mapping that expired, an address given to someone else since) is
+/// no proof that the peer is there. A peer that never authenticated holds no learned endpoint
+/// at all (no allocation), so 100,000 configured but quiet peers cost a pointer each.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct KnownEndpoints {
     configured: Option<SocketAddr>,
-    learned: Option<Box<[Option<Learned>; KNOWN_PER_PEER]>>,
+    learned: Option<Box<Learned>>,
 }
 
 impl KnownEndpoints {
@@ -100,49 +99,49 @@ impl KnownEndpoints {
         self.configured = configured;
     }
 
-    /// Records that the peer authenticated from `addr` (by `origin`): it becomes the newest,
-    /// the oldest falls off. Returns whether the list changed.
+    /// Records that the peer authenticated from `addr` (by `origin`): the newest learned
+    /// endpoint. The same address told from further away (a file, another replica) keeps the
+    /// closer origin. Returns whether it changed.
     pub fn learn(&mut self, addr: SocketAddr, origin: Origin) -> bool {
-        let list = self.learned.get_or_insert_with(Default::default);
-        let at = list.iter().position(|e| e.is_some_and(|e| e.addr == addr));
-        let entry = Learned { addr, origin };
-        // Already the newest: an origin closer to this process wins (authenticated here beats
-        // restored or told), but the order stays.
-        if at == Some(0) {
-            let first = list[0].get_or_insert(entry);
-            if origin < first.origin {
-                first.origin = origin;
-                return true;
+        match self.learned.as_deref_mut() {
+            Some(newest) if newest.addr == addr => {
+                let closer = origin < newest.origin;
+                if closer {
+                    newest.origin = origin;
+                }
+                closer
             }
-            return false;
+            Some(newest) => {
+                *newest = Learned { addr, origin };
+                true
+            }
+            None => {
+                self.learned = Some(Box::new(Learned { addr, origin }));
+                true
+            }
         }
-        let end = at.unwrap_or(KNOWN_PER_PEER - 1);
-        list[..=end].rotate_right(1);
-        list[0] = Some(entry);
-        true
     }
 
-    /// Takes `other`'s learned endpoints (a peer made again keeps what it knew).
+    /// Takes `other`'s learned endpoint (a peer made again keeps what it knew).
     pub fn inherit_learned(&mut self, other: &KnownEndpoints) {
         self.learned.clone_from(&other.learned);
     }
 
-    /// Whether a takeover may send to `addr`: it is configured or learned.
+    /// Whether a takeover may answer `addr` itself: the configured or the newest learned
+    /// endpoint.
     pub fn contains(&self, addr: SocketAddr) -> bool {
-        self.configured == Some(addr) || self.learned().any(|e| e.addr == addr)
+        self.configured == Some(addr) || self.newest().is_some_and(|e| e.addr == addr)
     }
 
-    /// The learned endpoints, newest first.
-    pub fn learned(&self) -> impl Iterator<Item = Learned> + '_ {
-        self.learned
-            .iter()
-            .flat_map(|l| l.iter().flatten().copied())
+    /// The newest endpoint this identity saw the peer authenticate from.
+    pub fn newest(&self) -> Option<Learned> {
+        self.learned.as_deref().copied()
     }
 
     /// Where a takeover goes without a better cue: the newest learned endpoint, else the
     /// configured one.
     pub fn best(&self) -> Option<SocketAddr> {
-        self.learned().next().map(|e| e.addr).or(self.configured)
+        self.newest().map(|e| e.addr).or(self.configured)
     }
 }
 

@@ -42,11 +42,17 @@ fn a_takeover_goes_to_a_known_endpoint_never_to_an_unproven_source() {
         Some(path(51820)),
         "the configured endpoint"
     );
+    known.learn(addr(3000), Origin::Authenticated);
     known.learn(addr(4000), Origin::Restored);
     assert_eq!(
         target(attacker, None, &known, Answer::KnownEndpoints),
         Some(path(4000)),
         "the newest learned endpoint before the configured one"
+    );
+    assert_eq!(
+        target(path(3000), None, &known, Answer::KnownEndpoints),
+        Some(path(4000)),
+        "an endpoint the peer has left is not answered: it may be someone else's now"
     );
     let cue = path(4000);
     assert_eq!(
@@ -71,35 +77,30 @@ fn a_takeover_goes_to_a_known_endpoint_never_to_an_unproven_source() {
 }
 
 #[test]
-fn known_endpoints_keep_the_newest_few_and_the_closest_origin() {
+fn known_endpoints_keep_the_newest_and_the_closest_origin() {
     let mut known = KnownEndpoints::default();
-    assert!(known.learned().next().is_none());
-    for port in 1..=6 {
-        assert!(known.learn(addr(port), Origin::Group));
-    }
-    let ports: Vec<u16> = known.learned().map(|e| e.addr.port()).collect();
-    assert_eq!(
-        ports,
-        [6, 5, 4, 3],
-        "newest first, at most {KNOWN_PER_PEER}"
-    );
-    assert!(!known.contains(addr(2)), "the oldest fell off");
+    assert_eq!(known.newest(), None);
+    assert!(known.learn(addr(1), Origin::Group));
     assert!(
-        known.learn(addr(4), Origin::Authenticated),
-        "moved to the front"
+        known.learn(addr(2), Origin::Restored),
+        "a newer one replaces it"
     );
-    let first = known.learned().next().expect("one");
+    assert!(
+        !known.contains(addr(1)),
+        "an endpoint the peer left is no proof"
+    );
+    assert!(known.learn(addr(2), Origin::Authenticated), "closer");
+    assert!(
+        !known.learn(addr(2), Origin::Group),
+        "the same, told from further"
+    );
     assert_eq!(
-        (first.addr.port(), first.origin),
-        (4, Origin::Authenticated)
+        known.newest(),
+        Some(Learned {
+            addr: addr(2),
+            origin: Origin::Authenticated
+        })
     );
-    assert!(!known.learn(addr(4), Origin::Group), "already the newest");
-    assert_eq!(
-        known.learned().next().map(|e| e.origin),
-        Some(Origin::Authenticated),
-        "a told endpoint does not hide that this process authenticated it"
-    );
-    assert_eq!(known.learned().count(), KNOWN_PER_PEER);
 }
 
 #[test]
