@@ -81,7 +81,8 @@ pub struct Snapshot {
 /// told, datagrams sent, the replicas its name resolves to, and the datagrams refused by why
 /// (`forged`: not sealed by a replica of this identity; `replayed`; `stale`; `malformed`;
 /// `own`: this replica's own, back through the group's name; `over_rate`: past the bound of
-/// datagrams opened per second, unopened).
+/// datagrams opened per second, unopened; `unknown_replica`: a genuine hello from an address
+/// the group's name does not give, not answered).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct GroupExchangeStatus {

@@ -448,5 +448,24 @@ fn the_group_exchange_refuses_and_counts_what_a_third_namespace_forges_or_replay
         ),
         "{metrics}"
     );
+    // A replica that never saw the hello (restarted: its replay windows are new) takes the
+    // replay within the minute, but answers a hello only to an address the group's name gives:
+    // the stranger gets no dump, so a replayed hello reflects nothing at a victim.
+    let second = other.cfg.clone();
+    drop(other);
+    let restarted = Tunnelgate::start(&r2, second);
+    let answered = x.in_ns(|| {
+        let socket = UdpSocket::bind("10.9.3.2:0").expect("bind");
+        socket
+            .set_read_timeout(Some(Duration::from_secs(2)))
+            .expect("timeout");
+        socket.send_to(&seen.payload, target).expect("replay");
+        let mut buf = [0u8; 2048];
+        socket.recv_from(&mut buf).is_ok()
+    });
+    let status = restarted.status_json().expect("status JSON");
+    let g = &status["group_exchange"];
+    assert!(!answered, "a dump went to the stranger: {g}");
+    assert_eq!(g["refused"]["unknown_replica"], 1, "{g}");
     drop(first);
 }

@@ -34,6 +34,8 @@ pub struct GroupStats {
     refused: [AtomicU64; Refusal::ALL.len()],
     /// Datagrams dropped unopened past `OPENS_PER_SECOND`.
     pub over_rate: AtomicU64,
+    /// Hellos from an address the group's name does not give: not answered.
+    pub unknown_replica: AtomicU64,
 }
 
 impl GroupStats {
@@ -201,7 +203,12 @@ async fn run(
                         stats.accepted.fetch_add(1, Ordering::Relaxed);
                         match message.kind {
                             Kind::Hello => {
-                                if exchange.dump_due(message.sender, now) {
+                                // A dump goes only to an address the group's name gives: a hello
+                                // replayed from anywhere else (to a replica that never saw it,
+                                // within its minute) must not reflect a dump at a victim.
+                                if !known.contains(&from) {
+                                    stats.unknown_replica.fetch_add(1, Ordering::Relaxed);
+                                } else if exchange.dump_due(message.sender, now) {
                                     let all: Vec<Entry> = dataplane
                                         .learned_endpoints()
                                         .into_iter()

@@ -153,10 +153,13 @@ impl Observe for Handle {
                         .refusals()
                         .into_iter()
                         .map(|(why, n)| (why.to_string(), n))
-                        .chain(std::iter::once((
-                            "over_rate".to_string(),
-                            g.over_rate.load(Relaxed),
-                        )))
+                        .chain([
+                            ("over_rate".to_string(), g.over_rate.load(Relaxed)),
+                            (
+                                "unknown_replica".to_string(),
+                                g.unknown_replica.load(Relaxed),
+                            ),
+                        ])
                         .collect(),
                 }
             }),
