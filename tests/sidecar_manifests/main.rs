@@ -31,6 +31,7 @@ mod kustomize;
 mod manifests;
 mod schemas;
 mod single_service;
+mod state;
 
 use common::kubectl_or_skip;
 use group::*;
