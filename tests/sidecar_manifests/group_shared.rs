@@ -433,3 +433,45 @@ fn group_shared_replicas_tell_each_other_where_peers_authenticated() {
     // And the endpoints file outlives a restart of the proxy container.
     super::state::assert_endpoints_kept_across_a_container_restart("group-shared", pod, &base);
 }
+
+/// The UDP balancers in front of the proxies (the single proxy's and the shared identity's)
+/// keep the peer's own address (`externalTrafficPolicy: Local`). With `Cluster`, kube-proxy
+/// SNATs every peer to a node's address and a port the node picks: the replicas would learn
+/// and tell each other `node:port` endpoints, where a takeover goes nowhere (another node's
+/// port, or a flow gone with the old replica) or, once the node has given that port to
+/// another client's flow, hands that client a fresh initiation it can use to pull the peer's
+/// endpoint to itself.
+#[test]
+fn wireguard_balancers_keep_the_peers_own_address() {
+    let Some(shared) = built_or_skip() else {
+        return;
+    };
+    let mut checked = Vec::new();
+    for (what, objects) in [("containers/k8s", objects()), ("group-shared", shared)] {
+        for svc in objects.iter().filter(|o| {
+            o["kind"] == "Service"
+                && (o["spec"]["type"] == "LoadBalancer" || o["spec"]["type"] == "NodePort")
+                && o["spec"]["ports"]
+                    .as_array()
+                    .is_some_and(|ps| ps.iter().any(|p| p["protocol"] == "UDP"))
+        }) {
+            assert_eq!(
+                svc["spec"]["externalTrafficPolicy"], "Local",
+                "{what}: {} must keep the peer's own address: with Cluster the replicas learn \
+                 node:port endpoints, and a takeover sent to one can reach another client",
+                svc["metadata"]["name"]
+            );
+            checked.push(format!(
+                "{what}: {}",
+                svc["metadata"]["name"].as_str().unwrap_or_default()
+            ));
+        }
+    }
+    assert_eq!(
+        checked,
+        [
+            "containers/k8s: tunnelgate-proxy-wireguard",
+            "group-shared: tgp-wireguard"
+        ]
+    );
+}
