@@ -811,7 +811,9 @@ fn write_toml_with(
     mut table: toml::Table,
     rules: &[&Rules],
 ) -> Result<(), toml::ser::Error> {
-    const ORDER: [&str; 8] = [
+    // `takeover` (which endpoints a takeover may go to, the endpoints file, a shared-identity
+    // group's endpoint exchange) is the base config's alone: passed through as written, last.
+    const ORDER: [&str; 9] = [
         "interface",
         "peer",
         "firewall",
@@ -820,6 +822,7 @@ fn write_toml_with(
         "router",
         "dns",
         "health",
+        "takeover",
     ];
     let own = ORDER.map(|k| table.remove(k));
     // Anything else first, so a stray top-level key stays top-level (Config::parse refuses it

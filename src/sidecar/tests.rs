@@ -350,6 +350,45 @@ fn base_config_that_does_not_parse_is_rejected() {
     assert!(e.contains("interface.addresses"), "{e}");
 }
 
+/// The base config's `[takeover]` (the endpoints file, a shared-identity group's endpoint
+/// exchange) reaches the daemon as written, after the sections the sidecar renders; one the
+/// daemon would refuse is refused here, naming its key, before any write.
+#[test]
+fn a_base_configs_takeover_section_reaches_the_daemon_as_written() {
+    let takeover = "\n[takeover]\nstate_file = \"/var/lib/tunnelgate/endpoints/tg0.endpoints\"\n\
+                    group_listen = \"0.0.0.0:51822\"\n\
+                    group_replicas = \"tgp.tunnelgate.svc.cluster.local:51822\"\n";
+    let r = ok(&exposed(), &format!("{}{takeover}", base()));
+    let c = daemon_view(&r);
+    assert_eq!(
+        c.takeover.state_file,
+        crate::config::StateFile::Path("/var/lib/tunnelgate/endpoints/tg0.endpoints".into())
+    );
+    let group = c.takeover.group.as_ref().expect("the group exchange");
+    assert_eq!(group.listen.to_string(), "0.0.0.0:51822");
+    assert_eq!(
+        group.replicas.to_string(),
+        "tgp.tunnelgate.svc.cluster.local:51822"
+    );
+    assert_eq!(
+        c.takeover.answer,
+        crate::core::takeover::Answer::KnownEndpoints
+    );
+    // Last, after the rules and [health]: the order of the contract's example, then this.
+    let rendered = text(&r, KEY_CONFIG);
+    let at = |section: &str| {
+        rendered
+            .find(section)
+            .unwrap_or_else(|| panic!("{section}"))
+    };
+    assert!(at("[takeover]") > at("[health]"), "{rendered}");
+    assert!(at("[takeover]") > at("[[ingress]]"), "{rendered}");
+    // Half an exchange is the daemon's error, and so the sidecar's.
+    let half = format!("{}\n[takeover]\ngroup_listen = \"0.0.0.0:51822\"\n", base());
+    let why = rejected(&exposed(), &half);
+    assert!(why.contains("takeover.group_replicas"), "{why}");
+}
+
 #[test]
 fn base_config_must_not_set_a_private_key() {
     let b = base().replace("name = \"tg0\"", "name = \"tg0\"\nprivate_key = \"x\"");

@@ -89,6 +89,14 @@ pub(crate) const README_KUBECTL: &[(&str, &str)] = &[
         "kubectl -n apps describe service web2",
         "run against the fake: readme_proxy_group_commands",
     ),
+    (
+        "kubectl -n tunnelgate exec tgp-0 -c proxy -- tunnelgate status",
+        "not run: needs a kubelet; tests/netns_takeover.rs reads the same counters from a replica's tunnelgate status --json (the_group_exchange_refuses_and_counts_what_a_third_namespace_forges_or_replays)",
+    ),
+    (
+        "kubectl -n tunnelgate rollout restart statefulset/tgp",
+        "not run: needs a StatefulSet controller and a kubelet",
+    ),
 ];
 
 pub(crate) fn repo() -> PathBuf {

@@ -263,3 +263,215 @@ fn group_shared_base_config_renders_one_key_and_address_for_every_replica() {
     }
     assert_eq!(seen.len(), 1, "every replica renders the same identity");
 }
+
+/// Every policy of `objects` that selects pods labelled `labels`, and each of its ingress rules
+/// that lets UDP `port` in (a rule without ports lets every port in).
+fn rules_opening<'a>(
+    objects: &'a [Value],
+    labels: &Value,
+    port: u64,
+) -> Vec<(&'a Value, &'a Value)> {
+    let selects = |np: &Value| {
+        np["spec"]["podSelector"]["matchLabels"]
+            .as_object()
+            .is_some_and(|m| m.iter().all(|(k, v)| &labels[k] == v))
+    };
+    let opens = |rule: &Value| match rule["ports"].as_array() {
+        None => true,
+        Some(ports) => ports.iter().any(|p| {
+            (p["protocol"].is_null() || p["protocol"] == "UDP")
+                && (p["port"].is_null()
+                    || p["port"].as_u64() == Some(port)
+                    || p["port"] == "group-exchange"
+                    || p["endPort"].as_u64().is_some_and(|end| {
+                        p["port"].as_u64().is_some_and(|s| s <= port) && port <= end
+                    }))
+        }),
+    };
+    objects
+        .iter()
+        .filter(|o| o["kind"] == "NetworkPolicy" && selects(o))
+        .flat_map(|np| {
+            np["spec"]["ingress"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|r| opens(r))
+                .map(move |r| (np, r))
+        })
+        .collect()
+}
+
+/// The replicas tell each other where peers authenticated (the base config's `[takeover]`
+/// group exchange): `group_replicas` is the StatefulSet's headless Service, which lists
+/// replicas before they are ready and names the exchange port (UDP, not the WireGuard port),
+/// the proxy declares it, and the network policies open it to the group's pods and no one
+/// else; every replica's daemon runs the exchange; the endpoints file is on a volume.
+#[test]
+fn group_shared_replicas_tell_each_other_where_peers_authenticated() {
+    let Some(objects) = built_or_skip() else {
+        return;
+    };
+    let base = one(&objects, "ConfigMap", "tgp-base")["data"]["base.toml"]
+        .as_str()
+        .expect("base.toml")
+        .to_string();
+    let parsed: toml::Table = base.parse().expect("toml");
+    let takeover = parsed
+        .get("takeover")
+        .and_then(toml::Value::as_table)
+        .expect("the base config's [takeover]: the group's endpoint exchange");
+    assert!(
+        takeover.get("answer_any_source").is_none(),
+        "the unsafe opt-in stays off"
+    );
+    let listen: std::net::SocketAddr = takeover
+        .get("group_listen")
+        .and_then(toml::Value::as_str)
+        .expect("group_listen")
+        .parse()
+        .expect("an address");
+    let port = u64::from(listen.port());
+    assert_ne!(
+        port, 51820,
+        "not the WireGuard port, which is open to anyone"
+    );
+    let (host, replicas_port) = takeover
+        .get("group_replicas")
+        .and_then(toml::Value::as_str)
+        .expect("group_replicas")
+        .rsplit_once(':')
+        .expect("host:port");
+    assert_eq!(replicas_port.parse::<u64>().ok(), Some(port));
+
+    // The name is the StatefulSet's headless Service, which lists not-ready replicas too.
+    let set = one(&objects, "StatefulSet", "tgp");
+    let service_name = set["spec"]["serviceName"].as_str().expect("serviceName");
+    assert_eq!(host, format!("{service_name}.{NS}.svc.cluster.local"));
+    let headless = one(&objects, "Service", service_name);
+    assert_eq!(headless["metadata"]["namespace"], NS);
+    assert_eq!(headless["spec"]["clusterIP"], "None");
+    assert_eq!(headless["spec"]["publishNotReadyAddresses"], true);
+    let labels = &set["spec"]["template"]["metadata"]["labels"];
+    for (k, v) in headless["spec"]["selector"].as_object().expect("selector") {
+        assert_eq!(&labels[k], v, "the headless Service selects the replicas");
+    }
+    let service_port = headless["spec"]["ports"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["port"].as_u64() == Some(port)))
+        .expect("the exchange port on the headless Service");
+    assert_eq!(service_port["protocol"], "UDP");
+    let name = service_port["name"].as_str().expect("a named port");
+    let pod = &set["spec"]["template"]["spec"];
+    let proxy = in_list(&pod["containers"], "proxy");
+    let declared = in_list(&proxy["ports"], name);
+    assert_eq!(declared["containerPort"].as_u64(), Some(port));
+    assert_eq!(declared["protocol"], "UDP");
+    // Peers never reach it: no balancer forwards it.
+    let lb = one(&objects, "Service", "tgp-wireguard");
+    assert!(lb["spec"]["ports"].as_array().is_some_and(|ps| ps
+        .iter()
+        .all(|p| p["port"].as_u64() != Some(port)
+            && p["targetPort"] != name
+            && p["targetPort"].as_u64() != Some(port))));
+
+    // Open to the group's own pods, in this namespace, and to no one else.
+    let open = rules_opening(&objects, labels, port);
+    assert!(!open.is_empty(), "no policy opens UDP {port}");
+    for (np, rule) in &open {
+        let from = rule["from"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{} opens UDP {port} to anyone", np["metadata"]["name"]));
+        assert!(
+            !from.is_empty(),
+            "{} opens UDP {port} to anyone",
+            np["metadata"]["name"]
+        );
+        for peer in from {
+            assert!(
+                peer["namespaceSelector"].is_null() && peer["ipBlock"].is_null(),
+                "{}: {peer}",
+                np["metadata"]["name"]
+            );
+            assert_eq!(peer["podSelector"]["matchLabels"], *labels, "{peer}");
+        }
+        assert_eq!(np["metadata"]["namespace"], NS);
+    }
+
+    // Every replica's daemon runs the exchange.
+    let group = SecretKey([77; 32]);
+    for ordinal in 0..2 {
+        let replica = Replica {
+            group: "tgp".into(),
+            ordinal,
+            pools: vec!["100.64.1.0/24".parse().expect("pool")],
+            identity: Identity::Shared,
+            endpoint: None,
+        };
+        let out = render_group(
+            &replica,
+            &[],
+            &base,
+            &with_group_key(&BTreeMap::new(), &group),
+            || panic!("a replica generated its own key"),
+        )
+        .unwrap_or_else(|e| panic!("replica {ordinal}: {e}"));
+        let text = String::from_utf8(out.rendered.data["tunnelgate.toml"].clone()).expect("utf-8");
+        let files = MapFiles(BTreeMap::from([(
+            "/etc/tunnelgate/private.key".to_string(),
+            group.expose_base64(),
+        )]));
+        let config = Config::parse(&text, Path::new("/etc/tunnelgate"), &files).expect("valid");
+        let exchange = config.takeover.group.expect("the group exchange");
+        assert_eq!(exchange.listen, listen);
+        assert_eq!(
+            config.takeover.answer,
+            tunnelgate::core::takeover::Answer::KnownEndpoints
+        );
+    }
+
+    // And the endpoints file outlives a restart of the proxy container.
+    super::state::assert_endpoints_kept_across_a_container_restart("group-shared", pod, &base);
+}
+
+/// The UDP balancers in front of the proxies (the single proxy's and the shared identity's)
+/// keep the peer's own address (`externalTrafficPolicy: Local`). With `Cluster`, kube-proxy
+/// SNATs every peer to a node's address and a port the node picks: the replicas would learn
+/// and tell each other `node:port` endpoints, where a takeover goes nowhere (another node's
+/// port, or a flow gone with the old replica) or, once the node has given that port to
+/// another client's flow, hands that client a fresh initiation it can use to pull the peer's
+/// endpoint to itself.
+#[test]
+fn wireguard_balancers_keep_the_peers_own_address() {
+    let Some(shared) = built_or_skip() else {
+        return;
+    };
+    let mut checked = Vec::new();
+    for (what, objects) in [("containers/k8s", objects()), ("group-shared", shared)] {
+        for svc in objects.iter().filter(|o| {
+            o["kind"] == "Service"
+                && (o["spec"]["type"] == "LoadBalancer" || o["spec"]["type"] == "NodePort")
+                && o["spec"]["ports"]
+                    .as_array()
+                    .is_some_and(|ps| ps.iter().any(|p| p["protocol"] == "UDP"))
+        }) {
+            assert_eq!(
+                svc["spec"]["externalTrafficPolicy"], "Local",
+                "{what}: {} must keep the peer's own address: with Cluster the replicas learn \
+                 node:port endpoints, and a takeover sent to one can reach another client",
+                svc["metadata"]["name"]
+            );
+            checked.push(format!(
+                "{what}: {}",
+                svc["metadata"]["name"].as_str().unwrap_or_default()
+            ));
+        }
+    }
+    assert_eq!(
+        checked,
+        [
+            "containers/k8s: tunnelgate-proxy-wireguard",
+            "group-shared: tgp-wireguard"
+        ]
+    );
+}

@@ -11,7 +11,11 @@
 //! `kubectl kustomize` of each example (what `apply -k` sends) holds exactly the files' objects;
 //! one fully qualified image name everywhere, and a registry is one edit of a kustomization;
 //! the shared-identity overlay (containers/k8s/group-shared) builds, is valid, puts one UDP
-//! balancer with client affinity in front of the ready replicas and renders one key and address.
+//! balancer with client affinity in front of the ready replicas and renders one key and address;
+//! its replicas tell each other where peers authenticated (the base config's group exchange, the
+//! headless Service listing starting replicas, the port open to the group's pods only); every
+//! proxy keeps its endpoints file on a volume that outlives a container restart; and the UDP
+//! balancers keep the peer's own address (externalTrafficPolicy Local).
 
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
@@ -31,6 +35,7 @@ mod kustomize;
 mod manifests;
 mod schemas;
 mod single_service;
+mod state;
 
 use common::kubectl_or_skip;
 use group::*;

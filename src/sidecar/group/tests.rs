@@ -1276,3 +1276,37 @@ fn every_replica_renders_the_balancers_address_as_its_public_endpoint_unless_the
         out.rendered.notes
     );
 }
+
+/// With a shared identity every replica renders the base config's `[takeover]` as written (its
+/// endpoint exchange names the group's headless Service, the same for all): the sidecar's own
+/// settings for a replica (addresses, readiness, key files) leave it alone.
+#[test]
+fn every_replica_of_a_shared_identity_runs_the_base_configs_endpoint_exchange() {
+    let group = key(9);
+    let base_with = format!(
+        "{}\n[takeover]\ngroup_listen = \"0.0.0.0:51822\"\n\
+         group_replicas = \"tgp.tunnelgate.svc.cluster.local:51822\"\n",
+        base()
+    );
+    let mut seen = std::collections::BTreeSet::new();
+    for ordinal in 0..3 {
+        let out = render_group(
+            &shared(ordinal),
+            &[],
+            &base_with,
+            &with_group_key(&BTreeMap::new(), &group),
+            || panic!("no key generated"),
+        )
+        .expect("renders");
+        let config = daemon_view_with(&out, &group.expose_base64());
+        let exchange = config.takeover.group.expect("the group exchange");
+        seen.insert((exchange.listen.to_string(), exchange.replicas.to_string()));
+    }
+    assert_eq!(
+        seen.into_iter().collect::<Vec<_>>(),
+        [(
+            "0.0.0.0:51822".to_string(),
+            "tgp.tunnelgate.svc.cluster.local:51822".to_string()
+        )]
+    );
+}
