@@ -141,6 +141,8 @@ pub struct Exemptions {
     pub wg_udp_port: Option<u16>,
     /// The health endpoint's TCP port.
     pub health_tcp_port: Option<u16>,
+    /// The group's endpoint exchange's UDP port (`takeover.group_listen`).
+    pub group_udp_port: Option<u16>,
 }
 
 /// What `[router]` lets through from the tunnel.

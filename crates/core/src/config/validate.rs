@@ -51,7 +51,7 @@ pub(super) fn validate(
     let dns = dns(raw.dns.unwrap_or_default(), &mut errs);
     let health = health(raw.health.unwrap_or_default(), &mut errs);
     let takeover = takeover(raw.takeover.unwrap_or_default(), base_dir, &mut errs);
-    check_egress_ports(&egress, &interface, &health, &mut errs);
+    check_egress_ports(&egress, &interface, &health, &takeover, &mut errs);
     if errs.0.is_empty() {
         Ok(Config {
             interface,
@@ -553,6 +553,7 @@ fn check_egress_ports(
     egress: &[Forward],
     interface: &Interface,
     health: &Health,
+    takeover: &Takeover,
     errs: &mut Errors,
 ) {
     for (i, fwd) in egress.iter().enumerate() {
@@ -561,15 +562,24 @@ fn check_egress_ports(
                 && interface.listen_port != 0
                 && p.listen == interface.listen_port;
             let hp = p.proto == Proto::Tcp && health.listen.is_some_and(|h| h.port() == p.listen);
-            if wg || hp {
-                errs.push(
-                    format!("egress[{i}].ports[{j}]"),
-                    format!(
-                        "\"{p}\" is the {} port: expected a port the daemon does not use itself",
-                        if wg { "WireGuard listen" } else { "health" }
-                    ),
-                );
-            }
+            let group = p.proto == Proto::Udp
+                && takeover
+                    .group
+                    .as_ref()
+                    .is_some_and(|g| g.listen.port() == p.listen);
+            let own = if wg {
+                "WireGuard listen"
+            } else if hp {
+                "health"
+            } else if group {
+                "group exchange (takeover.group_listen)"
+            } else {
+                continue;
+            };
+            errs.push(
+                format!("egress[{i}].ports[{j}]"),
+                format!("\"{p}\" is the {own} port: expected a port the daemon does not use itself"),
+            );
         }
     }
 }

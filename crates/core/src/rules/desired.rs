@@ -103,6 +103,12 @@ pub fn desired(
         exemptions: Exemptions {
             wg_udp_port: (facts.wg_port != 0).then_some(facts.wg_port),
             health_tcp_port: facts.health_port.filter(|p| *p != 0),
+            group_udp_port: config
+                .takeover
+                .group
+                .as_ref()
+                .map(|g| g.listen.port())
+                .filter(|p| *p != 0),
         },
         router: RouterRules {
             networks: outermost(&config.router.advertise_routes),

@@ -111,6 +111,7 @@ pub struct Rule {
 
 pub const COMMENT_LOOPBACK: &str = "egress: never from loopback";
 pub const COMMENT_WG_PORT: &str = "egress: never the wireguard port";
+pub const COMMENT_GROUP_PORT: &str = "egress: never the group exchange port";
 pub const COMMENT_HEALTH_PORT: &str = "egress: never the health port";
 pub const COMMENT_RETURN: &str = "return traffic";
 pub const COMMENT_DROP: &str = "nothing else from the tunnel";
@@ -286,8 +287,8 @@ impl Lowering<'_> {
         }
     }
 
-    /// Prerouting, before any egress DNAT: loopback, the WireGuard port and the health port
-    /// are never captured. Only when there is egress, for the families that have it (`None`:
+    /// Prerouting, before any egress DNAT: loopback, the WireGuard port, the health port and
+    /// the group exchange's port are never captured. Only when there is egress, for the families that have it (`None`:
     /// both).
     fn egress_exemptions(&mut self) {
         let set = self.set;
@@ -311,6 +312,11 @@ impl Lowering<'_> {
                 set.exemptions.health_tcp_port,
                 Proto::Tcp,
                 COMMENT_HEALTH_PORT,
+            ),
+            (
+                set.exemptions.group_udp_port,
+                Proto::Udp,
+                COMMENT_GROUP_PORT,
             ),
         ];
         for (port, proto, comment) in exempt {
