@@ -293,8 +293,9 @@ impl Dataplane {
         self.inner.queues.len()
     }
 
-    /// Carries out a peer change from the control core, and shares the peers out over the
-    /// workers again ([`Steering::balanced`]) when that changes who owns what. A peer added
+    /// Carries out a peer change from the control core in time linear in what it names (the
+    /// next table shares every untouched peer with the current one), and shares the peers out
+    /// over the workers again ([`Steering::balanced_tally`]) when that changes who owns what. A peer added
     /// gets what was learned of it before it existed ([`Dataplane::learn_endpoints`]).
     pub fn apply_peers(&self, changes: &PeerChanges) -> TableChange {
         let current = self.inner.snapshot();
@@ -319,10 +320,14 @@ impl Dataplane {
                 }
             }
         }
-        let steering = Steering::balanced(next.peers().map(|slot| slot.index()), self.workers());
+        // Who owns which worker changes only when a peer comes, goes or gets a new index, and
+        // then from the table's count per byte value: never a walk over the peers.
+        let steering = next.steering_after(&change, self.workers());
         *self.inner.table.write() = Arc::new(next);
-        if steering != **self.inner.steering.read() {
-            self.inner.steer(steering);
+        if let Some(steering) = steering {
+            if steering != **self.inner.steering.read() {
+                self.inner.steer(steering);
+            }
         }
         change
     }
@@ -437,6 +442,11 @@ impl Dataplane {
                 (!endpoints.is_empty()).then(|| (*slot.public_key(), endpoints))
             })
             .collect()
+    }
+
+    /// How many peers there are.
+    pub fn peer_count(&self) -> usize {
+        self.inner.snapshot().peer_count()
     }
 
     /// Every peer with a copy of its counters and path.
