@@ -62,7 +62,8 @@ enum Command {
 /// What the event loop last published: the core's view and the configuration it runs.
 pub(crate) struct Published {
     pub(crate) view: View,
-    pub(crate) config: Config,
+    /// The core's own (shared, not copied: 100,000 peers are not compared on every turn).
+    pub(crate) config: Arc<Config>,
     /// The firewall backend in use (empty until rules are first needed).
     pub(crate) backend: String,
 }
@@ -297,7 +298,7 @@ impl Daemon {
                     readiness: Err("starting".into()),
                     ..control.view()
                 },
-                config,
+                config: control.shared_config(),
                 backend: String::new(),
             }),
             commands: tx,
@@ -613,8 +614,8 @@ impl Daemon {
             }
         }
         published.view = view;
-        if published.config != *self.control.config() {
-            published.config = self.control.config().clone();
+        if !Arc::ptr_eq(&published.config, &self.control.shared_config()) {
+            published.config = self.control.shared_config();
         }
         published.backend = self.executor.backend_name();
     }
