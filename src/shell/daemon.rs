@@ -243,6 +243,10 @@ impl Daemon {
             return Err(StartFailed::with(daemon, e));
         }
         daemon.publish();
+        // The configuration's parse and the first table are big passes at many peers.
+        if daemon.control.config().peers.len() >= crate::shell::procfs::MANY_PEERS {
+            crate::shell::procfs::give_back_free_heap();
+        }
         // The loop's first turn is due now, not counted from the start of a slow start.
         daemon.handle.event_loop.beat(crate::shell::clock::now());
         let (listen_port, workers) = (daemon.handle.listen_port(), dataplane.workers());
@@ -467,9 +471,12 @@ impl Daemon {
                 let _ = reply.send(outcome);
             }
             Command::Uapi { update, reply } => {
+                let many =
+                    update.replace_peers || update.peers.len() >= crate::shell::procfs::MANY_PEERS;
                 let outcome = self
                     .control
                     .handle_device_update(&update, crate::shell::clock::now());
+                drop(update);
                 let outcome = match outcome {
                     Ok(()) => self
                         .drain()
@@ -479,6 +486,9 @@ impl Daemon {
                 };
                 self.publish();
                 let _ = reply.send(outcome);
+                if many {
+                    crate::shell::procfs::give_back_free_heap();
+                }
             }
         }
     }
@@ -564,6 +574,11 @@ impl Daemon {
             Ok(Some((c, _, seen))) if c == *self.control.config() => {
                 last_error.clear();
                 self.config_seen = Some(seen);
+                drop(c);
+                // The first poll after a start parses the file once more.
+                if self.control.config().peers.len() >= crate::shell::procfs::MANY_PEERS {
+                    crate::shell::procfs::give_back_free_heap();
+                }
             }
             Ok(Some((c, warnings, seen))) => {
                 last_error.clear();
@@ -591,6 +606,14 @@ impl Daemon {
     /// Hands a new configuration to the core, after taking the health address it names (a
     /// reload to one that cannot be bound is refused, and the old configuration runs on).
     fn take_config(&mut self, config: Config) -> Result<Reload, Refused> {
+        let taken = self.take_config_only(config);
+        if self.control.config().peers.len() >= crate::shell::procfs::MANY_PEERS {
+            crate::shell::procfs::give_back_free_heap();
+        }
+        taken
+    }
+
+    fn take_config_only(&mut self, config: Config) -> Result<Reload, Refused> {
         let current = self.control.health_requested();
         if let Err(e) = self.health.prepare(current, config.health.listen) {
             self.control.handle_config_invalid();

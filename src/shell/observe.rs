@@ -128,6 +128,7 @@ impl Handle {
         let listen_port = self.listen_port();
         let published = self.published.lock();
         let (view, config) = (&published.view, &published.config);
+        let totals_peers = usize::try_from(totals.peers).unwrap_or(usize::MAX);
         let mut snap = Snapshot {
             process,
             netns_id,
@@ -208,6 +209,9 @@ impl Handle {
         let readiness = view.readiness.clone();
         drop(published);
         snap.set_readiness(readiness);
+        if totals_peers >= crate::shell::procfs::MANY_PEERS {
+            crate::shell::procfs::give_back_free_heap();
+        }
         snap
     }
 }
@@ -343,6 +347,9 @@ impl UapiHandler for Handle {
         if !gone {
             piece.push_str(GET_END);
             out(piece);
+        }
+        if self.dataplane.peer_count() >= crate::shell::procfs::MANY_PEERS {
+            crate::shell::procfs::give_back_free_heap();
         }
     }
 
