@@ -252,8 +252,27 @@ pub fn unchanged(path: &Path, seen: &Fingerprint) -> bool {
 }
 
 /// Reads and validates the configuration at `path` (or `path.gz`, see [`read_config_text`]).
+/// Its [`Fingerprint`] is kept for [`take_loaded`]: the configuration `tunnelgate run` starts
+/// from is loaded here, and the daemon's first poll then parses nothing if the file is the same.
 pub fn load_config(path: &Path) -> Result<Config, LoadError> {
-    load_config_noted(path).map(|(config, _)| config)
+    let (config, seen) = load_config_noted(path)?;
+    *LOADED.lock() = Some((path.to_path_buf(), seen));
+    Ok(config)
+}
+
+/// The fingerprint of the last [`load_config`], and of which path.
+static LOADED: parking_lot::Mutex<Option<(PathBuf, Fingerprint)>> = parking_lot::Mutex::new(None);
+
+/// The fingerprint of what the last [`load_config`] of `path` read (taken: once).
+pub fn take_loaded(path: &Path) -> Option<Fingerprint> {
+    let mut loaded = LOADED.lock();
+    match loaded.take() {
+        Some((p, seen)) if p == path => Some(seen),
+        other => {
+            *loaded = other;
+            None
+        }
+    }
 }
 
 /// [`load_config`], with the [`Fingerprint`] of what it read.

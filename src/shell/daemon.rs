@@ -316,6 +316,10 @@ impl Daemon {
             group_stats: std::sync::OnceLock::new(),
         });
         let observe: Arc<dyn crate::telemetry::Observe> = handle.clone();
+        // What the configuration was started from, so the first poll parses nothing.
+        let config_seen = config_path
+            .as_deref()
+            .and_then(crate::shell::config_file::take_loaded);
         let daemon = Daemon {
             executor: Executor::new(dataplane.clone(), netlink, link_index, firewall_mode),
             handle,
@@ -324,7 +328,7 @@ impl Daemon {
             config_path,
             health: HealthEndpoint::new(observe),
             config_read: None,
-            config_seen: None,
+            config_seen,
             endpoints,
             group: None,
         };
