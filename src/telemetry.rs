@@ -40,6 +40,11 @@ pub trait Observe: Send + Sync + 'static {
     fn readiness(&self) -> Result<(), String>;
     /// A point-in-time snapshot of everything /metrics and `tunnelgate status` show.
     fn snapshot(&self) -> Snapshot;
+    /// What `/metrics` shows: the snapshot with only the peers that get series of their own
+    /// (`health.metrics_peers`, the busiest) listed, and [`Snapshot::peer_totals`] over all.
+    fn metrics_snapshot(&self) -> Snapshot {
+        self.snapshot()
+    }
 }
 
 /// Everything `/metrics` and `tunnelgate status` show, at one moment. Sent as JSON over the
@@ -50,6 +55,10 @@ pub trait Observe: Send + Sync + 'static {
 pub struct Snapshot {
     pub interface: InterfaceStatus,
     pub peers: Vec<PeerStatus>,
+    /// Every configured peer added up (`peers` may list only some: `/metrics` lists the
+    /// busiest `health.metrics_peers`). `None`: add up `peers`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peer_totals: Option<PeerTotals>,
     pub drops: DropStats,
     pub rules: RulesStatus,
     pub names: Vec<NameStatus>,
@@ -98,6 +107,108 @@ impl Snapshot {
     pub fn set_readiness(&mut self, readiness: Result<(), String>) {
         self.not_ready_reason = readiness.err();
         self.ready = self.not_ready_reason.is_none();
+    }
+}
+
+/// Every configured peer's counters added up (and those of peers removed since the start, so
+/// the totals only grow), and how many peers there are.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PeerTotals {
+    pub peers: u64,
+    /// Peers whose latest handshake is at most [`RECENT_HANDSHAKE_SECS`] old.
+    pub handshaked_recently: u64,
+    pub rx_bytes: u64,
+    pub tx_bytes: u64,
+    pub rx_packets: u64,
+    pub tx_packets: u64,
+    pub handshake_attempts: u64,
+    pub handshakes_answered: u64,
+    pub handshake_failures: u64,
+    pub takeovers_started: u64,
+    pub takeovers_completed: u64,
+    pub takeovers_failed: u64,
+    pub takeovers_no_endpoint: u64,
+}
+
+/// The `limit` busiest of `peers` (each with its bytes moved): the most bytes first, ties by
+/// key, so two scrapes of idle peers choose the same ones.
+pub fn busiest(
+    mut peers: Vec<(u64, crate::config::PublicKey)>,
+    limit: usize,
+) -> std::collections::BTreeSet<crate::config::PublicKey> {
+    let order = |a: &(u64, crate::config::PublicKey), b: &(u64, crate::config::PublicKey)| {
+        b.0.cmp(&a.0).then(a.1.cmp(&b.1))
+    };
+    if peers.len() > limit {
+        if limit == 0 {
+            return Default::default();
+        }
+        peers.select_nth_unstable_by(limit - 1, order);
+        peers.truncate(limit);
+    }
+    peers.into_iter().map(|(_, k)| k).collect()
+}
+
+/// A session lives at most this long without a new handshake (WireGuard's REJECT_AFTER_TIME):
+/// a peer whose latest handshake is younger has, or just had, a working session.
+pub const RECENT_HANDSHAKE_SECS: u64 = 180;
+
+impl PeerTotals {
+    /// `peers` added up (what a snapshot that lists every peer has).
+    pub fn of(peers: &[PeerStatus], now_unix: u64) -> PeerTotals {
+        let mut t = PeerTotals::default();
+        for p in peers {
+            t.add(p, now_unix);
+        }
+        t
+    }
+
+    /// Counts `p` in.
+    pub fn add(&mut self, p: &PeerStatus, now_unix: u64) {
+        self.count_peer(p.latest_handshake_unix, now_unix);
+        self.add_counters(&crate::core::peer::PeerCounters {
+            rx_bytes: p.rx_bytes,
+            tx_bytes: p.tx_bytes,
+            rx_packets: p.rx_packets,
+            tx_packets: p.tx_packets,
+            handshakes_initiated: p.handshake_attempts,
+            handshakes_answered: p.handshakes_answered,
+            handshake_failures: p.handshake_failures,
+            takeovers_started: p.takeovers_started,
+            takeovers_completed: p.takeovers_completed,
+            takeovers_failed: p.takeovers_failed,
+            takeovers_no_endpoint: p.takeovers_no_endpoint,
+            ..Default::default()
+        });
+    }
+
+    /// Counts one peer whose latest handshake was at `latest_handshake_unix`.
+    pub fn count_peer(&mut self, latest_handshake_unix: Option<u64>, now_unix: u64) {
+        self.peers += 1;
+        let recent = latest_handshake_unix
+            .is_some_and(|t| now_unix.saturating_sub(t) <= RECENT_HANDSHAKE_SECS);
+        self.handshaked_recently += u64::from(recent);
+    }
+
+    /// Adds `c` (a peer's counters, or those of peers removed) to the sums.
+    pub fn add_counters(&mut self, c: &crate::core::peer::PeerCounters) {
+        let sums = [
+            (&mut self.rx_bytes, c.rx_bytes),
+            (&mut self.tx_bytes, c.tx_bytes),
+            (&mut self.rx_packets, c.rx_packets),
+            (&mut self.tx_packets, c.tx_packets),
+            (&mut self.handshake_attempts, c.handshakes_initiated),
+            (&mut self.handshakes_answered, c.handshakes_answered),
+            (&mut self.handshake_failures, c.handshake_failures),
+            (&mut self.takeovers_started, c.takeovers_started),
+            (&mut self.takeovers_completed, c.takeovers_completed),
+            (&mut self.takeovers_failed, c.takeovers_failed),
+            (&mut self.takeovers_no_endpoint, c.takeovers_no_endpoint),
+        ];
+        for (sum, n) in sums {
+            *sum = sum.saturating_add(n);
+        }
     }
 }
 
@@ -256,6 +367,9 @@ pub fn render_metrics(snap: &Snapshot, now_unix: u64) -> String {
         ready,
     );
 
+    let totals =
+        (snap.peer_totals.clone()).unwrap_or_else(|| PeerTotals::of(&snap.peers, now_unix));
+    render_peer_totals(reg, &totals, snap.peers.len());
     render_peer_metrics(reg, &snap.peers, now_unix);
 
     let dropped = Family::<Labels, Counter>::default();
@@ -406,11 +520,89 @@ fn label(key: &str, value: &str) -> Labels {
     vec![(key.to_string(), value.to_string())]
 }
 
-fn render_peer_metrics(reg: &mut Registry, peers: &[PeerStatus], now_unix: u64) {
-    let count = Gauge::<i64>::default();
-    count.set(i64::try_from(peers.len()).unwrap_or(i64::MAX));
-    reg.register("peers", "Configured peers", count);
+/// The series over every peer, whatever `health.metrics_peers` leaves out: a dashboard of a
+/// concentrator's 100,000 peers is drawn from these.
+fn render_peer_totals(reg: &mut Registry, t: &PeerTotals, listed: usize) {
+    let gauge = |n: u64| {
+        let g = Gauge::<i64>::default();
+        g.set(i64::try_from(n).unwrap_or(i64::MAX));
+        g
+    };
+    let counter = |n: u64| {
+        let c = Counter::<u64>::default();
+        c.inc_by(n);
+        c
+    };
+    reg.register("peers", "Configured peers", gauge(t.peers));
+    reg.register(
+        "peer_series",
+        "Peers with series of their own in this scrape (the busiest health.metrics_peers); the peers_* totals count every peer",
+        gauge(listed as u64),
+    );
+    reg.register(
+        "peers_handshaked",
+        "Peers whose latest handshake is at most 180 s old (a session in use or usable)",
+        gauge(t.handshaked_recently),
+    );
+    for (name, help, n) in [
+        (
+            "peers_rx_bytes",
+            "Bytes received from every peer (removed peers' included): WireGuard datagrams",
+            t.rx_bytes,
+        ),
+        (
+            "peers_tx_bytes",
+            "Bytes sent to every peer (removed peers' included): WireGuard datagrams",
+            t.tx_bytes,
+        ),
+        (
+            "peers_rx_packets",
+            "Packets received from every peer (removed peers' included)",
+            t.rx_packets,
+        ),
+        (
+            "peers_tx_packets",
+            "Packets sent to every peer (removed peers' included)",
+            t.tx_packets,
+        ),
+        (
+            "peers_handshake_attempts",
+            "Handshakes initiated with any peer",
+            t.handshake_attempts,
+        ),
+        (
+            "peers_handshakes_answered",
+            "Handshakes any peer initiated and this side answered",
+            t.handshakes_answered,
+        ),
+        (
+            "peers_handshake_failures",
+            "Handshakes with any peer that failed or timed out",
+            t.handshake_failures,
+        ),
+    ] {
+        reg.register(name, help, counter(n));
+    }
+    let takeovers = Family::<Labels, Counter>::default();
+    for (outcome, n) in [
+        ("started", t.takeovers_started),
+        ("completed", t.takeovers_completed),
+        ("failed", t.takeovers_failed),
+        ("no_endpoint", t.takeovers_no_endpoint),
+    ] {
+        takeovers
+            .get_or_create(&label("outcome", outcome))
+            .inc_by(n);
+    }
+    reg.register(
+        "peers_takeovers",
+        "Takeovers of any peer's session, by outcome: started, completed, failed, no_endpoint",
+        takeovers,
+    );
+}
 
+/// The series of each peer listed (all of them, or the busiest `health.metrics_peers`).
+fn render_peer_metrics(reg: &mut Registry, peers: &[PeerStatus], now_unix: u64) {
     let rx_bytes = Family::<Labels, Counter>::default();
     let tx_bytes = Family::<Labels, Counter>::default();
     let rx_packets = Family::<Labels, Counter>::default();

@@ -177,8 +177,106 @@ pub fn gunzip_bounded(bytes: &[u8], limit: u64) -> Result<Vec<u8>, String> {
     Ok(out)
 }
 
+/// What a configuration was read from: a digest of its text and of each key file it read, so
+/// that the 2-second poll can tell an unchanged file without parsing it again (at 100,000
+/// peers a parse is a second of CPU and a hundred megabytes of heap).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fingerprint {
+    text: u128,
+    /// Each key file read, whether its group may read it, and what it held (0: unreadable).
+    secrets: Vec<(PathBuf, bool, u128)>,
+}
+
+/// A 128-bit digest (two keyed SipHashes): a changed file is told from an unchanged one.
+fn digest(bytes: &[u8]) -> u128 {
+    use std::hash::{Hash, Hasher};
+    let half = |salt: u64| {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        salt.hash(&mut h);
+        bytes.hash(&mut h);
+        h.finish()
+    };
+    (u128::from(half(0x7467_636f_6e66_6967)) << 64) | u128::from(half(0x6b65_7966_696c_6573))
+}
+
+/// The key files' reader that notes what it read.
+struct Noting {
+    read: std::cell::RefCell<Vec<(PathBuf, bool, u128)>>,
+}
+
+/// A key file as [`FsSecrets`] reads it (`group`: readable by its group too), as a digest.
+fn secret_digest(path: &Path, group: bool) -> u128 {
+    let got = if group {
+        FsSecrets.read_secret_readable_by_group(path)
+    } else {
+        FsSecrets.read_secret(path)
+    };
+    got.map_or(0, |text| digest(text.as_bytes()))
+}
+
+impl Noting {
+    fn note(&self, path: &Path, group: bool) -> Result<String, String> {
+        let got = if group {
+            FsSecrets.read_secret_readable_by_group(path)
+        } else {
+            FsSecrets.read_secret(path)
+        };
+        let seen = got.as_ref().map_or(0, |text| digest(text.as_bytes()));
+        self.read
+            .borrow_mut()
+            .push((path.to_path_buf(), group, seen));
+        got
+    }
+}
+
+impl SecretFiles for Noting {
+    fn read_secret(&self, path: &Path) -> Result<String, String> {
+        self.note(path, false)
+    }
+
+    fn read_secret_readable_by_group(&self, path: &Path) -> Result<String, String> {
+        self.note(path, true)
+    }
+}
+
+/// Whether the configuration at `path` and every key file it names read the same as when
+/// `seen` was taken (a file that cannot be read is not the same).
+pub fn unchanged(path: &Path, seen: &Fingerprint) -> bool {
+    let Ok(text) = read_config_text(path) else {
+        return false;
+    };
+    digest(text.as_bytes()) == seen.text
+        && (seen.secrets.iter())
+            // Mode and content both count: a key file made readable by others is refused.
+            .all(|(file, group, was)| secret_digest(file, *group) == *was)
+}
+
 /// Reads and validates the configuration at `path` (or `path.gz`, see [`read_config_text`]).
+/// Its [`Fingerprint`] is kept for [`take_loaded`]: the configuration `tunnelgate run` starts
+/// from is loaded here, and the daemon's first poll then parses nothing if the file is the same.
 pub fn load_config(path: &Path) -> Result<Config, LoadError> {
+    let (config, seen) = load_config_noted(path)?;
+    *LOADED.lock() = Some((path.to_path_buf(), seen));
+    Ok(config)
+}
+
+/// The fingerprint of the last [`load_config`], and of which path.
+static LOADED: parking_lot::Mutex<Option<(PathBuf, Fingerprint)>> = parking_lot::Mutex::new(None);
+
+/// The fingerprint of what the last [`load_config`] of `path` read (taken: once).
+pub fn take_loaded(path: &Path) -> Option<Fingerprint> {
+    let mut loaded = LOADED.lock();
+    match loaded.take() {
+        Some((p, seen)) if p == path => Some(seen),
+        other => {
+            *loaded = other;
+            None
+        }
+    }
+}
+
+/// [`load_config`], with the [`Fingerprint`] of what it read.
+pub fn load_config_noted(path: &Path) -> Result<(Config, Fingerprint), LoadError> {
     let text = read_config_text(path).map_err(|source| LoadError::Read {
         path: path.to_path_buf(),
         source,
@@ -192,10 +290,18 @@ pub fn load_config(path: &Path) -> Result<Config, LoadError> {
         });
     }
     let base = path.parent().unwrap_or(Path::new("."));
-    Config::parse(&text, base, &FsSecrets).map_err(|errors| LoadError::Invalid {
+    let noting = Noting {
+        read: Default::default(),
+    };
+    let config = Config::parse(&text, base, &noting).map_err(|errors| LoadError::Invalid {
         path: path.to_path_buf(),
         errors,
-    })
+    })?;
+    let fingerprint = Fingerprint {
+        text: digest(text.as_bytes()),
+        secrets: noting.read.into_inner(),
+    };
+    Ok((config, fingerprint))
 }
 
 /// The addresses of this host's interfaces (empty when they cannot be listed).
@@ -355,6 +461,44 @@ mod tests {
         std::fs::set_permissions(&gz, std::fs::Permissions::from_mode(0o600)).expect("chmod");
         let config = load_config(&gz).expect("valid");
         assert!(!warnings(&gz, &config).iter().any(|w| w.contains("inline")));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The poll's shortcut: the same file and key file read the same fingerprint; a changed
+    /// text, a changed key or a key made readable by others does not.
+    #[test]
+    fn a_fingerprint_tells_a_changed_file_or_key_file_from_an_unchanged_one() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = std::env::temp_dir().join(format!("tg-config-seen-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let key = dir.join("private.key");
+        let write_key = |b: u8| {
+            std::fs::write(
+                &key,
+                format!("{}\n", crate::config::SecretKey([b; 32]).expose_base64()),
+            )
+            .expect("key");
+            std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        };
+        write_key(3);
+        let config = dir.join("tunnelgate.toml");
+        let text =
+            "[interface]\nprivate_key_file = \"private.key\"\naddresses = [\"100.64.0.1/32\"]\n";
+        std::fs::write(&config, text).expect("config");
+        let (_, seen) = load_config_noted(&config).expect("valid");
+        assert!(unchanged(&config, &seen), "nothing changed");
+        write_key(4);
+        assert!(!unchanged(&config, &seen), "a new key");
+        write_key(3);
+        assert!(unchanged(&config, &seen), "the key back as it was");
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        assert!(
+            !unchanged(&config, &seen),
+            "a key others may read is refused now"
+        );
+        write_key(3);
+        std::fs::write(&config, format!("{text}mtu = 1400\n")).expect("config");
+        assert!(!unchanged(&config, &seen), "a new text");
         let _ = std::fs::remove_dir_all(&dir);
     }
 

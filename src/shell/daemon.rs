@@ -12,6 +12,7 @@ use crate::config::{Config, FirewallMode};
 use crate::core::control::{Action, Control, Executed, Lookup, Mode, Refused, Reload, View};
 use crate::core::liveness::{LoopPulse, LOOP_TURN};
 use crate::core::packet::steering::Steering;
+use crate::shell::config_file::Fingerprint;
 use crate::shell::dataplane::{self, Dataplane, ThreadSetup};
 use crate::shell::executor::Executor;
 use crate::shell::netlink::Netlink;
@@ -43,9 +44,10 @@ const CONFIG_POLL_READ_WAIT: Duration = Duration::from_secs(1);
 /// How long a reload waits for the config file to be read before it is refused.
 const RELOAD_READ_WAIT: Duration = crate::shell::firewall::COMMAND_TIMEOUT;
 
-/// The config file as read on a blocking thread, with its warnings; `Err`: why it cannot be
-/// used, as the log shows it.
-type ConfigRead = Result<(Config, Vec<String>), String>;
+/// The config file as read on a blocking thread, with its warnings and fingerprint; `Ok(None)`:
+/// unchanged since the fingerprint the read was given (not parsed again); `Err`: why it cannot
+/// be used, as the log shows it.
+type ConfigRead = Result<Option<(Config, Vec<String>, Fingerprint)>, String>;
 
 /// A request to the event loop, answered when its actions have run.
 enum Command {
@@ -62,7 +64,8 @@ enum Command {
 /// What the event loop last published: the core's view and the configuration it runs.
 pub(crate) struct Published {
     pub(crate) view: View,
-    pub(crate) config: Config,
+    /// The core's own (shared, not copied: 100,000 peers are not compared on every turn).
+    pub(crate) config: Arc<Config>,
     /// The firewall backend in use (empty until rules are first needed).
     pub(crate) backend: String,
 }
@@ -138,6 +141,9 @@ pub struct Daemon {
     health: HealthEndpoint,
     /// A config-file read that outlived its poll's wait, collected by the next poll.
     config_read: Option<JoinHandle<ConfigRead>>,
+    /// What the file (and its key files) held when the running configuration was last read
+    /// from it: a poll that finds the same parses nothing.
+    config_seen: Option<Fingerprint>,
     /// The endpoints file: where peers authenticated, for takeovers after a restart.
     endpoints: crate::shell::endpoints::Keeper,
     /// The group's endpoint exchange (`takeover.group_listen`), once started.
@@ -238,6 +244,10 @@ impl Daemon {
             return Err(StartFailed::with(daemon, e));
         }
         daemon.publish();
+        // The configuration's parse and the first table are big passes at many peers.
+        if daemon.control.config().peers.len() >= crate::shell::procfs::MANY_PEERS {
+            crate::shell::procfs::give_back_free_heap();
+        }
         // The loop's first turn is due now, not counted from the start of a slow start.
         daemon.handle.event_loop.beat(crate::shell::clock::now());
         let (listen_port, workers) = (daemon.handle.listen_port(), dataplane.workers());
@@ -299,7 +309,7 @@ impl Daemon {
                     readiness: Err("starting".into()),
                     ..control.view()
                 },
-                config,
+                config: control.shared_config(),
                 backend: String::new(),
             }),
             commands: tx,
@@ -308,6 +318,10 @@ impl Daemon {
             group_stats: std::sync::OnceLock::new(),
         });
         let observe: Arc<dyn crate::telemetry::Observe> = handle.clone();
+        // What the configuration was started from, so the first poll parses nothing.
+        let config_seen = config_path
+            .as_deref()
+            .and_then(crate::shell::config_file::take_loaded);
         let daemon = Daemon {
             executor: Executor::new(dataplane.clone(), netlink, link_index, firewall_mode),
             handle,
@@ -316,6 +330,7 @@ impl Daemon {
             config_path,
             health: HealthEndpoint::new(observe, fatals),
             config_read: None,
+            config_seen,
             endpoints,
             group: None,
         };
@@ -457,9 +472,12 @@ impl Daemon {
                 let _ = reply.send(outcome);
             }
             Command::Uapi { update, reply } => {
+                let many =
+                    update.replace_peers || update.peers.len() >= crate::shell::procfs::MANY_PEERS;
                 let outcome = self
                     .control
                     .handle_device_update(&update, crate::shell::clock::now());
+                drop(update);
                 let outcome = match outcome {
                     Ok(()) => self
                         .drain()
@@ -472,6 +490,9 @@ impl Daemon {
                 self.endpoints.read_if_new_identity();
                 self.publish();
                 let _ = reply.send(outcome);
+                if many {
+                    crate::shell::procfs::give_back_free_heap();
+                }
             }
         }
     }
@@ -481,15 +502,19 @@ impl Daemon {
         let Some(path) = self.config_path.clone() else {
             return Err("no configuration file to reload (userspace mode: use wg setconf)".into());
         };
-        let read = match finish_read(read_config(path), RELOAD_READ_WAIT).await {
+        let read = match finish_read(read_config(path, None), RELOAD_READ_WAIT).await {
             Ok(read) => read,
             Err(_still_running) => Err(format!(
                 "reading the config file did not finish within {} s",
                 RELOAD_READ_WAIT.as_secs()
             )),
         };
-        let (config, warnings) = match read {
-            Ok(c) => c,
+        let (config, warnings, seen) = match read {
+            Ok(Some(c)) => c,
+            Ok(None) => {
+                tracing::info!(reason, "Reload: the configuration is unchanged");
+                return Ok(Reload::Unchanged);
+            }
             Err(e) => {
                 self.control.handle_config_invalid();
                 tracing::error!(error = %e, reason, "Reload rejected: keeping the running configuration");
@@ -499,7 +524,11 @@ impl Daemon {
         for warning in warnings {
             tracing::warn!(warning = %warning, "Configuration warning");
         }
-        match self.take_config(config) {
+        let taken = self.take_config(config);
+        if taken.is_ok() {
+            self.config_seen = Some(seen);
+        }
+        match taken {
             Ok(Reload::Unchanged) => {
                 tracing::info!(reason, "Reload: the configuration is unchanged");
                 Ok(Reload::Unchanged)
@@ -534,7 +563,7 @@ impl Daemon {
         let read = self
             .config_read
             .take()
-            .unwrap_or_else(|| read_config(path.clone()));
+            .unwrap_or_else(|| read_config(path.clone(), self.config_seen.clone()));
         let read = match finish_read(read, CONFIG_POLL_READ_WAIT).await {
             Ok(read) => read,
             Err(still_running) => {
@@ -545,15 +574,27 @@ impl Daemon {
             }
         };
         match read {
-            Ok((c, _)) if c == *self.control.config() => last_error.clear(),
-            Ok((c, warnings)) => {
+            Ok(None) => last_error.clear(),
+            Ok(Some((c, _, seen))) if c == *self.control.config() => {
+                last_error.clear();
+                self.config_seen = Some(seen);
+                drop(c);
+                // The first poll after a start parses the file once more.
+                if self.control.config().peers.len() >= crate::shell::procfs::MANY_PEERS {
+                    crate::shell::procfs::give_back_free_heap();
+                }
+            }
+            Ok(Some((c, warnings, seen))) => {
                 last_error.clear();
                 tracing::info!(path = %path.display(), "Config file changed");
                 for warning in warnings {
                     tracing::warn!(warning = %warning, "Configuration warning");
                 }
-                if let Err(refused) = self.take_config(c) {
-                    tracing::error!(error = %refused, "Reload refused: keeping the running configuration");
+                match self.take_config(c) {
+                    Ok(_) => self.config_seen = Some(seen),
+                    Err(refused) => {
+                        tracing::error!(error = %refused, "Reload refused: keeping the running configuration")
+                    }
                 }
             }
             Err(text) => {
@@ -569,6 +610,14 @@ impl Daemon {
     /// Hands a new configuration to the core, after taking the health address it names (a
     /// reload to one that cannot be bound is refused, and the old configuration runs on).
     fn take_config(&mut self, config: Config) -> Result<Reload, Refused> {
+        let taken = self.take_config_only(config);
+        if self.control.config().peers.len() >= crate::shell::procfs::MANY_PEERS {
+            crate::shell::procfs::give_back_free_heap();
+        }
+        taken
+    }
+
+    fn take_config_only(&mut self, config: Config) -> Result<Reload, Refused> {
         let current = self.control.health_requested();
         if let Err(e) = self.health.prepare(current, config.health.listen) {
             self.control.handle_config_invalid();
@@ -613,8 +662,8 @@ impl Daemon {
             }
         }
         published.view = view;
-        if published.config != *self.control.config() {
-            published.config = self.control.config().clone();
+        if !Arc::ptr_eq(&published.config, &self.control.shared_config()) {
+            published.config = self.control.shared_config();
         }
         published.backend = self.executor.backend_name();
     }
@@ -666,12 +715,18 @@ impl Daemon {
     }
 }
 
-/// Reads and validates the config file (and its warnings) on a blocking thread.
-fn read_config(path: PathBuf) -> JoinHandle<ConfigRead> {
+/// Reads and validates the config file (and its warnings) on a blocking thread; with
+/// `skip_if`, first compares the file and its key files with that fingerprint, and parses
+/// nothing when they are the same.
+fn read_config(path: PathBuf, skip_if: Option<Fingerprint>) -> JoinHandle<ConfigRead> {
     tokio::task::spawn_blocking(move || {
-        let config = crate::shell::config_file::load_config(&path).map_err(|e| e.to_string())?;
+        if skip_if.is_some_and(|seen| crate::shell::config_file::unchanged(&path, &seen)) {
+            return Ok(None);
+        }
+        let (config, seen) =
+            crate::shell::config_file::load_config_noted(&path).map_err(|e| e.to_string())?;
         let warnings = crate::shell::config_file::warnings(&path, &config);
-        Ok((config, warnings))
+        Ok(Some((config, warnings, seen)))
     })
 }
 

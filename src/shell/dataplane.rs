@@ -30,7 +30,7 @@ use crate::core::control::{PeerChanges, PeerSpec};
 use crate::core::liveness::{Fatal, Heartbeats, PacketThread, STALL_LIMIT};
 use crate::core::packet::steering::Steering;
 use crate::core::packet::{DropCounters, DropStats};
-use crate::core::peer::PeerStats;
+use crate::core::peer::{PeerCounters, PeerStats};
 use crate::core::priority::{Access, SharedBudget};
 use crate::core::takeover::{Answer, Learned, Origin};
 use crate::shell::fatal::{panic_message, Fatals};
@@ -180,6 +180,9 @@ struct Inner {
     /// Peers whose data named a session this process does not have, on their way from the
     /// readers to the handshake thread, and which sources a takeover may answer.
     takeovers: takeover::Requests,
+    /// The counters of peers removed (or made again with a new session) since the start: with
+    /// the live peers', the interface's totals, which so only grow.
+    departed: Mutex<PeerCounters>,
     /// Endpoints learned of peers not configured yet, for when they are added.
     learned_for_later: Mutex<HashMap<PublicKey, (SocketAddr, Origin)>>,
     /// Which worker owns which peer: the program installed on the sockets, kept to pick the
@@ -231,6 +234,7 @@ impl Dataplane {
                 handshakes: handshakes::HandshakeQueue::new(epoch),
                 timers: std::sync::OnceLock::new(),
                 takeovers: takeover::Requests::new(),
+                departed: Mutex::new(PeerCounters::default()),
                 learned_for_later: Mutex::new(HashMap::new()),
                 steering: RwLock::new(Arc::new(Steering::plain(workers))),
             }),
@@ -295,8 +299,9 @@ impl Dataplane {
         self.inner.queues.len()
     }
 
-    /// Carries out a peer change from the control core, and shares the peers out over the
-    /// workers again ([`Steering::balanced`]) when that changes who owns what. A peer added
+    /// Carries out a peer change from the control core in time linear in what it names (the
+    /// next table shares every untouched peer with the current one), and shares the peers out
+    /// over the workers again ([`Steering::balanced_tally`]) when that changes who owns what. A peer added
     /// gets what was learned of it before it existed ([`Dataplane::learn_endpoints`]).
     pub fn apply_peers(&self, changes: &PeerChanges) -> TableChange {
         let current = self.inner.snapshot();
@@ -318,10 +323,26 @@ impl Dataplane {
                 slot.lock().learn(endpoint, origin);
             }
         }
-        let steering = Steering::balanced(next.peers().map(|slot| slot.index()), self.workers());
+        // Who owns which worker changes only when a peer comes, goes or gets a new index, and
+        // then from the table's count per byte value: never a walk over the peers.
+        // What the peers that go (or start a new session) moved stays in the totals.
+        let gone: Vec<PeerCounters> = (change.removed.iter().chain(&change.reset))
+            .filter_map(|key| current.slot(key))
+            .filter(|slot| !next.holds(slot))
+            .map(|slot| slot.lock().stats().counters)
+            .collect();
+        if !gone.is_empty() {
+            let mut departed = self.inner.departed.lock();
+            for c in &gone {
+                add_counters(&mut departed, c);
+            }
+        }
+        let steering = next.steering_after(&change, self.workers());
         *self.inner.table.write() = Arc::new(next);
-        if steering != **self.inner.steering.read() {
-            self.inner.steer(steering);
+        if let Some(steering) = steering {
+            if steering != **self.inner.steering.read() {
+                self.inner.steer(steering);
+            }
         }
         change
     }
@@ -435,20 +456,38 @@ impl Dataplane {
             .collect()
     }
 
+    /// The counters of the peers removed (or made again) since the start, added up.
+    pub fn departed(&self) -> PeerCounters {
+        *self.inner.departed.lock()
+    }
+
+    /// How many peers there are.
+    pub fn peer_count(&self) -> usize {
+        self.inner.snapshot().peer_count()
+    }
+
     /// Every peer with a copy of its counters and path.
     pub fn peers(&self) -> Vec<PeerView> {
+        let mut out = Vec::new();
+        self.for_each_peer(|public_key, spec, stats| {
+            out.push(PeerView {
+                public_key: *public_key,
+                spec: spec.clone(),
+                stats,
+            });
+        });
+        out
+    }
+
+    /// Calls `f` with each peer's key, spec and a copy of its counters and path, in key order,
+    /// from one snapshot of the table, collecting nothing: a caller with 100,000 peers makes
+    /// its output piece by piece. Each peer's lock is held only to copy its counters.
+    pub fn for_each_peer(&self, mut f: impl FnMut(&PublicKey, &PeerSpec, PeerStats)) {
         let table = self.inner.snapshot();
-        table
-            .peers()
-            .map(|slot| {
-                let stats = slot.lock().stats();
-                PeerView {
-                    public_key: *slot.public_key(),
-                    spec: slot.spec().clone(),
-                    stats,
-                }
-            })
-            .collect()
+        for slot in table.peers() {
+            let stats = slot.lock().stats();
+            f(slot.public_key(), slot.spec(), stats);
+        }
     }
 
     pub fn drops(&self) -> DropStats {
@@ -548,6 +587,25 @@ impl Drop for Dataplane {
         if let Err(e) = self.stop() {
             tracing::warn!(error = %e, "Packet threads did not stop");
         }
+    }
+}
+
+/// Adds `c`'s counts to `sum` (durations and the latest takeover are not sums: left alone).
+fn add_counters(sum: &mut PeerCounters, c: &PeerCounters) {
+    for (s, n) in [
+        (&mut sum.rx_bytes, c.rx_bytes),
+        (&mut sum.tx_bytes, c.tx_bytes),
+        (&mut sum.rx_packets, c.rx_packets),
+        (&mut sum.tx_packets, c.tx_packets),
+        (&mut sum.handshakes_initiated, c.handshakes_initiated),
+        (&mut sum.handshakes_answered, c.handshakes_answered),
+        (&mut sum.handshake_failures, c.handshake_failures),
+        (&mut sum.takeovers_started, c.takeovers_started),
+        (&mut sum.takeovers_completed, c.takeovers_completed),
+        (&mut sum.takeovers_failed, c.takeovers_failed),
+        (&mut sum.takeovers_no_endpoint, c.takeovers_no_endpoint),
+    ] {
+        *s = s.saturating_add(n);
     }
 }
 

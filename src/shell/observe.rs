@@ -2,13 +2,18 @@
 //! `tunnelgate status`, and the UAPI `get`/`set` of [`Handle`]. Copies what the event loop
 //! published and the live counters; never waits on I/O.
 
+use crate::config::PublicKey;
+use crate::core::control::PeerSpec;
+use crate::core::peer::PeerStats;
 use crate::core::priority::{Access, StepDown};
 use crate::shell::daemon::Handle;
 use crate::shell::dataplane::{ReadersView, ThreadSetup};
 use crate::telemetry::tuning::{ReadersStatus, TuningStatus};
 use crate::telemetry::{
-    InterfaceStatus, NameStatus, Observe, PeerStatus, RulesStatus, ServiceStatus, Snapshot,
+    InterfaceStatus, NameStatus, Observe, PeerStatus, PeerTotals, RulesStatus, ServiceStatus,
+    Snapshot,
 };
+use crate::uapi::{format_get_device, format_get_peer, GET_END};
 use crate::uapi::{DeviceSnapshot, DeviceUpdate, PeerSnapshot, UapiError, UapiHandler};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -35,41 +40,79 @@ impl Observe for Handle {
     }
 
     fn snapshot(&self) -> Snapshot {
+        self.snapshot_of(None)
+    }
+
+    fn metrics_snapshot(&self) -> Snapshot {
+        let limit = self.published.lock().config.health.metrics_peers;
+        self.snapshot_of(Some(limit))
+    }
+}
+
+/// One peer as status and metrics show it.
+fn peer_status(key: &PublicKey, spec: &PeerSpec, stats: &PeerStats, now: SystemTime) -> PeerStatus {
+    let c = stats.counters;
+    PeerStatus {
+        public_key: key.to_base64(),
+        name: spec.name.clone(),
+        endpoint: stats.path.map(|e| e.remote.to_string()),
+        allowed_ips: spec.allowed_ips.iter().map(ToString::to_string).collect(),
+        latest_handshake_unix: stats
+            .since_last_handshake
+            .and_then(|d| now.checked_sub(d))
+            .and_then(unix_secs),
+        rx_bytes: c.rx_bytes,
+        tx_bytes: c.tx_bytes,
+        rx_packets: c.rx_packets,
+        tx_packets: c.tx_packets,
+        handshake_attempts: c.handshakes_initiated,
+        handshakes_answered: c.handshakes_answered,
+        handshake_failures: c.handshake_failures,
+        takeovers_started: c.takeovers_started,
+        takeovers_completed: c.takeovers_completed,
+        takeovers_failed: c.takeovers_failed,
+        takeovers_no_endpoint: c.takeovers_no_endpoint,
+        takeover_ms_total: millis(c.takeover_time_total),
+        takeover_ms_last: c.takeover_time_last.map(millis),
+        persistent_keepalive: spec.persistent_keepalive,
+    }
+}
+
+impl Handle {
+    /// The snapshot with every peer listed (`limit` None: status), or only the `limit`
+    /// busiest (most bytes moved; ties by key) with every peer in its totals (`/metrics`). The
+    /// peers are read twice from the table, the second time only those chosen: nothing of
+    /// the others is copied but their counters.
+    fn snapshot_of(&self, limit: Option<usize>) -> Snapshot {
         let identity = self.dataplane.identity();
         let now = crate::shell::clock::wall_now();
-        let peers = self
-            .dataplane
-            .peers()
-            .into_iter()
-            .map(|p| {
-                let c = p.stats.counters;
-                PeerStatus {
-                    public_key: p.public_key.to_base64(),
-                    name: p.spec.name,
-                    endpoint: p.stats.path.map(|e| e.remote.to_string()),
-                    allowed_ips: p.spec.allowed_ips.iter().map(ToString::to_string).collect(),
-                    latest_handshake_unix: p
-                        .stats
-                        .since_last_handshake
-                        .and_then(|d| now.checked_sub(d))
-                        .and_then(unix_secs),
-                    rx_bytes: c.rx_bytes,
-                    tx_bytes: c.tx_bytes,
-                    rx_packets: c.rx_packets,
-                    tx_packets: c.tx_packets,
-                    handshake_attempts: c.handshakes_initiated,
-                    handshakes_answered: c.handshakes_answered,
-                    handshake_failures: c.handshake_failures,
-                    takeovers_started: c.takeovers_started,
-                    takeovers_completed: c.takeovers_completed,
-                    takeovers_failed: c.takeovers_failed,
-                    takeovers_no_endpoint: c.takeovers_no_endpoint,
-                    takeover_ms_total: millis(c.takeover_time_total),
-                    takeover_ms_last: c.takeover_time_last.map(millis),
-                    persistent_keepalive: p.spec.persistent_keepalive,
+        let now_unix = unix_secs(now).unwrap_or(0);
+        let mut totals = PeerTotals::default();
+        totals.add_counters(&self.dataplane.departed());
+        let mut peers = Vec::new();
+        let mut busy: Vec<(u64, PublicKey)> = Vec::new();
+        self.dataplane.for_each_peer(|key, spec, stats| {
+            let latest = (stats.since_last_handshake)
+                .and_then(|d| now.checked_sub(d))
+                .and_then(unix_secs);
+            totals.count_peer(latest, now_unix);
+            totals.add_counters(&stats.counters);
+            match limit {
+                None => peers.push(peer_status(key, spec, &stats, now)),
+                Some(_) => {
+                    let c = stats.counters;
+                    busy.push((c.rx_bytes.saturating_add(c.tx_bytes), *key));
                 }
-            })
-            .collect();
+            }
+        });
+        if let Some(limit) = limit {
+            let chosen = crate::telemetry::busiest(busy, limit);
+            self.dataplane.for_each_peer(|key, spec, stats| {
+                if chosen.contains(key) {
+                    peers.push(peer_status(key, spec, &stats, now));
+                }
+            });
+        }
         let drops = self.dataplane.drops();
         let mut tuning = tuning_status(
             self.dataplane.thread_setup(),
@@ -85,6 +128,7 @@ impl Observe for Handle {
         let listen_port = self.listen_port();
         let published = self.published.lock();
         let (view, config) = (&published.view, &published.config);
+        let totals_peers = usize::try_from(totals.peers).unwrap_or(usize::MAX);
         let mut snap = Snapshot {
             process,
             netns_id,
@@ -101,6 +145,7 @@ impl Observe for Handle {
                 mtu: config.interface.mtu,
             },
             peers,
+            peer_totals: Some(totals),
             drops,
             rules: RulesStatus {
                 backend: published.backend.clone(),
@@ -167,6 +212,9 @@ impl Observe for Handle {
         let readiness = view.readiness.clone();
         drop(published);
         snap.set_readiness(readiness);
+        if totals_peers >= crate::shell::procfs::MANY_PEERS {
+            crate::shell::procfs::give_back_free_heap();
+        }
         snap
     }
 }
@@ -235,33 +283,76 @@ pub fn tuning_status(
     }
 }
 
+/// How large a piece of a `get` reply grows before it is handed to the connection: a few
+/// hundred peers.
+const GET_PIECE_BYTES: usize = 64 * 1024;
+
+/// One peer as a `get` reply shows it, `now` being the wall clock.
+fn peer_snapshot(
+    key: &PublicKey,
+    spec: &PeerSpec,
+    stats: &PeerStats,
+    now: SystemTime,
+) -> PeerSnapshot {
+    PeerSnapshot {
+        public_key: *key,
+        preshared_key: spec.preshared_key.clone(),
+        endpoint: stats.path.map(|e| e.remote),
+        last_handshake: stats.since_last_handshake.and_then(|d| now.checked_sub(d)),
+        tx_bytes: stats.counters.tx_bytes,
+        rx_bytes: stats.counters.rx_bytes,
+        persistent_keepalive: spec.persistent_keepalive,
+        allowed_ips: spec.allowed_ips.clone(),
+    }
+}
+
 impl UapiHandler for Handle {
     fn get(&self) -> DeviceSnapshot {
         let identity = self.dataplane.identity();
         let now = crate::shell::clock::wall_now();
         let fwmark = self.published.lock().view.fwmark;
+        let mut peers = Vec::new();
+        self.dataplane.for_each_peer(|key, spec, stats| {
+            peers.push(peer_snapshot(key, spec, &stats, now));
+        });
         DeviceSnapshot {
             private_key: identity.private_key,
             listen_port: self.listen_port(),
             fwmark,
-            peers: self
-                .dataplane
-                .peers()
-                .into_iter()
-                .map(|p| PeerSnapshot {
-                    public_key: p.public_key,
-                    preshared_key: p.spec.preshared_key,
-                    endpoint: p.stats.path.map(|e| e.remote),
-                    last_handshake: p
-                        .stats
-                        .since_last_handshake
-                        .and_then(|d| now.checked_sub(d)),
-                    tx_bytes: p.stats.counters.tx_bytes,
-                    rx_bytes: p.stats.counters.rx_bytes,
-                    persistent_keepalive: p.spec.persistent_keepalive,
-                    allowed_ips: p.spec.allowed_ips,
-                })
-                .collect(),
+            peers,
+        }
+    }
+
+    /// Piece by piece from one snapshot of the peer table: at 100,000 peers the reply is
+    /// never one string (it was 30 MB, and a copy of every peer's view besides).
+    fn get_in_pieces(&self, out: &mut dyn FnMut(String) -> bool) {
+        let identity = self.dataplane.identity();
+        let now = crate::shell::clock::wall_now();
+        let fwmark = self.published.lock().view.fwmark;
+        let fresh = || String::with_capacity(GET_PIECE_BYTES + 4096);
+        let mut piece = fresh();
+        format_get_device(
+            &mut piece,
+            identity.private_key.as_ref(),
+            self.listen_port(),
+            fwmark,
+        );
+        let mut gone = false;
+        self.dataplane.for_each_peer(|key, spec, stats| {
+            if gone {
+                return;
+            }
+            format_get_peer(&mut piece, &peer_snapshot(key, spec, &stats, now));
+            if piece.len() >= GET_PIECE_BYTES {
+                gone = !out(std::mem::replace(&mut piece, fresh()));
+            }
+        });
+        if !gone {
+            piece.push_str(GET_END);
+            out(piece);
+        }
+        if self.dataplane.peer_count() >= crate::shell::procfs::MANY_PEERS {
+            crate::shell::procfs::give_back_free_heap();
         }
     }
 

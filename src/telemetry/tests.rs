@@ -14,6 +14,7 @@ pub(crate) const NOW: u64 = 1_700_000_000;
 
 pub(crate) fn sample_snapshot() -> Snapshot {
     Snapshot {
+        peer_totals: None,
         netns_id: Some("net:[4026531840]".into()),
         interface: InterfaceStatus {
             name: "tg0".into(),
@@ -945,4 +946,64 @@ fn a_lowered_relay_and_the_variables_set_are_shown() {
         none.contains("  environment: no TUNNELGATE_* variable set"),
         "{none}"
     );
+}
+
+/// At many peers `/metrics` lists the busiest `health.metrics_peers` and counts every peer in
+/// the totals: 1,000 peers listed (the default) is a body of about 1.5 MB, under the 4 MiB
+/// bound, whatever the number of peers configured.
+#[test]
+fn many_peers_give_totals_and_a_bounded_body() {
+    let base = sample_snapshot().peers[0].clone();
+    let listed: Vec<PeerStatus> = (0..1000u32)
+        .map(|i| PeerStatus {
+            public_key: crate::config::PublicKey([(i % 251) as u8; 32]).to_base64()[..40]
+                .to_string()
+                + &format!("{i:04}"),
+            rx_bytes: u64::from(i),
+            ..base.clone()
+        })
+        .collect();
+    let mut snap = sample_snapshot();
+    snap.peers = listed;
+    snap.peer_totals = Some(PeerTotals {
+        peers: 100_000,
+        handshaked_recently: 7,
+        rx_bytes: 123_456,
+        ..PeerTotals::default()
+    });
+    let body = render_metrics(&snap, NOW);
+    let v = |name: &str| {
+        body.lines()
+            .find(|l| l.starts_with(name) && l[name.len()..].starts_with('{'))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|n| n.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("{name} missing"))
+    };
+    assert_eq!(v("tunnelgate_peers"), 100_000.0);
+    assert_eq!(v("tunnelgate_peer_series"), 1000.0);
+    assert_eq!(v("tunnelgate_peers_handshaked"), 7.0);
+    assert_eq!(v("tunnelgate_peers_rx_bytes_total"), 123_456.0);
+    let per_peer = body
+        .lines()
+        .filter(|l| l.starts_with("tunnelgate_peer_rx_bytes_total{"))
+        .count();
+    assert_eq!(per_peer, 1000);
+    assert!(
+        body.len() < 2 << 20,
+        "{} bytes for 1,000 peers listed: over 2 MiB",
+        body.len()
+    );
+}
+
+#[test]
+fn the_busiest_are_chosen_most_bytes_first_then_by_key() {
+    use crate::config::PublicKey;
+    let k = |b: u8| PublicKey([b; 32]);
+    let peers = vec![(5, k(1)), (9, k(2)), (5, k(0)), (0, k(3)), (9, k(4))];
+    assert_eq!(
+        busiest(peers.clone(), 3),
+        [k(2), k(4), k(0)].into_iter().collect()
+    );
+    assert_eq!(busiest(peers.clone(), 0).len(), 0);
+    assert_eq!(busiest(peers, 10).len(), 5);
 }

@@ -79,20 +79,15 @@ pub(crate) fn assert_endpoints_kept_across_a_container_restart(
     std::fs::set_permissions(&top, std::fs::Permissions::from_mode(mode)).expect("chmod");
     let identity = PublicKey([1; 32]);
     let endpoint: std::net::SocketAddr = "198.51.100.7:51820".parse().expect("endpoint");
-    let text = tunnelgate::core::endpoints_file::render(
-        &identity,
-        [(&PublicKey([2; 32]), &[endpoint][..])],
-    );
+    let text =
+        tunnelgate::core::endpoints_file::render(&identity, [(&PublicKey([2; 32]), &endpoint)]);
     let file = format!("{interface}.endpoints");
     let below = top.join(dir.strip_prefix(&format!("{mount_path}/")).expect("below"));
     let path = below.join(&file);
     save(&path, &text).expect("the daemon writes its endpoints file there");
     let restored = load(&path, &identity)
         .unwrap_or_else(|e| panic!("{what}: a restarted daemon would not read {dir}: {e}"));
-    assert_eq!(
-        restored.peers.get(&PublicKey([2; 32])),
-        Some(&vec![endpoint])
-    );
+    assert_eq!(restored.peers.get(&PublicKey([2; 32])), Some(&endpoint));
     // At the top of the volume the same file would be written, and refused when read back.
     let at_top = top.join(&file);
     save(&at_top, &text).expect("written at the top");

@@ -1,16 +1,21 @@
 //! Longest-prefix match from an IP address to the peer that owns it (WireGuard's cryptokey
-//! routing table). Pure; lookups allocate nothing.
+//! routing table). Pure; lookups allocate nothing. Persistent ([`PMap`] per prefix length): a
+//! clone is a few reference counts and a change copies one path, so the data plane's table can
+//! change one peer's prefixes without copying every other peer's.
 
+use crate::pmap::PMap;
 use ipnet::IpNet;
-use std::collections::HashMap;
 use std::net::IpAddr;
 
-/// Prefixes grouped by length, longest first, so a lookup tries at most one hash probe per
+/// The prefixes of one length, by their masked bits.
+type OfLength<T> = (u8, PMap<u128, T>);
+
+/// Prefixes grouped by length, longest first, so a lookup tries at most one probe per
 /// distinct prefix length present (a handful in practice, at most 33 or 129).
 #[derive(Debug, Clone)]
 pub struct AllowedIps<T> {
-    v4: Vec<(u8, HashMap<u128, T>)>,
-    v6: Vec<(u8, HashMap<u128, T>)>,
+    v4: Vec<OfLength<T>>,
+    v6: Vec<OfLength<T>>,
 }
 
 impl<T> Default for AllowedIps<T> {
@@ -38,9 +43,17 @@ fn mask(bits: u128, len: u8, width: u8) -> u128 {
     }
 }
 
-impl<T> AllowedIps<T> {
+/// The table of `net`'s family, its width, and `net`'s masked bits.
+fn place<T>(t: &AllowedIps<T>, net: IpNet) -> (&[OfLength<T>], u128) {
+    match net {
+        IpNet::V4(_) => (&t.v4, mask(key(net.addr()), net.prefix_len(), 32)),
+        IpNet::V6(_) => (&t.v6, mask(key(net.addr()), net.prefix_len(), 128)),
+    }
+}
+
+impl<T: Clone> AllowedIps<T> {
     /// Adds `net` for `value`, replacing any previous owner of exactly that network.
-    pub fn insert(&mut self, net: IpNet, value: T) {
+    pub fn insert(&mut self, net: IpNet, value: T) -> Option<T> {
         let (table, width) = match net {
             IpNet::V4(_) => (&mut self.v4, 32),
             IpNet::V6(_) => (&mut self.v6, 128),
@@ -50,14 +63,58 @@ impl<T> AllowedIps<T> {
         let pos = match table.binary_search_by(|(l, _)| len.cmp(l)) {
             Ok(p) => p,
             Err(p) => {
-                table.insert(p, (len, HashMap::new()));
+                table.insert(p, (len, PMap::default()));
                 p
             }
         };
-        table[pos].1.insert(bits, value);
+        table[pos].1.insert(bits, value)
+    }
+
+    /// Removes exactly `net`, returning its owner.
+    pub fn remove(&mut self, net: IpNet) -> Option<T> {
+        let (table, width) = match net {
+            IpNet::V4(_) => (&mut self.v4, 32),
+            IpNet::V6(_) => (&mut self.v6, 128),
+        };
+        let len = net.prefix_len();
+        let bits = mask(key(net.addr()), len, width);
+        let pos = table.binary_search_by(|(l, _)| len.cmp(l)).ok()?;
+        let removed = table[pos].1.remove(&bits);
+        if table[pos].1.is_empty() {
+            table.remove(pos);
+        }
+        removed
+    }
+
+    /// Drops every prefix whose owner matches `pred`.
+    pub fn retain(&mut self, mut keep: impl FnMut(&T) -> bool) {
+        for table in [&mut self.v4, &mut self.v6] {
+            for (_, map) in table.iter_mut() {
+                let gone: Vec<u128> = map
+                    .iter()
+                    .filter(|(_, v)| !keep(v))
+                    .map(|(k, _)| *k)
+                    .collect();
+                for k in gone {
+                    map.remove(&k);
+                }
+            }
+            table.retain(|(_, map)| !map.is_empty());
+        }
+    }
+}
+
+impl<T> AllowedIps<T> {
+    /// The owner of exactly `net`.
+    pub fn get(&self, net: IpNet) -> Option<&T> {
+        let (table, bits) = place(self, net);
+        let len = net.prefix_len();
+        let pos = table.binary_search_by(|(l, _)| len.cmp(l)).ok()?;
+        table[pos].1.get(&bits)
     }
 
     /// The owner of the longest prefix containing `addr`.
+    #[inline]
     pub fn lookup(&self, addr: IpAddr) -> Option<&T> {
         let (table, width) = match addr {
             IpAddr::V4(_) => (&self.v4, 32),
@@ -67,16 +124,6 @@ impl<T> AllowedIps<T> {
         table
             .iter()
             .find_map(|(len, map)| map.get(&mask(bits, *len, width)))
-    }
-
-    /// Drops every prefix whose owner matches `pred`.
-    pub fn retain(&mut self, mut keep: impl FnMut(&T) -> bool) {
-        for table in [&mut self.v4, &mut self.v6] {
-            for (_, map) in table.iter_mut() {
-                map.retain(|_, v| keep(v));
-            }
-            table.retain(|(_, map)| !map.is_empty());
-        }
     }
 
     pub fn len(&self) -> usize {
@@ -131,6 +178,24 @@ mod tests {
         assert_eq!(t.len(), 1);
         assert_eq!(t.lookup(ip("10.2.0.1")), None);
         assert_eq!(t.lookup(ip("10.1.0.1")), Some(&2));
+    }
+
+    #[test]
+    fn remove_takes_exactly_one_prefix_and_clones_keep_theirs() {
+        let mut t = AllowedIps::default();
+        t.insert(net("10.0.0.0/8"), 1);
+        t.insert(net("10.1.0.0/16"), 2);
+        let before = t.clone();
+        assert_eq!(t.remove(net("10.1.0.0/16")), Some(2));
+        assert_eq!(t.remove(net("10.1.0.0/16")), None);
+        assert_eq!(t.get(net("10.0.0.0/8")), Some(&1));
+        assert_eq!(t.lookup(ip("10.1.0.1")), Some(&1));
+        assert_eq!(
+            before.lookup(ip("10.1.0.1")),
+            Some(&2),
+            "the clone is untouched"
+        );
+        assert_eq!(t.len(), 1);
     }
 
     proptest! {

@@ -16,7 +16,7 @@ use std::time::Duration;
 pub use ipnet::IpNet;
 pub use keys::{decode_key, PublicKey, SecretKey};
 pub use ports::{PortMap, Proto};
-pub use validate::ingress_warnings;
+pub use validate::{ingress_warnings, DEFAULT_METRICS_PEERS};
 
 /// Default TUN MTU: 1500 minus the 80 bytes of IPv6 + UDP + WireGuard overhead.
 pub const DEFAULT_MTU: u16 = 1420;
@@ -187,6 +187,10 @@ pub struct Health {
     pub allow_from_tunnel: bool,
     /// What an unresolved `target_fqdn` does to `/readyz`.
     pub readiness: Readiness,
+    /// The most peers `/metrics` gives series of their own: the busiest (most bytes moved);
+    /// the totals over every peer are always there. Default
+    /// [`DEFAULT_METRICS_PEERS`].
+    pub metrics_peers: usize,
 }
 
 /// `health.readiness`: whose problem a `target_fqdn` that does not resolve is.

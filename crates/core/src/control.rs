@@ -15,16 +15,18 @@
 use crate::backoff::Backoff;
 use crate::config::{Config, Endpoint, IpNet, PublicKey, SecretKey};
 use crate::dns::{Outcome, Schedule, MAX_CONCURRENT_RESOLUTIONS, RESOLVE_TIMEOUT};
-use crate::routes::{self, RoutePlan};
+use crate::routes::{self, PlanDiff, RoutePlan};
 use crate::rules::desired::{beyond_loopback, desired, forwarding_configured, RuntimeFacts};
 use crate::rules::{Family, RuleSet};
-use crate::uapi::{DeviceSnapshot, DeviceUpdate, PeerSnapshot, UapiError};
+use crate::uapi::{DeviceUpdate, UapiError};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod boundary;
 mod decide;
+mod peers;
 
 pub use boundary::{
     Action, Executed, Lookup, NameView, PeerChanges, PeerSpec, PeerUpsert, Refused, Reload,
@@ -133,8 +135,24 @@ struct HealthListener {
 #[derive(Debug, Clone)]
 struct Routes {
     applied: RoutePlan,
-    in_flight: Option<RoutePlan>,
+    /// How many peers route each network (one, but for a moment while UAPI moves it): the
+    /// routes wanted, kept as peers change rather than recomputed from every peer.
+    desired: BTreeMap<IpNet, u32>,
+    /// Networks whose wanted route may differ from the applied one: the next diff looks at
+    /// these only.
+    dirty: BTreeSet<IpNet>,
+    /// The table the default routes were last diffed for (`interface.fwmark`, or 51820).
+    default_table: u32,
+    in_flight: Option<RoutesInFlight>,
     retry: Retry,
+}
+
+/// A route diff being applied: the networks it covers are dirty again if it fails.
+#[derive(Debug, Clone)]
+struct RoutesInFlight {
+    diff: PlanDiff,
+    nets: BTreeSet<IpNet>,
+    fwmark: Option<u32>,
 }
 
 #[derive(Debug, Clone)]
@@ -214,7 +232,9 @@ impl Mode {
 #[derive(Debug)]
 pub struct Control {
     mode: Mode,
-    config: Config,
+    /// Shared with what the shell publishes: a turn of the event loop compares pointers, not
+    /// 100,000 peers.
+    config: Arc<Config>,
     listen_port: u16,
     health: HealthListener,
     /// `None` after UAPI removed it (as wireguard-go allows).
@@ -222,6 +242,9 @@ pub struct Control {
     fwmark: Option<u32>,
     socket_mark: Option<u32>,
     peers: BTreeMap<PublicKey, PeerSpec>,
+    /// The peer each allowed IP belongs to (each belongs to one): UAPI moves a prefix from
+    /// its owner without a scan of every peer.
+    owners: BTreeMap<IpNet, PublicKey>,
     endpoints: BTreeMap<PublicKey, EndpointLookup>,
     addresses: Addresses,
     routes: Routes,
@@ -275,6 +298,7 @@ impl Control {
         health_bound: Option<SocketAddr>,
         now: Instant,
     ) -> Self {
+        let config = Arc::new(config);
         let mut control = Control {
             mode,
             listen_port,
@@ -292,6 +316,7 @@ impl Control {
             fwmark: config.interface.fwmark,
             socket_mark: config.interface.fwmark,
             peers: BTreeMap::new(),
+            owners: BTreeMap::new(),
             endpoints: BTreeMap::new(),
             addresses: Addresses {
                 applied: BTreeSet::new(),
@@ -301,6 +326,9 @@ impl Control {
             },
             routes: Routes {
                 applied: RoutePlan::default(),
+                desired: BTreeMap::new(),
+                dirty: BTreeSet::new(),
+                default_table: routes::default_table(config.interface.fwmark),
                 in_flight: None,
                 retry: Retry::new(APPLY_RETRY_CAP),
             },
@@ -335,7 +363,7 @@ impl Control {
             config: config.clone(),
         };
         let peers = PeerSpec::all_of(&config);
-        control.set_peers(peers, None, &config, now);
+        control.set_peers(peers, None, &config);
         control.track_names(now);
         control.step(now);
         control
@@ -346,6 +374,11 @@ impl Control {
     /// The running (desired) configuration.
     pub fn config(&self) -> &Config {
         &self.config
+    }
+
+    /// The running configuration, shared: the same pointer until a reload takes another.
+    pub fn shared_config(&self) -> Arc<Config> {
+        self.config.clone()
     }
 
     /// The `health.listen` the health endpoint is bound for now (`None`: it is off). A new
@@ -473,7 +506,7 @@ impl Control {
     /// A configuration file was read and validated: take it, or refuse it and keep running
     /// the old one. A refusal changes nothing. Every reload taken counts, a no-op one too.
     pub fn handle_config_loaded(&mut self, new: Config, now: Instant) -> Result<Reload, Refused> {
-        if new == self.config {
+        if new == *self.config {
             self.reloads += 1;
             return Ok(Reload::Unchanged);
         }
@@ -498,7 +531,8 @@ impl Control {
                 "the [takeover] section cannot change on reload: restart the daemon (a restart costs a peer one round trip when its endpoint is known)".to_string(),
             ));
         }
-        let old = std::mem::replace(&mut self.config, new.clone());
+        let old = std::mem::replace(&mut self.config, Arc::new(new));
+        let new = self.config.clone();
         if new.interface.listen_port != old.interface.listen_port {
             self.actions.push_back(Action::Rebind {
                 port: new.interface.listen_port,
@@ -508,7 +542,7 @@ impl Control {
         self.fwmark = new.interface.fwmark;
         let key = (Some(&new.interface.private_key) != self.private_key.as_ref())
             .then(|| Some(new.interface.private_key.clone()));
-        self.set_peers(PeerSpec::all_of(&new), key, &old, now);
+        self.set_peers(PeerSpec::all_of(&new), key, &old);
         self.dns.set_interval(new.dns.reresolve_interval);
         self.track_names(now);
         if new.firewall.repair_interval != old.firewall.repair_interval {
@@ -631,18 +665,28 @@ impl Control {
 
     /// The outcome of an [`Action::ApplyRoutes`].
     pub fn handle_routes_applied(&mut self, result: Result<(), String>, now: Instant) {
-        let Some(plan) = self.routes.in_flight.take() else {
+        let Some(flight) = self.routes.in_flight.take() else {
             return;
         };
         match result {
             Ok(()) => {
-                self.routes.applied = plan;
+                let (applied, diff) = (&mut self.routes.applied, &flight.diff);
+                for r in &diff.remove_routes {
+                    applied.routes.remove(r);
+                }
+                applied.routes.extend(diff.add_routes.iter().copied());
+                for r in &diff.remove_rules {
+                    applied.rules.remove(r);
+                }
+                applied.rules.extend(diff.add_rules.iter().copied());
+                applied.fwmark = flight.fwmark;
                 self.routes.retry.succeeded();
             }
             Err(e) => {
                 // Adds and removes are idempotent, so a partly applied diff is simply
                 // computed again from the old state and retried.
                 tracing::error!(error = %e, "Route update failed; retrying");
+                self.routes.dirty.extend(flight.nets);
                 self.routes.retry.failed(e, now);
             }
         }
@@ -792,14 +836,13 @@ impl Control {
 
     // --- C. commands -----------------------------------------------------------------------
 
-    /// A UAPI `set` with wireguard-go's semantics. Refused updates change nothing.
+    /// A UAPI `set` with wireguard-go's semantics, in time linear in the peers it names (a
+    /// `replace_peers` names them all). Refused updates change nothing.
     pub fn handle_device_update(
         &mut self,
         update: &DeviceUpdate,
         now: Instant,
     ) -> Result<(), UapiError> {
-        let mut model = self.device_model();
-        model.apply(update);
         if let Some(port) = update.listen_port {
             if port != self.listen_port || port == 0 {
                 self.actions.push_back(Action::Rebind {
@@ -811,33 +854,44 @@ impl Control {
         if let Some(mark) = update.fwmark {
             self.fwmark = mark;
         }
+        let new_key = match &update.private_key {
+            Some(key) => key.clone(),
+            None => self.private_key.clone(),
+        };
+        let own = new_key.as_ref().map(SecretKey::public_key);
+        let mut staged = peers::Staged::new(self, update.replace_peers);
+        // wireguard-go drops a peer whose key is the device's new public key.
+        if let (Some(_), Some(own)) = (&update.private_key, own) {
+            staged.remove(own);
+        }
+        for change in update.peers.iter().filter(|c| Some(c.public_key) != own) {
+            staged.apply(change);
+        }
+        let (staged, cleared) = staged.into_peers();
         let explicit: BTreeMap<PublicKey, SocketAddr> = update
             .peers
             .iter()
+            .filter(|p| Some(p.public_key) != own && !p.remove)
             .filter_map(|p| p.endpoint.map(|e| (p.public_key, e)))
-            .collect();
-        let desired: BTreeMap<PublicKey, (PeerSpec, Option<SocketAddr>)> = model
-            .peers
-            .iter()
-            .map(|p| {
-                let spec = PeerSpec {
-                    preshared_key: p.preshared_key.clone(),
-                    persistent_keepalive: p.persistent_keepalive.filter(|s| *s > 0),
-                    allowed_ips: p.allowed_ips.iter().map(IpNet::trunc).collect(),
-                    // UAPI has no names: a peer keeps the one its config gave it.
-                    name: self.peers.get(&p.public_key).and_then(|s| s.name.clone()),
-                };
-                (p.public_key, (spec, explicit.get(&p.public_key).copied()))
-            })
             .collect();
         // No key (removed, as `wg setconf` of a file without one does) is a state of its own:
         // the device keeps its peers and simply has no identity until a key is set.
-        let key = (model.private_key != self.private_key).then(|| model.private_key.clone());
+        let key = (new_key != self.private_key).then_some(new_key);
         // An endpoint set over UAPI replaces a configured name still being looked up.
         for k in explicit.keys() {
             self.endpoints.remove(k);
         }
-        self.apply_peers(desired, key);
+        if cleared {
+            self.endpoints
+                .retain(|k, _| staged.get(k).is_some_and(Option::is_some));
+        } else {
+            for (k, spec) in &staged {
+                if spec.is_none() {
+                    self.endpoints.remove(k);
+                }
+            }
+        }
+        self.commit_peers(staged, cleared, &explicit, key);
         self.step(now);
         Ok(())
     }
@@ -857,13 +911,21 @@ impl Control {
         if self.rules.forwarding_recorded {
             out.push(Action::RestoreForwarding(Family::ALL.into()));
         }
-        let mut applied = self.routes.applied.clone();
-        if let Some(in_flight) = &self.routes.in_flight {
-            // A half-applied diff: remove whatever either state may have installed.
-            applied.routes.extend(in_flight.routes.iter().copied());
-            applied.rules.extend(in_flight.rules.iter().copied());
-        }
-        applied.routes.retain(|r| r.table != routes::MAIN_TABLE);
+        // The routes outside the main table (the device takes the rest with it), and a
+        // half-applied diff's additions: whatever either state may have installed.
+        let added = self.routes.in_flight.as_ref().map(|f| &f.diff);
+        let applied = RoutePlan {
+            routes: (self.routes.applied.routes.iter())
+                .chain(added.into_iter().flat_map(|d| &d.add_routes))
+                .filter(|r| r.table != routes::MAIN_TABLE)
+                .copied()
+                .collect(),
+            rules: (self.routes.applied.rules.iter())
+                .chain(added.into_iter().flat_map(|d| &d.add_rules))
+                .copied()
+                .collect(),
+            fwmark: None,
+        };
         let gone = routes::diff(&applied, &RoutePlan::default());
         if !gone.is_empty() {
             out.push(Action::ApplyRoutes(gone));

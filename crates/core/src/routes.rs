@@ -47,41 +47,91 @@ pub struct RoutePlan {
     pub fwmark: Option<u32>,
 }
 
+/// The two default routes, IPv4's and IPv6's.
+pub const DEFAULT_ROUTES: [IpNet; 2] = [
+    IpNet::V4(ipnet::Ipv4Net::new_assert(
+        std::net::Ipv4Addr::UNSPECIFIED,
+        0,
+    )),
+    IpNet::V6(ipnet::Ipv6Net::new_assert(
+        std::net::Ipv6Addr::UNSPECIFIED,
+        0,
+    )),
+];
+
+/// The table of the default routes, which is also the mark of the tunnel's own packets:
+/// `interface.fwmark`, else [`DEFAULT_FWMARK`].
+pub fn default_table(fwmark: Option<u32>) -> u32 {
+    fwmark.unwrap_or(DEFAULT_FWMARK)
+}
+
+/// The route of one allowed IP: a default route goes into `default_table`, the rest into
+/// the main table.
+pub fn route_for(net: IpNet, default_table: u32) -> Route {
+    let net = net.trunc();
+    let table = if net.prefix_len() == 0 {
+        default_table
+    } else {
+        MAIN_TABLE
+    };
+    Route { net, table }
+}
+
+/// Every route of `net`, whatever its table, as a range of an ordered set of routes.
+pub fn routes_of(net: IpNet) -> std::ops::RangeInclusive<Route> {
+    Route { net, table: 0 }..=Route {
+        net,
+        table: u32::MAX,
+    }
+}
+
+/// The policy rules the default routes present (IPv4's, IPv6's) need.
+pub fn default_rules(v4: bool, v6: bool, table: u32) -> BTreeSet<PolicyRule> {
+    let mut rules = BTreeSet::new();
+    for v6 in [false, true]
+        .into_iter()
+        .filter(|f| if *f { v6 } else { v4 })
+    {
+        rules.insert(PolicyRule {
+            v6,
+            priority: PRIORITY_SUPPRESS,
+            table: MAIN_TABLE,
+            kind: RuleKind::SuppressDefault,
+        });
+        rules.insert(PolicyRule {
+            v6,
+            priority: PRIORITY_NOT_FWMARK,
+            table,
+            kind: RuleKind::NotFwmark(table),
+        });
+    }
+    rules
+}
+
 /// Routes for `allowed_ips` (all peers together). `fwmark` is the configured mark, if any.
 pub fn plan<'a>(
     allowed_ips: impl IntoIterator<Item = &'a IpNet>,
     fwmark: Option<u32>,
 ) -> RoutePlan {
-    let mark = fwmark.unwrap_or(DEFAULT_FWMARK);
+    let table = default_table(fwmark);
     let mut plan = RoutePlan {
         fwmark,
         ..RoutePlan::default()
     };
+    let (mut v4, mut v6) = (false, false);
     for net in allowed_ips {
-        let net = net.trunc();
-        if net.prefix_len() == 0 {
-            plan.routes.insert(Route { net, table: mark });
-            let v6 = matches!(net, IpNet::V6(_));
-            plan.rules.insert(PolicyRule {
-                v6,
-                priority: PRIORITY_SUPPRESS,
-                table: MAIN_TABLE,
-                kind: RuleKind::SuppressDefault,
-            });
-            plan.rules.insert(PolicyRule {
-                v6,
-                priority: PRIORITY_NOT_FWMARK,
-                table: mark,
-                kind: RuleKind::NotFwmark(mark),
-            });
-            plan.fwmark = Some(mark);
-        } else {
-            plan.routes.insert(Route {
-                net,
-                table: MAIN_TABLE,
-            });
+        crate::cost::charge(1);
+        let route = route_for(*net, table);
+        if route.net.prefix_len() == 0 {
+            match route.net {
+                IpNet::V4(_) => v4 = true,
+                IpNet::V6(_) => v6 = true,
+            }
+            plan.fwmark = Some(table);
         }
+        plan.routes.insert(route);
     }
+    plan.rules = default_rules(v4, v6, table);
     plan
 }
 

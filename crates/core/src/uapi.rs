@@ -288,6 +288,14 @@ impl PeerSnapshot {
 pub trait UapiHandler: Send + Sync + 'static {
     fn get(&self) -> DeviceSnapshot;
     fn set(&self, update: DeviceUpdate) -> Result<(), UapiError>;
+
+    /// The `get=1` reply in pieces, each handed to `out` as it is made ([`format_get_device`],
+    /// [`format_get_peer`], [`GET_END`]); `out` answers false when the client is gone, and the
+    /// rest is not made. A handler of many peers makes each piece from a bounded number of
+    /// them; this default makes the reply whole.
+    fn get_in_pieces(&self, out: &mut dyn FnMut(String) -> bool) {
+        out(format_get(&self.get()));
+    }
 }
 
 /// Parses one complete request: the operation line through the terminating empty line, and
@@ -516,46 +524,71 @@ pub fn format_errno(result: Result<(), Errno>) -> String {
 /// The complete reply to `get=1`, terminated by `errno=0` and an empty line.
 pub fn format_get(device: &DeviceSnapshot) -> String {
     let mut out = String::with_capacity(256 + device.peers.len() * 320);
+    format_get_device(
+        &mut out,
+        device.private_key.as_ref(),
+        device.listen_port,
+        device.fwmark,
+    );
+    for peer in &device.peers {
+        format_get_peer(&mut out, peer);
+    }
+    out.push_str(GET_END);
+    out
+}
+
+/// The end of a `get=1` reply.
+pub const GET_END: &str = "errno=0\n\n";
+
+/// The device's lines of a `get=1` reply (what comes before the peers): with
+/// [`format_get_peer`] for each peer and [`GET_END`], a reply made piece by piece, so a device
+/// of 100,000 peers is never one string.
+pub fn format_get_device(
+    out: &mut String,
+    private_key: Option<&SecretKey>,
+    listen_port: u16,
+    fwmark: Option<u32>,
+) {
     // write! to a String cannot fail.
-    if let Some(key) = &device.private_key {
+    if let Some(key) = private_key {
         let _ = writeln!(out, "private_key={}", hex::encode(key.0));
     }
-    let _ = writeln!(out, "listen_port={}", device.listen_port);
-    if let Some(mark) = device.fwmark.filter(|m| *m != 0) {
+    let _ = writeln!(out, "listen_port={listen_port}");
+    if let Some(mark) = fwmark.filter(|m| *m != 0) {
         let _ = writeln!(out, "fwmark={mark}");
     }
-    for peer in &device.peers {
-        let _ = writeln!(out, "public_key={}", hex::encode(peer.public_key.0));
-        if let Some(psk) = &peer.preshared_key {
-            let _ = writeln!(out, "preshared_key={}", hex::encode(psk.0));
-        }
-        out.push_str("protocol_version=1\n");
-        if let Some(endpoint) = peer.endpoint {
-            let _ = writeln!(out, "endpoint={endpoint}");
-        }
-        let since_epoch = peer
-            .last_handshake
-            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-            .unwrap_or_default();
-        let _ = writeln!(out, "last_handshake_time_sec={}", since_epoch.as_secs());
-        let _ = writeln!(
-            out,
-            "last_handshake_time_nsec={}",
-            since_epoch.subsec_nanos()
-        );
-        let _ = writeln!(out, "tx_bytes={}", peer.tx_bytes);
-        let _ = writeln!(out, "rx_bytes={}", peer.rx_bytes);
-        let _ = writeln!(
-            out,
-            "persistent_keepalive_interval={}",
-            peer.persistent_keepalive.unwrap_or(0)
-        );
-        for net in &peer.allowed_ips {
-            let _ = writeln!(out, "allowed_ip={net}");
-        }
+}
+
+/// One peer's lines of a `get=1` reply.
+pub fn format_get_peer(out: &mut String, peer: &PeerSnapshot) {
+    let _ = writeln!(out, "public_key={}", hex::encode(peer.public_key.0));
+    if let Some(psk) = &peer.preshared_key {
+        let _ = writeln!(out, "preshared_key={}", hex::encode(psk.0));
     }
-    out.push_str("errno=0\n\n");
-    out
+    out.push_str("protocol_version=1\n");
+    if let Some(endpoint) = peer.endpoint {
+        let _ = writeln!(out, "endpoint={endpoint}");
+    }
+    let since_epoch = peer
+        .last_handshake
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .unwrap_or_default();
+    let _ = writeln!(out, "last_handshake_time_sec={}", since_epoch.as_secs());
+    let _ = writeln!(
+        out,
+        "last_handshake_time_nsec={}",
+        since_epoch.subsec_nanos()
+    );
+    let _ = writeln!(out, "tx_bytes={}", peer.tx_bytes);
+    let _ = writeln!(out, "rx_bytes={}", peer.rx_bytes);
+    let _ = writeln!(
+        out,
+        "persistent_keepalive_interval={}",
+        peer.persistent_keepalive.unwrap_or(0)
+    );
+    for net in &peer.allowed_ips {
+        let _ = writeln!(out, "allowed_ip={net}");
+    }
 }
 
 /// `NAME=<hex>` to set a key, `NAME=<64 zeros>` to clear it, nothing to leave it.

@@ -177,7 +177,7 @@ fn route<B>(
         },
         _ => {
             let body = bound_metrics(
-                render_metrics(&observe.snapshot(), crate::shell::clock::unix_now()),
+                render_metrics(&observe.metrics_snapshot(), crate::shell::clock::unix_now()),
                 max_metrics_bytes,
             );
             let openmetrics = req

@@ -5,7 +5,7 @@
 
 use super::accept::{self, Conn, Ended, LocalListener, Policy};
 use super::local_socket::{self, ClaimFailed, Claimant, ClaimedPath};
-use crate::uapi::{format_errno, format_get, format_set, parse_get_response, parse_request};
+use crate::uapi::{format_errno, format_set, parse_get_response, parse_request};
 use crate::uapi::{DeviceSnapshot, DeviceUpdate, Errno, Request, UapiHandler};
 use std::future::Future;
 use std::io;
@@ -281,8 +281,24 @@ async fn serve_connection(
         let Some(busy) = conn.busy() else {
             return; // evicted; the loop closes it
         };
-        let reply = respond(&request, &handler).await;
-        let sent = stream.write_all(reply.as_bytes()).await;
+        let sent = match respond(&request, &handler).await {
+            Reply::Whole(reply) => stream.write_all(reply.as_bytes()).await,
+            Reply::Pieces(mut pieces, maker) => {
+                let mut sent = Ok(());
+                while let Some(piece) = pieces.recv().await {
+                    sent = stream.write_all(piece.as_bytes()).await;
+                    if sent.is_err() {
+                        break;
+                    }
+                }
+                // Closed, the channel stops the maker at its next piece.
+                drop(pieces);
+                if maker.await.is_err() {
+                    tracing::error!("UAPI get: the handler panicked");
+                }
+                sent
+            }
+        };
         drop(busy);
         if sent.is_err() || last {
             return;
@@ -290,44 +306,60 @@ async fn serve_connection(
     }
 }
 
+/// A `get` reply's pieces in flight between the blocking thread that makes them and the
+/// connection that writes them: with pieces of a few hundred peers, a reply of 100,000 peers
+/// holds a few hundred kilobytes at a time, never the whole text.
+const GET_PIECES_IN_FLIGHT: usize = 4;
+
+/// What a request is answered with.
+enum Reply {
+    Whole(String),
+    /// A `get` reply, piece by piece as the handler makes them on a blocking thread (a
+    /// panic there ends the pieces early: the client sees a reply without its errno line).
+    Pieces(
+        tokio::sync::mpsc::Receiver<String>,
+        tokio::task::JoinHandle<()>,
+    ),
+}
+
 /// One request to one reply. Never fails: every problem becomes an errno.
-async fn respond(request: &[u8], handler: &Arc<dyn UapiHandler>) -> String {
+async fn respond(request: &[u8], handler: &Arc<dyn UapiHandler>) -> Reply {
     let Ok(text) = std::str::from_utf8(request) else {
         tracing::warn!("UAPI request rejected: not UTF-8");
-        return format_errno(Err(Errno::EINVAL));
+        return Reply::Whole(format_errno(Err(Errno::EINVAL)));
     };
     match parse_request(text) {
         Ok(Request::Get) => {
             let handler = handler.clone();
-            match tokio::task::spawn_blocking(move || format_get(&handler.get())).await {
-                Ok(reply) => reply,
-                Err(_) => {
-                    tracing::error!("UAPI get: the handler panicked");
-                    format_errno(Err(Errno::EIO))
-                }
-            }
+            let (pieces, receiver) = tokio::sync::mpsc::channel(GET_PIECES_IN_FLIGHT);
+            let maker = tokio::task::spawn_blocking(move || {
+                handler.get_in_pieces(&mut |piece| pieces.blocking_send(piece).is_ok());
+            });
+            Reply::Pieces(receiver, maker)
         }
         Ok(Request::Set(update)) => {
             let peers = update.peers.len();
             let handler = handler.clone();
-            match tokio::task::spawn_blocking(move || handler.set(update)).await {
-                Ok(Ok(())) => {
-                    tracing::info!(peers, "UAPI set applied");
-                    format_errno(Ok(()))
-                }
-                Ok(Err(e)) => {
-                    tracing::warn!(error = %e, "UAPI set refused");
-                    format_errno(Err(e.errno))
-                }
-                Err(_) => {
-                    tracing::error!("UAPI set: the handler panicked");
-                    format_errno(Err(Errno::EIO))
-                }
-            }
+            Reply::Whole(
+                match tokio::task::spawn_blocking(move || handler.set(update)).await {
+                    Ok(Ok(())) => {
+                        tracing::info!(peers, "UAPI set applied");
+                        format_errno(Ok(()))
+                    }
+                    Ok(Err(e)) => {
+                        tracing::warn!(error = %e, "UAPI set refused");
+                        format_errno(Err(e.errno))
+                    }
+                    Err(_) => {
+                        tracing::error!("UAPI set: the handler panicked");
+                        format_errno(Err(Errno::EIO))
+                    }
+                },
+            )
         }
         Err(e) => {
             tracing::warn!(error = %e, "UAPI request rejected");
-            format_errno(Err(e.errno))
+            Reply::Whole(format_errno(Err(e.errno)))
         }
     }
 }
@@ -573,7 +605,7 @@ mod tests {
         let mut s = UnixStream::connect(&server.path).await.expect("connect");
 
         let reply = talk(&mut s, b"get=1\n\n").await;
-        assert_eq!(reply, format_get(&fake.get()));
+        assert_eq!(reply, crate::uapi::format_get(&fake.get()));
         assert!(reply.contains("tx_bytes=5\n"));
 
         let set = format!(

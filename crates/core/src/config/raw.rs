@@ -108,6 +108,8 @@ pub(super) struct RawHealth {
     pub allow_from_tunnel: Option<bool>,
     /// "all" (default) or "per-service".
     pub readiness: Option<String>,
+    /// The most peers `/metrics` gives series of their own (the busiest).
+    pub metrics_peers: Option<i64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

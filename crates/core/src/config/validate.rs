@@ -578,7 +578,9 @@ fn check_egress_ports(
             };
             errs.push(
                 format!("egress[{i}].ports[{j}]"),
-                format!("\"{p}\" is the {own} port: expected a port the daemon does not use itself"),
+                format!(
+                    "\"{p}\" is the {own} port: expected a port the daemon does not use itself"
+                ),
             );
         }
     }
@@ -666,10 +668,19 @@ fn health(raw: super::raw::RawHealth, errs: &mut Errors) -> Health {
             Readiness::All
         }
     };
+    let metrics_peers = int_in(
+        "health.metrics_peers",
+        raw.metrics_peers,
+        0,
+        MAX_METRICS_PEERS as i64,
+        DEFAULT_METRICS_PEERS as i64,
+        errs,
+    ) as usize;
     Health {
         listen,
         allow_from_tunnel: raw.allow_from_tunnel.unwrap_or(false),
         readiness,
+        metrics_peers,
     }
 }
 
@@ -813,6 +824,12 @@ fn network(key: &str, text: &str, errs: &mut Errors) -> Option<IpNet> {
         },
     }
 }
+
+/// `health.metrics_peers` by default: every peer of most gateways has its series, and a
+/// concentrator's scrape stays about 1.5 MB whatever its peer count (about 1.5 KB a peer).
+pub const DEFAULT_METRICS_PEERS: usize = 1000;
+/// The most `health.metrics_peers` may be: past this the body passes its 4 MiB bound anyway.
+const MAX_METRICS_PEERS: usize = 100_000;
 
 /// Most packet workers a configuration may ask for: more than any node has cores to spare.
 const MAX_WORKERS: u16 = 256;

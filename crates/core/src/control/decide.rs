@@ -42,19 +42,6 @@ impl Control {
         self.fwmark.or(self.routes.applied.fwmark)
     }
 
-    pub(super) fn desired_routes(&self) -> RoutePlan {
-        if !self.mode.installs_host_state() {
-            // wg-quick routes the allowed IPs itself (and sets the fwmark for a default route).
-            return routes::plan(&[], self.fwmark);
-        }
-        let nets: Vec<IpNet> = self
-            .peers
-            .values()
-            .flat_map(|p| p.allowed_ips.iter().copied())
-            .collect();
-        routes::plan(&nets, self.fwmark)
-    }
-
     /// Everything that is due now and not in flight: the one place that emits applies.
     pub(super) fn step(&mut self, now: Instant) {
         if self.stopping {
@@ -143,26 +130,55 @@ impl Control {
         self.addresses.in_flight = Some((want, mtu));
     }
 
+    /// The route diff of the networks whose wanted route changed since the last one (never a
+    /// walk over every peer's), and the default routes' policy rules and socket mark.
     pub(super) fn step_routes(&mut self, now: Instant) {
         if self.routes.in_flight.is_some() || !self.routes.retry.may_try(now) {
             return;
         }
-        let want = self.desired_routes();
-        let diff = routes::diff(&self.routes.applied, &want);
-        let mark = want.fwmark;
-        if let Some(m) = mark.filter(|m| Some(*m) != self.socket_mark) {
+        let table = routes::default_table(self.fwmark);
+        if table != self.routes.default_table {
+            // The default routes move to the new mark's table.
+            self.routes.default_table = table;
+            self.routes.dirty.extend(routes::DEFAULT_ROUTES);
+        }
+        let [v4, v6] = routes::DEFAULT_ROUTES.map(|net| self.routes.desired.contains_key(&net));
+        let want_rules = routes::default_rules(v4, v6, table);
+        let want_fwmark = if v4 || v6 { Some(table) } else { self.fwmark };
+        if let Some(m) = want_fwmark.filter(|m| Some(*m) != self.socket_mark) {
             self.socket_mark = Some(m);
             self.actions.push_back(Action::SetFwmark {
                 mark: m,
-                src_valid_mark: want.rules.iter().any(|r| !r.v6),
+                src_valid_mark: v4,
             });
         }
+        let applied = &self.routes.applied;
+        let mut diff = PlanDiff {
+            remove_rules: applied.rules.difference(&want_rules).copied().collect(),
+            add_rules: want_rules.difference(&applied.rules).copied().collect(),
+            ..PlanDiff::default()
+        };
+        let nets = std::mem::take(&mut self.routes.dirty);
+        crate::cost::charge(nets.len());
+        for net in &nets {
+            let want =
+                (self.routes.desired.contains_key(net)).then(|| routes::route_for(*net, table));
+            let installed = applied.routes.range(routes::routes_of(*net));
+            diff.remove_routes
+                .extend(installed.filter(|r| Some(**r) != want).copied());
+            diff.add_routes
+                .extend(want.filter(|w| !applied.routes.contains(w)));
+        }
         if diff.is_empty() {
-            self.routes.applied.fwmark = want.fwmark;
+            self.routes.applied.fwmark = want_fwmark;
             return;
         }
-        self.actions.push_back(Action::ApplyRoutes(diff));
-        self.routes.in_flight = Some(want);
+        self.actions.push_back(Action::ApplyRoutes(diff.clone()));
+        self.routes.in_flight = Some(RoutesInFlight {
+            diff,
+            nets,
+            fwmark: want_fwmark,
+        });
     }
 
     pub(super) fn step_resolutions(&mut self, now: Instant) {
@@ -379,104 +395,6 @@ impl Control {
                 tracing::warn!(host, error = %e, "Cannot resolve peer endpoint; retrying, and waiting for the peer to connect");
                 lookup.retry.failed(e, now);
             }
-        }
-    }
-
-    /// The configuration's peers replace the current ones (the file wins, like `wg syncconf`).
-    /// A configured endpoint is set only where it differs from `previous`, so a reload keeps
-    /// where a peer roamed to.
-    pub(super) fn set_peers(
-        &mut self,
-        desired: BTreeMap<PublicKey, (PeerSpec, Option<Endpoint>)>,
-        key: Option<Option<SecretKey>>,
-        previous: &Config,
-        _now: Instant,
-    ) {
-        let first = self.peers.is_empty() && key.is_none();
-        let mut with_addrs = BTreeMap::new();
-        for (public_key, (spec, endpoint)) in desired {
-            let before = previous
-                .peers
-                .iter()
-                .find(|p| p.public_key == public_key)
-                .and_then(|p| p.endpoint.clone());
-            let changed = first || !self.peers.contains_key(&public_key) || before != endpoint;
-            let mut addr = None;
-            if changed {
-                self.endpoints.remove(&public_key);
-                match endpoint {
-                    Some(Endpoint::Addr(a)) => addr = Some(a),
-                    Some(Endpoint::Host { host, port }) => {
-                        self.endpoints.insert(
-                            public_key,
-                            EndpointLookup {
-                                host,
-                                port,
-                                in_flight: false,
-                                retry: Retry::new(ENDPOINT_RETRY_CAP),
-                            },
-                        );
-                    }
-                    None => {}
-                }
-            }
-            with_addrs.insert(public_key, (spec, addr));
-        }
-        self.endpoints.retain(|k, _| with_addrs.contains_key(k));
-        self.apply_peers(with_addrs, key);
-    }
-
-    /// Diffs `desired` against the current peers and queues the change.
-    pub(super) fn apply_peers(
-        &mut self,
-        desired: BTreeMap<PublicKey, (PeerSpec, Option<SocketAddr>)>,
-        key: Option<Option<SecretKey>>,
-    ) {
-        let mut changes = PeerChanges {
-            private_key: key.clone(),
-            ..PeerChanges::default()
-        };
-        for (public_key, (spec, endpoint)) in &desired {
-            let same = self.peers.get(public_key) == Some(spec);
-            if !same || endpoint.is_some() || key.is_some() {
-                changes.upsert.push(PeerUpsert {
-                    public_key: *public_key,
-                    spec: spec.clone(),
-                    endpoint: *endpoint,
-                });
-            }
-        }
-        changes.remove = self
-            .peers
-            .keys()
-            .filter(|k| !desired.contains_key(k))
-            .copied()
-            .collect();
-        if let Some(k) = key {
-            self.private_key = k;
-        }
-        self.peers = desired.into_iter().map(|(k, (s, _))| (k, s)).collect();
-        if !changes.is_empty() {
-            self.actions.push_back(Action::UpdatePeers(changes));
-        }
-    }
-
-    /// The device as UAPI sees it, from the core's side (no live endpoints or counters).
-    pub(super) fn device_model(&self) -> DeviceSnapshot {
-        DeviceSnapshot {
-            private_key: self.private_key.clone(),
-            listen_port: self.listen_port,
-            fwmark: self.effective_fwmark(),
-            peers: self
-                .peers
-                .iter()
-                .map(|(k, spec)| PeerSnapshot {
-                    preshared_key: spec.preshared_key.clone(),
-                    persistent_keepalive: spec.persistent_keepalive,
-                    allowed_ips: spec.allowed_ips.clone(),
-                    ..PeerSnapshot::new(*k)
-                })
-                .collect(),
         }
     }
 }

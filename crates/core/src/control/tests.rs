@@ -1078,6 +1078,7 @@ target = \"fd96::10\"\nports = [\"80\"]\n"
 }
 
 mod reload_equivalence;
+mod scale;
 
 #[test]
 fn userspace_mode_installs_no_addresses_routes_or_rules_and_starts_without_a_key() {

@@ -52,11 +52,21 @@ impl Steering {
     /// narrows the gap, so most values keep their plain owner (and the list stays short).
     /// Deterministic: the same peers give the same owners, whatever their order.
     pub fn balanced(peer_indices: impl IntoIterator<Item = u32>, workers: usize) -> Steering {
-        let workers = workers.max(1);
         let mut peers_of_byte = [0usize; 256];
+        let mut tallied = 0;
         for index in peer_indices {
             peers_of_byte[(index & 0xff) as usize] += 1;
+            tallied += 1;
         }
+        crate::cost::charge(tallied);
+        Steering::balanced_tally(&peers_of_byte, workers)
+    }
+
+    /// [`Steering::balanced`] from the peers already counted per byte value (the peer table
+    /// keeps the count as peers come and go): its cost does not depend on how many peers
+    /// there are (at most [`MAX_MOVED`] passes over the 256 values).
+    pub fn balanced_tally(peers_of_byte: &[usize; 256], workers: usize) -> Steering {
+        let workers = workers.max(1);
         let mut owner: Vec<usize> = (0..256).map(|b| b % workers).collect();
         let mut load = vec![0usize; workers];
         for (byte, &n) in peers_of_byte.iter().enumerate() {
