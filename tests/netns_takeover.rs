@@ -469,3 +469,112 @@ fn the_group_exchange_refuses_and_counts_what_a_third_namespace_forges_or_replay
     assert_eq!(g["refused"]["unknown_replica"], 1, "{g}");
     drop(first);
 }
+
+/// The group's key rotates (a new key file, reloaded): the exchange is keyed again from it, so a
+/// message sealed under the old key, which was taken before, is refused after; the replicas,
+/// both rotated, hear each other again. The replicas listen on `[::]` and find each other at
+/// IPv4 addresses (a dual-stack socket reaching IPv4 replicas).
+#[test]
+#[ignore = "needs root"]
+fn the_group_exchange_follows_a_key_rotation_on_a_dual_stack_socket() {
+    use tunnelgate::core::group_exchange::{Entry, Exchange, Kind};
+    let (lb, r1, r2, x) = (Netns::new(), Netns::new(), Netns::new(), Netns::new());
+    veth(&r1, &["10.9.1.2/24"], &lb, &["10.9.1.1/24"]);
+    veth(&r2, &["10.9.2.2/24"], &lb, &["10.9.2.1/24"]);
+    veth(&x, &["10.9.3.2/24"], &lb, &["10.9.3.1/24"]);
+    for (ns, via) in [(&r1, "10.9.1.1"), (&r2, "10.9.2.1"), (&x, "10.9.3.1")] {
+        ns.exec(&["ip", "route", "add", "default", "via", via]);
+    }
+    lb.sysctl("net.ipv4.ip_forward", "1");
+    for r in [&r1, &r2] {
+        r.hosts("10.9.1.2 replicas.test\n10.9.2.2 replicas.test");
+    }
+    let client = Keypair::generate();
+    let mut cfg = TgConfig::new(TG_PORT, &[&format!("{A_TUN4}/32")])
+        .peer(Peer::new(&client.public, &[&format!("{B_TUN4}/32")]));
+    cfg.workers = Some(1);
+    cfg.extra = GROUP.replace("0.0.0.0:51822", "[::]:51822");
+    let mut second = cfg.clone();
+    second.name = unique_name("tgd");
+    let old_key = SecretKey(key_bytes(&cfg.key.private));
+    let mut replicas = [
+        Tunnelgate::start(&r2, second),
+        Tunnelgate::start(&r1, cfg.clone()),
+    ];
+    let group = |tg: &Tunnelgate| tg.status_json().expect("status")["group_exchange"].clone();
+    // The dual-stack sockets hear each other's hello (an IPv4 replica, a mapped source).
+    assert!(
+        poll_until(Duration::from_secs(10), || group(&replicas[0])["accepted"]
+            .as_u64()
+            .unwrap_or(0)
+            >= 1),
+        "{}",
+        group(&replicas[0])
+    );
+    // Each took the other's hello as a replica's (its mapped IPv4 source is the name's address).
+    for tg in &replicas {
+        assert_eq!(group(tg)["refused"]["unknown_replica"], 0, "{}", group(tg));
+    }
+    let target: SocketAddr = "10.9.2.2:51822".parse().expect("addr");
+    // A message sealed under the group's key, as a replica would (the test holds the key).
+    let tell = |key: &SecretKey, sender: u64| {
+        let mut ex = Exchange::new(key, sender);
+        let now_ms = clock::wall_now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_millis() as u64;
+        let lie = Entry {
+            peer: PublicKey(key_bytes(&client.public)),
+            endpoint: "10.9.3.2:7777".parse().expect("addr"),
+        };
+        let datagram = ex.seal(Kind::News, &[lie], now_ms).remove(0);
+        x.in_ns(|| {
+            let socket = UdpSocket::bind("10.9.3.2:0").expect("bind");
+            socket.send_to(&datagram, target).expect("send");
+        });
+    };
+    let learned = |tg: &Tunnelgate| group(tg)["endpoints_learned"].as_u64().unwrap_or(0);
+    tell(&old_key, 1001);
+    assert!(
+        poll_until(Duration::from_secs(3), || learned(&replicas[0]) >= 1),
+        "under the current key it is taken: {}",
+        group(&replicas[0])
+    );
+    // Rotate: both replicas' key files get a new key, picked up by the config poll.
+    let new = Keypair::generate();
+    for tg in &replicas {
+        tg.dir()
+            .write_secret("private.key", &format!("{}\n", new.private));
+    }
+    let rotated = |tg: &Tunnelgate| {
+        tg.status_json().expect("status")["interface"]["public_key"] == new.public.as_str()
+    };
+    assert!(
+        poll_until(Duration::from_secs(10), || replicas.iter().all(rotated)),
+        "both replicas run the new key"
+    );
+    let forged_before = group(&replicas[0])["refused"]["forged"]
+        .as_u64()
+        .unwrap_or(0);
+    // The exchange is keyed again within a second of the new identity.
+    std::thread::sleep(Duration::from_millis(1500));
+    tell(&old_key, 1002);
+    assert!(
+        poll_until(Duration::from_secs(3), || group(&replicas[0])["refused"]
+            ["forged"]
+            .as_u64()
+            .unwrap_or(0)
+            > forged_before),
+        "the old key no longer seals: {}",
+        group(&replicas[0])
+    );
+    tell(&SecretKey(key_bytes(&new.private)), 1003);
+    assert!(
+        poll_until(Duration::from_secs(3), || learned(&replicas[0]) >= 2),
+        "the new key does: {}",
+        group(&replicas[0])
+    );
+    for tg in &mut replicas {
+        let _ = tg.sigterm();
+    }
+}

@@ -157,11 +157,34 @@ async fn run(
     let mut known: BTreeSet<SocketAddr> = BTreeSet::new();
     let mut resolve = tokio::time::interval(RESOLVE_EVERY);
     resolve.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut identity_check = tokio::time::interval(Duration::from_secs(1));
+    identity_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut keyed_for = dataplane.identity().public_key;
     let mut buf = vec![0u8; MAX_DATAGRAM + 1];
     let (mut window_start, mut opened) = (crate::shell::clock::now(), 0u64);
     let mut last_resolve_error = String::new();
     loop {
         tokio::select! {
+            _ = identity_check.tick() => {
+                // The group's key rotated (a reload, `wg set private-key`): the exchange's key
+                // is derived from it, so messages sealed under the old one are refused from now
+                // on, and the replicas that run the new key are heard. Say hello again.
+                let identity = dataplane.identity();
+                if identity.public_key != keyed_for {
+                    if let Some(private) = identity.private_key {
+                        keyed_for = identity.public_key;
+                        let sender = {
+                            use rand_core::RngCore as _;
+                            rand_core::OsRng.next_u64()
+                        };
+                        exchange = Exchange::new(&private, sender);
+                        tracing::info!("Group endpoint exchange keyed again for the interface's new key");
+                        let hello = exchange.seal(Kind::Hello, &[], wall_ms());
+                        let to: Vec<SocketAddr> = known.iter().copied().collect();
+                        send_all(&socket, &hello, &to, &stats).await;
+                    }
+                }
+            }
             _ = resolve.tick() => {
                 match lookup(&replicas).await {
                     Ok(found) => {
@@ -189,6 +212,9 @@ async fn run(
             }
             received = socket.recv_from(&mut buf) => {
                 let (len, from) = received?;
+                // An IPv6 socket hears IPv4 replicas as mapped addresses: compare as the name
+                // resolved them.
+                let from = SocketAddr::new(from.ip().to_canonical(), from.port());
                 let now = crate::shell::clock::now();
                 if now.saturating_duration_since(window_start) >= Duration::from_secs(1) {
                     (window_start, opened) = (now, 0);
