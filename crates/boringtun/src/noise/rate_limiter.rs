@@ -220,8 +220,14 @@ impl RateLimiter {
         (nonce, ctr)
     }
 
-    fn is_under_load(&self) -> bool {
-        let over_count = self.count.fetch_add(1, Ordering::SeqCst) >= self.limit;
+    /// Whether a handshake message of kind `initiation` (else a response) must prove its
+    /// source now. Only initiations count towards the per-second limit (tunnelgate): a
+    /// response answers an initiation this side sent (to a peer it chose; it costs a
+    /// Diffie-Hellman only if it names a handshake in flight), and counting them put the
+    /// answers to a restart's thousands of takeovers, or to thousands of rekeys, through a
+    /// cookie round each. The caller's own load (its queue's depth) covers both.
+    fn is_under_load(&self, initiation: bool) -> bool {
+        let over_count = initiation && self.count.fetch_add(1, Ordering::SeqCst) >= self.limit;
         over_count || self.under_load.load(Ordering::Relaxed)
     }
 
@@ -308,7 +314,7 @@ impl RateLimiter {
                 return Err(TunnResult::Err(WireGuardError::InvalidMac));
             }
 
-            if self.is_under_load() {
+            if self.is_under_load(matches!(packet, Packet::HandshakeInit(_))) {
                 let addr = match src_addr {
                     None => return Err(TunnResult::Err(WireGuardError::UnderLoad)),
                     Some(addr) => addr,
@@ -369,6 +375,55 @@ mod tests {
         m[116..132].copy_from_slice(&mac1);
         m[132..].copy_from_slice(&mac2);
         m
+    }
+
+    /// A response with a valid mac1 for `public` and no mac2.
+    fn response(public: &crate::x25519::PublicKey) -> Vec<u8> {
+        let mut m = vec![7u8; 92];
+        m[..4].copy_from_slice(&2u32.to_le_bytes());
+        let mac1 = b2s_keyed_mac_16(&b2s_hash(LABEL_MAC1, public.as_bytes()), &m[..60]);
+        m[60..76].copy_from_slice(&mac1);
+        m[76..].fill(0);
+        m
+    }
+
+    /// Past the per-second count, an initiation without a cookie gets a cookie reply; a
+    /// response never does for the count alone (it answers this side's own initiation), only
+    /// while the caller says it is under load.
+    #[test]
+    fn only_initiations_count_towards_the_per_second_limit() {
+        let (limiter, public) = limiter();
+        let addr: IpAddr = "192.0.2.1".parse().expect("ip");
+        let mut out = [0u8; 128];
+        let init = initiation(&public, [0; 16]);
+        let resp = response(&public);
+        for _ in 0..50 {
+            assert!(
+                limiter
+                    .verify_packet_proving(Some(addr), &resp, &mut out)
+                    .is_ok(),
+                "responses are not counted"
+            );
+        }
+        let answered = (0..20)
+            .filter(|_| {
+                limiter
+                    .verify_packet_proving(Some(addr), &init, &mut out)
+                    .is_ok()
+            })
+            .count();
+        assert_eq!(answered, 10, "the limit of 10 a second, then cookies");
+        assert!(limiter
+            .verify_packet_proving(Some(addr), &resp, &mut out)
+            .is_ok());
+        limiter.set_under_load(true);
+        assert!(
+            matches!(
+                limiter.verify_packet_proving(Some(addr), &resp, &mut out),
+                Err(TunnResult::WriteToNetwork(_))
+            ),
+            "under the caller's load a response proves its source too"
+        );
     }
 
     /// The precomputed MAC states give upstream's values, and the reply made with the fixed
