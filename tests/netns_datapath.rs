@@ -237,6 +237,7 @@ fn stopping_the_data_path_ends_every_packet_thread() {
         "tg-tun-rx-1",
         "tg-udp-rx-1",
         "tg-timers",
+        "tg-hs-1",
     ]
     .map(String::from)
     .to_vec();

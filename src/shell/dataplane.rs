@@ -177,6 +177,8 @@ struct Inner {
     /// The timer thread, once started: a reader that queued a handshake or asks for a
     /// takeover wakes it.
     timers: std::sync::OnceLock<std::thread::Thread>,
+    /// The further handshake threads (`tg-hs-N`), woken with the timer thread.
+    handshake_threads: Mutex<Vec<std::thread::Thread>>,
     /// Peers whose data named a session this process does not have, on their way from the
     /// readers to the handshake thread, and which sources a takeover may answer.
     takeovers: takeover::Requests,
@@ -233,6 +235,7 @@ impl Dataplane {
                 cores,
                 handshakes: handshakes::HandshakeQueue::new(epoch),
                 timers: std::sync::OnceLock::new(),
+                handshake_threads: Mutex::new(Vec::new()),
                 takeovers: takeover::Requests::new(),
                 departed: Mutex::new(PeerCounters::default()),
                 learned_for_later: Mutex::new(HashMap::new()),
@@ -287,6 +290,14 @@ impl Dataplane {
                 }
             }
             self.inner.spawn(PacketThread::Timers, timers::timer_loop)?;
+            // Handshakes and takeovers also on a thread per further worker: a restart's
+            // thousands of takeovers, or a thousand peers rekeying at once, use every CPU.
+            for me in 1..self.workers() {
+                self.inner
+                    .spawn(PacketThread::Handshakes(me), move |inner| {
+                        timers::handshake_loop(inner, me)
+                    })?;
+            }
             Inner::start_udp_readers(&self.inner)
         })();
         if started.is_err() {
@@ -678,10 +689,15 @@ impl Inner {
         u64::try_from(crate::shell::clock::since(self.epoch).as_millis()).unwrap_or(u64::MAX)
     }
 
-    /// Wakes the timer thread now (handshakes were queued, or a takeover was asked for),
-    /// rather than at its next tick; no system call unless it is parked.
+    /// Wakes the timer thread and the other handshake threads now (handshakes were queued, or
+    /// a takeover was asked for), rather than at their next wake; no system call for one that
+    /// is not parked.
     fn wake_timers(&self) {
         if let Some(t) = self.timers.get() {
+            t.unpark();
+        }
+        let helpers = self.handshake_threads.lock();
+        for t in helpers.iter() {
             t.unpark();
         }
     }
@@ -691,7 +707,7 @@ impl Inner {
         crate::shell::test_hooks::panic_point(match thread {
             PacketThread::TunReader(_) => crate::shell::fatal::Part::TunReader,
             PacketThread::UdpReader(_) => crate::shell::fatal::Part::UdpReader,
-            PacketThread::Timers => crate::shell::fatal::Part::Timers,
+            PacketThread::Timers | PacketThread::Handshakes(_) => crate::shell::fatal::Part::Timers,
         });
         self.heartbeats.beat(thread, self.now_ms());
     }
@@ -834,6 +850,11 @@ impl Inner {
             PacketThread::Timers => {
                 let handle = std::thread::Builder::new().name(thread.name()).spawn(run)?;
                 let _ = self.timers.set(handle.thread().clone());
+                handle
+            }
+            PacketThread::Handshakes(_) => {
+                let handle = std::thread::Builder::new().name(thread.name()).spawn(run)?;
+                self.handshake_threads.lock().push(handle.thread().clone());
                 handle
             }
             PacketThread::TunReader(_) | PacketThread::UdpReader(_) => {

@@ -382,10 +382,15 @@ impl Tunnelgate {
 pub const PACKET_THREADS: [&str; 3] = ["tg-tun-rx-0", "tg-udp-rx-0", "tg-timers"];
 
 /// Whether a thread of the daemon is a packet thread (the ones under seccomp), of any worker:
-/// the readers, the timers and the readers' relay partners (`tg-tun-hN-I`, `tg-udp-hN-I`).
+/// the readers, the timers, the handshake threads of workers past the first (`tg-hs-N`) and
+/// the readers' relay partners (`tg-tun-hN-I`, `tg-udp-hN-I`).
 pub fn is_packet_thread(name: &str) -> bool {
     let worker = |prefix: &str| name.strip_prefix(prefix).is_some_and(is_number);
-    worker("tg-tun-rx-") || worker("tg-udp-rx-") || is_relay_partner(name) || name == "tg-timers"
+    worker("tg-tun-rx-")
+        || worker("tg-udp-rx-")
+        || worker("tg-hs-")
+        || is_relay_partner(name)
+        || name == "tg-timers"
 }
 
 fn is_number(n: &str) -> bool {

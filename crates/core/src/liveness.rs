@@ -27,6 +27,9 @@ pub enum PacketThread {
     TunReader(usize),
     UdpReader(usize),
     Timers,
+    /// A further handshake thread (`1..workers`; the timer thread is the first): handshakes and
+    /// takeovers spread over the CPUs.
+    Handshakes(usize),
 }
 
 impl PacketThread {
@@ -35,6 +38,7 @@ impl PacketThread {
         (0..workers)
             .flat_map(|w| [PacketThread::TunReader(w), PacketThread::UdpReader(w)])
             .chain(std::iter::once(PacketThread::Timers))
+            .chain((1..workers).map(PacketThread::Handshakes))
     }
 
     /// The OS thread name (at most 15 bytes for any worker number below 10,000).
@@ -43,6 +47,7 @@ impl PacketThread {
             PacketThread::TunReader(w) => format!("tg-tun-rx-{w}"),
             PacketThread::UdpReader(w) => format!("tg-udp-rx-{w}"),
             PacketThread::Timers => "tg-timers".into(),
+            PacketThread::Handshakes(w) => format!("tg-hs-{w}"),
         }
     }
 
@@ -52,6 +57,7 @@ impl PacketThread {
             PacketThread::TunReader(w) => 2 * w,
             PacketThread::UdpReader(w) => 2 * w + 1,
             PacketThread::Timers => 2 * workers,
+            PacketThread::Handshakes(w) => 2 * workers + w,
         }
     }
 }
@@ -68,7 +74,7 @@ impl Heartbeats {
     pub fn new(workers: usize) -> Heartbeats {
         Heartbeats {
             workers,
-            stamps: (0..=2 * workers).map(|_| AtomicU64::new(0)).collect(),
+            stamps: (0..3 * workers.max(1)).map(|_| AtomicU64::new(0)).collect(),
         }
     }
 
@@ -414,6 +420,13 @@ mod tests {
             beats.check(10_000, LIMIT),
             Err("packet thread tg-udp-rx-1 stuck for 9.0 s".to_string())
         );
+        beats.beat(PacketThread::UdpReader(1), 10_000);
+        beats.beat(PacketThread::Handshakes(1), 2_000);
+        assert_eq!(
+            beats.check(10_000, LIMIT),
+            Err("packet thread tg-hs-1 stuck for 8.0 s".to_string()),
+            "the further handshake thread has a stamp of its own"
+        );
         let names: Vec<String> = PacketThread::all(2).map(PacketThread::name).collect();
         assert_eq!(
             names,
@@ -422,7 +435,8 @@ mod tests {
                 "tg-udp-rx-0",
                 "tg-tun-rx-1",
                 "tg-udp-rx-1",
-                "tg-timers"
+                "tg-timers",
+                "tg-hs-1"
             ]
         );
     }

@@ -148,13 +148,22 @@ impl HandshakeWork {
 
     /// Handles up to [`PER_ROUND`] queued messages under `table`. Returns whether any are
     /// left (the caller comes back at once, after its timers).
-    pub(super) fn round(&mut self, inner: &Inner, table: &PeerTable, now: Instant) -> bool {
+    pub(super) fn round(
+        &mut self,
+        inner: &Inner,
+        table: &PeerTable,
+        decides_load: bool,
+        now: Instant,
+    ) -> bool {
         let queue = &inner.handshakes;
         let depth = queue.depth();
         // From the queue's depth alone (and what the readers saw of it since the last round):
-        // refused and answered messages never reach the queue and keep nothing on.
-        let under_load = queue.shared.observe(&mut self.load, depth, now);
-        table.limiter().set_under_load(under_load);
+        // refused and answered messages never reach the queue and keep nothing on. One thread
+        // decides it (`decides_load`: the timer thread); the others share the queue.
+        if decides_load {
+            let under_load = queue.shared.observe(&mut self.load, depth, now);
+            table.limiter().set_under_load(under_load);
+        }
         if depth == 0 {
             return false;
         }

@@ -58,7 +58,7 @@ impl ReaderStates {
         let index = match thread {
             PacketThread::TunReader(i) => 2 * i,
             PacketThread::UdpReader(i) => 2 * i + 1,
-            PacketThread::Timers => return None,
+            PacketThread::Timers | PacketThread::Handshakes(_) => return None,
         };
         self.slots.get(index)
     }

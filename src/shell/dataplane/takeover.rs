@@ -65,15 +65,20 @@ pub(super) struct TakeoverWork {
     waiting: VecDeque<Arc<PeerSlot>>,
     /// Started and not settled, oldest first.
     in_flight: VecDeque<Arc<PeerSlot>>,
+    /// This thread's share of `IN_FLIGHT`.
+    room: usize,
     buf: Vec<u8>,
     lines: Lines,
 }
 
 impl TakeoverWork {
-    pub(super) fn new() -> TakeoverWork {
+    /// The takeovers of one of `threads` handshake threads (each may have its share of
+    /// `IN_FLIGHT` open).
+    pub(super) fn new(threads: usize) -> TakeoverWork {
         TakeoverWork {
             waiting: VecDeque::new(),
             in_flight: VecDeque::new(),
+            room: (IN_FLIGHT / threads.max(1)).max(1),
             buf: vec![0u8; crate::core::wg::MIN_OUTPUT],
             lines: Lines::default(),
         }
@@ -93,7 +98,7 @@ impl TakeoverWork {
             return false;
         }
         let answer = inner.takeovers.answer();
-        while self.in_flight.len() < IN_FLIGHT && !under_load {
+        while self.in_flight.len() < self.room && !under_load {
             let Some(slot) = self
                 .waiting
                 .pop_front()
@@ -107,7 +112,7 @@ impl TakeoverWork {
             }
             self.start(inner, &slot, answer, now);
         }
-        let more = !under_load && self.in_flight.len() < IN_FLIGHT;
+        let more = !under_load && self.in_flight.len() < self.room;
         if !more {
             // Bounded by the queue's size: what a reader handed over stays in line here.
             while let Some(slot) = inner.takeovers.queue.pop() {

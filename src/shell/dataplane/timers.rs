@@ -1,8 +1,9 @@
 //! The timer thread (`tg-timers`): every peer's handshake, rekey and keepalive timers each
 //! [`TIMER_TICK`], the handshake path ([`super::handshakes`]) and takeovers
-//! ([`super::takeover`]). The readers wake it when they queue a handshake message or hand it a
-//! takeover; it works a round of each between its timers. Its sends leave after every peer
-//! lock is let go ([`super::send`]).
+//! ([`super::takeover`]); and the further handshake threads (`tg-hs-N`, one per worker after
+//! the first), which share the handshake path's queue and the takeovers with it. The readers
+//! wake them when they queue a handshake message or hand over a takeover; each works a round
+//! at a time. Their sends leave after every peer lock is let go ([`super::send`]).
 
 use super::handshakes::HandshakeWork;
 use super::send::send_one;
@@ -26,7 +27,7 @@ pub(super) fn timer_loop(inner: &Inner) {
     super::workers::confine(&PacketThread::Timers.name());
     let mut limiter_reset = LimiterReset::default();
     let mut handshakes = HandshakeWork::new();
-    let mut takeovers = TakeoverWork::new();
+    let mut takeovers = TakeoverWork::new(inner.queues.len());
     let mut next_tick = clock::now();
     let mut more = false;
     while !inner.stop.load(Ordering::Relaxed) {
@@ -38,7 +39,7 @@ pub(super) fn timer_loop(inner: &Inner) {
         }
         let now = clock::now();
         let table = inner.snapshot();
-        more = handshakes.round(inner, &table, now);
+        more = handshakes.round(inner, &table, true, now);
         // Answering a peer's own handshake first: under load, takeovers wait.
         more |= takeovers.round(inner, &table, inner.handshakes.under_load(), now);
         if now < next_tick {
@@ -73,4 +74,27 @@ fn log_handshake(slot: &PeerSlot) {
     let endpoint = endpoint.map_or_else(|| "none".into(), |p| p.remote.to_string());
     let name = slot.spec().name.as_deref().unwrap_or("");
     tracing::info!(peer = %slot.public_key(), peer_name = name, %endpoint, "Handshake completed");
+}
+
+/// A further handshake thread (`tg-hs-N`, one per worker after the first): the handshake
+/// path's queue and takeovers, beside the timer thread, so they use every CPU. The timer thread
+/// alone decides whether the interface is under load; this one reads it.
+pub(super) fn handshake_loop(inner: &Inner, me: usize) {
+    let thread = PacketThread::Handshakes(me);
+    super::workers::confine(&thread.name());
+    let mut handshakes = HandshakeWork::new();
+    let mut takeovers = TakeoverWork::new(inner.queues.len());
+    let mut more = false;
+    while !inner.stop.load(Ordering::Relaxed) {
+        inner.beat(thread);
+        if !more {
+            // Parked until a reader queues a handshake or hands over a takeover, or a stop;
+            // an idle wake keeps the heartbeat.
+            std::thread::park_timeout(crate::core::liveness::IDLE_WAKE);
+        }
+        let now = clock::now();
+        let table = inner.snapshot();
+        more = handshakes.round(inner, &table, false, now);
+        more |= takeovers.round(inner, &table, inner.handshakes.under_load(), now);
+    }
 }
