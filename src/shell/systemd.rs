@@ -39,8 +39,13 @@ pub fn sd_notify(state: &str) {
 /// recently, the data path has not failed) is Ok, until `shutdown`. A stalled event loop or a
 /// wedged packet thread stops the pings and systemd kills and restarts the service. Returns at
 /// once when no watchdog is wanted.
+///
+/// The ticks run on a thread of their own (the runtime's blocking pool), not on a runtime
+/// worker: a blocking call that stalls the event loop holds one of the two workers, and a
+/// task queued behind it may wait out the stall, so the tick that should have said why the
+/// pings stop would never run (seen in CI: systemd's kill came with no word from the daemon).
 pub async fn watchdog(observe: Arc<dyn Observe>, shutdown: impl Future<Output = ()>) {
-    use crate::core::liveness::{watchdog_interval, WatchdogPings};
+    use crate::core::liveness::watchdog_interval;
     let usec = std::env::var("WATCHDOG_USEC").ok();
     let pid = std::env::var("WATCHDOG_PID").ok();
     let every = match watchdog_interval(usec.as_deref(), pid.as_deref(), std::process::id()) {
@@ -52,15 +57,33 @@ pub async fn watchdog(observe: Arc<dyn Observe>, shutdown: impl Future<Output = 
         }
     };
     tracing::info!(every = ?every, "Serving the systemd watchdog");
-    let mut shutdown = std::pin::pin!(shutdown);
-    let mut ticks = tokio::time::interval(every);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let (stop, stopped) = std::sync::mpsc::channel::<()>();
+    let mut ticks = tokio::task::spawn_blocking(move || tick(&*observe, every, &stopped));
+    let ended = tokio::select! {
+        () = shutdown => {
+            drop(stop);
+            ticks.await
+        }
+        ended = &mut ticks => ended,
+    };
+    // A panic on the ticking thread is this part's panic: the caller records the death.
+    if let Err(e) = ended {
+        if let Ok(panic) = e.try_into_panic() {
+            std::panic::resume_unwind(panic);
+        }
+    }
+}
+
+/// The watchdog's ticks, on the calling thread, until `stopped` is closed.
+fn tick(
+    observe: &dyn Observe,
+    every: std::time::Duration,
+    stopped: &std::sync::mpsc::Receiver<()>,
+) {
+    use crate::core::liveness::WatchdogPings;
+    use std::sync::mpsc::RecvTimeoutError;
     let mut pings = WatchdogPings::default();
     loop {
-        tokio::select! {
-            () = &mut shutdown => return,
-            _ = ticks.tick() => {}
-        }
         let step = pings.on_tick(&observe.liveness());
         if let Some(line) = step.log {
             if step.ping {
@@ -71,6 +94,10 @@ pub async fn watchdog(observe: Arc<dyn Observe>, shutdown: impl Future<Output = 
         }
         if step.ping {
             sd_notify("WATCHDOG=1");
+        }
+        match stopped.recv_timeout(every) {
+            Err(RecvTimeoutError::Timeout) => {}
+            Ok(()) | Err(RecvTimeoutError::Disconnected) => return,
         }
     }
 }
