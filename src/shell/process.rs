@@ -207,7 +207,7 @@ struct Started {
 /// Claims everything that can be refused (the UAPI and status sockets, the health address)
 /// before the tunnel comes up, so a failed start changes nothing on the system; then brings
 /// the tunnel up and serves the health endpoint.
-async fn start(launch: &Launch, threads: ThreadSetup) -> anyhow::Result<Started> {
+async fn start(launch: &mut Launch, threads: ThreadSetup) -> anyhow::Result<Started> {
     let name = launch.name();
     let uapi = UapiServer::bind(name).with_context(|| format!("UAPI socket for {name}"))?;
     let status_path = crate::shell::status_client::status_socket_path(name);
@@ -221,7 +221,14 @@ async fn start(launch: &Launch, threads: ThreadSetup) -> anyhow::Result<Started>
     };
     let started = match launch {
         Launch::Run { config, path } => {
-            Daemon::start((**config).clone(), path.clone(), health_bound, threads).await
+            // The peers move to the daemon: the launch keeps what names the process, and
+            // 100,000 peers kept twice would be tens of megabytes held for nothing.
+            let peers = std::mem::take(&mut config.peers);
+            let given = Config {
+                peers,
+                ..(**config).clone()
+            };
+            Daemon::start(given, path.clone(), health_bound, threads).await
         }
         Launch::Userspace { name, answer, .. } => {
             Daemon::start_userspace(name, health_bound, *answer, threads).await
@@ -363,7 +370,7 @@ pub async fn serve(mut launch: Launch, threads: ThreadSetup) -> anyhow::Result<(
     let fatals = threads.fatals.clone();
     let started = async {
         let signals = Signals::install(mode.has_config_file())?;
-        Ok::<_, anyhow::Error>((signals, start(&launch, threads).await?))
+        Ok::<_, anyhow::Error>((signals, start(&mut launch, threads).await?))
     };
     let (
         mut signals,

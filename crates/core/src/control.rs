@@ -241,7 +241,9 @@ pub struct Control {
     private_key: Option<SecretKey>,
     fwmark: Option<u32>,
     socket_mark: Option<u32>,
-    peers: BTreeMap<PublicKey, PeerSpec>,
+    /// Shared with the data plane's peer table (each [`PeerUpsert`] hands it the same `Arc`):
+    /// one copy of each spec, not one per side.
+    peers: BTreeMap<PublicKey, std::sync::Arc<PeerSpec>>,
     /// The peer each allowed IP belongs to (each belongs to one): UAPI moves a prefix from
     /// its owner without a scan of every peer.
     owners: BTreeMap<IpNet, PublicKey>,

@@ -58,7 +58,20 @@ pub struct PeerCounters {
     pub takeover_time_last: Option<Duration>,
 }
 
-impl PeerCounters {
+/// What every peer counts as it moves data; the takeover counts live in its
+/// `TakeoverRecord`, made only for a peer that needs one.
+#[derive(Debug, Clone, Copy, Default)]
+struct Traffic {
+    rx_bytes: u64,
+    tx_bytes: u64,
+    rx_packets: u64,
+    tx_packets: u64,
+    handshakes_initiated: u64,
+    handshakes_answered: u64,
+    handshake_failures: u64,
+}
+
+impl Traffic {
     /// `messages` data messages carrying `plaintext` bytes in all.
     fn sent_data(&mut self, messages: usize, plaintext: usize) {
         self.tx_bytes += (plaintext + messages * crate::wg::OVERHEAD) as u64;
@@ -109,7 +122,7 @@ pub struct Tick {
 pub struct Peer<S = Tunnel> {
     tunnel: S,
     path: Option<PeerPath>,
-    counters: PeerCounters,
+    counters: Traffic,
     keepalive: bool,
     /// A peer with persistent keepalive starts its first handshake from the timer, once.
     keepalive_started: bool,
@@ -118,20 +131,35 @@ pub struct Peer<S = Tunnel> {
     /// The newest data message opened outside the lock ([`Peer::opened`]): only a newer one
     /// may move the endpoint.
     newest: Option<packet::Sequence>,
-    takeover: TakeoverState,
-    /// When the latest takeover initiation went, on the caller's clock.
-    takeover_started: Option<Instant>,
-    /// When the latest takeover was started or found nowhere to go: the next request waits
-    /// REKEY_TIMEOUT from it, so a peer that keeps sending costs one look per 5 s.
-    takeover_decided: Option<Instant>,
+    /// Made at the peer's first takeover request: most peers of a concentrator never need
+    /// one, and inline it would cost each of 100,000 peers about 180 bytes.
+    takeover: Option<Box<TakeoverRecord>>,
     /// Where a takeover may send: the configured endpoint and those the peer authenticated from.
     known: KnownEndpoints,
     /// The learned endpoints changed since [`Peer::take_learned_news`] last looked.
     learned_news: bool,
-    /// When a handshake response last completed a session this side initiated, on the
-    /// caller's clock ([`Peer::decapsulate_handshake`]). boringtun's own record of it moves only
-    /// with its timer tick (100 ms), too coarse to time a takeover of a few milliseconds.
+}
+
+/// One peer's takeovers: the one under way and the counts.
+#[derive(Debug, Default)]
+struct TakeoverRecord {
+    state: TakeoverState,
+    /// When the latest takeover initiation went, on the caller's clock.
+    started: Option<Instant>,
+    /// When the latest takeover was started or found nowhere to go: the next request waits
+    /// REKEY_TIMEOUT from it, so a peer that keeps sending costs one look per 5 s.
+    decided: Option<Instant>,
+    /// When a handshake response last completed a session this side initiated since the
+    /// record was made, on the caller's clock ([`Peer::decapsulate_handshake`]). boringtun's
+    /// own record of it moves only with its timer tick (100 ms), too coarse to time a takeover
+    /// of a few milliseconds.
     response_completed_at: Option<Instant>,
+    started_count: u64,
+    completed: u64,
+    failed: u64,
+    no_endpoint: u64,
+    time_total: Duration,
+    time_last: Option<Duration>,
 }
 
 impl Peer<Tunnel> {
@@ -165,18 +193,15 @@ impl<S: Session> Peer<S> {
         Peer {
             tunnel: session,
             path,
-            counters: PeerCounters::default(),
+            counters: Traffic::default(),
             keepalive: keepalive.is_some_and(|s| s > 0),
             keepalive_started: false,
             logged_handshake: None,
             newest: None,
-            takeover: TakeoverState::Idle,
-            takeover_started: None,
-            takeover_decided: None,
+            takeover: None,
             // Where it was configured (or, made again, where it was reached) is known.
             known: KnownEndpoints::configured(path.map(|p| p.remote)),
             learned_news: false,
-            response_completed_at: None,
         }
     }
 
@@ -294,7 +319,8 @@ impl<S: Session> Peer<S> {
     /// A takeover's cue from `from`: news once per takeover (the caller hands the peer to the
     /// handshake thread), dropped as an unknown session otherwise.
     fn ask_takeover(&mut self, from: PeerPath, now: Instant) -> Inbound {
-        match self.takeover.request(from, now, self.takeover_decided) {
+        let record = self.takeover.get_or_insert_with(Box::default);
+        match record.state.request(from, now, record.decided) {
             true => Inbound::TakeOver,
             false => Inbound::Drop(DropReason::UnknownPeer),
         }
@@ -327,7 +353,9 @@ impl<S: Session> Peer<S> {
         if Handshake::of(datagram) == Some(Handshake::Response)
             && matches!(decision, Inbound::Reply(_))
         {
-            self.response_completed_at = Some(now);
+            if let Some(record) = self.takeover.as_deref_mut() {
+                record.response_completed_at = Some(now);
+            }
         }
         decision
     }
@@ -335,7 +363,9 @@ impl<S: Session> Peer<S> {
     /// The takeover was not handed to the handshake thread (its queue was full): a later data
     /// message asks again.
     pub fn withdraw_takeover(&mut self) {
-        self.takeover.withdraw();
+        if let Some(record) = self.takeover.as_deref_mut() {
+            record.state.withdraw();
+        }
     }
 
     /// On the handshake thread at `now`: starts the requested takeover towards the endpoint
@@ -347,22 +377,25 @@ impl<S: Session> Peer<S> {
         answer: Answer,
         out: &mut [u8],
     ) -> (Start, Option<usize>) {
-        let start = self.takeover.start(now, self.path, &self.known, answer);
+        let Some(record) = self.takeover.as_deref_mut() else {
+            return (Start::Nothing, None);
+        };
+        let start = record.state.start(now, self.path, &self.known, answer);
         if start != Start::Nothing {
-            self.takeover_decided = Some(now);
+            record.decided = Some(now);
         }
         let mut sent = None;
         match start {
             Start::Initiate { .. } => {
-                self.takeover_started = Some(now);
-                self.counters.takeovers_started += 1;
+                record.started = Some(now);
+                record.started_count += 1;
                 if let Outcome::Network(m) = self.tunnel.initiate_anew(out) {
                     let len = m.len();
                     self.counters.sent(&out[..len]);
                     sent = Some(len);
                 }
             }
-            Start::NoKnownEndpoint { .. } => self.counters.takeovers_no_endpoint += 1,
+            Start::NoKnownEndpoint { .. } => record.no_endpoint += 1,
             Start::Nothing => {}
         }
         (start, sent)
@@ -371,6 +404,9 @@ impl<S: Session> Peer<S> {
     /// On the handshake thread at `now`: whether the started takeover completed (a handshake,
     /// whichever side initiated it) or failed, counted.
     pub fn settle_takeover(&mut self, now: Instant) -> Settle {
+        let Some(record) = self.takeover.as_deref_mut() else {
+            return Settle::Pending;
+        };
         // A response stamped on this clock since the takeover started, else boringtun's own,
         // coarser record (a handshake the peer initiated, this side answering): a stamp older
         // than the takeover must not hide that record.
@@ -378,18 +414,19 @@ impl<S: Session> Peer<S> {
             .tunnel
             .since_last_handshake()
             .and_then(|since| now.checked_sub(since));
-        let stamped = self
+        let started = record.started;
+        let stamped = record
             .response_completed_at
-            .filter(|at| self.takeover_started.is_some_and(|started| *at >= started));
+            .filter(|at| started.is_some_and(|started| *at >= started));
         let completed_at = stamped.or(recorded);
-        let settle = self.takeover.settle(now, completed_at);
+        let settle = record.state.settle(now, completed_at);
         match settle {
             Settle::Completed { after, .. } => {
-                self.counters.takeovers_completed += 1;
-                self.counters.takeover_time_total += after;
-                self.counters.takeover_time_last = Some(after);
+                record.completed += 1;
+                record.time_total += after;
+                record.time_last = Some(after);
             }
-            Settle::Failed { .. } => self.counters.takeovers_failed += 1,
+            Settle::Failed { .. } => record.failed += 1,
             Settle::Pending => {}
         }
         settle
@@ -512,8 +549,27 @@ impl<S: Session> Peer<S> {
     }
 
     pub fn stats(&self) -> PeerStats {
+        let t = self.counters;
+        let mut counters = PeerCounters {
+            rx_bytes: t.rx_bytes,
+            tx_bytes: t.tx_bytes,
+            rx_packets: t.rx_packets,
+            tx_packets: t.tx_packets,
+            handshakes_initiated: t.handshakes_initiated,
+            handshakes_answered: t.handshakes_answered,
+            handshake_failures: t.handshake_failures,
+            ..PeerCounters::default()
+        };
+        if let Some(record) = self.takeover.as_deref() {
+            counters.takeovers_started = record.started_count;
+            counters.takeovers_completed = record.completed;
+            counters.takeovers_failed = record.failed;
+            counters.takeovers_no_endpoint = record.no_endpoint;
+            counters.takeover_time_total = record.time_total;
+            counters.takeover_time_last = record.time_last;
+        }
         PeerStats {
-            counters: self.counters,
+            counters,
             path: self.path,
             since_last_handshake: self.tunnel.since_last_handshake(),
         }

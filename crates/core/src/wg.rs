@@ -284,7 +284,8 @@ enum State {
 struct Params {
     own_private: SecretKey,
     peer: PublicKey,
-    preshared: Option<SecretKey>,
+    /// Boxed: most peers have none, and a dormant concentrator peer is mostly this struct.
+    preshared: Option<Box<SecretKey>>,
     index: u32,
     limiter: Arc<RateLimiter>,
     rng: Randomness,
@@ -476,7 +477,7 @@ impl Tunnel {
             state: State::Dormant(Box::new(Params {
                 own_private: own_private.clone(),
                 peer: *peer,
-                preshared: preshared.cloned(),
+                preshared: preshared.cloned().map(Box::new),
                 index,
                 limiter: limiter.0.clone(),
                 rng,

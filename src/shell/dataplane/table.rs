@@ -26,7 +26,7 @@ use std::sync::Arc;
 pub(super) struct PeerSlot {
     public_key: PublicKey,
     index: u32,
-    spec: PeerSpec,
+    spec: Arc<PeerSpec>,
     state: Arc<Mutex<Peer>>,
 }
 
@@ -448,7 +448,7 @@ mod tests {
             private_key: None,
             upsert: vec![PeerUpsert {
                 public_key: key,
-                spec,
+                spec: spec.into(),
                 endpoint: None,
             }],
             remove: vec![],
@@ -474,7 +474,7 @@ mod tests {
             upsert: (0..n)
                 .map(|i| PeerUpsert {
                     public_key: peer_key(i),
-                    spec: spec(None, &[&peer_net(i)], None),
+                    spec: spec(None, &[&peer_net(i)], None).into(),
                     endpoint: None,
                 })
                 .collect(),
@@ -607,7 +607,7 @@ mod tests {
                 .iter()
                 .map(|k| PeerUpsert {
                     public_key: *k,
-                    spec: spec(None, &[], None),
+                    spec: spec(None, &[], None).into(),
                     endpoint: None,
                 })
                 .collect(),

@@ -306,6 +306,8 @@ fn peers(
                 None
             }
         });
+        // Pushed Vecs keep room for more; a concentrator's config lives as long as the daemon.
+        allowed_ips.shrink_to_fit();
         peers.push(Peer {
             name,
             public_key,
@@ -315,6 +317,7 @@ fn peers(
             persistent_keepalive: (keepalive > 0).then_some(keepalive),
         });
     }
+    peers.shrink_to_fit();
     peers
 }
 

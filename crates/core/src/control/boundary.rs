@@ -68,7 +68,8 @@ pub enum SessionEffect {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PeerUpsert {
     pub public_key: PublicKey,
-    pub spec: PeerSpec,
+    /// The control's own copy, shared.
+    pub spec: std::sync::Arc<PeerSpec>,
     /// `Some`: set the endpoint; `None`: keep the current (possibly roamed) one.
     pub endpoint: Option<SocketAddr>,
 }

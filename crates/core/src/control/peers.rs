@@ -38,7 +38,11 @@ impl<'a> Staged<'a> {
         match self.peers.get(key) {
             Some(staged) => staged.clone(),
             None if self.cleared => None,
-            None => self.control.peers.get(key).cloned(),
+            None => self
+                .control
+                .peers
+                .get(key)
+                .map(|spec| PeerSpec::clone(spec)),
         }
     }
 
@@ -134,6 +138,9 @@ impl<'a> Staged<'a> {
             self.owners.insert(*net, Some(key));
         }
         spec.allowed_ips.extend(fresh);
+        // A growing Vec takes room for four: a concentrator's peer has one prefix, and
+        // 100,000 of them would carry 5 MB of empty room.
+        spec.allowed_ips.shrink_to_fit();
     }
 
     /// The staged peers, and whether every peer not among them goes.
@@ -178,7 +185,12 @@ impl Control {
             let Some(spec) = spec else { continue };
             cost::charge(1);
             let old = self.peers.get(&k);
-            let same = old == Some(&spec);
+            let same = old.is_some_and(|old| **old == spec);
+            // The same spec keeps its one copy; a new one is shared from here on.
+            let spec = match old {
+                Some(old) if same => old.clone(),
+                _ => std::sync::Arc::new(spec),
+            };
             let endpoint = endpoints.get(&k).copied();
             if !same || endpoint.is_some() || key.is_some() {
                 changes.upsert.push(PeerUpsert {

@@ -207,7 +207,8 @@ impl Sim {
                     if let Some(e) = u.endpoint {
                         self.endpoints.insert(u.public_key, e);
                     }
-                    self.sessions.insert(u.public_key, (u.spec, session));
+                    self.sessions
+                        .insert(u.public_key, (PeerSpec::clone(&u.spec), session));
                 }
             }
             Action::Rebind { port, .. } => self.control.handle_rebound(Ok(port), now),

@@ -1008,3 +1008,13 @@ fn a_late_batch_of_the_session_before_a_rekey_does_not_move_the_endpoint_back() 
     );
     assert_eq!(p.local.path(), Some(moved_to), "moved back by a late batch");
 }
+
+/// A concentrator holds 100,000 of these (each behind its own lock, most never used): what
+/// only some peers need (a takeover's state and counts, a preshared key, boringtun's session)
+/// is boxed when first needed, so the peer itself stays small (issue 51: 150 MB at 100,000
+/// peers). Grows past the bound only on purpose.
+#[test]
+fn a_peer_that_never_took_over_stays_small() {
+    let size = std::mem::size_of::<Peer>();
+    assert!(size <= 256, "Peer is {size} bytes");
+}
