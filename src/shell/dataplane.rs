@@ -187,6 +187,10 @@ struct Inner {
     departed: Mutex<PeerCounters>,
     /// Endpoints learned of peers not configured yet, for when they are added.
     learned_for_later: Mutex<HashMap<PublicKey, (SocketAddr, Origin)>>,
+    /// Peers handed to the timer thread since it last looked: woken by a packet, a handshake
+    /// or a takeover ([`crate::core::peer::Peer::woke`]), or changed by a peer update. The
+    /// timer walks only the peers on its list ([`timers`]).
+    woke: Mutex<Vec<PublicKey>>,
     /// Which worker owns which peer: the program installed on the sockets, kept to pick the
     /// socket a peer's timer messages leave from and to install again on new sockets.
     steering: RwLock<Arc<Steering>>,
@@ -239,6 +243,7 @@ impl Dataplane {
                 takeovers: takeover::Requests::new(),
                 departed: Mutex::new(PeerCounters::default()),
                 learned_for_later: Mutex::new(HashMap::new()),
+                woke: Mutex::new(Vec::new()),
                 steering: RwLock::new(Arc::new(Steering::plain(workers))),
             }),
             stopped: AtomicBool::new(false),
@@ -350,6 +355,12 @@ impl Dataplane {
         }
         let steering = next.steering_after(&change, self.workers());
         *self.inner.table.write() = Arc::new(next);
+        // A peer made or changed may need the timer at once (a persistent keepalive's first
+        // handshake); the timer looks and keeps only those that do. O(changed).
+        self.inner
+            .woke
+            .lock()
+            .extend(changes.upsert.iter().map(|u| u.public_key));
         if let Some(steering) = steering {
             if steering != **self.inner.steering.read() {
                 self.inner.steer(steering);
@@ -656,6 +667,14 @@ fn install_panic_hook() {
 }
 
 impl Inner {
+    /// `woke` (from [`crate::core::peer::Peer::woke`], under the peer's lock, let go since):
+    /// the timer thread takes the peer on its list at its next tick.
+    pub(super) fn hand_to_timer(&self, woke: bool, key: &PublicKey) {
+        if woke {
+            self.woke.lock().push(*key);
+        }
+    }
+
     fn snapshot(&self) -> Arc<PeerTable> {
         self.table.read().clone()
     }

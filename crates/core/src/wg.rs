@@ -665,6 +665,11 @@ pub trait Session {
     fn receiving(&self, message: &[u8]) -> Option<OpenKey>;
     /// Records for the timers a message opened outside the lock.
     fn record_received(&mut self, session: u32, data_bytes: Option<usize>);
+    /// Whether anything ever needed the session state: a session that never did has no
+    /// timers to run.
+    fn is_awake(&self) -> bool {
+        true
+    }
 }
 
 impl Session for Tunnel {
@@ -696,6 +701,9 @@ impl Session for Tunnel {
     }
     fn since_last_handshake(&self) -> Option<Duration> {
         self.stats().since_last_handshake
+    }
+    fn is_awake(&self) -> bool {
+        self.is_active()
     }
     #[inline]
     fn reserve_send(&mut self, count: usize, bytes: usize) -> Option<SealBatch> {

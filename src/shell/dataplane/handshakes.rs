@@ -226,10 +226,13 @@ impl HandshakeWork {
                 return;
             }
         };
-        let decision = {
+        let (decision, woke) = {
             let mut peer = slot.lock();
-            peer.decapsulate_handshake(table, slot, q.from, datagram, &mut self.out, now)
+            let decision =
+                peer.decapsulate_handshake(table, slot, q.from, datagram, &mut self.out, now);
+            (decision, peer.woke())
         };
+        inner.hand_to_timer(woke, slot.public_key());
         match decision {
             Inbound::Reply(len) => {
                 send_one(inner, socket, &self.out[..len], q.from);

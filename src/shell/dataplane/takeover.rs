@@ -124,10 +124,12 @@ impl TakeoverWork {
     }
 
     fn start(&mut self, inner: &Inner, slot: &Arc<PeerSlot>, answer: Answer, now: Instant) {
-        let (start, sent) = {
+        let (start, sent, woke) = {
             let mut peer = slot.lock();
-            peer.start_takeover(now, answer, &mut self.buf)
+            let (start, sent) = peer.start_takeover(now, answer, &mut self.buf);
+            (start, sent, peer.woke())
         };
+        inner.hand_to_timer(woke, slot.public_key());
         let name = slot.spec().name.as_deref().unwrap_or("");
         match start {
             Start::Nothing => {}

@@ -10,16 +10,45 @@ use super::send::send_one;
 use super::table::PeerSlot;
 use super::takeover::TakeoverWork;
 use super::Inner;
+use crate::config::PublicKey;
 use crate::core::liveness::PacketThread;
 use crate::core::peer::LimiterReset;
 use crate::core::wg;
 use crate::shell::clock;
+use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 /// How often WireGuard's handshake, rekey and keepalive timers are driven (boringtun expects
 /// about every 100 ms; its own device uses 250 ms).
 const TIMER_TICK: Duration = Duration::from_millis(100);
+
+/// How often the timer also looks at every peer, for one that woke unseen: a backstop, not the
+/// way peers come on its list (that is [`crate::core::peer::Peer::woke`], where they wake).
+/// At 100,000 peers a look at each costs the timer tens of milliseconds.
+const SWEEP_EVERY: Duration = Duration::from_secs(10);
+
+/// The peers the timer ticks: the ones that woke (a packet, a handshake, a takeover) and the
+/// ones a peer update named, until a tick finds they need nothing. Idle peers are not on it,
+/// so a tick costs the peers that talk, not every configured one.
+#[derive(Default)]
+struct TimerList {
+    keys: Vec<PublicKey>,
+    on: HashSet<PublicKey>,
+}
+
+impl TimerList {
+    fn add(&mut self, key: PublicKey) {
+        if self.on.insert(key) {
+            self.keys.push(key);
+        }
+    }
+
+    fn remove_at(&mut self, i: usize) {
+        let key = self.keys.swap_remove(i);
+        self.on.remove(&key);
+    }
+}
 
 /// The timer thread's loop, until the data plane stops.
 pub(super) fn timer_loop(inner: &Inner) {
@@ -29,6 +58,8 @@ pub(super) fn timer_loop(inner: &Inner) {
     let mut handshakes = HandshakeWork::new();
     let mut takeovers = TakeoverWork::new(inner.queues.len());
     let mut next_tick = clock::now();
+    let mut list = TimerList::default();
+    let mut next_sweep = next_tick + SWEEP_EVERY;
     let mut more = false;
     while !inner.stop.load(Ordering::Relaxed) {
         inner.beat(PacketThread::Timers);
@@ -52,13 +83,36 @@ pub(super) fn timer_loop(inner: &Inner) {
         if table.private_key().is_none() {
             continue; // no key: no handshakes, no keepalives
         }
+        let news = std::mem::take(&mut *inner.woke.lock());
+        for key in news {
+            list.add(key);
+        }
+        if now >= next_sweep {
+            next_sweep = now + SWEEP_EVERY;
+            for slot in table.peers() {
+                let woke = slot.lock().woke();
+                if woke {
+                    list.add(*slot.public_key());
+                }
+            }
+        }
         let sockets = inner.sockets();
         let steering = inner.steering();
-        for slot in table.peers() {
+        let mut i = 0;
+        while i < list.keys.len() {
+            let Some(slot) = table.slot(&list.keys[i]) else {
+                list.remove_at(i); // removed from the table
+                continue;
+            };
             let tick = {
                 let mut peer = slot.lock();
-                peer.on_tick(now, &mut buf)
+                peer.wants_ticks().then(|| peer.on_tick(now, &mut buf))
             };
+            let Some(tick) = tick else {
+                list.remove_at(i);
+                continue;
+            };
+            i += 1;
             if tick.handshake_completed {
                 log_handshake(slot);
             }

@@ -346,10 +346,12 @@ fn queue_segments(
     let mut dropped = 0;
     for i in 0..plan.count() {
         let range = plan.segment(read, i);
-        let decision = {
+        let (decision, woke) = {
             let mut peer = slot.lock();
-            peer.encapsulate(&read[range], out.slot())
+            let decision = peer.encapsulate(&read[range], out.slot());
+            (decision, peer.woke())
         };
+        inner.hand_to_timer(woke, slot.public_key());
         match decision {
             Outbound::Send { len, to } => {
                 out.push(len, to);
@@ -958,15 +960,20 @@ impl Received<'_> {
             }
             None => {
                 let now = clock::now();
-                let mut peer = self.slot.lock();
-                peer.decapsulate(
-                    self.table,
-                    self.slot,
-                    self.from,
-                    self.datagram,
-                    landing,
-                    now,
-                )
+                let (decision, woke) = {
+                    let mut peer = self.slot.lock();
+                    let decision = peer.decapsulate(
+                        self.table,
+                        self.slot,
+                        self.from,
+                        self.datagram,
+                        landing,
+                        now,
+                    );
+                    (decision, peer.woke())
+                };
+                inner.hand_to_timer(woke, self.slot.public_key());
+                decision
             }
         };
         match decision {

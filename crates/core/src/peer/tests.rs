@@ -1018,3 +1018,35 @@ fn a_peer_that_never_took_over_stays_small() {
     let size = std::mem::size_of::<Peer>();
     assert!(size <= 256, "Peer is {size} bytes");
 }
+
+/// The timer ticks only the peers that need it (issue 51): a configured peer that never talked
+/// needs nothing, and is not on its list; the first packet to send wakes it, once; a
+/// persistent keepalive with an endpoint needs the timer for its first handshake; a peer the
+/// timer finds needing nothing leaves the list and is handed over again when it wakes.
+#[test]
+fn only_peers_that_woke_or_start_a_keepalive_need_the_timer() {
+    let mut buf = vec![0u8; 2048];
+    let mut p = pair(None, Some(path(REMOTE)));
+    assert!(!p.local.woke(), "an idle peer is not handed to the timer");
+    assert!(!p.local.wants_ticks(), "nor kept on its list");
+    let _ = p
+        .local
+        .encapsulate(&ipv4_packet([10, 0, 0, 1], [10, 0, 0, 2], b"hi"), &mut buf);
+    assert!(p.local.woke(), "a packet to send woke the session");
+    assert!(!p.local.woke(), "handed over once");
+    assert!(p.local.wants_ticks());
+
+    let mut k = pair(Some(25), None);
+    assert!(!k.local.woke(), "a keepalive with nowhere to send waits");
+    k.local.set_endpoint(path(REMOTE));
+    assert!(
+        k.local.wants_ticks(),
+        "a keepalive with an endpoint starts its handshake"
+    );
+    let tick = k.local.on_tick(Instant::now(), &mut buf);
+    assert!(tick.send.is_some(), "the first handshake went: {tick:?}");
+    assert!(
+        k.local.wants_ticks(),
+        "and the woken session keeps its timers"
+    );
+}
