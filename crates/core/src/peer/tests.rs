@@ -1043,7 +1043,7 @@ fn only_peers_that_woke_or_start_a_keepalive_need_the_timer() {
         k.local.wants_ticks(),
         "a keepalive with an endpoint starts its handshake"
     );
-    let tick = k.local.on_tick(Instant::now(), &mut buf);
+    let tick = k.local.on_tick(crate::test_util::now(), &mut buf);
     assert!(tick.send.is_some(), "the first handshake went: {tick:?}");
     assert!(
         k.local.wants_ticks(),
