@@ -41,7 +41,6 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 
 use super::accept::{self, Conn, Policy};
 
@@ -249,7 +248,20 @@ struct Serving {
     /// once (new connections are refused), whatever the serving task is doing.
     close: OwnedFd,
     stop: oneshot::Sender<()>,
-    task: JoinHandle<()>,
+    done: Done,
+}
+
+/// The end of a listener's serving thread, as the daemon's runtime awaits it.
+struct Done(oneshot::Receiver<()>);
+
+impl Done {
+    fn is_finished(&mut self) -> bool {
+        !matches!(self.0.try_recv(), Err(oneshot::error::TryRecvError::Empty))
+    }
+
+    async fn wait(self) {
+        let _ = self.0.await;
+    }
 }
 
 /// The daemon's health endpoint: at most one listener, moved by [`HealthEndpoint::switch`].
@@ -261,8 +273,8 @@ pub struct HealthEndpoint {
     serving: Option<Serving>,
     /// The address a reload reserved before the core took the new file.
     reserved: Option<(SocketAddr, TcpSocket)>,
-    /// Tasks of closed listeners, still answering the requests they had accepted.
-    retired: Vec<JoinHandle<()>>,
+    /// Threads of closed listeners, still answering the requests they had accepted.
+    retired: Vec<Done>,
 }
 
 impl HealthEndpoint {
@@ -276,25 +288,55 @@ impl HealthEndpoint {
         }
     }
 
-    /// Starts serving `listener`. Must run on a tokio runtime.
+    /// Starts serving `listener` (made on a tokio runtime) on a thread of its own, with a
+    /// runtime of its own: the endpoint that says the event loop stalled must not wait on the
+    /// runtime that loop stalls (a blocking call holds one of its two workers, and the other
+    /// may sleep with nobody polling the sockets: `/healthz` then went unanswered for the
+    /// whole stall).
     pub fn serve(&mut self, listener: TcpListener) -> io::Result<SocketAddr> {
         let addr = listener.local_addr()?;
         let close = listener.as_fd().try_clone_to_owned()?;
+        let listener = listener.into_std()?;
         let (stop, stopped) = oneshot::channel::<()>();
-        let served = serve_health(listener, self.observe.clone(), async move {
-            let _ = stopped.await;
-        });
+        let (finished, done) = oneshot::channel::<()>();
+        let observe = self.observe.clone();
         let fatals = self.fatals.clone();
-        let task = tokio::spawn(async move {
-            // Ends at a stop or a move; a panic is the death `guarded` records.
-            let _ = guarded(&fatals, Part::Health, served).await;
-        });
+        std::thread::Builder::new()
+            .name("tg-health".into())
+            .spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build();
+                match runtime {
+                    Ok(runtime) => runtime.block_on(async move {
+                        let listener = match TcpListener::from_std(listener) {
+                            Ok(l) => l,
+                            Err(e) => {
+                                let _ = fatals.died(format!("{} failed: {e}", Part::Health.name()));
+                                return;
+                            }
+                        };
+                        let served = serve_health(listener, observe, async move {
+                            let _ = stopped.await;
+                        });
+                        // Ends at a stop or a move; a panic is the death `guarded` records.
+                        let _ = guarded(&fatals, Part::Health, served).await;
+                    }),
+                    Err(e) => {
+                        let _ = fatals.died(format!(
+                            "{} failed: cannot start its runtime: {e}",
+                            Part::Health.name()
+                        ));
+                    }
+                }
+                let _ = finished.send(());
+            })?;
         self.close_current();
         self.serving = Some(Serving {
             addr,
             close,
             stop,
-            task,
+            done: Done(done),
         });
         Ok(addr)
     }
@@ -372,7 +414,8 @@ impl HealthEndpoint {
     pub async fn stop(&mut self) {
         self.close_current();
         let retired = std::mem::take(&mut self.retired);
-        let _ = tokio::time::timeout(RETIRED_DRAIN_WAIT, futures::future::join_all(retired)).await;
+        let waits = retired.into_iter().map(Done::wait);
+        let _ = tokio::time::timeout(RETIRED_DRAIN_WAIT, futures::future::join_all(waits)).await;
     }
 
     /// Whether `error` binding `addr` comes from our own listener holding that port.
@@ -395,8 +438,8 @@ impl HealthEndpoint {
             tracing::warn!(listen = %old.addr, error = %e, "Cannot shut the old health listener down");
         }
         let _ = old.stop.send(());
-        self.retired.retain(|t| !t.is_finished());
-        self.retired.push(old.task);
+        self.retired.retain_mut(|t| !t.is_finished());
+        self.retired.push(old.done);
     }
 }
 
