@@ -251,16 +251,22 @@ struct Serving {
     done: Done,
 }
 
-/// The end of a listener's serving thread, as the daemon's runtime awaits it.
-struct Done(oneshot::Receiver<()>);
+/// A listener's serving thread, awaited from the daemon's runtime: it says when it is done,
+/// and is joined then.
+struct Done {
+    finished: oneshot::Receiver<()>,
+    thread: std::thread::JoinHandle<()>,
+}
 
 impl Done {
-    fn is_finished(&mut self) -> bool {
-        !matches!(self.0.try_recv(), Err(oneshot::error::TryRecvError::Empty))
+    fn is_finished(&self) -> bool {
+        self.thread.is_finished()
     }
 
     async fn wait(self) {
-        let _ = self.0.await;
+        let _ = self.finished.await;
+        // Its last act was to say so: the join waits for nothing but the thread's exit.
+        let _ = self.thread.join();
     }
 }
 
@@ -298,10 +304,10 @@ impl HealthEndpoint {
         let close = listener.as_fd().try_clone_to_owned()?;
         let listener = listener.into_std()?;
         let (stop, stopped) = oneshot::channel::<()>();
-        let (finished, done) = oneshot::channel::<()>();
+        let (finished, finished_rx) = oneshot::channel::<()>();
         let observe = self.observe.clone();
         let fatals = self.fatals.clone();
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("tg-health".into())
             .spawn(move || {
                 let runtime = tokio::runtime::Builder::new_current_thread()
@@ -336,7 +342,10 @@ impl HealthEndpoint {
             addr,
             close,
             stop,
-            done: Done(done),
+            done: Done {
+                finished: finished_rx,
+                thread,
+            },
         });
         Ok(addr)
     }
@@ -438,7 +447,7 @@ impl HealthEndpoint {
             tracing::warn!(listen = %old.addr, error = %e, "Cannot shut the old health listener down");
         }
         let _ = old.stop.send(());
-        self.retired.retain_mut(|t| !t.is_finished());
+        self.retired.retain(|t| !t.is_finished());
         self.retired.push(old.done);
     }
 }
