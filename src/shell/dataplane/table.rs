@@ -50,6 +50,70 @@ impl PeerSlot {
     pub(super) fn lock(&self) -> MutexGuard<'_, Peer> {
         self.state.lock()
     }
+
+    /// This peer with `spec`'s settings, the same session: a worker holding the old slot
+    /// keeps working on it.
+    fn with_spec(&self, spec: &Arc<PeerSpec>) -> Arc<PeerSlot> {
+        Arc::new(PeerSlot {
+            public_key: self.public_key,
+            index: self.index,
+            spec: spec.clone(),
+            state: self.state.clone(),
+        })
+    }
+}
+
+/// What `upsert` changes of a peer whose session stays: its keepalive, when `effect` says it
+/// changed, and its endpoint, when it names one.
+fn keep_session(state: &mut Peer, effect: SessionEffect, upsert: &PeerUpsert) {
+    if let SessionEffect::KeepSession {
+        keepalive_changed: true,
+    } = effect
+    {
+        state.set_keepalive(upsert.spec.persistent_keepalive);
+    }
+    if let Some(endpoint) = upsert.endpoint {
+        state.set_endpoint(PeerPath::to(endpoint));
+    }
+}
+
+/// Where a peer made again is reached: the endpoint `upsert` names, else where the peer it
+/// replaces (`old`) was reached.
+fn endpoint_of(upsert: &PeerUpsert, old: Option<&PeerSlot>) -> Option<PeerPath> {
+    upsert
+        .endpoint
+        .map(PeerPath::to)
+        .or_else(|| old.and_then(|o| o.lock().path()))
+}
+
+/// A slot with a new session for `(key, index)`: `spec`'s settings, reached at `endpoint`, and
+/// where a takeover may go, what the peer it replaces (`old`) knew.
+fn new_session(
+    tunnel_key: &SecretKey,
+    limiter: &Limiter,
+    (key, index): (PublicKey, u32),
+    spec: &Arc<PeerSpec>,
+    endpoint: Option<PeerPath>,
+    old: Option<&PeerSlot>,
+) -> Arc<PeerSlot> {
+    let mut peer = Peer::new(
+        tunnel_key,
+        &key,
+        spec,
+        index,
+        limiter,
+        endpoint,
+        Box::new(rand_core::OsRng),
+    );
+    if let Some(old) = old {
+        peer.inherit_known_endpoints(&old.lock());
+    }
+    Arc::new(PeerSlot {
+        public_key: key,
+        index,
+        spec: spec.clone(),
+        state: Arc::new(Mutex::new(peer)),
+    })
 }
 
 /// What a change to the table did, for logs.
@@ -180,33 +244,17 @@ impl PeerTable {
                 .filter(|(_, effect)| *effect != SessionEffect::NewSession);
             let slot = match kept {
                 Some((old, effect)) => {
-                    {
-                        let mut state = old.lock();
-                        if let SessionEffect::KeepSession {
-                            keepalive_changed: true,
-                        } = effect
-                        {
-                            state.set_keepalive(upsert.spec.persistent_keepalive);
-                        }
-                        if let Some(endpoint) = upsert.endpoint {
-                            state.set_endpoint(PeerPath::to(endpoint));
-                        }
-                    }
+                    keep_session(&mut old.lock(), effect, upsert);
                     if effect == SessionEffect::Unchanged {
                         // Only the endpoint, if anything: the slot stays as it is.
                         continue;
                     }
                     change.updated.push(key);
                     next.take_out(old);
-                    Arc::new(PeerSlot {
-                        public_key: key,
-                        index: old.index,
-                        spec: upsert.spec.clone(),
-                        state: old.state.clone(),
-                    })
+                    old.with_spec(&upsert.spec)
                 }
                 None => {
-                    let roamed = existing.as_ref().and_then(|o| o.lock().path());
+                    let endpoint = endpoint_of(upsert, existing.as_deref());
                     match &existing {
                         Some(old) => {
                             change.reset.push(key);
@@ -215,24 +263,14 @@ impl PeerTable {
                         None => change.added.push(key),
                     }
                     let index = next.free_index(&key);
-                    let mut peer = Peer::new(
+                    new_session(
                         &next.tunnel_key,
-                        &key,
-                        &upsert.spec,
-                        index,
                         &next.limiter,
-                        upsert.endpoint.map(PeerPath::to).or(roamed),
-                        Box::new(rand_core::OsRng),
-                    );
-                    if let Some(old) = &existing {
-                        peer.inherit_known_endpoints(&old.lock());
-                    }
-                    Arc::new(PeerSlot {
-                        public_key: key,
-                        index,
-                        spec: upsert.spec.clone(),
-                        state: Arc::new(Mutex::new(peer)),
-                    })
+                        (key, index),
+                        &upsert.spec,
+                        endpoint,
+                        existing.as_deref(),
+                    )
                 }
             };
             next.put_in(slot);
@@ -262,23 +300,17 @@ impl PeerTable {
             if first_key {
                 // Every index comes from the new key: only those given out so far are taken.
                 let index = next.free_index_among(key, self, &|_: &PublicKey| false);
-                let mut peer = Peer::new(
-                    &tunnel_key,
-                    key,
-                    &old.spec,
-                    index,
-                    &next.limiter,
-                    old.lock().path(),
-                    Box::new(rand_core::OsRng),
-                );
-                peer.inherit_known_endpoints(&old.lock());
+                let endpoint = old.lock().path();
                 change.reset.push(*key);
-                next.put_in(Arc::new(PeerSlot {
-                    public_key: *key,
-                    index,
-                    spec: old.spec.clone(),
-                    state: Arc::new(Mutex::new(peer)),
-                }));
+                let slot = new_session(
+                    &tunnel_key,
+                    &next.limiter,
+                    (*key, index),
+                    &old.spec,
+                    endpoint,
+                    Some(old),
+                );
+                next.put_in(slot);
                 continue;
             }
             old.lock().set_private_key(&tunnel_key, &next.limiter);
@@ -294,23 +326,10 @@ impl PeerTable {
                 Some((old, effect)) => {
                     let mut state = old.lock();
                     state.set_private_key(&tunnel_key, &next.limiter);
-                    change.reset.push(key);
-                    if let SessionEffect::KeepSession {
-                        keepalive_changed: true,
-                    } = effect
-                    {
-                        state.set_keepalive(upsert.spec.persistent_keepalive);
-                    }
-                    if let Some(endpoint) = upsert.endpoint {
-                        state.set_endpoint(PeerPath::to(endpoint));
-                    }
+                    keep_session(&mut state, effect, upsert);
                     drop(state);
-                    Arc::new(PeerSlot {
-                        public_key: key,
-                        index: old.index,
-                        spec: upsert.spec.clone(),
-                        state: old.state.clone(),
-                    })
+                    change.reset.push(key);
+                    old.with_spec(&upsert.spec)
                 }
                 None => {
                     if existing.is_some() {
@@ -318,27 +337,17 @@ impl PeerTable {
                     } else {
                         change.added.push(key);
                     }
-                    let roamed = existing.and_then(|o| o.lock().path());
+                    let endpoint = endpoint_of(upsert, existing.map(|o| &**o));
                     let index =
                         next.free_index_among(&key, self, &|k: &PublicKey| !first_key && kept(k));
-                    let mut peer = Peer::new(
+                    new_session(
                         &tunnel_key,
-                        &key,
-                        &upsert.spec,
-                        index,
                         &next.limiter,
-                        upsert.endpoint.map(PeerPath::to).or(roamed),
-                        Box::new(rand_core::OsRng),
-                    );
-                    if let Some(old) = existing {
-                        peer.inherit_known_endpoints(&old.lock());
-                    }
-                    Arc::new(PeerSlot {
-                        public_key: key,
-                        index,
-                        spec: upsert.spec.clone(),
-                        state: Arc::new(Mutex::new(peer)),
-                    })
+                        (key, index),
+                        &upsert.spec,
+                        endpoint,
+                        existing.map(|o| &**o),
+                    )
                 }
             };
             next.put_in(slot);
