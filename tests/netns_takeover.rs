@@ -331,15 +331,9 @@ fn failover_behind_an_instant_balancer_takes_the_peer_over_at_once() {
     );
 }
 
-/// The group's endpoint exchange on a shared network: a third namespace that reaches the
-/// replicas' exchange port (as any pod on the pod network may) and saw one of their datagrams
-/// on the wire sends it again (a replay), sends datagrams sealed under another key, garbage and
-/// a genuine datagram with a bit flipped. The replica refuses each, counts it by why, and takes
-/// nothing from it.
-#[test]
-#[ignore = "needs root"]
-fn the_group_exchange_refuses_and_counts_what_a_third_namespace_forges_or_replays() {
-    use tunnelgate::core::group_exchange::{Entry, Exchange, Kind};
+/// The exchange's lab: two replicas (10.9.1.2, 10.9.2.2, both `replicas.test` in their hosts
+/// files) and a third namespace (10.9.3.2), each on its own veth to a router, `lb`.
+fn group_lab() -> (Netns, Netns, Netns, Netns) {
     let (lb, r1, r2, x) = (Netns::new(), Netns::new(), Netns::new(), Netns::new());
     veth(&r1, &["10.9.1.2/24"], &lb, &["10.9.1.1/24"]);
     veth(&r2, &["10.9.2.2/24"], &lb, &["10.9.2.1/24"]);
@@ -351,6 +345,19 @@ fn the_group_exchange_refuses_and_counts_what_a_third_namespace_forges_or_replay
     for r in [&r1, &r2] {
         r.hosts("10.9.1.2 replicas.test\n10.9.2.2 replicas.test");
     }
+    (lb, r1, r2, x)
+}
+
+/// The group's endpoint exchange on a shared network: a third namespace that reaches the
+/// replicas' exchange port (as any pod on the pod network may) and saw one of their datagrams
+/// on the wire sends it again (a replay), sends datagrams sealed under another key, garbage and
+/// a genuine datagram with a bit flipped. The replica refuses each, counts it by why, and takes
+/// nothing from it.
+#[test]
+#[ignore = "needs root"]
+fn the_group_exchange_refuses_and_counts_what_a_third_namespace_forges_or_replays() {
+    use tunnelgate::core::group_exchange::{Entry, Exchange, Kind};
+    let (lb, r1, r2, x) = group_lab();
     let client = Keypair::generate();
     let mut cfg = TgConfig::new(TG_PORT, &[&format!("{A_TUN4}/32")])
         .peer(Peer::new(&client.public, &[&format!("{B_TUN4}/32")]));
@@ -478,17 +485,7 @@ fn the_group_exchange_refuses_and_counts_what_a_third_namespace_forges_or_replay
 #[ignore = "needs root"]
 fn the_group_exchange_follows_a_key_rotation_on_a_dual_stack_socket() {
     use tunnelgate::core::group_exchange::{Entry, Exchange, Kind};
-    let (lb, r1, r2, x) = (Netns::new(), Netns::new(), Netns::new(), Netns::new());
-    veth(&r1, &["10.9.1.2/24"], &lb, &["10.9.1.1/24"]);
-    veth(&r2, &["10.9.2.2/24"], &lb, &["10.9.2.1/24"]);
-    veth(&x, &["10.9.3.2/24"], &lb, &["10.9.3.1/24"]);
-    for (ns, via) in [(&r1, "10.9.1.1"), (&r2, "10.9.2.1"), (&x, "10.9.3.1")] {
-        ns.exec(&["ip", "route", "add", "default", "via", via]);
-    }
-    lb.sysctl("net.ipv4.ip_forward", "1");
-    for r in [&r1, &r2] {
-        r.hosts("10.9.1.2 replicas.test\n10.9.2.2 replicas.test");
-    }
+    let (_lb, r1, r2, x) = group_lab();
     let client = Keypair::generate();
     let mut cfg = TgConfig::new(TG_PORT, &[&format!("{A_TUN4}/32")])
         .peer(Peer::new(&client.public, &[&format!("{B_TUN4}/32")]));
