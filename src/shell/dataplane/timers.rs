@@ -48,6 +48,15 @@ impl TimerList {
         let key = self.keys.swap_remove(i);
         self.on.remove(&key);
     }
+
+    /// Gives back the room a burst left: a start or a sync of 100,000 peers puts them all on
+    /// the list for one tick, and the list and its set would hold 8 MB of room from then on.
+    fn shrink(&mut self) {
+        if self.keys.capacity() > 1024 && self.keys.len() < self.keys.capacity() / 4 {
+            self.keys.shrink_to(self.keys.len() * 2);
+            self.on.shrink_to(self.keys.len() * 2);
+        }
+    }
 }
 
 /// The timer thread's loop, until the data plane stops.
@@ -120,6 +129,7 @@ pub(super) fn timer_loop(inner: &Inner) {
             let socket = &sockets[steering.worker_of_peer(slot.index()) % sockets.len()];
             send_one(inner, socket, &buf[..len], to);
         }
+        list.shrink();
     }
 }
 
@@ -150,5 +160,30 @@ pub(super) fn handshake_loop(inner: &Inner, me: usize) {
         let table = inner.snapshot();
         more = handshakes.round(inner, &table, false, now);
         more |= takeovers.round(inner, &table, inner.handshakes.under_load(), now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// After a burst (every peer of a start on the list for one tick) the list keeps room for
+    /// what it holds, not for the burst.
+    #[test]
+    fn the_timer_list_gives_back_a_bursts_room() {
+        let mut list = TimerList::default();
+        for i in 0..100_000u32 {
+            let mut key = [0u8; 32];
+            key[..4].copy_from_slice(&i.to_be_bytes());
+            list.add(PublicKey(key));
+        }
+        while list.keys.len() > 10 {
+            list.remove_at(0);
+        }
+        list.shrink();
+        assert_eq!(list.keys.len(), 10);
+        assert!(list.keys.capacity() <= 64, "{}", list.keys.capacity());
+        assert!(list.on.capacity() <= 64, "{}", list.on.capacity());
+        assert!(list.keys.iter().all(|k| list.on.contains(k)));
     }
 }
