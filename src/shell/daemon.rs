@@ -245,7 +245,7 @@ impl Daemon {
         }
         daemon.publish();
         // The configuration's parse and the first table are big passes at many peers.
-        if daemon.control.config().peers.len() >= crate::shell::procfs::MANY_PEERS {
+        if daemon.control.peer_count() >= crate::shell::procfs::MANY_PEERS {
             crate::shell::procfs::give_back_free_heap();
         }
         // The loop's first turn is due now, not counted from the start of a slow start.
@@ -579,12 +579,12 @@ impl Daemon {
         };
         match read {
             Ok(None) => last_error.clear(),
-            Ok(Some((c, _, seen))) if c == *self.control.config() => {
+            Ok(Some((c, _, seen))) if self.control.runs(&c) => {
                 last_error.clear();
                 self.config_seen = Some(seen);
                 drop(c);
                 // The first poll after a start parses the file once more.
-                if self.control.config().peers.len() >= crate::shell::procfs::MANY_PEERS {
+                if self.control.peer_count() >= crate::shell::procfs::MANY_PEERS {
                     crate::shell::procfs::give_back_free_heap();
                 }
             }
@@ -615,7 +615,7 @@ impl Daemon {
     /// reload to one that cannot be bound is refused, and the old configuration runs on).
     fn take_config(&mut self, config: Config) -> Result<Reload, Refused> {
         let taken = self.take_config_only(config);
-        if self.control.config().peers.len() >= crate::shell::procfs::MANY_PEERS {
+        if self.control.peer_count() >= crate::shell::procfs::MANY_PEERS {
             crate::shell::procfs::give_back_free_heap();
         }
         taken

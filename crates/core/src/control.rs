@@ -25,6 +25,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod boundary;
+mod configured;
 mod decide;
 mod peers;
 
@@ -232,9 +233,11 @@ impl Mode {
 #[derive(Debug)]
 pub struct Control {
     mode: Mode,
-    /// Shared with what the shell publishes: a turn of the event loop compares pointers, not
-    /// 100,000 peers.
+    /// The running configuration without its `[[peer]]`s: those are `peers` (as the file or
+    /// UAPI last set them), and `configured` is what the file gave. Shared with what the shell
+    /// publishes: a turn of the event loop compares pointers.
     config: Arc<Config>,
+    configured: configured::ConfiguredPeers,
     listen_port: u16,
     health: HealthListener,
     /// `None` after UAPI removed it (as wireguard-go allows).
@@ -295,11 +298,12 @@ impl Control {
     /// interface (and its key is ignored: the device starts without one).
     pub fn with_mode(
         mode: Mode,
-        config: Config,
+        mut config: Config,
         listen_port: u16,
         health_bound: Option<SocketAddr>,
         now: Instant,
     ) -> Self {
+        let peers = std::mem::take(&mut config.peers);
         let config = Arc::new(config);
         let mut control = Control {
             mode,
@@ -362,10 +366,10 @@ impl Control {
             reloads: 0,
             reload_failures: 0,
             stopping: false,
-            config: config.clone(),
+            config,
+            configured: configured::ConfiguredPeers::default(),
         };
-        let peers = PeerSpec::all_of(&config);
-        control.set_peers(peers, None, &config);
+        control.set_peers(peers, None);
         control.track_names(now);
         control.step(now);
         control
@@ -373,7 +377,9 @@ impl Control {
 
     // --- A. getters ----------------------------------------------------------------------
 
-    /// The running (desired) configuration.
+    /// The running (desired) configuration, but for its `[[peer]]`s: the peers are the core's
+    /// ([`Control::peer_count`]; the data plane's table has them all), and a configuration is
+    /// compared with [`Control::runs`].
     pub fn config(&self) -> &Config {
         &self.config
     }
@@ -381,6 +387,16 @@ impl Control {
     /// The running configuration, shared: the same pointer until a reload takes another.
     pub fn shared_config(&self) -> Arc<Config> {
         self.config.clone()
+    }
+
+    /// Whether `config` is the one running: a reload of it would change nothing.
+    pub fn runs(&self, config: &Config) -> bool {
+        configured::same_but_peers(config, &self.config) && self.configured.is(&config.peers)
+    }
+
+    /// How many peers the interface has (from the file, or as UAPI left them).
+    pub fn peer_count(&self) -> usize {
+        self.peers.len()
     }
 
     /// The `health.listen` the health endpoint is bound for now (`None`: it is off). A new
@@ -507,8 +523,12 @@ impl Control {
 
     /// A configuration file was read and validated: take it, or refuse it and keep running
     /// the old one. A refusal changes nothing. Every reload taken counts, a no-op one too.
-    pub fn handle_config_loaded(&mut self, new: Config, now: Instant) -> Result<Reload, Refused> {
-        if new == *self.config {
+    pub fn handle_config_loaded(
+        &mut self,
+        mut new: Config,
+        now: Instant,
+    ) -> Result<Reload, Refused> {
+        if self.runs(&new) {
             self.reloads += 1;
             return Ok(Reload::Unchanged);
         }
@@ -533,6 +553,7 @@ impl Control {
                 "the [takeover] section cannot change on reload: restart the daemon (a restart costs a peer one round trip when its endpoint is known)".to_string(),
             ));
         }
+        let peers = std::mem::take(&mut new.peers);
         let old = std::mem::replace(&mut self.config, Arc::new(new));
         let new = self.config.clone();
         if new.interface.listen_port != old.interface.listen_port {
@@ -544,7 +565,7 @@ impl Control {
         self.fwmark = new.interface.fwmark;
         let key = (Some(&new.interface.private_key) != self.private_key.as_ref())
             .then(|| Some(new.interface.private_key.clone()));
-        self.set_peers(PeerSpec::all_of(&new), key, &old);
+        self.set_peers(peers, key);
         self.dns.set_interval(new.dns.reresolve_interval);
         self.track_names(now);
         if new.firewall.repair_interval != old.firewall.repair_interval {

@@ -1,7 +1,7 @@
 //! Everything that crosses the boundary between the control core and the shell: the actions
 //! the core asks for, what executors report back, and the view the shell publishes.
 
-use crate::config::{Config, Endpoint, IpNet, PublicKey, SecretKey};
+use crate::config::{Endpoint, IpNet, PublicKey, SecretKey};
 use crate::routes::PlanDiff;
 use crate::rules::{Family, RuleSet};
 use std::collections::{BTreeMap, BTreeSet};
@@ -15,24 +15,28 @@ pub struct PeerSpec {
     pub preshared_key: Option<SecretKey>,
     pub persistent_keepalive: Option<u16>,
     pub allowed_ips: Vec<IpNet>,
-    /// `peer[].name`, for logs (status and metrics read it from the config).
+    /// `peer[].name`, for logs, status and metrics.
     pub name: Option<String>,
 }
 
 impl PeerSpec {
-    /// The peers a configuration asks for, with their configured endpoints.
-    pub(super) fn all_of(config: &Config) -> BTreeMap<PublicKey, (PeerSpec, Option<Endpoint>)> {
-        config
-            .peers
-            .iter()
-            .map(|p| {
+    /// The peers a configuration asks for (moved, not copied), with their configured
+    /// endpoints.
+    pub(super) fn take_all(
+        peers: Vec<crate::config::Peer>,
+    ) -> BTreeMap<PublicKey, (PeerSpec, Option<Endpoint>)> {
+        peers
+            .into_iter()
+            .map(|mut p| {
+                // Kept for the life of the peer: without the parser's spare room.
+                p.allowed_ips.shrink_to_fit();
                 let spec = PeerSpec {
-                    preshared_key: p.preshared_key.clone(),
+                    preshared_key: p.preshared_key,
                     persistent_keepalive: p.persistent_keepalive,
-                    allowed_ips: p.allowed_ips.clone(),
-                    name: p.name.clone(),
+                    allowed_ips: p.allowed_ips,
+                    name: p.name,
                 };
-                (p.public_key, (spec, p.endpoint.clone()))
+                (p.public_key, (spec, p.endpoint))
             })
             .collect()
     }

@@ -274,24 +274,21 @@ impl Control {
     }
 
     /// The configuration's peers replace the current ones (the file wins, like `wg syncconf`).
-    /// A configured endpoint is set only where it differs from `previous`, so a reload keeps
-    /// where a peer roamed to.
+    /// A configured endpoint is set only where it differs from the one the file gave before,
+    /// so a reload keeps where a peer roamed to.
     pub(super) fn set_peers(
         &mut self,
-        desired: BTreeMap<PublicKey, (PeerSpec, Option<Endpoint>)>,
+        peers: Vec<crate::config::Peer>,
         key: Option<Option<SecretKey>>,
-        previous: &Config,
     ) {
         let first = self.peers.is_empty() && key.is_none();
-        let before: BTreeMap<PublicKey, &Option<Endpoint>> = previous
-            .peers
-            .iter()
-            .map(|p| (p.public_key, &p.endpoint))
-            .collect();
+        let taken = super::configured::ConfiguredPeers::of(&peers);
+        let before = std::mem::replace(&mut self.configured, taken).endpoints;
+        let desired = PeerSpec::take_all(peers);
         let mut staged = BTreeMap::new();
         let mut endpoints = BTreeMap::new();
         for (public_key, (spec, endpoint)) in desired {
-            let known = before.get(&public_key).and_then(|e| e.as_ref());
+            let known = before.get(&public_key);
             let changed =
                 first || !self.peers.contains_key(&public_key) || known != endpoint.as_ref();
             if changed {

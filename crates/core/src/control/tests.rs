@@ -752,6 +752,74 @@ fn keepalive_or_allowed_ips_changes_keep_the_session() {
     assert_ne!(sim.session(PEER_B), session);
 }
 
+/// The core keeps no copy of the file's peers (at 100,000 that was 20 MB), yet tells the
+/// file it runs from another: the same peers are no change, even after UAPI changed a peer
+/// (the file wins only when it changes, as before); a changed endpoint in the file is set;
+/// an endpoint the file kept is left where the peer roamed.
+#[test]
+fn a_reload_tells_the_files_peers_apart_without_a_copy_of_them() {
+    let with_endpoint = BASE.replace(
+        "persistent_keepalive = 25",
+        "persistent_keepalive = 25\nendpoint = \"192.0.2.7:51820\"",
+    );
+    let mut sim = Sim::new(&with_endpoint);
+    assert!(sim.control.config().peers.is_empty(), "no copy kept");
+    assert_eq!(sim.control.peer_count(), 1);
+    assert!(sim.control.runs(&config(&with_endpoint)));
+
+    let mut update = PeerUpdate::new(key(PEER_B));
+    update.persistent_keepalive = Some(7);
+    let update = DeviceUpdate {
+        private_key: None,
+        listen_port: None,
+        fwmark: None,
+        replace_peers: false,
+        peers: vec![update],
+    };
+    sim.control
+        .handle_device_update(&update, sim.now)
+        .expect("uapi set");
+    sim.drive();
+    assert_eq!(sim.reload(&with_endpoint), Ok(Reload::Unchanged));
+    let upserts = |sim: &Sim| -> Vec<PeerUpsert> {
+        sim.log
+            .iter()
+            .filter_map(|a| match a {
+                Action::UpdatePeers(c) => Some(c.upsert.clone()),
+                _ => None,
+            })
+            .flatten()
+            .collect()
+    };
+    let last = upserts(&sim).last().cloned().expect("the UAPI change");
+    assert_eq!(
+        last.spec.persistent_keepalive,
+        Some(7),
+        "UAPI's change stays"
+    );
+
+    // The name changes, the endpoint stays: the peer keeps where it roamed.
+    let renamed = with_endpoint.replace(
+        "persistent_keepalive = 25",
+        "persistent_keepalive = 25\nname = \"b\"",
+    );
+    assert!(!sim.control.runs(&config(&renamed)));
+    assert_eq!(sim.reload(&renamed), Ok(Reload::Applied));
+    let last = upserts(&sim).last().cloned().expect("the reload's change");
+    assert_eq!(last.spec.name.as_deref(), Some("b"));
+    assert_eq!(last.spec.persistent_keepalive, Some(25), "the file wins");
+    assert_eq!(last.endpoint, None, "a roamed endpoint is kept");
+
+    // The endpoint changes: it is set.
+    let moved = renamed.replace("192.0.2.7:51820", "192.0.2.8:51820");
+    assert_eq!(sim.reload(&moved), Ok(Reload::Applied));
+    let last = upserts(&sim).last().cloned().expect("the reload's change");
+    assert_eq!(
+        last.endpoint,
+        Some("192.0.2.8:51820".parse().expect("address"))
+    );
+}
+
 #[test]
 fn uapi_may_remove_the_key_and_set_it_again_like_wireguard_go() {
     let mut sim = Sim::new(BASE);
