@@ -181,6 +181,7 @@ impl Control {
             }
         }
         changes.remove = gone;
+        let named = if cleared { self.peers.len() } else { 0 }.max(staged.len());
         for (k, spec) in staged {
             let Some(spec) = spec else { continue };
             cost::charge(1);
@@ -236,6 +237,13 @@ impl Control {
         }
         if let Some(k) = key {
             self.private_key = k;
+        }
+        let size = self.peers.len();
+        if size >= COMPACT_MIN && named * 2 >= size {
+            cost::charge(size);
+            compact(&mut self.peers);
+            compact(&mut self.owners);
+            compact(&mut self.routes.desired);
         }
         if !changes.is_empty() {
             self.actions.push_back(Action::UpdatePeers(changes));
