@@ -312,6 +312,18 @@ impl Sim {
         self.drive();
     }
 
+    /// A UAPI `set` of one peer section, carried out.
+    fn uapi_set(&mut self, update: PeerUpdate) {
+        let update = DeviceUpdate {
+            peers: vec![update],
+            ..DeviceUpdate::default()
+        };
+        self.control
+            .handle_device_update(&update, self.now)
+            .expect("uapi set");
+        self.drive();
+    }
+
     fn reload(&mut self, text: &str) -> Result<Reload, Refused> {
         let r = self.control.handle_config_loaded(config(text), self.now);
         self.drive();
@@ -727,17 +739,7 @@ fn keepalive_or_allowed_ips_changes_keep_the_session() {
     let mut update = PeerUpdate::new(key(PEER_B));
     update.replace_allowed_ips = true;
     update.allowed_ips = vec![net("100.64.0.2/32"), net("10.0.1.0/24")];
-    let update = DeviceUpdate {
-        private_key: None,
-        listen_port: None,
-        fwmark: None,
-        replace_peers: false,
-        peers: vec![update],
-    };
-    sim.control
-        .handle_device_update(&update, sim.now)
-        .expect("uapi set");
-    sim.drive();
+    sim.uapi_set(update);
     assert_eq!(sim.session(PEER_B), session);
     let nets: BTreeSet<IpNet> = sim.routes.iter().map(|r| r.net).collect();
     assert!(nets.contains(&net("10.0.1.0/24")) && !nets.contains(&net("10.0.0.0/24")));
@@ -769,17 +771,7 @@ fn a_reload_tells_the_files_peers_apart_without_a_copy_of_them() {
 
     let mut update = PeerUpdate::new(key(PEER_B));
     update.persistent_keepalive = Some(7);
-    let update = DeviceUpdate {
-        private_key: None,
-        listen_port: None,
-        fwmark: None,
-        replace_peers: false,
-        peers: vec![update],
-    };
-    sim.control
-        .handle_device_update(&update, sim.now)
-        .expect("uapi set");
-    sim.drive();
+    sim.uapi_set(update);
     assert_eq!(sim.reload(&with_endpoint), Ok(Reload::Unchanged));
     let upserts = |sim: &Sim| -> Vec<PeerUpsert> {
         sim.log
