@@ -1004,7 +1004,6 @@ impl Control {
     }
 }
 
-/// `interface.workers` as a user wrote it.
 /// Below this many entries a map is not worth rebuilding ([`compact`]).
 const COMPACT_MIN: usize = 1024;
 
@@ -1017,6 +1016,7 @@ fn compact<C: Default + IntoIterator + FromIterator<C::Item>>(map: &mut C) {
     *map = std::mem::take(map).into_iter().collect();
 }
 
+/// `interface.workers` as a user wrote it.
 fn workers_text(workers: Option<u16>) -> String {
     workers.map_or_else(|| "automatic".into(), |n| n.to_string())
 }
