@@ -513,18 +513,15 @@ fn boot(root: &Path, ns: &Netns, log_dir: &Path) -> Container {
         container_init(nspawn_pid).is_some()
     });
     let container = Container { nspawn };
-    // systemd answers once it has loaded its units.
+    // systemd answers once it has loaded its units. Just after PID 1 starts, `is-system-running`
+    // prints "offline", then nothing (no bus yet), then "initializing": `systemctl show` printed
+    // nothing at "offline" (CI, 2026-12-02), so only a later state is ready.
     wait_until(
         Duration::from_secs(30),
         "systemctl in the container",
         || {
-            container
-                .inside(&["systemctl", "is-system-running"])
-                .stdout
-                .trim()
-                .chars()
-                .next()
-                .is_some()
+            let state = container.inside(&["systemctl", "is-system-running"]).stdout;
+            !matches!(state.trim(), "" | "offline" | "unknown" | "initializing")
         },
     );
     container
