@@ -29,7 +29,8 @@ is_root() { [[ "$(id -u)" == "0" ]]; }
 
 # --- system packages -----------------------------------------------------------------------------
 source scripts/packages.sh
-install_missing wireguard-go wireguard-tools iperf3 nftables iptables dnsmasq iproute2 iputils-ping procps ||
+# conntrack: the takeover suites' balancers delete a flow's entries when they move, as kube-proxy does.
+install_missing wireguard-go wireguard-tools iperf3 nftables iptables dnsmasq iproute2 iputils-ping procps conntrack ||
     echo "warning: the netns suites need them" >&2
 # tests/systemd_unit/ boots a real systemd in systemd-nspawn, on a Debian rootfs it debootstraps
 # once into /var/tmp/tunnelgate-test-rootfs (skipped with a message when it cannot).

@@ -276,14 +276,7 @@ fn failover_behind_an_instant_balancer_takes_the_peer_over_at_once() {
     let moved_at = unix_now();
     first.kill9();
     point("10.9.2.2");
-    let _ = lb.output(&[
-        "conntrack",
-        "-D",
-        "-p",
-        "udp",
-        "--orig-port-dst",
-        &TG_PORT.to_string(),
-    ]);
+    forget_udp_flows(lb.name(), TG_PORT);
     let deadline = clock::now() + Duration::from_secs(20);
     while clock::now() < deadline {
         std::thread::sleep(Duration::from_millis(200));

@@ -158,12 +158,8 @@ impl Point {
             self.run(&["ip", "route", "replace", TUN_NET, "via", lan], None);
         }
         // As kube-proxy does for an endpoint that leaves: the flow's next datagram is
-        // balanced anew (no error when there is nothing to delete).
-        let port = TG_PORT.to_string();
-        let _ = output_of(
-            self.command(&["conntrack", "-D", "-p", "udp", "--orig-port-dst", &port]),
-            None,
-        );
+        // balanced anew (nothing to delete is no error).
+        forget_udp_flows(&self.lb, TG_PORT);
     }
 
     fn command(&self, args: &[&str]) -> std::process::Command {

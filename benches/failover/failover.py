@@ -139,7 +139,12 @@ table ip fo_lb {{
     subprocess.run(["ip", "netns", "exec", NS["lb"], "nft", "-f", "-"], input=rules, text=True,
                    check=True, capture_output=True)
     if flush:
-        nsx("lb", "conntrack", "-D", "-p", "udp", "--orig-port-dst", str(PORT), check=False)
+        # It exits 1 when it deleted nothing, as `ip netns exec` does for a missing program:
+        # its count line is what says it ran, and without it the old flow would stay.
+        out = nsx("lb", "conntrack", "-D", "-p", "udp", "--orig-port-dst", str(PORT), check=False)
+        if "flow entries have been deleted" not in out.stderr:
+            raise RuntimeError(f"conntrack did not run in the balancer's namespace: "
+                               f"{out.stderr.strip()}")
 
 
 LIBC = ctypes.CDLL(None, use_errno=True)

@@ -282,6 +282,32 @@ pub fn netns_exists(name: &str) -> bool {
         .any(|l| l.split_whitespace().next() == Some(name))
 }
 
+/// Deletes the conntrack entries of UDP flows to `port` in namespace `netns` (what kube-proxy
+/// does when an endpoint leaves), so that the flow's next datagram is translated anew. Panics
+/// when `conntrack` did not run: a missing tool must fail the test that needs it, not leave the
+/// old flow in place (a test on a machine without it once failed as "no reply after the move").
+pub fn forget_udp_flows(netns: &str, port: u16) {
+    let mut cmd = Command::new("ip");
+    cmd.args([
+        "netns",
+        "exec",
+        netns,
+        "conntrack",
+        "-D",
+        "-p",
+        "udp",
+        "--orig-port-dst",
+    ])
+    .arg(port.to_string());
+    let out = output_of(cmd, None);
+    // It exits 1 when it deleted nothing, as `ip netns exec` does for a missing program, so
+    // its count line is what says it ran.
+    assert!(
+        out.stderr.contains("flow entries have been deleted"),
+        "conntrack did not run in {netns} (apt-get install conntrack): {out:?}"
+    );
+}
+
 /// The UAPI socket path of interface `name`.
 pub fn wg_socket(name: &str) -> PathBuf {
     Path::new(WG_SOCKET_DIR).join(format!("{name}.sock"))
