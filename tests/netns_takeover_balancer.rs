@@ -251,7 +251,9 @@ impl Balancer {
         );
         lines.sort();
         if self.thread.as_ref().is_some_and(|t| t.is_finished()) {
-            lines.push("the balancer's thread has ended (a failed nft or ip panics it)".into());
+            lines.push(
+                "the balancer's thread has ended (a failed nft, ip or conntrack panics it)".into(),
+            );
         }
         lines.join("\n")
     }
